@@ -1,0 +1,396 @@
+/*
+ * shardadam.h — the C ABI of shardadam.
+ *
+ * shardadam runs fused Adam/AdamW steps over the *local shards* of globally shaped
+ * parameters (FSDP, ZeRO, tensor or expert parallelism). An engine hands it DLPack
+ * tensors plus a layout (mesh + placements, or an explicit box); shardadam owns the
+ * optimizer state and runs the update.
+ *
+ * Conventions that hold for every function below unless its comment says otherwise:
+ *
+ *  - Every function that can fail returns an sa_status. SA_OK is 0.
+ *  - On failure nothing is changed: no param is half-added, no hyperparameter is
+ *    half-set, no state is touched. The detail of the failure ("which function, which
+ *    param, what was expected, what arrived") is kept on the handle and read with
+ *    sa_optimizer_last_error(). Calls without a handle (sa_optimizer_create,
+ *    sa_layout_local_box) keep it in a thread-local string read with sa_last_error().
+ *  - Pointers passed in are borrowed for the duration of the call only, unless the
+ *    function says it takes ownership or keeps the pointer.
+ *  - Threads: distinct optimizers may be used concurrently from different threads. One
+ *    optimizer must not be used by two threads at once (the caller serializes); the
+ *    read-only queries (sa_optimizer_last_error, *_info, *_num_*) are no exception.
+ *  - Option structs begin with `struct_size` and are only ever grown at the end. Always
+ *    initialize them with their SA_*_INIT macro, then set the fields you need; a library
+ *    newer than your header reads only the fields your struct_size covers and gives the
+ *    rest their defaults.
+ *
+ * This header is C99 and C++ clean. It needs <dlpack/dlpack.h> of DLPack >= 1.0.
+ */
+#ifndef SHARDADAM_H_
+#define SHARDADAM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#if !defined(DLPACK_MAJOR_VERSION) || DLPACK_MAJOR_VERSION < 1
+#error "shardadam needs <dlpack/dlpack.h> of DLPack >= 1.0 (DLManagedTensorVersioned)"
+#endif
+
+#if defined(_WIN32)
+#define SA_API
+#elif defined(SHARDADAM_BUILDING)
+#define SA_API __attribute__((visibility("default")))
+#else
+#define SA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Version and build                                                                     */
+/* ------------------------------------------------------------------------------------ */
+
+#define SA_VERSION_MAJOR 0
+#define SA_VERSION_MINOR 1
+#define SA_VERSION_PATCH 0
+/** MAJOR * 10000 + MINOR * 100 + PATCH of the header you compile against. */
+#define SA_VERSION_NUMBER (SA_VERSION_MAJOR * 10000 + SA_VERSION_MINOR * 100 + SA_VERSION_PATCH)
+
+/** Version of the library actually loaded, as SA_VERSION_NUMBER. Compare it with
+ *  SA_VERSION_NUMBER at start-up to catch a header/library mismatch. */
+SA_API int sa_version(void);
+
+/** A static, human-readable line naming the version and the backends compiled in, e.g.
+ *  "shardadam 0.1.0; cpu: highway (AVX2 dispatched); cuda: not built". Never NULL. */
+SA_API const char* sa_build_info(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Status and errors                                                                     */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum sa_status {
+  SA_OK = 0,
+  SA_ERR_INVALID_ARGUMENT = 1, /* a NULL, out-of-range or inconsistent argument        */
+  SA_ERR_UNSUPPORTED = 2,      /* valid request this build/backend cannot serve       */
+  SA_ERR_OUT_OF_MEMORY = 3,    /* an allocation failed; nothing was changed           */
+  SA_ERR_DEVICE = 4,           /* the device backend reported an error                */
+  SA_ERR_COMM = 5,             /* a communicator operation failed                     */
+  SA_ERR_IO = 6,               /* reading or writing a blob failed                    */
+  SA_ERR_FORMAT = 7,           /* a blob is not a valid shard file                    */
+  SA_ERR_MISMATCH = 8,         /* data disagrees with what is registered (dtype, shape) */
+  SA_ERR_STATE = 9,            /* the call is not allowed in the optimizer's current state */
+  SA_ERR_INTERNAL = 10         /* a bug in shardadam; please report the message        */
+} sa_status;
+
+/** A static name for a status ("SA_ERR_MISMATCH"); "unknown sa_status" for others. */
+SA_API const char* sa_status_string(sa_status status);
+
+/** The message of a handle-less call's last failure on this thread (sa_optimizer_create,
+ *  sa_layout_local_box, NULL handles). Valid until the next shardadam call on this thread. */
+SA_API const char* sa_last_error(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Layouts                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/** How one mesh dim places a tensor. */
+typedef enum sa_placement_type {
+  SA_PLACEMENT_REPLICATE = 0, /* every coordinate along this mesh dim holds the same data */
+  SA_PLACEMENT_SHARD = 1,     /* tensor dim `dim` is split along this mesh dim            */
+  SA_PLACEMENT_PARTIAL = 2    /* pending reduction: never valid for a parameter           */
+} sa_placement_type;
+
+typedef struct sa_placement {
+  int32_t type; /* an sa_placement_type */
+  int32_t dim;  /* tensor dim for SA_PLACEMENT_SHARD (negative counts from the end) */
+} sa_placement;
+
+/** The maximum tensor rank and mesh rank shardadam accepts. */
+#define SA_MAX_NDIM 16
+
+/**
+ * Where a local shard sits in its global tensor. Two forms:
+ *
+ *  - Mesh form (global_offset == NULL): a device mesh of `mesh_ndim` dims with sizes
+ *    `mesh_shape`, this rank's `mesh_coord`, and one placement per mesh dim. Shard(d)
+ *    follows torch.chunk: along a mesh dim of size k, a tensor dim of size n is cut into
+ *    chunks of ceil(n/k); trailing coordinates get smaller or empty chunks (an empty
+ *    chunk's offset is n). Several mesh dims sharding one tensor dim nest left to right,
+ *    as PyTorch DTensor does by default. mesh_ndim == 0 means "not sharded".
+ *  - Box form (global_offset != NULL): the shard is the box
+ *    [global_offset, global_offset + local_shape) of the global tensor, local_shape
+ *    being the shape of the tensor handed over. For engines with their own uneven
+ *    sharding. The mesh fields must then be left at 0/NULL.
+ *
+ * All arrays are borrowed for the call that receives the layout.
+ */
+typedef struct sa_layout {
+  size_t struct_size;
+  int32_t ndim;                    /* rank of the global tensor (= rank of the local shard) */
+  const int64_t* global_shape;     /* [ndim] */
+  int32_t mesh_ndim;               /* mesh form: number of mesh dims */
+  const int64_t* mesh_shape;       /* mesh form: [mesh_ndim], each >= 1 */
+  const int64_t* mesh_coord;       /* mesh form: [mesh_ndim], 0 <= coord < size */
+  const sa_placement* placements;  /* mesh form: [mesh_ndim] */
+  const int64_t* global_offset;    /* box form: [ndim]; NULL selects the mesh form */
+} sa_layout;
+
+#define SA_LAYOUT_INIT {sizeof(sa_layout), 0, NULL, 0, NULL, NULL, NULL, NULL}
+
+/**
+ * Resolves a mesh-form layout to this rank's box: writes `ndim` entries each to
+ * local_shape and global_offset. Errors (thread-local, sa_last_error): NULL pointers,
+ * a box-form layout, a coordinate outside the mesh, a Shard dim outside the tensor,
+ * Partial placements, negative sizes.
+ */
+SA_API sa_status sa_layout_local_box(const sa_layout* layout, int64_t* local_shape,
+                                     int64_t* global_offset);
+
+/* ------------------------------------------------------------------------------------ */
+/* Optimizer                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct sa_optimizer sa_optimizer; /* opaque */
+
+typedef struct sa_optimizer_config {
+  size_t struct_size;
+  int32_t num_threads; /* CPU backend: worker threads; 0 = one per hardware thread */
+  int32_t cpu_simd;    /* CPU backend: 1 = SIMD when the CPU has FMA (default), 0 = scalar only */
+} sa_optimizer_config;
+
+#define SA_OPTIMIZER_CONFIG_INIT {sizeof(sa_optimizer_config), 0, 1}
+
+/**
+ * Creates an empty optimizer. `config` may be NULL (defaults). The backend (CPU or a
+ * device) is chosen by the device of the first param added; all params of one optimizer
+ * live on one device. On failure *out is set to NULL and sa_last_error() says why.
+ */
+SA_API sa_status sa_optimizer_create(const sa_optimizer_config* config, sa_optimizer** out);
+
+/**
+ * Destroys the optimizer: frees its state and calls the DLPack deleter of every param
+ * shard it took ownership of. State views handed out (sa_optimizer_state_view) keep
+ * their memory alive until their own deleter runs. NULL is a no-op. Must not run
+ * concurrently with any other call on the same optimizer.
+ */
+SA_API void sa_optimizer_destroy(sa_optimizer* opt);
+
+/** The message of the last failed call on `opt` ("" if none yet). The string belongs to
+ *  the optimizer and is valid until the next call on it. NULL opt gives sa_last_error(). */
+SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
+
+/* ---- groups ------------------------------------------------------------------------ */
+
+/**
+ * Hyperparameters of a param group. All may be changed between steps with
+ * sa_optimizer_set_group, except `amsgrad` once the group holds a param (its state,
+ * max_exp_avg_sq, is allocated when the param is added).
+ *
+ * The update (PyTorch semantics; t = the group's step count after this step):
+ *   g = grad * inv_grad_scale;  if maximize: g = -g
+ *   if weight_decay and not decoupled: g += weight_decay * p                 (Adam, L2)
+ *   if weight_decay and decoupled:     p *= 1 - lr * weight_decay            (AdamW)
+ *   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+ *   if amsgrad: vmax = max(vmax, v), and vmax replaces v below
+ *   bc1 = 1 - beta1^t, bc2 = 1 - beta2^t   (both 1 when bias_correction == 0)
+ *   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+ */
+typedef struct sa_group_config {
+  size_t struct_size;
+  double lr;                      /* >= 0 */
+  double beta1;                   /* in [0, 1) */
+  double beta2;                   /* in [0, 1) */
+  double eps;                     /* >= 0 */
+  double weight_decay;            /* >= 0 */
+  int32_t decoupled_weight_decay; /* 1: AdamW (decay the param), 0: Adam (L2 on the grad) */
+  int32_t bias_correction;        /* 1: divide by 1 - beta^t (default), 0: do not */
+  int32_t maximize;               /* 1: ascend instead of descend */
+  int32_t amsgrad;                /* 1: keep max_exp_avg_sq and use it in the denominator */
+} sa_group_config;
+
+/** torch.optim.AdamW defaults. */
+#define SA_GROUP_CONFIG_INIT {sizeof(sa_group_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0}
+
+/** Appends a group; *group receives its index (0, 1, ...). Groups are positional: create
+ *  the same groups in the same order on every rank, even where a group is locally empty. */
+SA_API sa_status sa_optimizer_add_group(sa_optimizer* opt, const sa_group_config* config,
+                                        int32_t* group);
+
+/** Number of groups. */
+SA_API int32_t sa_optimizer_num_groups(const sa_optimizer* opt);
+
+/** Copies a group's hyperparameters into *out (out->struct_size must be set: use
+ *  SA_GROUP_CONFIG_INIT). */
+SA_API sa_status sa_optimizer_get_group(const sa_optimizer* opt, int32_t group,
+                                        sa_group_config* out);
+
+/** Replaces a group's hyperparameters (all validated first; nothing changes on error). */
+SA_API sa_status sa_optimizer_set_group(sa_optimizer* opt, int32_t group,
+                                        const sa_group_config* config);
+
+/** Sets only the learning rate of a group (what an LR scheduler needs each step). */
+SA_API sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr);
+
+/** The group's step count: the number of steps taken and not skipped. */
+SA_API sa_status sa_optimizer_get_step(const sa_optimizer* opt, int32_t group, int64_t* step);
+
+/** Sets the group's step count (e.g. when resuming from another optimizer's state). */
+SA_API sa_status sa_optimizer_set_step(sa_optimizer* opt, int32_t group, int64_t step);
+
+/* ---- params ------------------------------------------------------------------------ */
+
+/** How a param keeps its full-precision value. */
+typedef enum sa_master_kind {
+  SA_MASTER_AUTO = 0,     /* NONE for float32 params, FP32 for bfloat16/float16 params */
+  SA_MASTER_NONE = 1,     /* update the param in its own dtype (float32 params only)   */
+  SA_MASTER_FP32 = 2,     /* keep a float32 master copy; the param is its rounding     */
+  SA_MASTER_REMAINDER = 3 /* bfloat16 params only: keep the int16 low half of the fp32
+                             value; param bits << 16 + remainder restores it exactly     */
+} sa_master_kind;
+
+/**
+ * Per-param storage choices, fixed when the param is added. A zeroed dtype (bits == 0)
+ * means the default.
+ */
+typedef struct sa_param_options {
+  size_t struct_size;
+  DLDataType grad_dtype;   /* float32, bfloat16 or float16; default: the param's dtype */
+  DLDataType moment_dtype; /* float32 (default) or bfloat16: exp_avg, exp_avg_sq, max_exp_avg_sq */
+  int32_t master;          /* an sa_master_kind */
+} sa_param_options;
+
+#define SA_PARAM_OPTIONS_INIT {sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO}
+
+/**
+ * Registers a local shard as a param of `group` under a unique `name` (the fully
+ * qualified name checkpoints match on, e.g. "layers.3.mlp.w1").
+ *
+ * local_shard: a C-contiguous tensor of float32, bfloat16 or float16 on the CPU
+ *   (kDLCPU), not read-only, its data aligned to its element size. Its shape must equal
+ *   the local shape the layout gives (mesh form), or defines it (box form).
+ * layout: where the shard sits in the global tensor; NULL means "not sharded" (global
+ *   shape = local shape).
+ * options: NULL for the defaults.
+ * *param receives the param's index (0, 1, ... in order of addition).
+ *
+ * Ownership: on SA_OK the optimizer owns `local_shard` and calls its deleter when it is
+ * destroyed; it updates the shard's data in place at every step. On failure the caller
+ * keeps ownership (the deleter is not called). State (moments, master) is allocated
+ * here, zeroed; master weights start as the param's value.
+ */
+SA_API sa_status sa_optimizer_add_param(sa_optimizer* opt, const char* name, int32_t group,
+                                        DLManagedTensorVersioned* local_shard,
+                                        const sa_layout* layout,
+                                        const sa_param_options* options, int64_t* param);
+
+/** As sa_optimizer_add_param, for producers of the pre-1.0 DLManagedTensor. */
+SA_API sa_status sa_optimizer_add_param_legacy(sa_optimizer* opt, const char* name,
+                                               int32_t group, DLManagedTensor* local_shard,
+                                               const sa_layout* layout,
+                                               const sa_param_options* options,
+                                               int64_t* param);
+
+/** Number of params. */
+SA_API int64_t sa_optimizer_num_params(const sa_optimizer* opt);
+
+/** Finds a param by name; SA_ERR_INVALID_ARGUMENT if there is none. */
+SA_API sa_status sa_optimizer_find_param(const sa_optimizer* opt, const char* name,
+                                         int64_t* param);
+
+/** What shardadam knows about a param. Pointers belong to the optimizer and stay valid
+ *  until it is destroyed. */
+typedef struct sa_param_info {
+  size_t struct_size;
+  const char* name;
+  int32_t group;
+  int32_t ndim;
+  const int64_t* local_shape;   /* [ndim] */
+  const int64_t* global_shape;  /* [ndim] */
+  const int64_t* global_offset; /* [ndim] */
+  int64_t numel;                /* local elements */
+  DLDataType param_dtype;
+  DLDataType grad_dtype;
+  DLDataType moment_dtype;
+  int32_t master;               /* resolved sa_master_kind (never AUTO) */
+  DLDevice device;
+} sa_param_info;
+
+#define SA_PARAM_INFO_INIT \
+  {sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, {kDLCPU, 0}}
+
+/** Fills *out (out->struct_size must be set: use SA_PARAM_INFO_INIT). */
+SA_API sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param,
+                                         sa_param_info* out);
+
+/* ---- grads ------------------------------------------------------------------------- */
+
+/**
+ * Binds the grad of one param, validated: dtype = the registered grad dtype, shape = the
+ * local shape, same device, C-contiguous, aligned. Only the data pointer is kept; the
+ * binding stays until rebound, so an engine whose grads live in stable buffers binds
+ * once. The memory must stay valid and hold the new grads at every later step.
+ */
+SA_API sa_status sa_optimizer_set_grad(sa_optimizer* opt, int64_t param, const DLTensor* grad);
+
+/**
+ * Fast path: binds the grads of all params at once from raw data pointers, `ptrs[i]`
+ * for param i, n == sa_optimizer_num_params(). The caller guarantees dtype, shape and
+ * contiguity (as sa_optimizer_set_grad checks them); shardadam checks only that each
+ * pointer is non-NULL for a non-empty param and aligned to the grad's element size.
+ * NULL is allowed for empty params. All-or-nothing: on error no binding changes.
+ */
+SA_API sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n,
+                                            const void* const* ptrs);
+
+/* ---- step -------------------------------------------------------------------------- */
+
+typedef struct sa_step_args {
+  size_t struct_size;
+  /* Optional: points to one float, in the optimizer's device memory (host memory for the
+   * CPU backend), that every grad is multiplied by before use: the inverse loss scale of
+   * mixed-precision training. NULL means 1. */
+  const float* inv_grad_scale;
+  /* Optional: points to one float in the optimizer's device memory; if it is nonzero the
+   * whole step is skipped: no param or state changes, no step count advances. */
+  const float* found_inf;
+  /* Optional, host memory: receives 1 if the step was skipped because of found_inf, else 0.
+   * (For device backends asking for it synchronizes the stream.) */
+  int32_t* skipped;
+} sa_step_args;
+
+#define SA_STEP_ARGS_INIT {sizeof(sa_step_args), NULL, NULL, NULL}
+
+/**
+ * Runs one optimizer step over every param, advancing each group's step count.
+ * `args` may be NULL (defaults). `stream` is the device stream to enqueue on (ignored by
+ * the CPU backend, which returns when the step is done).
+ *
+ * Every non-empty param must have a grad bound (SA_ERR_STATE otherwise, and nothing is
+ * updated). The first step after params were added builds the launch plan (allocation);
+ * later steps allocate nothing.
+ */
+SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream);
+
+/* ---- state ------------------------------------------------------------------------- */
+
+/**
+ * A zero-copy view of one state of a param. `key` is one of "exp_avg", "exp_avg_sq",
+ * "max_exp_avg_sq" (amsgrad), "master" (SA_MASTER_FP32) or "remainder"
+ * (SA_MASTER_REMAINDER). The view has the param's local shape and the state's storage
+ * dtype, and is writable: writes change the optimizer's state.
+ *
+ * Ownership: the caller owns *out and must call (*out)->deleter(*out). The memory it
+ * points to stays valid until then, even if the optimizer is destroyed first.
+ */
+SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,
+                                         DLManagedTensorVersioned** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SHARDADAM_H_ */

@@ -1,0 +1,303 @@
+// shardadam.hpp — a header-only C++17 wrapper over the C ABI (shardadam.h).
+//
+// It adds RAII and exceptions and nothing else: every member calls one C function, and a
+// failing call throws shardadam::Error carrying the status and the message the library
+// kept for it. Semantics (ownership, threading, what a failure leaves unchanged) are those
+// of the C function named in each comment; read shardadam.h for the details.
+//
+//   shardadam::Optimizer opt;
+//   const int32_t group = opt.add_group(shardadam::default_group_config());
+//   const int64_t w = opt.add_param("layers.0.w", group, shard, &layout);
+//   opt.set_grad(w, grad);
+//   opt.step();
+#ifndef SHARDADAM_HPP_
+#define SHARDADAM_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardadam/shardadam.h"
+
+namespace shardadam {
+
+// A failed shardadam call: the C status plus the library's message ("which function,
+// which param, what was expected, what arrived"). what() is "<message> (<status name>)".
+class Error : public std::runtime_error {
+ public:
+  Error(sa_status status, const std::string& message)
+      : std::runtime_error(message + " (" + sa_status_string(status) + ")"),
+        status_(status),
+        message_(message) {}
+
+  // The sa_status the C call returned (never SA_OK).
+  sa_status status() const noexcept { return status_; }
+  // The library's message alone, without the status name.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  sa_status status_;
+  std::string message_;
+};
+
+namespace detail {
+
+// Throws for a failed call on `opt`; the message is read right away, before any other
+// call on the handle could replace it. A NULL handle reads the thread-local message.
+inline void check(sa_status status, const sa_optimizer* opt) {
+  if (status != SA_OK) throw Error(status, sa_optimizer_last_error(opt));
+}
+
+}  // namespace detail
+
+// ---- version and defaults ---------------------------------------------------------------
+
+// sa_version(): the version of the loaded library, as SA_VERSION_NUMBER.
+inline int version() { return sa_version(); }
+
+// sa_build_info(): the version and the backends compiled in.
+inline const char* build_info() { return sa_build_info(); }
+
+// The option structs initialized by their SA_*_INIT macros.
+inline sa_optimizer_config default_optimizer_config() {
+  sa_optimizer_config config = SA_OPTIMIZER_CONFIG_INIT;
+  return config;
+}
+inline sa_group_config default_group_config() {
+  sa_group_config config = SA_GROUP_CONFIG_INIT;
+  return config;
+}
+inline sa_param_options default_param_options() {
+  sa_param_options options = SA_PARAM_OPTIONS_INIT;
+  return options;
+}
+inline sa_layout default_layout() {
+  sa_layout layout = SA_LAYOUT_INIT;
+  return layout;
+}
+inline sa_step_args default_step_args() {
+  sa_step_args args = SA_STEP_ARGS_INIT;
+  return args;
+}
+
+// ---- layouts ------------------------------------------------------------------------------
+
+// This rank's box in a mesh-form layout.
+struct Box {
+  std::vector<int64_t> local_shape;
+  std::vector<int64_t> global_offset;
+};
+
+// sa_layout_local_box(): resolves a mesh-form layout to this rank's box.
+inline Box local_box(const sa_layout& layout) {
+  const std::size_t ndim = layout.ndim > 0 ? static_cast<std::size_t>(layout.ndim) : 0;
+  Box box{std::vector<int64_t>(ndim), std::vector<int64_t>(ndim)};
+  detail::check(sa_layout_local_box(&layout, box.local_shape.data(), box.global_offset.data()),
+                nullptr);
+  return box;
+}
+
+// ---- state views --------------------------------------------------------------------------
+
+// Owns a DLManagedTensorVersioned handed out by sa_optimizer_state_view and calls its
+// deleter when destroyed. The memory stays valid while the view lives, even after the
+// optimizer is gone. Writes through it change the optimizer's state. Move-only.
+class StateView {
+ public:
+  StateView() = default;
+  explicit StateView(DLManagedTensorVersioned* managed) noexcept : managed_(managed) {}
+  StateView(StateView&& other) noexcept : managed_(std::exchange(other.managed_, nullptr)) {}
+  StateView& operator=(StateView&& other) noexcept {
+    if (this != &other) {
+      reset();
+      managed_ = std::exchange(other.managed_, nullptr);
+    }
+    return *this;
+  }
+  StateView(const StateView&) = delete;
+  StateView& operator=(const StateView&) = delete;
+  ~StateView() { reset(); }
+
+  // The tensor: local shape of the param, storage dtype of the state, C-contiguous.
+  const DLTensor& tensor() const noexcept { return managed_->dl_tensor; }
+  // The first element, typed by the caller (float for fp32 states, uint16_t for bfloat16,
+  // int16_t for the remainder).
+  template <class T>
+  T* data() const noexcept {
+    return reinterpret_cast<T*>(static_cast<char*>(managed_->dl_tensor.data) +
+                                managed_->dl_tensor.byte_offset);
+  }
+  // Number of elements.
+  int64_t numel() const noexcept {
+    int64_t n = 1;
+    for (int32_t d = 0; d < managed_->dl_tensor.ndim; ++d) n *= managed_->dl_tensor.shape[d];
+    return n;
+  }
+  // The managed tensor, still owned by this view.
+  DLManagedTensorVersioned* get() const noexcept { return managed_; }
+  // Gives up ownership (e.g. to hand the tensor to another DLPack consumer, which must
+  // then call its deleter).
+  DLManagedTensorVersioned* release() noexcept { return std::exchange(managed_, nullptr); }
+  explicit operator bool() const noexcept { return managed_ != nullptr; }
+
+  // Calls the deleter now; the view becomes empty.
+  void reset() noexcept {
+    DLManagedTensorVersioned* managed = std::exchange(managed_, nullptr);
+    if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  }
+
+ private:
+  DLManagedTensorVersioned* managed_ = nullptr;
+};
+
+// ---- the optimizer --------------------------------------------------------------------------
+
+// Owns an sa_optimizer (sa_optimizer_destroy in the destructor). Move-only; a moved-from
+// Optimizer holds no handle and may only be destroyed or assigned to. Like the handle,
+// one Optimizer must not be used by two threads at once.
+class Optimizer {
+ public:
+  // sa_optimizer_create() with the default config.
+  Optimizer() : Optimizer(default_optimizer_config()) {}
+  // sa_optimizer_create() with `config` (start from default_optimizer_config()).
+  explicit Optimizer(const sa_optimizer_config& config) {
+    detail::check(sa_optimizer_create(&config, &handle_), nullptr);
+  }
+  Optimizer(Optimizer&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Optimizer& operator=(Optimizer&& other) noexcept {
+    if (this != &other) {
+      sa_optimizer_destroy(handle_);
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  // sa_optimizer_destroy(): frees the state and calls the deleters of owned shards.
+  ~Optimizer() { sa_optimizer_destroy(handle_); }
+
+  // The C handle, still owned by this object (for calls the wrapper does not cover).
+  sa_optimizer* get() const noexcept { return handle_; }
+  // sa_optimizer_last_error(): the message of the last failed call ("" if none).
+  const char* last_error() const { return sa_optimizer_last_error(handle_); }
+
+  // -- groups --
+
+  // sa_optimizer_add_group(): appends a group, returns its index.
+  int32_t add_group(const sa_group_config& config) {
+    int32_t group = -1;
+    detail::check(sa_optimizer_add_group(handle_, &config, &group), handle_);
+    return group;
+  }
+  // sa_optimizer_num_groups().
+  int32_t num_groups() const { return sa_optimizer_num_groups(handle_); }
+  // sa_optimizer_get_group(): the group's hyperparameters.
+  sa_group_config group(int32_t group) const {
+    sa_group_config config = SA_GROUP_CONFIG_INIT;
+    detail::check(sa_optimizer_get_group(handle_, group, &config), handle_);
+    return config;
+  }
+  // sa_optimizer_set_group(): replaces the group's hyperparameters.
+  void set_group(int32_t group, const sa_group_config& config) {
+    detail::check(sa_optimizer_set_group(handle_, group, &config), handle_);
+  }
+  // sa_optimizer_set_lr(): sets only the group's learning rate.
+  void set_lr(int32_t group, double lr) {
+    detail::check(sa_optimizer_set_lr(handle_, group, lr), handle_);
+  }
+  // sa_optimizer_get_step(): the group's step count.
+  int64_t step_count(int32_t group) const {
+    int64_t step = 0;
+    detail::check(sa_optimizer_get_step(handle_, group, &step), handle_);
+    return step;
+  }
+  // sa_optimizer_set_step(): sets the group's step count.
+  void set_step_count(int32_t group, int64_t step) {
+    detail::check(sa_optimizer_set_step(handle_, group, step), handle_);
+  }
+
+  // -- params --
+
+  // sa_optimizer_add_param(): registers a local shard; returns the param's index. On
+  // success the optimizer owns `local_shard` (it calls the deleter); when this throws the
+  // caller still owns it. `layout` NULL: not sharded; `options` NULL: defaults.
+  int64_t add_param(const std::string& name, int32_t group, DLManagedTensorVersioned* local_shard,
+                    const sa_layout* layout = nullptr, const sa_param_options* options = nullptr) {
+    int64_t param = -1;
+    detail::check(
+        sa_optimizer_add_param(handle_, name.c_str(), group, local_shard, layout, options, &param),
+        handle_);
+    return param;
+  }
+  // sa_optimizer_add_param_legacy(): the same for a pre-1.0 DLManagedTensor.
+  int64_t add_param(const std::string& name, int32_t group, DLManagedTensor* local_shard,
+                    const sa_layout* layout = nullptr, const sa_param_options* options = nullptr) {
+    int64_t param = -1;
+    detail::check(sa_optimizer_add_param_legacy(handle_, name.c_str(), group, local_shard, layout,
+                                                options, &param),
+                  handle_);
+    return param;
+  }
+  // sa_optimizer_num_params().
+  int64_t num_params() const { return sa_optimizer_num_params(handle_); }
+  // sa_optimizer_find_param(): the index of the param called `name`.
+  int64_t find_param(const std::string& name) const {
+    int64_t param = -1;
+    detail::check(sa_optimizer_find_param(handle_, name.c_str(), &param), handle_);
+    return param;
+  }
+  // sa_optimizer_param_info(): its pointers stay valid until the optimizer is destroyed.
+  sa_param_info param_info(int64_t param) const {
+    sa_param_info info = SA_PARAM_INFO_INIT;
+    detail::check(sa_optimizer_param_info(handle_, param, &info), handle_);
+    return info;
+  }
+
+  // -- grads --
+
+  // sa_optimizer_set_grad(): binds one param's grad (validated; only the pointer is kept).
+  void set_grad(int64_t param, const DLTensor& grad) {
+    detail::check(sa_optimizer_set_grad(handle_, param, &grad), handle_);
+  }
+  // sa_optimizer_set_grad_ptrs(): binds every param's grad from raw pointers, ptrs[i] for
+  // param i (the fast path; the caller guarantees dtype, shape and contiguity).
+  void set_grad_ptrs(const void* const* ptrs, int64_t n) {
+    detail::check(sa_optimizer_set_grad_ptrs(handle_, n, ptrs), handle_);
+  }
+  // The same from any contiguous container of pointers (std::vector<const void*>,
+  // std::array<void*, N>, ...).
+  template <class Container>
+  void set_grad_ptrs(const Container& ptrs) {
+    const void* const* data = std::data(ptrs);
+    set_grad_ptrs(data, static_cast<int64_t>(std::size(ptrs)));
+  }
+
+  // -- step --
+
+  // sa_optimizer_step(): one step over every param. `args` NULL: no loss scale, no
+  // found-inf flag. The CPU backend ignores `stream` and returns when the step is done.
+  void step(const sa_step_args* args = nullptr, void* stream = nullptr) {
+    detail::check(sa_optimizer_step(handle_, args, stream), handle_);
+  }
+
+  // -- state --
+
+  // sa_optimizer_state_view(): a zero-copy, writable view of a state ("exp_avg",
+  // "exp_avg_sq", "max_exp_avg_sq", "master", "remainder").
+  StateView state_view(int64_t param, const std::string& key) {
+    DLManagedTensorVersioned* managed = nullptr;
+    detail::check(sa_optimizer_state_view(handle_, param, key.c_str(), &managed), handle_);
+    return StateView(managed);
+  }
+
+ private:
+  sa_optimizer* handle_ = nullptr;
+};
+
+}  // namespace shardadam
+
+#endif  // SHARDADAM_HPP_

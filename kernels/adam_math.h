@@ -1,0 +1,201 @@
+// kernels/adam_math.h — the one per-element Adam/AdamW update, and the dtype conversions
+// around it. Every backend (CPU scalar, CPU SIMD, CUDA) calls adam_update() with its own
+// arithmetic `Ops`; nothing else in shardadam spells the formula.
+//
+// Bitwise agreement across backends rests on three rules kept here:
+//  1. Every multiply-add is an explicit fma (Ops::fma); there is no bare a*b+c that a
+//     compiler could contract on one backend and not on another (the CPU kernels are
+//     also built with -ffp-contract=off, CUDA code uses the _rn intrinsics).
+//  2. The operation order below is fixed; sqrt and division are IEEE correctly rounded
+//     on every backend.
+//  3. All per-step constants are folded once per step by fold_coefficients (in double,
+//     rounded once to float, no libm pow) and passed in, never recomputed per element.
+#ifndef SHARDADAM_KERNELS_ADAM_MATH_H_
+#define SHARDADAM_KERNELS_ADAM_MATH_H_
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define SA_HD __host__ __device__ __forceinline__
+#else
+#define SA_HD inline __attribute__((always_inline))
+#endif
+
+namespace sa {
+namespace kernels {
+
+// Per-group constants of one step, already folded (see the derivation in
+// sa_group_config's comment in shardadam.h). V is float for scalar code and a vector
+// type for SIMD code, which broadcasts each field once per span.
+template <class V>
+struct AdamCoeffs {
+  V grad_scale;       // inv_grad_scale, negated when maximizing (negation is exact)
+  V l2_weight_decay;  // used only by the kL2 instantiation (Adam with weight decay)
+  V decay_factor;     // 1 - lr * weight_decay for AdamW, else exactly 1
+  V beta1;
+  V one_minus_beta1;
+  V beta2;
+  V one_minus_beta2;
+  V eps;
+  V inv_sqrt_bias_correction2;  // 1 / sqrt(1 - beta2^t)
+  V neg_step_size;              // -lr / (1 - beta1^t)
+};
+
+// A group's hyperparameters as the kernels see them (the C ABI's sa_group_config,
+// validated, without the fields that only shape storage).
+struct AdamHyper {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  bool decoupled_weight_decay;
+  bool bias_correction;
+  bool maximize;
+};
+
+// base^exp by binary exponentiation. Unlike pow(), it is the same sequence of correctly
+// rounded double multiplies on every host and device, so the bias corrections (and hence
+// every coefficient) agree bit for bit wherever they are folded.
+SA_HD double int_power(double base, int64_t exp) {
+  double result = 1.0;
+  while (exp > 0) {
+    if (exp & 1) result *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return result;
+}
+
+// Folds a group's hyperparameters at step t (the count after this step, >= 1) into the
+// float coefficients of adam_update. Computed in double and rounded once to float.
+// Returns whether the group uses Adam-style L2 decay (the kL2 instantiation).
+SA_HD bool fold_coefficients(const AdamHyper& h, int64_t t, float inv_grad_scale,
+                             AdamCoeffs<float>& c) {
+  const double bias_correction1 = h.bias_correction ? 1.0 - int_power(h.beta1, t) : 1.0;
+  const double bias_correction2 = h.bias_correction ? 1.0 - int_power(h.beta2, t) : 1.0;
+  const bool l2 = !h.decoupled_weight_decay && h.weight_decay != 0.0;
+  c.grad_scale = h.maximize ? -inv_grad_scale : inv_grad_scale;
+  c.l2_weight_decay = l2 ? static_cast<float>(h.weight_decay) : 0.0f;
+  c.decay_factor = h.decoupled_weight_decay ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
+  c.beta1 = static_cast<float>(h.beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.eps = static_cast<float>(h.eps);
+  c.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / sqrt(bias_correction2));
+  c.neg_step_size = static_cast<float>(-h.lr / bias_correction1);
+  return l2;
+}
+
+// The update of one element (or one vector of elements). p, m, v, vmax are in/out and
+// all in float32; the caller loads and stores them in their storage dtypes.
+//   kL2:      Adam-style weight decay added to the gradient.
+//   kAmsgrad: keep the running max of v and use it in the denominator.
+template <bool kL2, bool kAmsgrad, class Ops, class V>
+SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p, V& m, V& v,
+                       V& vmax) {
+  V g = ops.mul(grad, c.grad_scale);
+  if (kL2) g = ops.fma(c.l2_weight_decay, p, g);
+  p = ops.mul(p, c.decay_factor);
+  m = ops.fma(c.beta1, m, ops.mul(c.one_minus_beta1, g));
+  v = ops.fma(c.beta2, v, ops.mul(ops.mul(c.one_minus_beta2, g), g));
+  V v_used = v;
+  if (kAmsgrad) {
+    vmax = ops.max(vmax, v);
+    v_used = vmax;
+  }
+  const V denom = ops.fma(ops.sqrt(v_used), c.inv_sqrt_bias_correction2, c.eps);
+  p = ops.fma(c.neg_step_size, ops.div(m, denom), p);
+}
+
+// ---- scalar dtype conversions ---------------------------------------------------------
+// Bit-level and portable, so host and device round identically. SIMD code implements
+// the same rules lane-wise and is tested against these.
+
+SA_HD uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+SA_HD float bits_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+SA_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest, ties to even; NaN stays a (quiet) NaN.
+SA_HD uint16_t float_to_bf16(float f) {
+  const uint32_t x = float_bits(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+SA_HD float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (mant << 13));  // inf / NaN
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return bits_float(sign);  // signed zero
+  // Subnormal half: normalize into a float32 normal.
+  uint32_t e = 113u;
+  while ((mant & 0x400u) == 0) {
+    mant <<= 1;
+    --e;
+  }
+  return bits_float(sign | (e << 23) | ((mant & 0x3FFu) << 13));
+}
+
+// Round to nearest, ties to even, overflow to infinity; NaN stays a (quiet) NaN.
+SA_HD uint16_t float_to_half(float f) {
+  const uint32_t x = float_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));
+  if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: inf
+  if (ax >= 0x38800000u) {                                              // normal half
+    const uint32_t r = ax - 0x38000000u;                                // rebias exponent
+    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+  }
+  if (ax < 0x33000000u) return sign;  // below half the smallest subnormal: zero
+  // Subnormal half: the value in units of 2^-24 is mant >> shift, rounded to even.
+  const uint32_t e = ax >> 23;
+  const uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u;
+  const uint32_t shift = 126u - e;  // 14..24
+  uint32_t q = mant >> shift;
+  const uint32_t rest = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+// bfloat16 param + int16 remainder ("split fp32"): the fp32 value x is stored as
+// hi = x's bits rounded to the nearest multiple of 2^16 (ties away from zero in
+// magnitude) and rem = bits(x) - hi * 2^16, which always fits an int16. The param
+// therefore reads as x rounded to nearest bfloat16, and hi:rem restores x exactly.
+SA_HD float join_remainder(uint16_t hi, int16_t rem) {
+  return bits_float((static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(rem)));
+}
+
+SA_HD void split_remainder(float f, uint16_t& hi, int16_t& rem) {
+  const uint32_t x = float_bits(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN: keep a NaN in the param, payload is moot
+    hi = static_cast<uint16_t>((x >> 16) | 0x0040u);
+    rem = 0;
+    return;
+  }
+  const uint32_t h = (x + 0x8000u) >> 16;
+  hi = static_cast<uint16_t>(h);
+  rem = static_cast<int16_t>(static_cast<int32_t>(x - (h << 16)));
+}
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_ADAM_MATH_H_

@@ -1,0 +1,60 @@
+// kernels/bucket_table.h — the plain data a kernel reads: what kind of update (Variant),
+// which tensors (TensorSlot) and with which constants (GroupCoeffs). Kernels see nothing
+// else of the optimizer; the core builds these tables (src/plan) and a backend walks them.
+#ifndef SHARDADAM_KERNELS_BUCKET_TABLE_H_
+#define SHARDADAM_KERNELS_BUCKET_TABLE_H_
+
+#include <stdint.h>
+
+#include "adam_math.h"
+
+namespace sa {
+namespace kernels {
+
+// Storage dtypes a kernel reads or writes.
+enum class ElemType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
+
+// How the full-precision param value is kept (mirrors sa_master_kind, AUTO resolved).
+enum class MasterKind : uint8_t { none = 0, fp32 = 1, remainder = 2 };
+
+// The dtype signature of an update: params of one Variant share one bucket and one
+// kernel instantiation.
+struct Variant {
+  ElemType param;
+  ElemType grad;
+  ElemType moment;
+  MasterKind master;
+  bool amsgrad;
+};
+
+inline bool operator==(const Variant& a, const Variant& b) {
+  return a.param == b.param && a.grad == b.grad && a.moment == b.moment &&
+         a.master == b.master && a.amsgrad == b.amsgrad;
+}
+inline bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
+
+// One shard in a bucket. Pointers are to the first element; element types follow the
+// bucket's Variant. `master` is float* for MasterKind::fp32, int16_t* for remainder,
+// unused otherwise. `max_exp_avg_sq` is used only when the Variant is amsgrad.
+struct TensorSlot {
+  void* param;
+  const void* grad;
+  void* master;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* max_exp_avg_sq;
+  int64_t numel;
+  int32_t group;  // index into the per-group coefficient array of the step
+};
+
+// One group's constants for one step (float, as the kernels compute) plus whether the
+// group uses Adam-style L2 decay (selects the kL2 instantiation).
+struct GroupCoeffs {
+  AdamCoeffs<float> c;
+  bool l2;
+};
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_BUCKET_TABLE_H_

@@ -1,0 +1,173 @@
+// kernels/cpu/adam_cpu.cpp — adam_cpu_range: the scalar element loop, and the dispatch to
+// the Highway loop of adam_cpu_simd-inl.h for the whole vectors of a range.
+//
+// Build this file with -ffp-contract=off (adam_math.h, rule 1): the compiler must not
+// fuse a multiply and an add of its own accord, or the scalar and SIMD paths (and the CUDA
+// kernel) would round differently.
+//
+// No allocation and no locking here: the CPU backend calls adam_cpu_range from its worker
+// threads on disjoint ranges.
+
+// hwy/foreach_target.h re-includes this file once per SIMD target, by the name below.
+// The quoted-include search for that name starts in hwy/, not next to this file, so the
+// build must put the repository root or kernels/ on the include path.
+#if __has_include("kernels/cpu/adam_cpu.cpp")
+#define HWY_TARGET_INCLUDE "kernels/cpu/adam_cpu.cpp"
+#elif __has_include("cpu/adam_cpu.cpp")
+#define HWY_TARGET_INCLUDE "cpu/adam_cpu.cpp"
+#else
+#error "adam_cpu.cpp: put the repository root (or kernels/) on the include path"
+#endif
+#include "adam_cpu.h"
+
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <stdint.h>
+
+#include <cassert>
+#include <cmath>
+
+#include "../adam_math.h"
+#include "../bucket_table.h"
+#include "adam_cpu_simd-inl.h"
+#include "variant_signature.h"
+
+// ---- per SIMD target --------------------------------------------------------------------
+
+HWY_BEFORE_NAMESPACE();
+namespace sa {
+namespace kernels {
+namespace HWY_NAMESPACE {
+
+// Updates the whole vectors of [begin, end) and returns where the rest begins; on a
+// target without a fused multiply-add it updates nothing and returns `begin`.
+int64_t UpdateWholeVectorsOfVariant(const Variant& variant, const TensorSlot& slot,
+                                    const GroupCoeffs& g, int64_t begin, int64_t end) {
+#if HWY_NATIVE_FMA
+  int64_t rest_begin = begin;
+  visit_signature(variant, g.l2, [&](auto signature) HWY_ATTR {
+    rest_begin = UpdateWholeVectors<decltype(signature)>(slot, g.c, begin, end);
+  });
+  return rest_begin;
+#else
+  (void)variant;
+  (void)slot;
+  (void)g;
+  (void)end;
+  return begin;
+#endif
+}
+
+const char* SimdTargetName() { return HWY_NATIVE_FMA ? hwy::TargetName(HWY_TARGET) : "scalar"; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace sa
+HWY_AFTER_NAMESPACE();
+
+// ---- once: the scalar path and the entry points -----------------------------------------
+
+#if HWY_ONCE
+
+namespace sa {
+namespace kernels {
+namespace {
+
+// The arithmetic adam_update() uses, on one float. std::fma is a correctly rounded fused
+// multiply-add on every CPU (glibc emulates it where the hardware has none).
+struct ScalarOps {
+  float mul(float a, float b) const { return a * b; }
+  float fma(float a, float b, float c) const { return std::fma(a, b, c); }
+  float sqrt(float a) const { return std::sqrt(a); }
+  float div(float a, float b) const { return a / b; }
+  float max(float a, float b) const { return a > b ? a : b; }
+};
+
+template <ElemType T>
+float load_elem(const StorageOf<T>* p) {
+  if constexpr (T == ElemType::f32) {
+    return *p;
+  } else if constexpr (T == ElemType::bf16) {
+    return bf16_to_float(*p);
+  } else {
+    return half_to_float(*p);
+  }
+}
+
+template <ElemType T>
+void store_elem(float f, StorageOf<T>* p) {
+  if constexpr (T == ElemType::f32) {
+    *p = f;
+  } else if constexpr (T == ElemType::bf16) {
+    *p = float_to_bf16(f);
+  } else {
+    *p = float_to_half(f);
+  }
+}
+
+// The full-precision value of param i, wherever it is kept.
+template <class S>
+float load_param_value(const TypedSlot<S>& s, int64_t i) {
+  if constexpr (S::kMaster == MasterKind::none) {
+    return load_elem<S::kParam>(s.param + i);
+  } else if constexpr (S::kMaster == MasterKind::fp32) {
+    return s.master[i];
+  } else {
+    return join_remainder(s.param[i], s.master[i]);
+  }
+}
+
+template <class S>
+void store_param_value(const TypedSlot<S>& s, int64_t i, float p) {
+  if constexpr (S::kMaster == MasterKind::none) {
+    store_elem<S::kParam>(p, s.param + i);
+  } else if constexpr (S::kMaster == MasterKind::fp32) {
+    s.master[i] = p;
+    store_elem<S::kParam>(p, s.param + i);
+  } else {
+    split_remainder(p, s.param[i], s.master[i]);
+  }
+}
+
+template <class S>
+void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int64_t begin,
+                         int64_t end) {
+  const TypedSlot<S> s(slot);
+  for (int64_t i = begin; i < end; ++i) {
+    float p = load_param_value(s, i);
+    float m = load_elem<S::kMoment>(s.exp_avg + i);
+    float v = load_elem<S::kMoment>(s.exp_avg_sq + i);
+    float vmax = S::kAmsgrad ? load_elem<S::kMoment>(s.max_exp_avg_sq + i) : 0.0f;
+    adam_update<S::kL2, S::kAmsgrad>(ScalarOps(), c, load_elem<S::kGrad>(s.grad + i), p, m, v,
+                                     vmax);
+    store_param_value(s, i, p);
+    store_elem<S::kMoment>(m, s.exp_avg + i);
+    store_elem<S::kMoment>(v, s.exp_avg_sq + i);
+    if constexpr (S::kAmsgrad) store_elem<S::kMoment>(vmax, s.max_exp_avg_sq + i);
+  }
+}
+
+}  // namespace
+
+HWY_EXPORT(UpdateWholeVectorsOfVariant);
+HWY_EXPORT(SimdTargetName);
+
+void adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
+                    int64_t begin, int64_t end, bool simd) {
+  assert(0 <= begin && begin <= end && end <= slot.numel);
+  if (begin >= end) return;
+  const int64_t rest_begin =
+      simd ? HWY_DYNAMIC_DISPATCH(UpdateWholeVectorsOfVariant)(variant, slot, g, begin, end)
+           : begin;
+  if (rest_begin == end) return;
+  visit_signature(variant, g.l2, [&](auto signature) {
+    update_range_scalar<decltype(signature)>(slot, g.c, rest_begin, end);
+  });
+}
+
+const char* adam_cpu_simd_target() { return HWY_DYNAMIC_DISPATCH(SimdTargetName)(); }
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // HWY_ONCE

@@ -1,0 +1,69 @@
+# scripts/common.sh — sourced by scripts/demo and scripts/test: installs what a fresh
+# Debian 12 machine lacks, then configures the build. Not meant to be run on its own.
+#
+# Dependencies come from packages only: Debian for the toolchain and libraries, PyPI's
+# apache-tvm-ffi wheel for <dlpack/dlpack.h> >= 1.0 (Debian's libdlpack-dev is 0.6).
+
+SA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SA_APT_PACKAGES=(cmake make g++ binutils catch2 libhwy-dev nlohmann-json3-dev python3-pip ca-certificates)
+SA_PIP_TARGET="$SA_ROOT/.deps/python"  # where the DLPack wheel goes if Python has none
+SA_CMAKE_ARGS=()                        # extra configure args found by sa_install_deps
+
+sa_log() { printf '\n== %s\n' "$*"; }
+
+# Runs a command as root (directly when root already, else through sudo).
+sa_as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "error: '$*' needs root and sudo is not installed" >&2
+    return 1
+  fi
+}
+
+# Installs the missing Debian packages, then finds (or pip-installs) a DLPack >= 1.0
+# header and records where in SA_CMAKE_ARGS.
+sa_install_deps() {
+  local missing=() pkg
+  for pkg in "${SA_APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    sa_log "installing Debian packages: ${missing[*]}"
+    sa_as_root env DEBIAN_FRONTEND=noninteractive apt-get update
+    sa_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+  else
+    sa_log "Debian packages present: ${SA_APT_PACKAGES[*]}"
+  fi
+
+  # DLPack >= 1.0: a tvm_ffi already importable by python3 is found by cmake/FindDLPack;
+  # otherwise the wheel is unpacked into .deps/ (pip --target leaves the system Python alone).
+  local site
+  site="$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
+  if [ -f "$site/tvm_ffi/include/dlpack/dlpack.h" ]; then
+    sa_log "DLPack header: $site/tvm_ffi/include (python3's apache-tvm-ffi)"
+  else
+    if [ ! -f "$SA_PIP_TARGET/tvm_ffi/include/dlpack/dlpack.h" ]; then
+      sa_log "installing apache-tvm-ffi (for dlpack/dlpack.h >= 1.0) into $SA_PIP_TARGET"
+      python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
+        --target "$SA_PIP_TARGET" apache-tvm-ffi
+    fi
+    sa_log "DLPack header: $SA_PIP_TARGET/tvm_ffi/include"
+    SA_CMAKE_ARGS+=("-DDLPack_INCLUDE_DIR=$SA_PIP_TARGET/tvm_ffi/include")
+  fi
+}
+
+# sa_configure <build dir> [cmake args...]: configures with warnings as errors.
+sa_configure() {
+  local dir="$1"
+  shift
+  sa_log "configuring $dir"
+  cmake -S "$SA_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSHARDADAM_WERROR=ON \
+    "${SA_CMAKE_ARGS[@]}" "$@"
+}
+
+sa_jobs() { nproc 2>/dev/null || echo 2; }

@@ -1,0 +1,280 @@
+// src/api.cpp — the C ABI. Each entry point checks its arguments, calls the core inside
+// guarded(), and turns an exception into a status plus the handle's last-error text.
+// No optimizer logic lives here.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "../kernels/cpu/adam_cpu.h"
+#include "dtype.hpp"
+#include "errors.hpp"
+#include "layout.hpp"
+#include "optimizer.hpp"
+#include "options.hpp"
+#include "shardadam/shardadam.h"
+
+struct sa_optimizer {
+  explicit sa_optimizer(const sa_optimizer_config& config) : core(config) {}
+  sa::Optimizer core;
+  mutable std::string last_error;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+sa_status record(const sa_optimizer* opt, const char* fn, sa_status status, const char* what) {
+  std::string message = std::string(fn) + ": " + what;
+  (opt ? opt->last_error : t_last_error) = std::move(message);
+  return status;
+}
+
+template <class Body>
+sa_status guarded(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
+  try {
+    body();
+    return SA_OK;
+  } catch (const sa::Error& e) {
+    return record(opt, fn, e.status(), e.what());
+  } catch (const std::bad_alloc&) {
+    return record(opt, fn, SA_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return record(opt, fn, SA_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return record(opt, fn, SA_ERR_INTERNAL, "unknown exception");
+  }
+}
+
+void require(bool ok, const char* what) {
+  if (!ok) sa::fail(SA_ERR_INVALID_ARGUMENT, what);
+}
+
+// Entry points that take a handle: a NULL handle is reported thread-locally.
+template <class Body>
+sa_status with_optimizer(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
+  if (opt == nullptr) return record(nullptr, fn, SA_ERR_INVALID_ARGUMENT, "opt is NULL");
+  return guarded(opt, fn, std::forward<Body>(body));
+}
+
+// A state view: owns a reference to the state buffer and the shape array.
+struct StateView {
+  DLManagedTensorVersioned tensor;
+  std::shared_ptr<sa::Buffer> buffer;
+  sa::Dims shape;
+};
+
+void delete_state_view(DLManagedTensorVersioned* self) {
+  delete static_cast<StateView*>(self->manager_ctx);
+}
+
+}  // namespace
+
+extern "C" {
+
+int sa_version(void) { return SA_VERSION_NUMBER; }
+
+const char* sa_build_info(void) {
+  static const std::string info = sa::concat(
+      "shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
+      "; cpu: highway (", sa::kernels::adam_cpu_simd_target(), " dispatched)",
+#ifdef SHARDADAM_CUDA_KERNELS
+      "; cuda: kernels compiled, backend not built yet"
+#else
+      "; cuda: not built"
+#endif
+  );
+  return info.c_str();
+}
+
+const char* sa_status_string(sa_status status) {
+  switch (status) {
+    case SA_OK: return "SA_OK";
+    case SA_ERR_INVALID_ARGUMENT: return "SA_ERR_INVALID_ARGUMENT";
+    case SA_ERR_UNSUPPORTED: return "SA_ERR_UNSUPPORTED";
+    case SA_ERR_OUT_OF_MEMORY: return "SA_ERR_OUT_OF_MEMORY";
+    case SA_ERR_DEVICE: return "SA_ERR_DEVICE";
+    case SA_ERR_COMM: return "SA_ERR_COMM";
+    case SA_ERR_IO: return "SA_ERR_IO";
+    case SA_ERR_FORMAT: return "SA_ERR_FORMAT";
+    case SA_ERR_MISMATCH: return "SA_ERR_MISMATCH";
+    case SA_ERR_STATE: return "SA_ERR_STATE";
+    case SA_ERR_INTERNAL: return "SA_ERR_INTERNAL";
+  }
+  return "unknown sa_status";
+}
+
+const char* sa_last_error(void) { return t_last_error.c_str(); }
+
+const char* sa_optimizer_last_error(const sa_optimizer* opt) {
+  return opt ? opt->last_error.c_str() : t_last_error.c_str();
+}
+
+sa_status sa_layout_local_box(const sa_layout* layout, int64_t* local_shape, int64_t* global_offset) {
+  return guarded(nullptr, "sa_layout_local_box", [&] {
+    require(layout != nullptr, "layout is NULL");
+    require(local_shape != nullptr && global_offset != nullptr, "local_shape or global_offset is NULL");
+    const sa::Layout box = sa::resolve_mesh_layout(*layout, "layout");
+    std::copy(box.local_shape.begin(), box.local_shape.end(), local_shape);
+    std::copy(box.global_offset.begin(), box.global_offset.end(), global_offset);
+  });
+}
+
+sa_status sa_optimizer_create(const sa_optimizer_config* config, sa_optimizer** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded(nullptr, "sa_optimizer_create", [&] {
+    require(out != nullptr, "out is NULL");
+    const sa_optimizer_config defaults = SA_OPTIMIZER_CONFIG_INIT;
+    *out = new sa_optimizer(sa::read_options(config, defaults, "config"));
+  });
+}
+
+void sa_optimizer_destroy(sa_optimizer* opt) { delete opt; }
+
+sa_status sa_optimizer_add_group(sa_optimizer* opt, const sa_group_config* config, int32_t* group) {
+  return with_optimizer(opt, "sa_optimizer_add_group", [&] {
+    require(config != nullptr, "config is NULL");
+    const sa_group_config defaults = SA_GROUP_CONFIG_INIT;
+    const int32_t index = opt->core.add_group(sa::read_options(config, defaults, "config"));
+    if (group) *group = index;
+  });
+}
+
+int32_t sa_optimizer_num_groups(const sa_optimizer* opt) { return opt ? opt->core.num_groups() : 0; }
+
+sa_status sa_optimizer_get_group(const sa_optimizer* opt, int32_t group, sa_group_config* out) {
+  return with_optimizer(opt, "sa_optimizer_get_group", [&] {
+    require(out != nullptr, "out is NULL");
+    const sa_group_config& config = opt->core.group(group, "group").config;
+    const sa_group_config defaults = SA_GROUP_CONFIG_INIT;
+    sa::read_options(out, defaults, "out");  // validates out->struct_size
+    std::memcpy(reinterpret_cast<char*>(out) + sizeof(std::size_t), reinterpret_cast<const char*>(&config) + sizeof(std::size_t), out->struct_size - sizeof(std::size_t));  // keeps the caller's struct_size
+  });
+}
+
+sa_status sa_optimizer_set_group(sa_optimizer* opt, int32_t group, const sa_group_config* config) {
+  return with_optimizer(opt, "sa_optimizer_set_group", [&] {
+    require(config != nullptr, "config is NULL");
+    // Fields the caller's (older) struct lacks keep the group's current values.
+    const sa_group_config current = opt->core.group(group, "group").config;
+    opt->core.set_group(group, sa::read_options(config, current, "config"));
+  });
+}
+
+sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr) {
+  return with_optimizer(opt, "sa_optimizer_set_lr", [&] { opt->core.set_lr(group, lr); });
+}
+
+sa_status sa_optimizer_get_step(const sa_optimizer* opt, int32_t group, int64_t* step) {
+  return with_optimizer(opt, "sa_optimizer_get_step", [&] {
+    require(step != nullptr, "step is NULL");
+    *step = opt->core.get_step(group);
+  });
+}
+
+sa_status sa_optimizer_set_step(sa_optimizer* opt, int32_t group, int64_t step) {
+  return with_optimizer(opt, "sa_optimizer_set_step", [&] { opt->core.set_step(group, step); });
+}
+
+sa_status sa_optimizer_add_param(sa_optimizer* opt, const char* name, int32_t group,
+                                 DLManagedTensorVersioned* local_shard, const sa_layout* layout,
+                                 const sa_param_options* options, int64_t* param) {
+  return with_optimizer(opt, "sa_optimizer_add_param", [&] {
+    const int64_t index = opt->core.add_param({name, group, local_shard, nullptr, layout, options});
+    if (param) *param = index;
+  });
+}
+
+sa_status sa_optimizer_add_param_legacy(sa_optimizer* opt, const char* name, int32_t group,
+                                        DLManagedTensor* local_shard, const sa_layout* layout,
+                                        const sa_param_options* options, int64_t* param) {
+  return with_optimizer(opt, "sa_optimizer_add_param_legacy", [&] {
+    const int64_t index = opt->core.add_param({name, group, nullptr, local_shard, layout, options});
+    if (param) *param = index;
+  });
+}
+
+int64_t sa_optimizer_num_params(const sa_optimizer* opt) { return opt ? opt->core.num_params() : 0; }
+
+sa_status sa_optimizer_find_param(const sa_optimizer* opt, const char* name, int64_t* param) {
+  return with_optimizer(opt, "sa_optimizer_find_param", [&] {
+    require(name != nullptr && param != nullptr, "name or param is NULL");
+    *param = opt->core.find_param(name);
+  });
+}
+
+sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_param_info* out) {
+  return with_optimizer(opt, "sa_optimizer_param_info", [&] {
+    require(out != nullptr, "out is NULL");
+    const sa::Param& p = opt->core.param(param, "param");
+    const sa_param_info defaults = SA_PARAM_INFO_INIT;
+    sa::read_options(out, defaults, "out");  // validates out->struct_size
+    sa_param_info info = defaults;
+    info.name = p.name.c_str();
+    info.group = p.group;
+    info.ndim = static_cast<int32_t>(p.layout.local_shape.size());
+    info.local_shape = p.layout.local_shape.data();
+    info.global_shape = p.layout.global_shape.data();
+    info.global_offset = p.layout.global_offset.data();
+    info.numel = p.numel;
+    info.param_dtype = sa::dl_dtype_of(p.param_type);
+    info.grad_dtype = sa::dl_dtype_of(p.grad_type);
+    info.moment_dtype = sa::dl_dtype_of(p.moment_type);
+    info.master = p.master == sa::MasterKind::none   ? SA_MASTER_NONE
+                  : p.master == sa::MasterKind::fp32 ? SA_MASTER_FP32
+                                                     : SA_MASTER_REMAINDER;
+    info.device = p.device;
+    info.struct_size = out->struct_size;  // the caller's struct may be older (shorter)
+    std::memcpy(static_cast<void*>(out), &info, out->struct_size);
+  });
+}
+
+sa_status sa_optimizer_set_grad(sa_optimizer* opt, int64_t param, const DLTensor* grad) {
+  return with_optimizer(opt, "sa_optimizer_set_grad", [&] {
+    require(grad != nullptr, "grad is NULL");
+    opt->core.set_grad(param, *grad);
+  });
+}
+
+sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n, const void* const* ptrs) {
+  return with_optimizer(opt, "sa_optimizer_set_grad_ptrs", [&] { opt->core.set_grad_ptrs(n, ptrs); });
+}
+
+sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream) {
+  return with_optimizer(opt, "sa_optimizer_step", [&] {
+    const sa_step_args defaults = SA_STEP_ARGS_INIT;
+    const sa_step_args a = sa::read_options(args, defaults, "args");
+    const sa::StepOutcome outcome = opt->core.step({a.inv_grad_scale, a.found_inf}, stream);
+    if (a.skipped) {
+      *a.skipped = outcome == sa::StepOutcome::skipped ||
+                   (outcome == sa::StepOutcome::decided_on_device && opt->core.read_found_inf(a.found_inf));
+    }
+  });
+}
+
+sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,
+                                  DLManagedTensorVersioned** out) {
+  if (out != nullptr) *out = nullptr;
+  return with_optimizer(opt, "sa_optimizer_state_view", [&] {
+    require(key != nullptr && out != nullptr, "key or out is NULL");
+    const sa::Optimizer::StateRef ref = opt->core.state(param, key);
+    const sa::Param& p = opt->core.param(param, "param");
+    auto view = std::make_unique<StateView>();
+    view->buffer = ref.buffer;
+    view->shape = p.layout.local_shape;
+    DLManagedTensorVersioned& t = view->tensor;
+    t.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+    t.manager_ctx = view.get();
+    t.deleter = delete_state_view;
+    t.flags = 0;
+    t.dl_tensor.data = ref.buffer->data();
+    t.dl_tensor.device = opt->core.device();
+    t.dl_tensor.ndim = static_cast<int32_t>(view->shape.size());
+    t.dl_tensor.dtype = ref.dtype;
+    t.dl_tensor.shape = view->shape.data();
+    t.dl_tensor.strides = nullptr;
+    t.dl_tensor.byte_offset = 0;
+    *out = &view.release()->tensor;
+  });
+}
+
+}  // extern "C"

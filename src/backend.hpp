@@ -1,0 +1,93 @@
+// src/backend.hpp — what the optimizer needs from a device: memory, a widening copy,
+// running a plan, and the groups' step counts. The optimizer never knows which backend it drives.
+#ifndef SHARDADAM_SRC_BACKEND_HPP_
+#define SHARDADAM_SRC_BACKEND_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <dlpack/dlpack.h>
+
+#include "../kernels/bucket_table.h"
+#include "plan.hpp"
+
+namespace sa {
+
+// The groups as the kernels need them. The core owns this table and bumps a version
+// whenever it changes a part, so device backends upload only what moved.
+struct GroupTable {
+  std::vector<kernels::AdamHyper> hyper;
+  std::vector<int64_t> steps;  // steps taken so far, per group
+  uint64_t hyper_version = 0;
+  uint64_t steps_version = 0;
+};
+
+// Per-step inputs, each pointing to one float in backend memory, or NULL.
+struct StepInputs {
+  const float* inv_grad_scale;  // grads are multiplied by it
+  const float* found_inf;       // nonzero: skip the step
+};
+
+enum class StepOutcome {
+  stepped,           // the step ran and the counts advanced (host knows)
+  skipped,           // found_inf was set: nothing changed (host knows)
+  decided_on_device  // the device decided (found_inf on device, or a captured step)
+};
+
+// Backend memory. Shared ownership lets a state view outlive the optimizer.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() const = 0;
+  virtual std::size_t bytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DLDevice device() const = 0;
+  virtual std::string describe() const = 0;
+
+  // Zero-filled memory; throws sa::Error(SA_ERR_OUT_OF_MEMORY) when it cannot.
+  virtual std::shared_ptr<Buffer> allocate(std::size_t bytes) = 0;
+
+  // dst[i] = float(src[i]) for n elements of `type`, both in backend memory (master init).
+  virtual void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) = 0;
+
+  // Called after a plan is (re)built, before it is run: the place to upload tables.
+  // May synchronize.
+  virtual void prepare(const Plan& plan) = 0;
+
+  // One step: fold every group's coefficients at its next step count, update every slot
+  // of `plan`, advance the step counts. If *inputs.found_inf is nonzero, nothing changes.
+  // Enqueues on `stream` for device backends.
+  virtual StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
+                          void* stream) = 0;
+
+  // Device backends keep the authoritative step counts in device memory (so a skipped or
+  // graph-replayed step needs no host); this reads them back, synchronizing. Host
+  // backends leave `steps` as it is.
+  virtual void read_steps(std::vector<int64_t>& steps) = 0;
+
+  // The value of one float in backend memory (synchronizes on device backends).
+  virtual float read_float(const float* p) = 0;
+};
+
+struct CpuBackendOptions {
+  int num_threads;  // 0 = hardware concurrency
+  bool simd;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+#ifdef SHARDADAM_WITH_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int device);
+#endif
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_BACKEND_HPP_

@@ -1,0 +1,54 @@
+// src/dlpack_intake.hpp — checking DLPack tensors at the door, and owning the managed
+// tensors a caller hands over.
+#ifndef SHARDADAM_SRC_DLPACK_INTAKE_HPP_
+#define SHARDADAM_SRC_DLPACK_INTAKE_HPP_
+
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+#include "layout.hpp"
+
+namespace sa {
+
+// A validated tensor: C-contiguous, lanes == 1, data (byte_offset applied) aligned to
+// the element size, non-NULL unless empty.
+struct TensorRef {
+  void* data;
+  DLDataType dtype;
+  DLDevice device;
+  Dims shape;
+  int64_t numel;
+};
+
+// Validates `tensor`; `context` starts every error message ("... param 'w': grad").
+TensorRef read_tensor(const DLTensor& tensor, const std::string& context);
+
+std::string device_name(DLDevice device);
+
+inline bool same_device(DLDevice a, DLDevice b) {
+  return a.device_type == b.device_type && a.device_id == b.device_id;
+}
+
+// Owns a DLManagedTensorVersioned or a legacy DLManagedTensor and calls its deleter once.
+class ManagedTensor {
+ public:
+  ManagedTensor() = default;
+  explicit ManagedTensor(DLManagedTensorVersioned* t) : versioned_(t) {}
+  explicit ManagedTensor(DLManagedTensor* t) : legacy_(t) {}
+  ManagedTensor(ManagedTensor&& other) noexcept { *this = std::move(other); }
+  ManagedTensor& operator=(ManagedTensor&& other) noexcept;
+  ManagedTensor(const ManagedTensor&) = delete;
+  ManagedTensor& operator=(const ManagedTensor&) = delete;
+  ~ManagedTensor() { reset(); }
+
+  void reset();
+
+ private:
+  DLManagedTensorVersioned* versioned_ = nullptr;
+  DLManagedTensor* legacy_ = nullptr;
+};
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_DLPACK_INTAKE_HPP_

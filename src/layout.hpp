@@ -1,0 +1,48 @@
+// src/layout.hpp — where a local shard sits in its global tensor.
+#ifndef SHARDADAM_SRC_LAYOUT_HPP_
+#define SHARDADAM_SRC_LAYOUT_HPP_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardadam/shardadam.h"
+
+namespace sa {
+
+using Dims = std::vector<int64_t>;
+
+// The piece [offset, offset + size) that coordinate `index` of `parts` gets when a dim of
+// `dim_size` is split with torch.chunk semantics: chunks of ceil(dim_size / parts),
+// trailing coordinates get a smaller or empty chunk; an empty chunk starts at dim_size.
+// This is the only place shardadam spells the split rule.
+struct Chunk {
+  int64_t offset;
+  int64_t size;
+};
+Chunk chunk_of(int64_t dim_size, int64_t parts, int64_t index);
+
+// A resolved layout: the box [global_offset, global_offset + local_shape) of a tensor of
+// global_shape, plus the mesh it came from (empty for the box form), kept for
+// replica-aware work (export, norms).
+struct Layout {
+  Dims global_shape;
+  Dims global_offset;
+  Dims local_shape;
+  Dims mesh_shape;
+  Dims mesh_coord;
+  std::vector<sa_placement> placements;  // normalized: Shard dims are >= 0
+};
+
+// Resolves `layout` for a shard of shape `shard_shape`. NULL means "not sharded". For
+// the mesh form the local shape is computed and must equal shard_shape; for the box form
+// shard_shape is the local shape and the box must fit the global shape. `context` starts
+// every error message (e.g. "sa_optimizer_add_param: param 'w'").
+Layout resolve_layout(const sa_layout* layout, const Dims& shard_shape, const std::string& context);
+
+// The box a mesh-form layout gives this rank (no shard to compare with).
+Layout resolve_mesh_layout(const sa_layout& layout, const std::string& context);
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_LAYOUT_HPP_

@@ -1,0 +1,345 @@
+#include "optimizer.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <new>
+
+#include "dtype.hpp"
+#include "errors.hpp"
+#include "options.hpp"
+
+namespace sa {
+namespace {
+
+std::string param_context(const std::string& name) { return concat("param '", name, "'"); }
+
+MasterKind resolve_master(int32_t requested, ElemType param_type, const std::string& context) {
+  switch (requested) {
+    case SA_MASTER_AUTO:
+      return param_type == ElemType::f32 ? MasterKind::none : MasterKind::fp32;
+    case SA_MASTER_NONE:
+      if (param_type != ElemType::f32)
+        fail(SA_ERR_UNSUPPORTED, context, ": master SA_MASTER_NONE needs a float32 param, not ",
+             elem_name(param_type), "; use SA_MASTER_FP32 (or SA_MASTER_REMAINDER for bfloat16)");
+      return MasterKind::none;
+    case SA_MASTER_FP32:
+      if (param_type == ElemType::f32)
+        fail(SA_ERR_INVALID_ARGUMENT, context,
+             ": master SA_MASTER_FP32 on a float32 param would duplicate it; use SA_MASTER_NONE");
+      return MasterKind::fp32;
+    case SA_MASTER_REMAINDER:
+      if (param_type != ElemType::bf16)
+        fail(SA_ERR_UNSUPPORTED, context, ": master SA_MASTER_REMAINDER needs a bfloat16 param, not ",
+             elem_name(param_type));
+      return MasterKind::remainder;
+    default:
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": master is ", requested,
+           ", not an sa_master_kind");
+  }
+}
+
+ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, bool allow_f16,
+                                const std::string& context, const char* field) {
+  if (requested.bits == 0 && requested.code == 0 && requested.lanes == 0) return fallback;
+  auto type = elem_type_of(requested);
+  if (!type || (!allow_f16 && *type == ElemType::f16))
+    fail(SA_ERR_UNSUPPORTED, context, ": ", field, " ", dtype_name(requested),
+         " is not supported; use ", allow_f16 ? "float32, bfloat16 or float16" : "float32 or bfloat16");
+  return *type;
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const sa_optimizer_config& config) : config_(config) {
+  if (config.num_threads < 0)
+    fail(SA_ERR_INVALID_ARGUMENT, "num_threads is ", config.num_threads, "; use 0 (all) or a count");
+  if (config.cpu_simd != 0 && config.cpu_simd != 1)
+    fail(SA_ERR_INVALID_ARGUMENT, "cpu_simd is ", config.cpu_simd, "; it must be 0 or 1");
+}
+
+// ---- groups -------------------------------------------------------------------------
+
+int32_t Optimizer::add_group(const sa_group_config& config) {
+  check_group_config(config, concat("group ", groups_.size()));
+  refresh_steps();
+  groups_.reserve(groups_.size() + 1);
+  table_.hyper.reserve(groups_.size() + 1);
+  table_.steps.reserve(groups_.size() + 1);
+  // No throw past this point: the three vectors grow together.
+  groups_.push_back(Group{config, 0});
+  table_.hyper.push_back(hyper_of(config));
+  table_.steps.push_back(0);
+  ++table_.hyper_version;
+  ++table_.steps_version;
+  return static_cast<int32_t>(groups_.size() - 1);
+}
+
+const Group& Optimizer::group(int32_t index, const char* what) const {
+  if (index < 0 || index >= num_groups())
+    fail(SA_ERR_INVALID_ARGUMENT, what, " ", index, " does not exist (the optimizer has ",
+         num_groups(), " groups)");
+  return groups_[index];
+}
+
+void Optimizer::set_group(int32_t index, const sa_group_config& config) {
+  const Group& current = group(index, "group");
+  check_group_config(config, concat("group ", index));
+  if (current.num_params > 0 && config.amsgrad != current.config.amsgrad)
+    fail(SA_ERR_STATE, "group ", index, ": amsgrad cannot change once the group holds params (",
+         current.num_params, " now); its max_exp_avg_sq state is allocated when a param is added");
+  groups_[index].config = config;
+  table_.hyper[index] = hyper_of(config);
+  ++table_.hyper_version;
+}
+
+void Optimizer::set_lr(int32_t index, double lr) {
+  sa_group_config config = group(index, "group").config;
+  config.lr = lr;
+  set_group(index, config);
+}
+
+void Optimizer::refresh_steps() const {
+  if (!steps_on_device_) return;
+  backend_->read_steps(table_.steps);
+  steps_on_device_ = false;
+}
+
+int64_t Optimizer::get_step(int32_t index) const {
+  group(index, "group");
+  refresh_steps();
+  return table_.steps[index];
+}
+
+void Optimizer::set_step(int32_t index, int64_t step) {
+  group(index, "group");
+  if (step < 0) fail(SA_ERR_INVALID_ARGUMENT, "group ", index, ": step ", step, " is negative");
+  refresh_steps();
+  table_.steps[index] = step;
+  ++table_.steps_version;
+}
+
+// ---- params -------------------------------------------------------------------------
+
+Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
+  if (backend_) {
+    if (!same_device(device, backend_->device()))
+      fail(SA_ERR_MISMATCH, context, ": the shard is on ", device_name(device),
+           " but this optimizer's params are on ", device_name(backend_->device()),
+           "; one optimizer serves one device");
+    return *backend_;
+  }
+  switch (device.device_type) {
+    case kDLCPU:
+      backend_ = make_cpu_backend({config_.num_threads, config_.cpu_simd != 0});
+      return *backend_;
+    case kDLCUDA:
+      fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
+           " but this build of shardadam has no CUDA backend (see sa_build_info())");
+    default:
+      fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
+           "; shardadam supports cpu (and cuda where built with it)");
+  }
+}
+
+void Optimizer::allocate_state(Param& p) {
+  const std::size_t n = static_cast<std::size_t>(p.numel);
+  const std::size_t moment_bytes = n * elem_size(p.moment_type);
+  p.state.exp_avg = backend_->allocate(moment_bytes);
+  p.state.exp_avg_sq = backend_->allocate(moment_bytes);
+  if (p.amsgrad) p.state.max_exp_avg_sq = backend_->allocate(moment_bytes);
+  if (p.master == MasterKind::fp32) {
+    p.state.master = backend_->allocate(n * sizeof(float));
+    backend_->widen_to_f32(static_cast<float*>(p.state.master->data()), p.data, p.param_type, p.numel);
+  } else if (p.master == MasterKind::remainder) {
+    // A zero remainder restores exactly the bfloat16 value the param holds now.
+    p.state.master = backend_->allocate(n * sizeof(int16_t));
+  }
+}
+
+int64_t Optimizer::add_param(const ParamRequest& request) {
+  if (request.name == nullptr || request.name[0] == '\0')
+    fail(SA_ERR_INVALID_ARGUMENT, "name is NULL or empty; params are matched by name");
+  auto param = std::make_unique<Param>();
+  param->name = request.name;
+  const std::string context = param_context(param->name);
+  if (index_of_name_.count(param->name))
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": a param of this name is already registered (index ",
+         index_of_name_.at(param->name), ")");
+  const Group& group = this->group(request.group, (context + ": group").c_str());
+  if (request.versioned == nullptr && request.legacy == nullptr)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": local_shard is NULL");
+  if (request.versioned) {
+    const DLPackVersion version = request.versioned->version;
+    if (version.major != DLPACK_MAJOR_VERSION)
+      fail(SA_ERR_UNSUPPORTED, context, ": the local shard is a DLPack ", version.major, ".",
+           version.minor, " tensor; this library reads DLPack ", DLPACK_MAJOR_VERSION, ".x");
+    if (request.versioned->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+      fail(SA_ERR_INVALID_ARGUMENT, context,
+           ": the local shard is read-only (DLPACK_FLAG_BITMASK_READ_ONLY); the step writes it");
+  }
+  const DLTensor& tensor = request.versioned ? request.versioned->dl_tensor : request.legacy->dl_tensor;
+  const TensorRef shard = read_tensor(tensor, context + ": local shard");
+  const auto param_type = elem_type_of(shard.dtype);
+  if (!param_type)
+    fail(SA_ERR_UNSUPPORTED, context, ": param dtype ", dtype_name(shard.dtype),
+         " is not supported; use float32, bfloat16 or float16");
+  const sa_param_options defaults = SA_PARAM_OPTIONS_INIT;
+  const sa_param_options options =
+      read_options(request.options, defaults, (context + ": options").c_str());
+
+  param->group = request.group;
+  param->layout = resolve_layout(request.layout, shard.shape, context);
+  param->numel = shard.numel;
+  param->device = shard.device;
+  param->data = shard.data;
+  param->param_type = *param_type;
+  param->grad_type = resolve_optional_dtype(options.grad_dtype, *param_type, true, context, "grad_dtype");
+  param->moment_type = resolve_optional_dtype(options.moment_dtype, ElemType::f32, false, context, "moment_dtype");
+  param->master = resolve_master(options.master, *param_type, context);
+  param->amsgrad = group.config.amsgrad != 0;
+  Backend& backend = backend_for(shard.device, context);
+  (void)backend;
+
+  try {
+    allocate_state(*param);
+  } catch (const std::bad_alloc&) {
+    fail(SA_ERR_OUT_OF_MEMORY, context, ": cannot allocate the state of ", param->numel, " elements");
+  }
+
+  // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
+  const int64_t index = num_params();
+  params_.push_back(std::move(param));
+  try {
+    index_of_name_.emplace(params_.back()->name, index);
+  } catch (...) {
+    params_.pop_back();
+    throw;
+  }
+  params_.back()->owner = request.versioned ? ManagedTensor(request.versioned)
+                                            : ManagedTensor(request.legacy);
+  ++groups_[request.group].num_params;
+  plan_stale_ = true;
+  return index;
+}
+
+const Param& Optimizer::param(int64_t index, const char* what) const {
+  if (index < 0 || index >= num_params())
+    fail(SA_ERR_INVALID_ARGUMENT, what, " ", index, " does not exist (the optimizer has ",
+         num_params(), " params)");
+  return *params_[index];
+}
+
+int64_t Optimizer::find_param(const std::string& name) const {
+  auto it = index_of_name_.find(name);
+  if (it == index_of_name_.end()) fail(SA_ERR_INVALID_ARGUMENT, "no param is named '", name, "'");
+  return it->second;
+}
+
+DLDevice Optimizer::device() const { return backend_ ? backend_->device() : DLDevice{kDLCPU, 0}; }
+
+// ---- grads --------------------------------------------------------------------------
+
+void Optimizer::set_grad(int64_t index, const DLTensor& grad) {
+  const Param& p = param(index, "param");
+  const std::string context = param_context(p.name) + ": grad";
+  const TensorRef ref = read_tensor(grad, context);
+  if (!same_device(ref.device, p.device))
+    fail(SA_ERR_MISMATCH, context, " is on ", device_name(ref.device), " but the param is on ",
+         device_name(p.device));
+  if (!same_dtype(ref.dtype, dl_dtype_of(p.grad_type)))
+    fail(SA_ERR_MISMATCH, context, " dtype ", dtype_name(ref.dtype),
+         " does not match registered grad dtype ", elem_name(p.grad_type));
+  if (ref.shape != p.layout.local_shape)
+    fail(SA_ERR_MISMATCH, context, " shape ", format_dims(ref.shape),
+         " does not match the local shape ", format_dims(p.layout.local_shape));
+  params_[index]->grad = ref.data;
+  grads_stale_ = true;
+}
+
+void Optimizer::set_grad_ptrs(int64_t n, const void* const* ptrs) {
+  if (n != num_params())
+    fail(SA_ERR_INVALID_ARGUMENT, "n is ", n, " but the optimizer has ", num_params(),
+         " params; pass one pointer per param, in param order");
+  if (n > 0 && ptrs == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "ptrs is NULL");
+  for (int64_t i = 0; i < n; ++i) {
+    const Param& p = *params_[i];
+    const std::size_t align = elem_size(p.grad_type);
+    if (ptrs[i] == nullptr && p.numel > 0)
+      fail(SA_ERR_INVALID_ARGUMENT, "ptrs[", i, "] (param '", p.name, "', ", p.numel,
+           " elements) is NULL");
+    if (reinterpret_cast<std::uintptr_t>(ptrs[i]) % align != 0)
+      fail(SA_ERR_INVALID_ARGUMENT, "ptrs[", i, "] (param '", p.name, "') is not aligned to its ",
+           elem_name(p.grad_type), " elements");
+  }
+  for (int64_t i = 0; i < n; ++i) params_[i]->grad = ptrs[i];
+  grads_stale_ = true;
+}
+
+// ---- step ---------------------------------------------------------------------------
+
+std::vector<const Param*> Optimizer::param_list() const {
+  std::vector<const Param*> list;
+  list.reserve(params_.size());
+  for (const auto& p : params_) list.push_back(p.get());
+  return list;
+}
+
+StepOutcome Optimizer::step(const StepInputs& inputs, void* stream) {
+  for (const auto& p : params_)
+    if (p->numel > 0 && p->grad == nullptr)
+      fail(SA_ERR_STATE, param_context(p->name),
+           " has no grad bound; bind one with sa_optimizer_set_grad or sa_optimizer_set_grad_ptrs"
+           " before stepping (nothing was updated)");
+  if (!backend_) {  // no params, so no device: the inputs are host floats
+    if (inputs.found_inf != nullptr && *inputs.found_inf != 0.0f) return StepOutcome::skipped;
+    refresh_steps();
+    for (auto& step : table_.steps) ++step;
+    return StepOutcome::stepped;
+  }
+  if (plan_stale_) {
+    Plan plan = build_plan(param_list());
+    backend_->prepare(plan);
+    plan_ = std::move(plan);
+    plan_stale_ = false;
+    grads_stale_ = false;
+  } else if (grads_stale_) {
+    rebind_grads(plan_, param_list());
+    grads_stale_ = false;
+  }
+  const StepOutcome outcome = backend_->run(plan_, table_, inputs, stream);
+  switch (outcome) {
+    case StepOutcome::stepped:
+      for (auto& step : table_.steps) ++step;  // the device (if any) advanced its own copy
+      break;
+    case StepOutcome::skipped:
+      break;
+    case StepOutcome::decided_on_device:
+      steps_on_device_ = true;
+      break;
+  }
+  return outcome;
+}
+
+bool Optimizer::read_found_inf(const float* found_inf) {
+  if (found_inf == nullptr) return false;
+  return (backend_ ? backend_->read_float(found_inf) : *found_inf) != 0.0f;
+}
+
+// ---- state --------------------------------------------------------------------------
+
+Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) const {
+  const Param& p = param(index, "param");
+  const DLDataType moment = dl_dtype_of(p.moment_type);
+  if (key == "exp_avg") return {p.state.exp_avg, moment};
+  if (key == "exp_avg_sq") return {p.state.exp_avg_sq, moment};
+  if (key == "max_exp_avg_sq" && p.amsgrad) return {p.state.max_exp_avg_sq, moment};
+  if (key == "master" && p.master == MasterKind::fp32) return {p.state.master, dl_dtype_of(ElemType::f32)};
+  if (key == "remainder" && p.master == MasterKind::remainder) return {p.state.master, kInt16};
+  std::string keys = "exp_avg, exp_avg_sq";
+  if (p.amsgrad) keys += ", max_exp_avg_sq";
+  if (p.master == MasterKind::fp32) keys += ", master";
+  if (p.master == MasterKind::remainder) keys += ", remainder";
+  fail(SA_ERR_INVALID_ARGUMENT, param_context(p.name), " has no state '", key, "'; it has: ", keys);
+}
+
+}  // namespace sa

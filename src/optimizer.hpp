@@ -1,0 +1,132 @@
+// src/optimizer.hpp — the optimizer core: groups, params, their state, and the step.
+// Every method validates fully before it changes anything, and throws sa::Error.
+#ifndef SHARDADAM_SRC_OPTIMIZER_HPP_
+#define SHARDADAM_SRC_OPTIMIZER_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend.hpp"
+#include "dlpack_intake.hpp"
+#include "layout.hpp"
+#include "plan.hpp"
+#include "shardadam/shardadam.h"
+
+namespace sa {
+
+using kernels::ElemType;
+using kernels::MasterKind;
+
+struct Group {
+  sa_group_config config;
+  int64_t num_params = 0;
+};
+
+// Optimizer state of one param, in backend memory. Buffers are shared so that state
+// views stay valid after the optimizer is gone.
+struct ParamState {
+  std::shared_ptr<Buffer> exp_avg;
+  std::shared_ptr<Buffer> exp_avg_sq;
+  std::shared_ptr<Buffer> max_exp_avg_sq;  // amsgrad only
+  std::shared_ptr<Buffer> master;          // fp32 master or int16 remainder
+};
+
+struct Param {
+  std::string name;
+  int32_t group = 0;
+  Layout layout;
+  int64_t numel = 0;
+  DLDevice device{};
+  void* data = nullptr;  // the local shard, updated in place
+  ElemType param_type{};
+  ElemType grad_type{};
+  ElemType moment_type{};
+  MasterKind master{};
+  bool amsgrad = false;
+  ParamState state;
+  const void* grad = nullptr;  // bound grad, kept until rebound
+  ManagedTensor owner;         // released (deleter called) with the param
+};
+
+// What an add_param caller hands over, before validation.
+struct ParamRequest {
+  const char* name;
+  int32_t group;
+  DLManagedTensorVersioned* versioned;  // exactly one of versioned / legacy is set
+  DLManagedTensor* legacy;
+  const sa_layout* layout;
+  const sa_param_options* options;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(const sa_optimizer_config& config);
+
+  int32_t add_group(const sa_group_config& config);
+  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  const Group& group(int32_t index, const char* fn) const;
+  void set_group(int32_t index, const sa_group_config& config);
+  void set_lr(int32_t index, double lr);
+  int64_t get_step(int32_t index) const;  // may synchronize a device backend
+  void set_step(int32_t index, int64_t step);
+
+  // Validates the request, allocates state, and only then registers the param and takes
+  // ownership of its managed tensor. On error the caller keeps that ownership. Returns
+  // the param's index.
+  int64_t add_param(const ParamRequest& request);
+  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  const Param& param(int64_t index, const char* fn) const;
+  int64_t find_param(const std::string& name) const;
+
+  void set_grad(int64_t index, const DLTensor& grad);
+  void set_grad_ptrs(int64_t n, const void* const* ptrs);
+
+  // One step over all params. `inputs` point into backend memory (host memory when the
+  // optimizer has no params yet).
+  StepOutcome step(const StepInputs& inputs, void* stream);
+
+  // Whether a step with this found_inf was skipped (reads it; may synchronize).
+  bool read_found_inf(const float* found_inf);
+
+  // The buffer behind a state key of a param, with its storage dtype.
+  struct StateRef {
+    std::shared_ptr<Buffer> buffer;
+    DLDataType dtype;
+  };
+  StateRef state(int64_t index, const std::string& key) const;
+
+  DLDevice device() const;
+
+ private:
+  Backend& backend_for(DLDevice device, const std::string& context);
+  void allocate_state(Param& param);
+  std::vector<const Param*> param_list() const;
+  void refresh_steps() const;
+
+  sa_optimizer_config config_;
+  std::unique_ptr<Backend> backend_;  // created by the first param's device
+  std::vector<Group> groups_;
+  std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
+  std::unordered_map<std::string, int64_t> index_of_name_;
+  Plan plan_;
+  bool plan_stale_ = true;   // params changed since the plan was built
+  bool grads_stale_ = true;  // grad bindings changed since the plan last saw them
+  // Hyperparameters and step counts as the kernels read them. The step counts are a
+  // cache when a device backend decided the last step (found_inf on the device, graph
+  // replay): refresh_steps() reads them back before they are used or changed.
+  mutable GroupTable table_;
+  mutable bool steps_on_device_ = false;
+};
+
+// Validates hyperparameters; `context` starts the error message.
+void check_group_config(const sa_group_config& config, const std::string& context);
+
+// The hyperparameters of a validated config, as the kernels take them.
+kernels::AdamHyper hyper_of(const sa_group_config& config);
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_OPTIMIZER_HPP_

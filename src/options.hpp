@@ -1,0 +1,34 @@
+// src/options.hpp — reading append-only option structs whose first field is struct_size.
+#ifndef SHARDADAM_SRC_OPTIONS_HPP_
+#define SHARDADAM_SRC_OPTIONS_HPP_
+
+#include <cstring>
+
+#include "errors.hpp"
+
+namespace sa {
+
+// Returns `defaults` overlaid with the caller's struct, of which only the first
+// `in->struct_size` bytes are read: a caller built against an older header has a shorter
+// struct, and the fields it lacks keep their defaults. A caller built against a newer
+// header (larger struct_size) is refused: silently ignoring fields it set would be wrong.
+template <class T>
+T read_options(const T* in, const T& defaults, const char* what) {
+  if (in == nullptr) return defaults;
+  if (in->struct_size < sizeof(std::size_t))
+    fail(SA_ERR_INVALID_ARGUMENT, what, ": struct_size ", in->struct_size,
+         " is too small; initialize the struct with its SA_*_INIT macro");
+  if (in->struct_size > sizeof(T))
+    fail(SA_ERR_UNSUPPORTED, what, ": struct_size ", in->struct_size,
+         " is larger than this library's (", sizeof(T),
+         "): the caller was compiled against a newer shardadam.h than the library loaded (",
+         SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH, ")");
+  T out = defaults;
+  std::memcpy(static_cast<void*>(&out), in, in->struct_size);
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_OPTIONS_HPP_

@@ -1,0 +1,52 @@
+#include "plan.hpp"
+
+#include "optimizer.hpp"
+
+namespace sa {
+namespace {
+
+kernels::Variant variant_of(const Param& p) {
+  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad};
+}
+
+kernels::TensorSlot slot_of(const Param& p) {
+  auto data_or_null = [](const std::shared_ptr<Buffer>& b) { return b ? b->data() : nullptr; };
+  return {p.data,
+          p.grad,
+          data_or_null(p.state.master),
+          data_or_null(p.state.exp_avg),
+          data_or_null(p.state.exp_avg_sq),
+          data_or_null(p.state.max_exp_avg_sq),
+          p.numel,
+          p.group};
+}
+
+}  // namespace
+
+Plan build_plan(const std::vector<const Param*>& params) {
+  Plan plan;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    if (p.numel == 0) continue;
+    const kernels::Variant variant = variant_of(p);
+    Bucket* bucket = nullptr;
+    for (auto& b : plan.buckets)
+      if (b.variant == variant) bucket = &b;
+    if (bucket == nullptr) {
+      plan.buckets.push_back(Bucket{variant, {}, {}, 0});
+      bucket = &plan.buckets.back();
+    }
+    bucket->slots.push_back(slot_of(p));
+    bucket->param_of_slot.push_back(static_cast<int64_t>(i));
+    bucket->numel += p.numel;
+  }
+  return plan;
+}
+
+void rebind_grads(Plan& plan, const std::vector<const Param*>& params) {
+  for (auto& bucket : plan.buckets)
+    for (std::size_t s = 0; s < bucket.slots.size(); ++s)
+      bucket.slots[s].grad = params[bucket.param_of_slot[s]]->grad;
+}
+
+}  // namespace sa

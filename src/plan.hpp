@@ -1,0 +1,35 @@
+// src/plan.hpp — the launch plan: params grouped into buckets by Variant, one TensorSlot
+// per non-empty shard. Built once after params change; a step only rebinds grads.
+#ifndef SHARDADAM_SRC_PLAN_HPP_
+#define SHARDADAM_SRC_PLAN_HPP_
+
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/bucket_table.h"
+
+namespace sa {
+
+struct Param;
+
+struct Bucket {
+  kernels::Variant variant;
+  std::vector<kernels::TensorSlot> slots;
+  std::vector<int64_t> param_of_slot;  // slot i updates param param_of_slot[i]
+  int64_t numel = 0;
+};
+
+struct Plan {
+  std::vector<Bucket> buckets;
+};
+
+// Buckets in order of first appearance; empty shards get no slot (so they cost nothing
+// and cannot overrun anything). Grad pointers are taken from the params as they are.
+Plan build_plan(const std::vector<const Param*>& params);
+
+// Copies every param's current grad pointer into its slot.
+void rebind_grads(Plan& plan, const std::vector<const Param*>& params);
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_PLAN_HPP_
