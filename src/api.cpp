@@ -77,8 +77,8 @@ const char* sa_build_info(void) {
   static const std::string info = sa::concat(
       "shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
       "; cpu: highway (", sa::kernels::adam_cpu_simd_target(), " dispatched)",
-#ifdef SHARDADAM_CUDA_KERNELS
-      "; cuda: kernels compiled, backend not built yet"
+#ifdef SHARDADAM_WITH_CUDA
+      "; cuda: backend built (device memory, one launch per bucket)"
 #else
       "; cuda: not built"
 #endif
@@ -249,6 +249,10 @@ sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* s
                    (outcome == sa::StepOutcome::decided_on_device && opt->core.read_found_inf(a.found_inf));
     }
   });
+}
+
+sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream) {
+  return with_optimizer(opt, "sa_optimizer_flush", [&] { opt->core.flush(stream); });
 }
 
 sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,

@@ -62,6 +62,10 @@ class Backend {
   // May synchronize.
   virtual void prepare(const Plan& plan) = 0;
 
+  // Makes the backend's copies of grad bindings, hyperparameters and step counts match
+  // `plan` and `groups` (device backends: async uploads on `stream`). run() does it first.
+  virtual void flush(const Plan& plan, const GroupTable& groups, void* stream) = 0;
+
   // One step: fold every group's coefficients at its next step count, update every slot
   // of `plan`, advance the step counts. If *inputs.found_inf is nonzero, nothing changes.
   // Enqueues on `stream` for device backends.

@@ -133,8 +133,17 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
       backend_ = make_cpu_backend({config_.num_threads, config_.cpu_simd != 0});
       return *backend_;
     case kDLCUDA:
+#ifdef SHARDADAM_WITH_CUDA
+      try {
+        backend_ = make_cuda_backend(device.device_id);
+      } catch (const Error& e) {
+        fail(e.status(), context, ": cannot use ", device_name(device), ": ", e.what());
+      }
+      return *backend_;
+#else
       fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
            " but this build of shardadam has no CUDA backend (see sa_build_info())");
+#endif
     default:
       fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
            "; shardadam supports cpu (and cuda where built with it)");
@@ -296,16 +305,7 @@ StepOutcome Optimizer::step(const StepInputs& inputs, void* stream) {
     for (auto& step : table_.steps) ++step;
     return StepOutcome::stepped;
   }
-  if (plan_stale_) {
-    Plan plan = build_plan(param_list());
-    backend_->prepare(plan);
-    plan_ = std::move(plan);
-    plan_stale_ = false;
-    grads_stale_ = false;
-  } else if (grads_stale_) {
-    rebind_grads(plan_, param_list());
-    grads_stale_ = false;
-  }
+  update_plan();
   const StepOutcome outcome = backend_->run(plan_, table_, inputs, stream);
   switch (outcome) {
     case StepOutcome::stepped:
@@ -318,6 +318,25 @@ StepOutcome Optimizer::step(const StepInputs& inputs, void* stream) {
       break;
   }
   return outcome;
+}
+
+void Optimizer::update_plan() {
+  if (plan_stale_) {
+    Plan plan = build_plan(param_list());
+    backend_->prepare(plan);
+    plan_ = std::move(plan);
+    plan_stale_ = false;
+    grads_stale_ = false;
+  } else if (grads_stale_) {
+    rebind_grads(plan_, param_list());
+    grads_stale_ = false;
+  }
+}
+
+void Optimizer::flush(void* stream) {
+  if (!backend_) return;
+  update_plan();
+  backend_->flush(plan_, table_, stream);
 }
 
 bool Optimizer::read_found_inf(const float* found_inf) {

@@ -88,6 +88,10 @@ class Optimizer {
   // optimizer has no params yet).
   StepOutcome step(const StepInputs& inputs, void* stream);
 
+  // Brings the backend's copies of grads, hyperparameters and step counts up to date on
+  // `stream` (what step() does first; needed before replaying a captured step).
+  void flush(void* stream);
+
   // Whether a step with this found_inf was skipped (reads it; may synchronize).
   bool read_found_inf(const float* found_inf);
 
@@ -105,6 +109,7 @@ class Optimizer {
   void allocate_state(Param& param);
   std::vector<const Param*> param_list() const;
   void refresh_steps() const;
+  void update_plan();
 
   sa_optimizer_config config_;
   std::unique_ptr<Backend> backend_;  // created by the first param's device

@@ -447,6 +447,16 @@ TEST_CASE("a group's step count counts steps taken, and set_step replaces it", "
   REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   CHECK(step_count(opt.get(), 0) == 2);
   CHECK(step_count(opt.get(), 1) == 42);
+  // A found_inf step is not counted, with or without params.
+  const float found_inf = 1.0f;
+  int32_t skipped = -1;
+  sa_step_args args = SA_STEP_ARGS_INIT;
+  args.found_inf = &found_inf;
+  args.skipped = &skipped;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), &args, nullptr));
+  CHECK(skipped == 1);
+  CHECK(step_count(opt.get(), 0) == 2);
+  CHECK(step_count(opt.get(), 1) == 42);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_step(opt.get(), 0, 0));
   CHECK(step_count(opt.get(), 0) == 0);
 }

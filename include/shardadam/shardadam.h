@@ -235,7 +235,8 @@ SA_API sa_status sa_optimizer_set_group(sa_optimizer* opt, int32_t group,
 /** Sets only the learning rate of a group (what an LR scheduler needs each step). */
 SA_API sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr);
 
-/** The group's step count: the number of steps taken and not skipped. */
+/** The group's step count: the number of steps taken and not skipped. On CUDA it lives
+ *  on the device; reading it after a found_inf step or a graph replay synchronizes. */
 SA_API sa_status sa_optimizer_get_step(const sa_optimizer* opt, int32_t group, int64_t* step);
 
 /** Sets the group's step count (e.g. when resuming from another optimizer's state). */
@@ -269,8 +270,9 @@ typedef struct sa_param_options {
  * Registers a local shard as a param of `group` under a unique `name` (the fully
  * qualified name checkpoints match on, e.g. "layers.3.mlp.w1").
  *
- * local_shard: a C-contiguous tensor of float32, bfloat16 or float16 on the CPU
- *   (kDLCPU), not read-only, its data aligned to its element size. Its shape must equal
+ * local_shard: a C-contiguous tensor of float32, bfloat16 or float16 on the CPU (kDLCPU)
+ *   or, in builds with CUDA, on a CUDA device (kDLCUDA); not read-only, its data aligned
+ *   to its element size. All params of one optimizer are on one device. Its shape must equal
  *   the local shape the layout gives (mesh form), or defines it (box form).
  * layout: where the shard sits in the global tensor; NULL means "not sharded" (global
  *   shape = local shape).
@@ -280,7 +282,8 @@ typedef struct sa_param_options {
  * Ownership: on SA_OK the optimizer owns `local_shard` and calls its deleter when it is
  * destroyed; it updates the shard's data in place at every step. On failure the caller
  * keeps ownership (the deleter is not called). State (moments, master) is allocated
- * here, zeroed; master weights start as the param's value.
+ * here, zeroed; master weights start as the param's value. On CUDA this call
+ * synchronizes the device (it is setup, not a per-step call).
  */
 SA_API sa_status sa_optimizer_add_param(sa_optimizer* opt, const char* name, int32_t group,
                                         DLManagedTensorVersioned* local_shard,
@@ -366,14 +369,32 @@ typedef struct sa_step_args {
 
 /**
  * Runs one optimizer step over every param, advancing each group's step count.
- * `args` may be NULL (defaults). `stream` is the device stream to enqueue on (ignored by
- * the CPU backend, which returns when the step is done).
+ * `args` may be NULL (defaults). `stream` is the device stream to enqueue on, as a
+ * cudaStream_t (NULL = the legacy default stream); the CPU backend ignores it.
  *
  * Every non-empty param must have a grad bound (SA_ERR_STATE otherwise, and nothing is
- * updated). The first step after params were added builds the launch plan (allocation);
- * later steps allocate nothing.
+ * updated). The first step after params were added builds the launch plan (allocation;
+ * on CUDA it also synchronizes); later steps allocate nothing.
+ *
+ * When it returns: CPU: the step is done. CUDA: the work is enqueued on `stream` and the
+ * host does not wait (unless args->skipped is given with a found_inf, which reads the
+ * flag back). Grad memory, inv_grad_scale and found_inf must stay valid until the stream
+ * reaches the step. On CUDA the step counts live on the device, so a found_inf skip and
+ * graph replays need no host; sa_optimizer_get_step reads them back.
+ *
+ * CUDA graphs: run one step outside capture first (it builds the plan), then capture
+ * sa_optimizer_step on a capturing stream. Before each replay, after changing lr or
+ * other hyperparameters, grad bindings or step counts, call sa_optimizer_flush on the
+ * replay stream; a captured step refuses to record uploads (SA_ERR_STATE).
  */
 SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream);
+
+/**
+ * Enqueues on `stream` the upload of whatever changed on the host since the last step:
+ * grad bindings, hyperparameters, step counts (sa_optimizer_step does this first). Needed
+ * only before replaying a captured step. The CPU backend has nothing to upload.
+ */
+SA_API sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream);
 
 /* ---- state ------------------------------------------------------------------------- */
 

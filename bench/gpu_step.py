@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""bench/gpu_step.py — the CUDA step of shardadam against torch's fused AdamW, in one run.
+
+Prints, for each configuration: kernel time per step (sum of the step's kernels, read by
+the torch profiler), host time per step (the call alone), wall time per step (many steps
+back to back, synchronized once), bytes moved / kernel time, and the ratios to the
+device-to-device copy bandwidth measured in the same run and to torch.
+
+shardadam is reached through ctypes on the C ABI (no bindings needed): torch tensors are
+handed over as real DLPack capsules (``__dlpack__(max_version=(1, 0))``), so both
+optimizers update the same parameter memory.
+
+Usage: python3 bench/gpu_step.py --lib build/libshardadam.so [--quick]
+"""
+import argparse
+import ctypes as C
+import math
+import os
+import statistics
+import time
+
+import torch
+
+# ---- the C ABI through ctypes --------------------------------------------------------------
+
+
+class DLDevice(C.Structure):
+    _fields_ = [("device_type", C.c_int32), ("device_id", C.c_int32)]
+
+
+class DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
+
+
+class DLTensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
+                ("dtype", DLDataType), ("shape", C.POINTER(C.c_int64)),
+                ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
+
+
+class SaParamOptions(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("grad_dtype", DLDataType),
+                ("moment_dtype", DLDataType), ("master", C.c_int32)]
+
+
+class SaGroupConfig(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("lr", C.c_double), ("beta1", C.c_double),
+                ("beta2", C.c_double), ("eps", C.c_double), ("weight_decay", C.c_double),
+                ("decoupled_weight_decay", C.c_int32), ("bias_correction", C.c_int32),
+                ("maximize", C.c_int32), ("amsgrad", C.c_int32)]
+
+
+class SaOptimizerConfig(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("num_threads", C.c_int32), ("cpu_simd", C.c_int32)]
+
+
+SA_MASTER_FP32 = 2
+BF16 = DLDataType(4, 16, 1)
+
+_capsule_ptr = C.pythonapi.PyCapsule_GetPointer
+_capsule_ptr.restype = C.c_void_p
+_capsule_ptr.argtypes = [C.py_object, C.c_char_p]
+_capsule_rename = C.pythonapi.PyCapsule_SetName
+_capsule_rename.argtypes = [C.py_object, C.c_char_p]
+
+
+class Shardadam:
+    """One shardadam optimizer over a list of CUDA tensors (all in group 0)."""
+
+    def __init__(self, lib, params, master=False):
+        self.lib = lib
+        self.opt = C.c_void_p()
+        cfg = SaOptimizerConfig(C.sizeof(SaOptimizerConfig), 0, 1)
+        self._ok(lib.sa_optimizer_create(C.byref(cfg), C.byref(self.opt)), None)
+        group = SaGroupConfig(C.sizeof(SaGroupConfig), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0)
+        self._ok(lib.sa_optimizer_add_group(self.opt, C.byref(group), None))
+        opts = SaParamOptions(C.sizeof(SaParamOptions), BF16 if master else DLDataType(0, 0, 0),
+                              DLDataType(0, 0, 0), SA_MASTER_FP32 if master else 0)
+        for i, p in enumerate(params):
+            capsule = p.__dlpack__(max_version=(1, 0))
+            ptr = _capsule_ptr(capsule, b"dltensor_versioned")
+            # The optimizer now owns the managed tensor (and calls its deleter on destroy).
+            _capsule_rename(capsule, b"used_dltensor_versioned")
+            self._ok(lib.sa_optimizer_add_param(self.opt, f"p{i}".encode(), 0, C.c_void_p(ptr),
+                                                None, C.byref(opts), None))
+        self.n = len(params)
+
+    def _ok(self, status, opt=0):
+        if status != 0:
+            msg = self.lib.sa_optimizer_last_error(self.opt if opt is not None else None)
+            raise RuntimeError(f"shardadam status {status}: {msg.decode()}")
+
+    def bind(self, grads):
+        ptrs = (C.c_void_p * self.n)(*[g.data_ptr() if g.numel() else None for g in grads])
+        self._ok(self.lib.sa_optimizer_set_grad_ptrs(self.opt, self.n, ptrs))
+
+    def step(self):
+        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._ok(self.lib.sa_optimizer_step(self.opt, None, stream))
+
+    def close(self):
+        self.lib.sa_optimizer_destroy(self.opt)
+
+
+def load_lib(path):
+    lib = C.CDLL(path)
+    lib.sa_optimizer_last_error.restype = C.c_char_p
+    lib.sa_build_info.restype = C.c_char_p
+    for name in ["sa_optimizer_create", "sa_optimizer_add_group", "sa_optimizer_add_param",
+                 "sa_optimizer_set_grad_ptrs", "sa_optimizer_step"]:
+        getattr(lib, name).restype = C.c_int
+    return lib
+
+
+# ---- measurement --------------------------------------------------------------------------
+
+
+def kernel_ms(step, steps):
+    """Sum of CUDA kernel time per step, from the torch profiler (CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    events = prof.events()
+    for evt in events:  # kernels appear as device-side events...
+        if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            total_us += getattr(evt, "device_time", 0.0) or getattr(evt, "cuda_time", 0.0)
+    if total_us == 0.0:  # ...or only attached to the CPU op that launched them
+        total_us = sum(k.duration for evt in events for k in getattr(evt, "kernels", []))
+    return total_us / 1000.0 / steps
+
+
+def host_ms(step, steps):
+    """Median time of the call alone (no synchronization inside the timed region)."""
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e3
+
+
+def wall_ms(step, steps):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def copy_gbps():
+    n = 1 << 30  # 4 GiB of fp32
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 4 / (statistics.median(times) * 1e-3) / 1e9
+
+
+def log_uniform_sizes(count, lo_exp, hi_exp, empties, seed):
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(count, generator=gen, dtype=torch.float64)
+    sizes = [int(2 ** (lo_exp + (hi_exp - lo_exp) * x)) for x in u.tolist()]
+    return sizes + [0] * empties
+
+
+def measure(label, step, bytes_per_step, steps, warmup=3):
+    for _ in range(warmup):
+        step()
+    k = kernel_ms(step, steps)
+    h = host_ms(step, steps)
+    w = wall_ms(step, steps)
+    return dict(label=label, kernel_ms=k, host_ms=h, wall_ms=w,
+                gbps=bytes_per_step / (k * 1e-3) / 1e9)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libshardadam.so")
+    ap.add_argument("--quick", action="store_true", help="small sizes, few steps")
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    lib = load_lib(os.path.abspath(args.lib))
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}   torch {torch.__version__}")
+    print(f"shardadam: {lib.sa_build_info().decode()}")
+    copy = copy_gbps()
+    print(f"device-to-device copy: {copy:,.0f} GB/s (read + write)")
+    steps = 5 if args.quick else args.steps
+    rows = []
+
+    def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True):
+        params = [torch.randn(n, device=dev).to(dtype) for n in sizes]
+        grads = [torch.randn(n, device=dev).to(dtype) for n in sizes]
+        elems = sum(sizes)
+        bytes_per_step = 28 * elems  # fp32: r p,g,m,v w p,m,v; bf16+master: r g2,M4,m,v w p2,M4,m,v
+        sa = Shardadam(lib, params, master=master)
+        sa.bind(grads)
+        r = measure(f"{name}: shardadam", sa.step, bytes_per_step, steps)
+        # Fresh pointer list every step (two grad sets alternating).
+        grads_b = [g.clone() for g in grads]
+        flip = [False]
+
+        def rebind_and_step():
+            flip[0] = not flip[0]
+            sa.bind(grads_b if flip[0] else grads)
+            sa.step()
+        r["host_fresh_ms"] = host_ms(rebind_and_step, steps)
+        r["elems"], r["shards"] = elems, len(sizes)
+        rows.append(r)
+        sa.close()
+        if torch_baseline:
+            tparams = params
+            if dtensor:
+                from torch.distributed.tensor import Shard, distribute_tensor
+                from torch.distributed.device_mesh import init_device_mesh
+                mesh = init_device_mesh("cuda", (1,))
+                tparams = [distribute_tensor(p, mesh, [Shard(0)]) for p in params]
+            tparams = [torch.nn.Parameter(p) for p in tparams]
+            for p, g in zip(tparams, grads):
+                p.grad = g if not dtensor else distribute_like(g, p)
+            opt = torch.optim.AdamW(tparams, lr=1e-3, weight_decay=1e-2, fused=True)
+            t = measure(f"{name}: torch fused AdamW{' (DTensor)' if dtensor else ''}", opt.step,
+                        bytes_per_step, steps)
+            t["elems"], t["shards"] = elems, len(sizes)
+            t["vs"] = r
+            rows.append(t)
+            del opt, tparams
+        del params, grads, grads_b
+        torch.cuda.empty_cache()
+
+    def distribute_like(g, p):
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(g, p.device_mesh, p.placements, run_check=False)
+
+    big = (1 << 20) if args.quick else (256 << 20)
+    run_pair("(a) 1 x 256M fp32", [big], torch.float32, False)
+    sizes = log_uniform_sizes(100 if args.quick else 1516, 10, 16 if args.quick else 22, 16, seed=1)
+    run_pair("(b) 1516 fp32 shards", sizes, torch.float32, False)
+    if not args.quick:
+        import torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29513")
+        dist.init_process_group("nccl", rank=0, world_size=1)
+        run_pair("(c) same shards, DTensors", sizes, torch.float32, False, dtensor=True)
+        dist.destroy_process_group()
+    run_pair("(d) bf16 + fp32 master", sizes, torch.bfloat16, True, torch_baseline=False)
+
+    print()
+    hdr = (f"{'config':48s} {'elements':>11s} {'kernel ms':>9s} {'host ms':>8s} {'host ms':>8s}"
+           f" {'wall ms':>8s} {'GB/s':>7s} {'/copy':>6s} {'wall/krnl':>9s} {'vs torch':>8s}")
+    print(hdr)
+    print(f"{'':48s} {'':>11s} {'':>9s} {'(stable)':>8s} {'(fresh)':>8s}")
+    for r in rows:
+        vs = ""
+        if "vs" in r:  # torch row: how much faster shardadam's wall time is
+            vs = f"{r['wall_ms'] / r['vs']['wall_ms']:.2f}x"
+        fresh = f"{r['host_fresh_ms']:8.3f}" if "host_fresh_ms" in r else f"{'':8s}"
+        print(f"{r['label']:48s} {r['elems']:11,d} {r['kernel_ms']:9.3f} {r['host_ms']:8.3f} {fresh}"
+              f" {r['wall_ms']:8.3f} {r['gbps']:7.0f} {r['gbps'] / copy:6.1%} "
+              f"{r['wall_ms'] / r['kernel_ms']:9.3f} {vs:>8s}")
+    print("\nvs torch = torch wall time / shardadam wall time on the same tensors.")
+
+
+if __name__ == "__main__":
+    main()

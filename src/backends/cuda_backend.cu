@@ -1,0 +1,297 @@
+// src/backends/cuda_backend.cu — the CUDA backend: device memory, device-resident plan
+// tables, and a step that is one fold launch plus one launch per bucket, all enqueued on
+// the caller's stream.
+//
+// Where the host must wait, and why:
+//  - allocate / widen_to_f32 (add_param) and prepare (the first step after params were
+//    added): setup, synchronous by contract.
+//  - run(): never, in steady state. Changed grad pointers, hyperparameters and step
+//    counts go up through pinned staging slots with async copies on the stream; a slot
+//    is reused only after the copy that read it has completed (an event per slot), so a
+//    step still in flight never sees its inputs change.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../../kernels/cuda/adam_cuda.cuh"
+#include "../backend.hpp"
+#include "../errors.hpp"
+
+namespace sa {
+namespace {
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    fail(status == cudaErrorMemoryAllocation ? SA_ERR_OUT_OF_MEMORY : SA_ERR_DEVICE, what,
+         ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+}
+
+// Makes `device` current for the scope of a call and restores the caller's device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(int device, std::size_t bytes) : device_(device), bytes_(bytes) {
+    DeviceScope scope(device);
+    if (bytes == 0) return;
+    check_cuda(cudaMalloc(&data_, bytes), "cudaMalloc of optimizer state");
+    const cudaError_t zeroed = cudaMemset(data_, 0, bytes);
+    if (zeroed != cudaSuccess) {
+      cudaFree(data_);
+      check_cuda(zeroed, "cudaMemset of optimizer state");
+    }
+  }
+  ~DeviceBuffer() override {
+    if (data_ == nullptr) return;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    cudaFree(data_);
+    cudaSetDevice(previous);
+  }
+  void* data() const override { return data_; }
+  std::size_t bytes() const override { return bytes_; }
+
+ private:
+  int device_;
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+// Pinned host staging for async uploads: a small ring of slots, each guarded by the
+// event of the last copy that read it.
+class StagingRing {
+ public:
+  static constexpr int kSlots = 4;
+  StagingRing() = default;
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+  ~StagingRing() {
+    for (auto& s : slots_) {
+      if (s.event) cudaEventDestroy(s.event);
+      if (s.host) cudaFreeHost(s.host);
+    }
+  }
+
+  // Copies `bytes` from `src` (host) to `dst` (device) on `stream`, asynchronously.
+  void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return;
+    Slot& s = slots_[next_];
+    next_ = (next_ + 1) % kSlots;
+    if (s.event) check_cuda(cudaEventSynchronize(s.event), "waiting for a staging slot");
+    if (s.capacity < bytes) {
+      if (s.host) check_cuda(cudaFreeHost(s.host), "cudaFreeHost");
+      s.host = nullptr;
+      s.capacity = 0;
+      check_cuda(cudaMallocHost(&s.host, bytes), "cudaMallocHost of upload staging");
+      s.capacity = bytes;
+    }
+    if (!s.event) check_cuda(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming), "cudaEventCreate");
+    std::memcpy(s.host, src, bytes);
+    check_cuda(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync upload");
+    check_cuda(cudaEventRecord(s.event, stream), "cudaEventRecord");
+  }
+
+ private:
+  struct Slot {
+    void* host = nullptr;
+    std::size_t capacity = 0;
+    cudaEvent_t event = nullptr;
+  };
+  Slot slots_[kSlots];
+  int next_ = 0;
+};
+
+// The device copy of one bucket's tables.
+struct DeviceTables {
+  std::shared_ptr<Buffer> slots;          // TensorSlot[num_slots]
+  std::shared_ptr<Buffer> chunk_offsets;  // int64_t[num_slots + 1]
+  kernels::DeviceBucket view{};
+  std::vector<const void*> uploaded_grads;  // what the device slots hold now
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    DeviceScope scope(device);
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    name_ = prop.name;
+  }
+
+  DLDevice device() const override { return DLDevice{kDLCUDA, device_}; }
+  std::string describe() const override { return concat("cuda:", device_, " (", name_, ")"); }
+
+  std::shared_ptr<Buffer> allocate(std::size_t bytes) override {
+    return std::make_shared<DeviceBuffer>(device_, bytes);
+  }
+
+  void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) override {
+    DeviceScope scope(device_);
+    check_cuda(kernels::launch_widen_to_f32(dst, src, type, n, nullptr), "master initialisation");
+    check_cuda(cudaStreamSynchronize(nullptr), "master initialisation");
+  }
+
+  void prepare(const Plan& plan) override {
+    DeviceScope scope(device_);
+    std::vector<DeviceTables> tables;
+    for (const Bucket& bucket : plan.buckets) {
+      DeviceTables t;
+      std::vector<int64_t> offsets(bucket.slots.size() + 1, 0);
+      for (std::size_t s = 0; s < bucket.slots.size(); ++s)
+        offsets[s + 1] = offsets[s] + (bucket.slots[s].numel + kernels::kCudaChunkElems - 1) /
+                                          kernels::kCudaChunkElems;
+      if (offsets.back() > 0x7FFFFFFF)
+        fail(SA_ERR_UNSUPPORTED, "a bucket of ", bucket.numel, " elements needs more than 2^31 chunks");
+      t.slots = allocate(bucket.slots.size() * sizeof(kernels::TensorSlot));
+      t.chunk_offsets = allocate(offsets.size() * sizeof(int64_t));
+      check_cuda(cudaMemcpy(t.slots->data(), bucket.slots.data(),
+                            bucket.slots.size() * sizeof(kernels::TensorSlot), cudaMemcpyHostToDevice),
+                 "plan upload");
+      check_cuda(cudaMemcpy(t.chunk_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t),
+                            cudaMemcpyHostToDevice),
+                 "plan upload");
+      t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
+                static_cast<const int64_t*>(t.chunk_offsets->data()),
+                static_cast<int32_t>(bucket.slots.size()), offsets.back()};
+      for (const auto& slot : bucket.slots) t.uploaded_grads.push_back(slot.grad);
+      tables.push_back(std::move(t));
+    }
+    tables_ = std::move(tables);
+  }
+
+  void flush(const Plan& plan, const GroupTable& groups, void* stream_handle) override {
+    DeviceScope scope(device_);
+    auto stream = static_cast<cudaStream_t>(stream_handle);
+    // A copy recorded into a graph would replay stale staging memory forever: uploads
+    // must happen before capture (sa_optimizer_flush), never inside it.
+    if (needs_upload(plan, groups) && capturing(stream))
+      fail(SA_ERR_STATE, "grad bindings, hyperparameters or step counts changed since the last "
+           "step; call sa_optimizer_flush on the stream before capturing a step");
+    upload_groups(groups, stream);
+    upload_changed_grads(plan, stream);
+  }
+
+  StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
+                  void* stream_handle) override {
+    flush(plan, groups, stream_handle);
+    DeviceScope scope(device_);
+    auto stream = static_cast<cudaStream_t>(stream_handle);
+    check_cuda(kernels::launch_fold_coefficients(
+                   static_cast<const kernels::AdamHyper*>(hyper_->data()),
+                   static_cast<int64_t*>(steps_->data()), static_cast<int32_t>(groups.hyper.size()),
+                   inputs.found_inf, static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
+               "coefficient launch");
+    const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
+                                   inputs.inv_grad_scale, inputs.found_inf};
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+      check_cuda(kernels::launch_adam_bucket(plan.buckets[b].variant, tables_[b].view, step, stream),
+                 "Adam kernel launch");
+    // A captured step advances the device counts once per replay, and a found_inf flag
+    // is read only by the device: either way the host's counts must be read back.
+    if (capturing(stream) || inputs.found_inf != nullptr)
+      return StepOutcome::decided_on_device;
+    return StepOutcome::stepped;
+  }
+
+  void read_steps(std::vector<int64_t>& steps) override {
+    DeviceScope scope(device_);
+    if (steps.empty()) return;
+    check_cuda(cudaDeviceSynchronize(), "reading step counts");
+    check_cuda(cudaMemcpy(steps.data(), steps_->data(), steps.size() * sizeof(int64_t),
+                          cudaMemcpyDeviceToHost),
+               "reading step counts");
+  }
+
+  float read_float(const float* p) override {
+    DeviceScope scope(device_);
+    float value = 0.0f;
+    check_cuda(cudaDeviceSynchronize(), "reading a device flag");
+    check_cuda(cudaMemcpy(&value, p, sizeof value, cudaMemcpyDeviceToHost), "reading a device flag");
+    return value;
+  }
+
+ private:
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  bool needs_upload(const Plan& plan, const GroupTable& groups) const {
+    if (!hyper_ || hyper_->bytes() < groups.hyper.size() * sizeof(kernels::AdamHyper) ||
+        hyper_version_ != groups.hyper_version || steps_version_ != groups.steps_version)
+      return true;
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+      for (std::size_t s = 0; s < plan.buckets[b].slots.size(); ++s)
+        if (tables_[b].uploaded_grads[s] != plan.buckets[b].slots[s].grad) return true;
+    return false;
+  }
+
+  // Hyperparameters and step counts change rarely (lr schedules: every step, a few
+  // bytes per group); they go up only when the core's versions moved.
+  void upload_groups(const GroupTable& groups, cudaStream_t stream) {
+    const std::size_t n = groups.hyper.size();
+    if (!hyper_ || hyper_->bytes() < n * sizeof(kernels::AdamHyper)) {
+      hyper_ = allocate(std::max<std::size_t>(n, 1) * sizeof(kernels::AdamHyper));
+      steps_ = allocate(std::max<std::size_t>(n, 1) * sizeof(int64_t));
+      coeffs_ = allocate(std::max<std::size_t>(n, 1) * sizeof(kernels::GroupCoeffs));
+      hyper_version_ = steps_version_ = ~uint64_t{0};
+    }
+    if (hyper_version_ != groups.hyper_version) {
+      staging_.upload(hyper_->data(), groups.hyper.data(), n * sizeof(kernels::AdamHyper), stream);
+      hyper_version_ = groups.hyper_version;
+    }
+    if (steps_version_ != groups.steps_version) {
+      staging_.upload(steps_->data(), groups.steps.data(), n * sizeof(int64_t), stream);
+      steps_version_ = groups.steps_version;
+    }
+  }
+
+  // Grad rebinding: compare with what the device holds; upload a bucket's slot table
+  // only if one of its grad pointers moved. Stable grad buffers cost one compare each.
+  void upload_changed_grads(const Plan& plan, cudaStream_t stream) {
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      const auto& slots = plan.buckets[b].slots;
+      auto& uploaded = tables_[b].uploaded_grads;
+      bool changed = false;
+      for (std::size_t s = 0; s < slots.size(); ++s) {
+        if (uploaded[s] != slots[s].grad) {
+          uploaded[s] = slots[s].grad;
+          changed = true;
+        }
+      }
+      if (changed)
+        staging_.upload(tables_[b].slots->data(), slots.data(), slots.size() * sizeof(kernels::TensorSlot),
+                        stream);
+    }
+  }
+
+  int device_;
+  std::string name_;
+  std::vector<DeviceTables> tables_;
+  std::shared_ptr<Buffer> hyper_, steps_, coeffs_;
+  uint64_t hyper_version_ = ~uint64_t{0};
+  uint64_t steps_version_ = ~uint64_t{0};
+  StagingRing staging_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace sa

@@ -1,0 +1,419 @@
+// tests/gpu/test_cuda_backend.cpp — the CUDA backend against the CPU backend.
+//
+// The CPU backend is the reference: both run adam_update() with explicit fmas and fold
+// coefficients with the same double arithmetic, so params and states must agree bit for
+// bit (NaN payloads aside; the data here has no NaN). The CPU backend itself is checked
+// against a float64 reference in tests/test_optimizer_reference.cpp.
+//
+// Built only with CUDA; gpu_main.cpp skips the whole binary (exit 77, "SKIPPED" printed)
+// when no CUDA device is usable.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+using namespace sa_test;
+
+namespace {
+
+#define CUDA_OK(call)                                                              \
+  do {                                                                             \
+    const cudaError_t cuda_status_ = (call);                                       \
+    INFO(#call << ": " << cudaGetErrorString(cuda_status_));                       \
+    REQUIRE(cuda_status_ == cudaSuccess);                                          \
+  } while (0)
+
+// Device memory handed to an optimizer as a kDLCUDA DLPack tensor. The memory is the
+// test's (freed with this object, which must outlive the optimizer); the managed form's
+// deleter only counts. `offset_elems` shifts the data off the allocation's alignment, so
+// the kernel's scalar path (and its vector/scalar boundary) gets exercised.
+class DeviceTensor {
+ public:
+  DeviceTensor(std::vector<int64_t> shape, DLDataType dtype, int64_t offset_elems = 0)
+      : shape_(std::move(shape)), dtype_(dtype) {
+    numel_ = 1;
+    for (int64_t d : shape_) numel_ *= d;
+    bytes_ = static_cast<std::size_t>(numel_) * dtype_bytes(dtype);
+    const std::size_t offset = static_cast<std::size_t>(offset_elems) * dtype_bytes(dtype);
+    CUDA_OK(cudaMalloc(&base_, bytes_ + offset + 256));
+    CUDA_OK(cudaMemset(base_, 0, bytes_ + offset + 256));
+    data_ = static_cast<char*>(base_) + offset;
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() { cudaFree(base_); }
+
+  void* data() const { return data_; }
+  int64_t numel() const { return numel_; }
+  std::size_t bytes() const { return bytes_; }
+
+  void upload(const HostTensor& h) {
+    REQUIRE(h.bytes() == bytes_);
+    CUDA_OK(cudaMemcpy(data_, h.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  std::vector<unsigned char> download() const {
+    std::vector<unsigned char> out(bytes_);
+    CUDA_OK(cudaMemcpy(out.data(), data_, bytes_, cudaMemcpyDeviceToHost));
+    return out;
+  }
+  DLTensor dl() const {
+    DLTensor t{};
+    t.data = data_;
+    t.device = DLDevice{kDLCUDA, 0};
+    t.ndim = static_cast<int32_t>(shape_.size());
+    t.dtype = dtype_;
+    t.shape = const_cast<int64_t*>(shape_.data());
+    return t;
+  }
+  DLManagedTensorVersioned* versioned() {
+    managed_.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+    managed_.manager_ctx = this;
+    managed_.deleter = [](DLManagedTensorVersioned* self) {
+      ++static_cast<DeviceTensor*>(self->manager_ctx)->deleter_calls_;
+    };
+    managed_.flags = 0;
+    managed_.dl_tensor = dl();
+    return &managed_;
+  }
+  int deleter_calls() const { return deleter_calls_; }
+
+ private:
+  std::vector<int64_t> shape_;
+  DLDataType dtype_;
+  int64_t numel_ = 0;
+  std::size_t bytes_ = 0;
+  void* base_ = nullptr;
+  void* data_ = nullptr;
+  DLManagedTensorVersioned managed_{};
+  int deleter_calls_ = 0;
+};
+
+// One float in device memory (inv_grad_scale, found_inf).
+class DeviceFloat {
+ public:
+  DeviceFloat() { CUDA_OK(cudaMalloc(&p_, sizeof(float))); }
+  ~DeviceFloat() { cudaFree(p_); }
+  DeviceFloat(const DeviceFloat&) = delete;
+  DeviceFloat& operator=(const DeviceFloat&) = delete;
+  void set(float v) { CUDA_OK(cudaMemcpy(p_, &v, sizeof v, cudaMemcpyHostToDevice)); }
+  const float* get() const { return p_; }
+
+ private:
+  float* p_ = nullptr;
+};
+
+std::vector<unsigned char> download_view(const StateView& v) {
+  std::vector<unsigned char> out(static_cast<std::size_t>(v.numel()) * dtype_bytes(v.view->dl_tensor.dtype));
+  CUDA_OK(cudaMemcpy(out.data(), v.data(), out.size(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+struct VariantSpec {
+  const char* label;
+  DLDataType param;
+  DLDataType grad;
+  DLDataType moment;
+  int32_t master;
+  bool amsgrad;
+};
+
+// A CPU optimizer and a CUDA optimizer over the same shards, stepped with the same
+// grads; the shards' params and every state are compared bit for bit.
+struct Twin {
+  OptimizerPtr cpu = make_optimizer(2, 1);
+  OptimizerPtr gpu = make_optimizer();
+  std::vector<std::unique_ptr<HostTensor>> host_params, host_grads_a, host_grads_b;
+  std::vector<std::unique_ptr<DeviceTensor>> dev_params, dev_grads_a, dev_grads_b;
+  std::vector<std::string> names;
+  std::vector<std::string> state_keys;
+  DeviceFloat dev_scale, dev_found_inf;
+
+  ~Twin() {  // optimizers go first: they hold the tensors
+    cpu.reset();
+    gpu.reset();
+  }
+
+  void add_groups(bool amsgrad) {
+    sa_group_config adamw = group_config(2e-3, 1e-2, 1);
+    sa_group_config adam_l2 = group_config(1e-3, 1e-1, 0);
+    adam_l2.maximize = 1;
+    adam_l2.beta1 = 0.8;
+    adamw.amsgrad = adam_l2.amsgrad = amsgrad ? 1 : 0;
+    for (auto* opt : {cpu.get(), gpu.get()}) {
+      REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &adamw, nullptr));
+      REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &adam_l2, nullptr));
+    }
+  }
+
+  void add(const std::string& name, int32_t group, const VariantSpec& v, std::vector<int64_t> shape,
+           int64_t offset_elems, Rng& rng) {
+    host_params.push_back(std::make_unique<HostTensor>(shape, v.param));
+    fill_normal(*host_params.back(), rng, 1.0);
+    dev_params.push_back(std::make_unique<DeviceTensor>(shape, v.param, offset_elems));
+    dev_params.back()->upload(*host_params.back());
+    for (auto* grads : {&host_grads_a, &host_grads_b}) grads->push_back(std::make_unique<HostTensor>(shape, v.grad));
+    dev_grads_a.push_back(std::make_unique<DeviceTensor>(shape, v.grad, offset_elems));
+    dev_grads_b.push_back(std::make_unique<DeviceTensor>(shape, v.grad, (offset_elems + 3) % 8));
+    const sa_param_options options = param_options(v.grad, v.moment, v.master);
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), name.c_str(), group,
+                                                    host_params.back()->versioned(), nullptr,
+                                                    &options, nullptr));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_param(gpu.get(), name.c_str(), group,
+                                                    dev_params.back()->versioned(), nullptr,
+                                                    &options, nullptr));
+    names.push_back(name);
+  }
+
+  // New random grads into set A or B (alternating sets exercises grad rebinding).
+  void bind_new_grads(Rng& rng, bool use_b, bool through_ptrs) {
+    auto& hg = use_b ? host_grads_b : host_grads_a;
+    auto& dg = use_b ? dev_grads_b : dev_grads_a;
+    std::vector<const void*> cpu_ptrs, gpu_ptrs;
+    for (std::size_t i = 0; i < hg.size(); ++i) {
+      fill_log_uniform(*hg[i], rng, 1e-4, 3.0);
+      dg[i]->upload(*hg[i]);
+      cpu_ptrs.push_back(hg[i]->numel() ? hg[i]->data() : nullptr);
+      gpu_ptrs.push_back(dg[i]->numel() ? dg[i]->data() : nullptr);
+      if (!through_ptrs) {
+        const DLTensor h = hg[i]->dl(), d = dg[i]->dl();
+        REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad(cpu.get(), static_cast<int64_t>(i), &h));
+        REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_grad(gpu.get(), static_cast<int64_t>(i), &d));
+      }
+    }
+    if (through_ptrs) {
+      const auto n = static_cast<int64_t>(hg.size());
+      REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad_ptrs(cpu.get(), n, cpu_ptrs.data()));
+      REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_grad_ptrs(gpu.get(), n, gpu_ptrs.data()));
+    }
+  }
+
+  void step_both(float inv_scale, float found_inf, cudaStream_t stream) {
+    dev_scale.set(inv_scale);
+    dev_found_inf.set(found_inf);
+    sa_step_args cpu_args = SA_STEP_ARGS_INIT, gpu_args = SA_STEP_ARGS_INIT;
+    cpu_args.inv_grad_scale = &inv_scale;
+    cpu_args.found_inf = &found_inf;
+    gpu_args.inv_grad_scale = dev_scale.get();
+    gpu_args.found_inf = dev_found_inf.get();
+    int32_t cpu_skipped = -1, gpu_skipped = -1;
+    cpu_args.skipped = &cpu_skipped;
+    gpu_args.skipped = &gpu_skipped;
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_step(cpu.get(), &cpu_args, nullptr));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_step(gpu.get(), &gpu_args, stream));
+    CHECK(cpu_skipped == (found_inf != 0.0f ? 1 : 0));
+    CHECK(gpu_skipped == cpu_skipped);
+  }
+
+  void require_identical() {
+    CUDA_OK(cudaDeviceSynchronize());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      INFO("param '" << names[i] << "' (" << host_params[i]->numel() << " elements)");
+      CHECK(dev_params[i]->download() == host_params[i]->raw_bytes());
+      sa_param_info info = SA_PARAM_INFO_INIT;
+      REQUIRE_SA_OK(cpu.get(), sa_optimizer_param_info(cpu.get(), static_cast<int64_t>(i), &info));
+      std::vector<const char*> keys = {"exp_avg", "exp_avg_sq"};
+      if (info.master == SA_MASTER_FP32) keys.push_back("master");
+      if (info.master == SA_MASTER_REMAINDER) keys.push_back("remainder");
+      int32_t amsgrad_group = 0;
+      sa_group_config g = SA_GROUP_CONFIG_INIT;
+      REQUIRE_SA_OK(cpu.get(), sa_optimizer_get_group(cpu.get(), info.group, &g));
+      amsgrad_group = g.amsgrad;
+      if (amsgrad_group) keys.push_back("max_exp_avg_sq");
+      for (const char* key : keys) {
+        INFO("state " << key);
+        const StateView c = state_view(cpu.get(), static_cast<int64_t>(i), key);
+        const StateView d = state_view(gpu.get(), static_cast<int64_t>(i), key);
+        CHECK(d.view->dl_tensor.device.device_type == kDLCUDA);
+        CHECK(download_view(d) == c.raw_bytes());
+      }
+    }
+    for (int32_t g = 0; g < sa_optimizer_num_groups(cpu.get()); ++g)
+      CHECK(step_count(gpu.get(), g) == step_count(cpu.get(), g));
+  }
+};
+
+// Log-uniform shard sizes 2^0..2^17 with empty shards in the middle and at the end.
+std::vector<int64_t> shard_sizes(Rng& rng, int count) {
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < count; ++i)
+    sizes.push_back(static_cast<int64_t>(std::exp2(rng.uniform(0.0, 17.0))));
+  sizes[count / 3] = 0;
+  sizes.push_back(0);
+  sizes.push_back(0);  // trailing empties
+  return sizes;
+}
+
+const VariantSpec kVariants[] = {
+    {"fp32", kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, false},
+    {"fp32 amsgrad, bf16 moments", kFloat32, kFloat32, kBfloat16, SA_MASTER_NONE, true},
+    {"fp32 params, bf16 grads", kFloat32, kBfloat16, kFloat32, SA_MASTER_NONE, false},
+    {"bf16 + fp32 master", kBfloat16, kBfloat16, kFloat32, SA_MASTER_FP32, false},
+    {"bf16 + fp32 master, bf16 moments, fp32 grads", kBfloat16, kFloat32, kBfloat16, SA_MASTER_FP32, false},
+    {"bf16 + int16 remainder", kBfloat16, kBfloat16, kFloat32, SA_MASTER_REMAINDER, false},
+    {"bf16 + remainder, amsgrad, f16 grads", kBfloat16, kFloat16, kFloat32, SA_MASTER_REMAINDER, true},
+    {"f16 + fp32 master, amsgrad", kFloat16, kFloat16, kFloat32, SA_MASTER_FP32, true},
+    {"f16 + fp32 master, bf16 moments", kFloat16, kFloat32, kBfloat16, SA_MASTER_FP32, false},
+};
+
+}  // namespace
+
+TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 steps", "[gpu]") {
+  for (const VariantSpec& v : kVariants) {
+    DYNAMIC_SECTION(v.label) {
+      Rng rng(0xC0DA + static_cast<uint64_t>(v.param.code * 7 + v.grad.bits + v.master));
+      Twin t;
+      t.add_groups(v.amsgrad);
+      const std::vector<int64_t> sizes = shard_sizes(rng, 40);
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        t.add("layers." + std::to_string(i) + ".w", static_cast<int32_t>(i % 2), v, {sizes[i]},
+              /*offset_elems=*/rng.chance(0.3) ? rng.integer(1, 7) : 0, rng);
+      t.add("block.w2d", 0, v, {37, 129}, 0, rng);
+      // A variant whose only shard on this rank is empty: its bucket has nothing to run.
+      const VariantSpec empty_only{"", kFloat16, kFloat16, kBfloat16, SA_MASTER_FP32, v.amsgrad};
+      t.add("empty.only", 1, empty_only, {0, 5}, 0, rng);
+
+      for (int step = 0; step < 24; ++step) {
+        t.bind_new_grads(rng, step % 2 == 1, /*through_ptrs=*/step % 3 != 0);
+        if (step == 10)
+          for (auto* opt : {t.cpu.get(), t.gpu.get()}) REQUIRE_SA_OK(opt, sa_optimizer_set_lr(opt, 1, 5e-4));
+        const float inv_scale = step % 4 == 2 ? 0.25f : 1.0f;
+        const float found_inf = step == 7 ? 1.0f : 0.0f;
+        t.step_both(inv_scale, found_inf, nullptr);
+      }
+      t.require_identical();
+      CHECK(step_count(t.gpu.get(), 0) == 23);  // 24 steps, one skipped by found_inf
+    }
+  }
+}
+
+TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", "[gpu][large]") {
+  const int64_t n = (int64_t{1} << 31) + 1001;
+  const int64_t probe = 4096;  // random values at both ends; zeros (which stay 0) between
+  size_t free_bytes = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_bytes, &total));
+  if (free_bytes < static_cast<size_t>(n) * 4 * 5) {
+    WARN("SKIPPED: needs " << n * 20 / (1 << 30) << " GiB of free device memory");
+    return;
+  }
+  Rng rng(31);
+  DeviceTensor param({n}, kFloat32), grad({n}, kFloat32);
+  HostTensor head_p({probe}, kFloat32), tail_p({probe}, kFloat32), head_g({probe}, kFloat32),
+      tail_g({probe}, kFloat32);
+  for (auto* h : {&head_p, &tail_p}) fill_normal(*h, rng, 1.0);
+  for (auto* h : {&head_g, &tail_g}) fill_log_uniform(*h, rng, 1e-3, 1.0);
+  auto put = [&](DeviceTensor& d, const HostTensor& h, int64_t at) {
+    CUDA_OK(cudaMemcpy(static_cast<float*>(d.data()) + at, h.data(), h.bytes(), cudaMemcpyHostToDevice));
+  };
+  put(param, head_p, 0);
+  put(param, tail_p, n - probe);
+  put(grad, head_g, 0);
+  put(grad, tail_g, n - probe);
+
+  // The reference: a CPU optimizer over just the two probed ranges (the update is
+  // elementwise, so the rest of the tensor does not matter to them).
+  OptimizerPtr cpu = make_optimizer(2, 1), gpu = make_optimizer();
+  const sa_group_config config = group_config(1e-3, 1e-2, 1);
+  for (auto* opt : {cpu.get(), gpu.get()}) REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &config, nullptr));
+  REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_param(gpu.get(), "huge", 0, param.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "head", 0, head_p.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "tail", 0, tail_p.versioned(), nullptr, nullptr, nullptr));
+  const DLTensor g = grad.dl(), hg = head_g.dl(), tg = tail_g.dl();
+  REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_grad(gpu.get(), 0, &g));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad(cpu.get(), 0, &hg));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad(cpu.get(), 1, &tg));
+  for (int step = 0; step < 3; ++step) {
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_step(gpu.get(), nullptr, nullptr));
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_step(cpu.get(), nullptr, nullptr));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  auto range = [&](const void* base, int64_t at) {
+    std::vector<unsigned char> out(static_cast<size_t>(probe) * 4);
+    CUDA_OK(cudaMemcpy(out.data(), static_cast<const float*>(base) + at, out.size(), cudaMemcpyDeviceToHost));
+    return out;
+  };
+  CHECK(range(param.data(), 0) == head_p.raw_bytes());
+  CHECK(range(param.data(), n - probe) == tail_p.raw_bytes());
+  const StateView m = state_view(gpu.get(), 0, "exp_avg");
+  CHECK(range(m.data(), n - probe) == state_view(cpu.get(), 1, "exp_avg").raw_bytes());
+  const StateView v = state_view(gpu.get(), 0, "exp_avg_sq");
+  CHECK(range(v.data(), n - probe) == state_view(cpu.get(), 1, "exp_avg_sq").raw_bytes());
+  // The middle stayed exactly zero (no stray writes, nothing skipped or doubled).
+  CHECK(range(param.data(), n / 2) == std::vector<unsigned char>(static_cast<size_t>(probe) * 4, 0));
+  gpu.reset();
+  cpu.reset();
+}
+
+TEST_CASE("a captured step replays in a CUDA graph and follows lr changes made between replays",
+          "[gpu]") {
+  Rng rng(0x6A4F);
+  Twin t;
+  t.add_groups(false);
+  const VariantSpec v = kVariants[3];  // bf16 + fp32 master
+  const std::vector<int64_t> sizes = shard_sizes(rng, 30);
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    t.add("p" + std::to_string(i), static_cast<int32_t>(i % 2), v, {sizes[i]}, 0, rng);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // Step 1 outside capture builds the plan and binds grad set A for good.
+  t.bind_new_grads(rng, false, true);
+  t.step_both(1.0f, 0.0f, stream);
+
+  // A pending change must be flushed before capture: a captured step refuses to record it.
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_set_lr(t.gpu.get(), 0, 1e-3));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  CHECK_SA_FAILS(t.gpu.get(), SA_ERR_STATE, sa_optimizer_step(t.gpu.get(), nullptr, stream),
+                 "sa_optimizer_flush");
+  cudaStreamEndCapture(stream, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_set_lr(t.cpu.get(), 0, 1e-3));
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
+
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_step(t.gpu.get(), nullptr, stream));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  const double lrs[] = {1e-3, 3e-3, 2e-4, 2e-4, 5e-3};
+  for (double lr : lrs) {
+    // New grad values in the same (captured) buffers, a new lr, then replay.
+    for (std::size_t i = 0; i < t.host_grads_a.size(); ++i) {
+      fill_log_uniform(*t.host_grads_a[i], rng, 1e-4, 3.0);
+      CUDA_OK(cudaMemcpyAsync(t.dev_grads_a[i]->data(), t.host_grads_a[i]->data(), t.host_grads_a[i]->bytes(),
+                              cudaMemcpyHostToDevice, stream));
+    }
+    for (auto* opt : {t.cpu.get(), t.gpu.get()}) REQUIRE_SA_OK(opt, sa_optimizer_set_lr(opt, 1, lr));
+    REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));  // the host grads are refilled next round
+    REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_step(t.cpu.get(), nullptr, nullptr));
+  }
+  t.require_identical();
+  CHECK(step_count(t.gpu.get(), 0) == 1 + 5);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("a found_inf flag in device memory skips the step and leaves the step count",
+          "[gpu]") {
+  Rng rng(0xF1);
+  Twin t;
+  t.add_groups(false);
+  t.add("w", 0, kVariants[0], {1000}, 0, rng);
+  t.bind_new_grads(rng, false, true);
+  t.step_both(1.0f, 0.0f, nullptr);
+  const auto before = t.dev_params[0]->download();
+  t.step_both(1.0f, 1.0f, nullptr);  // skipped on both; skipped out = 1 on both
+  CHECK(t.dev_params[0]->download() == before);
+  CHECK(step_count(t.gpu.get(), 0) == 1);
+  t.step_both(1.0f, 0.0f, nullptr);
+  t.require_identical();
+}
