@@ -196,6 +196,7 @@ def main():
     ap.add_argument("--lib", default="build/libshardadam.so")
     ap.add_argument("--quick", action="store_true", help="small sizes, few steps")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--only-shardadam", action="store_true", help="skip torch (kernel tuning)")
     args = ap.parse_args()
     lib = load_lib(os.path.abspath(args.lib))
     torch.manual_seed(0)
@@ -227,7 +228,7 @@ def main():
         r["elems"], r["shards"] = elems, len(sizes)
         rows.append(r)
         sa.close()
-        if torch_baseline:
+        if torch_baseline and not args.only_shardadam:
             tparams = params
             if dtensor:
                 from torch.distributed.tensor import Shard, distribute_tensor
@@ -255,7 +256,7 @@ def main():
     run_pair("(a) 1 x 256M fp32", [big], torch.float32, False)
     sizes = log_uniform_sizes(100 if args.quick else 1516, 10, 16 if args.quick else 22, 16, seed=1)
     run_pair("(b) 1516 fp32 shards", sizes, torch.float32, False)
-    if not args.quick:
+    if not args.quick and not args.only_shardadam:
         import torch.distributed as dist
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29513")

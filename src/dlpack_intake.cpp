@@ -19,7 +19,8 @@ std::string device_name(DLDevice device) {
     case kDLMetal: type = "metal"; break;
     default: return concat("device_type ", static_cast<int>(device.device_type), ":", device.device_id);
   }
-  return device.device_type == kDLCPU ? std::string(type) : concat(type, ":", device.device_id);
+  return device.device_type == kDLCPU && device.device_id == 0 ? std::string(type)
+                                                                : concat(type, ":", device.device_id);
 }
 
 TensorRef read_tensor(const DLTensor& t, const std::string& context) {

@@ -130,6 +130,9 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
   }
   switch (device.device_type) {
     case kDLCPU:
+      if (device.device_id != 0)
+        fail(SA_ERR_INVALID_ARGUMENT, context, ": the shard is on cpu with device_id ",
+             device.device_id, "; host tensors must have device_id 0");
       backend_ = make_cpu_backend({config_.num_threads, config_.cpu_simd != 0});
       return *backend_;
     case kDLCUDA:

@@ -30,8 +30,8 @@ Box local_box(const Dims& global_shape, const Dims& mesh_shape, const Dims& coor
 std::vector<Dims> coordinates(const Dims& mesh_shape) {
   std::vector<Dims> out;
   Dims coord(mesh_shape.size(), 0);
-  const int64_t count = std::accumulate(mesh_shape.begin(), mesh_shape.end(), int64_t{1},
-                                        std::multiplies<int64_t>());
+  const int64_t count =
+      std::accumulate(mesh_shape.begin(), mesh_shape.end(), int64_t{1}, std::multiplies<int64_t>());
   for (int64_t n = 0; n < count; ++n) {
     out.push_back(coord);
     for (int64_t d = static_cast<int64_t>(coord.size()) - 1; d >= 0; --d) {
@@ -70,8 +70,7 @@ TEST_CASE("5 rows over 4 ranks split 2,2,1,0 at offsets 0,2,4,5", "[layout]") {
   CHECK(offsets_of(boxes, 0) == Dims{0, 2, 4, 5});
 }
 
-TEST_CASE("512 rows over 30 ranks: 28 ranks of 18, one of 8, one empty at offset 512",
-          "[layout]") {
+TEST_CASE("512 rows over 30 ranks: 28 ranks of 18, one of 8, one empty at offset 512", "[layout]") {
   const auto boxes = row_boxes(512, 30);
   Dims expected_sizes(28, 18);
   expected_sizes.push_back(8);
@@ -105,7 +104,8 @@ TEST_CASE("one rank holds the whole dim; a 1-rank mesh is not a split", "[layout
 TEST_CASE("18 rows on a (4,2) mesh with Shard(0),Shard(0) nest left to right: 3,2,3,2,3,2,2,1",
           "[layout]") {
   std::vector<Box> boxes;
-  for (const Dims& c : coordinates({4, 2})) boxes.push_back(local_box({18}, {4, 2}, c, {shard(0), shard(0)}));
+  for (const Dims& c : coordinates({4, 2}))
+    boxes.push_back(local_box({18}, {4, 2}, c, {shard(0), shard(0)}));
   // Mesh dim 0 cuts 18 into 5,5,5,3; mesh dim 1 cuts each of those in two.
   CHECK(sizes_of(boxes, 0) == Dims{3, 2, 3, 2, 3, 2, 2, 1});
   CHECK(offsets_of(boxes, 0) == Dims{0, 3, 5, 8, 10, 13, 15, 17});
@@ -114,13 +114,13 @@ TEST_CASE("18 rows on a (4,2) mesh with Shard(0),Shard(0) nest left to right: 3,
 TEST_CASE("10 rows on a (3,2) mesh with Shard(0),Shard(0): the short last chunk splits 1,1",
           "[layout]") {
   std::vector<Box> boxes;
-  for (const Dims& c : coordinates({3, 2})) boxes.push_back(local_box({10}, {3, 2}, c, {shard(0), shard(0)}));
+  for (const Dims& c : coordinates({3, 2}))
+    boxes.push_back(local_box({10}, {3, 2}, c, {shard(0), shard(0)}));
   CHECK(sizes_of(boxes, 0) == Dims{2, 2, 2, 2, 1, 1});
   CHECK(offsets_of(boxes, 0) == Dims{0, 2, 4, 6, 8, 9});
 }
 
-TEST_CASE("a 7x5 tensor on a 2x3 mesh with Shard(0),Shard(1) is cut into 2x3 blocks",
-          "[layout]") {
+TEST_CASE("a 7x5 tensor on a 2x3 mesh with Shard(0),Shard(1) is cut into 2x3 blocks", "[layout]") {
   // Rows: ceil(7/2) = 4 -> [0,4) [4,7). Columns: ceil(5/3) = 2 -> [0,2) [2,4) [4,5).
   const std::map<Dims, Box> expected = {
       {{0, 0}, {{4, 2}, {0, 0}}}, {{0, 1}, {{4, 2}, {0, 2}}}, {{0, 2}, {{4, 1}, {0, 4}}},
@@ -145,9 +145,10 @@ TEST_CASE("placements name tensor dims, not mesh dims: Shard(1),Shard(0) on a 2x
 TEST_CASE("Replicate mesh dims leave the tensor whole; only Shard dims cut it", "[layout]") {
   SECTION("HSDP (Replicate, Shard(0)): both replicas of a shard hold the same rows") {
     for (int64_t replica = 0; replica < 2; ++replica) {
-      const Dims sizes = {local_box({10, 3}, {2, 3}, {replica, 0}, {replicate(), shard(0)}).local_shape[0],
-                          local_box({10, 3}, {2, 3}, {replica, 1}, {replicate(), shard(0)}).local_shape[0],
-                          local_box({10, 3}, {2, 3}, {replica, 2}, {replicate(), shard(0)}).local_shape[0]};
+      const Dims sizes = {
+          local_box({10, 3}, {2, 3}, {replica, 0}, {replicate(), shard(0)}).local_shape[0],
+          local_box({10, 3}, {2, 3}, {replica, 1}, {replicate(), shard(0)}).local_shape[0],
+          local_box({10, 3}, {2, 3}, {replica, 2}, {replicate(), shard(0)}).local_shape[0]};
       CHECK(sizes == Dims{4, 4, 2});
       const Box last = local_box({10, 3}, {2, 3}, {replica, 2}, {replicate(), shard(0)});
       CHECK(last.global_offset == Dims{8, 0});
@@ -207,8 +208,9 @@ TEST_CASE("add_param places a mesh-form shard where the layout says and reports 
   const MeshLayout mesh{{7, 5}, {2, 3}, {1, 2}, {shard(0), shard(1)}};
   const sa_layout layout = mesh.get();
   int64_t index = -1;
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "blocks.w", 0, shard_tensor.versioned(),
-                                                  &layout, nullptr, &index));
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_add_param(opt.get(), "blocks.w", 0, shard_tensor.versioned(), &layout,
+                                       nullptr, &index));
   sa_param_info info = SA_PARAM_INFO_INIT;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), index, &info));
   REQUIRE(info.ndim == 2);
@@ -233,16 +235,18 @@ TEST_CASE("add_param accepts the empty shard a layout gives and records its offs
   CHECK(info.numel == 0);
 }
 
-TEST_CASE("add_param rejects a shard whose shape is not the one the mesh layout gives", "[layout]") {
+TEST_CASE("add_param rejects a shard whose shape is not the one the mesh layout gives",
+          "[layout]") {
   auto opt = make_optimizer();
   const sa_group_config group = SA_GROUP_CONFIG_INIT;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, nullptr));
   HostTensor wrong({2, 6}, kFloat32);  // rank 2 of 5 rows over 4 ranks has 1 row
   const MeshLayout mesh{{5, 6}, {4}, {2}, {shard(0)}};
   const sa_layout layout = mesh.get();
-  CHECK_SA_FAILS(opt.get(), SA_ERR_MISMATCH,
-                 sa_optimizer_add_param(opt.get(), "w", 0, wrong.versioned(), &layout, nullptr, nullptr),
-                 "param 'w'", "[2, 6]", "[1, 6]", "offset [4, 0]", "[5, 6]");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_MISMATCH,
+      sa_optimizer_add_param(opt.get(), "w", 0, wrong.versioned(), &layout, nullptr, nullptr),
+      "param 'w'", "[2, 6]", "[1, 6]", "offset [4, 0]", "[5, 6]");
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
 }
 
@@ -263,8 +267,8 @@ TEST_CASE("box-form layouts: a box inside the global tensor is taken as given", 
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "inner", 0, inner.versioned(),
                                                     &layout, nullptr, nullptr));
     layout.global_offset = edge_offset.data();
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "edge", 0, edge.versioned(),
-                                                    &layout, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "edge", 0, edge.versioned(), &layout,
+                                                    nullptr, nullptr));
     sa_param_info info = SA_PARAM_INFO_INIT;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 0, &info));
     CHECK(Dims(info.global_offset, info.global_offset + 2) == inner_offset);
@@ -338,18 +342,20 @@ TEST_CASE("sa_layout_local_box rejects bad layouts with a thread-local message",
   REQUIRE_SA_OK(nullptr, sa_layout_local_box(&l, shape.data(), offset.data()));
 
   SECTION("NULL arguments") {
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(nullptr, shape.data(), offset.data()),
-                   "sa_layout_local_box", "layout is NULL");
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, nullptr, offset.data()),
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(nullptr, shape.data(), offset.data()), "sa_layout_local_box",
+                   "layout is NULL");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, nullptr, offset.data()),
                    "local_shape or global_offset is NULL");
     CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), nullptr),
                    "local_shape or global_offset is NULL");
     l.placements = nullptr;
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "mesh_ndim is 2", "NULL");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "mesh_ndim is 2", "NULL");
     l.global_shape = nullptr;
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "global_shape is NULL");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "global_shape is NULL");
   }
   SECTION("a box-form layout has no mesh box to compute") {
     const Dims box_offset = {0, 0};
@@ -358,64 +364,69 @@ TEST_CASE("sa_layout_local_box rejects bad layouts with a thread-local message",
     l.mesh_coord = nullptr;
     l.placements = nullptr;
     l.global_offset = box_offset.data();
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "mesh-form");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "mesh-form");
   }
   SECTION("a coordinate outside the mesh") {
     coord = {2, 0};
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "mesh_coord[0] is 2", "size 2");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "mesh_coord[0] is 2",
+                   "size 2");
     coord = {0, -1};
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "mesh_coord[1] is -1");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "mesh_coord[1] is -1");
   }
   SECTION("a mesh dim of size 0") {
     const Dims zero_mesh = {2, 0};
     l.mesh_shape = zero_mesh.data();
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "mesh_shape[1] is 0");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "mesh_shape[1] is 0");
   }
   SECTION("a Shard dim outside the tensor, either way") {
     placements[1] = shard(2);
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()),
                    "placements[1] is Shard(2)", "2 dims");
     placements[1] = shard(-3);
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()),
                    "placements[1] is Shard(-3)");
   }
   SECTION("Partial and unknown placement types") {
     placements[0] = partial();
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()),
                    "placements[0] is Partial");
     placements[0] = sa_placement{7, 0};
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()),
                    "placements[0] has unknown type 7");
   }
   SECTION("negative sizes and out-of-range ranks") {
     const Dims negative = {8, -4};
     l.global_shape = negative.data();
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "global_shape[1] is -4");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "global_shape[1] is -4");
     l.global_shape = global.data();
     l.ndim = SA_MAX_NDIM + 1;
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "ndim 17");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "ndim 17");
     l.ndim = 2;
     l.mesh_ndim = -1;
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "mesh_ndim -1");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "mesh_ndim -1");
   }
   SECTION("struct_size 0 and a struct_size from a newer header") {
     l.struct_size = 0;
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "struct_size 0");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "struct_size 0");
     l.struct_size = sizeof(sa_layout) + 8;
-    CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_layout_local_box(&l, shape.data(), offset.data()),
-                   "newer shardadam.h");
+    CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED,
+                   sa_layout_local_box(&l, shape.data(), offset.data()), "newer shardadam.h");
   }
 }
 
-// ---- property: the boxes of a mesh tile the tensor ------------------------------------------------
+// ---- property: the boxes of a mesh tile the tensor ----------------------------------------------
 
 TEST_CASE("every mesh layout's boxes tile the global tensor exactly once per replica",
           "[layout][property]") {
@@ -439,8 +450,8 @@ TEST_CASE("every mesh layout's boxes tile the global tensor exactly once per rep
       }
     }
     // Coverage count of every global element, by the boxes of all coordinates.
-    const int64_t total = std::accumulate(global.begin(), global.end(), int64_t{1},
-                                          std::multiplies<int64_t>());
+    const int64_t total =
+        std::accumulate(global.begin(), global.end(), int64_t{1}, std::multiplies<int64_t>());
     std::vector<int64_t> covered(static_cast<std::size_t>(total), 0);
     for (const Dims& coord : coordinates(mesh)) {
       const Box b = local_box(global, mesh, coord, placements);
@@ -465,8 +476,8 @@ TEST_CASE("every mesh layout's boxes tile the global tensor exactly once per rep
     }
     INFO("trial " << trial << ": global " << Catch::Detail::stringify(global) << ", mesh "
                   << Catch::Detail::stringify(mesh));
-    const bool exact = std::all_of(covered.begin(), covered.end(),
-                                   [&](int64_t c) { return c == replicas; });
+    const bool exact =
+        std::all_of(covered.begin(), covered.end(), [&](int64_t c) { return c == replicas; });
     REQUIRE(exact);
   }
 }

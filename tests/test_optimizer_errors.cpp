@@ -16,7 +16,9 @@ using namespace sa_test;
 struct Snapshot {
   int32_t num_groups = 0;
   int64_t num_params = 0;
-  std::vector<std::tuple<double, double, double, double, double, int32_t, int32_t, int32_t, int32_t, int64_t>> groups;
+  std::vector<std::tuple<double, double, double, double, double, int32_t, int32_t, int32_t, int32_t,
+                         int64_t>>
+      groups;
   std::vector<std::string> params;  // name, group, shapes, dtypes, master
   std::vector<std::vector<unsigned char>> states;
   std::vector<std::vector<unsigned char>> shards;
@@ -42,10 +44,11 @@ Snapshot snapshot(sa_optimizer* opt, std::initializer_list<const HostTensor*> sh
     sa_param_info info = SA_PARAM_INFO_INIT;
     REQUIRE_SA_OK(opt, sa_optimizer_param_info(opt, p, &info));
     s.params.push_back(std::string(info.name) + " g" + std::to_string(info.group) + " " +
-                       dims_text(info.local_shape, info.ndim) + dims_text(info.global_shape, info.ndim) +
-                       dims_text(info.global_offset, info.ndim) + " " + dtype_label(info.param_dtype) +
-                       "/" + dtype_label(info.grad_dtype) + "/" + dtype_label(info.moment_dtype) +
-                       " master " + std::to_string(info.master));
+                       dims_text(info.local_shape, info.ndim) +
+                       dims_text(info.global_shape, info.ndim) +
+                       dims_text(info.global_offset, info.ndim) + " " +
+                       dtype_label(info.param_dtype) + "/" + dtype_label(info.grad_dtype) + "/" +
+                       dtype_label(info.moment_dtype) + " master " + std::to_string(info.master));
     sa_group_config c = SA_GROUP_CONFIG_INIT;
     REQUIRE_SA_OK(opt, sa_optimizer_get_group(opt, info.group, &c));
     std::vector<const char*> keys = {"exp_avg", "exp_avg_sq"};
@@ -90,8 +93,10 @@ struct Trained {
     fill_normal(grad_w, rng, 0.1);
     fill_normal(grad_b, rng, 0.1);
     REQUIRE_SA_OK(get(), sa_optimizer_add_group(get(), &config, nullptr));
-    REQUIRE_SA_OK(get(), sa_optimizer_add_param(get(), "layers.0.w", 0, w.versioned(), nullptr, nullptr, nullptr));
-    REQUIRE_SA_OK(get(), sa_optimizer_add_param(get(), "layers.0.b", 0, b.versioned(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(get(), sa_optimizer_add_param(get(), "layers.0.w", 0, w.versioned(), nullptr,
+                                                nullptr, nullptr));
+    REQUIRE_SA_OK(get(), sa_optimizer_add_param(get(), "layers.0.b", 0, b.versioned(), nullptr,
+                                                nullptr, nullptr));
     const DLTensor gw = grad_w.dl();
     const DLTensor gb = grad_b.dl();
     REQUIRE_SA_OK(get(), sa_optimizer_set_grad(get(), 0, &gw));
@@ -142,8 +147,10 @@ std::vector<double> values_of(const HostTensor& t) {
 
 // ---- NULL pointers ---------------------------------------------------------------------------
 
-TEST_CASE("every entry point rejects a NULL optimizer with SA_ERR_INVALID_ARGUMENT and a thread-local message",
-          "[errors]") {
+TEST_CASE(
+    "every entry point rejects a NULL optimizer with SA_ERR_INVALID_ARGUMENT and a thread-local "
+    "message",
+    "[errors]") {
   HostTensor t({2}, kFloat32);
   const DLTensor dl = t.dl();
   sa_group_config config = SA_GROUP_CONFIG_INIT;
@@ -182,8 +189,9 @@ TEST_CASE("every entry point rejects a NULL optimizer with SA_ERR_INVALID_ARGUME
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(nullptr, nullptr, nullptr),
                  "sa_optimizer_step", "opt is NULL");
   view = reinterpret_cast<DLManagedTensorVersioned*>(&t);  // must be reset to NULL
-  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(nullptr, 0, "exp_avg", &view),
-                 "sa_optimizer_state_view", "opt is NULL");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(nullptr, 0, "exp_avg", &view), "sa_optimizer_state_view",
+                 "opt is NULL");
   CHECK(view == nullptr);
 
   CHECK(sa_optimizer_num_groups(nullptr) == 0);
@@ -200,40 +208,44 @@ TEST_CASE("NULL arguments are rejected, named in the message, and change nothing
   int64_t i64 = 0;
   DLManagedTensorVersioned* view = nullptr;
 
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_add_group(f.get(), nullptr, nullptr),
-                 "sa_optimizer_add_group", "config is NULL");
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group(f.get(), nullptr, nullptr), "sa_optimizer_add_group",
+                 "config is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_group(f.get(), 0, nullptr),
                  "out is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_group(f.get(), 0, nullptr),
                  "config is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_step(f.get(), 0, nullptr),
                  "step is NULL");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(f.get(), nullptr, 0, extra.versioned(), nullptr, nullptr, nullptr),
-                 "name is NULL or empty");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(f.get(), "", 0, extra.versioned(), nullptr, nullptr, nullptr),
-                 "name is NULL or empty");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(f.get(), nullptr, 0, extra.versioned(), nullptr, nullptr, nullptr),
+      "name is NULL or empty");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(f.get(), "", 0, extra.versioned(), nullptr, nullptr, nullptr),
+      "name is NULL or empty");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_add_param(f.get(), "extra", 0, nullptr, nullptr, nullptr, nullptr),
                  "param 'extra'", "local_shard is NULL");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param_legacy(f.get(), "extra", 0, nullptr, nullptr, nullptr, nullptr),
-                 "param 'extra'", "local_shard is NULL");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param_legacy(f.get(), "extra", 0, nullptr, nullptr, nullptr, nullptr),
+      "param 'extra'", "local_shard is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_find_param(f.get(), nullptr, &i64),
                  "name or param is NULL");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_find_param(f.get(), "layers.0.w", nullptr),
-                 "name or param is NULL");
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_find_param(f.get(), "layers.0.w", nullptr), "name or param is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_param_info(f.get(), 0, nullptr),
                  "out is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad(f.get(), 0, nullptr),
                  "grad is NULL");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(f.get(), 2, nullptr),
                  "ptrs is NULL");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 0, nullptr, &view),
-                 "key or out is NULL");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 0, "exp_avg", nullptr),
-                 "key or out is NULL");
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(f.get(), 0, nullptr, &view), "key or out is NULL");
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(f.get(), 0, "exp_avg", nullptr), "key or out is NULL");
 
   SECTION("a NULL data pointer or shape in a non-empty tensor") {
     DLManagedTensorVersioned* m = extra.versioned();
@@ -258,9 +270,10 @@ TEST_CASE("NULL arguments are rejected, named in the message, and change nothing
   SECTION("a NULL layout array") {
     sa_layout layout = SA_LAYOUT_INIT;
     layout.ndim = 1;
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                   sa_optimizer_add_param(f.get(), "extra", 0, extra.versioned(), &layout, nullptr, nullptr),
-                   "param 'extra'", "global_shape is NULL");
+    CHECK_SA_FAILS(
+        f.get(), SA_ERR_INVALID_ARGUMENT,
+        sa_optimizer_add_param(f.get(), "extra", 0, extra.versioned(), &layout, nullptr, nullptr),
+        "param 'extra'", "global_shape is NULL");
   }
   CHECK(difference(before, f.snap()) == "");
   CHECK(extra.deleter_calls() == 0);
@@ -272,11 +285,13 @@ TEST_CASE("sa_optimizer_create rejects bad configs, sets *out to NULL and says w
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_create(&config, nullptr),
                  "sa_optimizer_create", "out is NULL");
   config.num_threads = -1;
-  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_create(&config, &opt), "num_threads is -1");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_create(&config, &opt),
+                 "num_threads is -1");
   CHECK(opt == nullptr);
   config = SA_OPTIMIZER_CONFIG_INIT;
   config.cpu_simd = 2;
-  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_create(&config, &opt), "cpu_simd is 2");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_create(&config, &opt),
+                 "cpu_simd is 2");
   config = SA_OPTIMIZER_CONFIG_INIT;
   config.struct_size = 0;
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_create(&config, &opt), "config",
@@ -298,13 +313,14 @@ TEST_CASE("a param of an unsupported dtype is SA_ERR_UNSUPPORTED naming the dtyp
   const Snapshot before = f.snap();
   HostTensor f64({3}, kFloat64);
   HostTensor i32({3}, kInt32);
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(f.get(), "layers.1.w", 0, f64.versioned(), nullptr, nullptr, nullptr),
-                 "param 'layers.1.w'", "param dtype float64 is not supported",
-                 "float32, bfloat16 or float16");
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(f.get(), "layers.1.w", 0, i32.versioned(), nullptr, nullptr, nullptr),
-                 "param 'layers.1.w'", "param dtype int32");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(f.get(), "layers.1.w", 0, f64.versioned(), nullptr, nullptr, nullptr),
+      "param 'layers.1.w'", "param dtype float64 is not supported", "float32, bfloat16 or float16");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(f.get(), "layers.1.w", 0, i32.versioned(), nullptr, nullptr, nullptr),
+      "param 'layers.1.w'", "param dtype int32");
   HostTensor vec({3}, kFloat32);
   DLManagedTensorVersioned* m = vec.versioned();
   m->dl_tensor.dtype.lanes = 4;
@@ -328,18 +344,24 @@ TEST_CASE("storage options that do not fit the param are rejected with what to u
   auto add = [&](HostTensor& t, const sa_param_options& o) {
     return sa_optimizer_add_param(f.get(), "new", 0, t.versioned(), nullptr, &o, nullptr);
   };
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED, add(f32, param_options(kFloat64, kDefaultDtype, SA_MASTER_AUTO)),
-                 "param 'new'", "grad_dtype float64 is not supported");
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED, add(f32, param_options(kDefaultDtype, kFloat16, SA_MASTER_AUTO)),
-                 "param 'new'", "moment_dtype float16 is not supported", "float32 or bfloat16");
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED, add(bf16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_NONE)),
+  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
+                 add(f32, param_options(kFloat64, kDefaultDtype, SA_MASTER_AUTO)), "param 'new'",
+                 "grad_dtype float64 is not supported");
+  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
+                 add(f32, param_options(kDefaultDtype, kFloat16, SA_MASTER_AUTO)), "param 'new'",
+                 "moment_dtype float16 is not supported", "float32 or bfloat16");
+  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
+                 add(bf16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_NONE)),
                  "param 'new'", "SA_MASTER_NONE needs a float32 param, not bfloat16");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, add(f32, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_FP32)),
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 add(f32, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_FP32)),
                  "param 'new'", "SA_MASTER_FP32 on a float32 param");
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED, add(f16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_REMAINDER)),
+  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
+                 add(f16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_REMAINDER)),
                  "param 'new'", "SA_MASTER_REMAINDER needs a bfloat16 param, not float16");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, add(f32, param_options(kDefaultDtype, kDefaultDtype, 9)),
-                 "param 'new'", "master is 9");
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 add(f32, param_options(kDefaultDtype, kDefaultDtype, 9)), "param 'new'",
+                 "master is 9");
   CHECK(difference(before, f.snap()) == "");
 }
 
@@ -354,25 +376,31 @@ TEST_CASE("a grad whose dtype is not the registered grad dtype is SA_ERR_MISMATC
                  "registered grad dtype float32");
   HostTensor f32_grad({3}, kFloat32);
   const DLTensor g2 = f32_grad.dl();
-  CHECK_SA_FAILS(f.get(), SA_ERR_MISMATCH, sa_optimizer_set_grad(f.get(), 1, &g2),
-                 "param 'layers.0.b': grad dtype float32 does not match registered grad dtype bfloat16");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_MISMATCH, sa_optimizer_set_grad(f.get(), 1, &g2),
+      "param 'layers.0.b': grad dtype float32 does not match registered grad dtype bfloat16");
   CHECK(difference(before, f.snap()) == "");
 }
 
-TEST_CASE("a rejected grad leaves the previous binding in place: wrong dtype, shape, device, strides, alignment",
-          "[errors]") {
+TEST_CASE(
+    "a rejected grad leaves the previous binding in place: wrong dtype, shape, device, strides, "
+    "alignment",
+    "[errors]") {
   // Every rejected grad points at decoy data far from the bound grad, so a step that used
   // any of them would show.
-  HostTensor decoy({4, 3}, kFloat32), decoy_bf16({4, 3}, kBfloat16), decoy_transposed({3, 4}, kFloat32);
+  HostTensor decoy({4, 3}, kFloat32), decoy_bf16({4, 3}, kBfloat16),
+      decoy_transposed({3, 4}, kFloat32);
   HostTensor misaligned({4, 3}, kFloat32, 2);  // data 2 bytes past an aligned address
   Rng rng(5);
-  for (HostTensor* t : {&decoy, &decoy_bf16, &decoy_transposed, &misaligned}) fill_normal(*t, rng, 50.0);
+  for (HostTensor* t : {&decoy, &decoy_bf16, &decoy_transposed, &misaligned})
+    fill_normal(*t, rng, 50.0);
   Trained f;
   const Snapshot before = f.snap();
 
   DLTensor g = decoy_bf16.dl();
-  CHECK_SA_FAILS(f.get(), SA_ERR_MISMATCH, sa_optimizer_set_grad(f.get(), 0, &g),
-                 "param 'layers.0.w': grad dtype bfloat16 does not match registered grad dtype float32");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_MISMATCH, sa_optimizer_set_grad(f.get(), 0, &g),
+      "param 'layers.0.w': grad dtype bfloat16 does not match registered grad dtype float32");
   g = decoy_transposed.dl();
   CHECK_SA_FAILS(f.get(), SA_ERR_MISMATCH, sa_optimizer_set_grad(f.get(), 0, &g),
                  "param 'layers.0.w': grad shape [3, 4] does not match the local shape [4, 3]");
@@ -419,14 +447,16 @@ TEST_CASE("a shard on a device this build cannot serve is SA_ERR_UNSUPPORTED", "
   // A build with the CUDA backend serves CUDA shards (tests/gpu covers them there).
   if (std::string(sa_build_info()).find("cuda: backend built") == std::string::npos) {
     t.set_device(DLDevice{kDLCUDA, 0});
-    CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
-                   sa_optimizer_add_param(opt.get(), "w", 0, t.versioned(), nullptr, nullptr, nullptr),
-                   "param 'w'", "cuda:0", "CUDA");
+    CHECK_SA_FAILS(
+        opt.get(), SA_ERR_UNSUPPORTED,
+        sa_optimizer_add_param(opt.get(), "w", 0, t.versioned(), nullptr, nullptr, nullptr),
+        "param 'w'", "cuda:0", "CUDA");
   }
   t.set_device(DLDevice{kDLMetal, 0});
-  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(opt.get(), "w", 0, t.versioned(), nullptr, nullptr, nullptr),
-                 "param 'w'", "metal:0");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(opt.get(), "w", 0, t.versioned(), nullptr, nullptr, nullptr),
+      "param 'w'", "metal:0");
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
   opt.reset();
   CHECK(t.deleter_calls() == 0);
@@ -438,9 +468,10 @@ TEST_CASE("one optimizer serves one device: a shard on another device is SA_ERR_
   const Snapshot before = f.snap();
   HostTensor t({4}, kFloat32);
   t.set_device(DLDevice{kDLCUDA, 1});
-  CHECK_SA_FAILS(f.get(), SA_ERR_MISMATCH,
-                 sa_optimizer_add_param(f.get(), "gpu.w", 0, t.versioned(), nullptr, nullptr, nullptr),
-                 "param 'gpu.w'", "cuda:1", "cpu", "one device");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_MISMATCH,
+      sa_optimizer_add_param(f.get(), "gpu.w", 0, t.versioned(), nullptr, nullptr, nullptr),
+      "param 'gpu.w'", "cuda:1", "cpu", "one device");
   CHECK(difference(before, f.snap()) == "");
   f.opt.reset();
   CHECK(t.deleter_calls() == 0);
@@ -462,11 +493,14 @@ TEST_CASE("a non-contiguous shard is rejected; any stride on a dim of size 1 or 
   CHECK(difference(before, f.snap()) == "");
 
   t.set_strides({3, 1});  // explicit row-major strides
-  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "t", 0, t.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(f.get(),
+                sa_optimizer_add_param(f.get(), "t", 0, t.versioned(), nullptr, nullptr, nullptr));
   column.set_strides({1, 99});
-  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "column", 0, column.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "column", 0, column.versioned(), nullptr,
+                                                nullptr, nullptr));
   empty.set_strides({7, 3});
-  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "empty", 0, empty.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "empty", 0, empty.versioned(), nullptr,
+                                                nullptr, nullptr));
   CHECK(sa_optimizer_num_params(f.get()) == 5);
 }
 
@@ -474,13 +508,15 @@ TEST_CASE("a shard whose data is not aligned to its element size is rejected", "
   Trained f;
   const Snapshot before = f.snap();
   HostTensor f32({5}, kFloat32, 2);
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(f.get(), "m", 0, f32.versioned(), nullptr, nullptr, nullptr),
-                 "param 'm': local shard", "not aligned to the element size of 4 bytes");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(f.get(), "m", 0, f32.versioned(), nullptr, nullptr, nullptr),
+      "param 'm': local shard", "not aligned to the element size of 4 bytes");
   HostTensor bf16({5}, kBfloat16, 1);
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(f.get(), "m", 0, bf16.versioned(), nullptr, nullptr, nullptr),
-                 "param 'm': local shard", "element size of 2 bytes");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(f.get(), "m", 0, bf16.versioned(), nullptr, nullptr, nullptr),
+      "param 'm': local shard", "element size of 2 bytes");
   HostTensor aligned({5}, kFloat32);
   DLManagedTensorVersioned* m = aligned.versioned();
   m->dl_tensor.byte_offset = 6;
@@ -504,7 +540,8 @@ TEST_CASE("a shard whose rank or shape disagrees with its layout is SA_ERR_MISMA
   HostTensor five({5, 3}, kFloat32);
   CHECK_SA_FAILS(f.get(), SA_ERR_MISMATCH,
                  sa_optimizer_add_param(f.get(), "t", 0, five.versioned(), &l2, nullptr, nullptr),
-                 "param 't'", "the local shard has shape [5, 3]", "local shape [4, 3] at offset [5, 0]");
+                 "param 't'", "the local shard has shape [5, 3]",
+                 "local shape [4, 3] at offset [5, 0]");
   CHECK(difference(before, f.snap()) == "");
   f.opt.reset();
   CHECK(t.deleter_calls() == 0);
@@ -517,10 +554,12 @@ TEST_CASE("a duplicate param name is rejected and the registered param keeps its
   const Snapshot before = f.snap();
   HostTensor again({4, 3}, kFloat32);
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(f.get(), "layers.0.w", 0, again.versioned(), nullptr, nullptr, nullptr),
+                 sa_optimizer_add_param(f.get(), "layers.0.w", 0, again.versioned(), nullptr,
+                                        nullptr, nullptr),
                  "param 'layers.0.w'", "already registered (index 0)");
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param_legacy(f.get(), "layers.0.b", 0, again.legacy(), nullptr, nullptr, nullptr),
+                 sa_optimizer_add_param_legacy(f.get(), "layers.0.b", 0, again.legacy(), nullptr,
+                                               nullptr, nullptr),
                  "param 'layers.0.b'", "already registered (index 1)");
   CHECK(difference(before, f.snap()) == "");
   f.opt.reset();
@@ -573,21 +612,29 @@ TEST_CASE("bad hyperparameters are rejected by add_group, set_group and set_lr, 
     const char* message;
   };
   const std::vector<Bad> cases = {
-      {"negative lr", [](sa_group_config& c, double, double) { c.lr = -0.1; }, "lr is -0.1; it must be finite and >= 0"},
+      {"negative lr", [](sa_group_config& c, double, double) { c.lr = -0.1; },
+       "lr is -0.1; it must be finite and >= 0"},
       {"NaN lr", [](sa_group_config& c, double n, double) { c.lr = n; }, "lr is nan"},
       {"infinite lr", [](sa_group_config& c, double, double i) { c.lr = i; }, "lr is inf"},
-      {"beta1 = 1", [](sa_group_config& c, double, double) { c.beta1 = 1.0; }, "beta1 is 1; it must be in [0, 1)"},
-      {"negative beta1", [](sa_group_config& c, double, double) { c.beta1 = -0.5; }, "beta1 is -0.5"},
+      {"beta1 = 1", [](sa_group_config& c, double, double) { c.beta1 = 1.0; },
+       "beta1 is 1; it must be in [0, 1)"},
+      {"negative beta1", [](sa_group_config& c, double, double) { c.beta1 = -0.5; },
+       "beta1 is -0.5"},
       {"NaN beta1", [](sa_group_config& c, double n, double) { c.beta1 = n; }, "beta1 is nan"},
       {"beta2 > 1", [](sa_group_config& c, double, double) { c.beta2 = 1.5; }, "beta2 is 1.5"},
       {"NaN beta2", [](sa_group_config& c, double n, double) { c.beta2 = n; }, "beta2 is nan"},
       {"negative eps", [](sa_group_config& c, double, double) { c.eps = -1e-8; }, "eps is -1e-08"},
       {"NaN eps", [](sa_group_config& c, double n, double) { c.eps = n; }, "eps is nan"},
-      {"negative weight decay", [](sa_group_config& c, double, double) { c.weight_decay = -0.01; }, "weight_decay is -0.01"},
-      {"infinite weight decay", [](sa_group_config& c, double, double i) { c.weight_decay = i; }, "weight_decay is inf"},
-      {"decoupled flag 2", [](sa_group_config& c, double, double) { c.decoupled_weight_decay = 2; }, "decoupled_weight_decay is 2; it must be 0 or 1"},
-      {"bias_correction flag -1", [](sa_group_config& c, double, double) { c.bias_correction = -1; }, "bias_correction is -1"},
-      {"maximize flag 3", [](sa_group_config& c, double, double) { c.maximize = 3; }, "maximize is 3"},
+      {"negative weight decay", [](sa_group_config& c, double, double) { c.weight_decay = -0.01; },
+       "weight_decay is -0.01"},
+      {"infinite weight decay", [](sa_group_config& c, double, double i) { c.weight_decay = i; },
+       "weight_decay is inf"},
+      {"decoupled flag 2", [](sa_group_config& c, double, double) { c.decoupled_weight_decay = 2; },
+       "decoupled_weight_decay is 2; it must be 0 or 1"},
+      {"bias_correction flag -1",
+       [](sa_group_config& c, double, double) { c.bias_correction = -1; }, "bias_correction is -1"},
+      {"maximize flag 3", [](sa_group_config& c, double, double) { c.maximize = 3; },
+       "maximize is 3"},
       {"amsgrad flag 2", [](sa_group_config& c, double, double) { c.amsgrad = 2; }, "amsgrad is 2"},
   };
   for (const Bad& bad : cases) {
@@ -609,16 +656,17 @@ TEST_CASE("bad hyperparameters are rejected by add_group, set_group and set_lr, 
   CHECK(difference(before, f.snap()) == "");
 }
 
-TEST_CASE("amsgrad cannot change once a group holds params (SA_ERR_STATE); an empty group may change it",
-          "[errors]") {
+TEST_CASE(
+    "amsgrad cannot change once a group holds params (SA_ERR_STATE); an empty group may change it",
+    "[errors]") {
   HostTensor t({3}, kFloat32);
   Trained f;
   const Snapshot before = f.snap();
   sa_group_config c = f.config;
   c.amsgrad = 1;
   c.lr = 0.25;  // must not be applied either
-  CHECK_SA_FAILS(f.get(), SA_ERR_STATE, sa_optimizer_set_group(f.get(), 0, &c),
-                 "group 0", "amsgrad cannot change once the group holds params (2 now)");
+  CHECK_SA_FAILS(f.get(), SA_ERR_STATE, sa_optimizer_set_group(f.get(), 0, &c), "group 0",
+                 "amsgrad cannot change once the group holds params (2 now)");
   CHECK(difference(before, f.snap()) == "");
 
   int32_t empty_group = -1;
@@ -629,7 +677,8 @@ TEST_CASE("amsgrad cannot change once a group holds params (SA_ERR_STATE); an em
   CHECK(got.amsgrad == 1);
   CHECK(got.lr == 0.25);
   // Its params now get a max_exp_avg_sq state.
-  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "ams", empty_group, t.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "ams", empty_group, t.versioned(), nullptr,
+                                                nullptr, nullptr));
   DLManagedTensorVersioned* view = nullptr;
   REQUIRE_SA_OK(f.get(), sa_optimizer_state_view(f.get(), 2, "max_exp_avg_sq", &view));
   view->deleter(view);
@@ -647,8 +696,10 @@ TEST_CASE("a step with a non-empty param lacking a grad is SA_ERR_STATE and upda
   fill_normal(a, rng, 1.0);
   fill_normal(b, rng, 1.0);
   fill_normal(grad_a, rng, 1.0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "a", 0, a.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "b", 0, b.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "a", 0, a.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "b", 0, b.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const Snapshot before = snapshot(opt.get(), {&a, &b});
 
   CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_step(opt.get(), nullptr, nullptr),
@@ -666,8 +717,10 @@ TEST_CASE("a step with a non-empty param lacking a grad is SA_ERR_STATE and upda
   CHECK(step_count(opt.get(), 0) == 0);
 }
 
-TEST_CASE("set_grad_ptrs is all-or-nothing: after wrong n, NULL or misaligned pointers the previous bindings stay",
-          "[errors]") {
+TEST_CASE(
+    "set_grad_ptrs is all-or-nothing: after wrong n, NULL or misaligned pointers the previous "
+    "bindings stay",
+    "[errors]") {
   // param 0: float32 [5]; param 1: empty; param 2: float32 [4] with bfloat16 grads.
   HostTensor p0({5}, kFloat32), p1({0}, kFloat32), p2({4}, kFloat32);
   auto opt = make_optimizer();
@@ -676,10 +729,13 @@ TEST_CASE("set_grad_ptrs is all-or-nothing: after wrong n, NULL or misaligned po
   Rng rng(17);
   fill_normal(p0, rng, 1.0);
   fill_normal(p2, rng, 1.0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p0", 0, p0.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p1", 0, p1.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p0", 0, p0.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p1", 0, p1.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const sa_param_options bf16_grads = param_options(kBfloat16, kDefaultDtype, SA_MASTER_AUTO);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p2", 0, p2.versioned(), nullptr, &bf16_grads, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p2", 0, p2.versioned(), nullptr,
+                                                  &bf16_grads, nullptr));
 
   // Two grad sets; the second, if it were used, would move the params the other way.
   HostTensor a0({5}, kFloat32), a2({4}, kBfloat16), b0({5}, kFloat32, 4), b2({4}, kBfloat16, 2);
@@ -693,20 +749,24 @@ TEST_CASE("set_grad_ptrs is all-or-nothing: after wrong n, NULL or misaligned po
   const Snapshot before = snapshot(opt.get(), {&p0, &p1, &p2});
 
   const void* bind_b[3] = {b0.data(), nullptr, b2.data()};
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(opt.get(), 2, bind_b),
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_grad_ptrs(opt.get(), 2, bind_b),
                  "n is 2 but the optimizer has 3 params");
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(opt.get(), 4, bind_b),
-                 "n is 4");
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(opt.get(), 3, nullptr),
-                 "ptrs is NULL");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_grad_ptrs(opt.get(), 4, bind_b), "n is 4");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_grad_ptrs(opt.get(), 3, nullptr), "ptrs is NULL");
   const void* null_last[3] = {b0.data(), nullptr, nullptr};
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(opt.get(), 3, null_last),
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_grad_ptrs(opt.get(), 3, null_last),
                  "ptrs[2] (param 'p2', 4 elements) is NULL");
   const void* misaligned_f32[3] = {static_cast<const char*>(b0.data()) - 2, nullptr, b2.data()};
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(opt.get(), 3, misaligned_f32),
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_grad_ptrs(opt.get(), 3, misaligned_f32),
                  "ptrs[0] (param 'p0') is not aligned to its float32 elements");
   const void* misaligned_bf16[3] = {b0.data(), nullptr, static_cast<const char*>(b2.data()) - 1};
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(opt.get(), 3, misaligned_bf16),
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_grad_ptrs(opt.get(), 3, misaligned_bf16),
                  "ptrs[2] (param 'p2') is not aligned to its bfloat16 elements");
   CHECK(difference(before, snapshot(opt.get(), {&p0, &p1, &p2})) == "");
 
@@ -731,8 +791,10 @@ TEST_CASE("set_grad_ptrs is all-or-nothing: after wrong n, NULL or misaligned po
 
 // ---- option structs -----------------------------------------------------------------------------
 
-TEST_CASE("every option struct rejects struct_size 0 and, as SA_ERR_UNSUPPORTED, one larger than the library's",
-          "[errors]") {
+TEST_CASE(
+    "every option struct rejects struct_size 0 and, as SA_ERR_UNSUPPORTED, one larger than the "
+    "library's",
+    "[errors]") {
   Trained f;
   const Snapshot before = f.snap();
   HostTensor t({4, 3}, kFloat32);
@@ -741,8 +803,9 @@ TEST_CASE("every option struct rejects struct_size 0 and, as SA_ERR_UNSUPPORTED,
   sa_group_config config = f.config;
   for (std::size_t size : bad_sizes) {
     config.struct_size = size;
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_add_group(f.get(), &config, nullptr),
-                   "config: struct_size", "too small");
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                   sa_optimizer_add_group(f.get(), &config, nullptr), "config: struct_size",
+                   "too small");
     CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_group(f.get(), 0, &config),
                    "config: struct_size", "too small");
     CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_group(f.get(), 0, &config),
@@ -790,16 +853,17 @@ TEST_CASE("every option struct rejects struct_size 0 and, as SA_ERR_UNSUPPORTED,
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(f.get(), &args, nullptr),
                  "args: struct_size 0");
   args.struct_size = sizeof(sa_step_args) + 8;
-  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED, sa_optimizer_step(f.get(), &args, nullptr),
-                 "args", "newer shardadam.h");
+  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED, sa_optimizer_step(f.get(), &args, nullptr), "args",
+                 "newer shardadam.h");
 
   CHECK(difference(before, f.snap()) == "");
   f.opt.reset();
   CHECK(t.deleter_calls() == 0);
 }
 
-TEST_CASE("a caller built against an older header (shorter struct) gets defaults for the fields it lacks",
-          "[errors]") {
+TEST_CASE(
+    "a caller built against an older header (shorter struct) gets defaults for the fields it lacks",
+    "[errors]") {
   HostTensor t({3}, kBfloat16), g({3}, kBfloat16);
   Trained f;
   SECTION("add_group: a struct without amsgrad gets amsgrad 0, whatever lies past its end") {
@@ -828,7 +892,8 @@ TEST_CASE("a caller built against an older header (shorter struct) gets defaults
     CHECK(got.lr == 0.125);
     CHECK(got.maximize == 1);
   }
-  SECTION("get_group and param_info write only the caller's struct_size bytes and keep struct_size") {
+  SECTION(
+      "get_group and param_info write only the caller's struct_size bytes and keep struct_size") {
     struct {
       sa_group_config config;
       unsigned char guard[32];
@@ -839,7 +904,8 @@ TEST_CASE("a caller built against an older header (shorter struct) gets defaults
     CHECK(g.config.struct_size == offsetof(sa_group_config, maximize));
     CHECK(g.config.lr == f.config.lr);
     CHECK(g.config.bias_correction == 1);
-    const auto* tail = reinterpret_cast<const unsigned char*>(&g.config) + offsetof(sa_group_config, maximize);
+    const auto* tail =
+        reinterpret_cast<const unsigned char*>(&g.config) + offsetof(sa_group_config, maximize);
     CHECK(std::all_of(tail, tail + sizeof g.config - offsetof(sa_group_config, maximize),
                       [](unsigned char c) { return c == 0xA5; }));
     // Calling again with the same struct is just as safe.
@@ -854,11 +920,13 @@ TEST_CASE("a caller built against an older header (shorter struct) gets defaults
     CHECK(std::string(info.name) == "layers.0.b");
     CHECK(info.ndim == -5);
   }
-  SECTION("add_param: options without master get AUTO; step args without `skipped` leave it alone") {
+  SECTION(
+      "add_param: options without master get AUTO; step args without `skipped` leave it alone") {
     sa_param_options o = SA_PARAM_OPTIONS_INIT;
     o.master = 99;  // past struct_size
     o.struct_size = offsetof(sa_param_options, master);
-    REQUIRE_SA_OK(f.get(), sa_optimizer_add_param(f.get(), "old", 0, t.versioned(), nullptr, &o, nullptr));
+    REQUIRE_SA_OK(f.get(),
+                  sa_optimizer_add_param(f.get(), "old", 0, t.versioned(), nullptr, &o, nullptr));
     sa_param_info info = SA_PARAM_INFO_INIT;
     REQUIRE_SA_OK(f.get(), sa_optimizer_param_info(f.get(), 2, &info));
     CHECK(info.master == SA_MASTER_FP32);
@@ -876,20 +944,24 @@ TEST_CASE("a caller built against an older header (shorter struct) gets defaults
   }
 }
 
-// ---- state keys and indices ----------------------------------------------------------------------
+// ---- state keys and indices ---------------------------------------------------------------------
 
 TEST_CASE("an unknown state key is rejected with the list of the param's keys", "[errors]") {
   Trained f;
   DLManagedTensorVersioned* view = nullptr;
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 0, "momentum", &view),
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(f.get(), 0, "momentum", &view),
                  "param 'layers.0.w' has no state 'momentum'; it has: exp_avg, exp_avg_sq");
   CHECK(view == nullptr);
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 0, "master", &view),
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(f.get(), 0, "master", &view),
                  "param 'layers.0.w' has no state 'master'");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 0, "max_exp_avg_sq", &view),
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(f.get(), 0, "max_exp_avg_sq", &view),
                  "has no state 'max_exp_avg_sq'");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 1, "remainder", &view),
-                 "param 'layers.0.b' has no state 'remainder'; it has: exp_avg, exp_avg_sq, master");
+  CHECK_SA_FAILS(
+      f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), 1, "remainder", &view),
+      "param 'layers.0.b' has no state 'remainder'; it has: exp_avg, exp_avg_sq, master");
   CHECK(view == nullptr);
 }
 
@@ -900,16 +972,23 @@ TEST_CASE("out-of-range group and param indices are rejected by every call that 
   sa_group_config c = SA_GROUP_CONFIG_INIT;
   int64_t step = 0;
   for (int32_t g : {-1, 1, 1000}) {
-    const std::string text = "group " + std::to_string(g) + " does not exist (the optimizer has 1 groups)";
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_group(f.get(), g, &c), text.c_str());
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_group(f.get(), g, &f.config), text.c_str());
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_lr(f.get(), g, 0.1), text.c_str());
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_step(f.get(), g, &step), text.c_str());
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_step(f.get(), g, 3), text.c_str());
+    const std::string text =
+        "group " + std::to_string(g) + " does not exist (the optimizer has 1 groups)";
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_group(f.get(), g, &c),
+                   text.c_str());
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_group(f.get(), g, &f.config),
+                   text.c_str());
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_lr(f.get(), g, 0.1),
+                   text.c_str());
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_step(f.get(), g, &step),
+                   text.c_str());
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_step(f.get(), g, 3),
+                   text.c_str());
     HostTensor t({2}, kFloat32);
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
-                   sa_optimizer_add_param(f.get(), "t", g, t.versioned(), nullptr, nullptr, nullptr),
-                   "param 't'", text.c_str());
+    CHECK_SA_FAILS(
+        f.get(), SA_ERR_INVALID_ARGUMENT,
+        sa_optimizer_add_param(f.get(), "t", g, t.versioned(), nullptr, nullptr, nullptr),
+        "param 't'", text.c_str());
   }
   CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_step(f.get(), 0, -1),
                  "group 0: step -1 is negative");
@@ -917,15 +996,19 @@ TEST_CASE("out-of-range group and param indices are rejected by every call that 
   const DLTensor g = f.grad_w.dl();
   DLManagedTensorVersioned* view = nullptr;
   for (int64_t p : {int64_t{-1}, int64_t{2}, int64_t{1} << 40}) {
-    const std::string text = "param " + std::to_string(p) + " does not exist (the optimizer has 2 params)";
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_param_info(f.get(), p, &info), text.c_str());
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad(f.get(), p, &g), text.c_str());
-    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_view(f.get(), p, "exp_avg", &view),
+    const std::string text =
+        "param " + std::to_string(p) + " does not exist (the optimizer has 2 params)";
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_param_info(f.get(), p, &info),
                    text.c_str());
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad(f.get(), p, &g),
+                   text.c_str());
+    CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                   sa_optimizer_state_view(f.get(), p, "exp_avg", &view), text.c_str());
     CHECK(view == nullptr);
   }
   int64_t found = 5;
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_find_param(f.get(), "layers.9.w", &found),
+  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_find_param(f.get(), "layers.9.w", &found),
                  "no param is named 'layers.9.w'");
   CHECK(difference(before, f.snap()) == "");
 }
@@ -940,10 +1023,15 @@ TEST_CASE("an accepted shard's deleter runs exactly once, at destroy; a rejected
     auto opt = make_optimizer();
     const sa_group_config config = SA_GROUP_CONFIG_INIT;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "a", 0, accepted.versioned(), nullptr, nullptr, nullptr));
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param_legacy(opt.get(), "b", 0, accepted_legacy.legacy(), nullptr, nullptr, nullptr));
-    CHECK(sa_optimizer_add_param(opt.get(), "c", 0, rejected.versioned(), nullptr, nullptr, nullptr) == SA_ERR_UNSUPPORTED);
-    CHECK(sa_optimizer_add_param_legacy(opt.get(), "d", 0, rejected_legacy.legacy(), nullptr, nullptr, nullptr) == SA_ERR_UNSUPPORTED);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "a", 0, accepted.versioned(),
+                                                    nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(),
+                  sa_optimizer_add_param_legacy(opt.get(), "b", 0, accepted_legacy.legacy(),
+                                                nullptr, nullptr, nullptr));
+    CHECK(sa_optimizer_add_param(opt.get(), "c", 0, rejected.versioned(), nullptr, nullptr,
+                                 nullptr) == SA_ERR_UNSUPPORTED);
+    CHECK(sa_optimizer_add_param_legacy(opt.get(), "d", 0, rejected_legacy.legacy(), nullptr,
+                                        nullptr, nullptr) == SA_ERR_UNSUPPORTED);
     HostTensor g({3}, kFloat32), gb({2}, kBfloat16);
     const void* ptrs[2] = {g.data(), gb.data()};
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad_ptrs(opt.get(), 2, ptrs));
@@ -955,4 +1043,18 @@ TEST_CASE("an accepted shard's deleter runs exactly once, at destroy; a rejected
   CHECK(accepted_legacy.deleter_calls() == 1);
   CHECK(rejected.deleter_calls() == 0);
   CHECK(rejected_legacy.deleter_calls() == 0);
+}
+
+TEST_CASE("a host shard with a nonzero cpu device_id is refused, naming the id", "[errors]") {
+  auto opt = make_optimizer();
+  const sa_group_config config = SA_GROUP_CONFIG_INIT;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
+  HostTensor t({4}, kFloat32);
+  t.set_device(DLDevice{kDLCPU, 1});
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "w", 0, t.versioned(), nullptr, nullptr, nullptr),
+                 "param 'w'", "device_id 1");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  opt.reset();
+  CHECK(t.deleter_calls() == 0);
 }

@@ -42,9 +42,21 @@ std::vector<GlobalParam> global_params() {
       {"f32", {9, 37}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
       {"f32.amsgrad", {9, 37}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 1},
       {"bf16.master", {9, 37}, kBfloat16, kBfloat16, kFloat32, SA_MASTER_FP32, 0},
-      {"bf16.master.amsgrad.bf16moments", {9, 37}, kBfloat16, kFloat32, kBfloat16, SA_MASTER_FP32, 1},
+      {"bf16.master.amsgrad.bf16moments",
+       {9, 37},
+       kBfloat16,
+       kFloat32,
+       kBfloat16,
+       SA_MASTER_FP32,
+       1},
       {"bf16.remainder", {9, 37}, kBfloat16, kBfloat16, kFloat32, SA_MASTER_REMAINDER, 0},
-      {"bf16.remainder.amsgrad.bf16moments", {9, 37}, kBfloat16, kBfloat16, kBfloat16, SA_MASTER_REMAINDER, 1},
+      {"bf16.remainder.amsgrad.bf16moments",
+       {9, 37},
+       kBfloat16,
+       kBfloat16,
+       kBfloat16,
+       SA_MASTER_REMAINDER,
+       1},
       {"f16.master", {9, 37}, kFloat16, kFloat16, kFloat32, SA_MASTER_FP32, 0},
       {"empty", {0, 37}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
       {"big", {301, 263}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 1},
@@ -106,7 +118,8 @@ void copy_box(const void* from, void* to, const Dims& global_shape, const Box& b
   const auto* src = static_cast<const unsigned char*>(from);
   auto* dst = static_cast<unsigned char*>(to);
   for (int64_t r = 0; r < box.shape[0]; ++r) {
-    const std::size_t global_at = static_cast<std::size_t>((box.offset[0] + r) * global_shape[1] + box.offset[1]) * elem;
+    const std::size_t global_at =
+        static_cast<std::size_t>((box.offset[0] + r) * global_shape[1] + box.offset[1]) * elem;
     const std::size_t local_at = static_cast<std::size_t>(r * box.shape[1]) * elem;
     const std::size_t bytes = static_cast<std::size_t>(box.shape[1]) * elem;
     if (to_local) {
@@ -117,8 +130,9 @@ void copy_box(const void* from, void* to, const Dims& global_shape, const Box& b
   }
 }
 
-std::vector<unsigned char> bytes_of_box(const std::vector<unsigned char>& global, const Dims& global_shape,
-                                        const Box& box, std::size_t elem) {
+std::vector<unsigned char> bytes_of_box(const std::vector<unsigned char>& global,
+                                        const Dims& global_shape, const Box& box,
+                                        std::size_t elem) {
   std::vector<unsigned char> out(static_cast<std::size_t>(numel_of(box.shape)) * elem);
   copy_box(global.data(), out.data(), global_shape, box, elem, true);
   return out;
@@ -171,7 +185,8 @@ Scenario mesh_scenario(std::string label, Dims mesh_shape, std::vector<sa_placem
             const sa_layout l = p.layout();
             p.box.shape.assign(global_shape.size(), -1);
             p.box.offset.assign(global_shape.size(), -1);
-            REQUIRE_SA_OK(nullptr, sa_layout_local_box(&l, p.box.shape.data(), p.box.offset.data()));
+            REQUIRE_SA_OK(nullptr,
+                          sa_layout_local_box(&l, p.box.shape.data(), p.box.offset.data()));
             return p;
           }};
 }
@@ -226,18 +241,21 @@ class Rank {
       const Box& box = placements_.back().box;
       params_.emplace_back(box.shape, g.dtype);
       grads_.emplace_back(box.shape, g.grad_dtype);
-      copy_box(prob.initial[k].data(), params_.back().data(), g.shape, box, dtype_bytes(g.dtype), true);
+      copy_box(prob.initial[k].data(), params_.back().data(), g.shape, box, dtype_bytes(g.dtype),
+               true);
     }
     for (std::size_t k = 0; k < prob.params.size(); ++k) {
       const GlobalParam& g = prob.params[k];
       const sa_layout layout = placements_[k].layout();
       const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
-      REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group,
-                                                       params_[k].versioned(), &layout, &options, nullptr));
+      REQUIRE_SA_OK(opt_.get(),
+                    sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group,
+                                           params_[k].versioned(), &layout, &options, nullptr));
     }
     std::vector<const void*> ptrs;
     for (const HostTensor& grad : grads_) ptrs.push_back(grad.numel() ? grad.data() : nullptr);
-    REQUIRE_SA_OK(opt_.get(), sa_optimizer_set_grad_ptrs(opt_.get(), static_cast<int64_t>(ptrs.size()), ptrs.data()));
+    REQUIRE_SA_OK(opt_.get(), sa_optimizer_set_grad_ptrs(
+                                  opt_.get(), static_cast<int64_t>(ptrs.size()), ptrs.data()));
   }
 
   void step(int s) {
@@ -300,7 +318,8 @@ void check_scenario(const Scenario& scenario) {
           const GlobalParam& g = prob.params[k];
           const Box& box = rank.box(k);
           INFO("rank " << r << ", param '" << g.name << "', box offset "
-                       << Catch::Detail::stringify(box.offset) << " shape " << Catch::Detail::stringify(box.shape));
+                       << Catch::Detail::stringify(box.offset) << " shape "
+                       << Catch::Detail::stringify(box.shape));
           const ParamResult got = rank.result(k);
           CHECK(got.param == bytes_of_box(expected[k].param, g.shape, box, dtype_bytes(g.dtype)));
           for (const char* key : state_keys(g)) {
@@ -326,15 +345,18 @@ TEST_CASE("the unsharded expectation moved every param away from its initial val
   }
 }
 
-TEST_CASE("1-D meshes of 2, 3, 4, 5 and 7 ranks with uneven Shard(0) (empty ranks included) match the unsharded run bitwise",
-          "[sharding]") {
+TEST_CASE(
+    "1-D meshes of 2, 3, 4, 5 and 7 ranks with uneven Shard(0) (empty ranks included) match the "
+    "unsharded run bitwise",
+    "[sharding]") {
   // 9 rows: 5,4 | 3,3,3 | 3,3,3,0 | 2,2,2,2,1 | 2,2,2,2,1,0,0.
   for (int64_t ranks : {2, 3, 4, 5, 7})
     check_scenario(mesh_scenario("Shard(0) over " + std::to_string(ranks), {ranks}, {shard(0)}));
 }
 
-TEST_CASE("1-D meshes of 2, 3, 4, 5 and 7 ranks with uneven Shard(1) match the unsharded run bitwise",
-          "[sharding]") {
+TEST_CASE(
+    "1-D meshes of 2, 3, 4, 5 and 7 ranks with uneven Shard(1) match the unsharded run bitwise",
+    "[sharding]") {
   // 37 columns over 7: 6,6,6,6,6,6,1; "big"'s 263 over 5: 53,53,53,53,51. Each rank's box
   // is a strided block of the global tensor.
   for (int64_t ranks : {2, 3, 4, 5, 7})
@@ -345,7 +367,8 @@ TEST_CASE("a 2x2 mesh with Shard(0),Shard(1) matches the unsharded run bitwise",
   check_scenario(mesh_scenario("2x2 Shard(0),Shard(1)", {2, 2}, {shard(0), shard(1)}));
 }
 
-TEST_CASE("a (4,2) mesh nesting Shard(0),Shard(0) matches the unsharded run bitwise", "[sharding]") {
+TEST_CASE("a (4,2) mesh nesting Shard(0),Shard(0) matches the unsharded run bitwise",
+          "[sharding]") {
   check_scenario(mesh_scenario("4x2 Shard(0),Shard(0)", {4, 2}, {shard(0), shard(0)}));
 }
 

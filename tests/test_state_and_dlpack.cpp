@@ -60,14 +60,19 @@ TEST_CASE("state views have the state's storage dtype, the local shape and the o
     c.amsgrad = 1;
     return c;
   }();
-  HostTensor f32({3, 5}, kFloat32), bf16({7}, kBfloat16), rem({2, 2, 2}, kBfloat16), empty({0, 4}, kFloat32);
+  HostTensor f32({3, 5}, kFloat32), bf16({7}, kBfloat16), rem({2, 2, 2}, kBfloat16),
+      empty({0, 4}, kFloat32);
   auto opt = optimizer_with_group(config);
   const sa_param_options bf16_moments = param_options(kDefaultDtype, kBfloat16, SA_MASTER_AUTO);
   const sa_param_options remainder = param_options(kDefaultDtype, kBfloat16, SA_MASTER_REMAINDER);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f32", 0, f32.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bf16", 0, bf16.versioned(), nullptr, &bf16_moments, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "rem", 0, rem.versioned(), nullptr, &remainder, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "empty", 0, empty.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f32", 0, f32.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bf16", 0, bf16.versioned(), nullptr,
+                                                  &bf16_moments, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "rem", 0, rem.versioned(), nullptr,
+                                                  &remainder, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "empty", 0, empty.versioned(), nullptr,
+                                                  nullptr, nullptr));
 
   struct Expect {
     int64_t param;
@@ -76,11 +81,16 @@ TEST_CASE("state views have the state's storage dtype, the local shape and the o
     Dims shape;
   };
   const std::vector<Expect> expected = {
-      {0, "exp_avg", kFloat32, {3, 5}},         {0, "exp_avg_sq", kFloat32, {3, 5}},
-      {0, "max_exp_avg_sq", kFloat32, {3, 5}},  {1, "exp_avg", kBfloat16, {7}},
-      {1, "exp_avg_sq", kBfloat16, {7}},        {1, "max_exp_avg_sq", kBfloat16, {7}},
-      {1, "master", kFloat32, {7}},             {2, "exp_avg", kBfloat16, {2, 2, 2}},
-      {2, "remainder", kInt16, {2, 2, 2}},      {3, "exp_avg", kFloat32, {0, 4}},
+      {0, "exp_avg", kFloat32, {3, 5}},
+      {0, "exp_avg_sq", kFloat32, {3, 5}},
+      {0, "max_exp_avg_sq", kFloat32, {3, 5}},
+      {1, "exp_avg", kBfloat16, {7}},
+      {1, "exp_avg_sq", kBfloat16, {7}},
+      {1, "max_exp_avg_sq", kBfloat16, {7}},
+      {1, "master", kFloat32, {7}},
+      {2, "exp_avg", kBfloat16, {2, 2, 2}},
+      {2, "remainder", kInt16, {2, 2, 2}},
+      {3, "exp_avg", kFloat32, {0, 4}},
   };
   for (const Expect& e : expected) {
     INFO("param " << e.param << " state " << e.key);
@@ -106,8 +116,10 @@ TEST_CASE("a master starts as the param's value, widened exactly", "[state]") {
   Rng rng(1);
   fill_normal(bf16, rng, 3.0);
   fill_normal(f16, rng, 3.0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bf16", 0, bf16.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f16", 0, f16.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bf16", 0, bf16.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f16", 0, f16.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const StateView m0 = state_view(opt.get(), 0, "master");
   const StateView m1 = state_view(opt.get(), 1, "master");
   for (int64_t i = 0; i < 64; ++i) {
@@ -116,14 +128,17 @@ TEST_CASE("a master starts as the param's value, widened exactly", "[state]") {
   }
 }
 
-TEST_CASE("state views are zero-copy: two views of a state share memory, and writes through a view steer the next step",
-          "[state]") {
+TEST_CASE(
+    "state views are zero-copy: two views of a state share memory, and writes through a view steer "
+    "the next step",
+    "[state]") {
   const sa_group_config config = group_config(1e-2, 1e-2, 1);
   HostTensor w({40}, kFloat32), grad({40}, kFloat32);
   auto opt = optimizer_with_group(config);
   Rng rng(2);
   fill_normal(w, rng, 1.0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const DLTensor g = grad.dl();
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
   fill_log_uniform(grad, rng, 1e-3, 1.0);
@@ -136,28 +151,26 @@ TEST_CASE("state views are zero-copy: two views of a state share memory, and wri
   CHECK(m.data() != v.data());
 
   // Overwrite both moments with values of our own choosing.
+  RefState unwritten = library_state(opt.get(), 0, w);
   for (int64_t i = 0; i < 40; ++i) {
     static_cast<float*>(m.data())[i] = static_cast<float>(0.05 * rng.normal());
     static_cast<float*>(v.data())[i] = static_cast<float>(0.01 + 0.01 * rng.uniform());
   }
-  const RefState untouched_would_be = [&] {
-    RefState s(values_of(w), Storage::f32);  // what the step would do from zero moments
-    return s;
-  }();
   RefState written = library_state(opt.get(), 0, w);
   CHECK(m_again.get(7) == written.m[7]);  // the other view sees the write
 
   fill_log_uniform(grad, rng, 1e-3, 1.0);
   RefScales scales;
   reference_step(written, config, 2, values_of(grad), 1.0, RefBug::none, &scales);
-  RefState unwritten = untouched_would_be;
   reference_step(unwritten, config, 2, values_of(grad), 1.0);
   REQUIRE(differs(written.value, unwritten.value, scales.step_size));  // the write matters
   REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   check_value(w, written.value, scales.step_size);
   // The step wrote its new moments where the views look.
   Worst m_after("exp_avg after the step");
-  for (int64_t i = 0; i < 40; ++i) m_after.add(i, m.get(i), written.m[i], step_moment_tolerance(written.m[i], scales.m_terms[i], Storage::f32));
+  for (int64_t i = 0; i < 40; ++i)
+    m_after.add(i, m.get(i), written.m[i],
+                step_moment_tolerance(written.m[i], scales.m_terms[i], Storage::f32));
   CHECK_WITHIN(m_after);
 }
 
@@ -191,19 +204,24 @@ std::vector<float> values_with_ties(Rng& rng, int64_t n, int mantissa_bits) {
 
 }  // namespace
 
-TEST_CASE("writing a master through its view sets the param at the next step: the nearest value, ties to even",
-          "[state]") {
+TEST_CASE(
+    "writing a master through its view sets the param at the next step: the nearest value, ties to "
+    "even",
+    "[state]") {
   const int32_t simd = GENERATE(0, 1);
   INFO("cpu_simd " << simd);
   // No decay, zero grads, zero moments: m / (sqrt(v) + eps) = 0, so the step keeps the
   // masters as written and rewrites each param from its master. 37 elements: whole SIMD
   // vectors and a scalar tail.
   const sa_group_config still = group_config(1e-2, 0.0, 1);
-  HostTensor bf16({37}, kBfloat16), f16({37}, kFloat16), grad_bf16({37}, kBfloat16), grad_f16({37}, kFloat16);
+  HostTensor bf16({37}, kBfloat16), f16({37}, kFloat16), grad_bf16({37}, kBfloat16),
+      grad_f16({37}, kFloat16);
   auto opt = make_optimizer(1, simd);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &still, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bf16", 0, bf16.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f16", 0, f16.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bf16", 0, bf16.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f16", 0, f16.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const void* ptrs[2] = {grad_bf16.data(), grad_f16.data()};
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad_ptrs(opt.get(), 2, ptrs));
   const StateView master_bf16 = state_view(opt.get(), 0, "master");
@@ -215,7 +233,8 @@ TEST_CASE("writing a master through its view sets the param at the next step: th
   std::memcpy(master_f16.data(), written_f16.data(), 37 * sizeof(float));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   for (int64_t i = 0; i < 37; ++i) {
-    INFO("element " << i << ", bf16 master " << written_bf16[i] << ", f16 master " << written_f16[i]);
+    INFO("element " << i << ", bf16 master " << written_bf16[i] << ", f16 master "
+                    << written_f16[i]);
     CHECK(master_bf16.get(i) == written_bf16[i]);
     CHECK(master_f16.get(i) == written_f16[i]);
     CHECK(bf16.get(i) == round_to_bf16(written_bf16[i]));
@@ -223,8 +242,9 @@ TEST_CASE("writing a master through its view sets the param at the next step: th
   }
 }
 
-TEST_CASE("a bfloat16 param with a remainder reads as its value rounded to nearest, ties away from zero",
-          "[state]") {
+TEST_CASE(
+    "a bfloat16 param with a remainder reads as its value rounded to nearest, ties away from zero",
+    "[state]") {
   const int32_t simd = GENERATE(0, 1);
   INFO("cpu_simd " << simd);
   const sa_group_config still = group_config(1e-2, 0.0, 1);
@@ -233,8 +253,10 @@ TEST_CASE("a bfloat16 param with a remainder reads as its value rounded to neare
   fill_normal(p, rng, 4.0);
   auto opt = make_optimizer(1, simd);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &still, nullptr));
-  const sa_param_options remainder = param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_REMAINDER);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", 0, p.versioned(), nullptr, &remainder, nullptr));
+  const sa_param_options remainder =
+      param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_REMAINDER);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", 0, p.versioned(), nullptr,
+                                                  &remainder, nullptr));
   const void* ptrs[1] = {grad.data()};
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad_ptrs(opt.get(), 1, ptrs));
   const StateView rem = state_view(opt.get(), 0, "remainder");
@@ -243,8 +265,10 @@ TEST_CASE("a bfloat16 param with a remainder reads as its value rounded to neare
   // anywhere.
   std::vector<float> value(37);
   for (int64_t i = 0; i < 37; ++i) {
-    const int16_t r = i % 4 == 0 ? int16_t{-0x8000} : i % 4 == 1 ? int16_t{-0x7FFF}
-                    : i % 4 == 2 ? int16_t{0x7FFF} : static_cast<int16_t>(rng.integer(-0x8000, 0x7FFF));
+    const int16_t r = i % 4 == 0   ? int16_t{-0x8000}
+                      : i % 4 == 1 ? int16_t{-0x7FFF}
+                      : i % 4 == 2 ? int16_t{0x7FFF}
+                                   : static_cast<int16_t>(rng.integer(-0x8000, 0x7FFF));
     rem_bits[i] = r;
     value[i] = join_param_and_remainder(p.as<uint16_t>()[i], r);
   }
@@ -257,7 +281,8 @@ TEST_CASE("a bfloat16 param with a remainder reads as its value rounded to neare
   }
 }
 
-TEST_CASE("a state view stays valid after sa_optimizer_destroy until its own deleter runs", "[state][dlpack]") {
+TEST_CASE("a state view stays valid after sa_optimizer_destroy until its own deleter runs",
+          "[state][dlpack]") {
   HostTensor w({1000}, kFloat32), grad({1000}, kFloat32);
   Rng rng(4);
   fill_normal(w, rng, 1.0);
@@ -266,7 +291,8 @@ TEST_CASE("a state view stays valid after sa_optimizer_destroy until its own del
   std::vector<float> seen(1000);
   {
     auto opt = optimizer_with_group(SA_GROUP_CONFIG_INIT);
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
+                                                    nullptr, nullptr));
     const DLTensor g = grad.dl();
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
     REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
@@ -293,8 +319,10 @@ TEST_CASE("a legacy DLManagedTensor param steps like a versioned one and is rele
   std::memcpy(b.data(), a.data(), a.bytes());
   {
     auto opt = optimizer_with_group(config);
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "versioned", 0, a.versioned(), nullptr, nullptr, nullptr));
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param_legacy(opt.get(), "legacy", 0, b.legacy(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "versioned", 0, a.versioned(),
+                                                    nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param_legacy(opt.get(), "legacy", 0, b.legacy(),
+                                                           nullptr, nullptr, nullptr));
     const void* ptrs[2] = {grad.data(), grad.data()};
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad_ptrs(opt.get(), 2, ptrs));
     RefState ref(values_of(a), Storage::f32);
@@ -325,10 +353,12 @@ TEST_CASE("param_info reports what was registered, AUTO resolved, and its pointe
   const MeshLayout mesh{{3, 9}, {3}, {1}, {shard(1)}};  // columns 3..6
   const sa_layout layout = mesh.get();
   int64_t index = -1;
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "layers.0.w", 1, f32.versioned(), &layout, nullptr, &index));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "layers.0.w", 1, f32.versioned(),
+                                                  &layout, nullptr, &index));
   CHECK(index == 0);
   const sa_param_options bf16_opts = param_options(kFloat32, kBfloat16, SA_MASTER_REMAINDER);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "layers.0.b", 0, bf16.versioned(), nullptr, &bf16_opts, &index));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "layers.0.b", 0, bf16.versioned(),
+                                                  nullptr, &bf16_opts, &index));
   CHECK(index == 1);
 
   sa_param_info info = SA_PARAM_INFO_INIT;
@@ -360,13 +390,16 @@ TEST_CASE("param_info reports what was registered, AUTO resolved, and its pointe
   // More params later (the optimizer's tables grow): the first info's pointers still hold.
   for (int k = 0; k < 40; ++k) {
     const std::string name = "extra." + std::to_string(k);
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), name.c_str(), 0, extras[k].versioned(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(),
+                  sa_optimizer_add_param(opt.get(), name.c_str(), 0, extras[k].versioned(), nullptr,
+                                         nullptr, nullptr));
   }
   CHECK(sa_optimizer_num_params(opt.get()) == 42);
   CHECK(std::string(first.name) == "layers.0.w");
   CHECK(Dims(first.global_offset, first.global_offset + 2) == Dims{0, 3});
 
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f16", 0, f16.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f16", 0, f16.versioned(), nullptr,
+                                                  nullptr, nullptr));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 42, &info));
   CHECK(same_dtype(info.grad_dtype, kFloat16));
   CHECK(info.master == SA_MASTER_FP32);  // AUTO on float16
@@ -378,7 +411,8 @@ TEST_CASE("find_param returns the index a name was registered under", "[params]"
   auto opt = optimizer_with_group(SA_GROUP_CONFIG_INIT);
   const char* names[5] = {"embed", "layers.0.attn.q", "layers.0.attn.k", "layers.10.mlp", "head"};
   for (int k = 0; k < 5; ++k)
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), names[k], 0, shards[k].versioned(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), names[k], 0, shards[k].versioned(),
+                                                    nullptr, nullptr, nullptr));
   CHECK(sa_optimizer_num_params(opt.get()) == 5);
   for (int k = 4; k >= 0; --k) {
     int64_t found = -1;
@@ -386,14 +420,16 @@ TEST_CASE("find_param returns the index a name was registered under", "[params]"
     CHECK(found == k);
   }
   int64_t found = -1;
-  CHECK(sa_optimizer_find_param(opt.get(), "layers.0.attn", &found) == SA_ERR_INVALID_ARGUMENT);  // no prefix match
+  CHECK(sa_optimizer_find_param(opt.get(), "layers.0.attn", &found) ==
+        SA_ERR_INVALID_ARGUMENT);  // no prefix match
   CHECK(found == -1);
 }
 
 // ---- groups and step counts --------------------------------------------------------------------
 
-TEST_CASE("groups are positional, and get_group returns exactly what add_group and set_group stored",
-          "[groups]") {
+TEST_CASE(
+    "groups are positional, and get_group returns exactly what add_group and set_group stored",
+    "[groups]") {
   auto opt = make_optimizer();
   CHECK(sa_optimizer_num_groups(opt.get()) == 0);
   sa_group_config a = SA_GROUP_CONFIG_INIT;
@@ -407,8 +443,10 @@ TEST_CASE("groups are positional, and get_group returns exactly what add_group a
 
   auto same = [](const sa_group_config& x, const sa_group_config& y) {
     return x.lr == y.lr && x.beta1 == y.beta1 && x.beta2 == y.beta2 && x.eps == y.eps &&
-           x.weight_decay == y.weight_decay && x.decoupled_weight_decay == y.decoupled_weight_decay &&
-           x.bias_correction == y.bias_correction && x.maximize == y.maximize && x.amsgrad == y.amsgrad;
+           x.weight_decay == y.weight_decay &&
+           x.decoupled_weight_decay == y.decoupled_weight_decay &&
+           x.bias_correction == y.bias_correction && x.maximize == y.maximize &&
+           x.amsgrad == y.amsgrad;
   };
   sa_group_config got = SA_GROUP_CONFIG_INIT;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group(opt.get(), 1, &got));
@@ -441,7 +479,8 @@ TEST_CASE("a group's step count counts steps taken, and set_step replaces it", "
   auto opt = optimizer_with_group(defaults);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &defaults, nullptr));
   CHECK(step_count(opt.get(), 0) == 0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));  // no params: still a step
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_step(opt.get(), nullptr, nullptr));  // no params: still a step
   CHECK(step_count(opt.get(), 0) == 1);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_step(opt.get(), 1, 41));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
@@ -469,20 +508,23 @@ TEST_CASE("a param added after some steps joins its group's step count (bias cor
   Rng rng(6);
   fill_normal(first, rng, 1.0);
   fill_normal(late, rng, 1.0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "first", 0, first.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "first", 0, first.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const DLTensor g = grad.dl();
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
   for (int t = 0; t < 3; ++t) {
     fill_normal(grad, rng, 0.1);
     REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   }
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "late", 0, late.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "late", 0, late.versioned(), nullptr,
+                                                  nullptr, nullptr));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 1, &g));
   fill_normal(grad, rng, 0.1);
   RefState ref_late(values_of(late), Storage::f32);
   RefState ref_first = library_state(opt.get(), 0, first);
   RefScales scales;
-  reference_step(ref_late, config, 4, values_of(grad), 1.0, RefBug::none, &scales);  // t = 4, fresh moments
+  reference_step(ref_late, config, 4, values_of(grad), 1.0, RefBug::none,
+                 &scales);  // t = 4, fresh moments
   reference_step(ref_first, config, 4, values_of(grad), 1.0);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   check_value(late, ref_late.value, scales.step_size);
@@ -499,8 +541,10 @@ TEST_CASE("set_grad reads the grad at data + byte_offset", "[grads]") {
   Rng rng(7);
   fill_normal(w, rng, 1.0);
   for (int64_t i = 0; i < 8; ++i) buffer.set(i, 1000.0f);
-  for (int64_t i = 8; i < 24; ++i) buffer.set(i, static_cast<float>(rng.signed_log_uniform(1e-3, 1.0)));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, nullptr, nullptr));
+  for (int64_t i = 8; i < 24; ++i)
+    buffer.set(i, static_cast<float>(rng.signed_log_uniform(1e-3, 1.0)));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
+                                                  nullptr, nullptr));
   DLTensor g = buffer.dl();
   const int64_t shape[1] = {16};
   g.shape = const_cast<int64_t*>(shape);
@@ -516,22 +560,27 @@ TEST_CASE("set_grad reads the grad at data + byte_offset", "[grads]") {
 }
 
 TEST_CASE("empty params need no grad, by set_grad or set_grad_ptrs", "[grads]") {
-  HostTensor empty({0}, kFloat32), empty2({4, 0}, kBfloat16), full({3}, kFloat32), grad({3}, kFloat32);
+  HostTensor empty({0}, kFloat32), empty2({4, 0}, kBfloat16), full({3}, kFloat32),
+      grad({3}, kFloat32);
   auto opt = optimizer_with_group(group_config(1e-2, 1e-2, 1));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "empty", 0, empty.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "empty2", 0, empty2.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "empty", 0, empty.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "empty2", 0, empty2.versioned(),
+                                                  nullptr, nullptr, nullptr));
   SECTION("only empty params: a step needs no grad at all") {
     REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
     CHECK(step_count(opt.get(), 0) == 1);
   }
   SECTION("set_grad on the non-empty param only") {
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "full", 0, full.versioned(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "full", 0, full.versioned(), nullptr,
+                                                    nullptr, nullptr));
     const DLTensor g = grad.dl();
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 2, &g));
     REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   }
   SECTION("set_grad_ptrs with NULL for the empty params") {
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "full", 0, full.versioned(), nullptr, nullptr, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "full", 0, full.versioned(), nullptr,
+                                                    nullptr, nullptr));
     const void* ptrs[3] = {nullptr, nullptr, grad.data()};
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad_ptrs(opt.get(), 3, ptrs));
     REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
@@ -560,8 +609,10 @@ TEST_CASE("grads rebound between steps are honoured: two buffers used alternatel
     wb.set(i, -2.0f * wa.get(i));
     vb.set(i, -2.0f * va.get(i));
   }
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr,
+                                                  nullptr, nullptr));
   RefState ref_w(values_of(w), Storage::f32);
   RefState ref_v(values_of(v), Storage::f32);  // v's fp32 master
   const StateView master = state_view(opt.get(), 1, "master");
@@ -586,24 +637,30 @@ TEST_CASE("grads rebound between steps are honoured: two buffers used alternatel
     INFO("step " << t);
     Worst worst_w("w"), worst_v("v's master");
     for (int64_t i = 0; i < 64; ++i) {
-      worst_w.add(i, w.get(i), ref_w.value[i], t * 2.0 * f32_ulp(ref_w.value[i]) + 1e-4 * step_size_sum);
-      worst_v.add(i, master.get(i), ref_v.value[i], t * 2.0 * f32_ulp(ref_v.value[i]) + 1e-4 * step_size_sum);
+      worst_w.add(i, w.get(i), ref_w.value[i],
+                  t * 2.0 * f32_ulp(ref_w.value[i]) + 1e-4 * step_size_sum);
+      worst_v.add(i, master.get(i), ref_v.value[i],
+                  t * 2.0 * f32_ulp(ref_v.value[i]) + 1e-4 * step_size_sum);
     }
     CHECK_WITHIN(worst_w);
     CHECK_WITHIN(worst_v);
   }
 }
 
-// ---- version, build, status ----------------------------------------------------------------------
+// ---- version, build, status ---------------------------------------------------------------------
 
-TEST_CASE("sa_version() is the header's SA_VERSION_NUMBER and sa_build_info names the version and the cpu backend",
-          "[version]") {
+TEST_CASE(
+    "sa_version() is the header's SA_VERSION_NUMBER and sa_build_info names the version and the "
+    "cpu backend",
+    "[version]") {
   CHECK(sa_version() == SA_VERSION_NUMBER);
   CHECK(SA_VERSION_NUMBER == SA_VERSION_MAJOR * 10000 + SA_VERSION_MINOR * 100 + SA_VERSION_PATCH);
   const std::string info = sa_build_info();
-  const std::string version = std::to_string(SA_VERSION_MAJOR) + "." + std::to_string(SA_VERSION_MINOR) +
-                              "." + std::to_string(SA_VERSION_PATCH);
-  CHECK_THAT(info, Catch::Contains("shardadam") && Catch::Contains(version) && Catch::Contains("cpu"));
+  const std::string version = std::to_string(SA_VERSION_MAJOR) + "." +
+                              std::to_string(SA_VERSION_MINOR) + "." +
+                              std::to_string(SA_VERSION_PATCH);
+  CHECK_THAT(info,
+             Catch::Contains("shardadam") && Catch::Contains(version) && Catch::Contains("cpu"));
   CHECK(sa_build_info() == sa_build_info());  // static: the same pointer every time
 }
 
@@ -626,7 +683,8 @@ TEST_CASE("sa_status_string names every status, and unknown values", "[version]"
   CHECK(std::string(sa_status_string(static_cast<sa_status>(-1))) == "unknown sa_status");
 }
 
-TEST_CASE("a handle's last error is empty until a call fails, and is kept per handle", "[version]") {
+TEST_CASE("a handle's last error is empty until a call fails, and is kept per handle",
+          "[version]") {
   auto a = make_optimizer();
   auto b = make_optimizer();
   CHECK(std::string(sa_optimizer_last_error(a.get())).empty());

@@ -12,6 +12,7 @@
 #define SHARDADAM_TESTS_TEST_SUPPORT_HPP_
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,8 +23,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "kernels/adam_math.h"
 #include "shardadam/shardadam.h"
@@ -234,7 +233,9 @@ class HostTensor {
   DLManagedTensor* legacy() {
     DLManagedTensor& m = body_->legacy;
     m.manager_ctx = body_.get();
-    m.deleter = [](DLManagedTensor* self) { ++static_cast<Body*>(self->manager_ctx)->deleter_calls; };
+    m.deleter = [](DLManagedTensor* self) {
+      ++static_cast<Body*>(self->manager_ctx)->deleter_calls;
+    };
     m.dl_tensor = dl();
     return &m;
   }
@@ -334,25 +335,25 @@ inline sa_placement partial() { return sa_placement{SA_PLACEMENT_PARTIAL, 0}; }
 // ---- status checks -------------------------------------------------------------------------
 
 // The call succeeds; on failure the report shows the status and the handle's message.
-#define REQUIRE_SA_OK(opt, call)                                                              \
-  do {                                                                                        \
-    const sa_status sa_status_ = (call);                                                      \
-    INFO(#call << " returned " << sa_status_string(sa_status_) << ": "                        \
-               << sa_optimizer_last_error(opt));                                              \
-    REQUIRE(std::string(sa_status_string(sa_status_)) == "SA_OK");                            \
+#define REQUIRE_SA_OK(opt, call)                                       \
+  do {                                                                 \
+    const sa_status sa_status_ = (call);                               \
+    INFO(#call << " returned " << sa_status_string(sa_status_) << ": " \
+               << sa_optimizer_last_error(opt));                       \
+    REQUIRE(std::string(sa_status_string(sa_status_)) == "SA_OK");     \
   } while (0)
 
 // The call fails with `expected`, and the error message kept on `opt` (the thread-local
 // one when opt is NULL) contains every one of the given substrings.
-#define CHECK_SA_FAILS(opt, expected, call, ...)                                              \
-  do {                                                                                        \
-    const sa_status sa_status_ = (call);                                                      \
-    const std::string sa_message_ = sa_optimizer_last_error(opt);                             \
-    INFO(#call << "\n  returned " << sa_status_string(sa_status_) << "\n  message: \""        \
-               << sa_message_ << "\"");                                                       \
-    CHECK(std::string(sa_status_string(sa_status_)) == sa_status_string(expected));           \
-    for (const char* sa_part_ : std::initializer_list<const char*>{__VA_ARGS__})              \
-      CHECK_THAT(sa_message_, Catch::Contains(sa_part_));                                     \
+#define CHECK_SA_FAILS(opt, expected, call, ...)                                       \
+  do {                                                                                 \
+    const sa_status sa_status_ = (call);                                               \
+    const std::string sa_message_ = sa_optimizer_last_error(opt);                      \
+    INFO(#call << "\n  returned " << sa_status_string(sa_status_) << "\n  message: \"" \
+               << sa_message_ << "\"");                                                \
+    CHECK(std::string(sa_status_string(sa_status_)) == sa_status_string(expected));    \
+    for (const char* sa_part_ : std::initializer_list<const char*>{__VA_ARGS__})       \
+      CHECK_THAT(sa_message_, Catch::Contains(sa_part_));                              \
   } while (0)
 
 // ---- reading state -------------------------------------------------------------------------
@@ -384,7 +385,8 @@ struct StateView {
   double get(int64_t i) const {
     const DLDataType d = view->dl_tensor.dtype;
     if (same_dtype(d, kFloat32)) return static_cast<const float*>(data())[i];
-    if (same_dtype(d, kBfloat16)) return bf16_bits_to_float(static_cast<const uint16_t*>(data())[i]);
+    if (same_dtype(d, kBfloat16))
+      return bf16_bits_to_float(static_cast<const uint16_t*>(data())[i]);
     if (same_dtype(d, kInt16)) return static_cast<const int16_t*>(data())[i];
     FAIL("StateView::get on dtype " << dtype_label(d));
     return 0.0;
@@ -411,7 +413,8 @@ inline int64_t step_count(const sa_optimizer* opt, int32_t group) {
 // The fp32 value hi:rem of a bfloat16 param with an int16 remainder, by its definition in
 // shardadam.h: (param bits << 16) + remainder, as 32-bit two's complement arithmetic.
 inline float join_param_and_remainder(uint16_t hi, int16_t rem) {
-  const uint32_t bits = (static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(rem));
+  const uint32_t bits =
+      (static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(rem));
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
@@ -424,9 +427,12 @@ enum class Storage { f32, bf16, f16 };
 
 inline double round_to(Storage s, double x) {
   switch (s) {
-    case Storage::f32: return round_to_f32(x);
-    case Storage::bf16: return round_to_bf16(x);
-    case Storage::f16: return round_to_f16(x);
+    case Storage::f32:
+      return round_to_f32(x);
+    case Storage::bf16:
+      return round_to_bf16(x);
+    case Storage::f16:
+      return round_to_f16(x);
   }
   return x;
 }
@@ -510,13 +516,15 @@ inline void reference_step(RefState& s, const sa_group_config& c, int64_t t,
       v_used = vmax;
     }
     double denom = std::sqrt(v_used) / std::sqrt(bc2) + c.eps;
-    if (bug == RefBug::eps_before_bias_correction) denom = (std::sqrt(v_used) + c.eps) / std::sqrt(bc2);
+    if (bug == RefBug::eps_before_bias_correction)
+      denom = (std::sqrt(v_used) + c.eps) / std::sqrt(bc2);
     if (bug == RefBug::eps_inside_sqrt) denom = std::sqrt(v_used / bc2 + c.eps);
     p -= (c.lr / bc1) * m / denom;
     if (scales) {
       // g itself is a sum when L2 decay adds to it: its rounding is relative to the terms.
-      const double g_terms = std::fabs(grad[i] * inv_grad_scale) +
-                             (c.weight_decay != 0.0 && !decoupled ? std::fabs(c.weight_decay * s.value[i]) : 0.0);
+      const double g_terms =
+          std::fabs(grad[i] * inv_grad_scale) +
+          (c.weight_decay != 0.0 && !decoupled ? std::fabs(c.weight_decay * s.value[i]) : 0.0);
       scales->m_terms[i] = std::fabs(beta1 * m_prev) + (1.0 - beta1) * g_terms;
       scales->v_terms[i] = std::fabs(beta2 * v_prev) + (1.0 - beta2) * g_terms * g_terms;
     }
@@ -599,10 +607,10 @@ class Worst {
   int64_t failures_ = 0;
 };
 
-#define CHECK_WITHIN(worst)       \
-  do {                            \
-    INFO((worst).describe());     \
-    CHECK((worst).ok());          \
+#define CHECK_WITHIN(worst)   \
+  do {                        \
+    INFO((worst).describe()); \
+    CHECK((worst).ok());      \
   } while (0)
 
 }  // namespace sa_test

@@ -214,7 +214,7 @@ __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
 }
 
 template <ElemType P, ElemType G, ElemType M, MasterKind K, bool kAmsgrad>
-__global__ void __launch_bounds__(kCudaBlockThreads)
+__global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
     adam_bucket_kernel(DeviceBucket bucket, DeviceStep step) {
   if (step.found_inf != nullptr && *step.found_inf != 0.0f) return;
   const int64_t chunk = blockIdx.x;

@@ -13,7 +13,15 @@ namespace kernels {
 
 // Elements of one chunk: the unit one thread block updates. A slot of n elements owns
 // ceil(n / kCudaChunkElems) consecutive chunks; an empty slot owns none.
-constexpr int64_t kCudaChunkElems = 16384;
+// Tuning knobs, measured on an H200 (bench/cuda_tuning.md); overridable at build time
+// only to repeat those measurements.
+#ifndef SA_CUDA_CHUNK_ELEMS
+#define SA_CUDA_CHUNK_ELEMS 16384
+#endif
+#ifndef SA_CUDA_MIN_BLOCKS_PER_SM
+#define SA_CUDA_MIN_BLOCKS_PER_SM 1
+#endif
+constexpr int64_t kCudaChunkElems = SA_CUDA_CHUNK_ELEMS;
 constexpr int kCudaBlockThreads = 256;
 
 // One bucket's device-resident tables: the slots and the prefix sums of their chunk
