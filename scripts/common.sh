@@ -6,6 +6,16 @@
 
 SA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SA_APT_PACKAGES=(cmake make g++ binutils catch2 libhwy-dev nlohmann-json3-dev python3-pip ca-certificates)
+# Binding tests (bindings/CMakeLists.txt): Go with SWIG, and Rust through whatever cargo is on
+# PATH (this machine kind has a current toolchain; Debian's cargo is the fallback).
+SA_APT_PACKAGES+=(golang-go swig)
+command -v cargo >/dev/null 2>&1 || SA_APT_PACKAGES+=(cargo)
+# Python binding tests (bindings/python/run_tests.sh): SWIG (above), a venv and Python's headers.
+SA_APT_PACKAGES+=(python3-venv python3-dev)
+# Shard files: clang's libFuzzer for the header-parser fuzz test (tests/fuzz).
+SA_APT_PACKAGES+=(clang libclang-rt-14-dev)
+# The shard-file Python tests (tests/python) read our files with the real safetensors package.
+SA_PIP_TEST_PACKAGES=(safetensors numpy ml-dtypes pytest)
 SA_PIP_TARGET="$SA_ROOT/.deps/python"  # where the DLPack wheel goes if Python has none
 SA_CMAKE_ARGS=()                        # extra configure args found by sa_install_deps
 
@@ -55,6 +65,16 @@ sa_install_deps() {
     sa_log "DLPack header: $SA_PIP_TARGET/tvm_ffi/include"
     SA_CMAKE_ARGS+=("-DDLPack_INCLUDE_DIR=$SA_PIP_TARGET/tvm_ffi/include")
   fi
+
+  # The Python test packages: python3's own if it has them, else pip-installed into
+  # .deps/ like the wheel above, and handed to the tests through SHARDADAM_PYTHONPATH.
+  if ! PYTHONPATH="$SA_PIP_TARGET${PYTHONPATH:+:$PYTHONPATH}" \
+      python3 -c "import safetensors, numpy, ml_dtypes, pytest" >/dev/null 2>&1; then
+    sa_log "installing ${SA_PIP_TEST_PACKAGES[*]} into $SA_PIP_TARGET"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --target "$SA_PIP_TARGET" "${SA_PIP_TEST_PACKAGES[@]}"
+  fi
+  SA_CMAKE_ARGS+=("-DSHARDADAM_PYTHONPATH=$SA_PIP_TARGET")
 }
 
 # sa_configure <build dir> [cmake args...]: configures with warnings as errors.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../kernels/cpu/adam_cpu.h"
+#include "api_support.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "layout.hpp"
@@ -13,48 +14,13 @@
 #include "options.hpp"
 #include "shardadam/shardadam.h"
 
-struct sa_optimizer {
-  explicit sa_optimizer(const sa_optimizer_config& config) : core(config) {}
-  sa::Optimizer core;
-  mutable std::string last_error;
-};
-
 namespace {
 
+using sa::api::guarded;
+using sa::api::require;
+using sa::api::with_optimizer;
+
 thread_local std::string t_last_error;
-
-sa_status record(const sa_optimizer* opt, const char* fn, sa_status status, const char* what) {
-  std::string message = std::string(fn) + ": " + what;
-  (opt ? opt->last_error : t_last_error) = std::move(message);
-  return status;
-}
-
-template <class Body>
-sa_status guarded(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
-  try {
-    body();
-    return SA_OK;
-  } catch (const sa::Error& e) {
-    return record(opt, fn, e.status(), e.what());
-  } catch (const std::bad_alloc&) {
-    return record(opt, fn, SA_ERR_OUT_OF_MEMORY, "out of host memory");
-  } catch (const std::exception& e) {
-    return record(opt, fn, SA_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return record(opt, fn, SA_ERR_INTERNAL, "unknown exception");
-  }
-}
-
-void require(bool ok, const char* what) {
-  if (!ok) sa::fail(SA_ERR_INVALID_ARGUMENT, what);
-}
-
-// Entry points that take a handle: a NULL handle is reported thread-locally.
-template <class Body>
-sa_status with_optimizer(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
-  if (opt == nullptr) return record(nullptr, fn, SA_ERR_INVALID_ARGUMENT, "opt is NULL");
-  return guarded(opt, fn, std::forward<Body>(body));
-}
 
 // A state view: owns a reference to the state buffer and the shape array.
 struct StateView {
@@ -68,6 +34,12 @@ void delete_state_view(DLManagedTensorVersioned* self) {
 }
 
 }  // namespace
+
+sa_status sa::api::record(const sa_optimizer* opt, const char* fn, sa_status status, const char* what) {
+  std::string message = std::string(fn) + ": " + what;
+  (opt ? opt->last_error : t_last_error) = std::move(message);
+  return status;
+}
 
 extern "C" {
 

@@ -79,6 +79,22 @@ class Backend {
 
   // The value of one float in backend memory (synchronizes on device backends).
   virtual float read_float(const float* p) = 0;
+
+  // ---- state export/import ---------------------------------------------------------------
+
+  // Whether backend memory is ordinary host memory, which export can write from directly.
+  virtual bool host_memory() const = 0;
+
+  // Host memory for staging copies (pinned on CUDA, so copies run at full speed), not
+  // zeroed. Throws sa::Error(SA_ERR_OUT_OF_MEMORY) when it cannot.
+  virtual std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) = 0;
+
+  // Waits until no queued work can still read or write state (a step in flight).
+  virtual void synchronize() = 0;
+
+  // Synchronous copies between host memory (`host`) and backend memory.
+  virtual void copy_to_host(void* host, const void* src, std::size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host, std::size_t bytes) = 0;
 };
 
 struct CpuBackendOptions {

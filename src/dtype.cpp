@@ -23,7 +23,31 @@ const DtypeRow& row_of(ElemType type) {
   return kDtypes[0];  // unreachable: every ElemType has a row
 }
 
+struct SafetensorsRow {
+  const char* name;
+  DLDataType dl;
+};
+
+constexpr SafetensorsRow kSafetensorsDtypes[] = {
+    {"F32", {kDLFloat, 32, 1}},
+    {"BF16", {kDLBfloat, 16, 1}},
+    {"F16", {kDLFloat, 16, 1}},
+    {"I16", kInt16},
+};
+
 }  // namespace
+
+std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name) {
+  for (const auto& row : kSafetensorsDtypes)
+    if (name == row.name) return row.dl;
+  return std::nullopt;
+}
+
+const char* safetensors_name(DLDataType dtype) {
+  for (const auto& row : kSafetensorsDtypes)
+    if (same_dtype(row.dl, dtype)) return row.name;
+  return nullptr;
+}
 
 std::optional<ElemType> elem_type_of(DLDataType dtype) {
   for (const auto& row : kDtypes)

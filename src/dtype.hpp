@@ -33,6 +33,19 @@ inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
+// ---- shard files ------------------------------------------------------------------------
+// The dtypes a shard file (safetensors) may hold, by their safetensors names: F32, BF16,
+// F16 and I16 (the remainder). A name outside this table is refused on reading.
+
+// The DLPack dtype of a safetensors dtype name, or nothing for a name not in the table.
+std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name);
+
+// The safetensors name of a dtype in the table ("F32"), or nullptr.
+const char* safetensors_name(DLDataType dtype);
+
+// Bytes per element of a single-lane dtype of whole bytes.
+inline std::size_t dtype_size(DLDataType dtype) { return dtype.bits / 8u; }
+
 }  // namespace sa
 
 #endif  // SHARDADAM_SRC_DTYPE_HPP_

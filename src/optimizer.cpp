@@ -81,12 +81,16 @@ const Group& Optimizer::group(int32_t index, const char* what) const {
   return groups_[index];
 }
 
-void Optimizer::set_group(int32_t index, const sa_group_config& config) {
+void Optimizer::check_group_replacement(int32_t index, const sa_group_config& config) const {
   const Group& current = group(index, "group");
   check_group_config(config, concat("group ", index));
   if (current.num_params > 0 && config.amsgrad != current.config.amsgrad)
     fail(SA_ERR_STATE, "group ", index, ": amsgrad cannot change once the group holds params (",
          current.num_params, " now); its max_exp_avg_sq state is allocated when a param is added");
+}
+
+void Optimizer::set_group(int32_t index, const sa_group_config& config) {
+  check_group_replacement(index, config);
   groups_[index].config = config;
   table_.hyper[index] = hyper_of(config);
   ++table_.hyper_version;
@@ -296,7 +300,14 @@ std::vector<const Param*> Optimizer::param_list() const {
   return list;
 }
 
+void Optimizer::require_usable(const char* action) const {
+  if (unusable())
+    fail(SA_ERR_STATE, "the optimizer state is unusable, so ", action, " is refused: ",
+         unusable_reason_, ". A successful sa_optimizer_import of the whole state clears this");
+}
+
 StepOutcome Optimizer::step(const StepInputs& inputs, void* stream) {
+  require_usable("the step");
   for (const auto& p : params_)
     if (p->numel > 0 && p->grad == nullptr)
       fail(SA_ERR_STATE, param_context(p->name),
@@ -337,6 +348,7 @@ void Optimizer::update_plan() {
 }
 
 void Optimizer::flush(void* stream) {
+  require_usable("the flush");
   if (!backend_) return;
   update_plan();
   backend_->flush(plan_, table_, stream);
@@ -349,18 +361,24 @@ bool Optimizer::read_found_inf(const float* found_inf) {
 
 // ---- state --------------------------------------------------------------------------
 
+std::vector<NamedState> named_states(const Param& p) {
+  const DLDataType moment = dl_dtype_of(p.moment_type);
+  std::vector<NamedState> states = {{"exp_avg", p.state.exp_avg, moment},
+                                    {"exp_avg_sq", p.state.exp_avg_sq, moment}};
+  if (p.amsgrad) states.push_back({"max_exp_avg_sq", p.state.max_exp_avg_sq, moment});
+  if (p.master == MasterKind::fp32)
+    states.push_back({"master", p.state.master, dl_dtype_of(ElemType::f32)});
+  if (p.master == MasterKind::remainder) states.push_back({"remainder", p.state.master, kInt16});
+  return states;
+}
+
 Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) const {
   const Param& p = param(index, "param");
-  const DLDataType moment = dl_dtype_of(p.moment_type);
-  if (key == "exp_avg") return {p.state.exp_avg, moment};
-  if (key == "exp_avg_sq") return {p.state.exp_avg_sq, moment};
-  if (key == "max_exp_avg_sq" && p.amsgrad) return {p.state.max_exp_avg_sq, moment};
-  if (key == "master" && p.master == MasterKind::fp32) return {p.state.master, dl_dtype_of(ElemType::f32)};
-  if (key == "remainder" && p.master == MasterKind::remainder) return {p.state.master, kInt16};
-  std::string keys = "exp_avg, exp_avg_sq";
-  if (p.amsgrad) keys += ", max_exp_avg_sq";
-  if (p.master == MasterKind::fp32) keys += ", master";
-  if (p.master == MasterKind::remainder) keys += ", remainder";
+  std::string keys;
+  for (const NamedState& s : named_states(p)) {
+    if (key == s.key) return {s.buffer, s.dtype};
+    keys += keys.empty() ? s.key : concat(", ", s.key);
+  }
   fail(SA_ERR_INVALID_ARGUMENT, param_context(p.name), " has no state '", key, "'; it has: ", keys);
 }
 

@@ -34,6 +34,21 @@ struct ParamState {
   std::shared_ptr<Buffer> master;          // fp32 master or int16 remainder
 };
 
+// One state of a param as export and import see it: its key ("exp_avg", ...), its
+// buffer and its storage dtype.
+struct NamedState {
+  const char* key;
+  std::shared_ptr<Buffer> buffer;
+  DLDataType dtype;
+};
+
+struct Param;
+
+// The states a param has, in the canonical key order exp_avg, exp_avg_sq,
+// max_exp_avg_sq (amsgrad), master (fp32 master) or remainder (int16). The one place that
+// spells which keys exist.
+std::vector<NamedState> named_states(const Param& p);
+
 struct Param {
   std::string name;
   int32_t group = 0;
@@ -104,6 +119,27 @@ class Optimizer {
 
   DLDevice device() const;
 
+  // ---- what state export/import (src/state_io) needs ----------------------------------
+
+  // The params in index order; their state buffers are written through Buffer::data().
+  const std::vector<std::unique_ptr<Param>>& params() const { return params_; }
+
+  // The backend, or nullptr while the optimizer has no params (and hence no state).
+  Backend* backend() const { return backend_.get(); }
+
+  // Checks that `config` may replace group `index`'s hyperparameters, as set_group does,
+  // without changing anything.
+  void check_group_replacement(int32_t index, const sa_group_config& config) const;
+
+  // A state import that failed halfway leaves the state partly overwritten: step() and
+  // export refuse (SA_ERR_STATE, with `reason`) until an import succeeds.
+  void mark_unusable(std::string reason) { unusable_reason_ = std::move(reason); }
+  void clear_unusable() { unusable_reason_.clear(); }
+  bool unusable() const { return !unusable_reason_.empty(); }
+  const std::string& unusable_reason() const { return unusable_reason_; }
+  // Throws SA_ERR_STATE when unusable; `action` names what was refused ("step").
+  void require_usable(const char* action) const;
+
  private:
   Backend& backend_for(DLDevice device, const std::string& context);
   void allocate_state(Param& param);
@@ -124,6 +160,7 @@ class Optimizer {
   // replay): refresh_steps() reads them back before they are used or changed.
   mutable GroupTable table_;
   mutable bool steps_on_device_ = false;
+  std::string unusable_reason_;  // non-empty: see mark_unusable
 };
 
 // Validates hyperparameters; `context` starts the error message.

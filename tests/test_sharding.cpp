@@ -8,12 +8,12 @@
 #include <functional>
 #include <map>
 
+#include "test_ranks.hpp"
 #include "test_support.hpp"
 
 namespace {
 
 using namespace sa_test;
-using Dims = std::vector<int64_t>;
 
 constexpr int kSteps = 20;
 
@@ -96,120 +96,6 @@ std::vector<const char*> state_keys(const GlobalParam& p) {
   if (p.master == SA_MASTER_FP32) keys.push_back("master");
   if (p.master == SA_MASTER_REMAINDER) keys.push_back("remainder");
   return keys;
-}
-
-// ---- boxes ----------------------------------------------------------------------------------
-
-struct Box {
-  Dims offset;
-  Dims shape;
-};
-
-int64_t numel_of(const Dims& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-// Copies box `box` of a row-major 2-D global array into a contiguous local array
-// (to_local), or back (!to_local).
-void copy_box(const void* from, void* to, const Dims& global_shape, const Box& box,
-              std::size_t elem, bool to_local) {
-  const auto* src = static_cast<const unsigned char*>(from);
-  auto* dst = static_cast<unsigned char*>(to);
-  for (int64_t r = 0; r < box.shape[0]; ++r) {
-    const std::size_t global_at =
-        static_cast<std::size_t>((box.offset[0] + r) * global_shape[1] + box.offset[1]) * elem;
-    const std::size_t local_at = static_cast<std::size_t>(r * box.shape[1]) * elem;
-    const std::size_t bytes = static_cast<std::size_t>(box.shape[1]) * elem;
-    if (to_local) {
-      std::memcpy(dst + local_at, src + global_at, bytes);
-    } else {
-      std::memcpy(dst + global_at, src + local_at, bytes);
-    }
-  }
-}
-
-std::vector<unsigned char> bytes_of_box(const std::vector<unsigned char>& global,
-                                        const Dims& global_shape, const Box& box,
-                                        std::size_t elem) {
-  std::vector<unsigned char> out(static_cast<std::size_t>(numel_of(box.shape)) * elem);
-  copy_box(global.data(), out.data(), global_shape, box, elem, true);
-  return out;
-}
-
-// ---- layouts of the simulated ranks ------------------------------------------------------------
-
-// How one rank holds a param: the layout handed to add_param and the box it means.
-struct RankPlacement {
-  Box box;
-  bool box_form = false;
-  Dims global_shape, mesh_shape, mesh_coord;
-  std::vector<sa_placement> placements;
-
-  sa_layout layout() const {
-    sa_layout l = SA_LAYOUT_INIT;
-    l.ndim = static_cast<int32_t>(global_shape.size());
-    l.global_shape = global_shape.data();
-    if (box_form) {
-      l.global_offset = box.offset.data();
-    } else {
-      l.mesh_ndim = static_cast<int32_t>(mesh_shape.size());
-      l.mesh_shape = mesh_shape.data();
-      l.mesh_coord = mesh_coord.data();
-      l.placements = placements.data();
-    }
-    return l;
-  }
-};
-
-struct Scenario {
-  std::string label;
-  int64_t ranks;
-  std::function<RankPlacement(const Dims& global_shape, int64_t rank)> place;
-};
-
-// Rank r of a mesh, coordinates in row-major order; its box from sa_layout_local_box.
-Scenario mesh_scenario(std::string label, Dims mesh_shape, std::vector<sa_placement> placements) {
-  const int64_t ranks = numel_of(mesh_shape);
-  return {std::move(label), ranks, [=](const Dims& global_shape, int64_t rank) {
-            RankPlacement p;
-            p.global_shape = global_shape;
-            p.mesh_shape = mesh_shape;
-            p.placements = placements;
-            p.mesh_coord.assign(mesh_shape.size(), 0);
-            for (int64_t d = static_cast<int64_t>(mesh_shape.size()) - 1, r = rank; d >= 0; --d) {
-              p.mesh_coord[d] = r % mesh_shape[d];
-              r /= mesh_shape[d];
-            }
-            const sa_layout l = p.layout();
-            p.box.shape.assign(global_shape.size(), -1);
-            p.box.offset.assign(global_shape.size(), -1);
-            REQUIRE_SA_OK(nullptr,
-                          sa_layout_local_box(&l, p.box.shape.data(), p.box.offset.data()));
-            return p;
-          }};
-}
-
-// Explicit boxes: the rows cut at fractions of the dim (uneven, one rank empty), and
-// the last rank's rows split again by column.
-Scenario box_scenario() {
-  return {"explicit boxes", 5, [](const Dims& global_shape, int64_t rank) {
-            const int64_t rows = global_shape[0], cols = global_shape[1];
-            const int64_t cut1 = rows / 5, cut2 = rows * 3 / 5, col_cut = cols / 3;
-            const std::vector<Box> boxes = {
-                {{0, 0}, {cut1, cols}},
-                {{cut1, 0}, {0, cols}},  // an empty box in the middle
-                {{cut1, 0}, {cut2 - cut1, cols}},
-                {{cut2, 0}, {rows - cut2, col_cut}},
-                {{cut2, col_cut}, {rows - cut2, cols - col_cut}},
-            };
-            RankPlacement p;
-            p.box_form = true;
-            p.global_shape = global_shape;
-            p.box = boxes[static_cast<std::size_t>(rank)];
-            return p;
-          }};
 }
 
 // ---- running -----------------------------------------------------------------------------------

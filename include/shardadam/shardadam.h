@@ -373,8 +373,9 @@ typedef struct sa_step_args {
  * cudaStream_t (NULL = the legacy default stream); the CPU backend ignores it.
  *
  * Every non-empty param must have a grad bound (SA_ERR_STATE otherwise, and nothing is
- * updated). The first step after params were added builds the launch plan (allocation;
- * on CUDA it also synchronizes); later steps allocate nothing.
+ * updated). An optimizer whose state an import left half written refuses too
+ * (SA_ERR_STATE; see sa_optimizer_import). The first step after params were added builds
+ * the launch plan (allocation; on CUDA it also synchronizes); later steps allocate nothing.
  *
  * When it returns: CPU: the step is done. CUDA: the work is enqueued on `stream` and the
  * host does not wait (unless args->skipped is given with a found_inf, which reads the
@@ -409,6 +410,172 @@ SA_API sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream);
  */
 SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,
                                          DLManagedTensorVersioned** out);
+
+/* ------------------------------------------------------------------------------------ */
+/* State export and import (shard files)                                                 */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * A shard file is one rank's optimizer state as a valid safetensors file: tensors named
+ * "<param name>/<state key>" in their storage dtype and local shape, and a __metadata__
+ * holding the format ("shardadam", version 1), the optimizer's groups (hyperparameters and
+ * step counts), the writer's mesh coordinate, each tensor's global shape and offset, and
+ * CRC-32C checksums over fixed-size blocks of each tensor's data. README.md documents the
+ * metadata keys. Any safetensors reader opens it; shardadam reads any set of such files
+ * written by N ranks into an optimizer with any layout on M ranks.
+ */
+
+/** Where an export's bytes go. Fill it yourself (object store, DCP storage) or use
+ *  sa_file_writer / sa_memory_writer. */
+typedef struct sa_writer {
+  size_t struct_size;
+  void* ctx;
+  /* Appends `bytes` bytes. Returns 0 on success, nonzero on failure. */
+  int (*write)(void* ctx, const void* data, size_t bytes);
+  /* Called once after the last write: make the blob durable and visible (the file
+   * writer fsyncs and renames its temporary file over the final name). 0 on success.
+   * May be NULL. An export that fails never calls it. */
+  int (*commit)(void* ctx);
+  /* Frees ctx (sa_writer_release calls it). May be NULL. */
+  void (*release)(void* ctx);
+} sa_writer;
+
+/** Where an import's bytes come from: a size and a read at an offset. */
+typedef struct sa_reader {
+  size_t struct_size;
+  void* ctx;
+  uint64_t size; /* total bytes of the blob */
+  /* Reads exactly `bytes` bytes at `offset` into dst. Returns 0 on success. Called from
+   * the importing thread only, in increasing offset order per blob within a pass; an
+   * import that cannot keep everything it reads in its staging buffer reads each range
+   * twice (once to verify it, once to apply it) and needs the same bytes both times. */
+  int (*read_at)(void* ctx, uint64_t offset, void* dst, size_t bytes);
+  /* Frees ctx (sa_reader_release calls it). May be NULL. */
+  void (*release)(void* ctx);
+  /* Names the blob in error messages (e.g. its path); may be NULL. */
+  const char* name;
+} sa_reader;
+
+#define SA_WRITER_INIT {sizeof(sa_writer), NULL, NULL, NULL, NULL}
+#define SA_READER_INIT {sizeof(sa_reader), NULL, 0, NULL, NULL, NULL}
+
+/** A writer to `path`: bytes go to a temporary file beside it, "<path>.tmp.<pid>.<n>"
+ *  (created now: SA_ERR_IO, naming it, if that fails). Commit fsyncs it, renames it over
+ *  `path` and fsyncs the directory, so a crash never leaves a file that looks complete
+ *  and an existing file at `path` is replaced only whole. Releasing an uncommitted file
+ *  writer removes the temporary file. Handle-less: errors go to sa_last_error(). */
+SA_API sa_status sa_file_writer(const char* path, sa_writer* out);
+
+/** A writer into a growing memory buffer; read it with sa_memory_writer_data. */
+SA_API sa_status sa_memory_writer(sa_writer* out);
+
+/** The bytes a memory writer holds (valid until it is released or written again).
+ *  SA_ERR_INVALID_ARGUMENT for a writer that sa_memory_writer did not make. */
+SA_API sa_status sa_memory_writer_data(const sa_writer* writer, const void** data, size_t* size);
+
+/** A reader of the regular file at `path` (opened now; its size is read now; reads use
+ *  pread, so a file replaced by rename afterwards is still read whole from the old one).
+ *  SA_ERR_IO naming the path if it cannot be opened. */
+SA_API sa_status sa_file_reader(const char* path, sa_reader* out);
+
+/** A reader of `size` bytes at `data`, borrowed: they must outlive the reader. */
+SA_API sa_status sa_memory_reader(const void* data, size_t size, sa_reader* out);
+
+/** Calls release(ctx) and clears the struct. NULL and released structs are no-ops. */
+SA_API void sa_writer_release(sa_writer* writer);
+SA_API void sa_reader_release(sa_reader* reader);
+
+/**
+ * Writes this rank's state (every param, every state key, the groups and their step
+ * counts, the mesh coordinate) as one shard file through `writer`, then commits it. A
+ * param replicated along a mesh dim (Replicate placement) is written only by the replica
+ * at coordinate 0 of every such dim; every rank writes the groups. Empty shards are
+ * written too (a tensor with a zero dim), so a reader sees every rank's box. Params
+ * themselves are not written (they belong to the model's checkpoint).
+ *
+ * The header, which carries the checksums, comes before the data and the writer only
+ * appends, so the state is read twice: once to checksum it, once to write it. Device
+ * state is copied out through a pinned staging buffer of at most 64 MiB; the call
+ * synchronizes the device first. Errors: SA_ERR_IO when the writer fails (commit is then
+ * never called), SA_ERR_UNSUPPORTED for a param name that is not valid UTF-8 (the header
+ * is JSON), SA_ERR_STATE when the optimizer is unusable after a failed import. On
+ * failure nothing is committed.
+ */
+SA_API sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer);
+
+typedef struct sa_import_options {
+  size_t struct_size;
+  /* Bytes of the staging buffer data goes through (pinned host memory for device
+   * state). Peak extra memory of an import is about this plus the headers. 0: 64 MiB.
+   * At least one checksum block (1 MiB) is used whatever is asked, and no more than the
+   * import reads. When all it reads fits, it reads everything once; otherwise twice
+   * (once to verify every checksum before anything changes, once to copy, checking the
+   * checksums again). On device backends pinning a large buffer costs time of its own:
+   * 64-256 MiB is the sweet spot. */
+  uint64_t staging_bytes;
+  /* 1: params of this optimizer absent from the blobs keep their state (else an error). */
+  int32_t allow_missing;
+  /* 1: params in the blobs that this optimizer lacks are ignored (else an error). */
+  int32_t allow_unexpected;
+  /* 1 (default): restore the groups' hyperparameters and step counts from the blobs. */
+  int32_t restore_groups;
+} sa_import_options;
+
+#define SA_IMPORT_OPTIONS_INIT {sizeof(sa_import_options), 0, 0, 0, 1}
+
+/**
+ * Loads state from `n` shard files (written by any number of ranks with any layout)
+ * into this optimizer's existing state buffers, resharding as needed. Params are matched
+ * by name; the files may hold their ranks' shards in any order.
+ *
+ * Validation comes first and changes nothing: every header is read and checked; the
+ * files must agree on the groups and step counts (files of different checkpoints do
+ * not); every param of this optimizer must be in the files (unless allow_missing) and
+ * every param of the files in this optimizer (unless allow_unexpected), with the same
+ * state keys (so the same master kind and amsgrad); for every local state box the saved
+ * boxes of the same param and key that intersect it must have its global shape and
+ * cover it exactly once; float32 and bfloat16 moments convert into each other (rounding
+ * to nearest even), master and remainder never convert; with restore_groups the groups
+ * must match in number and be acceptable to sa_optimizer_set_group; and the checksums of
+ * every block that will be read must match. Only then are the checksum blocks holding
+ * the intersecting runs read (runs along trailing dims that both sides hold whole are
+ * merged into one) and copied into place through the staging buffer.
+ *
+ * Errors, each with a message naming the blob, param and state: SA_ERR_FORMAT for a blob
+ * that is not a sound shard file (not safetensors, another format, truncated, a checksum
+ * that does not match: header or data); SA_ERR_UNSUPPORTED for a newer format version;
+ * SA_ERR_MISMATCH when the files do not fit this optimizer (global shapes, coverage gaps
+ * or overlaps, state keys, groups, params missing or unexpected); SA_ERR_IO when a reader
+ * fails. All of these leave the optimizer exactly as it was.
+ *
+ * A failure during the copy phase (a read fails, or a block no longer matches its
+ * checksum: the blob changed under us) returns SA_ERR_IO and marks the optimizer
+ * unusable: sa_optimizer_step, sa_optimizer_flush and sa_optimizer_export refuse with
+ * SA_ERR_STATE, saying why, until an import succeeds that restores every param (one where allow_missing
+ * skipped a param leaves the mark). The call synchronizes the device before it copies.
+ * `options` may be NULL. Params themselves are not touched: load them from the model's
+ * own checkpoint (a remainder state restores the fp32 value only with the same bf16
+ * param bits it was saved with).
+ */
+SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_reader* const* readers,
+                                     const sa_import_options* options);
+
+/**
+ * Describes what a set of shard files holds, as a JSON text (the caller frees it with
+ * sa_free): per global tensor (param and state key) its global shape, dtype, the boxes
+ * saved and by which file, whether they cover the tensor exactly once (and where not),
+ * and per file whether its header parses and its checksums match. `verify_data` 0 skips
+ * reading the data (headers only). A bad file is described in the report, not an error:
+ * the call returns SA_OK whenever it produced a report, and the report's "ok" says
+ * whether every file is sound and every tensor covered exactly once (README.md, "Shard
+ * files", shows the report). Handle-less: errors go to sa_last_error(). The
+ * shardadam-inspect tool prints this report for files given on its command line.
+ */
+SA_API sa_status sa_inspect(int32_t n, const sa_reader* const* readers, int32_t verify_data,
+                            char** report_json);
+
+/** Frees memory shardadam allocated for the caller (sa_inspect's report). NULL: no-op. */
+SA_API void sa_free(void* p);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -36,6 +36,25 @@ class HostBuffer final : public Buffer {
   std::size_t bytes_;
 };
 
+// Staging memory: like HostBuffer, but not zeroed (every byte is written before it is read).
+class StagingBuffer final : public Buffer {
+ public:
+  explicit StagingBuffer(std::size_t bytes) : bytes_(bytes) {
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded);
+    if (data_ == nullptr) fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes of staging memory");
+  }
+  ~StagingBuffer() override { std::free(data_); }
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  void* data() const override { return data_; }
+  std::size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  std::size_t bytes_;
+};
+
 // One unit of work: elements [begin, end) of one slot of one bucket.
 struct WorkItem {
   int32_t bucket;
@@ -108,6 +127,21 @@ class CpuBackend final : public Backend {
   void read_steps(std::vector<int64_t>&) override {}  // the host's counts are the truth
 
   float read_float(const float* p) override { return *p; }
+
+  bool host_memory() const override { return true; }
+
+  std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
+    return std::make_shared<StagingBuffer>(bytes);
+  }
+
+  void synchronize() override {}  // run() returns when the step is done
+
+  void copy_to_host(void* host, const void* src, std::size_t bytes) override {
+    if (bytes != 0) std::memcpy(host, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host, std::size_t bytes) override {
+    if (bytes != 0) std::memcpy(dst, host, bytes);
+  }
 
  private:
   ThreadPool pool_;

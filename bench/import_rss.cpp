@@ -1,0 +1,362 @@
+// import_rss.cpp — what a resume costs: export and import of ~1 GiB of optimizer state
+// through shard files, with the import's peak memory.
+//
+// Four simulated ranks (uneven Shard(0)) each take one step and export a shard file (and,
+// timed apart, to a writer that keeps nothing, which is the export's own cost, and to a
+// memory blob; the file writer's time includes fsync to the disk); then one
+// unsharded optimizer imports all four files (a 4 -> 1 reshard). Printed:
+//  - export and import throughput (state bytes per second), next to memcpy and a plain
+//    read of the same files measured in the same run. Both sides checksum every byte
+//    (CRC-32C, on all cores): export once, import twice when the data exceed the staging
+//    buffer (once to verify before anything is written, once as each block is applied);
+//  - the import's increase of peak RSS (VmHWM after resetting it through
+//    /proc/self/clear_refs), against the staging size. The import copies into the existing
+//    state, so the increase must stay within staging + O(headers): the program fails
+//    (exit 1) when it exceeds staging + 16 MiB + 4x the headers.
+// Correctness: every imported state is compared (by a 64-bit hash) with what its rank held.
+//
+//   import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N]
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardadam/shardadam.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kRanks = 4;
+constexpr int64_t kCols = 1024;
+
+struct Options {
+  double gib = 1.0;
+  uint64_t staging_mib = 64;
+  std::string dir;
+  int threads = 0;
+};
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "import_rss: %s\n", what.c_str());
+  std::exit(2);
+}
+
+void ok(sa_status s, const sa_optimizer* opt, const char* what) {
+  if (s != SA_OK) die(std::string(what) + ": " + sa_optimizer_last_error(opt));
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A status line of /proc/self/status in bytes ("VmRSS", "VmHWM"), or -1.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key) + 1) * 1024;
+  return -1;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0); false where that is not possible.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out) && proc_status_bytes("VmHWM:") <= proc_status_bytes("VmRSS:") + (1 << 20);
+}
+
+uint64_t hash_bytes(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+float value_at(uint64_t i, uint64_t salt) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return static_cast<float>(static_cast<double>(x % 2000001) / 1e6 - 1.0);
+}
+
+struct HostTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  DLManagedTensorVersioned managed{};
+  DLTensor dl() {
+    DLTensor t{};
+    t.data = data.data();
+    t.device = {kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = {kDLFloat, 32, 1};
+    t.shape = shape.data();
+    return t;
+  }
+  DLManagedTensorVersioned* versioned() {
+    managed.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+    managed.dl_tensor = dl();
+    return &managed;
+  }
+};
+
+// One optimizer over the params' boxes of `rank` (rank < 0: unsharded).
+struct Model {
+  sa_optimizer* opt = nullptr;
+  std::vector<std::unique_ptr<HostTensor>> params, grads;
+  std::vector<int64_t> row_offset;
+
+  Model(const std::vector<int64_t>& rows, int rank, int threads, bool step) {
+    sa_optimizer_config config = SA_OPTIMIZER_CONFIG_INIT;
+    config.num_threads = threads;
+    ok(sa_optimizer_create(&config, &opt), nullptr, "create");
+    sa_group_config group = SA_GROUP_CONFIG_INIT;
+    ok(sa_optimizer_add_group(opt, &group, nullptr), opt, "add_group");
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      int64_t global[2] = {rows[k], kCols}, mesh[1] = {kRanks}, coord[1] = {rank};
+      const sa_placement shard0 = {SA_PLACEMENT_SHARD, 0};
+      sa_layout layout = SA_LAYOUT_INIT;
+      layout.ndim = 2;
+      layout.global_shape = global;
+      layout.mesh_ndim = rank < 0 ? 0 : 1;
+      layout.mesh_shape = mesh;
+      layout.mesh_coord = coord;
+      layout.placements = &shard0;
+      int64_t local[2], offset[2];
+      ok(sa_layout_local_box(&layout, local, offset), nullptr, "local_box");
+      auto p = std::make_unique<HostTensor>();
+      p->shape = {local[0], local[1]};
+      p->data.resize(static_cast<std::size_t>(local[0] * local[1]));
+      const uint64_t base = static_cast<uint64_t>(offset[0] * kCols);
+      for (std::size_t i = 0; i < p->data.size(); ++i) p->data[i] = value_at(base + i, k);
+      ok(sa_optimizer_add_param(opt, ("layers." + std::to_string(k) + ".w").c_str(), 0, p->versioned(),
+                                &layout, nullptr, nullptr),
+         opt, "add_param");
+      row_offset.push_back(offset[0]);
+      if (step) {
+        auto g = std::make_unique<HostTensor>();
+        g->shape = p->shape;
+        g->data.resize(p->data.size());
+        for (std::size_t i = 0; i < g->data.size(); ++i) g->data[i] = 1e-3f * value_at(base + i, k + 7777);
+        DLTensor t = g->dl();
+        ok(sa_optimizer_set_grad(opt, static_cast<int64_t>(k), &t), opt, "set_grad");
+        grads.push_back(std::move(g));
+      }
+      params.push_back(std::move(p));
+    }
+    if (step) ok(sa_optimizer_step(opt, nullptr, nullptr), opt, "step");
+  }
+  ~Model() { sa_optimizer_destroy(opt); }
+
+  // The hash of rows [r0, r0 + n) of a state of param k.
+  uint64_t state_hash(std::size_t k, const char* key, int64_t r0, int64_t n) const {
+    DLManagedTensorVersioned* view = nullptr;
+    ok(sa_optimizer_state_view(opt, static_cast<int64_t>(k), key, &view), opt, "state_view");
+    const auto* data = static_cast<const float*>(view->dl_tensor.data);
+    const uint64_t h = hash_bytes(data + r0 * kCols, static_cast<std::size_t>(n * kCols) * sizeof(float));
+    view->deleter(view);
+    return h;
+  }
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) die("missing value after " + arg);
+      return argv[++i];
+    };
+    if (arg == "--gib") {
+      o.gib = std::atof(next());
+    } else if (arg == "--staging-mib") {
+      o.staging_mib = std::strtoull(next(), nullptr, 10);
+    } else if (arg == "--dir") {
+      o.dir = next();
+    } else if (arg == "--threads") {
+      o.threads = std::atoi(next());
+    } else {
+      die("usage: import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N]");
+    }
+  }
+  if (o.gib <= 0 || o.staging_mib == 0) die("--gib and --staging-mib must be positive");
+  return o;
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  namespace fs = std::filesystem;
+  const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("shardadam_import_rss_" + std::to_string(::getpid()))
+                                     : fs::path(o.dir);
+  fs::create_directories(dir);
+
+  // Params [rows, 1024] fp32 of uneven row counts; state = exp_avg + exp_avg_sq = 8 B/elem.
+  const int64_t total_rows = static_cast<int64_t>(o.gib * double(1 << 30) / 8.0 / kCols);
+  std::vector<int64_t> rows;
+  for (int64_t left = total_rows, k = 0; left > 0; ++k) {
+    const int64_t r = std::min<int64_t>(left, 4096 + (k * 2731) % 8192 + 3);  // odd sizes: uneven splits
+    rows.push_back(r);
+    left -= r;
+  }
+  const double state_bytes = double(total_rows) * kCols * 8;
+  std::printf("import_rss: %.3f GiB of fp32 Adam state (%zu params [rows, %lld]), saved on %d ranks "
+              "(uneven Shard(0)), loaded on 1\nmachine: %s, %ld hardware threads\n",
+              state_bytes / double(1 << 30), rows.size(), static_cast<long long>(kCols), kRanks,
+              cpu_name().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+
+  // ---- export: each rank steps once and writes its file ------------------------------------
+  std::vector<std::string> paths;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> hashes(kRanks);  // [rank][param] (exp_avg, exp_avg_sq)
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> boxes(kRanks);     // [rank][param] (row0, rows)
+  double export_seconds = 0, memory_export_seconds = 0, null_export_seconds = 0;
+  uint64_t file_bytes = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    Model rank(rows, r, o.threads, true);
+    {  // to a writer that keeps nothing: the export's own cost (checksums, the two passes)
+      sa_writer null = SA_WRITER_INIT;
+      uint64_t counted = 0;
+      null.ctx = &counted;
+      null.write = [](void* ctx, const void*, std::size_t bytes) {
+        *static_cast<uint64_t*>(ctx) += bytes;
+        return 0;
+      };
+      const auto t0 = Clock::now();
+      ok(sa_optimizer_export(rank.opt, &null), rank.opt, "export");
+      null_export_seconds += seconds_since(t0);
+    }
+    {  // to memory: plus growing a buffer in fresh memory
+      sa_writer memory = SA_WRITER_INIT;
+      ok(sa_memory_writer(&memory), nullptr, "memory_writer");
+      const auto t0 = Clock::now();
+      ok(sa_optimizer_export(rank.opt, &memory), rank.opt, "export");
+      memory_export_seconds += seconds_since(t0);
+      sa_writer_release(&memory);
+    }
+    paths.push_back((dir / ("rank" + std::to_string(r) + ".safetensors")).string());
+    sa_writer writer = SA_WRITER_INIT;
+    ok(sa_file_writer(paths.back().c_str(), &writer), nullptr, "file_writer");
+    const auto t0 = Clock::now();
+    ok(sa_optimizer_export(rank.opt, &writer), rank.opt, "export");
+    export_seconds += seconds_since(t0);
+    sa_writer_release(&writer);
+    file_bytes += fs::file_size(paths.back());
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      const int64_t n = rank.params[k]->shape[0];
+      hashes[r].push_back({rank.state_hash(k, "exp_avg", 0, n), rank.state_hash(k, "exp_avg_sq", 0, n)});
+      boxes[r].push_back({rank.row_offset[k], n});
+    }
+  }
+
+  // ---- baselines, same machine, same moment -------------------------------------------------
+  double memcpy_gbs = 0, read_gbs = 0;
+  {
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(state_bytes), std::size_t{1} << 30);
+    std::vector<unsigned char> a(n, 1), b(n, 2);
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    memcpy_gbs = double(n) / seconds_since(t0) / 1e9;
+    // Reading the files (page cache) into a staging-sized buffer: the I/O floor of an import.
+    std::vector<unsigned char> buffer(o.staging_mib << 20);
+    const auto t1 = Clock::now();
+    for (const std::string& path : paths) {
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      while (std::fread(buffer.data(), 1, buffer.size(), f) == buffer.size()) {
+      }
+      std::fclose(f);
+    }
+    read_gbs = double(file_bytes) / seconds_since(t1) / 1e9;
+  }
+
+  // ---- import: one unsharded optimizer reads all four files ---------------------------------
+  Model loaded(rows, -1, o.threads, false);
+  std::vector<sa_reader> readers(kRanks);
+  std::vector<const sa_reader*> pointers;
+  for (int r = 0; r < kRanks; ++r) {
+    ok(sa_file_reader(paths[static_cast<std::size_t>(r)].c_str(), &readers[static_cast<std::size_t>(r)]), nullptr,
+       "file_reader");
+    pointers.push_back(&readers[static_cast<std::size_t>(r)]);
+  }
+  sa_import_options options = SA_IMPORT_OPTIONS_INIT;
+  options.staging_bytes = o.staging_mib << 20;
+  const int64_t rss_before = proc_status_bytes("VmRSS:");
+  const bool exact_peak = reset_peak_rss();
+  struct rusage usage_before {};
+  getrusage(RUSAGE_SELF, &usage_before);
+  const auto t0 = Clock::now();
+  ok(sa_optimizer_import(loaded.opt, kRanks, pointers.data(), &options), loaded.opt, "import");
+  const double import_seconds = seconds_since(t0);
+  const int64_t peak = exact_peak ? proc_status_bytes("VmHWM:") : -1;
+  for (sa_reader& r : readers) sa_reader_release(&r);
+
+  int mismatches = 0;
+  for (int r = 0; r < kRanks; ++r)
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      const auto [r0, n] = boxes[static_cast<std::size_t>(r)][k];
+      const auto want = hashes[static_cast<std::size_t>(r)][k];
+      mismatches += loaded.state_hash(k, "exp_avg", r0, n) != want.first;
+      mismatches += loaded.state_hash(k, "exp_avg_sq", r0, n) != want.second;
+    }
+
+  const double header_bytes = double(file_bytes) - state_bytes;
+  const double staging = double(o.staging_mib << 20);
+  const double limit = staging + double(16 << 20) + 4 * header_bytes;
+  std::printf("\n%-36s %10s %10s %12s\n", "", "seconds", "GB/s", "vs memcpy");
+  std::printf("%-36s %10s %10.2f %12s\n", "memcpy (1 thread)", "", memcpy_gbs, "1.00");
+  std::printf("%-36s %10s %10.2f %12.2f\n", "read the files (page cache)", "", read_gbs, read_gbs / memcpy_gbs);
+  std::printf("%-36s %10.3f %10.2f %12.2f\n", "export, 4 ranks (writer keeps nothing)", null_export_seconds,
+              state_bytes / null_export_seconds / 1e9, state_bytes / null_export_seconds / 1e9 / memcpy_gbs);
+  std::printf("%-36s %10.3f %10.2f %12.2f\n", "export, 4 blobs (sa_memory_writer)", memory_export_seconds,
+              state_bytes / memory_export_seconds / 1e9, state_bytes / memory_export_seconds / 1e9 / memcpy_gbs);
+  std::printf("%-36s %10.3f %10.2f %12.2f\n", "export, 4 files (file writer, fsync)", export_seconds,
+              state_bytes / export_seconds / 1e9, state_bytes / export_seconds / 1e9 / memcpy_gbs);
+  std::printf("%-36s %10.3f %10.2f %12.2f\n", "import 4 -> 1 (sa_file_reader)", import_seconds,
+              state_bytes / import_seconds / 1e9, state_bytes / import_seconds / 1e9 / memcpy_gbs);
+  std::printf("\nfiles: %.1f MiB of headers in %.3f GiB\n", header_bytes / double(1 << 20), double(file_bytes) / double(1 << 30));
+  std::printf("state check: %s (%d of %zu states differ)\n", mismatches ? "FAILED" : "every state bitwise equal",
+              mismatches, rows.size() * 2 * kRanks);
+  if (peak < 0) {
+    std::printf("peak RSS: /proc/self/clear_refs is not writable here, so the import's own peak cannot be "
+                "separated from earlier ones (ru_maxrss %ld KiB); not checked\n",
+                usage_before.ru_maxrss);
+  } else {
+    const double increase = double(peak - rss_before);
+    std::printf("peak RSS: %.1f MiB before the import, peak %.1f MiB during it: +%.1f MiB "
+                "(staging %.0f MiB; limit staging + 16 MiB + 4x headers = %.1f MiB) -> %.2fx staging\n",
+                double(rss_before) / double(1 << 20), double(peak) / double(1 << 20), increase / double(1 << 20),
+                staging / double(1 << 20), limit / double(1 << 20), increase / staging);
+    if (increase > limit) {
+      std::printf("FAILED: the import raised peak RSS by more than staging + O(headers)\n");
+      mismatches += 1;
+    }
+  }
+  if (o.dir.empty()) fs::remove_all(dir);
+  return mismatches == 0 ? 0 : 1;
+}

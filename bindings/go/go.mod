@@ -1,0 +1,3 @@
+module github.com/shardadam/shardadam/bindings/go
+
+go 1.19

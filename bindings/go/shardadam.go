@@ -1,0 +1,582 @@
+// Package shardadam runs fused Adam/AdamW steps over the local shards of globally shaped
+// params, through the shardadam C library (libshardadam.so).
+//
+// An Optimizer owns its params: AddParam copies the initial values into C memory that the
+// library updates in place at every Step, and Param.Float32 / Param.Bits16 view that
+// memory from Go without copying. Grads are copied in by SetGrad into a C buffer the
+// library keeps bound, so no Go memory is ever retained by C (the cgo pointer rules).
+// States are copied out by State. Save and Load write and read shard files (one per rank;
+// any set of them loads onto any layout).
+//
+// Every failure is an *Error carrying the library's status and message. The message is
+// copied inside the native call that failed, so it is the right one whichever OS thread
+// the goroutine runs on afterwards.
+//
+// An Optimizer may be used from several goroutines: its methods serialize on a mutex, as
+// the library requires. Call Close when done; it frees the params, their grads and the
+// state.
+//
+// Building: the package needs SWIG (it runs on internal/capi/capi.swig), the header
+// directories and the library:
+//
+//	CGO_CFLAGS="-I<dir with dlpack/dlpack.h >= 1.0>" \
+//	CGO_LDFLAGS="-L<build dir> -Wl,-rpath,<build dir>" go test ./...
+package shardadam
+
+import (
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/shardadam/shardadam/bindings/go/internal/capi"
+)
+
+// Version returns the version of the loaded library as MAJOR*10000 + MINOR*100 + PATCH.
+func Version() int { return capi.Sa_version() }
+
+// BuildInfo returns the library's one-line description of its version and backends.
+func BuildInfo() string { return capi.Sa_build_info() }
+
+// Config holds the options of NewOptimizer (sa_optimizer_config). The zero value gives the
+// library's defaults.
+type Config struct {
+	NumThreads int  // CPU backend worker threads; 0: one per hardware thread
+	ScalarOnly bool // CPU backend: never use SIMD (results are the same, only slower)
+}
+
+// Optimizer is a shardadam optimizer: groups of hyperparameters, params with their state.
+// Create it with NewOptimizer and release it with Close.
+type Optimizer struct {
+	mu     sync.Mutex
+	handle capi.Struct_SS_sa_optimizer // nil once closed
+	errbuf []byte                      // where each call copies its error message
+	params []*Param
+}
+
+// NewOptimizer creates an empty optimizer. cfg may be nil (defaults).
+func NewOptimizer(cfg *Config) (*Optimizer, error) {
+	numThreads, simd := 0, 1
+	if cfg != nil {
+		numThreads = cfg.NumThreads
+		if cfg.ScalarOnly {
+			simd = 0
+		}
+	}
+	errbuf := make([]byte, errorBufferBytes)
+	status := []int{0}
+	handle := capi.Sago_create(numThreads, simd, status, errbuf)
+	if err := resultError(status[0], errbuf); err != nil {
+		return nil, err
+	}
+	return &Optimizer{handle: handle, errbuf: errbuf}, nil
+}
+
+// Close destroys the optimizer: its state, its params' memory (so every slice returned by
+// Param.Float32 or Param.Bits16 becomes invalid) and the grad buffers. Closing twice is a
+// no-op. It always returns nil.
+func (o *Optimizer) Close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.handle == nil {
+		return nil
+	}
+	capi.Sago_destroy(o.handle) // calls each param's DLPack deleter, which frees its data
+	o.handle = nil
+	for _, p := range o.params {
+		capi.Free(p.grad)
+		p.grad, p.data = nil, nil
+	}
+	o.params = nil
+	return nil
+}
+
+// lock takes the optimizer's mutex and checks that it is open. The caller unlocks.
+func (o *Optimizer) lock(op string) error {
+	o.mu.Lock()
+	if o.handle == nil {
+		o.mu.Unlock()
+		return bindingError(StatusState, "%s: the optimizer is closed", op)
+	}
+	return nil
+}
+
+// ---- groups ------------------------------------------------------------------------
+
+// GroupConfig holds the hyperparameters of a param group (sa_group_config; see
+// shardadam.h for the update formula). Start from DefaultGroupConfig.
+type GroupConfig struct {
+	LR                   float64 // >= 0
+	Beta1                float64 // in [0, 1)
+	Beta2                float64 // in [0, 1)
+	Eps                  float64 // >= 0
+	WeightDecay          float64 // >= 0
+	DecoupledWeightDecay bool    // true: AdamW (decay the param); false: Adam (L2 on the grad)
+	BiasCorrection       bool    // divide by 1 - beta^t
+	Maximize             bool    // ascend instead of descend
+	AMSGrad              bool    // keep max_exp_avg_sq and use it in the denominator
+}
+
+// DefaultGroupConfig returns the library's defaults (SA_GROUP_CONFIG_INIT), which are
+// torch.optim.AdamW's: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2.
+func DefaultGroupConfig() GroupConfig {
+	values, flags := make([]float64, 5), make([]int64, 4)
+	capi.Sago_default_group(values, flags)
+	return unpackGroup(values, flags)
+}
+
+func unpackGroup(values []float64, flags []int64) GroupConfig {
+	return GroupConfig{
+		LR: values[0], Beta1: values[1], Beta2: values[2], Eps: values[3], WeightDecay: values[4],
+		DecoupledWeightDecay: flags[0] != 0, BiasCorrection: flags[1] != 0,
+		Maximize: flags[2] != 0, AMSGrad: flags[3] != 0,
+	}
+}
+
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// AddGroup appends a group and returns its index (0, 1, ...). Groups are positional:
+// create the same groups in the same order on every rank.
+func (o *Optimizer) AddGroup(cfg GroupConfig) (int, error) {
+	if err := o.lock("shardadam.AddGroup"); err != nil {
+		return -1, err
+	}
+	defer o.mu.Unlock()
+	group := []int{-1}
+	status := capi.Sago_add_group(o.handle, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay,
+		flag(cfg.DecoupledWeightDecay), flag(cfg.BiasCorrection), flag(cfg.Maximize),
+		flag(cfg.AMSGrad), group, o.errbuf)
+	if err := resultError(status, o.errbuf); err != nil {
+		return -1, err
+	}
+	return group[0], nil
+}
+
+// Group returns the hyperparameters of a group.
+func (o *Optimizer) Group(group int) (GroupConfig, error) {
+	if err := o.lock("shardadam.Group"); err != nil {
+		return GroupConfig{}, err
+	}
+	defer o.mu.Unlock()
+	values, flags := make([]float64, 5), make([]int64, 4)
+	if err := resultError(capi.Sago_get_group(o.handle, group, values, flags, o.errbuf), o.errbuf); err != nil {
+		return GroupConfig{}, err
+	}
+	return unpackGroup(values, flags), nil
+}
+
+// SetGroup replaces the hyperparameters of a group (all checked first; nothing changes on
+// error). AMSGrad cannot change once the group holds a param.
+func (o *Optimizer) SetGroup(group int, cfg GroupConfig) error {
+	if err := o.lock("shardadam.SetGroup"); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return resultError(capi.Sago_set_group(o.handle, group, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps,
+		cfg.WeightDecay, flag(cfg.DecoupledWeightDecay), flag(cfg.BiasCorrection),
+		flag(cfg.Maximize), flag(cfg.AMSGrad), o.errbuf), o.errbuf)
+}
+
+// SetLR sets the learning rate of a group (what an LR schedule changes each step).
+func (o *Optimizer) SetLR(group int, lr float64) error {
+	if err := o.lock("shardadam.SetLR"); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return resultError(capi.Sago_set_lr(o.handle, group, lr, o.errbuf), o.errbuf)
+}
+
+// StepCount returns a group's step count: the steps taken and not skipped.
+func (o *Optimizer) StepCount(group int) (int64, error) {
+	if err := o.lock("shardadam.StepCount"); err != nil {
+		return 0, err
+	}
+	defer o.mu.Unlock()
+	step := []int64{0}
+	if err := resultError(capi.Sago_get_step(o.handle, group, step, o.errbuf), o.errbuf); err != nil {
+		return 0, err
+	}
+	return step[0], nil
+}
+
+// SetStepCount sets a group's step count (e.g. when resuming).
+func (o *Optimizer) SetStepCount(group int, step int64) error {
+	if err := o.lock("shardadam.SetStepCount"); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return resultError(capi.Sago_set_step(o.handle, group, step, o.errbuf), o.errbuf)
+}
+
+// ---- params ------------------------------------------------------------------------
+
+// MasterKind says how a param keeps its full-precision value (sa_master_kind).
+type MasterKind int
+
+// The master kinds.
+const (
+	MasterAuto      MasterKind = 0 // none for float32 params, float32 master for 16-bit params
+	MasterNone      MasterKind = 1 // update the param in its own dtype (float32 params only)
+	MasterFP32      MasterKind = 2 // keep a float32 master copy; the param is its rounding
+	MasterRemainder MasterKind = 3 // bfloat16 params: keep the int16 low half of the float32
+)
+
+// ParamOptions holds the per-param choices of AddParam. The zero value gives the defaults.
+type ParamOptions struct {
+	Layout      *Layout    // where the shard sits in its global tensor; nil: not sharded
+	GradDType   DType      // Float32, BFloat16 or Float16; DTypeDefault: the param's dtype
+	MomentDType DType      // Float32 (DTypeDefault) or BFloat16
+	Master      MasterKind // how the full-precision value is kept
+}
+
+// Param is a registered local shard. Its data lives in C memory owned by the optimizer
+// until Close.
+type Param struct {
+	Index     int64   // the library's index of the param (0, 1, ... in order of addition)
+	Name      string  // its fully qualified name
+	DType     DType   // the dtype of the param's data
+	GradDType DType   // the dtype SetGrad / SetGrad16 must bind
+	Shape     []int64 // the local shape
+
+	opt   *Optimizer
+	numel int64
+	data  unsafe.Pointer // C memory; the library frees it (DLPack deleter) at Close
+	grad  unsafe.Pointer // C memory for the bound grad; nil until the first SetGrad
+}
+
+// Numel returns the number of local elements.
+func (p *Param) Numel() int64 { return p.numel }
+
+// Float32 returns the param's values as a slice over its C memory, or nil when the param
+// is not float32. Each Step updates them in place; writes change the param. The slice is
+// valid until Close, and must not be used while a Step runs in another goroutine.
+func (p *Param) Float32() []float32 {
+	if p.DType != Float32 || p.data == nil {
+		return nil
+	}
+	return unsafe.Slice((*float32)(p.data), p.numel)
+}
+
+// Bits16 returns the raw bits of a bfloat16 or float16 param as a slice over its C memory,
+// or nil for other dtypes; the same rules as Float32 apply.
+func (p *Param) Bits16() []uint16 {
+	if (p.DType != BFloat16 && p.DType != Float16) || p.data == nil {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(p.data), p.numel)
+}
+
+// numelOf returns the product of shape, or an error naming the param for a negative dim.
+func numelOf(op, name string, shape []int64) (int64, error) {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return 0, bindingError(StatusInvalidArgument, "%s: param '%s': shape %v has a negative dim", op, name, shape)
+		}
+		n *= d
+	}
+	return n, nil
+}
+
+// AddParam registers a float32 local shard named `name` (the fully qualified name
+// checkpoints match on) in `group`. shape is the local shape; init (copied) holds its
+// prod(shape) values in row-major order. opts may be nil.
+func (o *Optimizer) AddParam(name string, group int, shape []int64, init []float32, opts *ParamOptions) (*Param, error) {
+	var src unsafe.Pointer
+	if len(init) > 0 {
+		src = unsafe.Pointer(&init[0])
+	}
+	return o.addParam("shardadam.AddParam", name, group, Float32, shape, src, int64(len(init)), opts)
+}
+
+// AddParam16 registers a bfloat16 or float16 local shard from its raw bits (see
+// Float32ToBFloat16); otherwise as AddParam. By default the optimizer keeps a float32
+// master copy (MasterAuto).
+func (o *Optimizer) AddParam16(name string, group int, dtype DType, shape []int64, init []uint16, opts *ParamOptions) (*Param, error) {
+	if dtype != BFloat16 && dtype != Float16 {
+		return nil, bindingError(StatusInvalidArgument, "shardadam.AddParam16: param '%s': dtype %s is not bfloat16 or float16", name, dtype)
+	}
+	var src unsafe.Pointer
+	if len(init) > 0 {
+		src = unsafe.Pointer(&init[0])
+	}
+	return o.addParam("shardadam.AddParam16", name, group, dtype, shape, src, int64(len(init)), opts)
+}
+
+func (o *Optimizer) addParam(op, name string, group int, dtype DType, shape []int64, src unsafe.Pointer, count int64, opts *ParamOptions) (*Param, error) {
+	if opts == nil {
+		opts = &ParamOptions{}
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return nil, bindingError(StatusInvalidArgument, "%s: param name %q contains a NUL byte", op, name)
+	}
+	numel, err := numelOf(op, name, shape)
+	if err != nil {
+		return nil, err
+	}
+	if count != numel {
+		return nil, bindingError(StatusInvalidArgument, "%s: param '%s': init has %d values, shape %v needs %d", op, name, count, shape, numel)
+	}
+	if err := o.lock(op); err != nil {
+		return nil, err
+	}
+	defer o.mu.Unlock()
+
+	nbytes := numel * dtype.size()
+	data := capi.Alloc(nbytes)
+	if data == nil {
+		return nil, bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate %d bytes", op, name, nbytes)
+	}
+	if nbytes > 0 {
+		copy(unsafe.Slice((*byte)(data), nbytes), unsafe.Slice((*byte)(src), nbytes))
+	}
+
+	hasLayout, boxForm := 0, 0
+	var l Layout
+	if opts.Layout != nil {
+		hasLayout, l = 1, *opts.Layout
+		if l.GlobalOffset != nil {
+			boxForm = 1
+		}
+	}
+	paramCode, paramBits := dtype.dlpack()
+	gradCode, gradBits := opts.GradDType.dlpack()
+	momentCode, momentBits := opts.MomentDType.dlpack()
+	index := []int64{-1}
+	status := capi.Sago_add_param(o.handle, name, group, paramCode, paramBits, uintptr(data), shape,
+		hasLayout, l.GlobalShape, l.MeshShape, l.MeshCoord, l.placementPairs(), boxForm,
+		l.GlobalOffset, gradCode, gradBits, momentCode, momentBits, int(opts.Master), index,
+		o.errbuf)
+	if err := resultError(status, o.errbuf); err != nil {
+		capi.Free(data) // on failure the library did not take ownership
+		return nil, err
+	}
+	gradDType := opts.GradDType
+	if gradDType == DTypeDefault {
+		gradDType = dtype
+	}
+	p := &Param{Index: index[0], Name: name, DType: dtype, GradDType: gradDType,
+		Shape: append([]int64(nil), shape...), opt: o, numel: numel, data: data}
+	o.params = append(o.params, p)
+	return p, nil
+}
+
+// ---- grads -------------------------------------------------------------------------
+
+// SetGrad copies float32 grads into the param's grad buffer, which stays bound for every
+// later Step until the next SetGrad. The library checks the dtype against the registered
+// grad dtype (an *Error with StatusMismatch naming the param otherwise); on any error the
+// bound grad is unchanged.
+func (o *Optimizer) SetGrad(p *Param, grad []float32) error {
+	var src unsafe.Pointer
+	if len(grad) > 0 {
+		src = unsafe.Pointer(&grad[0])
+	}
+	return o.setGrad("shardadam.SetGrad", p, Float32, src, int64(len(grad)))
+}
+
+// SetGrad16 is SetGrad for bfloat16 or float16 grads given as raw bits.
+func (o *Optimizer) SetGrad16(p *Param, dtype DType, grad []uint16) error {
+	if dtype != BFloat16 && dtype != Float16 {
+		return bindingError(StatusInvalidArgument, "shardadam.SetGrad16: dtype %s is not bfloat16 or float16", dtype)
+	}
+	var src unsafe.Pointer
+	if len(grad) > 0 {
+		src = unsafe.Pointer(&grad[0])
+	}
+	return o.setGrad("shardadam.SetGrad16", p, dtype, src, int64(len(grad)))
+}
+
+func (o *Optimizer) setGrad(op string, p *Param, dtype DType, src unsafe.Pointer, count int64) error {
+	if p == nil || p.opt != o {
+		return bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	}
+	if count != p.numel {
+		return bindingError(StatusInvalidArgument, "%s: param '%s': grad has %d values, local shape %v needs %d", op, p.Name, count, p.Shape, p.numel)
+	}
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	if p.grad == nil {
+		// Sized for float32, the widest grad dtype, so a rebind with another dtype fits.
+		if p.grad = capi.Alloc(p.numel * Float32.size()); p.grad == nil {
+			return bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its grad buffer", op, p.Name)
+		}
+	}
+	code, bits := dtype.dlpack()
+	// Bind first (the library validates), copy after: a refused grad changes nothing.
+	status := capi.Sago_set_grad(o.handle, p.Index, code, bits, uintptr(p.grad), p.Shape, o.errbuf)
+	if err := resultError(status, o.errbuf); err != nil {
+		return err
+	}
+	if nbytes := count * dtype.size(); nbytes > 0 {
+		copy(unsafe.Slice((*byte)(p.grad), nbytes), unsafe.Slice((*byte)(src), nbytes))
+	}
+	return nil
+}
+
+// ---- step --------------------------------------------------------------------------
+
+// StepArgs holds the options of StepWith (sa_step_args).
+type StepArgs struct {
+	// InvGradScale multiplies every grad before use (the inverse loss scale of mixed
+	// precision training); 0 means 1.
+	InvGradScale float32
+	// FoundInf skips the whole step: no param, state or step count changes.
+	FoundInf bool
+}
+
+// Step runs one optimizer step over every param and advances each group's step count.
+// Every non-empty param needs a grad bound by SetGrad first (StatusState otherwise,
+// naming the param, and nothing is updated).
+func (o *Optimizer) Step() error {
+	_, err := o.StepWith(StepArgs{})
+	return err
+}
+
+// StepWith is Step with a loss scale and a found-inf flag. It reports whether the step
+// was skipped.
+func (o *Optimizer) StepWith(args StepArgs) (skipped bool, err error) {
+	if err := o.lock("shardadam.Step"); err != nil {
+		return false, err
+	}
+	defer o.mu.Unlock()
+	wasSkipped := []int{0}
+	status := capi.Sago_step(o.handle, flag(args.InvGradScale != 0), args.InvGradScale,
+		flag(args.FoundInf), 1, wasSkipped, o.errbuf)
+	if err := resultError(status, o.errbuf); err != nil {
+		return false, err
+	}
+	return wasSkipped[0] != 0, nil
+}
+
+// ---- state -------------------------------------------------------------------------
+
+// readState copies a state of p into dst (numel * 4 bytes at most) and returns its dtype.
+func (o *Optimizer) readState(op string, p *Param, key string, dst []byte) (DType, error) {
+	if p == nil || p.opt != o {
+		return DTypeDefault, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	}
+	if err := o.lock(op); err != nil {
+		return DTypeDefault, err
+	}
+	defer o.mu.Unlock()
+	info := make([]int64, 3)
+	if err := resultError(capi.Sago_state_read(o.handle, p.Index, key, dst, info, o.errbuf), o.errbuf); err != nil {
+		return DTypeDefault, err
+	}
+	return dtypeFromDLPack(info[0], info[1]), nil
+}
+
+// State returns a copy of one state of a param as float32 values: "exp_avg",
+// "exp_avg_sq", "max_exp_avg_sq" (AMSGrad) or "master" (MasterFP32). bfloat16 moments
+// are widened exactly. For the int16 "remainder" state use StateInt16.
+func (o *Optimizer) State(p *Param, key string) ([]float32, error) {
+	const op = "shardadam.State"
+	if p == nil || p.opt != o {
+		return nil, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	}
+	values := make([]float32, p.numel)
+	var raw []byte
+	if p.numel > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(&values[0])), 4*p.numel)
+	}
+	dtype, err := o.readState(op, p, key, raw)
+	if err != nil {
+		return nil, err
+	}
+	switch dtype {
+	case Float32:
+		return values, nil
+	case BFloat16:
+		// The copy holds numel bfloat16s at the front of values: widen them from the back
+		// so that no 16-bit value is overwritten before it is read.
+		bits := unsafe.Slice((*uint16)(unsafe.Pointer(&values[0])), p.numel)
+		for i := p.numel - 1; i >= 0; i-- {
+			values[i] = BFloat16ToFloat32(bits[i])
+		}
+		return values, nil
+	}
+	return nil, bindingError(StatusUnsupported, "%s: param '%s': state '%s' is %s; use StateInt16", op, p.Name, key, dtype)
+}
+
+// StateInt16 returns a copy of the int16 "remainder" state (MasterRemainder) of a param.
+func (o *Optimizer) StateInt16(p *Param, key string) ([]int16, error) {
+	const op = "shardadam.StateInt16"
+	if p == nil || p.opt != o {
+		return nil, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	}
+	values := make([]int16, 2*p.numel) // room for 4 bytes per element, the widest state
+	var raw []byte
+	if p.numel > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(&values[0])), 4*p.numel)
+	}
+	dtype, err := o.readState(op, p, key, raw)
+	if err != nil {
+		return nil, err
+	}
+	if dtype != Int16 {
+		return nil, bindingError(StatusMismatch, "%s: param '%s': state '%s' is %s, not int16; use State", op, p.Name, key, dtype)
+	}
+	return values[:p.numel], nil
+}
+
+// ---- shard files ---------------------------------------------------------------------
+
+// Save writes this rank's state as one shard file at path (sa_optimizer_export): every
+// param's states, the groups with their step counts, and where each shard sits in its
+// global tensor. The file is a valid safetensors file. It is written to a temporary name,
+// synced and renamed, so a crash never leaves a file that looks complete. A param
+// replicated along a mesh dim is written only by the replica at coordinate 0.
+func (o *Optimizer) Save(path string) error {
+	const op = "shardadam.Save"
+	if strings.IndexByte(path, 0) >= 0 {
+		return bindingError(StatusInvalidArgument, "%s: path %q contains a NUL byte", op, path)
+	}
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return resultError(capi.Sago_save(o.handle, path, o.errbuf), o.errbuf)
+}
+
+// LoadOptions holds the options of Load (sa_import_options). The zero value gives the
+// library's defaults.
+type LoadOptions struct {
+	AllowMissing    bool  // params absent from the files keep their state (else an error)
+	AllowUnexpected bool  // params in the files that this optimizer lacks are ignored
+	KeepGroups      bool  // keep the groups' hyperparameters and step counts (else restored)
+	StagingBytes    int64 // bytes of the staging buffer; 0: the library's default (64 MiB)
+}
+
+// Load reads the state saved in the shard files at paths, written by any number of ranks
+// with any layout, into this optimizer's state, resharding as needed
+// (sa_optimizer_import). Everything is validated before anything changes: every saved box
+// that meets a local one must cover it exactly once, shapes and dtypes must agree, and the
+// checksums of every block read must match. Params themselves are not touched. opts may
+// be nil.
+func (o *Optimizer) Load(paths []string, opts *LoadOptions) error {
+	const op = "shardadam.Load"
+	if opts == nil {
+		opts = &LoadOptions{}
+	}
+	var joined []byte
+	for _, p := range paths {
+		if strings.IndexByte(p, 0) >= 0 {
+			return bindingError(StatusInvalidArgument, "%s: path %q contains a NUL byte", op, p)
+		}
+		joined = append(append(joined, p...), 0)
+	}
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	status := capi.Sago_load(o.handle, joined, flag(opts.AllowMissing), flag(opts.AllowUnexpected),
+		flag(!opts.KeepGroups), opts.StagingBytes, o.errbuf)
+	return resultError(status, o.errbuf)
+}

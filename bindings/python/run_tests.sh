@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# bindings/python/run_tests.sh — the Python bindings' tests, as CI runs them (scripts/test
+# calls it): pip-installs the package from this checkout into a throwaway virtual
+# environment (build/python/venv, made anew each run) and runs bindings/python/tests with
+# pytest against the installed package. The CMake build is kept in build/python/cmake so
+# that a second run rebuilds only what changed.
+#
+# Needs python3 (with venv), the build tools of pyproject.toml (a C/C++ compiler, CMake,
+# SWIG, libhwy-dev) and PyPI (scikit-build-core, apache-tvm-ffi, numpy, pytest, ml-dtypes,
+# safetensors). Extra arguments go to pytest.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+work="$root/build/python"
+venv="$work/venv"
+pip_quiet=(--quiet --disable-pip-version-check)
+
+rm -rf "$venv"
+mkdir -p "$work"
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest ml-dtypes safetensors
+# -Werror for the SWIG wrapper as for the library; CUDA parts as the machine allows (AUTO).
+"$venv/bin/python" -m pip install "${pip_quiet[@]}" "$root/bindings/python" \
+  -C build-dir="$work/cmake" -C cmake.define.SHARDADAM_WERROR=ON
+
+# Run from outside the source tree so that `import shardadam` is the installed package.
+cd "$work"
+"$venv/bin/python" -c "import shardadam; print('shardadam', shardadam.__version__, 'from', shardadam.__file__)"
+exec "$venv/bin/python" -m pytest -p no:cacheprovider -ra "$root/bindings/python/tests" "$@"

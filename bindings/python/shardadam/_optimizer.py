@@ -1,0 +1,607 @@
+"""The idiomatic Python face of ``sa_optimizer``."""
+import ctypes
+import json
+import numbers
+import os
+
+from . import _shardadam as _C
+from ._dlpack import (DTYPES, KDL_CPU, CapsuleInfo, State, device_name, dtype_name, to_capsule,
+                      to_dtype)
+from ._errors import InvalidArgument, StateError, Unsupported, check
+from .layout import Box, Mesh
+
+_MASTER_KINDS = {
+    None: _C.SA_MASTER_AUTO,
+    "auto": _C.SA_MASTER_AUTO,
+    "none": _C.SA_MASTER_NONE,
+    "fp32": _C.SA_MASTER_FP32,
+    "remainder": _C.SA_MASTER_REMAINDER,
+}
+_MASTER_NAMES = {_C.SA_MASTER_NONE: "none", _C.SA_MASTER_FP32: "fp32", _C.SA_MASTER_REMAINDER: "remainder"}
+
+# Hyperparameters of a group as Python names; betas is (beta1, beta2) of the C struct.
+_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "bias_correction",
+                    "maximize", "amsgrad")
+_FLAGS = ("decoupled_weight_decay", "bias_correction", "maximize", "amsgrad")
+
+
+def state_io_available():
+    """True when the loaded libshardadam provides state export/import (``save``/``load``)."""
+    return bool(_C.state_io_available())
+
+
+def _require_state_io():
+    if not state_io_available():
+        raise Unsupported("this libshardadam was built without state export/import: sa_optimizer_export and "
+                          "sa_optimizer_import are missing from the library (src/state_io)")
+
+
+class ParamInfo:
+    """What the optimizer knows about a param (``sa_optimizer_param_info``).
+
+    Attributes: ``index``, ``name``, ``group``, ``local_shape``, ``global_shape``,
+    ``global_offset``, ``numel`` (local elements), ``param_dtype``, ``grad_dtype``,
+    ``moment_dtype`` (names such as ``"bfloat16"``), ``master`` (``"none"``, ``"fp32"`` or
+    ``"remainder"``), ``device`` (a DLPack ``(device_type, device_id)`` tuple).
+    """
+
+    __slots__ = ("index", "name", "group", "local_shape", "global_shape", "global_offset", "numel",
+                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device")
+
+    def __init__(self, index, info):
+        self.index = index
+        for key in ("name", "group", "local_shape", "global_shape", "global_offset", "numel", "device"):
+            setattr(self, key, info[key])
+        for key in ("param_dtype", "grad_dtype", "moment_dtype"):
+            setattr(self, key, dtype_name(info[key]))
+        self.master = _MASTER_NAMES[info["master"]]
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"ParamInfo({fields})"
+
+
+class Group:
+    """One param group: its hyperparameters, read and written through the library.
+
+    Attribute access (``group.lr = 0.1``) and torch-style item access
+    (``group["lr"] = 0.1``) are the same. Keys: ``lr``, ``betas``, ``eps``,
+    ``weight_decay``, ``decoupled_weight_decay`` (True: AdamW, False: Adam with L2),
+    ``bias_correction``, ``maximize``, ``amsgrad`` (fixed once the group holds a param), and
+    ``step`` (the group's step count). :meth:`update` sets several at once, atomically.
+    """
+
+    def __init__(self, optimizer, index):
+        self._optimizer = optimizer
+        self._index = index
+
+    @property
+    def index(self):
+        """Position of the group (groups are positional: the same on every rank)."""
+        return self._index
+
+    def _config(self):
+        handle = self._optimizer._handle_or_raise()
+        config = _C.sa_group_config()
+        check(_C.sa_optimizer_get_group(handle, self._index, config), handle)
+        return config
+
+    def config(self):
+        """All hyperparameters as a dict (without ``step``)."""
+        c = self._config()
+        return {"lr": c.lr, "betas": (c.beta1, c.beta2), "eps": c.eps, "weight_decay": c.weight_decay,
+                "decoupled_weight_decay": bool(c.decoupled_weight_decay),
+                "bias_correction": bool(c.bias_correction), "maximize": bool(c.maximize),
+                "amsgrad": bool(c.amsgrad)}
+
+    def update(self, **hyperparameters):
+        """Sets the given hyperparameters at once; on error none changes."""
+        handle = self._optimizer._handle_or_raise()
+        step = hyperparameters.pop("step", None)
+        config = self._config()
+        _fill_group_config(config, hyperparameters)
+        check(_C.sa_optimizer_set_group(handle, self._index, config), handle)
+        if step is not None:
+            self.step = step
+
+    @property
+    def lr(self):
+        """Learning rate."""
+        return self._config().lr
+
+    @lr.setter
+    def lr(self, value):
+        handle = self._optimizer._handle_or_raise()
+        check(_C.sa_optimizer_set_lr(handle, self._index, float(value)), handle)
+
+    @property
+    def betas(self):
+        """(beta1, beta2)."""
+        c = self._config()
+        return (c.beta1, c.beta2)
+
+    @betas.setter
+    def betas(self, value):
+        self.update(betas=value)
+
+    @property
+    def eps(self):
+        """Added to the denominator."""
+        return self._config().eps
+
+    @eps.setter
+    def eps(self, value):
+        self.update(eps=value)
+
+    @property
+    def weight_decay(self):
+        """Weight decay (decoupled for AdamW, L2 on the grad for Adam)."""
+        return self._config().weight_decay
+
+    @weight_decay.setter
+    def weight_decay(self, value):
+        self.update(weight_decay=value)
+
+    @property
+    def decoupled_weight_decay(self):
+        """True: AdamW (decay the param); False: Adam (L2 term on the grad)."""
+        return bool(self._config().decoupled_weight_decay)
+
+    @decoupled_weight_decay.setter
+    def decoupled_weight_decay(self, value):
+        self.update(decoupled_weight_decay=value)
+
+    @property
+    def bias_correction(self):
+        """Whether the moments are divided by 1 - beta^t."""
+        return bool(self._config().bias_correction)
+
+    @bias_correction.setter
+    def bias_correction(self, value):
+        self.update(bias_correction=value)
+
+    @property
+    def maximize(self):
+        """Ascend instead of descend."""
+        return bool(self._config().maximize)
+
+    @maximize.setter
+    def maximize(self, value):
+        self.update(maximize=value)
+
+    @property
+    def amsgrad(self):
+        """Keep max_exp_avg_sq and use it in the denominator."""
+        return bool(self._config().amsgrad)
+
+    @amsgrad.setter
+    def amsgrad(self, value):
+        self.update(amsgrad=value)
+
+    @property
+    def step(self):
+        """The group's step count: steps taken and not skipped (on CUDA reading it may
+        synchronize)."""
+        handle = self._optimizer._handle_or_raise()
+        status, count = _C.sa_optimizer_get_step(handle, self._index)
+        check(status, handle)
+        return count
+
+    @step.setter
+    def step(self, value):
+        handle = self._optimizer._handle_or_raise()
+        check(_C.sa_optimizer_set_step(handle, self._index, int(value)), handle)
+
+    @property
+    def params(self):
+        """Names of the params in this group, in order of addition."""
+        return [info.name for info in self._optimizer.param_infos() if info.group == self._index]
+
+    def keys(self):
+        """The hyperparameter keys item access accepts."""
+        return _HYPERPARAMETERS + ("step",)
+
+    def __getitem__(self, key):
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key, value):
+        if key not in self.keys():
+            raise KeyError(key)
+        setattr(self, key, value)
+
+    def __repr__(self):
+        return f"Group({self._index}, {self.config()})"
+
+
+def _fill_group_config(config, hyperparameters):
+    unknown = set(hyperparameters) - set(_HYPERPARAMETERS)
+    if unknown:
+        raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {', '.join(_HYPERPARAMETERS)}")
+    for key, value in hyperparameters.items():
+        if key == "betas":
+            config.beta1, config.beta2 = (float(b) for b in value)
+        elif key in _FLAGS:
+            setattr(config, key, int(bool(value)))
+        else:
+            setattr(config, key, float(value))
+    return config
+
+
+class Optimizer:
+    """A shardadam optimizer: fused Adam/AdamW over the local shards of globally shaped params.
+
+    ``Optimizer(**hyperparameters)`` creates the optimizer and its group 0 with the given
+    hyperparameters (the defaults are ``torch.optim.AdamW``'s); they are also the defaults
+    of groups made later with :meth:`add_group`.
+
+    Keyword args:
+        lr, betas, eps, weight_decay: as in torch.optim.AdamW.
+        decoupled_weight_decay: True (default): AdamW; False: Adam with an L2 term.
+        bias_correction, maximize, amsgrad: as in torch.optim.Adam.
+        num_threads: CPU backend worker threads (0: one per hardware thread).
+        cpu_simd: CPU backend: use SIMD where the CPU has FMA.
+        stream: default CUDA stream of :meth:`step` and of the DLPack handshake, as a
+            cudaStream_t address (``torch.cuda.current_stream().cuda_stream``); None is the
+            legacy default stream.
+
+    Params are added with :meth:`add_param` from any DLPack producer; the optimizer keeps
+    them alive and updates them in place. Use it as a context manager or call
+    :meth:`close`. One optimizer must not be used by two threads at once.
+    """
+
+    def __init__(self, *, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled_weight_decay=True,
+                 bias_correction=True, maximize=False, amsgrad=False, num_threads=0, cpu_simd=True, stream=None):
+        self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                         "decoupled_weight_decay": decoupled_weight_decay, "bias_correction": bias_correction,
+                         "maximize": maximize, "amsgrad": amsgrad}
+        self.stream = stream
+        self._handle = None
+        self._names = []            # param index -> name
+        self._groups = []
+        self._device = None         # DLPack device of the params, once one is added
+        self._grad_refs = {}        # param index -> grad object whose memory is bound
+        self._step_refs = ()        # scale tensors the last (asynchronous) step reads
+        self._host_scalars = (ctypes.c_float(), ctypes.c_float())  # numbers given to step on the CPU
+        config = _C.sa_optimizer_config()
+        config.num_threads = int(num_threads)
+        config.cpu_simd = int(bool(cpu_simd))
+        status, handle = _C.sa_optimizer_create(config)
+        check(status)
+        self._handle = handle
+        try:
+            self.add_group()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- lifetime --------------------------------------------------------------------
+    def close(self):
+        """Destroys the native optimizer: frees its state and releases every param it
+        took (their DLPack deleters run). State arrays already made stay valid. Calling it
+        again is a no-op."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _C.sa_optimizer_destroy(handle)
+        self._grad_refs = {}
+        self._step_refs = ()
+
+    @property
+    def closed(self):
+        """True after :meth:`close`."""
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown may have torn the module down already
+                pass
+
+    def _handle_or_raise(self):
+        if self._handle is None:
+            raise StateError("the optimizer is closed")
+        return self._handle
+
+    def __repr__(self):
+        if self._handle is None:
+            return "<shardadam.Optimizer (closed)>"
+        device = device_name(self._device) if self._device else "no params"
+        return f"<shardadam.Optimizer: {len(self._names)} params, {len(self._groups)} groups, {device}>"
+
+    # ---- groups ----------------------------------------------------------------------
+    def add_group(self, **hyperparameters):
+        """Appends a group with the optimizer's defaults overridden by ``hyperparameters``
+        and returns it. Create the same groups in the same order on every rank."""
+        handle = self._handle_or_raise()
+        config = _fill_group_config(_C.sa_group_config(), {**self.defaults, **hyperparameters})
+        status, index = _C.sa_optimizer_add_group(handle, config)
+        check(status, handle)
+        group = Group(self, index)
+        self._groups.append(group)
+        return group
+
+    @property
+    def param_groups(self):
+        """The groups, by index."""
+        return list(self._groups)
+
+    # ---- params ----------------------------------------------------------------------
+    @property
+    def device(self):
+        """DLPack device ``(device_type, device_id)`` of the params; None before the first."""
+        return self._device
+
+    @property
+    def param_names(self):
+        """Names of the params, by index."""
+        return list(self._names)
+
+    @property
+    def num_params(self):
+        """Number of params."""
+        return len(self._names)
+
+    def add_param(self, name, tensor, group=0, layout=None, grad_dtype=None, moment_dtype=None, master=None,
+                  *, stream=None):
+        """Registers a local shard as a param and returns its index.
+
+        Args:
+            name: unique fully qualified name (what checkpoints match on).
+            tensor: the local shard, any DLPack producer (numpy, torch, cupy, jax, ...):
+                C-contiguous, writable, float32, bfloat16 or float16, on the CPU or (in CUDA
+                builds) a CUDA device. It is updated in place at every step. The optimizer
+                holds the producer's DLPack tensor (and so the array) until it is closed.
+            group: index of the group.
+            layout: None (not sharded), a :class:`~shardadam.layout.Mesh` or a
+                :class:`~shardadam.layout.Box`.
+            grad_dtype: dtype of its grads (default: the param's).
+            moment_dtype: ``"float32"`` (default) or ``"bfloat16"``.
+            master: None/``"auto"`` (fp32 master for 16-bit params), ``"none"``, ``"fp32"``
+                or ``"remainder"`` (bfloat16 params: keep the int16 low half of the fp32 value).
+            stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
+        """
+        handle = self._handle_or_raise()
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        if master not in _MASTER_KINDS:
+            raise ValueError(f"master must be one of {', '.join(repr(k) for k in _MASTER_KINDS)}, got {master!r}")
+        options = None
+        if grad_dtype is not None or moment_dtype is not None or master is not None:
+            options = (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master])
+        capsule = to_capsule(tensor, self._stream_of(stream))
+        info = CapsuleInfo(capsule)
+        if layout is None:
+            c_layout = None
+        elif isinstance(layout, (Mesh, Box)):
+            c_layout = layout._as_c(info.shape)
+        else:
+            raise TypeError(f"layout must be None, a shardadam.Mesh or a shardadam.Box, got {type(layout).__name__}")
+        add = _C.sa_optimizer_add_param if info.versioned else _C.sa_optimizer_add_param_legacy
+        # On success the capsule is renamed "used_...": the library owns the tensor now.
+        status, index = add(handle, name, int(group), capsule, c_layout, options)
+        check(status, handle)
+        self._names.append(name)
+        if self._device is None:
+            self._device = self.param_info(index).device
+        return index
+
+    def param_index(self, param):
+        """Index of a param given by name or index."""
+        if isinstance(param, str):
+            handle = self._handle_or_raise()
+            status, index = _C.sa_optimizer_find_param(handle, param)
+            check(status, handle)
+            return index
+        if isinstance(param, numbers.Integral) and 0 <= int(param) < len(self._names):
+            return int(param)
+        raise InvalidArgument(f"param {param!r} does not exist (the optimizer has {len(self._names)} params)")
+
+    def param_info(self, param):
+        """:class:`ParamInfo` of a param given by name or index."""
+        handle = self._handle_or_raise()
+        index = self.param_index(param)
+        status, info = _C.sa_optimizer_param_info(handle, index)
+        check(status, handle)
+        return ParamInfo(index, info)
+
+    def param_infos(self):
+        """:class:`ParamInfo` of every param, by index."""
+        return [self.param_info(i) for i in range(len(self._names))]
+
+    # ---- grads -----------------------------------------------------------------------
+    def set_grad(self, param, grad, *, stream=None):
+        """Binds the grad of one param (by name or index), checked against what was
+        registered (dtype, shape, device, contiguity). ``grad`` is any DLPack producer or
+        ``__array_interface__`` object; its memory is read at every later step, and the
+        optimizer keeps ``grad`` alive until it is rebound."""
+        handle = self._handle_or_raise()
+        index = self.param_index(param)
+        capsule = to_capsule(grad, self._stream_of(stream))
+        check(_C.sa_optimizer_set_grad(handle, index, capsule), handle)
+        self._grad_refs[index] = grad
+
+    def set_grads(self, grads, *, stream=None):
+        """Binds the grads of several params.
+
+        ``grads`` is a sequence with one entry per param (by index) or a dict from name
+        (or index) to grad. Fast path: a sequence of raw data addresses (``int``, e.g.
+        ``t.data_ptr()`` or ``a.ctypes.data``; None for empty params), bound in one call
+        and not checked beyond alignment (the caller guarantees dtype, shape and
+        contiguity, and keeps the memory alive). Otherwise every entry is a tensor,
+        bound and checked as :meth:`set_grad` does.
+        """
+        handle = self._handle_or_raise()
+        if isinstance(grads, dict):
+            for param, grad in grads.items():
+                self.set_grad(param, grad, stream=stream)
+            return
+        if not isinstance(grads, (list, tuple)):
+            grads = list(grads)
+        try:
+            status = _C.sa_optimizer_set_grad_ptrs(handle, grads)
+        except TypeError:  # not all addresses: bind tensor by tensor
+            pass
+        else:
+            check(status, handle)
+            self._grad_refs = {}
+            return
+        if len(grads) != len(self._names):
+            raise InvalidArgument(f"set_grads: {len(grads)} grads for {len(self._names)} params")
+        for index, grad in enumerate(grads):
+            if grad is None or isinstance(grad, numbers.Integral):
+                raise TypeError("set_grads: give either all grads as addresses (int/None) or all as tensors")
+            self.set_grad(index, grad, stream=stream)
+
+    # ---- step ------------------------------------------------------------------------
+    def step(self, inv_grad_scale=None, found_inf=None, stream=None):
+        """Runs one optimizer step over every param (each non-empty one needs a bound grad).
+
+        Args:
+            inv_grad_scale: every grad is multiplied by it (the inverse loss scale). A
+                number (CPU optimizers), or a one-element float32 tensor on the params'
+                device (read when the step runs: no host synchronization).
+            found_inf: if nonzero the step is skipped entirely (no param, state or step
+                count changes). Same forms as inv_grad_scale.
+            stream: CUDA stream to enqueue on (cudaStream_t address; default: the
+                optimizer's). On CUDA the call returns once the work is enqueued.
+        """
+        self._handle_or_raise()  # a closed optimizer fails here, before the scalars are read
+        refs = []
+        inv_address = self._scalar_address(inv_grad_scale, "inv_grad_scale", 0, refs, stream)
+        found_address = self._scalar_address(found_inf, "found_inf", 1, refs, stream)
+        self._step_addresses(inv_address, found_address, stream)
+        self._step_refs = tuple(refs)  # kept until the next step: the stream reads them later
+
+    def _step_addresses(self, inv_address, found_address, stream=None):
+        """One native step with the scalars given as raw addresses (None for absent)."""
+        handle = self._handle_or_raise()
+        args = None if inv_address is None and found_address is None else (inv_address, found_address, None)
+        check(_C.sa_optimizer_step(handle, args, self._stream_of(stream)), handle)
+
+    def _scalar_address(self, value, what, slot, refs, stream):
+        if value is None:
+            return None
+        if isinstance(value, numbers.Real):
+            if self._device is not None and self._device[0] != KDL_CPU:
+                raise TypeError(f"{what}: the params are on {device_name(self._device)}; pass a one-element "
+                                "float32 tensor there instead of a number")
+            scalar = self._host_scalars[slot]
+            scalar.value = float(value)
+            return ctypes.addressof(scalar)
+        info = CapsuleInfo(to_capsule(value, self._stream_of(stream)))
+        if tuple(info.dtype) != DTYPES["float32"] or info.numel != 1:
+            raise InvalidArgument(f"{what} must be a one-element float32 tensor, got {dtype_name(info.dtype)} "
+                                  f"of shape {tuple(info.shape)}")
+        if self._device is not None and tuple(info.device) != self._device:
+            raise InvalidArgument(f"{what} is on {device_name(info.device)} but the params are on "
+                                  f"{device_name(self._device)}")
+        refs.append(value)
+        return info.data
+
+    def flush(self, stream=None):
+        """Enqueues the upload of what changed on the host since the last step (needed only
+        before replaying a step captured in a CUDA graph)."""
+        handle = self._handle_or_raise()
+        check(_C.sa_optimizer_flush(handle, self._stream_of(stream)), handle)
+
+    def _stream_of(self, stream):
+        return self.stream if stream is None else stream
+
+    # ---- state -----------------------------------------------------------------------
+    def state(self, param, key):
+        """A zero-copy :class:`~shardadam.State` view of one state of a param (by name or
+        index). ``key``: ``"exp_avg"``, ``"exp_avg_sq"``, ``"max_exp_avg_sq"`` (amsgrad),
+        ``"master"`` (fp32 master) or ``"remainder"`` (int16 remainder); see
+        :meth:`state_keys`. ``numpy.from_dlpack(opt.state("w", "exp_avg"))`` shares memory."""
+        index = self.param_index(param)
+        return State(self, index, self._names[index], key)
+
+    def state_keys(self, param):
+        """The state keys a param has, e.g. ``("exp_avg", "exp_avg_sq", "master")``."""
+        info = self.param_info(param)
+        keys = ["exp_avg", "exp_avg_sq"]
+        if self._groups[info.group].amsgrad:
+            keys.append("max_exp_avg_sq")
+        if info.master == "fp32":
+            keys.append("master")
+        elif info.master == "remainder":
+            keys.append("remainder")
+        return tuple(keys)
+
+    def _state_capsule(self, index, key):
+        handle = self._handle_or_raise()
+        if not isinstance(key, str):
+            raise TypeError(f"state key must be a str, got {type(key).__name__}")
+        status, capsule = _C.sa_optimizer_state_view(handle, index, key)
+        check(status, handle)
+        return capsule
+
+    # ---- checkpoints -----------------------------------------------------------------
+    def save(self, path):
+        """Writes this rank's state (every param and state key, the groups and their step
+        counts, the layouts) to ``path`` as a shard file (a safetensors file). The file
+        appears complete or not at all (written to a temporary name, then renamed)."""
+        handle = self._handle_or_raise()
+        _require_state_io()
+        writer = _C.sa_writer()
+        check(_C.sa_file_writer(os.fspath(path), writer))
+        try:
+            check(_C.sa_optimizer_export(handle, writer), handle)
+        finally:
+            del writer  # releases it (an uncommitted file writer removes its temporary file)
+
+    def load(self, paths, *, allow_missing=False, allow_unexpected=False, restore_groups=True, staging_bytes=0):
+        """Loads state from shard files written by any number of ranks with any layout,
+        resharding onto this optimizer's layout; copies into the existing state buffers.
+
+        Args:
+            paths: one path or a sequence of paths (all ranks' files of a checkpoint).
+            allow_missing: params absent from the files keep their state (else an error).
+            allow_unexpected: params in the files that this optimizer lacks are ignored.
+            restore_groups: restore hyperparameters and step counts from the files.
+            staging_bytes: size of the staging buffer (0: the library's default, 64 MiB).
+
+        Everything is validated before anything is copied; on error nothing changed.
+        """
+        handle = self._handle_or_raise()
+        _require_state_io()
+        readers = _open_readers(paths)
+        options = _C.sa_import_options()
+        options.allow_missing = int(bool(allow_missing))
+        options.allow_unexpected = int(bool(allow_unexpected))
+        options.restore_groups = int(bool(restore_groups))
+        options.staging_bytes = int(staging_bytes)
+        check(_C.sa_optimizer_import(handle, readers, options), handle)
+
+
+def _open_readers(paths):
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        paths = [paths]
+    readers = []
+    for path in paths:
+        reader = _C.sa_reader()
+        check(_C.sa_file_reader(os.fspath(path), reader))
+        readers.append(reader)
+    return readers
+
+
+def inspect(paths, verify_data=True):
+    """Describes what a set of shard files holds (``sa_inspect``), as a dict: per global
+    tensor its shape, dtype, the boxes saved and by which file, whether they cover it
+    exactly once; per file whether its header parses and its checksums match.
+    ``verify_data=False`` reads only the headers."""
+    _require_state_io()
+    readers = _open_readers(paths)
+    status, report = _C.sa_inspect(readers, int(bool(verify_data)))
+    check(status)
+    return json.loads(report)
+

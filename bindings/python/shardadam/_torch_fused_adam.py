@@ -1,0 +1,384 @@
+"""FusedAdam: torch.optim.Optimizer over shardadam (imported lazily by shardadam.torch)."""
+import itertools
+
+import torch
+
+from ._optimizer import Optimizer
+from .layout import Mesh, Replicate, Shard
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+    DTensor = None
+
+_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "bias_correction", "maximize",
+                    "amsgrad")
+
+
+class _Entry:
+    """One registered param: the torch param, its native index and where it sits."""
+
+    __slots__ = ("param", "index", "name", "group", "local_ptr", "numel", "mesh", "placements", "local_shape",
+                 "global_offset")
+
+    def __init__(self, param, index, name, group, local, mesh, placements, info):
+        self.param, self.index, self.name, self.group = param, index, name, group
+        self.local_ptr = local.data_ptr()
+        self.numel = local.numel()
+        self.mesh, self.placements = mesh, placements
+        self.local_shape, self.global_offset = info.local_shape, info.global_offset
+
+
+def _local_tensor(tensor):
+    """The local shard of a DTensor (the tensor itself otherwise), without autograd."""
+    if DTensor is not None and isinstance(tensor, DTensor):
+        local = getattr(tensor, "_local_tensor", None)
+        return local if local is not None else tensor.to_local()
+    return tensor
+
+
+def _placement(placement, name):
+    # _StridedShard (FSDP2 over tensor parallelism) is a Shard with a split_factor: its split
+    # is not torch.chunk's, so it is refused rather than misread.
+    if placement.is_shard() and not hasattr(placement, "split_factor"):
+        return Shard(placement.dim)
+    if placement.is_replicate():
+        return Replicate()
+    if placement.is_partial():
+        raise ValueError(f"FusedAdam: param {name!r} has a Partial placement; a param must be Shard or Replicate")
+    raise ValueError(f"FusedAdam: param {name!r} has placement {placement!r}; shardadam supports Shard(d) "
+                     "(torch.chunk's split) and Replicate()")
+
+
+def _hyperparameters(group):
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor):
+        lr = lr.item()  # a device lr synchronizes here; keep lr a float for a sync-free step
+    beta1, beta2 = group["betas"]
+    return {"lr": float(lr), "betas": (float(beta1), float(beta2)), "eps": float(group["eps"]),
+            "weight_decay": float(group["weight_decay"]),
+            "decoupled_weight_decay": bool(group["decoupled_weight_decay"]),
+            "bias_correction": bool(group["bias_correction"]), "maximize": bool(group["maximize"]),
+            "amsgrad": bool(group["amsgrad"])}
+
+
+def _current_stream(device):
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+
+
+class FusedAdam(torch.optim.Optimizer):
+    """Adam/AdamW over shardadam: one native call per step, whatever the number of params.
+
+    A drop-in ``torch.optim.Optimizer`` with ``torch.optim.AdamW``'s defaults (set
+    ``decoupled_weight_decay=False`` for ``torch.optim.Adam``'s L2 weight decay).
+
+    - **DTensor params** (FSDP2 ``fully_shard``, tensor parallelism) are registered once from
+      their local tensor, device mesh, this rank's mesh coordinate and placements
+      (``Shard(d)``, ``Replicate()``; ``Partial`` is refused). Plain tensors are unsharded.
+      The optimizer state knows each shard's place in the global tensor.
+    - **step()** makes one native call plus the list of grad data pointers (``p.grad``, or
+      its local tensor for DTensor grads). Every non-empty param needs a grad (a step where
+      no param has one does nothing). The first step checks the grads fully (dtype, shape,
+      device); later steps pass the pointers only. Each group's current ``lr``, ``betas``,
+      ``eps``, ``weight_decay`` (and flags) are honoured every step: LR schedulers work;
+      changes are pushed to the library only when they change.
+    - **torch.amp.GradScaler**: the fused-optimizer protocol. The scaler hands over
+      ``grad_scale`` and ``found_inf`` tensors (as attributes, or ``step(grad_scale=...,
+      found_inf=...)``); the grads are unscaled inside the step with ``1 / grad_scale``
+      computed on the device, and a nonzero ``found_inf`` skips the step on the device: no
+      host synchronization.
+    - **state_dict()** holds the states (``exp_avg``, ``exp_avg_sq``, and ``max_exp_avg_sq``,
+      ``master``, ``remainder`` where they exist) as tensors sharing memory with the library's
+      buffers: DTensors with their param's mesh and placements, so
+      ``torch.distributed.checkpoint`` saves and reshards them; ``step`` per param as torch's
+      Adam keeps it. **load_state_dict()** copies into the existing buffers (from DTensors
+      of any layout, or plain local or global tensors).
+    - The params must keep their memory: the library updates the tensors it was given. A
+      param whose local tensor was reallocated before the first step (e.g. FSDP2's lazy
+      init re-padding it) is re-registered at that step; after the first step, reassigning
+      ``p.data`` is not seen. Loading model weights before the first step is fine: fp32
+      master weights are refreshed from the params at the first step.
+
+    Args:
+        params: iterable of params or of param groups (dicts), or of ``(name, param)`` pairs.
+        lr, betas, eps, weight_decay: as in ``torch.optim.AdamW``.
+        decoupled_weight_decay: True: AdamW; False: Adam with an L2 term on the grad.
+        amsgrad, maximize: as in ``torch.optim.Adam``.
+        bias_correction: divide by ``1 - beta^t`` (default True).
+        master: for 16-bit params: None (fp32 master weights for bf16/fp16 params), ``"fp32"``,
+            ``"remainder"`` (bf16 params: an int16 remainder instead of an fp32 copy).
+        grad_dtype: dtype of the grads (default: the param's).
+        moment_dtype: ``torch.float32`` (default) or ``torch.bfloat16``.
+        num_threads: CPU params: worker threads (0: one per hardware thread).
+
+    ``self.native`` is the underlying :class:`shardadam.Optimizer` (e.g. for its
+    ``save``/``load`` of shard files).
+    """
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 decoupled_weight_decay=True, amsgrad=False, maximize=False, bias_correction=True, master=None,
+                 grad_dtype=None, moment_dtype=None, num_threads=0):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        bias_correction=bias_correction)
+        # Set before super().__init__, which calls add_param_group for every group.
+        self._param_options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype)
+        self._num_threads = num_threads
+        self.native = None
+        self._entries = []
+        self._entry_of = {}
+        self._params = []
+        self._pushed = []
+        self._scalars = None       # device buffer: [1 / grad_scale, found_inf]
+        self._stepped = False
+        super().__init__(params, defaults)
+
+    # ---- registration ------------------------------------------------------------------
+    def add_param_group(self, param_group):
+        """Adds a param group (as ``torch.optim.Optimizer.add_param_group``) and registers
+        its params with the library."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        hyperparameters = _hyperparameters(group)
+        if self.native is None:
+            self.native = Optimizer(**hyperparameters, num_threads=self._num_threads)
+        else:
+            self.native.add_group(**hyperparameters)
+        self._pushed.append(hyperparameters)
+        group_index = len(self.param_groups) - 1
+        names = group.get("param_names")
+        for position, param in enumerate(group["params"]):
+            name = names[position] if names else f"params.{len(self._entries)}"
+            self._register(param, name, group_index)
+
+    def _register(self, param, name, group_index):
+        if DTensor is not None and isinstance(param, DTensor):
+            mesh = param.device_mesh
+            coordinate = mesh.get_coordinate()
+            if coordinate is None:
+                raise ValueError(f"FusedAdam: this rank is not in the device mesh of param {name!r}")
+            placements = tuple(param.placements)
+            layout = Mesh(tuple(mesh.shape), tuple(coordinate), [_placement(p, name) for p in placements],
+                          global_shape=tuple(param.shape))
+        else:
+            mesh, placements, layout = None, None, None
+        with torch.no_grad():
+            local = _local_tensor(param).detach()
+        index = self.native.add_param(name, local, group=group_index, layout=layout,
+                                      stream=_current_stream(local.device), **self._param_options)
+        entry = _Entry(param, index, name, group_index, local, mesh, placements, self.native.param_info(index))
+        self._entries.append(entry)
+        self._entry_of[param] = entry
+        self._params.append(param)
+        self.state[param] = self._state_views(entry)
+
+    def _state_views(self, entry):
+        views = {}
+        for key in self.native.state_keys(entry.index):
+            local = torch.from_dlpack(self.native.state(entry.index, key))
+            if entry.mesh is not None:
+                param = entry.param
+                views[key] = DTensor.from_local(local, entry.mesh, entry.placements, run_check=False,
+                                                shape=param.shape, stride=param.stride())
+            else:
+                views[key] = local
+        views["step"] = torch.tensor(float(self.native.param_groups[entry.group].step), dtype=torch.float32)
+        return views
+
+    # ---- step ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None):
+        """One optimizer step over every param (see the class docstring).
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+            grad_scale: the loss scale the grads carry (a tensor; GradScaler sets
+                ``self.grad_scale`` instead). The grads are divided by it.
+            found_inf: skip the step where it is nonzero (a tensor; GradScaler sets
+                ``self.found_inf``).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        if not self._entries:
+            return loss
+        grads = [p.grad for p in self._params]
+        missing = [e.name for e, g in zip(self._entries, grads) if g is None and e.numel > 0]
+        if missing:
+            if len(missing) == sum(1 for e in self._entries if e.numel > 0):
+                return loss  # no grads at all: nothing to do, as torch's optimizers
+            raise RuntimeError(f"FusedAdam: params {missing[:5]}{' ...' if len(missing) > 5 else ''} have no grad; "
+                               "shardadam steps all params at once (freeze params by leaving them out of the "
+                               "optimizer)")
+        if not self._stepped:
+            self._prepare_first_step(grads)
+        self._push_hyperparameters()
+        device = self._entries[0].param.device
+        stream = _current_stream(device)
+        inv_address = found_address = None
+        if grad_scale is not None or found_inf is not None:
+            scalars = self._scalar_buffer(device)
+            if grad_scale is not None:
+                if isinstance(grad_scale, torch.Tensor):
+                    # 1 / scale in float64 then float32, as GradScaler's own unscale, on the device.
+                    scalars[0:1].copy_(grad_scale.detach().reshape(1).to(torch.float64).reciprocal())
+                else:
+                    scalars[0:1].fill_(1.0 / float(grad_scale))
+                inv_address = scalars.data_ptr()
+            if found_inf is not None:
+                if isinstance(found_inf, torch.Tensor):
+                    scalars[1:2].copy_(found_inf.detach().reshape(1), non_blocking=True)
+                else:
+                    scalars[1:2].fill_(float(found_inf))
+                found_address = scalars.data_ptr() + scalars.element_size()
+        self.native.set_grads([0 if g is None else _local_tensor(g).data_ptr() for g in grads])
+        self.native._step_addresses(inv_address, found_address, stream)
+        return loss
+
+    def _scalar_buffer(self, device):
+        if self._scalars is None:
+            self._scalars = torch.zeros(2, dtype=torch.float32, device=device)
+        return self._scalars
+
+    def _prepare_first_step(self, grads):
+        """Checks the grads fully once, re-registers params whose memory moved since they
+        were added, and refreshes fp32 master weights from the params (they may have been
+        loaded since)."""
+        moved = [e.name for e in self._entries if e.numel > 0 and _local_tensor(e.param).data_ptr() != e.local_ptr]
+        if moved:
+            self._reregister()
+        for entry, grad in zip(self._entries, grads):
+            if grad is not None:
+                self.native.set_grad(entry.index, _local_tensor(grad).detach(),
+                                     stream=_current_stream(entry.param.device))
+        if all(group.step == 0 for group in self.native.param_groups):
+            for entry in self._entries:
+                state = self.state[entry.param]
+                local_param = _local_tensor(entry.param)
+                if "master" in state:
+                    _local_tensor(state["master"]).copy_(local_param)
+                if "remainder" in state:
+                    _local_tensor(state["remainder"]).zero_()
+        self._stepped = True
+
+    def _reregister(self):
+        """A fresh native optimizer over the params' current memory, keeping the state."""
+        old_native, old_states = self.native, {e.param: self.state[e.param] for e in self._entries}
+        steps = [group.step for group in old_native.param_groups]
+        self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
+        for group_index, group in enumerate(self.param_groups):
+            hyperparameters = _hyperparameters(group)
+            if self.native is None:
+                self.native = Optimizer(**hyperparameters, num_threads=self._num_threads)
+            else:
+                self.native.add_group(**hyperparameters)
+            self._pushed.append(hyperparameters)
+            names = group.get("param_names")
+            for position, param in enumerate(group["params"]):
+                self._register(param, names[position] if names else f"params.{len(self._entries)}", group_index)
+        for param, old in old_states.items():
+            for key, value in old.items():
+                if key != "step":
+                    _local_tensor(self.state[param][key]).copy_(_local_tensor(value))
+        for group, step in zip(self.native.param_groups, steps):
+            group.step = step
+        old_native.close()
+
+    def _push_hyperparameters(self):
+        for index, group in enumerate(self.param_groups):
+            hyperparameters = _hyperparameters(group)
+            pushed = self._pushed[index]
+            if hyperparameters != pushed:
+                native_group = self.native.param_groups[index]
+                if all(hyperparameters[k] == pushed[k] for k in _HYPERPARAMETERS if k != "lr"):
+                    native_group.lr = hyperparameters["lr"]
+                else:
+                    native_group.update(**hyperparameters)
+                self._pushed[index] = hyperparameters
+
+    # ---- state dict ------------------------------------------------------------------------
+    def state_dict(self):
+        """``torch.optim.Optimizer.state_dict()`` whose state tensors share memory with the
+        library's buffers (DTensors for DTensor params); ``step`` is read from the library
+        (on CUDA this synchronizes)."""
+        for entry in self._entries:
+            self.state[entry.param]["step"].fill_(float(self.native.param_groups[entry.group].step))
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Loads a state dict (this optimizer's, torch Adam/AdamW's, or one restored by
+        ``torch.distributed.checkpoint``) by copying into the existing state buffers.
+
+        Params are matched by position, as ``torch.optim.Optimizer.load_state_dict`` does.
+        A state given as a DTensor of another layout is gathered and this rank's box taken;
+        a plain tensor may be the local shard or the whole global tensor. ``step`` sets the
+        group's step count; the groups' hyperparameters are taken over.
+        """
+        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, the optimizer "
+                             f"{len(self.param_groups)}")
+        for saved, group in zip(saved_groups, self.param_groups):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                                 "optimizer's group")
+        id_map = dict(zip(itertools.chain.from_iterable(g["params"] for g in saved_groups),
+                          itertools.chain.from_iterable(g["params"] for g in self.param_groups)))
+        steps = {}
+        with torch.no_grad():
+            for key, saved_state in state_dict["state"].items():
+                if key not in id_map:
+                    continue
+                entry = self._entry_of[id_map[key]]
+                current = self.state[entry.param]
+                for name, value in saved_state.items():
+                    if name == "step":
+                        steps.setdefault(entry.group, int(float(value)))
+                    elif name in current:
+                        self._copy_state(entry, current[name], value, name)
+                    else:
+                        raise KeyError(f"FusedAdam.load_state_dict: param {entry.name!r} has no state {name!r} "
+                                       f"(it has {sorted(k for k in current if k != 'step')})")
+                if "master" in current and "master" not in saved_state:  # the param is the truth
+                    _local_tensor(current["master"]).copy_(_local_tensor(entry.param))
+        for group_index, step in steps.items():
+            self.native.param_groups[group_index].step = step
+        for saved, group in zip(saved_groups, self.param_groups):
+            for key, value in saved.items():
+                if key not in ("params", "param_names"):
+                    group[key] = value
+        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(self)
+
+    def _copy_state(self, entry, target, value, name):
+        target_local = _local_tensor(target)
+        if DTensor is not None and isinstance(value, DTensor):
+            if entry.mesh is not None and value.device_mesh == entry.mesh and tuple(value.placements) == entry.placements:
+                source = value.to_local()
+            else:
+                source = self._box_of(entry, value.full_tensor())
+        elif tuple(value.shape) == tuple(target_local.shape):
+            source = value
+        elif tuple(value.shape) == tuple(entry.param.shape):
+            source = self._box_of(entry, value)
+        else:
+            raise ValueError(f"FusedAdam.load_state_dict: state {name!r} of param {entry.name!r} has shape "
+                             f"{tuple(value.shape)}; expected the local shape {tuple(target_local.shape)} or the "
+                             f"global shape {tuple(entry.param.shape)}")
+        if source.data_ptr() != target_local.data_ptr() or source.numel() == 0:
+            target_local.copy_(source)
+
+    @staticmethod
+    def _box_of(entry, full):
+        return full[tuple(slice(o, o + n) for o, n in zip(entry.global_offset, entry.local_shape))]

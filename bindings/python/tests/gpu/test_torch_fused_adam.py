@@ -1,0 +1,221 @@
+"""shardadam.torch.FusedAdam against torch.optim.AdamW (fused=False), on CUDA float32.
+
+Needs torch (skipped without it) and a CUDA device for most tests (the CPU backend is
+compared too where torch's CPU path applies). Run from the repository root after
+`pip install ./bindings/python`:
+
+    python -m pytest -q bindings/python/tests/gpu/test_torch_fused_adam.py
+"""
+import copy
+import io
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from shardadam.torch import FusedAdam  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+# torch's single-tensor AdamW and the fused kernel order their float32 operations
+# differently; after 20 steps params agree to a few ulps of the update.
+ATOL, RTOL = 2e-6, 1e-5
+
+
+def make_model(device, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 48), torch.nn.GELU(),
+        torch.nn.Linear(48, 10, bias=False))
+    return model.to(device=device, dtype=dtype)
+
+
+def batches(device, steps, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 32, generator=gen).to(device), torch.randint(0, 10, (16,), generator=gen).to(device))
+            for _ in range(steps)]
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.cross_entropy(model(x.to(next(model.parameters()).dtype)).float(), y)
+
+
+def assert_params_close(a, b, atol=ATOL, rtol=RTOL):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p.float(), q.float(), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+def warmup_lambda(step):
+    return min(1.0, (step + 1) / 5) * (0.5 if step >= 12 else 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twenty_steps_match_torch_adamw_with_an_lr_schedule(device):
+    ours_model, torch_model = make_model(device), make_model(device)
+    ours = FusedAdam(ours_model.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False, fused=False)
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, warmup_lambda) for o in (ours, reference)]
+    for x, y in batches(device, 20):
+        for model, opt, schedule in [(ours_model, ours, schedules[0]), (torch_model, reference, schedules[1])]:
+            opt.zero_grad(set_to_none=True)
+            loss_of(model, x, y).backward()
+            opt.step()
+            schedule.step()
+        assert ours.param_groups[0]["lr"] == reference.param_groups[0]["lr"]
+    assert_params_close(ours_model, torch_model)
+    ours_state, torch_state = ours.state_dict()["state"], reference.state_dict()["state"]
+    for index, state in torch_state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(ours_state[index][key], state[key], atol=1e-7, rtol=1e-4)
+        assert float(ours_state[index]["step"]) == float(state["step"]) == 20
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_param_groups_amsgrad_and_adam_l2(device):
+    ours_model, torch_model = make_model(device), make_model(device)
+
+    def groups(model):
+        layers = list(model)
+        return [{"params": layers[0].parameters()},
+                {"params": layers[2].parameters(), "lr": 1e-3, "amsgrad": True},
+                {"params": layers[4].parameters(), "weight_decay": 0.0}]
+
+    ours = FusedAdam(groups(ours_model), **HYPER, decoupled_weight_decay=False)
+    reference = torch.optim.Adam(groups(torch_model), **HYPER, foreach=False)
+    for x, y in batches(device, 20):
+        for model, opt in [(ours_model, ours), (torch_model, reference)]:
+            opt.zero_grad()
+            loss_of(model, x, y).backward()
+            opt.step()
+    assert_params_close(ours_model, torch_model)
+
+
+@needs_cuda
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["fused protocol", "unscale_ then clip"])
+def test_grad_scaler_with_an_inf_step_skipped(unscale_first):
+    ours_model, torch_model = make_model("cuda"), make_model("cuda")
+    ours = FusedAdam(ours_model.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False)
+    scalers = [torch.amp.GradScaler("cuda", init_scale=2.0 ** 12, growth_interval=4) for _ in range(2)]
+    for step, (x, y) in enumerate(batches("cuda", 20)):
+        for model, opt, scaler in [(ours_model, ours, scalers[0]), (torch_model, reference, scalers[1])]:
+            opt.zero_grad()
+            scaler.scale(loss_of(model, x, y)).backward()
+            if step == 7:  # an overflow: the step must be skipped and the scale backed off
+                next(model.parameters()).grad[0, 0] = float("inf")
+            if unscale_first:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+        assert scalers[0].get_scale() == scalers[1].get_scale()
+    assert not hasattr(ours, "grad_scale") and not hasattr(ours, "found_inf")  # GradScaler cleaned up
+    assert_params_close(ours_model, torch_model)
+    assert float(ours.state_dict()["state"][0]["step"]) == 19
+    assert float(reference.state_dict()["state"][0]["step"]) == 19
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_dict_shares_memory_and_round_trips(device):
+    model = make_model(device)
+    opt = FusedAdam(model.parameters(), **HYPER)
+    data = batches(device, 10)
+    for x, y in data[:5]:
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+    state_dict = opt.state_dict()
+    exp_avg = state_dict["state"][0]["exp_avg"]
+    assert exp_avg.data_ptr() == opt.native.state(0, "exp_avg").data_ptr  # a view, not a copy
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+
+    resumed_model = copy.deepcopy(model)
+    resumed = FusedAdam(resumed_model.parameters(), lr=0.5)  # lr comes from the state dict
+    resumed.load_state_dict(saved)
+    assert resumed.param_groups[0]["lr"] == HYPER["lr"]
+    assert resumed.state_dict()["state"][0]["exp_avg"].data_ptr() == resumed.native.state(0, "exp_avg").data_ptr
+    for x, y in data[5:]:
+        for m, o in [(model, opt), (resumed_model, resumed)]:
+            o.zero_grad()
+            loss_of(m, x, y).backward()
+            o.step()
+    assert_params_close(model, resumed_model, atol=0, rtol=0)  # same kernel, same state: bit for bit
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loads_torch_adamw_state(device):
+    ours_model, torch_model = make_model(device), make_model(device)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False)
+    data = batches(device, 10)
+    for x, y in data[:5]:
+        reference.zero_grad()
+        loss_of(torch_model, x, y).backward()
+        reference.step()
+    ours_model.load_state_dict(torch_model.state_dict())
+    ours = FusedAdam(ours_model.parameters(), **HYPER)
+    ours.load_state_dict(reference.state_dict())
+    for x, y in data[5:]:
+        for m, o in [(ours_model, ours), (torch_model, reference)]:
+            o.zero_grad()
+            loss_of(m, x, y).backward()
+            o.step()
+    assert_params_close(ours_model, torch_model)
+
+
+@needs_cuda
+def test_bf16_params_with_fp32_master_follow_fp32_adamw():
+    """bf16 params, fp32 master weights kept by shardadam: the master follows torch AdamW
+    run in float32 on the same (bf16) grads, and the params are its bf16 rounding."""
+    ours_model = make_model("cuda", torch.bfloat16)
+    fp32_model = make_model("cuda", torch.bfloat16).float()  # the same bf16 values, in fp32
+    ours = FusedAdam(ours_model.parameters(), **HYPER)
+    reference = torch.optim.AdamW(fp32_model.parameters(), **HYPER, foreach=False)
+    for x, y in batches("cuda", 20):
+        ours.zero_grad()
+        loss_of(ours_model, x, y).backward()
+        ours.step()
+        reference.zero_grad()
+        for p, q in zip(ours_model.parameters(), fp32_model.parameters()):
+            q.grad = p.grad.float()
+        reference.step()
+    state = ours.state_dict()["state"]
+    for index, (p, q) in enumerate(zip(ours_model.parameters(), fp32_model.parameters())):
+        torch.testing.assert_close(state[index]["master"], q, atol=ATOL, rtol=RTOL)
+        assert torch.equal(p, state[index]["master"].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_missing_grads(device):
+    model = make_model(device)
+    opt = FusedAdam(model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()  # no grads at all: nothing happens, as with torch's optimizers
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    x, y = batches(device, 1)[0]
+    loss_of(model, x, y).backward()
+    model[0].weight.grad = None
+    with pytest.raises(RuntimeError, match="have no grad"):
+        opt.step()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_closure_and_named_params(device):
+    model = make_model(device)
+    opt = FusedAdam(model.named_parameters(), **HYPER)
+    assert opt.native.param_names[0] == "0.weight"
+    x, y = batches(device, 1)[0]
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, x, y)
+        loss.backward()
+        return loss
+
+    first = opt.step(closure).detach()
+    second = opt.step(closure).detach()
+    assert second.item() < first.item()

@@ -1,0 +1,36 @@
+"""The package as a whole: the low-level module covers the C ABI, versions agree, and the
+torch integration does not need torch to import."""
+import importlib.util
+import pathlib
+import re
+
+import pytest
+
+import shardadam
+from shardadam import _shardadam
+
+HEADER = pathlib.Path(__file__).resolve().parents[3] / "include" / "shardadam" / "shardadam.h"
+# Called by the low-level module's own typemaps and destructors instead of from Python.
+NOT_WRAPPED = {"sa_free", "sa_writer_release", "sa_reader_release"}
+
+
+def test_low_level_module_wraps_every_function_of_the_header():
+    declared = set(re.findall(r"^SA_API\s[^;]*?\b(sa_\w+)\s*\(", HEADER.read_text(), flags=re.M | re.S))
+    assert len(declared) > 30
+    missing = sorted(name for name in declared - NOT_WRAPPED if not hasattr(_shardadam, name))
+    assert missing == []
+
+
+def test_versions_agree():
+    assert _shardadam.sa_version() == _shardadam.SA_VERSION_NUMBER
+    assert shardadam.__version__ == "{}.{}.{}".format(
+        _shardadam.SA_VERSION_MAJOR, _shardadam.SA_VERSION_MINOR, _shardadam.SA_VERSION_PATCH)
+    assert shardadam.build_info().startswith(f"shardadam {shardadam.__version__}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
+def test_torch_module_imports_without_torch():
+    import shardadam.torch
+
+    with pytest.raises(ImportError, match="needs PyTorch"):
+        shardadam.torch.FusedAdam

@@ -1,0 +1,417 @@
+//! The hand-written declarations of lib.rs against what the C compiler says about
+//! shardadam.h (probe/c_layout.c, run by build.rs): every struct size, field offset,
+//! constant and SA_*_INIT default, by name, in both directions.
+use super::*;
+use std::collections::BTreeMap;
+use std::mem::{size_of, MaybeUninit};
+
+#[allow(clippy::excessive_precision)] // %.17e: every digit printf gives, for an exact read
+mod c {
+    include!(concat!(env!("OUT_DIR"), "/c_layout.rs"));
+}
+
+/// The byte offset of a field (std::mem::offset_of! needs Rust 1.77; Debian 12 has 1.63).
+macro_rules! offset_of {
+    ($t:ty, $f:tt) => {{
+        let value = MaybeUninit::<$t>::uninit();
+        let base = value.as_ptr();
+        // SAFETY: addr_of! computes the field's address without reading the memory.
+        let field = unsafe { ptr::addr_of!((*base).$f) };
+        field as usize - base as usize
+    }};
+}
+
+/// The same facts as the probe prints, from the Rust declarations.
+fn rust_int_facts() -> BTreeMap<String, i64> {
+    let mut facts = BTreeMap::new();
+    let mut fact = |name: &str, value: i64| {
+        assert!(
+            facts.insert(name.to_string(), value).is_none(),
+            "fact {} listed twice",
+            name
+        );
+    };
+    macro_rules! size {
+        ($t:ty) => {
+            fact(
+                &format!("sizeof({})", stringify!($t)),
+                size_of::<$t>() as i64,
+            )
+        };
+    }
+    macro_rules! offset {
+        ($t:ty, $f:tt) => {
+            fact(
+                &format!(
+                    "offsetof({}, {})",
+                    stringify!($t),
+                    stringify!($f).trim_start_matches("r#")
+                ),
+                offset_of!($t, $f) as i64,
+            )
+        };
+    }
+    macro_rules! constant {
+        ($c:ident) => {
+            fact(stringify!($c), $c as i64)
+        };
+    }
+
+    size!(DLPackVersion);
+    offset!(DLPackVersion, major);
+    offset!(DLPackVersion, minor);
+    size!(DLDevice);
+    offset!(DLDevice, device_type);
+    offset!(DLDevice, device_id);
+    size!(DLDataType);
+    offset!(DLDataType, code);
+    offset!(DLDataType, bits);
+    offset!(DLDataType, lanes);
+    size!(DLTensor);
+    offset!(DLTensor, data);
+    offset!(DLTensor, device);
+    offset!(DLTensor, ndim);
+    offset!(DLTensor, dtype);
+    offset!(DLTensor, shape);
+    offset!(DLTensor, strides);
+    offset!(DLTensor, byte_offset);
+    size!(DLManagedTensor);
+    offset!(DLManagedTensor, dl_tensor);
+    offset!(DLManagedTensor, manager_ctx);
+    offset!(DLManagedTensor, deleter);
+    size!(DLManagedTensorVersioned);
+    offset!(DLManagedTensorVersioned, version);
+    offset!(DLManagedTensorVersioned, manager_ctx);
+    offset!(DLManagedTensorVersioned, deleter);
+    offset!(DLManagedTensorVersioned, flags);
+    offset!(DLManagedTensorVersioned, dl_tensor);
+    constant!(kDLCPU);
+    constant!(kDLCUDA);
+    constant!(kDLInt);
+    constant!(kDLFloat);
+    constant!(kDLBfloat);
+    constant!(DLPACK_FLAG_BITMASK_READ_ONLY);
+
+    constant!(SA_VERSION_MAJOR);
+    constant!(SA_VERSION_MINOR);
+    constant!(SA_VERSION_PATCH);
+    constant!(SA_VERSION_NUMBER);
+    constant!(SA_MAX_NDIM);
+    size!(sa_status);
+    constant!(SA_OK);
+    constant!(SA_ERR_INVALID_ARGUMENT);
+    constant!(SA_ERR_UNSUPPORTED);
+    constant!(SA_ERR_OUT_OF_MEMORY);
+    constant!(SA_ERR_DEVICE);
+    constant!(SA_ERR_COMM);
+    constant!(SA_ERR_IO);
+    constant!(SA_ERR_FORMAT);
+    constant!(SA_ERR_MISMATCH);
+    constant!(SA_ERR_STATE);
+    constant!(SA_ERR_INTERNAL);
+    constant!(SA_PLACEMENT_REPLICATE);
+    constant!(SA_PLACEMENT_SHARD);
+    constant!(SA_PLACEMENT_PARTIAL);
+    constant!(SA_MASTER_AUTO);
+    constant!(SA_MASTER_NONE);
+    constant!(SA_MASTER_FP32);
+    constant!(SA_MASTER_REMAINDER);
+
+    size!(sa_placement);
+    offset!(sa_placement, r#type);
+    offset!(sa_placement, dim);
+
+    size!(sa_layout);
+    offset!(sa_layout, struct_size);
+    offset!(sa_layout, ndim);
+    offset!(sa_layout, global_shape);
+    offset!(sa_layout, mesh_ndim);
+    offset!(sa_layout, mesh_shape);
+    offset!(sa_layout, mesh_coord);
+    offset!(sa_layout, placements);
+    offset!(sa_layout, global_offset);
+    let layout = sa_layout::default();
+    fact("SA_LAYOUT_INIT.struct_size", layout.struct_size as i64);
+    fact("SA_LAYOUT_INIT.ndim", layout.ndim as i64);
+    fact("SA_LAYOUT_INIT.mesh_ndim", layout.mesh_ndim as i64);
+    fact(
+        "SA_LAYOUT_INIT.null_pointers",
+        (layout.global_shape.is_null()
+            && layout.mesh_shape.is_null()
+            && layout.mesh_coord.is_null()
+            && layout.placements.is_null()
+            && layout.global_offset.is_null()) as i64,
+    );
+
+    size!(sa_optimizer_config);
+    offset!(sa_optimizer_config, struct_size);
+    offset!(sa_optimizer_config, num_threads);
+    offset!(sa_optimizer_config, cpu_simd);
+    let config = sa_optimizer_config::default();
+    fact(
+        "SA_OPTIMIZER_CONFIG_INIT.struct_size",
+        config.struct_size as i64,
+    );
+    fact(
+        "SA_OPTIMIZER_CONFIG_INIT.num_threads",
+        config.num_threads as i64,
+    );
+    fact("SA_OPTIMIZER_CONFIG_INIT.cpu_simd", config.cpu_simd as i64);
+
+    size!(sa_group_config);
+    offset!(sa_group_config, struct_size);
+    offset!(sa_group_config, lr);
+    offset!(sa_group_config, beta1);
+    offset!(sa_group_config, beta2);
+    offset!(sa_group_config, eps);
+    offset!(sa_group_config, weight_decay);
+    offset!(sa_group_config, decoupled_weight_decay);
+    offset!(sa_group_config, bias_correction);
+    offset!(sa_group_config, maximize);
+    offset!(sa_group_config, amsgrad);
+    let group = sa_group_config::default();
+    fact("SA_GROUP_CONFIG_INIT.struct_size", group.struct_size as i64);
+    fact(
+        "SA_GROUP_CONFIG_INIT.decoupled_weight_decay",
+        group.decoupled_weight_decay as i64,
+    );
+    fact(
+        "SA_GROUP_CONFIG_INIT.bias_correction",
+        group.bias_correction as i64,
+    );
+    fact("SA_GROUP_CONFIG_INIT.maximize", group.maximize as i64);
+    fact("SA_GROUP_CONFIG_INIT.amsgrad", group.amsgrad as i64);
+
+    size!(sa_param_options);
+    offset!(sa_param_options, struct_size);
+    offset!(sa_param_options, grad_dtype);
+    offset!(sa_param_options, moment_dtype);
+    offset!(sa_param_options, master);
+    let options = sa_param_options::default();
+    fact(
+        "SA_PARAM_OPTIONS_INIT.struct_size",
+        options.struct_size as i64,
+    );
+    fact(
+        "SA_PARAM_OPTIONS_INIT.grad_dtype.bits",
+        options.grad_dtype.bits as i64,
+    );
+    fact(
+        "SA_PARAM_OPTIONS_INIT.moment_dtype.bits",
+        options.moment_dtype.bits as i64,
+    );
+    fact("SA_PARAM_OPTIONS_INIT.master", options.master as i64);
+
+    size!(sa_param_info);
+    offset!(sa_param_info, struct_size);
+    offset!(sa_param_info, name);
+    offset!(sa_param_info, group);
+    offset!(sa_param_info, ndim);
+    offset!(sa_param_info, local_shape);
+    offset!(sa_param_info, global_shape);
+    offset!(sa_param_info, global_offset);
+    offset!(sa_param_info, numel);
+    offset!(sa_param_info, param_dtype);
+    offset!(sa_param_info, grad_dtype);
+    offset!(sa_param_info, moment_dtype);
+    offset!(sa_param_info, master);
+    offset!(sa_param_info, device);
+    let info = sa_param_info::default();
+    fact("SA_PARAM_INFO_INIT.struct_size", info.struct_size as i64);
+    fact(
+        "SA_PARAM_INFO_INIT.device.device_type",
+        info.device.device_type as i64,
+    );
+
+    size!(sa_step_args);
+    offset!(sa_step_args, struct_size);
+    offset!(sa_step_args, inv_grad_scale);
+    offset!(sa_step_args, found_inf);
+    offset!(sa_step_args, skipped);
+    let args = sa_step_args::default();
+    fact("SA_STEP_ARGS_INIT.struct_size", args.struct_size as i64);
+    fact(
+        "SA_STEP_ARGS_INIT.null_pointers",
+        (args.inv_grad_scale.is_null() && args.found_inf.is_null() && args.skipped.is_null())
+            as i64,
+    );
+
+    size!(sa_writer);
+    offset!(sa_writer, struct_size);
+    offset!(sa_writer, ctx);
+    offset!(sa_writer, write);
+    offset!(sa_writer, commit);
+    offset!(sa_writer, release);
+    let writer = sa_writer::default();
+    fact("SA_WRITER_INIT.struct_size", writer.struct_size as i64);
+    let writer_nulls = writer.ctx.is_null()
+        && writer.write.is_none()
+        && writer.commit.is_none()
+        && writer.release.is_none();
+    fact("SA_WRITER_INIT.null_pointers", writer_nulls as i64);
+
+    size!(sa_reader);
+    offset!(sa_reader, struct_size);
+    offset!(sa_reader, ctx);
+    offset!(sa_reader, size);
+    offset!(sa_reader, read_at);
+    offset!(sa_reader, release);
+    offset!(sa_reader, name);
+    let reader = sa_reader::default();
+    fact("SA_READER_INIT.struct_size", reader.struct_size as i64);
+    fact("SA_READER_INIT.size", reader.size as i64);
+    let reader_nulls = reader.ctx.is_null()
+        && reader.read_at.is_none()
+        && reader.release.is_none()
+        && reader.name.is_null();
+    fact("SA_READER_INIT.null_pointers", reader_nulls as i64);
+
+    size!(sa_import_options);
+    offset!(sa_import_options, struct_size);
+    offset!(sa_import_options, staging_bytes);
+    offset!(sa_import_options, allow_missing);
+    offset!(sa_import_options, allow_unexpected);
+    offset!(sa_import_options, restore_groups);
+    let import = sa_import_options::default();
+    fact(
+        "SA_IMPORT_OPTIONS_INIT.struct_size",
+        import.struct_size as i64,
+    );
+    fact(
+        "SA_IMPORT_OPTIONS_INIT.staging_bytes",
+        import.staging_bytes as i64,
+    );
+    fact(
+        "SA_IMPORT_OPTIONS_INIT.allow_missing",
+        import.allow_missing as i64,
+    );
+    fact(
+        "SA_IMPORT_OPTIONS_INIT.allow_unexpected",
+        import.allow_unexpected as i64,
+    );
+    fact(
+        "SA_IMPORT_OPTIONS_INIT.restore_groups",
+        import.restore_groups as i64,
+    );
+    facts
+}
+
+fn rust_float_facts() -> BTreeMap<String, f64> {
+    let group = sa_group_config::default();
+    [
+        ("SA_GROUP_CONFIG_INIT.lr", group.lr),
+        ("SA_GROUP_CONFIG_INIT.beta1", group.beta1),
+        ("SA_GROUP_CONFIG_INIT.beta2", group.beta2),
+        ("SA_GROUP_CONFIG_INIT.eps", group.eps),
+        ("SA_GROUP_CONFIG_INIT.weight_decay", group.weight_decay),
+    ]
+    .iter()
+    .map(|(name, value)| (name.to_string(), *value))
+    .collect()
+}
+
+/// Lists every fact that differs or that only one side knows.
+fn differences<T: PartialEq + std::fmt::Debug + Copy>(
+    c_facts: &[(&str, T)],
+    rust_facts: &BTreeMap<String, T>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen = BTreeMap::new();
+    for (name, c_value) in c_facts {
+        seen.insert(name.to_string(), ());
+        match rust_facts.get(*name) {
+            None => out.push(format!(
+                "{}: C says {:?}, lib.rs does not declare it",
+                name, c_value
+            )),
+            Some(r) if r != c_value => out.push(format!(
+                "{}: C says {:?}, lib.rs says {:?}",
+                name, c_value, r
+            )),
+            Some(_) => {}
+        }
+    }
+    for name in rust_facts.keys() {
+        if !seen.contains_key(name) {
+            out.push(format!("{}: lib.rs lists it, the C probe does not", name));
+        }
+    }
+    out
+}
+
+#[test]
+fn declarations_match_the_c_header() {
+    if let Some(why) = c::PROBE_ERROR {
+        panic!("no C facts to compare with: {}", why);
+    }
+    let mut problems = differences(c::C_INT_FACTS, &rust_int_facts());
+    problems.extend(differences(c::C_FLOAT_FACTS, &rust_float_facts()));
+    assert!(
+        problems.is_empty(),
+        "lib.rs disagrees with shardadam.h:\n  {}",
+        problems.join("\n  ")
+    );
+    assert!(
+        c::C_INT_FACTS.len() > 100,
+        "the probe listed only {} facts",
+        c::C_INT_FACTS.len()
+    );
+}
+
+/// Every declared function resolves in the library that was linked: taking each address
+/// makes the linker look every symbol up, so a name the library lacks fails this test.
+#[test]
+fn every_declared_function_is_exported_by_the_library() {
+    macro_rules! addresses {
+        ($($f:ident),* $(,)?) => {
+            vec![$((stringify!($f), $f as *const () as usize)),*]
+        };
+    }
+    let functions = addresses!(
+        sa_version,
+        sa_build_info,
+        sa_status_string,
+        sa_last_error,
+        sa_layout_local_box,
+        sa_optimizer_create,
+        sa_optimizer_destroy,
+        sa_optimizer_last_error,
+        sa_optimizer_add_group,
+        sa_optimizer_num_groups,
+        sa_optimizer_get_group,
+        sa_optimizer_set_group,
+        sa_optimizer_set_lr,
+        sa_optimizer_get_step,
+        sa_optimizer_set_step,
+        sa_optimizer_add_param,
+        sa_optimizer_add_param_legacy,
+        sa_optimizer_num_params,
+        sa_optimizer_find_param,
+        sa_optimizer_param_info,
+        sa_optimizer_set_grad,
+        sa_optimizer_set_grad_ptrs,
+        sa_optimizer_step,
+        sa_optimizer_flush,
+        sa_optimizer_state_view,
+        sa_file_writer,
+        sa_memory_writer,
+        sa_memory_writer_data,
+        sa_file_reader,
+        sa_memory_reader,
+        sa_writer_release,
+        sa_reader_release,
+        sa_optimizer_export,
+        sa_optimizer_import,
+        sa_inspect,
+        sa_free,
+    );
+    for (name, address) in functions {
+        assert_ne!(address, 0, "{} did not resolve", name);
+    }
+    // The loaded library is the version these declarations follow.
+    assert_eq!(
+        unsafe { sa_version() } / 100,
+        SA_VERSION_NUMBER / 100,
+        "library major.minor"
+    );
+}

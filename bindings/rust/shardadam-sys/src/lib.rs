@@ -1,0 +1,668 @@
+//! Raw declarations of the shardadam C ABI, written by hand from
+//! `include/shardadam/shardadam.h` (and the parts of `dlpack/dlpack.h` >= 1.0 it uses).
+//!
+//! Every item mirrors the C declaration of the same name; read the header for the contract
+//! of each function. A unit test compares every struct size, field offset, constant and
+//! `SA_*_INIT` default below with what a C program compiled against the header reports
+//! (see `build.rs`), so the two cannot drift apart silently.
+//!
+//! Linking: `build.rs` links `libshardadam` from `SHARDADAM_LIB_DIR` when that is set, else
+//! from the linker's default search path. Use the safe crate `shardadam` unless you need
+//! the raw calls.
+#![allow(non_camel_case_types, non_upper_case_globals)]
+#![warn(missing_docs)]
+
+use std::os::raw::{c_char, c_int, c_void};
+use std::ptr;
+
+// ---- DLPack (dlpack.h >= 1.0) ----------------------------------------------------------
+
+/// `DLPackVersion`: the DLPack ABI version a managed tensor was made with.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DLPackVersion {
+    /// Major version; shardadam needs 1.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+/// `DLDeviceType` (a C enum, `int32_t` in C++).
+pub type DLDeviceType = i32;
+/// `kDLCPU`: host memory.
+pub const kDLCPU: DLDeviceType = 1;
+/// `kDLCUDA`: CUDA device memory.
+pub const kDLCUDA: DLDeviceType = 2;
+
+/// `DLDevice`: where a tensor's memory is.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DLDevice {
+    /// A `DLDeviceType`.
+    pub device_type: DLDeviceType,
+    /// The device ordinal (0 for the CPU).
+    pub device_id: i32,
+}
+
+/// `kDLInt`: signed integer type code.
+pub const kDLInt: u8 = 0;
+/// `kDLFloat`: IEEE float type code.
+pub const kDLFloat: u8 = 2;
+/// `kDLBfloat`: bfloat16 type code.
+pub const kDLBfloat: u8 = 4;
+
+/// `DLDataType`: element type as a code, a bit width and a lane count.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DLDataType {
+    /// A type code (`kDLFloat`, `kDLBfloat`, `kDLInt`).
+    pub code: u8,
+    /// Bits per element.
+    pub bits: u8,
+    /// Lanes (1 for scalars; 0 in a zeroed "default" dtype of `sa_param_options`).
+    pub lanes: u16,
+}
+
+/// `DLTensor`: a borrowed strided view of memory.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct DLTensor {
+    /// The data pointer (plus `byte_offset`).
+    pub data: *mut c_void,
+    /// Where the data lives.
+    pub device: DLDevice,
+    /// Number of dims.
+    pub ndim: i32,
+    /// Element type.
+    pub dtype: DLDataType,
+    /// `[ndim]` sizes.
+    pub shape: *mut i64,
+    /// `[ndim]` strides in elements, or NULL for C-contiguous.
+    pub strides: *mut i64,
+    /// Bytes from `data` to the first element.
+    pub byte_offset: u64,
+}
+
+/// `DLManagedTensor`: the pre-1.0 owning wrapper of a `DLTensor`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensor {
+    /// The tensor.
+    pub dl_tensor: DLTensor,
+    /// The producer's context.
+    pub manager_ctx: *mut c_void,
+    /// Frees the tensor; called once by the consumer.
+    pub deleter: Option<unsafe extern "C" fn(self_: *mut DLManagedTensor)>,
+}
+
+/// `DLPACK_FLAG_BITMASK_READ_ONLY`.
+pub const DLPACK_FLAG_BITMASK_READ_ONLY: u64 = 1;
+
+/// `DLManagedTensorVersioned`: the owning, versioned wrapper of a `DLTensor` (DLPack 1.x).
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensorVersioned {
+    /// The DLPack version the producer implements.
+    pub version: DLPackVersion,
+    /// The producer's context.
+    pub manager_ctx: *mut c_void,
+    /// Frees the tensor; called once by the consumer.
+    pub deleter: Option<unsafe extern "C" fn(self_: *mut DLManagedTensorVersioned)>,
+    /// `DLPACK_FLAG_BITMASK_*` bits.
+    pub flags: u64,
+    /// The tensor.
+    pub dl_tensor: DLTensor,
+}
+
+// ---- version, status ------------------------------------------------------------------
+
+/// `SA_VERSION_MAJOR` of the header these declarations follow.
+pub const SA_VERSION_MAJOR: i32 = 0;
+/// `SA_VERSION_MINOR`.
+pub const SA_VERSION_MINOR: i32 = 1;
+/// `SA_VERSION_PATCH`.
+pub const SA_VERSION_PATCH: i32 = 0;
+/// `SA_VERSION_NUMBER`: MAJOR * 10000 + MINOR * 100 + PATCH.
+pub const SA_VERSION_NUMBER: i32 =
+    SA_VERSION_MAJOR * 10000 + SA_VERSION_MINOR * 100 + SA_VERSION_PATCH;
+/// `SA_MAX_NDIM`: the maximum tensor rank and mesh rank.
+pub const SA_MAX_NDIM: usize = 16;
+
+/// `sa_status` (a C enum).
+pub type sa_status = c_int;
+/// `SA_OK`.
+pub const SA_OK: sa_status = 0;
+/// `SA_ERR_INVALID_ARGUMENT`.
+pub const SA_ERR_INVALID_ARGUMENT: sa_status = 1;
+/// `SA_ERR_UNSUPPORTED`.
+pub const SA_ERR_UNSUPPORTED: sa_status = 2;
+/// `SA_ERR_OUT_OF_MEMORY`.
+pub const SA_ERR_OUT_OF_MEMORY: sa_status = 3;
+/// `SA_ERR_DEVICE`.
+pub const SA_ERR_DEVICE: sa_status = 4;
+/// `SA_ERR_COMM`.
+pub const SA_ERR_COMM: sa_status = 5;
+/// `SA_ERR_IO`.
+pub const SA_ERR_IO: sa_status = 6;
+/// `SA_ERR_FORMAT`.
+pub const SA_ERR_FORMAT: sa_status = 7;
+/// `SA_ERR_MISMATCH`.
+pub const SA_ERR_MISMATCH: sa_status = 8;
+/// `SA_ERR_STATE`.
+pub const SA_ERR_STATE: sa_status = 9;
+/// `SA_ERR_INTERNAL`.
+pub const SA_ERR_INTERNAL: sa_status = 10;
+
+// ---- layouts --------------------------------------------------------------------------
+
+/// `sa_placement_type` (a C enum).
+pub type sa_placement_type = c_int;
+/// `SA_PLACEMENT_REPLICATE`.
+pub const SA_PLACEMENT_REPLICATE: sa_placement_type = 0;
+/// `SA_PLACEMENT_SHARD`.
+pub const SA_PLACEMENT_SHARD: sa_placement_type = 1;
+/// `SA_PLACEMENT_PARTIAL`.
+pub const SA_PLACEMENT_PARTIAL: sa_placement_type = 2;
+
+/// `sa_placement`: how one mesh dim places a tensor.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct sa_placement {
+    /// An `sa_placement_type`.
+    pub r#type: i32,
+    /// Tensor dim for `SA_PLACEMENT_SHARD` (negative counts from the end).
+    pub dim: i32,
+}
+
+/// `sa_layout`: where a local shard sits in its global tensor (mesh or box form).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct sa_layout {
+    /// `sizeof(sa_layout)`.
+    pub struct_size: usize,
+    /// Rank of the global tensor.
+    pub ndim: i32,
+    /// `[ndim]`.
+    pub global_shape: *const i64,
+    /// Mesh form: number of mesh dims.
+    pub mesh_ndim: i32,
+    /// Mesh form: `[mesh_ndim]` sizes.
+    pub mesh_shape: *const i64,
+    /// Mesh form: `[mesh_ndim]` coordinate of this rank.
+    pub mesh_coord: *const i64,
+    /// Mesh form: `[mesh_ndim]` placements.
+    pub placements: *const sa_placement,
+    /// Box form: `[ndim]`; NULL selects the mesh form.
+    pub global_offset: *const i64,
+}
+
+impl Default for sa_layout {
+    /// `SA_LAYOUT_INIT`.
+    fn default() -> Self {
+        sa_layout {
+            struct_size: std::mem::size_of::<sa_layout>(),
+            ndim: 0,
+            global_shape: ptr::null(),
+            mesh_ndim: 0,
+            mesh_shape: ptr::null(),
+            mesh_coord: ptr::null(),
+            placements: ptr::null(),
+            global_offset: ptr::null(),
+        }
+    }
+}
+
+// ---- optimizer ------------------------------------------------------------------------
+
+/// `sa_optimizer`: the opaque optimizer handle.
+#[repr(C)]
+pub struct sa_optimizer {
+    _opaque: [u8; 0],
+}
+
+/// `sa_optimizer_config`: options of `sa_optimizer_create`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct sa_optimizer_config {
+    /// `sizeof(sa_optimizer_config)`.
+    pub struct_size: usize,
+    /// CPU backend worker threads; 0 = one per hardware thread.
+    pub num_threads: i32,
+    /// CPU backend: 1 = SIMD when the CPU has FMA, 0 = scalar only.
+    pub cpu_simd: i32,
+}
+
+impl Default for sa_optimizer_config {
+    /// `SA_OPTIMIZER_CONFIG_INIT`.
+    fn default() -> Self {
+        sa_optimizer_config {
+            struct_size: std::mem::size_of::<sa_optimizer_config>(),
+            num_threads: 0,
+            cpu_simd: 1,
+        }
+    }
+}
+
+/// `sa_group_config`: the hyperparameters of a param group.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct sa_group_config {
+    /// `sizeof(sa_group_config)`.
+    pub struct_size: usize,
+    /// Learning rate, >= 0.
+    pub lr: f64,
+    /// In [0, 1).
+    pub beta1: f64,
+    /// In [0, 1).
+    pub beta2: f64,
+    /// >= 0.
+    pub eps: f64,
+    /// >= 0.
+    pub weight_decay: f64,
+    /// 1: AdamW (decay the param), 0: Adam (L2 on the grad).
+    pub decoupled_weight_decay: i32,
+    /// 1: divide by 1 - beta^t.
+    pub bias_correction: i32,
+    /// 1: ascend instead of descend.
+    pub maximize: i32,
+    /// 1: keep max_exp_avg_sq and use it in the denominator.
+    pub amsgrad: i32,
+}
+
+impl Default for sa_group_config {
+    /// `SA_GROUP_CONFIG_INIT` (torch.optim.AdamW's defaults).
+    fn default() -> Self {
+        sa_group_config {
+            struct_size: std::mem::size_of::<sa_group_config>(),
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 1e-2,
+            decoupled_weight_decay: 1,
+            bias_correction: 1,
+            maximize: 0,
+            amsgrad: 0,
+        }
+    }
+}
+
+/// `sa_master_kind` (a C enum).
+pub type sa_master_kind = c_int;
+/// `SA_MASTER_AUTO`.
+pub const SA_MASTER_AUTO: sa_master_kind = 0;
+/// `SA_MASTER_NONE`.
+pub const SA_MASTER_NONE: sa_master_kind = 1;
+/// `SA_MASTER_FP32`.
+pub const SA_MASTER_FP32: sa_master_kind = 2;
+/// `SA_MASTER_REMAINDER`.
+pub const SA_MASTER_REMAINDER: sa_master_kind = 3;
+
+/// `sa_param_options`: per-param storage choices (a zeroed dtype means the default).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct sa_param_options {
+    /// `sizeof(sa_param_options)`.
+    pub struct_size: usize,
+    /// float32, bfloat16 or float16; zeroed: the param's dtype.
+    pub grad_dtype: DLDataType,
+    /// float32 (zeroed) or bfloat16.
+    pub moment_dtype: DLDataType,
+    /// An `sa_master_kind`.
+    pub master: i32,
+}
+
+impl Default for sa_param_options {
+    /// `SA_PARAM_OPTIONS_INIT`.
+    fn default() -> Self {
+        sa_param_options {
+            struct_size: std::mem::size_of::<sa_param_options>(),
+            grad_dtype: DLDataType::default(),
+            moment_dtype: DLDataType::default(),
+            master: SA_MASTER_AUTO,
+        }
+    }
+}
+
+/// `sa_param_info`: what shardadam knows about a param.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct sa_param_info {
+    /// `sizeof(sa_param_info)`.
+    pub struct_size: usize,
+    /// The param's name (owned by the optimizer).
+    pub name: *const c_char,
+    /// Its group.
+    pub group: i32,
+    /// Its rank.
+    pub ndim: i32,
+    /// `[ndim]`.
+    pub local_shape: *const i64,
+    /// `[ndim]`.
+    pub global_shape: *const i64,
+    /// `[ndim]`.
+    pub global_offset: *const i64,
+    /// Local elements.
+    pub numel: i64,
+    /// The param's dtype.
+    pub param_dtype: DLDataType,
+    /// The registered grad dtype.
+    pub grad_dtype: DLDataType,
+    /// The moments' dtype.
+    pub moment_dtype: DLDataType,
+    /// Resolved `sa_master_kind` (never AUTO).
+    pub master: i32,
+    /// Where the param lives.
+    pub device: DLDevice,
+}
+
+impl Default for sa_param_info {
+    /// `SA_PARAM_INFO_INIT`.
+    fn default() -> Self {
+        sa_param_info {
+            struct_size: std::mem::size_of::<sa_param_info>(),
+            name: ptr::null(),
+            group: 0,
+            ndim: 0,
+            local_shape: ptr::null(),
+            global_shape: ptr::null(),
+            global_offset: ptr::null(),
+            numel: 0,
+            param_dtype: DLDataType::default(),
+            grad_dtype: DLDataType::default(),
+            moment_dtype: DLDataType::default(),
+            master: 0,
+            device: DLDevice {
+                device_type: kDLCPU,
+                device_id: 0,
+            },
+        }
+    }
+}
+
+/// `sa_step_args`: options of `sa_optimizer_step`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct sa_step_args {
+    /// `sizeof(sa_step_args)`.
+    pub struct_size: usize,
+    /// One float every grad is multiplied by (the inverse loss scale); NULL means 1.
+    pub inv_grad_scale: *const f32,
+    /// One float; nonzero skips the whole step. NULL: never skip.
+    pub found_inf: *const f32,
+    /// Host memory: receives 1 if the step was skipped, else 0. May be NULL.
+    pub skipped: *mut i32,
+}
+
+impl Default for sa_step_args {
+    /// `SA_STEP_ARGS_INIT`.
+    fn default() -> Self {
+        sa_step_args {
+            struct_size: std::mem::size_of::<sa_step_args>(),
+            inv_grad_scale: ptr::null(),
+            found_inf: ptr::null(),
+            skipped: ptr::null_mut(),
+        }
+    }
+}
+
+// ---- shard files ----------------------------------------------------------------------------
+
+/// `sa_writer`: where an export's bytes go (a callback table).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct sa_writer {
+    /// `sizeof(sa_writer)`.
+    pub struct_size: usize,
+    /// The writer's context.
+    pub ctx: *mut c_void,
+    /// Appends `bytes` bytes; 0 on success.
+    pub write:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, data: *const c_void, bytes: usize) -> c_int>,
+    /// Makes the blob durable and visible after the last write; 0 on success. May be NULL.
+    pub commit: Option<unsafe extern "C" fn(ctx: *mut c_void) -> c_int>,
+    /// Frees ctx (`sa_writer_release` calls it). May be NULL.
+    pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+}
+
+impl Default for sa_writer {
+    /// `SA_WRITER_INIT`.
+    fn default() -> Self {
+        sa_writer {
+            struct_size: std::mem::size_of::<sa_writer>(),
+            ctx: ptr::null_mut(),
+            write: None,
+            commit: None,
+            release: None,
+        }
+    }
+}
+
+/// `sa_reader`: where an import's bytes come from (a size and a read at an offset).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct sa_reader {
+    /// `sizeof(sa_reader)`.
+    pub struct_size: usize,
+    /// The reader's context.
+    pub ctx: *mut c_void,
+    /// Total bytes of the blob.
+    pub size: u64,
+    /// Reads exactly `bytes` bytes at `offset` into `dst`; 0 on success.
+    pub read_at: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            offset: u64,
+            dst: *mut c_void,
+            bytes: usize,
+        ) -> c_int,
+    >,
+    /// Frees ctx (`sa_reader_release` calls it). May be NULL.
+    pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+    /// Names the blob in error messages; may be NULL.
+    pub name: *const c_char,
+}
+
+impl Default for sa_reader {
+    /// `SA_READER_INIT`.
+    fn default() -> Self {
+        sa_reader {
+            struct_size: std::mem::size_of::<sa_reader>(),
+            ctx: ptr::null_mut(),
+            size: 0,
+            read_at: None,
+            release: None,
+            name: ptr::null(),
+        }
+    }
+}
+
+/// `sa_import_options`: options of `sa_optimizer_import`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct sa_import_options {
+    /// `sizeof(sa_import_options)`.
+    pub struct_size: usize,
+    /// Bytes of the staging buffer; 0: 64 MiB.
+    pub staging_bytes: u64,
+    /// 1: params absent from the blobs keep their state (else an error).
+    pub allow_missing: i32,
+    /// 1: params in the blobs that this optimizer lacks are ignored (else an error).
+    pub allow_unexpected: i32,
+    /// 1 (default): restore the groups' hyperparameters and step counts.
+    pub restore_groups: i32,
+}
+
+impl Default for sa_import_options {
+    /// `SA_IMPORT_OPTIONS_INIT`.
+    fn default() -> Self {
+        sa_import_options {
+            struct_size: std::mem::size_of::<sa_import_options>(),
+            staging_bytes: 0,
+            allow_missing: 0,
+            allow_unexpected: 0,
+            restore_groups: 1,
+        }
+    }
+}
+
+extern "C" {
+    /// Version of the loaded library, as `SA_VERSION_NUMBER`.
+    pub fn sa_version() -> c_int;
+    /// A static line naming the version and the backends compiled in. Never NULL.
+    pub fn sa_build_info() -> *const c_char;
+    /// A static name for a status ("SA_ERR_MISMATCH").
+    pub fn sa_status_string(status: sa_status) -> *const c_char;
+    /// The message of this thread's last failed handle-less call.
+    pub fn sa_last_error() -> *const c_char;
+
+    /// Resolves a mesh-form layout to this rank's box (`ndim` entries each).
+    pub fn sa_layout_local_box(
+        layout: *const sa_layout,
+        local_shape: *mut i64,
+        global_offset: *mut i64,
+    ) -> sa_status;
+
+    /// Creates an empty optimizer (`config` may be NULL).
+    pub fn sa_optimizer_create(
+        config: *const sa_optimizer_config,
+        out: *mut *mut sa_optimizer,
+    ) -> sa_status;
+    /// Destroys the optimizer, its state and (through their deleters) its param shards.
+    pub fn sa_optimizer_destroy(opt: *mut sa_optimizer);
+    /// The message of the last failed call on `opt` ("" if none).
+    pub fn sa_optimizer_last_error(opt: *const sa_optimizer) -> *const c_char;
+
+    /// Appends a group; `*group` receives its index.
+    pub fn sa_optimizer_add_group(
+        opt: *mut sa_optimizer,
+        config: *const sa_group_config,
+        group: *mut i32,
+    ) -> sa_status;
+    /// Number of groups.
+    pub fn sa_optimizer_num_groups(opt: *const sa_optimizer) -> i32;
+    /// Copies a group's hyperparameters into `*out` (`out.struct_size` must be set).
+    pub fn sa_optimizer_get_group(
+        opt: *const sa_optimizer,
+        group: i32,
+        out: *mut sa_group_config,
+    ) -> sa_status;
+    /// Replaces a group's hyperparameters.
+    pub fn sa_optimizer_set_group(
+        opt: *mut sa_optimizer,
+        group: i32,
+        config: *const sa_group_config,
+    ) -> sa_status;
+    /// Sets a group's learning rate.
+    pub fn sa_optimizer_set_lr(opt: *mut sa_optimizer, group: i32, lr: f64) -> sa_status;
+    /// Reads a group's step count.
+    pub fn sa_optimizer_get_step(opt: *const sa_optimizer, group: i32, step: *mut i64)
+        -> sa_status;
+    /// Sets a group's step count.
+    pub fn sa_optimizer_set_step(opt: *mut sa_optimizer, group: i32, step: i64) -> sa_status;
+
+    /// Registers a local shard; on `SA_OK` the optimizer owns it (calls its deleter).
+    pub fn sa_optimizer_add_param(
+        opt: *mut sa_optimizer,
+        name: *const c_char,
+        group: i32,
+        local_shard: *mut DLManagedTensorVersioned,
+        layout: *const sa_layout,
+        options: *const sa_param_options,
+        param: *mut i64,
+    ) -> sa_status;
+    /// As `sa_optimizer_add_param`, for the pre-1.0 `DLManagedTensor`.
+    pub fn sa_optimizer_add_param_legacy(
+        opt: *mut sa_optimizer,
+        name: *const c_char,
+        group: i32,
+        local_shard: *mut DLManagedTensor,
+        layout: *const sa_layout,
+        options: *const sa_param_options,
+        param: *mut i64,
+    ) -> sa_status;
+    /// Number of params.
+    pub fn sa_optimizer_num_params(opt: *const sa_optimizer) -> i64;
+    /// Finds a param by name.
+    pub fn sa_optimizer_find_param(
+        opt: *const sa_optimizer,
+        name: *const c_char,
+        param: *mut i64,
+    ) -> sa_status;
+    /// Fills `*out` (`out.struct_size` must be set).
+    pub fn sa_optimizer_param_info(
+        opt: *const sa_optimizer,
+        param: i64,
+        out: *mut sa_param_info,
+    ) -> sa_status;
+
+    /// Binds the grad of one param (checked); the data pointer is kept until rebound.
+    pub fn sa_optimizer_set_grad(
+        opt: *mut sa_optimizer,
+        param: i64,
+        grad: *const DLTensor,
+    ) -> sa_status;
+    /// Binds the grads of all params from raw pointers (`n` == number of params).
+    pub fn sa_optimizer_set_grad_ptrs(
+        opt: *mut sa_optimizer,
+        n: i64,
+        ptrs: *const *const c_void,
+    ) -> sa_status;
+
+    /// Runs one step over every param (`args` may be NULL; `stream` is a cudaStream_t).
+    pub fn sa_optimizer_step(
+        opt: *mut sa_optimizer,
+        args: *const sa_step_args,
+        stream: *mut c_void,
+    ) -> sa_status;
+    /// Enqueues the upload of host-side changes (needed before replaying a captured step).
+    pub fn sa_optimizer_flush(opt: *mut sa_optimizer, stream: *mut c_void) -> sa_status;
+
+    /// A zero-copy view of one state; the caller calls `(*out).deleter(*out)`.
+    pub fn sa_optimizer_state_view(
+        opt: *mut sa_optimizer,
+        param: i64,
+        key: *const c_char,
+        out: *mut *mut DLManagedTensorVersioned,
+    ) -> sa_status;
+
+    /// A writer to the file at `path` (temporary file, fsync and rename on commit).
+    pub fn sa_file_writer(path: *const c_char, out: *mut sa_writer) -> sa_status;
+    /// A writer into a growing memory buffer.
+    pub fn sa_memory_writer(out: *mut sa_writer) -> sa_status;
+    /// The bytes a memory writer holds.
+    pub fn sa_memory_writer_data(
+        writer: *const sa_writer,
+        data: *mut *const c_void,
+        size: *mut usize,
+    ) -> sa_status;
+    /// A reader of the file at `path`.
+    pub fn sa_file_reader(path: *const c_char, out: *mut sa_reader) -> sa_status;
+    /// A reader of `size` borrowed bytes at `data`.
+    pub fn sa_memory_reader(data: *const c_void, size: usize, out: *mut sa_reader) -> sa_status;
+    /// Calls `release(ctx)` and clears the struct.
+    pub fn sa_writer_release(writer: *mut sa_writer);
+    /// Calls `release(ctx)` and clears the struct.
+    pub fn sa_reader_release(reader: *mut sa_reader);
+    /// Writes this rank's state as one shard file through `writer`, then commits it.
+    pub fn sa_optimizer_export(opt: *mut sa_optimizer, writer: *const sa_writer) -> sa_status;
+    /// Loads state from `n` shard files, resharding as needed.
+    pub fn sa_optimizer_import(
+        opt: *mut sa_optimizer,
+        n: i32,
+        readers: *const *const sa_reader,
+        options: *const sa_import_options,
+    ) -> sa_status;
+    /// Describes a set of shard files as JSON (free it with `sa_free`).
+    pub fn sa_inspect(
+        n: i32,
+        readers: *const *const sa_reader,
+        verify_data: i32,
+        report_json: *mut *mut c_char,
+    ) -> sa_status;
+    /// Frees memory shardadam allocated for the caller.
+    pub fn sa_free(p: *mut c_void);
+}
+
+#[cfg(test)]
+mod c_layout_tests;

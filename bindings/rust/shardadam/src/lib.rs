@@ -1,0 +1,1099 @@
+//! Fused Adam/AdamW over the local shards of globally shaped params: a safe wrapper of the
+//! shardadam C library (`shardadam-sys`).
+//!
+//! An [`Optimizer`] owns everything it hands to the library: each param's storage (the
+//! `Vec` given to [`Optimizer::add_param`] moves into it and is updated in place by every
+//! step), the grad buffers [`Optimizer::set_grad`] copies into, and the state. Dropping it
+//! frees all of that. Failures are [`Error`]s with the library's [`Status`] and message.
+//! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
+//! any set of them loads onto any layout).
+//!
+//! ```
+//! use shardadam::{GroupConfig, Optimizer};
+//!
+//! let mut opt = Optimizer::new(None)?;
+//! let group = opt.add_group(&GroupConfig { lr: 0.1, ..GroupConfig::default() })?;
+//! let w = opt.add_param("w", group, &[3], vec![1.0, 2.0, 3.0], None)?;
+//! opt.set_grad(w, &[0.5, -0.5, 0.0])?;
+//! opt.step()?;
+//! assert!(opt.param_f32(w)?[0] < 1.0);
+//! # Ok::<(), shardadam::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+use shardadam_sys as sys;
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::os::raw::{c_char, c_void};
+use std::path::Path;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The version of the loaded library, as MAJOR * 10000 + MINOR * 100 + PATCH.
+pub fn version() -> i32 {
+    unsafe { sys::sa_version() }
+}
+
+/// The library's one-line description of its version and backends.
+pub fn build_info() -> String {
+    unsafe { cstr_to_string(sys::sa_build_info()) }
+}
+
+/// Copies a C string (NULL gives "").
+unsafe fn cstr_to_string(s: *const c_char) -> String {
+    if s.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(s).to_string_lossy().into_owned()
+    }
+}
+
+// ---- errors ------------------------------------------------------------------------------
+
+/// Why a call failed: the `sa_status` codes other than `SA_OK`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// A NULL, out-of-range or inconsistent argument.
+    InvalidArgument,
+    /// A valid request this build or backend cannot serve.
+    Unsupported,
+    /// An allocation failed; nothing was changed.
+    OutOfMemory,
+    /// The device backend reported an error.
+    Device,
+    /// A communicator operation failed.
+    Comm,
+    /// Reading or writing a blob failed.
+    Io,
+    /// A blob is not a valid shard file.
+    Format,
+    /// Data disagrees with what is registered (dtype, shape).
+    Mismatch,
+    /// The call is not allowed in the optimizer's current state.
+    State,
+    /// A bug in shardadam; please report the message.
+    Internal,
+    /// A code this wrapper does not know (from a newer library).
+    Other(i32),
+}
+
+impl Status {
+    /// The status of a C code (`None` for `SA_OK`).
+    pub fn from_code(code: sys::sa_status) -> Option<Status> {
+        Some(match code {
+            sys::SA_OK => return None,
+            sys::SA_ERR_INVALID_ARGUMENT => Status::InvalidArgument,
+            sys::SA_ERR_UNSUPPORTED => Status::Unsupported,
+            sys::SA_ERR_OUT_OF_MEMORY => Status::OutOfMemory,
+            sys::SA_ERR_DEVICE => Status::Device,
+            sys::SA_ERR_COMM => Status::Comm,
+            sys::SA_ERR_IO => Status::Io,
+            sys::SA_ERR_FORMAT => Status::Format,
+            sys::SA_ERR_MISMATCH => Status::Mismatch,
+            sys::SA_ERR_STATE => Status::State,
+            sys::SA_ERR_INTERNAL => Status::Internal,
+            other => Status::Other(other),
+        })
+    }
+
+    /// The C code of the status.
+    pub fn code(self) -> sys::sa_status {
+        match self {
+            Status::InvalidArgument => sys::SA_ERR_INVALID_ARGUMENT,
+            Status::Unsupported => sys::SA_ERR_UNSUPPORTED,
+            Status::OutOfMemory => sys::SA_ERR_OUT_OF_MEMORY,
+            Status::Device => sys::SA_ERR_DEVICE,
+            Status::Comm => sys::SA_ERR_COMM,
+            Status::Io => sys::SA_ERR_IO,
+            Status::Format => sys::SA_ERR_FORMAT,
+            Status::Mismatch => sys::SA_ERR_MISMATCH,
+            Status::State => sys::SA_ERR_STATE,
+            Status::Internal => sys::SA_ERR_INTERNAL,
+            Status::Other(code) => code,
+        }
+    }
+
+    /// The library's name of the status, e.g. "SA_ERR_MISMATCH".
+    pub fn name(self) -> String {
+        unsafe { cstr_to_string(sys::sa_status_string(self.code())) }
+    }
+}
+
+/// A failed call: the status and the library's message (which names the function, the
+/// param, what was expected and what arrived).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// What kind of failure.
+    pub status: Status,
+    /// The library's message, or the wrapper's for errors it finds itself.
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status.name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The result of a shardadam call.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn invalid(message: String) -> Error {
+    Error {
+        status: Status::InvalidArgument,
+        message,
+    }
+}
+
+/// The result of a handle-less call: its thread-local message is read at once, on the
+/// thread that made the call.
+fn handleless_result(code: sys::sa_status) -> Result<()> {
+    match Status::from_code(code) {
+        None => Ok(()),
+        Some(status) => Err(Error {
+            status,
+            message: unsafe { cstr_to_string(sys::sa_last_error()) },
+        }),
+    }
+}
+
+// ---- dtypes, layouts, options --------------------------------------------------------------
+
+/// An element type of a param, grad or state.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE binary32.
+    Float32,
+    /// bfloat16, as raw `u16` bits.
+    BFloat16,
+    /// IEEE binary16, as raw `u16` bits.
+    Float16,
+    /// The `int16` remainder state.
+    Int16,
+}
+
+impl DType {
+    fn dlpack(self) -> sys::DLDataType {
+        let (code, bits) = match self {
+            DType::Float32 => (sys::kDLFloat, 32),
+            DType::BFloat16 => (sys::kDLBfloat, 16),
+            DType::Float16 => (sys::kDLFloat, 16),
+            DType::Int16 => (sys::kDLInt, 16),
+        };
+        sys::DLDataType {
+            code,
+            bits,
+            lanes: 1,
+        }
+    }
+
+    fn from_dlpack(dtype: sys::DLDataType) -> Option<DType> {
+        [
+            DType::Float32,
+            DType::BFloat16,
+            DType::Float16,
+            DType::Int16,
+        ]
+        .iter()
+        .copied()
+        .find(|d| d.dlpack() == dtype)
+    }
+}
+
+/// Widens bfloat16 bits to the f32 they stand for (exact).
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Rounds an f32 to the nearest bfloat16 (ties to even); NaNs stay NaNs.
+pub fn f32_to_bf16(value: f32) -> u16 {
+    let u = value.to_bits();
+    if value.is_nan() {
+        return ((u >> 16) as u16) | 0x40;
+    }
+    (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// How one mesh dim places a tensor.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Every coordinate along the mesh dim holds the same data.
+    Replicate,
+    /// The tensor dim is split along the mesh dim (torch.chunk; negative counts from the end).
+    Shard(i32),
+    /// A pending reduction: never valid for a param.
+    Partial,
+}
+
+impl Placement {
+    fn raw(self) -> sys::sa_placement {
+        match self {
+            Placement::Replicate => sys::sa_placement {
+                r#type: sys::SA_PLACEMENT_REPLICATE,
+                dim: 0,
+            },
+            Placement::Shard(dim) => sys::sa_placement {
+                r#type: sys::SA_PLACEMENT_SHARD,
+                dim,
+            },
+            Placement::Partial => sys::sa_placement {
+                r#type: sys::SA_PLACEMENT_PARTIAL,
+                dim: 0,
+            },
+        }
+    }
+}
+
+/// Where a local shard sits in its global tensor (`sa_layout`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// A device mesh, this rank's coordinate in it and one placement per mesh dim.
+    /// `Shard(d)` follows torch.chunk: chunks of ceil(n / k), trailing ones smaller or empty.
+    Mesh {
+        /// The shape of the global tensor.
+        global_shape: Vec<i64>,
+        /// The mesh sizes.
+        mesh_shape: Vec<i64>,
+        /// This rank's coordinate.
+        mesh_coord: Vec<i64>,
+        /// One placement per mesh dim.
+        placements: Vec<Placement>,
+    },
+    /// The shard is the box `[global_offset, global_offset + local shape)`.
+    Box {
+        /// The shape of the global tensor.
+        global_shape: Vec<i64>,
+        /// Where the shard starts.
+        global_offset: Vec<i64>,
+    },
+}
+
+impl Layout {
+    /// Checks the array lengths, then calls `f` with an `sa_layout` borrowing them.
+    fn with_raw<T>(&self, f: impl FnOnce(&sys::sa_layout) -> Result<T>) -> Result<T> {
+        let mut raw = sys::sa_layout::default();
+        match self {
+            Layout::Mesh {
+                global_shape,
+                mesh_shape,
+                mesh_coord,
+                placements,
+            } => {
+                if mesh_coord.len() != mesh_shape.len() || placements.len() != mesh_shape.len() {
+                    return Err(invalid(format!(
+                        "layout: mesh_shape has {} dims, mesh_coord {} and placements {}; they must agree",
+                        mesh_shape.len(),
+                        mesh_coord.len(),
+                        placements.len()
+                    )));
+                }
+                let placements: Vec<sys::sa_placement> =
+                    placements.iter().map(|p| p.raw()).collect();
+                raw.ndim = global_shape.len() as i32;
+                raw.global_shape = global_shape.as_ptr();
+                raw.mesh_ndim = mesh_shape.len() as i32;
+                raw.mesh_shape = mesh_shape.as_ptr();
+                raw.mesh_coord = mesh_coord.as_ptr();
+                raw.placements = placements.as_ptr();
+                f(&raw)
+            }
+            Layout::Box {
+                global_shape,
+                global_offset,
+            } => {
+                if global_offset.len() != global_shape.len() {
+                    return Err(invalid(format!(
+                        "layout: global_offset has {} dims, global_shape {}",
+                        global_offset.len(),
+                        global_shape.len()
+                    )));
+                }
+                raw.ndim = global_shape.len() as i32;
+                raw.global_shape = global_shape.as_ptr();
+                raw.global_offset = global_offset.as_ptr();
+                f(&raw)
+            }
+        }
+    }
+
+    /// Resolves a mesh layout to this rank's box: (local shape, global offset).
+    pub fn local_box(&self) -> Result<(Vec<i64>, Vec<i64>)> {
+        if let Layout::Box { .. } = self {
+            return Err(invalid(
+                "local_box: a box layout already is a box".to_string(),
+            ));
+        }
+        self.with_raw(|raw| {
+            let n = raw.ndim.max(0) as usize;
+            let mut local_shape = vec![0i64; n];
+            let mut global_offset = vec![0i64; n];
+            handleless_result(unsafe {
+                sys::sa_layout_local_box(raw, local_shape.as_mut_ptr(), global_offset.as_mut_ptr())
+            })?;
+            Ok((local_shape, global_offset))
+        })
+    }
+}
+
+/// How a param keeps its full-precision value (`sa_master_kind`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum Master {
+    /// None for float32 params, a float32 master for 16-bit params.
+    #[default]
+    Auto,
+    /// Update the param in its own dtype (float32 params only).
+    None,
+    /// Keep a float32 master copy; the param is its rounding.
+    Fp32,
+    /// bfloat16 params: keep the int16 low half of the float32 value.
+    Remainder,
+}
+
+/// Per-param choices of [`Optimizer::add_param`]. `Default` gives the library's defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParamOptions {
+    /// Where the shard sits in its global tensor; `None`: not sharded.
+    pub layout: Option<Layout>,
+    /// The grad dtype; `None`: the param's dtype.
+    pub grad_dtype: Option<DType>,
+    /// The moments' dtype; `None`: float32.
+    pub moment_dtype: Option<DType>,
+    /// How the full-precision value is kept.
+    pub master: Master,
+}
+
+/// Options of [`Optimizer::new`] (`sa_optimizer_config`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// CPU backend worker threads; 0: one per hardware thread.
+    pub num_threads: i32,
+    /// CPU backend: never use SIMD (the same results, slower).
+    pub scalar_only: bool,
+}
+
+/// The hyperparameters of a param group (`sa_group_config`; the update formula is in
+/// shardadam.h). `Default` is the library's `SA_GROUP_CONFIG_INIT`: torch.optim.AdamW's.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct GroupConfig {
+    /// Learning rate, >= 0.
+    pub lr: f64,
+    /// In [0, 1).
+    pub beta1: f64,
+    /// In [0, 1).
+    pub beta2: f64,
+    /// >= 0.
+    pub eps: f64,
+    /// >= 0.
+    pub weight_decay: f64,
+    /// true: AdamW (decay the param); false: Adam (L2 on the grad).
+    pub decoupled_weight_decay: bool,
+    /// Divide by 1 - beta^t.
+    pub bias_correction: bool,
+    /// Ascend instead of descend.
+    pub maximize: bool,
+    /// Keep max_exp_avg_sq and use it in the denominator.
+    pub amsgrad: bool,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig::from_raw(&sys::sa_group_config::default())
+    }
+}
+
+impl GroupConfig {
+    fn raw(&self) -> sys::sa_group_config {
+        sys::sa_group_config {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            decoupled_weight_decay: self.decoupled_weight_decay as i32,
+            bias_correction: self.bias_correction as i32,
+            maximize: self.maximize as i32,
+            amsgrad: self.amsgrad as i32,
+            ..sys::sa_group_config::default()
+        }
+    }
+
+    fn from_raw(raw: &sys::sa_group_config) -> Self {
+        GroupConfig {
+            lr: raw.lr,
+            beta1: raw.beta1,
+            beta2: raw.beta2,
+            eps: raw.eps,
+            weight_decay: raw.weight_decay,
+            decoupled_weight_decay: raw.decoupled_weight_decay != 0,
+            bias_correction: raw.bias_correction != 0,
+            maximize: raw.maximize != 0,
+            amsgrad: raw.amsgrad != 0,
+        }
+    }
+}
+
+/// Options of [`Optimizer::step_with`].
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct StepArgs {
+    /// Multiplies every grad before use (the inverse loss scale); `None` means 1.
+    pub inv_grad_scale: Option<f32>,
+    /// Skip the whole step: no param, state or step count changes.
+    pub found_inf: bool,
+}
+
+/// Options of [`Optimizer::load`] (`sa_import_options`). `Default` is the library's
+/// `SA_IMPORT_OPTIONS_INIT`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Params absent from the files keep their state (else an error).
+    pub allow_missing: bool,
+    /// Params in the files that this optimizer lacks are ignored (else an error).
+    pub allow_unexpected: bool,
+    /// Restore the groups' hyperparameters and step counts from the files.
+    pub restore_groups: bool,
+    /// Bytes of the staging buffer the data goes through; 0: the library's default (64 MiB).
+    pub staging_bytes: u64,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        let raw = sys::sa_import_options::default();
+        LoadOptions {
+            allow_missing: raw.allow_missing != 0,
+            allow_unexpected: raw.allow_unexpected != 0,
+            restore_groups: raw.restore_groups != 0,
+            staging_bytes: raw.staging_bytes,
+        }
+    }
+}
+
+/// A path as the NUL-terminated bytes the C ABI takes.
+fn path_cstring(path: &Path) -> Result<CString> {
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        path.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes = path
+        .to_str()
+        .ok_or_else(|| invalid(format!("path {:?} is not UTF-8", path)))?
+        .as_bytes()
+        .to_vec();
+    CString::new(bytes).map_err(|_| invalid(format!("path {:?} contains a NUL byte", path)))
+}
+
+/// File readers opened for an import, released when dropped (also on early returns).
+struct Readers(Vec<sys::sa_reader>);
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        for reader in &mut self.0 {
+            unsafe { sys::sa_reader_release(reader) };
+        }
+    }
+}
+
+// ---- params -------------------------------------------------------------------------------
+
+/// A param of one optimizer: its index, usable only with the optimizer that returned it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Param {
+    index: i64,
+    owner: u64,
+}
+
+impl Param {
+    /// The library's index of the param (0, 1, ... in order of addition).
+    pub fn index(self) -> i64 {
+        self.index
+    }
+}
+
+/// A param's storage, as allocated by Rust.
+enum Storage {
+    F32(Vec<f32>),
+    Bits16(Vec<u16>),
+}
+
+/// What the library holds for one param: the DLPack struct (its address is what the
+/// library keeps), the shape it points to and the data. Boxed, so none of it moves; freed
+/// by `shard_deleter` when the optimizer is destroyed.
+struct Shard {
+    managed: sys::DLManagedTensorVersioned,
+    shape: Vec<i64>,
+    storage: Storage,
+}
+
+unsafe extern "C" fn shard_deleter(managed: *mut sys::DLManagedTensorVersioned) {
+    if !managed.is_null() {
+        drop(Box::from_raw((*managed).manager_ctx as *mut Shard));
+    }
+}
+
+/// The wrapper's record of a param.
+struct ParamSlot {
+    name: String,
+    dtype: DType,
+    shape: Vec<i64>,
+    numel: usize,
+    shard: *mut Shard,      // owned by the library from add_param until destroy
+    grad: Option<Vec<u32>>, // the bound grad: 4 bytes per element fit every grad dtype
+}
+
+static NEXT_OPTIMIZER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A shardadam optimizer: groups, params and their state. It frees everything on drop.
+///
+/// Methods take `&mut self` where the library changes something, so the borrow checker
+/// keeps param slices from living across a step. An `Optimizer` may move to another thread
+/// (`Send`) but is not shared between threads (the library serializes calls per optimizer).
+pub struct Optimizer {
+    raw: NonNull<sys::sa_optimizer>,
+    id: u64,
+    params: Vec<ParamSlot>,
+}
+
+// SAFETY: the library allows an optimizer to be used from any thread, one at a time; the
+// raw pointers in ParamSlot point into memory only this optimizer touches.
+unsafe impl Send for Optimizer {}
+
+impl Drop for Optimizer {
+    fn drop(&mut self) {
+        // Frees the state and calls every shard's deleter; the grad buffers are dropped
+        // with `params`, after the library has let go of them.
+        unsafe { sys::sa_optimizer_destroy(self.raw.as_ptr()) };
+    }
+}
+
+impl Optimizer {
+    /// Creates an empty optimizer. `config` `None` gives the defaults.
+    pub fn new(config: Option<&Config>) -> Result<Optimizer> {
+        let mut raw_config = sys::sa_optimizer_config::default();
+        if let Some(c) = config {
+            raw_config.num_threads = c.num_threads;
+            raw_config.cpu_simd = if c.scalar_only { 0 } else { 1 };
+        }
+        let mut raw = ptr::null_mut();
+        handleless_result(unsafe { sys::sa_optimizer_create(&raw_config, &mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error {
+            status: Status::Internal,
+            message: "sa_optimizer_create returned SA_OK and no optimizer".to_string(),
+        })?;
+        Ok(Optimizer {
+            raw,
+            id: NEXT_OPTIMIZER_ID.fetch_add(1, Ordering::Relaxed),
+            params: Vec::new(),
+        })
+    }
+
+    /// The error of a call on this optimizer, with the message read at once from the handle.
+    fn check(&self, code: sys::sa_status) -> Result<()> {
+        match Status::from_code(code) {
+            None => Ok(()),
+            Some(status) => Err(Error {
+                status,
+                message: unsafe { cstr_to_string(sys::sa_optimizer_last_error(self.raw.as_ptr())) },
+            }),
+        }
+    }
+
+    fn slot(&self, param: Param) -> Result<&ParamSlot> {
+        if param.owner != self.id {
+            return Err(invalid(
+                "the param belongs to another optimizer".to_string(),
+            ));
+        }
+        Ok(&self.params[param.index as usize])
+    }
+
+    // ---- groups ----
+
+    /// Appends a group and returns its index. Create the same groups in the same order on
+    /// every rank.
+    pub fn add_group(&mut self, config: &GroupConfig) -> Result<usize> {
+        let raw = config.raw();
+        let mut group = -1i32;
+        self.check(unsafe { sys::sa_optimizer_add_group(self.raw.as_ptr(), &raw, &mut group) })?;
+        Ok(group as usize)
+    }
+
+    /// The hyperparameters of a group.
+    pub fn group(&self, group: usize) -> Result<GroupConfig> {
+        let mut raw = sys::sa_group_config::default();
+        self.check(unsafe {
+            sys::sa_optimizer_get_group(self.raw.as_ptr(), group as i32, &mut raw)
+        })?;
+        Ok(GroupConfig::from_raw(&raw))
+    }
+
+    /// Replaces a group's hyperparameters (all checked first; nothing changes on error).
+    pub fn set_group(&mut self, group: usize, config: &GroupConfig) -> Result<()> {
+        let raw = config.raw();
+        self.check(unsafe { sys::sa_optimizer_set_group(self.raw.as_ptr(), group as i32, &raw) })
+    }
+
+    /// Sets a group's learning rate.
+    pub fn set_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        self.check(unsafe { sys::sa_optimizer_set_lr(self.raw.as_ptr(), group as i32, lr) })
+    }
+
+    /// A group's step count: the steps taken and not skipped.
+    pub fn step_count(&self, group: usize) -> Result<i64> {
+        let mut step = 0i64;
+        self.check(unsafe {
+            sys::sa_optimizer_get_step(self.raw.as_ptr(), group as i32, &mut step)
+        })?;
+        Ok(step)
+    }
+
+    /// Sets a group's step count (e.g. when resuming).
+    pub fn set_step_count(&mut self, group: usize, step: i64) -> Result<()> {
+        self.check(unsafe { sys::sa_optimizer_set_step(self.raw.as_ptr(), group as i32, step) })
+    }
+
+    // ---- params ----
+
+    /// Registers a float32 local shard named `name` in `group`. `shape` is the local shape
+    /// and `data` (moved in, not copied) its values in row-major order; the optimizer
+    /// updates them in place at every step. `options` `None` gives the defaults.
+    pub fn add_param(
+        &mut self,
+        name: &str,
+        group: usize,
+        shape: &[i64],
+        data: Vec<f32>,
+        options: Option<&ParamOptions>,
+    ) -> Result<Param> {
+        self.add_shard(
+            name,
+            group,
+            DType::Float32,
+            shape,
+            Storage::F32(data),
+            options,
+        )
+    }
+
+    /// Registers a bfloat16 or float16 local shard from its raw bits; otherwise as
+    /// [`Optimizer::add_param`]. By default a float32 master copy is kept.
+    pub fn add_param16(
+        &mut self,
+        name: &str,
+        group: usize,
+        dtype: DType,
+        shape: &[i64],
+        bits: Vec<u16>,
+        options: Option<&ParamOptions>,
+    ) -> Result<Param> {
+        if dtype != DType::BFloat16 && dtype != DType::Float16 {
+            return Err(invalid(format!(
+                "add_param16: param '{}': dtype {:?} is not 16-bit float",
+                name, dtype
+            )));
+        }
+        self.add_shard(name, group, dtype, shape, Storage::Bits16(bits), options)
+    }
+
+    fn add_shard(
+        &mut self,
+        name: &str,
+        group: usize,
+        dtype: DType,
+        shape: &[i64],
+        mut storage: Storage,
+        options: Option<&ParamOptions>,
+    ) -> Result<Param> {
+        let default_options = ParamOptions::default();
+        let options = options.unwrap_or(&default_options);
+        let c_name = CString::new(name).map_err(|_| {
+            invalid(format!(
+                "add_param: param name {:?} contains a NUL byte",
+                name
+            ))
+        })?;
+        if shape.iter().any(|&d| d < 0) {
+            return Err(invalid(format!(
+                "add_param: param '{}': shape {:?} has a negative dim",
+                name, shape
+            )));
+        }
+        let numel = shape.iter().product::<i64>() as usize;
+        let (len, data) = match &mut storage {
+            Storage::F32(v) => (v.len(), v.as_mut_ptr() as *mut c_void),
+            Storage::Bits16(v) => (v.len(), v.as_mut_ptr() as *mut c_void),
+        };
+        if len != numel {
+            return Err(invalid(format!(
+                "add_param: param '{}': data has {} values, shape {:?} needs {}",
+                name, len, shape, numel
+            )));
+        }
+
+        let shard = Box::into_raw(Box::new(Shard {
+            managed: sys::DLManagedTensorVersioned {
+                version: sys::DLPackVersion { major: 1, minor: 0 },
+                manager_ctx: ptr::null_mut(),
+                deleter: Some(shard_deleter),
+                flags: 0,
+                dl_tensor: sys::DLTensor {
+                    data,
+                    device: sys::DLDevice {
+                        device_type: sys::kDLCPU,
+                        device_id: 0,
+                    },
+                    ndim: shape.len() as i32,
+                    dtype: dtype.dlpack(),
+                    shape: ptr::null_mut(),
+                    strides: ptr::null_mut(),
+                    byte_offset: 0,
+                },
+            },
+            shape: shape.to_vec(),
+            storage,
+        }));
+        // SAFETY: shard was just allocated; the Vecs inside it do not move with the Box.
+        unsafe {
+            (*shard).managed.manager_ctx = shard as *mut c_void;
+            (*shard).managed.dl_tensor.shape = (*shard).shape.as_mut_ptr();
+        }
+
+        let mut raw_options = sys::sa_param_options::default();
+        if let Some(d) = options.grad_dtype {
+            raw_options.grad_dtype = d.dlpack();
+        }
+        if let Some(d) = options.moment_dtype {
+            raw_options.moment_dtype = d.dlpack();
+        }
+        raw_options.master = match options.master {
+            Master::Auto => sys::SA_MASTER_AUTO,
+            Master::None => sys::SA_MASTER_NONE,
+            Master::Fp32 => sys::SA_MASTER_FP32,
+            Master::Remainder => sys::SA_MASTER_REMAINDER,
+        };
+
+        let opt = self.raw.as_ptr();
+        let mut index = -1i64;
+        let call = |layout: *const sys::sa_layout, index: &mut i64| -> sys::sa_status {
+            unsafe {
+                sys::sa_optimizer_add_param(
+                    opt,
+                    c_name.as_ptr(),
+                    group as i32,
+                    &mut (*shard).managed,
+                    layout,
+                    &raw_options,
+                    index,
+                )
+            }
+        };
+        let added = match &options.layout {
+            None => self.check(call(ptr::null(), &mut index)),
+            Some(layout) => layout.with_raw(|raw| self.check(call(raw, &mut index))),
+        };
+        if let Err(e) = added {
+            // On failure the caller (we) keeps ownership.
+            drop(unsafe { Box::from_raw(shard) });
+            return Err(e);
+        }
+        debug_assert_eq!(index as usize, self.params.len());
+        self.params.push(ParamSlot {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+            numel,
+            shard,
+            grad: None,
+        });
+        Ok(Param {
+            index,
+            owner: self.id,
+        })
+    }
+
+    /// The name a param was registered under.
+    pub fn param_name(&self, param: Param) -> Result<&str> {
+        Ok(&self.slot(param)?.name)
+    }
+
+    /// A float32 param's values (what the last step left).
+    pub fn param_f32(&self, param: Param) -> Result<&[f32]> {
+        let slot = self.slot(param)?;
+        // SAFETY: the shard lives until the optimizer is dropped, which &self prevents.
+        match unsafe { &(*slot.shard).storage } {
+            Storage::F32(v) => Ok(v),
+            Storage::Bits16(_) => Err(wrong_dtype(slot, "param_f32")),
+        }
+    }
+
+    /// A float32 param's values, writable (e.g. to load weights between steps).
+    pub fn param_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
+        let slot = self.slot(param)?;
+        // SAFETY: as param_f32; &mut self excludes every other borrow and every library call.
+        match unsafe { &mut (*slot.shard).storage } {
+            Storage::F32(v) => Ok(v),
+            Storage::Bits16(_) => Err(wrong_dtype(slot, "param_f32_mut")),
+        }
+    }
+
+    /// A bfloat16 or float16 param's raw bits.
+    pub fn param_bits16(&self, param: Param) -> Result<&[u16]> {
+        let slot = self.slot(param)?;
+        match unsafe { &(*slot.shard).storage } {
+            Storage::Bits16(v) => Ok(v),
+            Storage::F32(_) => Err(wrong_dtype(slot, "param_bits16")),
+        }
+    }
+
+    // ---- grads ----
+
+    /// Copies float32 grads into the param's grad buffer, which stays bound for every later
+    /// step until the next `set_grad`. The library checks the dtype against the registered
+    /// grad dtype; on error the bound grad is unchanged.
+    pub fn set_grad(&mut self, param: Param, grad: &[f32]) -> Result<()> {
+        self.bind_grad(
+            param,
+            DType::Float32,
+            grad.as_ptr() as *const u8,
+            grad.len(),
+            "set_grad",
+        )
+    }
+
+    /// [`Optimizer::set_grad`] for bfloat16 or float16 grads given as raw bits.
+    pub fn set_grad16(&mut self, param: Param, dtype: DType, grad: &[u16]) -> Result<()> {
+        if dtype != DType::BFloat16 && dtype != DType::Float16 {
+            return Err(invalid(format!(
+                "set_grad16: dtype {:?} is not a 16-bit float",
+                dtype
+            )));
+        }
+        self.bind_grad(
+            param,
+            dtype,
+            grad.as_ptr() as *const u8,
+            grad.len(),
+            "set_grad16",
+        )
+    }
+
+    fn bind_grad(
+        &mut self,
+        param: Param,
+        dtype: DType,
+        src: *const u8,
+        len: usize,
+        op: &str,
+    ) -> Result<()> {
+        let opt = self.raw.as_ptr();
+        let slot = self.slot(param)?;
+        if len != slot.numel {
+            return Err(invalid(format!(
+                "{}: param '{}': grad has {} values, local shape {:?} needs {}",
+                op, slot.name, len, slot.shape, slot.numel
+            )));
+        }
+        let numel = slot.numel;
+        let mut shape = slot.shape.clone();
+        let slot = &mut self.params[param.index as usize];
+        let buffer = slot.grad.get_or_insert_with(|| vec![0u32; numel.max(1)]);
+        let grad = sys::DLTensor {
+            data: buffer.as_mut_ptr() as *mut c_void,
+            device: sys::DLDevice {
+                device_type: sys::kDLCPU,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: dtype.dlpack(),
+            shape: shape.as_mut_ptr(),
+            strides: ptr::null_mut(),
+            byte_offset: 0,
+        };
+        // Bind first (the library validates), copy after: a refused grad changes nothing.
+        let code = unsafe { sys::sa_optimizer_set_grad(opt, param.index, &grad) };
+        self.check(code)?;
+        let nbytes = len * dtype_size(dtype);
+        let buffer = self.params[param.index as usize]
+            .grad
+            .as_mut()
+            .expect("grad buffer");
+        // SAFETY: src holds len elements of dtype; the buffer holds 4 bytes per element.
+        unsafe { ptr::copy_nonoverlapping(src, buffer.as_mut_ptr() as *mut u8, nbytes) };
+        Ok(())
+    }
+
+    // ---- step ----
+
+    /// Runs one step over every param and advances each group's step count. Every
+    /// non-empty param needs a grad bound first (`Status::State` otherwise, naming it).
+    pub fn step(&mut self) -> Result<()> {
+        self.step_with(&StepArgs {
+            inv_grad_scale: None,
+            found_inf: false,
+        })
+        .map(|_| ())
+    }
+
+    /// [`Optimizer::step`] with a loss scale and a found-inf flag; returns whether the step
+    /// was skipped.
+    pub fn step_with(&mut self, args: &StepArgs) -> Result<bool> {
+        let scale = args.inv_grad_scale.unwrap_or(1.0);
+        let found_inf = if args.found_inf { 1.0f32 } else { 0.0 };
+        let mut skipped = 0i32;
+        let mut raw = sys::sa_step_args::default();
+        if args.inv_grad_scale.is_some() {
+            raw.inv_grad_scale = &scale;
+        }
+        raw.found_inf = &found_inf;
+        raw.skipped = &mut skipped;
+        // The CPU backend reads the floats during the call.
+        self.check(unsafe { sys::sa_optimizer_step(self.raw.as_ptr(), &raw, ptr::null_mut()) })?;
+        Ok(skipped != 0)
+    }
+
+    // ---- state ----
+
+    /// Calls `f` with a state view's dtype and bytes, then releases the view.
+    fn with_state<T>(
+        &mut self,
+        param: Param,
+        key: &str,
+        f: impl FnOnce(DType, &[u8]) -> Result<T>,
+    ) -> Result<T> {
+        self.slot(param)?;
+        let c_key = CString::new(key)
+            .map_err(|_| invalid(format!("state: key {:?} contains a NUL byte", key)))?;
+        let mut view: *mut sys::DLManagedTensorVersioned = ptr::null_mut();
+        self.check(unsafe {
+            sys::sa_optimizer_state_view(self.raw.as_ptr(), param.index, c_key.as_ptr(), &mut view)
+        })?;
+        // SAFETY: on SA_OK the view is valid until its deleter runs, below.
+        let result = unsafe {
+            let t = &(*view).dl_tensor;
+            let numel: i64 = (0..t.ndim as usize).map(|i| *t.shape.add(i)).product();
+            let nbytes = numel as usize * (t.dtype.bits as usize / 8);
+            let bytes: &[u8] = if nbytes == 0 {
+                &[]
+            } else {
+                std::slice::from_raw_parts(
+                    (t.data as *const u8).add(t.byte_offset as usize),
+                    nbytes,
+                )
+            };
+            match DType::from_dlpack(t.dtype) {
+                Some(dtype) => f(dtype, bytes),
+                None => Err(Error {
+                    status: Status::Unsupported,
+                    message: format!("state '{}': unknown dtype", key),
+                }),
+            }
+        };
+        unsafe {
+            if let Some(deleter) = (*view).deleter {
+                deleter(view);
+            }
+        }
+        result
+    }
+
+    /// A copy of one state of a param as f32: "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
+    /// (amsgrad) or "master" (fp32 master). bfloat16 moments are widened exactly; for the
+    /// int16 "remainder" use [`Optimizer::state_i16`].
+    pub fn state(&mut self, param: Param, key: &str) -> Result<Vec<f32>> {
+        self.with_state(param, key, |dtype, bytes| match dtype {
+            DType::Float32 => Ok(bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()),
+            DType::BFloat16 => Ok(bytes
+                .chunks_exact(2)
+                .map(|b| bf16_to_f32(u16::from_ne_bytes([b[0], b[1]])))
+                .collect()),
+            other => Err(Error {
+                status: Status::Unsupported,
+                message: format!("state: '{}' is {:?}; use state_i16", key, other),
+            }),
+        })
+    }
+
+    /// A copy of the int16 "remainder" state of a param.
+    pub fn state_i16(&mut self, param: Param, key: &str) -> Result<Vec<i16>> {
+        self.with_state(param, key, |dtype, bytes| match dtype {
+            DType::Int16 => Ok(bytes
+                .chunks_exact(2)
+                .map(|b| i16::from_ne_bytes([b[0], b[1]]))
+                .collect()),
+            other => Err(Error {
+                status: Status::Mismatch,
+                message: format!("state_i16: '{}' is {:?}, not int16; use state", key, other),
+            }),
+        })
+    }
+
+    // ---- shard files ----
+
+    /// Writes this rank's state as one shard file at `path` (`sa_optimizer_export`): every
+    /// param's states, the groups with their step counts, and where each shard sits in its
+    /// global tensor, as a valid safetensors file. It goes to a temporary name, is synced and
+    /// renamed, so a crash never leaves a file that looks complete. A param replicated along
+    /// a mesh dim is written only by the replica at coordinate 0.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let c_path = path_cstring(path.as_ref())?;
+        let mut writer = sys::sa_writer::default();
+        handleless_result(unsafe { sys::sa_file_writer(c_path.as_ptr(), &mut writer) })?;
+        let exported = self.check(unsafe { sys::sa_optimizer_export(self.raw.as_ptr(), &writer) });
+        // After the message was read; removes the temporary file of a failed export.
+        unsafe { sys::sa_writer_release(&mut writer) };
+        exported
+    }
+
+    /// Loads the state saved in the shard files at `paths`, written by any number of ranks
+    /// with any layout, into this optimizer's state, resharding as needed
+    /// (`sa_optimizer_import`). Everything is validated before anything changes; params
+    /// themselves are not touched.
+    pub fn load<P: AsRef<Path>>(&mut self, paths: &[P], options: &LoadOptions) -> Result<()> {
+        let mut readers = Readers(Vec::with_capacity(paths.len()));
+        for path in paths {
+            let c_path = path_cstring(path.as_ref())?;
+            let mut reader = sys::sa_reader::default();
+            handleless_result(unsafe { sys::sa_file_reader(c_path.as_ptr(), &mut reader) })?;
+            readers.0.push(reader);
+        }
+        let pointers: Vec<*const sys::sa_reader> = readers
+            .0
+            .iter()
+            .map(|r| r as *const sys::sa_reader)
+            .collect();
+        let raw = sys::sa_import_options {
+            staging_bytes: options.staging_bytes,
+            allow_missing: options.allow_missing as i32,
+            allow_unexpected: options.allow_unexpected as i32,
+            restore_groups: options.restore_groups as i32,
+            ..sys::sa_import_options::default()
+        };
+        self.check(unsafe {
+            sys::sa_optimizer_import(
+                self.raw.as_ptr(),
+                pointers.len() as i32,
+                pointers.as_ptr(),
+                &raw,
+            )
+        })
+    }
+}
+
+fn wrong_dtype(slot: &ParamSlot, op: &str) -> Error {
+    Error {
+        status: Status::Mismatch,
+        message: format!("{}: param '{}' is {:?}", op, slot.name, slot.dtype),
+    }
+}
+
+fn dtype_size(dtype: DType) -> usize {
+    match dtype {
+        DType::Float32 => 4,
+        DType::BFloat16 | DType::Float16 | DType::Int16 => 2,
+    }
+}

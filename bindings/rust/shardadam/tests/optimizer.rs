@@ -1,0 +1,621 @@
+//! The safe wrapper against an independent float64 reference of the update in shardadam.h,
+//! plus its errors and ownership rules.
+use shardadam::{
+    bf16_to_f32, f32_to_bf16, DType, Error, GroupConfig, Layout, LoadOptions, Master, Optimizer,
+    ParamOptions, Placement, Status, StepArgs,
+};
+
+/// splitmix64: a seeded, dependency-free source of test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-2, 2).
+    fn value(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f64 / (1u64 << 24) as f64 * 4.0 - 2.0) as f32
+    }
+
+    fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.value()).collect()
+    }
+}
+
+/// The float64 reference: Adam/AdamW with PyTorch semantics.
+struct Reference {
+    p: Vec<f64>,
+    m: Vec<f64>,
+    v: Vec<f64>,
+    vmax: Vec<f64>,
+}
+
+impl Reference {
+    fn new(init: &[f32]) -> Self {
+        let n = init.len();
+        Reference {
+            p: init.iter().map(|&x| x as f64).collect(),
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+            vmax: vec![0.0; n],
+        }
+    }
+
+    #[allow(clippy::needless_range_loop)] // five arrays walked in step read best indexed
+    fn step(&mut self, grad: &[f32], hp: &GroupConfig, t: i32, inv_grad_scale: f64) {
+        let (bc1, bc2) = if hp.bias_correction {
+            (1.0 - hp.beta1.powi(t), 1.0 - hp.beta2.powi(t))
+        } else {
+            (1.0, 1.0)
+        };
+        for i in 0..self.p.len() {
+            let mut g = grad[i] as f64 * inv_grad_scale;
+            if hp.maximize {
+                g = -g;
+            }
+            if hp.weight_decay != 0.0 {
+                if hp.decoupled_weight_decay {
+                    self.p[i] *= 1.0 - hp.lr * hp.weight_decay;
+                } else {
+                    g += hp.weight_decay * self.p[i];
+                }
+            }
+            self.m[i] = hp.beta1 * self.m[i] + (1.0 - hp.beta1) * g;
+            self.v[i] = hp.beta2 * self.v[i] + (1.0 - hp.beta2) * g * g;
+            let mut v = self.v[i];
+            if hp.amsgrad {
+                self.vmax[i] = self.vmax[i].max(self.v[i]);
+                v = self.vmax[i];
+            }
+            self.p[i] -= (hp.lr / bc1) * self.m[i] / (v.sqrt() / bc2.sqrt() + hp.eps);
+        }
+    }
+}
+
+/// Fails unless every value is within float32 accuracy of the reference.
+fn assert_close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{}: length", what);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let diff = (g as f64 - w).abs();
+        assert!(
+            diff <= 1e-6 + 1e-5 * w.abs(),
+            "{}[{}] = {:.9}, float64 reference {:.9} (diff {:.3e})",
+            what,
+            i,
+            g,
+            w,
+            diff
+        );
+    }
+}
+
+fn shard_rows(global: [i64; 2], ranks: i64, coord: i64) -> Layout {
+    Layout::Mesh {
+        global_shape: global.to_vec(),
+        mesh_shape: vec![ranks],
+        mesh_coord: vec![coord],
+        placements: vec![Placement::Shard(0)],
+    }
+}
+
+#[test]
+fn status_names_match_the_library() {
+    let names = [
+        (Status::InvalidArgument, "SA_ERR_INVALID_ARGUMENT"),
+        (Status::Unsupported, "SA_ERR_UNSUPPORTED"),
+        (Status::OutOfMemory, "SA_ERR_OUT_OF_MEMORY"),
+        (Status::Device, "SA_ERR_DEVICE"),
+        (Status::Comm, "SA_ERR_COMM"),
+        (Status::Io, "SA_ERR_IO"),
+        (Status::Format, "SA_ERR_FORMAT"),
+        (Status::Mismatch, "SA_ERR_MISMATCH"),
+        (Status::State, "SA_ERR_STATE"),
+        (Status::Internal, "SA_ERR_INTERNAL"),
+    ];
+    for (status, name) in names {
+        assert_eq!(status.name(), name);
+        assert_eq!(Status::from_code(status.code()), Some(status));
+    }
+    assert_eq!(Status::from_code(0), None);
+    assert!(shardadam::build_info().starts_with("shardadam "));
+    assert!(shardadam::version() >= 100);
+}
+
+#[test]
+fn default_group_config_is_torch_adamw() {
+    let d = GroupConfig::default();
+    assert_eq!(
+        (d.lr, d.beta1, d.beta2, d.eps, d.weight_decay),
+        (1e-3, 0.9, 0.999, 1e-8, 1e-2)
+    );
+    assert!(d.decoupled_weight_decay && d.bias_correction && !d.maximize && !d.amsgrad);
+}
+
+#[test]
+fn local_box_follows_torch_chunk() {
+    // 10 rows over 4 ranks: 3, 3, 3, 1. 2 rows over 4 ranks: 1, 1, 0, 0 (offset 2).
+    for (rows, coord, want_rows, want_offset) in
+        [(10, 0, 3, 0), (10, 3, 1, 9), (2, 1, 1, 1), (2, 3, 0, 2)]
+    {
+        let (local, offset) = shard_rows([rows, 4], 4, coord).local_box().unwrap();
+        assert_eq!(
+            (local, offset),
+            (vec![want_rows, 4], vec![want_offset, 0]),
+            "{} rows, coord {}",
+            rows,
+            coord
+        );
+    }
+}
+
+/// Two groups (AdamW; Adam with L2, amsgrad and maximize), dense, mesh-sharded, box and
+/// empty shards, five steps of random grads with an LR change: params and states follow
+/// the float64 reference.
+#[test]
+fn adam_steps_match_float64_reference() {
+    let mut rng = Rng(7);
+    let mut opt = Optimizer::new(None).unwrap();
+    let mut groups = vec![
+        GroupConfig {
+            lr: 1e-2,
+            ..GroupConfig::default()
+        },
+        GroupConfig {
+            lr: 5e-3,
+            beta1: 0.8,
+            beta2: 0.99,
+            eps: 1e-6,
+            weight_decay: 0.1,
+            decoupled_weight_decay: false,
+            bias_correction: true,
+            maximize: true,
+            amsgrad: true,
+        },
+    ];
+    for hp in &groups {
+        opt.add_group(hp).unwrap();
+    }
+    let specs: Vec<(&str, usize, Vec<i64>, Option<Layout>)> = vec![
+        ("dense.w", 0, vec![3, 5], None),
+        ("rows.w", 0, vec![1, 4], Some(shard_rows([10, 4], 4, 3))),
+        (
+            "box.w",
+            1,
+            vec![3, 5],
+            Some(Layout::Box {
+                global_shape: vec![7, 9],
+                global_offset: vec![2, 4],
+            }),
+        ),
+        ("empty.w", 1, vec![0, 3], Some(shard_rows([2, 3], 4, 3))),
+        ("bias", 1, vec![7], None),
+    ];
+    let mut params = Vec::new();
+    let mut refs = Vec::new();
+    for (name, group, shape, layout) in &specs {
+        let init = rng.values(shape.iter().product::<i64>() as usize);
+        let options = ParamOptions {
+            layout: layout.clone(),
+            ..ParamOptions::default()
+        };
+        let p = opt
+            .add_param(name, *group, shape, init.clone(), Some(&options))
+            .unwrap();
+        assert_eq!(p.index(), params.len() as i64);
+        assert_eq!(opt.param_name(p).unwrap(), *name);
+        params.push(p);
+        refs.push(Reference::new(&init));
+    }
+
+    let steps = 5;
+    for step in 1..=steps {
+        if step == 3 {
+            groups[0].lr = 3e-3;
+            opt.set_lr(0, groups[0].lr).unwrap();
+        }
+        for (i, &p) in params.iter().enumerate() {
+            let n = refs[i].p.len();
+            if n == 0 {
+                continue; // an empty shard needs no grad
+            }
+            let grad = rng.values(n);
+            opt.set_grad(p, &grad).unwrap();
+            refs[i].step(&grad, &groups[specs[i].1], step, 1.0);
+        }
+        opt.step().unwrap();
+        for (i, &p) in params.iter().enumerate() {
+            assert_close(
+                &format!("step {}: {}", step, specs[i].0),
+                opt.param_f32(p).unwrap(),
+                &refs[i].p,
+            );
+        }
+    }
+    for (i, &p) in params.iter().enumerate() {
+        assert_close(
+            &format!("{}/exp_avg", specs[i].0),
+            &opt.state(p, "exp_avg").unwrap(),
+            &refs[i].m,
+        );
+        assert_close(
+            &format!("{}/exp_avg_sq", specs[i].0),
+            &opt.state(p, "exp_avg_sq").unwrap(),
+            &refs[i].v,
+        );
+        if specs[i].1 == 1 {
+            let vmax = opt.state(p, "max_exp_avg_sq").unwrap();
+            assert_close(
+                &format!("{}/max_exp_avg_sq", specs[i].0),
+                &vmax,
+                &refs[i].vmax,
+            );
+        }
+    }
+    for (g, hp) in groups.iter().enumerate() {
+        assert_eq!(opt.step_count(g).unwrap(), steps as i64);
+        assert_eq!(opt.group(g).unwrap(), *hp);
+    }
+}
+
+/// bfloat16 params with float32 master weights and bfloat16 grads: the master follows the
+/// reference and the param is the master rounded to bfloat16.
+#[test]
+fn bf16_param_follows_its_master_weights() {
+    let mut rng = Rng(11);
+    let mut opt = Optimizer::new(None).unwrap();
+    let hp = GroupConfig {
+        lr: 1e-2,
+        ..GroupConfig::default()
+    };
+    opt.add_group(&hp).unwrap();
+    let n = 33;
+    let init: Vec<u16> = (0..n).map(|_| f32_to_bf16(rng.value())).collect();
+    let wide: Vec<f32> = init.iter().map(|&b| bf16_to_f32(b)).collect();
+    let p = opt
+        .add_param16("emb.w", 0, DType::BFloat16, &[n as i64], init, None)
+        .unwrap();
+    let mut reference = Reference::new(&wide);
+    for step in 1..=4 {
+        let grad: Vec<u16> = (0..n).map(|_| f32_to_bf16(rng.value())).collect();
+        let grad_wide: Vec<f32> = grad.iter().map(|&b| bf16_to_f32(b)).collect();
+        opt.set_grad16(p, DType::BFloat16, &grad).unwrap();
+        opt.step().unwrap();
+        reference.step(&grad_wide, &hp, step, 1.0);
+    }
+    let master = opt.state(p, "master").unwrap();
+    assert_close("master", &master, &reference.p);
+    for (i, &bits) in opt.param_bits16(p).unwrap().iter().enumerate() {
+        assert_eq!(
+            bits,
+            f32_to_bf16(master[i]),
+            "param[{}] is not its master rounded to bfloat16",
+            i
+        );
+    }
+}
+
+/// A bfloat16 param with an int16 remainder: param bits << 16 plus the remainder is the
+/// float32 value, which follows the reference.
+#[test]
+fn remainder_restores_the_f32_value() {
+    let mut rng = Rng(5);
+    let mut opt = Optimizer::new(None).unwrap();
+    let hp = GroupConfig {
+        lr: 1e-2,
+        ..GroupConfig::default()
+    };
+    opt.add_group(&hp).unwrap();
+    let n = 17;
+    let init: Vec<u16> = (0..n).map(|_| f32_to_bf16(rng.value())).collect();
+    let wide: Vec<f32> = init.iter().map(|&b| bf16_to_f32(b)).collect();
+    let options = ParamOptions {
+        master: Master::Remainder,
+        ..ParamOptions::default()
+    };
+    let p = opt
+        .add_param16("w", 0, DType::BFloat16, &[n as i64], init, Some(&options))
+        .unwrap();
+    let mut reference = Reference::new(&wide);
+    for step in 1..=3 {
+        let grad: Vec<u16> = (0..n).map(|_| f32_to_bf16(rng.value())).collect();
+        let grad_wide: Vec<f32> = grad.iter().map(|&b| bf16_to_f32(b)).collect();
+        opt.set_grad16(p, DType::BFloat16, &grad).unwrap();
+        opt.step().unwrap();
+        reference.step(&grad_wide, &hp, step, 1.0);
+    }
+    let remainder = opt.state_i16(p, "remainder").unwrap();
+    let joined: Vec<f32> = opt
+        .param_bits16(p)
+        .unwrap()
+        .iter()
+        .zip(&remainder)
+        .map(|(&hi, &rem)| f32::from_bits(((hi as u32) << 16).wrapping_add(rem as i32 as u32)))
+        .collect();
+    assert_close("param:remainder", &joined, &reference.p);
+    expect_error(
+        "state(remainder)",
+        opt.state(p, "remainder"),
+        Status::Unsupported,
+        &["state_i16"],
+    );
+}
+
+#[test]
+fn loss_scale_and_found_inf() {
+    let mut opt = Optimizer::new(None).unwrap();
+    let hp = GroupConfig::default();
+    opt.add_group(&hp).unwrap();
+    let init = vec![1.0f32, -2.0, 3.0, 0.5];
+    let p = opt.add_param("w", 0, &[4], init.clone(), None).unwrap();
+    let grad = [8.0f32, 4.0, -2.0, 0.0];
+    opt.set_grad(p, &grad).unwrap();
+
+    assert!(opt
+        .step_with(&StepArgs {
+            inv_grad_scale: None,
+            found_inf: true
+        })
+        .unwrap());
+    assert_eq!(
+        opt.param_f32(p).unwrap(),
+        &init[..],
+        "a skipped step changed the param"
+    );
+    assert_eq!(opt.step_count(0).unwrap(), 0);
+
+    assert!(!opt
+        .step_with(&StepArgs {
+            inv_grad_scale: Some(0.25),
+            found_inf: false
+        })
+        .unwrap());
+    let mut reference = Reference::new(&init);
+    reference.step(&grad, &hp, 1, 0.25);
+    assert_close(
+        "after a scaled step",
+        opt.param_f32(p).unwrap(),
+        &reference.p,
+    );
+}
+
+fn expect_error<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, Error>,
+    status: Status,
+    needles: &[&str],
+) {
+    let e = result.expect_err(what);
+    assert_eq!(e.status, status, "{}: {}", what, e);
+    for needle in needles {
+        assert!(
+            e.message.contains(needle),
+            "{}: message {:?} lacks {:?}",
+            what,
+            e.message,
+            needle
+        );
+    }
+}
+
+#[test]
+fn errors_carry_status_and_a_message_naming_the_param() {
+    let mut opt = Optimizer::new(None).unwrap();
+    expect_error(
+        "add_group(beta1 1.5)",
+        opt.add_group(&GroupConfig {
+            beta1: 1.5,
+            ..GroupConfig::default()
+        }),
+        Status::InvalidArgument,
+        &["beta1"],
+    );
+    opt.add_group(&GroupConfig::default()).unwrap();
+    let bf16_grads = ParamOptions {
+        grad_dtype: Some(DType::BFloat16),
+        ..ParamOptions::default()
+    };
+    let w = opt
+        .add_param("layers.0.w", 0, &[2, 3], vec![0.0; 6], Some(&bf16_grads))
+        .unwrap();
+
+    expect_error(
+        "set_grad(f32 into bf16)",
+        opt.set_grad(w, &[0.0; 6]),
+        Status::Mismatch,
+        &["layers.0.w", "bfloat16"],
+    );
+    expect_error(
+        "step without a grad",
+        opt.step(),
+        Status::State,
+        &["layers.0.w"],
+    );
+    expect_error(
+        "add_param(duplicate name)",
+        opt.add_param("layers.0.w", 0, &[1], vec![0.0], None),
+        Status::InvalidArgument,
+        &["layers.0.w"],
+    );
+    let off_layout = ParamOptions {
+        layout: Some(shard_rows([10, 4], 4, 0)),
+        ..ParamOptions::default()
+    };
+    let e = opt
+        .add_param("layers.1.w", 0, &[2, 4], vec![0.0; 8], Some(&off_layout))
+        .unwrap_err();
+    assert!(
+        e.message.contains("layers.1.w"),
+        "shape off its layout: {}",
+        e
+    );
+    expect_error(
+        "add_param(3 values for 4)",
+        opt.add_param("layers.2.w", 0, &[2, 2], vec![0.0; 3], None),
+        Status::InvalidArgument,
+        &["layers.2.w"],
+    );
+    expect_error(
+        "state(no_such_state)",
+        opt.state(w, "no_such_state"),
+        Status::InvalidArgument,
+        &["no_such_state"],
+    );
+    expect_error(
+        "local_box(coord 9 of 2)",
+        shard_rows([4, 4], 2, 9).local_box(),
+        Status::InvalidArgument,
+        &["9"],
+    );
+
+    // A param of another optimizer is refused, not misused.
+    let mut other = Optimizer::new(None).unwrap();
+    expect_error(
+        "foreign param",
+        other.set_grad(w, &[0.0; 6]),
+        Status::InvalidArgument,
+        &["another optimizer"],
+    );
+
+    // Nothing was half-added: the optimizer still works.
+    assert_eq!(opt.step_count(0).unwrap(), 0);
+    opt.set_grad16(w, DType::BFloat16, &[0; 6]).unwrap();
+    opt.step().unwrap();
+    assert_eq!(opt.step_count(0).unwrap(), 1);
+}
+
+#[test]
+fn an_optimizer_moves_to_another_thread() {
+    let mut opt = Optimizer::new(None).unwrap();
+    opt.add_group(&GroupConfig::default()).unwrap();
+    let p = opt.add_param("w", 0, &[2], vec![1.0, 1.0], None).unwrap();
+    let handle = std::thread::spawn(move || {
+        opt.set_grad(p, &[1.0, -1.0]).unwrap();
+        opt.step().unwrap();
+        opt
+    });
+    let opt = handle.join().unwrap();
+    let w = opt.param_f32(p).unwrap();
+    assert!(w[0] < 1.0 && w[1] > 1.0, "{:?}", w);
+}
+
+/// A fresh directory under the system's temporary directory, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("shardadam-rust-{}-{}", tag, std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Two ranks, each holding half the rows of "w" and a replica of "bias", save after three
+/// steps; one rank holding the whole tensors loads both files: its states are the ranks'
+/// states put together, and the groups' step counts and hyperparameters come back.
+#[test]
+fn save_on_two_ranks_load_on_one() {
+    let mut rng = Rng(3);
+    let dir = TempDir::new("reshard");
+    let hp = GroupConfig {
+        lr: 1e-2,
+        ..GroupConfig::default()
+    };
+    let mut saved: std::collections::BTreeMap<String, Vec<f32>> = Default::default();
+    let mut paths = Vec::new();
+    for r in 0..2i64 {
+        let mut opt = Optimizer::new(None).unwrap();
+        opt.add_group(&hp).unwrap();
+        let rows = shard_rows([5, 3], 2, r);
+        let (local, _) = rows.local_box().unwrap();
+        let numel = (local[0] * local[1]) as usize;
+        let w_options = ParamOptions {
+            layout: Some(rows),
+            ..ParamOptions::default()
+        };
+        let w = opt
+            .add_param("w", 0, &local, rng.values(numel), Some(&w_options))
+            .unwrap();
+        let replicated = Layout::Mesh {
+            global_shape: vec![4],
+            mesh_shape: vec![2],
+            mesh_coord: vec![r],
+            placements: vec![Placement::Replicate],
+        };
+        let bias_options = ParamOptions {
+            layout: Some(replicated),
+            ..ParamOptions::default()
+        };
+        let bias = opt
+            .add_param("bias", 0, &[4], rng.values(4), Some(&bias_options))
+            .unwrap();
+        for _ in 0..3 {
+            opt.set_grad(w, &rng.values(numel)).unwrap();
+            opt.set_grad(bias, &rng.values(4)).unwrap();
+            opt.step().unwrap();
+        }
+        for key in ["exp_avg", "exp_avg_sq"] {
+            let state = opt.state(w, key).unwrap();
+            saved.entry(format!("w/{}", key)).or_default().extend(state); // rank 0's rows first
+            if r == 0 {
+                saved.insert(format!("bias/{}", key), opt.state(bias, key).unwrap());
+            }
+        }
+        let path = dir.0.join(format!("rank{}.safetensors", r));
+        opt.save(&path).unwrap();
+        paths.push(path);
+    }
+
+    let mut whole = Optimizer::new(None).unwrap();
+    whole.add_group(&GroupConfig { lr: 0.5, ..hp }).unwrap();
+    let w = whole
+        .add_param("w", 0, &[5, 3], vec![0.0; 15], None)
+        .unwrap();
+    let bias = whole
+        .add_param("bias", 0, &[4], vec![0.0; 4], None)
+        .unwrap();
+
+    // Rank 0's file alone leaves rows 3 and 4 uncovered: refused, and nothing changes.
+    expect_error(
+        "load(rank 0 only)",
+        whole.load(&paths[..1], &LoadOptions::default()),
+        Status::Mismatch,
+        &["'w'"],
+    );
+    assert_eq!(whole.state(w, "exp_avg").unwrap(), vec![0.0; 15]);
+    expect_error(
+        "load(missing file)",
+        whole.load(
+            &[dir.0.join("missing.safetensors")],
+            &LoadOptions::default(),
+        ),
+        Status::Io,
+        &["missing.safetensors"],
+    );
+
+    whole.load(&paths, &LoadOptions::default()).unwrap();
+    for (name, p) in [("w", w), ("bias", bias)] {
+        for key in ["exp_avg", "exp_avg_sq"] {
+            assert_eq!(
+                whole.state(p, key).unwrap(),
+                saved[&format!("{}/{}", name, key)],
+                "{}/{}",
+                name,
+                key
+            );
+        }
+    }
+    assert_eq!(whole.step_count(0).unwrap(), 3);
+    assert_eq!(whole.group(0).unwrap().lr, hp.lr);
+}

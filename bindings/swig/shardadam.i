@@ -1,0 +1,550 @@
+/*
+ * shardadam.i — SWIG interface of the low-level Python module `shardadam._shardadam`.
+ *
+ * It mirrors include/shardadam/shardadam.h one to one: every sa_* function keeps its name
+ * and returns its sa_status as an int (the hand-written package `shardadam` turns statuses
+ * into exceptions and reads the handle's message). What the typemaps below change:
+ *
+ *   - out-parameters become extra return values: `status, index = sa_optimizer_add_group(...)`;
+ *   - DLPack tensors travel as PyCapsules, as the DLPack Python protocol defines them:
+ *       local_shard  an unconsumed "dltensor_versioned" capsule (sa_optimizer_add_param) or
+ *                    "dltensor" capsule (sa_optimizer_add_param_legacy). On SA_OK it is
+ *                    renamed "used_dltensor_versioned" / "used_dltensor": the optimizer now
+ *                    owns the tensor and calls its deleter when it is destroyed. On failure
+ *                    the capsule is left as it was (the caller still owns the tensor).
+ *       grad         either kind of capsule; borrowed for the call, never consumed.
+ *       state view   returned as a new "dltensor_versioned" capsule whose destructor calls
+ *                    the deleter unless a consumer renamed (consumed) it.
+ *   - structs holding pointers are passed as plain Python values:
+ *       sa_layout         None, or (global_shape, mesh_shape, mesh_coord, placements,
+ *                         global_offset) with placements a sequence of (type, dim) and
+ *                         global_offset None for the mesh form;
+ *       sa_param_options  None, or (grad_dtype, moment_dtype, master) with each dtype None
+ *                         or (code, bits, lanes);
+ *       sa_step_args      None, or (inv_grad_scale, found_inf, skipped) as addresses (int) or None;
+ *       sa_param_info     returned as a dict;
+ *       void* stream      an address (int) or None;
+ *   - structs of plain fields (sa_optimizer_config, sa_group_config, sa_import_options) and
+ *     the writer/reader handles are classes whose constructors apply the SA_*_INIT macros.
+ *
+ * The state export/import functions are referenced weakly (see state_io_available()), so
+ * the module also loads against a libshardadam built without them.
+ */
+%module(package="shardadam", threads="1") _shardadam
+
+%{
+#include <stdlib.h>
+#include <shardadam/shardadam.h>
+
+/* State export/import (src/state_io) came after the rest of the ABI. Weak references let
+ * this module load against a libshardadam built without it: they resolve to NULL,
+ * state_io_available() says so, and each of their wrappers checks before calling. */
+#pragma weak sa_file_writer
+#pragma weak sa_memory_writer
+#pragma weak sa_memory_writer_data
+#pragma weak sa_file_reader
+#pragma weak sa_memory_reader
+#pragma weak sa_writer_release
+#pragma weak sa_reader_release
+#pragma weak sa_optimizer_export
+#pragma weak sa_optimizer_import
+#pragma weak sa_inspect
+#pragma weak sa_free
+%}
+
+%include <stdint.i>
+%include <typemaps.i>
+
+/* SWIG learns DLPack's types and macros from the real header without wrapping them. */
+%import <dlpack/dlpack.h>
+
+/* The GIL is released only around calls that may run long and never call back into
+ * Python: a step (CPU backend: the whole update) and the blob I/O. */
+%nothread;
+%thread sa_optimizer_step;
+%thread sa_optimizer_export;
+%thread sa_optimizer_import;
+%thread sa_inspect;
+
+/* ---- helpers ------------------------------------------------------------------------ */
+%{
+static const char SA_PY_VERSIONED[] = "dltensor_versioned";
+static const char SA_PY_LEGACY[] = "dltensor";
+
+/* Destructor of the capsules this module creates: a capsule still carrying its original
+ * name was never consumed, so its tensor is still the capsule's to delete. */
+static void sa_py_versioned_capsule_destructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, SA_PY_VERSIONED)) return;
+  DLManagedTensorVersioned* t = (DLManagedTensorVersioned*)PyCapsule_GetPointer(capsule, SA_PY_VERSIONED);
+  if (t->deleter) t->deleter(t);
+}
+
+static void sa_py_legacy_capsule_destructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, SA_PY_LEGACY)) return;
+  DLManagedTensor* t = (DLManagedTensor*)PyCapsule_GetPointer(capsule, SA_PY_LEGACY);
+  if (t->deleter) t->deleter(t);
+}
+
+/* The DLTensor inside an unconsumed capsule of either kind, or NULL (no exception set). */
+static DLTensor* sa_py_capsule_dltensor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, SA_PY_VERSIONED))
+    return &((DLManagedTensorVersioned*)PyCapsule_GetPointer(capsule, SA_PY_VERSIONED))->dl_tensor;
+  if (PyCapsule_IsValid(capsule, SA_PY_LEGACY))
+    return &((DLManagedTensor*)PyCapsule_GetPointer(capsule, SA_PY_LEGACY))->dl_tensor;
+  return NULL;
+}
+
+static PyObject* sa_py_int64_tuple(const int64_t* values, int32_t n) {
+  PyObject* tuple = PyTuple_New(n);
+  for (int32_t i = 0; tuple && i < n; ++i) {
+    PyObject* item = PyLong_FromLongLong(values[i]);
+    if (!item) { Py_DECREF(tuple); return NULL; }
+    PyTuple_SET_ITEM(tuple, i, item);
+  }
+  return tuple;
+}
+
+/* Reads a sequence of at most SA_MAX_NDIM ints; returns its length, or -1 with an exception. */
+static int sa_py_read_int64s(PyObject* obj, int64_t* out, const char* what) {
+  PyObject* seq = PySequence_Fast(obj, what);
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > SA_MAX_NDIM) {
+    PyErr_Format(PyExc_ValueError, "%s has %zd entries; at most %d are allowed", what, n, SA_MAX_NDIM);
+    n = -1;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (PyErr_Occurred()) n = -1;
+  }
+  Py_DECREF(seq);
+  return (int)n;
+}
+
+/* Storage for one sa_layout and the arrays it points to. */
+typedef struct sa_py_layout {
+  sa_layout layout;
+  int64_t global_shape[SA_MAX_NDIM], mesh_shape[SA_MAX_NDIM], mesh_coord[SA_MAX_NDIM];
+  int64_t global_offset[SA_MAX_NDIM];
+  sa_placement placements[SA_MAX_NDIM];
+} sa_py_layout;
+
+/* None -> NULL; (global_shape, mesh_shape, mesh_coord, placements, global_offset) -> a
+ * layout in *storage. Returns 0 with an exception set on a malformed tuple. */
+static int sa_py_read_layout(PyObject* obj, sa_py_layout* storage, const sa_layout** out) {
+  const sa_layout init = SA_LAYOUT_INIT;
+  PyObject *global_shape, *mesh_shape, *mesh_coord, *placements, *global_offset;
+  *out = NULL;
+  if (obj == Py_None) return 1;
+  if (!PyArg_ParseTuple(obj, "OOOOO;layout must be None or (global_shape, mesh_shape, mesh_coord, placements, global_offset)",
+                        &global_shape, &mesh_shape, &mesh_coord, &placements, &global_offset))
+    return 0;
+  storage->layout = init;
+  int ndim = sa_py_read_int64s(global_shape, storage->global_shape, "layout global_shape");
+  int mesh_ndim = sa_py_read_int64s(mesh_shape, storage->mesh_shape, "layout mesh_shape");
+  int coord_ndim = sa_py_read_int64s(mesh_coord, storage->mesh_coord, "layout mesh_coord");
+  if (ndim < 0 || mesh_ndim < 0 || coord_ndim < 0) return 0;
+  PyObject* seq = PySequence_Fast(placements, "layout placements must be a sequence of (type, dim)");
+  if (!seq) return 0;
+  Py_ssize_t num_placements = PySequence_Fast_GET_SIZE(seq);
+  int ok = coord_ndim == mesh_ndim && num_placements == mesh_ndim;
+  if (!ok)
+    PyErr_Format(PyExc_ValueError, "layout: mesh_shape, mesh_coord and placements have %d, %d and %zd entries; they must match",
+                 mesh_ndim, coord_ndim, num_placements);
+  for (Py_ssize_t i = 0; ok && i < num_placements; ++i)
+    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ii;a placement must be (type, dim)",
+                          &storage->placements[i].type, &storage->placements[i].dim);
+  Py_DECREF(seq);
+  if (!ok) return 0;
+  storage->layout.ndim = ndim;
+  storage->layout.global_shape = storage->global_shape;
+  if (global_offset == Py_None) {
+    storage->layout.mesh_ndim = mesh_ndim;
+    storage->layout.mesh_shape = storage->mesh_shape;
+    storage->layout.mesh_coord = storage->mesh_coord;
+    storage->layout.placements = storage->placements;
+  } else {
+    if (sa_py_read_int64s(global_offset, storage->global_offset, "layout global_offset") < 0) return 0;
+    storage->layout.global_offset = storage->global_offset;
+  }
+  *out = &storage->layout;
+  return 1;
+}
+
+/* None -> a zeroed dtype (the default); (code, bits, lanes) -> that dtype. */
+static int sa_py_read_dtype(PyObject* obj, DLDataType* out) {
+  unsigned char code = 0, bits = 0;
+  unsigned short lanes = 0;
+  if (obj != Py_None && !PyArg_ParseTuple(obj, "bbH;a dtype must be None or (code, bits, lanes)", &code, &bits, &lanes))
+    return 0;
+  out->code = code;
+  out->bits = bits;
+  out->lanes = lanes;
+  return 1;
+}
+
+static PyObject* sa_py_dtype_tuple(DLDataType dtype) {
+  return Py_BuildValue("(iii)", dtype.code, dtype.bits, dtype.lanes);
+}
+
+/* A legacy tensor wrapping a versioned one (dlpack_versioned_to_legacy). */
+typedef struct sa_py_legacy_view {
+  DLManagedTensor legacy;
+  DLManagedTensorVersioned* versioned;
+} sa_py_legacy_view;
+
+static void sa_py_legacy_view_deleter(DLManagedTensor* self) {
+  sa_py_legacy_view* view = (sa_py_legacy_view*)self->manager_ctx;
+  if (view->versioned->deleter) view->versioned->deleter(view->versioned);
+  free(view);
+}
+
+/* Reads an address (int) or None. Returns 0 with an exception set otherwise. */
+static int sa_py_read_address(PyObject* obj, void** out) {
+  *out = obj == Py_None ? NULL : PyLong_AsVoidPtr(obj);
+  return !PyErr_Occurred();
+}
+%}
+
+/* ---- handles, out-parameters --------------------------------------------------------- */
+%apply int32_t* OUTPUT { int32_t* group };
+%apply int64_t* OUTPUT { int64_t* param, int64_t* step };
+
+%typemap(in, numinputs=0) sa_optimizer** out (sa_optimizer* created = NULL) { $1 = &created; }
+%typemap(argout) sa_optimizer** out {
+  %append_output(SWIG_NewPointerObj(created$argnum, $descriptor(sa_optimizer*), 0));
+}
+
+%typemap(in) void* stream {
+  if (!sa_py_read_address($input, &$1)) SWIG_fail;
+}
+
+/* ---- DLPack capsules ----------------------------------------------------------------- */
+%typemap(in) DLManagedTensorVersioned* local_shard {
+  if (!PyCapsule_IsValid($input, SA_PY_VERSIONED))
+    SWIG_exception_fail(SWIG_TypeError, "local_shard must be an unconsumed DLPack capsule named 'dltensor_versioned'");
+  $1 = (DLManagedTensorVersioned*)PyCapsule_GetPointer($input, SA_PY_VERSIONED);
+}
+%typemap(argout) DLManagedTensorVersioned* local_shard {
+  /* The optimizer owns the tensor now; renaming keeps the capsule's destructor off it. */
+  if (result == SA_OK && PyCapsule_SetName($input, "used_dltensor_versioned") != 0) SWIG_fail;
+}
+
+%typemap(in) DLManagedTensor* local_shard {
+  if (!PyCapsule_IsValid($input, SA_PY_LEGACY))
+    SWIG_exception_fail(SWIG_TypeError, "local_shard must be an unconsumed DLPack capsule named 'dltensor'");
+  $1 = (DLManagedTensor*)PyCapsule_GetPointer($input, SA_PY_LEGACY);
+}
+%typemap(argout) DLManagedTensor* local_shard {
+  if (result == SA_OK && PyCapsule_SetName($input, "used_dltensor") != 0) SWIG_fail;
+}
+
+%typemap(in) const DLTensor* grad {
+  $1 = sa_py_capsule_dltensor($input);
+  if (!$1) SWIG_exception_fail(SWIG_TypeError, "grad must be an unconsumed DLPack capsule ('dltensor_versioned' or 'dltensor')");
+}
+
+%typemap(in, numinputs=0) DLManagedTensorVersioned** out (DLManagedTensorVersioned* view = NULL) { $1 = &view; }
+%typemap(argout) DLManagedTensorVersioned** out {
+  PyObject* capsule = Py_None;
+  if (view$argnum) {
+    capsule = PyCapsule_New(view$argnum, SA_PY_VERSIONED, sa_py_versioned_capsule_destructor);
+    if (!capsule) { view$argnum->deleter(view$argnum); SWIG_fail; }
+  } else {
+    Py_INCREF(Py_None);
+  }
+  %append_output(capsule);
+}
+
+/* ---- structs passed as Python values ------------------------------------------------- */
+%typemap(in) const sa_layout* layout (sa_py_layout storage, const sa_layout* read = NULL) {
+  if (!sa_py_read_layout($input, &storage, &read)) SWIG_fail;
+  $1 = ($1_ltype)read;
+}
+
+%typemap(in, numinputs=0) int64_t* local_shape (int64_t shape[SA_MAX_NDIM]) { $1 = shape; }
+%typemap(in, numinputs=0) int64_t* global_offset (int64_t offset[SA_MAX_NDIM]) { $1 = offset; }
+%typemap(argout) int64_t* local_shape, int64_t* global_offset {
+  /* arg1 is the layout: both arrays have its ndim entries (none were written on failure). */
+  %append_output(sa_py_int64_tuple($1, result == SA_OK ? arg1->ndim : 0));
+}
+
+%typemap(in) const sa_param_options* options (sa_param_options storage) {
+  const sa_param_options init = SA_PARAM_OPTIONS_INIT;
+  PyObject *grad_dtype, *moment_dtype;
+  storage = init;
+  $1 = NULL;
+  if ($input != Py_None) {
+    if (!PyArg_ParseTuple($input, "OOi;options must be None or (grad_dtype, moment_dtype, master)",
+                          &grad_dtype, &moment_dtype, &storage.master) ||
+        !sa_py_read_dtype(grad_dtype, &storage.grad_dtype) || !sa_py_read_dtype(moment_dtype, &storage.moment_dtype))
+      SWIG_fail;
+    $1 = &storage;
+  }
+}
+
+%typemap(in) const sa_step_args* args (sa_step_args storage) {
+  const sa_step_args init = SA_STEP_ARGS_INIT;
+  PyObject *inv_grad_scale, *found_inf, *skipped;
+  void *inv_grad_scale_ptr, *found_inf_ptr, *skipped_ptr;
+  storage = init;
+  $1 = NULL;
+  if ($input != Py_None) {
+    if (!PyArg_ParseTuple($input, "OOO;args must be None or (inv_grad_scale, found_inf, skipped) addresses",
+                          &inv_grad_scale, &found_inf, &skipped) ||
+        !sa_py_read_address(inv_grad_scale, &inv_grad_scale_ptr) || !sa_py_read_address(found_inf, &found_inf_ptr) ||
+        !sa_py_read_address(skipped, &skipped_ptr))
+      SWIG_fail;
+    storage.inv_grad_scale = (const float*)inv_grad_scale_ptr;
+    storage.found_inf = (const float*)found_inf_ptr;
+    storage.skipped = (int32_t*)skipped_ptr;
+    $1 = &storage;
+  }
+}
+
+%typemap(in, numinputs=0) sa_param_info* out (sa_param_info info) {
+  const sa_param_info init = SA_PARAM_INFO_INIT;
+  info = init;
+  $1 = &info;
+}
+%typemap(argout) sa_param_info* out {
+  PyObject* dict = Py_None;
+  if (result == SA_OK) {
+    const sa_param_info* i = &info$argnum;
+    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii)}",
+                         "name", i->name, "group", i->group,
+                         "local_shape", sa_py_int64_tuple(i->local_shape, i->ndim),
+                         "global_shape", sa_py_int64_tuple(i->global_shape, i->ndim),
+                         "global_offset", sa_py_int64_tuple(i->global_offset, i->ndim),
+                         "numel", (long long)i->numel,
+                         "param_dtype", sa_py_dtype_tuple(i->param_dtype),
+                         "grad_dtype", sa_py_dtype_tuple(i->grad_dtype),
+                         "moment_dtype", sa_py_dtype_tuple(i->moment_dtype),
+                         "master", i->master,
+                         "device", (int)i->device.device_type, (int)i->device.device_id);
+    if (!dict) SWIG_fail;
+  } else {
+    Py_INCREF(Py_None);
+  }
+  %append_output(dict);
+}
+
+/* The fast grad path: one address (or None for an empty param) per param. */
+%typemap(in) (int64_t n, const void* const* ptrs) (PyObject* seq = NULL, void** addresses = NULL) {
+  seq = PySequence_Fast($input, "ptrs must be a sequence of addresses (int) or None");
+  if (!seq) SWIG_fail;
+  $1 = (int64_t)PySequence_Fast_GET_SIZE(seq);
+  addresses = (void**)malloc(sizeof(void*) * (size_t)($1 > 0 ? $1 : 1));
+  if (!addresses) { PyErr_NoMemory(); SWIG_fail; }
+  for (int64_t i = 0; i < $1; ++i)
+    if (!sa_py_read_address(PySequence_Fast_GET_ITEM(seq, i), &addresses[i])) SWIG_fail;
+  $2 = ($2_ltype)addresses;
+}
+%typemap(freearg) (int64_t n, const void* const* ptrs) {
+  Py_XDECREF(seq$argnum);
+  free(addresses$argnum);
+}
+
+/* ---- state export and import --------------------------------------------------------- */
+%typemap(in) (int32_t n, const sa_reader* const* readers) (PyObject* seq = NULL, sa_reader** list = NULL) {
+  seq = PySequence_Fast($input, "readers must be a sequence of sa_reader");
+  if (!seq) SWIG_fail;
+  $1 = (int32_t)PySequence_Fast_GET_SIZE(seq);
+  list = (sa_reader**)malloc(sizeof(sa_reader*) * (size_t)($1 > 0 ? $1 : 1));
+  if (!list) { PyErr_NoMemory(); SWIG_fail; }
+  for (int32_t i = 0; i < $1; ++i) {
+    void* reader = NULL;
+    if (!SWIG_IsOK(SWIG_ConvertPtr(PySequence_Fast_GET_ITEM(seq, i), &reader, $descriptor(sa_reader*), 0)))
+      SWIG_exception_fail(SWIG_TypeError, "readers must be a sequence of sa_reader");
+    list[i] = (sa_reader*)reader;
+  }
+  $2 = ($2_ltype)list;
+}
+%typemap(freearg) (int32_t n, const sa_reader* const* readers) {
+  Py_XDECREF(seq$argnum);
+  free(list$argnum);
+}
+
+/* A memory reader borrows the bytes: the caller keeps the buffer object alive. */
+%typemap(in) (const void* data, size_t size) {
+  Py_buffer view;
+  if (PyObject_GetBuffer($input, &view, PyBUF_CONTIG_RO) != 0) SWIG_fail;
+  $1 = view.buf;
+  $2 = (size_t)view.len;
+  PyBuffer_Release(&view);
+}
+
+%typemap(in, numinputs=0) (const void** data, size_t* size) (const void* bytes = NULL, size_t count = 0) {
+  $1 = ($1_ltype)&bytes;
+  $2 = &count;
+}
+%typemap(argout) (const void** data, size_t* size) {
+  %append_output(PyBytes_FromStringAndSize((const char*)bytes$argnum, (Py_ssize_t)count$argnum));
+}
+
+%typemap(in, numinputs=0) char** report_json (char* report = NULL) { $1 = &report; }
+%typemap(argout) char** report_json {
+  PyObject* text = Py_None;
+  if (report$argnum) {
+    text = PyUnicode_FromString(report$argnum);
+    sa_free(report$argnum);
+    if (!text) SWIG_fail;
+  } else {
+    Py_INCREF(Py_None);
+  }
+  %append_output(text);
+}
+
+/* Every state-io wrapper first checks that the weak reference resolved. */
+%define SA_STATE_IO(function)
+%exception function {
+  if (!function) {
+    PyErr_SetString(PyExc_NotImplementedError,
+                    #function ": this libshardadam was built without state export/import (src/state_io)");
+    SWIG_fail;
+  }
+  $action
+}
+%enddef
+SA_STATE_IO(sa_file_writer)
+SA_STATE_IO(sa_memory_writer)
+SA_STATE_IO(sa_memory_writer_data)
+SA_STATE_IO(sa_file_reader)
+SA_STATE_IO(sa_memory_reader)
+SA_STATE_IO(sa_optimizer_export)
+SA_STATE_IO(sa_optimizer_import)
+SA_STATE_IO(sa_inspect)
+
+/* ---- structs: which are classes, which are values ------------------------------------ */
+/* Passed as Python values through the typemaps above. */
+%ignore sa_placement;
+%ignore sa_layout;
+%ignore sa_param_options;
+%ignore sa_param_info;
+%ignore sa_step_args;
+%ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
+%ignore sa_writer_release;     /* called by the destructors below */
+%ignore sa_reader_release;
+
+/* Classes whose constructors apply the SA_*_INIT defaults. */
+%define SA_OPTION_STRUCT(type, init)
+%immutable type::struct_size;
+%extend type {
+  type() {
+    const type defaults = init;
+    type* self = (type*)malloc(sizeof(type));
+    if (self) *self = defaults;
+    return self;
+  }
+}
+%enddef
+%feature("docstring") sa_optimizer_config "Options of sa_optimizer_create (SA_OPTIMIZER_CONFIG_INIT defaults)."
+%feature("docstring") sa_import_options "Options of sa_optimizer_import (SA_IMPORT_OPTIONS_INIT defaults)."
+SA_OPTION_STRUCT(sa_optimizer_config, SA_OPTIMIZER_CONFIG_INIT)
+SA_OPTION_STRUCT(sa_group_config, SA_GROUP_CONFIG_INIT)
+SA_OPTION_STRUCT(sa_import_options, SA_IMPORT_OPTIONS_INIT)
+
+/* Writer and reader handles: filled by sa_file_writer & co., released by their destructor. */
+%ignore sa_writer::ctx;
+%ignore sa_writer::write;
+%ignore sa_writer::commit;
+%ignore sa_writer::release;
+%immutable sa_writer::struct_size;
+%ignore sa_reader::ctx;
+%ignore sa_reader::read_at;
+%ignore sa_reader::release;
+%immutable sa_reader::struct_size;
+%immutable sa_reader::size;
+%immutable sa_reader::name;
+SA_OPTION_STRUCT(sa_writer, SA_WRITER_INIT)
+SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
+%extend sa_writer {
+  ~sa_writer() {
+    if (sa_writer_release) sa_writer_release($self);
+    free($self);
+  }
+}
+%extend sa_reader {
+  ~sa_reader() {
+    if (sa_reader_release) sa_reader_release($self);
+    free($self);
+  }
+}
+
+%include <shardadam/shardadam.h>
+
+/* ---- additions for the Python package ------------------------------------------------ */
+%inline %{
+/** 1 when the library provides state export/import (src/state_io), else 0. */
+int state_io_available(void) {
+  return sa_optimizer_export != NULL && sa_optimizer_import != NULL && sa_file_writer != NULL &&
+         sa_file_reader != NULL && sa_inspect != NULL;
+}
+
+/** (data address with byte_offset applied, (device_type, device_id), (code, bits, lanes),
+ * shape, strides or None, read_only, versioned) of an unconsumed DLPack capsule of either
+ * kind; versioned is True for "dltensor_versioned", False for "dltensor". */
+PyObject* dlpack_capsule_info(PyObject* capsule) {
+  const DLTensor* t = sa_py_capsule_dltensor(capsule);
+  if (!t) {
+    PyErr_SetString(PyExc_TypeError, "expected an unconsumed DLPack capsule ('dltensor_versioned' or 'dltensor')");
+    return NULL;
+  }
+  int versioned = PyCapsule_IsValid(capsule, SA_PY_VERSIONED);
+  int read_only = versioned && (((DLManagedTensorVersioned*)PyCapsule_GetPointer(capsule, SA_PY_VERSIONED))->flags &
+                                DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+  PyObject* strides = Py_None;
+  if (t->strides) {
+    strides = sa_py_int64_tuple(t->strides, t->ndim);
+  } else {
+    Py_INCREF(Py_None);
+  }
+  return Py_BuildValue("(N(ii)NNNOO)", PyLong_FromVoidPtr((void*)((uintptr_t)t->data + t->byte_offset)),
+                       (int)t->device.device_type, (int)t->device.device_id, sa_py_dtype_tuple(t->dtype),
+                       sa_py_int64_tuple(t->shape, t->ndim), strides, read_only ? Py_True : Py_False,
+                       versioned ? Py_True : Py_False);
+}
+
+/** Changes the dtype an unconsumed capsule declares, keeping the element size. For producers
+ * that cannot export a dtype themselves: numpy exports no ml_dtypes.bfloat16 array, so the
+ * package exports its uint16 view and relabels it (and the reverse for numpy consumers). */
+PyObject* dlpack_capsule_set_dtype(PyObject* capsule, int code, int bits, int lanes) {
+  DLTensor* t = sa_py_capsule_dltensor(capsule);
+  if (!t) {
+    PyErr_SetString(PyExc_TypeError, "expected an unconsumed DLPack capsule ('dltensor_versioned' or 'dltensor')");
+    return NULL;
+  }
+  if (bits <= 0 || lanes <= 0 || bits * lanes != t->dtype.bits * t->dtype.lanes) {
+    PyErr_Format(PyExc_ValueError, "dtype (%d, %d, %d) does not have the %d-bit elements of the tensor",
+                 code, bits, lanes, t->dtype.bits * t->dtype.lanes);
+    return NULL;
+  }
+  t->dtype.code = (uint8_t)code;
+  t->dtype.bits = (uint8_t)bits;
+  t->dtype.lanes = (uint16_t)lanes;
+  Py_INCREF(capsule);
+  return capsule;
+}
+
+/** Wraps an unconsumed "dltensor_versioned" capsule as a legacy "dltensor" capsule, for
+ * consumers of the pre-1.0 protocol. The input capsule is consumed. */
+PyObject* dlpack_versioned_to_legacy(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, SA_PY_VERSIONED)) {
+    PyErr_SetString(PyExc_TypeError, "expected an unconsumed DLPack capsule named 'dltensor_versioned'");
+    return NULL;
+  }
+  sa_py_legacy_view* view = (sa_py_legacy_view*)malloc(sizeof(sa_py_legacy_view));
+  if (!view) return PyErr_NoMemory();
+  view->versioned = (DLManagedTensorVersioned*)PyCapsule_GetPointer(capsule, SA_PY_VERSIONED);
+  view->legacy.dl_tensor = view->versioned->dl_tensor;
+  view->legacy.manager_ctx = view;
+  view->legacy.deleter = sa_py_legacy_view_deleter;
+  PyObject* legacy = PyCapsule_New(&view->legacy, SA_PY_LEGACY, sa_py_legacy_capsule_destructor);
+  if (!legacy) {
+    free(view);
+    return NULL;
+  }
+  PyCapsule_SetName(capsule, "used_dltensor_versioned");
+  return legacy;
+}
+%}

@@ -1,0 +1,114 @@
+// src/api_state_io.cpp — the C ABI of shard files (export, import, inspection, readers and
+// writers). Thin, as api.cpp: argument checks, then the core in src/state_io/.
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "api_support.hpp"
+#include "options.hpp"
+#include "state_io/blob.hpp"
+#include "state_io/state_io.hpp"
+
+namespace {
+
+using sa::api::guarded;
+using sa::api::require;
+using sa::api::with_optimizer;
+
+std::vector<sa::BlobReader> blob_readers(int32_t n, const sa_reader* const* readers) {
+  require(n >= 0, "n is negative");
+  require(n == 0 || readers != nullptr, "readers is NULL");
+  std::vector<sa::BlobReader> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (int32_t i = 0; i < n; ++i) out.emplace_back(readers[i], i);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+sa_status sa_file_writer(const char* path, sa_writer* out) {
+  return guarded(nullptr, "sa_file_writer", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = sa::make_file_writer(path);
+  });
+}
+
+sa_status sa_memory_writer(sa_writer* out) {
+  return guarded(nullptr, "sa_memory_writer", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = sa::make_memory_writer();
+  });
+}
+
+sa_status sa_memory_writer_data(const sa_writer* writer, const void** data, size_t* size) {
+  return guarded(nullptr, "sa_memory_writer_data", [&] {
+    require(writer != nullptr && data != nullptr && size != nullptr, "writer, data or size is NULL");
+    sa::memory_writer_data(*writer, data, size);
+  });
+}
+
+sa_status sa_file_reader(const char* path, sa_reader* out) {
+  return guarded(nullptr, "sa_file_reader", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = sa::make_file_reader(path);
+  });
+}
+
+sa_status sa_memory_reader(const void* data, size_t size, sa_reader* out) {
+  return guarded(nullptr, "sa_memory_reader", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = sa::make_memory_reader(data, size);
+  });
+}
+
+void sa_writer_release(sa_writer* writer) {
+  if (writer == nullptr) return;
+  if (writer->release != nullptr) writer->release(writer->ctx);
+  writer->ctx = nullptr;
+  writer->write = nullptr;
+  writer->commit = nullptr;
+  writer->release = nullptr;
+}
+
+void sa_reader_release(sa_reader* reader) {
+  if (reader == nullptr) return;
+  if (reader->release != nullptr) reader->release(reader->ctx);
+  reader->ctx = nullptr;
+  reader->size = 0;
+  reader->read_at = nullptr;
+  reader->release = nullptr;
+  reader->name = nullptr;
+}
+
+sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer) {
+  return with_optimizer(opt, "sa_optimizer_export", [&] { sa::export_state(opt->core, writer); });
+}
+
+sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_reader* const* readers,
+                              const sa_import_options* options) {
+  return with_optimizer(opt, "sa_optimizer_import", [&] {
+    const sa_import_options defaults = SA_IMPORT_OPTIONS_INIT;
+    const sa_import_options o = sa::read_options(options, defaults, "options");
+    sa::import_state(opt->core, blob_readers(n, readers), o);
+  });
+}
+
+sa_status sa_inspect(int32_t n, const sa_reader* const* readers, int32_t verify_data,
+                     char** report_json) {
+  if (report_json != nullptr) *report_json = nullptr;
+  return guarded(nullptr, "sa_inspect", [&] {
+    require(report_json != nullptr, "report_json is NULL");
+    require(verify_data == 0 || verify_data == 1, "verify_data must be 0 or 1");
+    const std::string report = sa::inspect_shards(blob_readers(n, readers), verify_data != 0);
+    char* out = static_cast<char*>(std::malloc(report.size() + 1));
+    if (out == nullptr) throw std::bad_alloc();
+    std::memcpy(out, report.c_str(), report.size() + 1);
+    *report_json = out;
+  });
+}
+
+void sa_free(void* p) { std::free(p); }
+
+}  // extern "C"

@@ -1,0 +1,56 @@
+// src/api_support.hpp — what the C entry points (api.cpp, api_state_io.cpp) share: the
+// opaque handle, and guarded(), which runs a core call and turns an exception into a
+// status plus the last-error text (on the handle, or thread-local for handle-less calls).
+#ifndef SHARDADAM_SRC_API_SUPPORT_HPP_
+#define SHARDADAM_SRC_API_SUPPORT_HPP_
+
+#include <new>
+#include <string>
+#include <utility>
+
+#include "errors.hpp"
+#include "optimizer.hpp"
+#include "shardadam/shardadam.h"
+
+struct sa_optimizer {
+  explicit sa_optimizer(const sa_optimizer_config& config) : core(config) {}
+  sa::Optimizer core;
+  mutable std::string last_error;
+};
+
+namespace sa::api {
+
+// Records "<fn>: <what>" as the last error of `opt` (thread-local when opt is NULL) and
+// returns `status`.
+sa_status record(const sa_optimizer* opt, const char* fn, sa_status status, const char* what);
+
+template <class Body>
+sa_status guarded(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
+  try {
+    body();
+    return SA_OK;
+  } catch (const sa::Error& e) {
+    return record(opt, fn, e.status(), e.what());
+  } catch (const std::bad_alloc&) {
+    return record(opt, fn, SA_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return record(opt, fn, SA_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return record(opt, fn, SA_ERR_INTERNAL, "unknown exception");
+  }
+}
+
+inline void require(bool ok, const char* what) {
+  if (!ok) sa::fail(SA_ERR_INVALID_ARGUMENT, what);
+}
+
+// Entry points that take a handle: a NULL handle is reported thread-locally.
+template <class Body>
+sa_status with_optimizer(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
+  if (opt == nullptr) return record(nullptr, fn, SA_ERR_INVALID_ARGUMENT, "opt is NULL");
+  return guarded(opt, fn, std::forward<Body>(body));
+}
+
+}  // namespace sa::api
+
+#endif  // SHARDADAM_SRC_API_SUPPORT_HPP_

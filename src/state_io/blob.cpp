@@ -1,0 +1,48 @@
+#include "blob.hpp"
+
+#include "../errors.hpp"
+#include "../options.hpp"
+
+namespace sa {
+
+BlobReader::BlobReader(const sa_reader* reader, int32_t index) {
+  name_ = concat("blob ", index);
+  if (reader == nullptr) fail(SA_ERR_INVALID_ARGUMENT, name_, ": the reader is NULL");
+  const sa_reader defaults = SA_READER_INIT;
+  reader_ = read_options(reader, defaults, name_.c_str());
+  if (reader_.read_at == nullptr)
+    fail(SA_ERR_INVALID_ARGUMENT, name_, ": read_at is NULL (released reader?)");
+  if (reader_.name != nullptr) name_ += concat(" ('", reader_.name, "')");
+}
+
+void BlobReader::read(uint64_t offset, void* dst, std::size_t bytes, const char* what) const {
+  if (bytes == 0) return;
+  if (offset > reader_.size || bytes > reader_.size - offset)
+    fail(SA_ERR_FORMAT, name_, ": ", what, " would be bytes [", offset, ", ", offset + bytes,
+         ") but the blob has only ", reader_.size, " bytes (truncated?)");
+  if (reader_.read_at(reader_.ctx, offset, dst, bytes) != 0)
+    fail(SA_ERR_IO, name_, ": reading ", what, " (", bytes, " bytes at offset ", offset,
+         ") failed");
+}
+
+BlobWriter::BlobWriter(const sa_writer* writer) {
+  if (writer == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "writer is NULL");
+  const sa_writer defaults = SA_WRITER_INIT;
+  writer_ = read_options(writer, defaults, "writer");
+  if (writer_.write == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "writer->write is NULL (released writer?)");
+}
+
+void BlobWriter::write(const void* data, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (writer_.write(writer_.ctx, data, bytes) != 0)
+    fail(SA_ERR_IO, "the writer failed to write ", bytes, " bytes at offset ", written_,
+         " (for a file writer: disk full, quota or an I/O error)");
+  written_ += bytes;
+}
+
+void BlobWriter::commit() {
+  if (writer_.commit != nullptr && writer_.commit(writer_.ctx) != 0)
+    fail(SA_ERR_IO, "the writer failed to commit the blob of ", written_, " bytes");
+}
+
+}  // namespace sa

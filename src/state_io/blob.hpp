@@ -1,0 +1,50 @@
+// src/state_io/blob.hpp — the caller's sa_reader / sa_writer callback tables, checked once
+// and wrapped so that every failure becomes an sa::Error naming the blob.
+#ifndef SHARDADAM_SRC_STATE_IO_BLOB_HPP_
+#define SHARDADAM_SRC_STATE_IO_BLOB_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "shardadam/shardadam.h"
+
+namespace sa {
+
+class BlobReader {
+ public:
+  // Validates `reader` (struct_size, read_at); `index` is its position in the caller's
+  // list and names it in messages together with reader.name.
+  BlobReader(const sa_reader* reader, int32_t index);
+
+  // "blob 2 ('ckpt/rank2.safetensors')", or "blob 2" for a reader without a name.
+  const std::string& name() const { return name_; }
+  uint64_t size() const { return reader_.size; }
+
+  // Reads exactly `bytes` bytes at `offset`; SA_ERR_IO if the range is outside the blob
+  // or the callback fails. `what` says what was being read, for the message.
+  void read(uint64_t offset, void* dst, std::size_t bytes, const char* what) const;
+
+ private:
+  sa_reader reader_;
+  std::string name_;
+};
+
+class BlobWriter {
+ public:
+  explicit BlobWriter(const sa_writer* writer);
+
+  // Appends; SA_ERR_IO when the callback fails.
+  void write(const void* data, std::size_t bytes);
+  // Calls commit (if any); SA_ERR_IO when it fails.
+  void commit();
+  uint64_t written() const { return written_; }
+
+ private:
+  sa_writer writer_;
+  uint64_t written_ = 0;
+};
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_STATE_IO_BLOB_HPP_

@@ -1,0 +1,55 @@
+// src/state_io/box.hpp — boxes [offset, offset + shape) of a global tensor, and whether a
+// set of them covers a target box exactly once: the geometry of resharding.
+#ifndef SHARDADAM_SRC_STATE_IO_BOX_HPP_
+#define SHARDADAM_SRC_STATE_IO_BOX_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../layout.hpp"
+
+namespace sa {
+
+struct Box {
+  Dims offset;
+  Dims shape;
+};
+
+// Elements in the box; false if that overflows int64.
+bool box_volume(const Box& box, int64_t& volume);
+
+// The intersection of two boxes of the same rank; false when it holds no element.
+bool intersect(const Box& a, const Box& b, Box& out);
+
+// "offset [a, b] shape [c, d]"
+std::string describe_box(const Box& box);
+
+// How `parts` (boxes inside `target`) cover it.
+struct Coverage {
+  bool exact = false;
+  // Set when two parts overlap: their indices.
+  bool overlap = false;
+  std::size_t first = 0, second = 0;
+  // When neither exact nor overlapping: the elements covered, and one element no part
+  // covers (empty when finding one would cost too much).
+  int64_t covered = 0;
+  Dims gap;
+};
+
+// Parts holding no element are ignored. Pairwise disjointness is checked with a sweep
+// along the dim where the parts' offsets are most spread, so the usual layouts (slabs
+// along one dim, grids) cost about n log n, not n^2.
+Coverage check_coverage(const Box& target, const std::vector<Box>& parts);
+
+// What is wrong with a coverage that is not exact, for a message: which parts overlap
+// (`name(i)` describes part i) or which element no part covers.
+std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>& parts,
+                                      const Box& target,
+                                      const std::function<std::string(std::size_t)>& name);
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_STATE_IO_BOX_HPP_

@@ -1,0 +1,95 @@
+// src/state_io/crc32c.cpp — table-driven CRC-32C, slicing by 8: eight 256-entry tables let
+// the loop fold 8 input bytes per iteration with 8 independent lookups, several times the
+// speed of the byte-at-a-time loop, with no CPU-specific instructions.
+#include "crc32c.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace sa {
+namespace {
+
+constexpr uint32_t kPolynomial = 0x82F63B78u;  // 0x1EDC6F41 bit-reversed
+
+using Tables = std::array<std::array<uint32_t, 256>, 8>;
+
+// tables[0][b] is the CRC register after feeding byte b into a zero register;
+// tables[k][b] the register after that byte is followed by k zero bytes.
+constexpr Tables make_tables() {
+  Tables t{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t crc = b;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? kPolynomial : 0u);
+    t[0][b] = crc;
+  }
+  for (uint32_t b = 0; b < 256; ++b)
+    for (std::size_t k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFFu];
+  return t;
+}
+
+constexpr Tables kTables = make_tables();
+
+// The 8 bytes at p as a little-endian integer (the order the reflected CRC consumes them).
+inline uint64_t load_le64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace
+
+uint32_t crc32c(uint32_t crc, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+  // Bytes up to an 8-byte boundary, so the main loop reads aligned words.
+  while (bytes > 0 && (reinterpret_cast<std::uintptr_t>(p) & 7u) != 0) {
+    c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFFu];
+    --bytes;
+  }
+  while (bytes >= 8) {
+    const uint64_t word = load_le64(p) ^ c;
+    c = kTables[7][word & 0xFFu] ^ kTables[6][(word >> 8) & 0xFFu] ^
+        kTables[5][(word >> 16) & 0xFFu] ^ kTables[4][(word >> 24) & 0xFFu] ^
+        kTables[3][(word >> 32) & 0xFFu] ^ kTables[2][(word >> 40) & 0xFFu] ^
+        kTables[1][(word >> 48) & 0xFFu] ^ kTables[0][word >> 56];
+    p += 8;
+    bytes -= 8;
+  }
+  while (bytes > 0) {
+    c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFFu];
+    --bytes;
+  }
+  return ~c;
+}
+
+void crc32c_blocks(const void* data, std::size_t bytes, std::size_t block_bytes, uint32_t* out) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const std::size_t blocks = (bytes + block_bytes - 1) / block_bytes;
+  auto run = [&](std::size_t first, std::size_t end) {
+    for (std::size_t b = first; b < end; ++b)
+      out[b] = crc32c(0, p + b * block_bytes, std::min(block_bytes, bytes - b * block_bytes));
+  };
+  // A thread costs ~50 us to start; a MiB takes ~0.5 ms to checksum.
+  constexpr std::size_t kBytesPerThread = std::size_t{1} << 20;
+  const std::size_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads = std::min({hardware, blocks, std::max<std::size_t>(1, bytes / kBytesPerThread), std::size_t{16}});
+  if (threads <= 1) return run(0, blocks);
+  std::vector<std::thread> workers;
+  std::size_t next = 0;
+  try {
+    for (std::size_t t = 1; t < threads; ++t) {
+      const std::size_t end = blocks * t / threads;
+      workers.emplace_back(run, next, end);
+      next = end;
+    }
+  } catch (const std::system_error&) {  // no thread to be had: do the rest here
+  }
+  run(next, blocks);
+  for (std::thread& w : workers) w.join();
+}
+
+}  // namespace sa

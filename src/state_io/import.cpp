@@ -1,0 +1,431 @@
+// src/state_io/import.cpp — resharding: loads any set of shard files into this optimizer's
+// existing state buffers.
+//
+// Phases, and what a failure in each leaves behind:
+//  1. plan     headers, the name index, coverage, dtypes, keys, groups   nothing changed
+//  2. verify   read every checksum block the copy needs, check its CRC   nothing changed
+//  3. apply    copy the runs into state (re-reading and re-checking the  optimizer marked
+//              blocks unless phase 2 could keep them all in staging)     unusable
+// The unit of reading is a checksum block, so that every byte copied into state has had
+// its checksum checked when it is copied, even if the blob changes between phases 2 and 3.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "../../kernels/adam_math.h"
+#include "../dtype.hpp"
+#include "../errors.hpp"
+#include "box.hpp"
+#include "crc32c.hpp"
+#include "metadata.hpp"
+#include "runs.hpp"
+#include "state_io.hpp"
+
+namespace sa {
+namespace {
+
+// Dtype conversions on the way to a device go through a pinned buffer of this size.
+constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
+
+struct SavedRef {
+  std::size_t file;
+  const SavedTensor* tensor;
+};
+
+// Everything the files hold of one param: its saved boxes, per state key.
+struct SavedParam {
+  std::map<std::string, std::vector<SavedRef>> keys;
+  bool matched = false;
+};
+
+// What one saved tensor gives one local state: the box they share.
+struct Piece {
+  std::size_t file;
+  const SavedTensor* saved;
+  Box box;   // the intersection, in global coordinates
+  Box from;  // the saved tensor's box
+  Box to;    // the local state's box
+  void* dst;
+  DLDataType dst_dtype;
+  std::string what;  // "param 'w' state exp_avg", for messages
+};
+
+// Whole checksum blocks of one piece's saved tensor, read at once.
+struct Chunk {
+  std::size_t piece;
+  uint64_t begin;  // tensor-relative byte offset, at a block boundary
+  uint64_t bytes;
+  uint64_t cache_at = 0;  // where phase 2 kept it (when everything fits in staging)
+};
+
+struct Settings {
+  uint64_t staging_bytes;
+  bool allow_missing, allow_unexpected, restore_groups;
+};
+
+Settings settings_of(const sa_import_options& o) {
+  auto flag = [](int32_t v, const char* name) {
+    if (v != 0 && v != 1) fail(SA_ERR_INVALID_ARGUMENT, "options->", name, " is ", v, "; it must be 0 or 1");
+    return v == 1;
+  };
+  return {o.staging_bytes == 0 ? kDefaultStagingBytes : o.staging_bytes,
+          flag(o.allow_missing, "allow_missing"), flag(o.allow_unexpected, "allow_unexpected"),
+          flag(o.restore_groups, "restore_groups")};
+}
+
+std::string key_list(const std::set<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
+  return "{" + out + "}";
+}
+
+bool same_group(const SavedGroup& a, const SavedGroup& b) {
+  const sa_group_config &x = a.config, &y = b.config;
+  return a.step == b.step && x.lr == y.lr && x.beta1 == y.beta1 && x.beta2 == y.beta2 &&
+         x.eps == y.eps && x.weight_decay == y.weight_decay &&
+         x.decoupled_weight_decay == y.decoupled_weight_decay &&
+         x.bias_correction == y.bias_correction && x.maximize == y.maximize && x.amsgrad == y.amsgrad;
+}
+
+// Every rank writes the groups, so every file of one checkpoint holds the same ones;
+// files that disagree come from different checkpoints.
+void check_groups_agree(const std::vector<ShardHeader>& headers, const std::vector<BlobReader>& readers) {
+  for (std::size_t f = 1; f < headers.size(); ++f) {
+    const auto &first = headers[0].groups, &other = headers[f].groups;
+    if (first.size() != other.size())
+      fail(SA_ERR_MISMATCH, readers[0].name(), " holds ", first.size(), " groups but ",
+           readers[f].name(), " holds ", other.size(), "; are they from different checkpoints?");
+    for (std::size_t g = 0; g < first.size(); ++g)
+      if (!same_group(first[g], other[g]))
+        fail(SA_ERR_MISMATCH, readers[0].name(), " and ", readers[f].name(),
+             " disagree about group ", g, " (steps ", first[g].step, " and ", other[g].step,
+             "; or its hyperparameters); are they from different checkpoints?");
+  }
+}
+
+// Moments convert between float32 and bfloat16 (the only pair plan() lets through), with
+// adam_math.h's conversions: the same rounding as the kernels' bfloat16 stores.
+void convert(const unsigned char* src, DLDataType from, unsigned char* dst, int64_t n) {
+  const DLDataType f32{kDLFloat, 32, 1};
+  if (same_dtype(from, f32)) {  // float32 -> bfloat16, round to nearest even
+    for (int64_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, src + 4 * i, 4);
+      const uint16_t h = kernels::float_to_bf16(f);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+  } else {  // bfloat16 -> float32, exact
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      const float f = kernels::bf16_to_float(h);
+      std::memcpy(dst + 4 * i, &f, 4);
+    }
+  }
+}
+
+class Importer {
+ public:
+  Importer(Optimizer& opt, const std::vector<BlobReader>& readers, const Settings& settings)
+      : opt_(opt), readers_(readers), settings_(settings) {}
+
+  void run() {
+    plan();
+    verify();
+    apply();
+  }
+
+ private:
+  // ---- phase 1 ------------------------------------------------------------------------
+
+  void plan() {
+    for (const BlobReader& r : readers_) headers_.push_back(read_shard_header(r));
+    check_groups_agree(headers_, readers_);
+    for (std::size_t f = 0; f < headers_.size(); ++f)
+      for (const SavedTensor& t : headers_[f].tensors) saved_[t.param].keys[t.key].push_back({f, &t});
+
+    for (const auto& p : opt_.params()) plan_param(*p);
+
+    if (!settings_.allow_unexpected) {
+      std::vector<std::string> extra;
+      for (const auto& [name, entry] : saved_)
+        if (!entry.matched) extra.push_back(name);
+      if (!extra.empty()) {
+        std::sort(extra.begin(), extra.end());
+        std::string names;
+        for (std::size_t i = 0; i < std::min<std::size_t>(extra.size(), 5); ++i)
+          names += (i ? ", '" : "'") + extra[i] + "'";
+        fail(SA_ERR_MISMATCH, "the shard files hold ", extra.size(),
+             " param(s) this optimizer does not have: ", names, extra.size() > 5 ? ", ..." : "",
+             "; pass allow_unexpected = 1 to ignore them");
+      }
+    }
+
+    if (settings_.restore_groups && !headers_.empty()) {
+      const auto& groups = headers_[0].groups;
+      if (static_cast<int64_t>(groups.size()) != opt_.num_groups())
+        fail(SA_ERR_MISMATCH, "the shard files hold ", groups.size(), " groups but this optimizer has ",
+             opt_.num_groups(), "; create the same groups in the same order (or pass restore_groups = 0)");
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        try {
+          opt_.check_group_replacement(static_cast<int32_t>(g), groups[g].config);
+        } catch (const Error& e) {
+          // A group whose params have no max_exp_avg_sq cannot take amsgrad from the files
+          // (and the reverse): a mismatch. Any other refusal means the file holds nonsense.
+          fail(e.status() == SA_ERR_STATE ? SA_ERR_MISMATCH : SA_ERR_FORMAT, readers_[0].name(),
+               ": restoring its groups: ", e.what());
+        }
+      }
+    }
+  }
+
+  void plan_param(const Param& p) {
+    const auto entry = saved_.find(p.name);
+    if (entry == saved_.end()) {
+      if (settings_.allow_missing) {
+        ++skipped_params_;
+        return;
+      }
+      fail(SA_ERR_MISMATCH, "param '", p.name, "' is in none of the ", readers_.size(),
+           " shard files; pass allow_missing = 1 to keep its current state");
+    }
+    SavedParam& saved = entry->second;
+    saved.matched = true;
+
+    const std::vector<NamedState> states = named_states(p);
+    std::set<std::string> local_keys, saved_keys;
+    for (const NamedState& s : states) local_keys.insert(s.key);
+    for (const auto& [key, refs] : saved.keys) saved_keys.insert(key);
+    if (local_keys != saved_keys)
+      fail(SA_ERR_MISMATCH, "param '", p.name, "': the shard files hold the states ",
+           key_list(saved_keys), " but this param has ", key_list(local_keys),
+           " (its master kind or its group's amsgrad differs from the saved one)");
+
+    const Box local{p.layout.global_offset, p.layout.local_shape};
+    for (const NamedState& s : states) {
+      const std::string what = concat("param '", p.name, "' state ", s.key);
+      const std::vector<SavedRef>& refs = saved.keys.at(s.key);
+      std::vector<Box> parts;
+      std::vector<const SavedRef*> part_refs;
+      for (const SavedRef& ref : refs) {
+        const SavedTensor& t = *ref.tensor;
+        if (t.global_shape != p.layout.global_shape)
+          fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it with global shape ",
+               format_dims(t.global_shape), " but this param's global shape is ",
+               format_dims(p.layout.global_shape));
+        if (!same_dtype(t.dtype, s.dtype) && !is_moment_key(s.key))
+          fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
+               safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
+        Box shared;
+        if (!intersect(local, Box{t.global_offset, t.shape}, shared)) continue;
+        parts.push_back(shared);
+        part_refs.push_back(&ref);
+      }
+      const Coverage coverage = check_coverage(local, parts);
+      if (!coverage.exact)
+        fail(SA_ERR_MISMATCH, what, ": the shard files do not cover this rank's box (",
+             describe_box(local), ") exactly once: ",
+             describe_coverage_problem(coverage, parts, local, [&](std::size_t i) {
+               return concat(readers_[part_refs[i]->file].name(), "'s box");
+             }));
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const SavedTensor& t = *part_refs[i]->tensor;
+        pieces_.push_back({part_refs[i]->file, &t, parts[i], Box{t.global_offset, t.shape}, local,
+                           s.buffer->data(), s.dtype, what});
+        converts_ = converts_ || !same_dtype(t.dtype, s.dtype);
+      }
+    }
+  }
+
+  // ---- phase 2 ------------------------------------------------------------------------
+
+  // The checksum blocks each piece's runs touch, cut into chunks of at most `limit` bytes
+  // of whole blocks; in blob order, so that file readers read forward.
+  void plan_chunks() {
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(pieces_.size());  // blocks [a, b)
+    uint64_t total = 0, largest_block = 0;
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      const Piece& piece = pieces_[i];
+      const uint64_t block = headers_[piece.file].block_bytes;
+      const uint64_t elem = dtype_size(piece.saved->dtype);
+      largest_block = std::max(largest_block, block);
+      auto& r = ranges[i];
+      for (RunCursor c(piece.box, piece.from, piece.to); !c.done(); c.advance(c.remaining())) {
+        const uint64_t begin = static_cast<uint64_t>(c.src()) * elem;
+        const uint64_t end = begin + static_cast<uint64_t>(c.remaining()) * elem;
+        const uint64_t first = begin / block, last = (end - 1) / block + 1;
+        if (!r.empty() && first <= r.back().second) {
+          r.back().second = std::max(r.back().second, last);
+        } else {
+          r.emplace_back(first, last);
+        }
+      }
+      for (const auto& [a, b] : r) total += std::min(b * block, piece.saved->bytes) - a * block;
+    }
+    cached_ = total <= settings_.staging_bytes;
+    const uint64_t limit = std::max(settings_.staging_bytes, largest_block);
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      const uint64_t block = headers_[pieces_[i].file].block_bytes;
+      const uint64_t per_chunk = std::max<uint64_t>(1, limit / block);
+      for (const auto& [a, b] : ranges[i])
+        for (uint64_t first = a; first < b; first += per_chunk) {
+          const uint64_t begin = first * block;
+          const uint64_t end = std::min(std::min(b, first + per_chunk) * block, pieces_[i].saved->bytes);
+          chunks_.push_back({i, begin, end - begin});
+        }
+    }
+    std::sort(chunks_.begin(), chunks_.end(), [&](const Chunk& x, const Chunk& y) {
+      const Piece &px = pieces_[x.piece], &py = pieces_[y.piece];
+      if (px.file != py.file) return px.file < py.file;
+      return px.saved->data_begin + x.begin < py.saved->data_begin + y.begin;
+    });
+    uint64_t staging = 0;
+    for (Chunk& c : chunks_) {
+      c.cache_at = cached_ ? staging : 0;
+      staging = cached_ ? staging + c.bytes : std::max(staging, c.bytes);
+    }
+    staging_bytes_ = staging;
+  }
+
+  // Reads a chunk into `dst` and checks the checksum of every block in it. `status` is
+  // what a mismatch reports: SA_ERR_FORMAT in phase 2 (a corrupt blob), SA_ERR_IO in
+  // phase 3 (the blob changed since phase 2 checked it).
+  void read_checked(const Chunk& c, unsigned char* dst, sa_status status) {
+    const Piece& piece = pieces_[c.piece];
+    const SavedTensor& t = *piece.saved;
+    const ShardHeader& header = headers_[piece.file];
+    const BlobReader& reader = readers_[piece.file];
+    const std::string what = concat("tensor '", t.name(), "'");
+    reader.read(header.data_section + t.data_begin + c.begin, dst, static_cast<std::size_t>(c.bytes),
+                what.c_str());
+    const uint64_t first = c.begin / header.block_bytes;
+    std::vector<uint32_t>& crcs = crc_scratch_;
+    crcs.resize(static_cast<std::size_t>(block_count(c.bytes, header.block_bytes)));
+    crc32c_blocks(dst, static_cast<std::size_t>(c.bytes), static_cast<std::size_t>(header.block_bytes), crcs.data());
+    for (std::size_t i = 0; i < crcs.size(); ++i) {
+      const uint64_t at = i * header.block_bytes;
+      const uint64_t n = std::min(header.block_bytes, c.bytes - at);
+      const uint64_t block = first + i;
+      const uint32_t crc = crcs[i];
+      if (crc != t.crc32c[block])
+        fail(status, reader.name(), ": tensor '", t.name(), "': block ", block, " (bytes ",
+             c.begin + at, " to ", c.begin + at + n, " of its data) has checksum ", crc,
+             " but the header says ", t.crc32c[block],
+             status == SA_ERR_FORMAT ? ": the file is corrupt" : ": the blob changed during the import");
+    }
+  }
+
+  void verify() {
+    plan_chunks();
+    Backend* backend = opt_.backend();
+    if (chunks_.empty() || backend == nullptr) return;
+    staging_ = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
+    auto* base = static_cast<unsigned char*>(staging_->data());
+    for (const Chunk& c : chunks_) read_checked(c, base + c.cache_at, SA_ERR_FORMAT);
+  }
+
+  // ---- phase 3 ------------------------------------------------------------------------
+
+  void apply() {
+    Backend* backend = opt_.backend();
+    const std::string previous_reason = opt_.unusable_reason();
+    if (backend != nullptr && !chunks_.empty()) {
+      // Everything the copy needs is allocated before the first byte of state changes.
+      std::vector<RunCursor> cursors;
+      cursors.reserve(pieces_.size());
+      for (const Piece& p : pieces_) cursors.emplace_back(p.box, p.from, p.to);
+      std::shared_ptr<Buffer> bounce;
+      if (converts_ && !backend->host_memory()) bounce = backend->allocate_staging(kBounceBytes);
+      backend->synchronize();  // no step in flight may still use the state
+      opt_.mark_unusable("an import failed while it was copying state");
+      try {
+        copy_chunks(*backend, cursors, bounce.get());
+      } catch (const Error& e) {
+        opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
+        fail(e.status() == SA_ERR_FORMAT ? SA_ERR_IO : e.status(), e.what(),
+             "; the state is now partly overwritten, so the optimizer refuses to step until an "
+             "import succeeds");
+      }
+    }
+    if (settings_.restore_groups && !headers_.empty()) {
+      const auto& groups = headers_[0].groups;
+      for (std::size_t g = 0; g < groups.size(); ++g) {  // checked in plan(): cannot fail
+        opt_.set_group(static_cast<int32_t>(g), groups[g].config);
+        opt_.set_step(static_cast<int32_t>(g), groups[g].step);
+      }
+    }
+    // A param skipped by allow_missing keeps whatever state it had: if an earlier import
+    // left it half written, it still is.
+    if (skipped_params_ == 0) {
+      opt_.clear_unusable();
+    } else {
+      opt_.mark_unusable(previous_reason);
+    }
+  }
+
+  void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce) {
+    auto* base = static_cast<unsigned char*>(staging_->data());
+    for (const Chunk& c : chunks_) {
+      unsigned char* data = base + c.cache_at;
+      if (!cached_) read_checked(c, data, SA_ERR_IO);
+      scatter(c, data, cursors[c.piece], backend, bounce);
+    }
+  }
+
+  // Copies the part of a piece's runs that lies in chunk `c` (held at `data`) into state.
+  void scatter(const Chunk& c, const unsigned char* data, RunCursor& cursor, Backend& backend,
+               Buffer* bounce) const {
+    const Piece& piece = pieces_[c.piece];
+    const DLDataType from = piece.saved->dtype;
+    const uint64_t src_size = dtype_size(from), dst_size = dtype_size(piece.dst_dtype);
+    const int64_t first = static_cast<int64_t>(c.begin / src_size);
+    const int64_t end = static_cast<int64_t>((c.begin + c.bytes) / src_size);
+    auto* dst_base = static_cast<unsigned char*>(piece.dst);
+    while (!cursor.done() && cursor.src() < end) {
+      if (cursor.src() < first) fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
+      const int64_t n = std::min(cursor.remaining(), end - cursor.src());
+      const unsigned char* src = data + static_cast<uint64_t>(cursor.src() - first) * src_size;
+      unsigned char* dst = dst_base + static_cast<uint64_t>(cursor.dst()) * dst_size;
+      if (same_dtype(from, piece.dst_dtype)) {
+        backend.copy_from_host(dst, src, static_cast<std::size_t>(n) * dst_size);
+      } else if (backend.host_memory()) {
+        convert(src, from, dst, n);
+      } else {
+        const int64_t step = static_cast<int64_t>(kBounceBytes / std::max(src_size, dst_size));
+        auto* tmp = static_cast<unsigned char*>(bounce->data());
+        for (int64_t i = 0; i < n; i += step) {
+          const int64_t m = std::min(step, n - i);
+          convert(src + static_cast<uint64_t>(i) * src_size, from, tmp, m);
+          backend.copy_from_host(dst + static_cast<uint64_t>(i) * dst_size, tmp,
+                                 static_cast<std::size_t>(m) * dst_size);
+        }
+      }
+      cursor.advance(n);
+    }
+  }
+
+  Optimizer& opt_;
+  const std::vector<BlobReader>& readers_;
+  Settings settings_;
+  std::vector<ShardHeader> headers_;
+  std::unordered_map<std::string, SavedParam> saved_;
+  std::vector<Piece> pieces_;
+  std::vector<Chunk> chunks_;
+  bool converts_ = false;
+  bool cached_ = false;
+  uint64_t staging_bytes_ = 0;
+  std::shared_ptr<Buffer> staging_;
+  std::vector<uint32_t> crc_scratch_;  // the checksums of one chunk's blocks
+  int64_t skipped_params_ = 0;
+};
+
+}  // namespace
+
+void import_state(Optimizer& opt, const std::vector<BlobReader>& readers,
+                  const sa_import_options& options) {
+  Importer(opt, readers, settings_of(options)).run();
+}
+
+}  // namespace sa

@@ -1,0 +1,339 @@
+#include "metadata.hpp"
+
+#include <cstdio>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "../dtype.hpp"
+#include "../errors.hpp"
+#include "crc32c.hpp"
+#include "safetensors.hpp"
+
+namespace sa {
+namespace {
+
+using nlohmann::json;
+
+// The __metadata__ keys (README.md, "Shard files").
+constexpr const char* kKeyFormat = "format";
+constexpr const char* kKeyVersion = "format_version";
+constexpr const char* kKeyHeaderCrc = "header_crc32c";
+constexpr const char* kKeyChecksum = "checksum";
+constexpr const char* kKeyGroups = "groups";
+constexpr const char* kKeyWriter = "writer";
+constexpr const char* kKeyTensors = "tensors";
+
+std::string hex32(uint32_t v) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", v);
+  return text;
+}
+
+}  // namespace
+
+// The header checksum covers what the header means, not how it is spelled, so that a tool
+// that rewrites a shard file (safetensors' save_file with the same tensors and metadata)
+// keeps it valid: the CRC-32C of the compact JSON, keys sorted by byte value, of
+// {"__metadata__": <metadata without header_crc32c>, "<tensor>": {"dtype": .., "shape": ..}, ...}.
+// data_offsets are left out: where a tensor's bytes sit is checked by the data checksums.
+std::string header_checksum(const std::map<std::string, std::string>& metadata,
+                            const std::vector<SafetensorsTensor>& tensors) {
+  json canonical = json::object();
+  json& meta = canonical["__metadata__"] = json::object();
+  for (const auto& [key, value] : metadata)
+    if (key != kKeyHeaderCrc) meta[key] = value;
+  for (const SafetensorsTensor& t : tensors)
+    canonical[t.name] = {{"dtype", t.dtype_name}, {"shape", t.shape}};
+  const std::string text = canonical.dump();
+  return hex32(crc32c(0, text.data(), text.size()));
+}
+
+namespace {
+
+// ---- reading typed fields ----------------------------------------------------------------
+
+class FieldReader {
+ public:
+  explicit FieldReader(std::string blob) : blob_(std::move(blob)) {}
+
+  json parse(const std::map<std::string, std::string>& metadata, const char* key) const {
+    const auto it = metadata.find(key);
+    if (it == metadata.end()) fail(SA_ERR_FORMAT, blob_, ": __metadata__ has no \"", key, "\"");
+    try {
+      return json::parse(it->second);
+    } catch (const json::exception& e) {
+      fail(SA_ERR_FORMAT, blob_, ": __metadata__ \"", key, "\" is not valid JSON (", e.what(), ")");
+    }
+  }
+
+  const json& member(const json& object, const char* key, const std::string& where) const {
+    if (!object.is_object()) fail(SA_ERR_FORMAT, blob_, ": ", where, " is not a JSON object");
+    const auto it = object.find(key);
+    if (it == object.end()) fail(SA_ERR_FORMAT, blob_, ": ", where, " has no \"", key, "\"");
+    return *it;
+  }
+
+  double number(const json& object, const char* key, const std::string& where) const {
+    const json& v = member(object, key, where);
+    if (!v.is_number()) fail(SA_ERR_FORMAT, blob_, ": ", where, ".", key, " is not a number");
+    return v.get<double>();
+  }
+
+  int64_t integer(const json& object, const char* key, const std::string& where, int64_t lo,
+                  int64_t hi) const {
+    return integer_value(member(object, key, where), concat(where, ".", key), lo, hi);
+  }
+
+  int64_t integer_value(const json& v, const std::string& what, int64_t lo, int64_t hi) const {
+    int64_t value = 0;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) fail(SA_ERR_FORMAT, blob_, ": ", what, " is too large");
+      value = static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      value = v.get<int64_t>();
+    } else {
+      fail(SA_ERR_FORMAT, blob_, ": ", what, " is ", v.dump(), ", not an integer");
+    }
+    if (value < lo || value > hi)
+      fail(SA_ERR_FORMAT, blob_, ": ", what, " is ", value, ", outside [", lo, ", ", hi, "]");
+    return value;
+  }
+
+  Dims dims(const json& object, const char* key, const std::string& where) const {
+    const json& v = member(object, key, where);
+    if (!v.is_array() || v.size() > SA_MAX_NDIM)
+      fail(SA_ERR_FORMAT, blob_, ": ", where, ".", key, " is not an array of at most ",
+           SA_MAX_NDIM, " integers");
+    Dims out;
+    for (const json& d : v) out.push_back(integer_value(d, concat(where, ".", key, " entry"), 0, INT64_MAX));
+    return out;
+  }
+
+  const std::string& blob() const { return blob_; }
+
+ private:
+  std::string blob_;
+};
+
+std::vector<SavedGroup> parse_groups(const json& groups, const FieldReader& in) {
+  if (!groups.is_array()) fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"groups\" is not an array");
+  std::vector<SavedGroup> out;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const json& g = groups[i];
+    const std::string where = concat("groups[", i, "]");
+    sa_group_config c = SA_GROUP_CONFIG_INIT;
+    c.lr = in.number(g, "lr", where);
+    c.beta1 = in.number(g, "beta1", where);
+    c.beta2 = in.number(g, "beta2", where);
+    c.eps = in.number(g, "eps", where);
+    c.weight_decay = in.number(g, "weight_decay", where);
+    auto flag = [&](const char* key) {
+      return static_cast<int32_t>(in.integer(g, key, where, INT32_MIN, INT32_MAX));
+    };
+    c.decoupled_weight_decay = flag("decoupled_weight_decay");
+    c.bias_correction = flag("bias_correction");
+    c.maximize = flag("maximize");
+    c.amsgrad = flag("amsgrad");
+    out.push_back({c, in.integer(g, "step", where, 0, INT64_MAX)});
+  }
+  return out;
+}
+
+std::vector<WriterMesh> parse_meshes(const json& writer, const FieldReader& in, std::string& library) {
+  const json& lib = in.member(writer, "library", "writer");
+  if (!lib.is_string()) fail(SA_ERR_FORMAT, in.blob(), ": writer.library is not a string");
+  library = lib.get<std::string>();
+  const json& meshes = in.member(writer, "meshes", "writer");
+  if (!meshes.is_array()) fail(SA_ERR_FORMAT, in.blob(), ": writer.meshes is not an array");
+  std::vector<WriterMesh> out;
+  for (std::size_t i = 0; i < meshes.size(); ++i) {
+    const std::string where = concat("writer.meshes[", i, "]");
+    WriterMesh m{in.dims(meshes[i], "shape", where), in.dims(meshes[i], "coord", where)};
+    bool inside = m.shape.size() == m.coord.size();
+    for (std::size_t d = 0; inside && d < m.shape.size(); ++d) inside = m.coord[d] < m.shape[d];
+    if (!inside)
+      fail(SA_ERR_FORMAT, in.blob(), ": ", where, " has coordinate ", format_dims(m.coord),
+           " outside the mesh ", format_dims(m.shape));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, uint64_t block_bytes,
+                               const FieldReader& in) {
+  SavedTensor s;
+  const std::size_t slash = t.name.rfind('/');
+  if (slash == std::string::npos || slash == 0)
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name,
+         "' is not named \"<param>/<state key>\"");
+  s.param = t.name.substr(0, slash);
+  s.key = t.name.substr(slash + 1);
+  if (!is_state_key(s.key))
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' has state key '", s.key,
+         "'; shard files hold exp_avg, exp_avg_sq, max_exp_avg_sq, master and remainder");
+  if (!key_accepts_dtype(s.key, t.dtype))
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' is stored as ", t.dtype_name, "; ",
+         s.key, " is stored as ",
+         is_moment_key(s.key) ? "F32 or BF16" : s.key == "master" ? "F32" : "I16");
+  s.dtype = t.dtype;
+  s.shape = t.shape;
+  s.data_begin = t.begin;
+  s.bytes = t.end - t.begin;
+
+  const auto entry = tensors.find(t.name);
+  if (entry == tensors.end())
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' has no entry in __metadata__ \"tensors\"");
+  const std::string where = concat("tensors['", t.name, "']");
+  s.global_shape = in.dims(*entry, "global_shape", where);
+  s.global_offset = in.dims(*entry, "global_offset", where);
+  if (s.global_shape.size() != s.shape.size() || s.global_offset.size() != s.shape.size())
+    fail(SA_ERR_FORMAT, in.blob(), ": ", where, " has global_shape ", format_dims(s.global_shape),
+         " and global_offset ", format_dims(s.global_offset), " but the tensor has shape ",
+         format_dims(s.shape));
+  for (std::size_t d = 0; d < s.shape.size(); ++d)
+    if (s.global_offset[d] > s.global_shape[d] || s.shape[d] > s.global_shape[d] - s.global_offset[d])
+      fail(SA_ERR_FORMAT, in.blob(), ": ", where, ": the box of offset ", format_dims(s.global_offset),
+           " and shape ", format_dims(s.shape), " does not fit the global shape ",
+           format_dims(s.global_shape));
+
+  const json& crcs = in.member(*entry, "crc32c", where);
+  const uint64_t blocks = block_count(s.bytes, block_bytes);
+  if (!crcs.is_array() || crcs.size() != blocks)
+    fail(SA_ERR_FORMAT, in.blob(), ": ", where, ".crc32c must list ", blocks,
+         " checksums (one per block of ", block_bytes, " bytes of its ", s.bytes, " bytes)");
+  s.crc32c.reserve(crcs.size());
+  for (const json& c : crcs)
+    s.crc32c.push_back(static_cast<uint32_t>(in.integer_value(c, where + ".crc32c entry", 0, UINT32_MAX)));
+  return s;
+}
+
+}  // namespace
+
+bool is_moment_key(const std::string& key) {
+  return key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq";
+}
+
+bool is_state_key(const std::string& key) {
+  return is_moment_key(key) || key == "master" || key == "remainder";
+}
+
+bool key_accepts_dtype(const std::string& key, DLDataType dtype) {
+  const DLDataType f32{kDLFloat, 32, 1}, bf16{kDLBfloat, 16, 1};
+  if (is_moment_key(key)) return same_dtype(dtype, f32) || same_dtype(dtype, bf16);
+  if (key == "master") return same_dtype(dtype, f32);
+  if (key == "remainder") return same_dtype(dtype, kInt16);
+  return false;
+}
+
+std::string encode_shard_header(const ShardHeader& header) {
+  std::map<std::string, std::string> metadata;
+  metadata[kKeyFormat] = kShardFormat;
+  metadata[kKeyVersion] = std::to_string(kShardFormatVersion);
+  metadata[kKeyChecksum] = json{{"algorithm", "crc32c"}, {"block_bytes", header.block_bytes}}.dump();
+
+  json groups = json::array();
+  for (const SavedGroup& g : header.groups) {
+    const sa_group_config& c = g.config;
+    groups.push_back({{"lr", c.lr},
+                      {"beta1", c.beta1},
+                      {"beta2", c.beta2},
+                      {"eps", c.eps},
+                      {"weight_decay", c.weight_decay},
+                      {"decoupled_weight_decay", c.decoupled_weight_decay},
+                      {"bias_correction", c.bias_correction},
+                      {"maximize", c.maximize},
+                      {"amsgrad", c.amsgrad},
+                      {"step", g.step}});
+  }
+  metadata[kKeyGroups] = groups.dump();
+
+  json meshes = json::array();
+  for (const WriterMesh& m : header.meshes) meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
+  metadata[kKeyWriter] = json{{"library", header.library}, {"meshes", meshes}}.dump();
+
+  json tensors = json::object();
+  std::vector<SafetensorsTensor> entries;
+  for (const SavedTensor& t : header.tensors) {
+    tensors[t.name()] = {{"global_shape", t.global_shape},
+                         {"global_offset", t.global_offset},
+                         {"crc32c", t.crc32c}};
+    entries.push_back({t.name(), safetensors_name(t.dtype), t.dtype, t.shape, t.data_begin,
+                       t.data_begin + t.bytes});
+  }
+  try {
+    metadata[kKeyTensors] = tensors.dump();
+  } catch (const json::exception& e) {
+    fail(SA_ERR_UNSUPPORTED, "a param name is not valid UTF-8, which a safetensors (JSON) header "
+         "cannot hold (", e.what(), ")");
+  }
+  // Names are valid UTF-8 from here on (the dump above would have thrown), so the
+  // canonical dump cannot throw.
+  metadata[kKeyHeaderCrc] = header_checksum(metadata, entries);
+  return encode_safetensors_header(metadata, entries);
+}
+
+ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const std::string& blob) {
+  const SafetensorsHeader st = parse_safetensors_header(text, blob_size, blob);
+  const auto format = st.metadata.find(kKeyFormat);
+  if (format == st.metadata.end() || format->second != kShardFormat)
+    fail(SA_ERR_FORMAT, blob, ": a safetensors file, but not a shardadam shard file (its __metadata__ ",
+         st.has_metadata ? "has no \"format\": \"shardadam\"" : "is missing", ")");
+  const auto version = st.metadata.find(kKeyVersion);
+  if (version == st.metadata.end())
+    fail(SA_ERR_FORMAT, blob, ": __metadata__ has no \"format_version\"");
+  if (version->second != std::to_string(kShardFormatVersion)) {
+    const bool newer = !version->second.empty() && version->second.size() < 10 &&
+                       version->second.find_first_not_of("0123456789") == std::string::npos &&
+                       std::stoi(version->second) > kShardFormatVersion;
+    fail(newer ? SA_ERR_UNSUPPORTED : SA_ERR_FORMAT, blob, ": shard file format version '",
+         version->second, "'; this library (shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR,
+         ".", SA_VERSION_PATCH, ") reads version ", kShardFormatVersion,
+         newer ? " (the file is from a newer shardadam)" : "");
+  }
+
+  const auto stored_crc = st.metadata.find(kKeyHeaderCrc);
+  if (stored_crc == st.metadata.end())
+    fail(SA_ERR_FORMAT, blob, ": __metadata__ has no \"header_crc32c\"");
+  const std::string computed = header_checksum(st.metadata, st.tensors);
+  if (stored_crc->second != computed)
+    fail(SA_ERR_FORMAT, blob, ": the header checksum does not match (stored '", stored_crc->second,
+         "', computed '", computed, "'): the header was corrupted or edited");
+
+  const FieldReader in(blob);
+  ShardHeader h;
+  h.data_section = st.data_section;
+  const json checksum = in.parse(st.metadata, kKeyChecksum);
+  const json& algorithm = in.member(checksum, "algorithm", "checksum");
+  if (algorithm != "crc32c")
+    fail(SA_ERR_FORMAT, blob, ": checksum.algorithm is ", algorithm.dump(), "; shardadam uses \"crc32c\"");
+  h.block_bytes = static_cast<uint64_t>(in.integer(checksum, "block_bytes", "checksum", 64, int64_t{1} << 30));
+  if (h.block_bytes % 8 != 0)
+    fail(SA_ERR_FORMAT, blob, ": checksum.block_bytes ", h.block_bytes, " is not a multiple of 8");
+  h.groups = parse_groups(in.parse(st.metadata, kKeyGroups), in);
+  h.meshes = parse_meshes(in.parse(st.metadata, kKeyWriter), in, h.library);
+
+  const json tensors = in.parse(st.metadata, kKeyTensors);
+  if (!tensors.is_object()) fail(SA_ERR_FORMAT, blob, ": __metadata__ \"tensors\" is not an object");
+  if (tensors.size() != st.tensors.size())
+    fail(SA_ERR_FORMAT, blob, ": __metadata__ \"tensors\" describes ", tensors.size(),
+         " tensors but the header holds ", st.tensors.size());
+  for (const SafetensorsTensor& t : st.tensors)
+    h.tensors.push_back(parse_saved_tensor(t, tensors, h.block_bytes, in));
+  return h;
+}
+
+ShardHeader read_shard_header(const BlobReader& reader) {
+  unsigned char prefix[8];
+  if (reader.size() < 8)
+    fail(SA_ERR_FORMAT, reader.name(), ": the blob has ", reader.size(),
+         " bytes, fewer than a safetensors header length field (empty or not a shard file)");
+  reader.read(0, prefix, sizeof prefix, "the header length");
+  const uint64_t n = parse_header_length(prefix, reader.size(), reader.name());
+  std::string text(n, '\0');
+  reader.read(8, text.data(), n, "the header");
+  return parse_shard_header(text, reader.size(), reader.name());
+}
+
+}  // namespace sa

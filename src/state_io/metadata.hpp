@@ -1,0 +1,96 @@
+// src/state_io/metadata.hpp — what makes a safetensors file a shardadam shard file: the
+// tensor naming ("<param>/<state key>"), which dtype each state key may have, and the
+// __metadata__ keys (README.md, "Shard files", documents each one for other readers).
+#ifndef SHARDADAM_SRC_STATE_IO_METADATA_HPP_
+#define SHARDADAM_SRC_STATE_IO_METADATA_HPP_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <dlpack/dlpack.h>
+
+#include "../layout.hpp"
+#include "blob.hpp"
+#include "safetensors.hpp"
+#include "shardadam/shardadam.h"
+
+namespace sa {
+
+inline constexpr const char* kShardFormat = "shardadam";
+inline constexpr int kShardFormatVersion = 1;
+// Bytes per checksummed block of a tensor's data (the last block of a tensor is shorter).
+// 1 MiB: the checksum list stays ~1e-6 of the data, and a partial read of a tensor reads
+// at most one block more than it needs at each end.
+inline constexpr uint64_t kChecksumBlockBytes = uint64_t{1} << 20;
+
+// exp_avg, exp_avg_sq, max_exp_avg_sq: moments, stored as F32 or BF16, and convertible
+// into each other on import. master: F32. remainder: I16.
+bool is_moment_key(const std::string& key);
+bool is_state_key(const std::string& key);
+bool key_accepts_dtype(const std::string& key, DLDataType dtype);
+
+struct SavedGroup {
+  sa_group_config config;
+  int64_t step;
+};
+
+// A mesh the writer's params were placed on, with the writer's coordinate in it.
+struct WriterMesh {
+  Dims shape;
+  Dims coord;
+};
+
+struct SavedTensor {
+  std::string param;  // the tensor is named "<param>/<key>"
+  std::string key;
+  DLDataType dtype{};
+  Dims shape;  // the saved shard's (local) shape
+  Dims global_shape;
+  Dims global_offset;
+  uint64_t data_begin = 0;  // relative to the data section
+  uint64_t bytes = 0;
+  std::vector<uint32_t> crc32c;  // one per block of kChecksumBlockBytes (or the file's size)
+
+  std::string name() const { return param + "/" + key; }
+};
+
+struct ShardHeader {
+  uint64_t data_section = 0;  // offset of the data section in the blob
+  uint64_t block_bytes = kChecksumBlockBytes;
+  std::string library;  // who wrote it, e.g. "shardadam 0.1.0"
+  std::vector<SavedGroup> groups;
+  std::vector<WriterMesh> meshes;
+  std::vector<SavedTensor> tensors;  // in data order
+};
+
+// Number of checksum blocks of a tensor of `bytes` bytes.
+inline uint64_t block_count(uint64_t bytes, uint64_t block_bytes) {
+  return (bytes + block_bytes - 1) / block_bytes;
+}
+
+// The value of the "header_crc32c" metadata key (8 lowercase hex digits) for a header
+// holding `metadata` (its own "header_crc32c", if any, is ignored) and `tensors`. Its
+// definition, which other writers of shard files follow, is in README.md.
+std::string header_checksum(const std::map<std::string, std::string>& metadata,
+                            const std::vector<SafetensorsTensor>& tensors);
+
+// The header bytes (length prefix, JSON, padding) of a shard file holding `header`'s
+// tensors at their data_begin offsets; data_section is not read.
+std::string encode_shard_header(const ShardHeader& header);
+
+// Parses the JSON text of a blob's header (the N bytes after the length prefix) and
+// checks everything a shard file promises: safetensors structure (safetensors.hpp),
+// format and version, the header checksum, and for every tensor its name, dtype, box and
+// checksum list. SA_ERR_FORMAT (SA_ERR_UNSUPPORTED for a newer format version) naming
+// `blob` and the problem.
+ShardHeader parse_shard_header(std::string_view json, uint64_t blob_size, const std::string& blob);
+
+// Reads the header of `reader`'s blob (two reads: the length, then the JSON) and parses it.
+ShardHeader read_shard_header(const BlobReader& reader);
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_STATE_IO_METADATA_HPP_

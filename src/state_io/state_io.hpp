@@ -1,0 +1,40 @@
+// src/state_io/state_io.hpp — shard files: export of one rank's state, import (resharding)
+// of any set of them, inspection, and the ready-made readers and writers. The C entry
+// points (src/api_state_io.cpp) call these; the format is in metadata.hpp.
+#ifndef SHARDADAM_SRC_STATE_IO_STATE_IO_HPP_
+#define SHARDADAM_SRC_STATE_IO_STATE_IO_HPP_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../optimizer.hpp"
+#include "blob.hpp"
+#include "shardadam/shardadam.h"
+
+namespace sa {
+
+// Default staging size of an import, and the staging an export of device state uses.
+inline constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
+
+// sa_optimizer_export.
+void export_state(Optimizer& opt, const sa_writer* writer);
+
+// sa_optimizer_import; `options` has been read with read_options (defaults filled in).
+void import_state(Optimizer& opt, const std::vector<BlobReader>& readers,
+                  const sa_import_options& options);
+
+// sa_inspect's report (JSON text).
+std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_data);
+
+// The ready readers and writers (io_callbacks.cpp). Failures throw sa::Error(SA_ERR_IO).
+sa_writer make_file_writer(const char* path);
+sa_writer make_memory_writer();
+// The bytes of a memory writer; SA_ERR_INVALID_ARGUMENT for any other writer.
+void memory_writer_data(const sa_writer& writer, const void** data, std::size_t* size);
+sa_reader make_file_reader(const char* path);
+sa_reader make_memory_reader(const void* data, std::size_t size);
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_STATE_IO_STATE_IO_HPP_

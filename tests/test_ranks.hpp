@@ -1,0 +1,146 @@
+// tests/test_ranks.hpp — simulated ranks for the sharding and resharding tests: boxes of a
+// row-major global array, copies between a global array and a box of it, and scenarios
+// that say where each rank of a mesh (or of explicit boxes) holds a param.
+#ifndef SHARDADAM_TESTS_TEST_RANKS_HPP_
+#define SHARDADAM_TESTS_TEST_RANKS_HPP_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace sa_test {
+
+using Dims = std::vector<int64_t>;
+
+struct Box {
+  Dims offset;
+  Dims shape;
+};
+
+inline int64_t numel_of(const Dims& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Copies box `box` of a row-major global array of `global_shape` into a contiguous local
+// array (to_local), or back (!to_local). Any rank; one memcpy per row of the last dim.
+inline void copy_box(const void* from, void* to, const Dims& global_shape, const Box& box,
+                     std::size_t elem, bool to_local) {
+  const std::size_t ndim = global_shape.size();
+  if (numel_of(box.shape) == 0) return;
+  const auto* src = static_cast<const unsigned char*>(from);
+  auto* dst = static_cast<unsigned char*>(to);
+  const int64_t row = ndim == 0 ? 1 : box.shape[ndim - 1];
+  const int64_t rows = numel_of(box.shape) / row;
+  Dims index(ndim, 0);  // over all dims but the last
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t global_at = 0, local_at = 0;
+    for (std::size_t d = 0; d < ndim; ++d) {
+      global_at = global_at * global_shape[d] + box.offset[d] + index[d];
+      local_at = local_at * box.shape[d] + index[d];
+    }
+    const std::size_t bytes = static_cast<std::size_t>(row) * elem;
+    if (to_local) {
+      std::memcpy(dst + local_at * elem, src + global_at * elem, bytes);
+    } else {
+      std::memcpy(dst + global_at * elem, src + local_at * elem, bytes);
+    }
+    for (std::size_t d = ndim < 2 ? 0 : ndim - 1; d-- > 0;) {  // odometer over dims [0, ndim - 1)
+      if (++index[d] < box.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+inline std::vector<unsigned char> bytes_of_box(const std::vector<unsigned char>& global,
+                                               const Dims& global_shape, const Box& box,
+                                               std::size_t elem) {
+  std::vector<unsigned char> out(static_cast<std::size_t>(numel_of(box.shape)) * elem);
+  copy_box(global.data(), out.data(), global_shape, box, elem, true);
+  return out;
+}
+
+// How one rank holds a param: the layout handed to add_param and the box it means.
+struct RankPlacement {
+  Box box;
+  bool box_form = false;
+  Dims global_shape, mesh_shape, mesh_coord;
+  std::vector<sa_placement> placements;
+
+  sa_layout layout() const {
+    sa_layout l = SA_LAYOUT_INIT;
+    l.ndim = static_cast<int32_t>(global_shape.size());
+    l.global_shape = global_shape.data();
+    if (box_form) {
+      l.global_offset = box.offset.data();
+    } else {
+      l.mesh_ndim = static_cast<int32_t>(mesh_shape.size());
+      l.mesh_shape = mesh_shape.data();
+      l.mesh_coord = mesh_coord.data();
+      l.placements = placements.data();
+    }
+    return l;
+  }
+};
+
+struct Scenario {
+  std::string label;
+  int64_t ranks;
+  std::function<RankPlacement(const Dims& global_shape, int64_t rank)> place;
+};
+
+// Rank r of a mesh, coordinates in row-major order; its box from sa_layout_local_box.
+inline Scenario mesh_scenario(std::string label, Dims mesh_shape,
+                              std::vector<sa_placement> placements) {
+  const int64_t ranks = numel_of(mesh_shape);
+  return {std::move(label), ranks, [=](const Dims& global_shape, int64_t rank) {
+            RankPlacement p;
+            p.global_shape = global_shape;
+            p.mesh_shape = mesh_shape;
+            p.placements = placements;
+            p.mesh_coord.assign(mesh_shape.size(), 0);
+            for (int64_t d = static_cast<int64_t>(mesh_shape.size()) - 1, r = rank; d >= 0; --d) {
+              p.mesh_coord[d] = r % mesh_shape[d];
+              r /= mesh_shape[d];
+            }
+            const sa_layout l = p.layout();
+            p.box.shape.assign(global_shape.size(), -1);
+            p.box.offset.assign(global_shape.size(), -1);
+            REQUIRE_SA_OK(nullptr,
+                          sa_layout_local_box(&l, p.box.shape.data(), p.box.offset.data()));
+            return p;
+          }};
+}
+
+// Explicit boxes over 5 ranks (params of 2 or more dims): the rows cut at fractions of
+// dim 0 (uneven, one rank empty), and the last rows split again along dim 1; further
+// dims are whole.
+inline Scenario box_scenario() {
+  return {"explicit boxes", 5, [](const Dims& global_shape, int64_t rank) {
+            const int64_t rows = global_shape[0], cols = global_shape[1];
+            const int64_t cut1 = rows / 5, cut2 = rows * 3 / 5, col_cut = cols / 3;
+            std::vector<Box> boxes = {
+                {{0, 0}, {cut1, cols}},
+                {{cut1, 0}, {0, cols}},  // an empty box in the middle
+                {{cut1, 0}, {cut2 - cut1, cols}},
+                {{cut2, 0}, {rows - cut2, col_cut}},
+                {{cut2, col_cut}, {rows - cut2, cols - col_cut}},
+            };
+            RankPlacement p;
+            p.box_form = true;
+            p.global_shape = global_shape;
+            p.box = boxes[static_cast<std::size_t>(rank)];
+            for (std::size_t d = 2; d < global_shape.size(); ++d) {
+              p.box.offset.push_back(0);
+              p.box.shape.push_back(global_shape[d]);
+            }
+            return p;
+          }};
+}
+
+}  // namespace sa_test
+
+#endif  // SHARDADAM_TESTS_TEST_RANKS_HPP_

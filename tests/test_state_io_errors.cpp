@@ -1,0 +1,530 @@
+// tests/test_state_io_errors.cpp — bad shard files and bad calls: each gets its own status
+// and a message that says what is wrong and where, and leaves the optimizer exactly as it
+// was (states, groups, step counts, and a step still allowed). A failure while the state
+// is being copied marks the optimizer unusable until an import succeeds.
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "src/state_io/crc32c.hpp"
+#include "test_state_io_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+using nlohmann::json;
+
+constexpr int kSaveAt = 3;
+
+uint64_t header_length(const Bytes& blob) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | blob[static_cast<std::size_t>(i)];
+  return n;
+}
+
+// The header checksum as README.md ("Shard files") defines it, written from that text:
+// CRC-32C of the compact, key-sorted JSON of the metadata without header_crc32c plus each
+// tensor's dtype and shape.
+std::string header_crc_of(const json& header) {
+  json canonical = json::object();
+  canonical["__metadata__"] = header.at("__metadata__");
+  canonical["__metadata__"].erase("header_crc32c");
+  for (const auto& [name, entry] : header.items())
+    if (name != "__metadata__") canonical[name] = {{"dtype", entry.at("dtype")}, {"shape", entry.at("shape")}};
+  const std::string text = canonical.dump();
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", sa::crc32c(0, text.data(), text.size()));
+  return hex;
+}
+
+// `blob` with its header edited by `edit` and, with `reseal`, its header checksum
+// recomputed (so the edit is seen by the checks after it). The data section is kept.
+Bytes edit_header(const Bytes& blob, const std::function<void(json&)>& edit, bool reseal = true) {
+  const uint64_t n = header_length(blob);
+  json header = json::parse(blob.begin() + 8, blob.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  edit(header);
+  if (reseal) header["__metadata__"]["header_crc32c"] = header_crc_of(header);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  Bytes out;
+  out.reserve(8 + text.size() + blob.size());
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<unsigned char>(text.size() >> (8 * i)));
+  for (char c : text) out.push_back(static_cast<unsigned char>(c));
+  out.insert(out.end(), blob.begin() + 8 + static_cast<std::ptrdiff_t>(n), blob.end());
+  return out;
+}
+
+// Edits the JSON held in the metadata string `key`.
+void edit_metadata(json& header, const char* key, const std::function<void(json&)>& edit) {
+  json value = json::parse(header["__metadata__"][key].get<std::string>());
+  edit(value);
+  header["__metadata__"][key] = value.dump();
+}
+
+// A checkpoint saved on 2 ranks (Shard(0)) after kSaveAt steps.
+const std::vector<Bytes>& saved_blobs() {
+  static const std::vector<Bytes> blobs = [] {
+    const Problem& prob = io_problem();
+    auto ranks = make_ranks(prob, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), prob.initial_values());
+    for (int s = 0; s < kSaveAt; ++s)
+      for (auto& r : ranks) r->step(s);
+    std::vector<Bytes> out;
+    for (auto& r : ranks) out.push_back(r->export_blob());
+    return out;
+  }();
+  return blobs;
+}
+
+// The optimizer imports are tried on: unsharded, one step in, other hyperparameters; its
+// snapshot before the import is what every failed import must leave.
+struct Target {
+  const Problem& prob;
+  Rank rank;
+  Snapshot before;
+  explicit Target(const Problem& p = io_problem())
+      : prob(p), rank(p, unsharded_scenario(), 0, p.initial_values(), other_groups()) {
+    rank.step(0);
+    before = snapshot(rank.opt(), prob);
+  }
+  sa_optimizer* opt() const { return rank.opt(); }
+  // Nothing changed, and a step is still allowed (on a copy of the state, so the
+  // snapshot stays comparable: the step's result is not looked at).
+  void check_unchanged() const {
+    CHECK(snapshot(rank.opt(), prob) == before);
+    CHECK_FALSE(has_failure_marker());
+  }
+  bool has_failure_marker() const {
+    // A step on a sound optimizer succeeds; export succeeding shows the same without
+    // changing the state.
+    sa_writer writer = SA_WRITER_INIT;
+    REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
+    const sa_status status = sa_optimizer_export(rank.opt(), &writer);
+    sa_writer_release(&writer);
+    return status != SA_OK;
+  }
+};
+
+// A reader over a blob that can fail its n-th read, or return corrupted bytes when a range
+// is read a second time (the blob changing under the import).
+struct TestReader {
+  const Bytes* blob = nullptr;
+  int64_t fail_read = -1;
+  bool corrupt_rereads = false;
+  int64_t reads = 0;
+  std::vector<uint64_t> seen;
+
+  static int read_at(void* ctx, uint64_t offset, void* dst, std::size_t bytes) {
+    auto* r = static_cast<TestReader*>(ctx);
+    const int64_t index = r->reads++;
+    if (index == r->fail_read || offset + bytes > r->blob->size()) return 1;
+    std::memcpy(dst, r->blob->data() + offset, bytes);
+    const bool again = std::find(r->seen.begin(), r->seen.end(), offset) != r->seen.end();
+    r->seen.push_back(offset);
+    if (again && r->corrupt_rereads && bytes > 0) static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;
+    return 0;
+  }
+  sa_reader reader() {
+    sa_reader out = SA_READER_INIT;
+    out.ctx = this;
+    out.size = blob->size();
+    out.read_at = read_at;
+    out.name = "test reader";
+    return out;
+  }
+};
+
+sa_status import_with(sa_optimizer* opt, std::vector<TestReader>& test_readers, const sa_import_options* options) {
+  std::vector<sa_reader> readers;
+  for (TestReader& t : test_readers) readers.push_back(t.reader());
+  std::vector<const sa_reader*> pointers;
+  for (const sa_reader& r : readers) pointers.push_back(&r);
+  return sa_optimizer_import(opt, static_cast<int32_t>(pointers.size()), pointers.data(), options);
+}
+
+}  // namespace
+
+TEST_CASE("a good import into the test target works, so the failures below are the inputs' fault",
+          "[state_io][errors]") {
+  Target target;
+  REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), saved_blobs()));
+  CHECK_FALSE(snapshot(target.opt(), io_problem()) == target.before);
+  check_groups_restored(target.opt(), io_groups(), kSaveAt);
+}
+
+TEST_CASE("a NUL byte in the header padding: SA_ERR_FORMAT (not the end of the JSON)", "[state_io][errors]") {
+  Target target;
+  Bytes blob = saved_blobs()[0];
+  const std::size_t header_end = 8 + static_cast<std::size_t>(header_length(blob));
+  REQUIRE(blob[header_end - 1] == ' ');  // the data section is 8-byte aligned by padding
+  blob[header_end - 1] = 0;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {blob, saved_blobs()[1]}),
+                 "NUL byte");
+  target.check_unchanged();
+}
+
+TEST_CASE("truncated files: SA_ERR_FORMAT, nothing changed", "[state_io][errors]") {
+  Target target;
+  const Bytes& blob = saved_blobs()[1];
+  const std::size_t header_end = 8 + static_cast<std::size_t>(header_length(blob));
+  for (std::size_t size : {std::size_t{0}, std::size_t{5}, std::size_t{8}, std::size_t{9}, header_end / 2,
+                           header_end - 1, header_end, header_end + 100, blob.size() - 1}) {
+    INFO("truncated to " << size << " of " << blob.size() << " bytes");
+    const Bytes cut(blob.begin(), blob.begin() + static_cast<std::ptrdiff_t>(size));
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {saved_blobs()[0], cut}),
+                   "sa_optimizer_import: blob 1");
+  }
+  target.check_unchanged();
+}
+
+TEST_CASE("a header length pointing past the end of the file: SA_ERR_FORMAT", "[state_io][errors]") {
+  Target target;
+  Bytes blob = saved_blobs()[0];
+  const uint64_t past = blob.size() - 8 + 1;
+  for (int i = 0; i < 8; ++i) blob[static_cast<std::size_t>(i)] = static_cast<unsigned char>(past >> (8 * i));
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {blob, saved_blobs()[1]}),
+                 "blob 0", "header length field says", "truncated");
+  target.check_unchanged();
+}
+
+TEST_CASE("a flipped bit anywhere in the header: SA_ERR_FORMAT, nothing changed", "[state_io][errors]") {
+  // Every byte of the length field, the JSON and its padding, one bit at a time: JSON
+  // syntax, the container's checks and the header checksum leave no flip unnoticed.
+  Target target;
+  const Bytes& blob = saved_blobs()[0];
+  const std::size_t header_end = 8 + static_cast<std::size_t>(header_length(blob));
+  int checksum_catches = 0;
+  std::vector<Bytes> blobs = saved_blobs();
+  Bytes& bad = blobs[0];  // flipped in place and back: a copy per flip would cost more than the import
+  for (std::size_t at = 0; at < header_end; ++at) {
+    for (unsigned char bit : {0x01, 0x20}) {
+      bad[at] ^= bit;
+      const sa_status status = import_blobs(target.opt(), blobs);
+      bad[at] ^= bit;
+      const std::string message = sa_optimizer_last_error(target.opt());
+      INFO("byte " << at << " ('" << static_cast<char>(blob[at]) << "') ^ " << int(bit) << ": "
+                   << sa_status_string(status) << ": " << message);
+      REQUIRE(status == SA_ERR_FORMAT);
+      checksum_catches += message.find("header checksum") != std::string::npos;
+    }
+  }
+  CHECK(checksum_catches > 100);  // flips inside names and values, which parse fine
+  target.check_unchanged();
+}
+
+TEST_CASE("a flipped bit in the data: SA_ERR_FORMAT naming the tensor and block, nothing changed",
+          "[state_io][errors]") {
+  Target target;
+  const Bytes& blob = saved_blobs()[0];
+  const std::size_t header_end = 8 + static_cast<std::size_t>(header_length(blob));
+  Rng rng(17);
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::size_t at = static_cast<std::size_t>(rng.integer(static_cast<int64_t>(header_end),
+                                                                static_cast<int64_t>(blob.size()) - 1));
+    Bytes bad = blob;
+    bad[at] ^= static_cast<unsigned char>(1u << rng.integer(0, 7));
+    INFO("data byte " << at);
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {bad, saved_blobs()[1]}),
+                   "blob 0", "tensor '", "block", "has checksum", "the file is corrupt");
+  }
+  target.check_unchanged();
+}
+
+TEST_CASE("overlapping saved boxes: SA_ERR_MISMATCH naming both files, nothing changed", "[state_io][errors]") {
+  Target target;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
+                 import_blobs(target.opt(), {saved_blobs()[0], saved_blobs()[1], saved_blobs()[0]}),
+                 "param 'f32' state exp_avg", "exactly once", "blob 0's box", "blob 2's box", "both hold");
+  // Overlap between different layouts of one checkpoint (rank 0 of 3 with rank 0 of 2).
+  const Problem& prob = io_problem();
+  auto three = make_ranks(prob, mesh_scenario("Shard(0) over 3", {3}, {shard(0)}), prob.initial_values());
+  for (int s = 0; s < kSaveAt; ++s)
+    for (auto& r : three) r->step(s);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
+                 import_blobs(target.opt(), {saved_blobs()[0], saved_blobs()[1], three[0]->export_blob()}),
+                 "both hold the elements at offset [0, 0]");
+  target.check_unchanged();
+}
+
+TEST_CASE("a coverage gap: SA_ERR_MISMATCH naming an uncovered element, nothing changed", "[state_io][errors]") {
+  Target target;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), {saved_blobs()[0]}),
+                 "param 'f32' state exp_avg", "do not cover", "offset [0, 0] shape [9, 37]",
+                 "185 of 333 elements are covered", "element [5, 0] is in no saved box");
+  target.check_unchanged();
+}
+
+TEST_CASE("a wrong global shape: SA_ERR_MISMATCH with both shapes, nothing changed", "[state_io][errors]") {
+  // An optimizer whose 'f32' is [9, 38] ...
+  std::vector<GlobalParam> params = io_params();
+  params[0].shape = {9, 38};
+  const Problem wider(params);
+  Target target(wider);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), saved_blobs()),
+                 "param 'f32' state exp_avg", "global shape [9, 37]", "global shape is [9, 38]");
+  target.check_unchanged();
+  // ... and a file that claims another global shape.
+  Target plain;
+  const Bytes edited = edit_header(saved_blobs()[1], [](json& h) {
+    edit_metadata(h, "tensors", [](json& t) { t["big/exp_avg_sq"]["global_shape"] = {521, 1031}; });
+  });
+  CHECK_SA_FAILS(plain.opt(), SA_ERR_MISMATCH, import_blobs(plain.opt(), {saved_blobs()[0], edited}),
+                 "param 'big' state exp_avg_sq", "blob 1 holds it with global shape [521, 1031]");
+  plain.check_unchanged();
+}
+
+TEST_CASE("an unknown dtype, or a dtype a state key never has: SA_ERR_FORMAT", "[state_io][errors]") {
+  Target target;
+  const Bytes f64 = edit_header(saved_blobs()[0], [](json& h) { h["f32/exp_avg"]["dtype"] = "F64"; });
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {f64, saved_blobs()[1]}),
+                 "blob 0", "tensor 'f32/exp_avg' has dtype 'F64'");
+  const Bytes f16 = edit_header(saved_blobs()[0], [](json& h) {
+    h["bf16.master.amsgrad.bf16moments/exp_avg"]["dtype"] = "F16";
+  });
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {f16, saved_blobs()[1]}),
+                 "stored as F16", "exp_avg is stored as F32 or BF16");
+  target.check_unchanged();
+}
+
+TEST_CASE("files of another format: SA_ERR_FORMAT saying what they are not", "[state_io][errors]") {
+  Target target;
+  // A plain safetensors file (what safetensors.numpy.save_file writes), no metadata.
+  const std::string plain = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  Bytes st(8);
+  st[0] = static_cast<unsigned char>(plain.size());
+  st.insert(st.end(), plain.begin(), plain.end());
+  st.resize(st.size() + 8, 0);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {st}),
+                 "a safetensors file, but not a shardadam shard file", "__metadata__ is missing");
+  // A safetensors file with someone else's metadata.
+  const Bytes other = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format"] = "pt"; });
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {other}),
+                 "not a shardadam shard file", "has no \"format\": \"shardadam\"");
+  // Random bytes, text, nothing.
+  Rng rng(3);
+  Bytes noise(4096);
+  for (auto& b : noise) b = static_cast<unsigned char>(rng.integer(0, 255));
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {noise}), "header length field");
+  const std::string text = "{\"not\": \"a shard file\", \"just\": \"json text\"}\n";
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {Bytes(text.begin(), text.end())}),
+                 "header length field");
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {Bytes()}), "blob 0", "empty");
+  target.check_unchanged();
+}
+
+TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED; an edit without resealing: the header checksum",
+          "[state_io][errors]") {
+  Target target;
+  const Bytes v2 = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format_version"] = "2"; });
+  CHECK_SA_FAILS(target.opt(), SA_ERR_UNSUPPORTED, import_blobs(target.opt(), {v2, saved_blobs()[1]}),
+                 "format version '2'", "reads version 1", "newer shardadam");
+  const Bytes edited = edit_header(
+      saved_blobs()[0],
+      [](json& h) { edit_metadata(h, "groups", [](json& g) { g[0]["lr"] = 1.0; }); }, false);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {edited, saved_blobs()[1]}),
+                 "the header checksum does not match", "corrupted or edited");
+  // A rewrite that keeps the meaning (another key order and spacing) keeps the checksum.
+  const Bytes respelled = edit_header(saved_blobs()[0], [](json&) {}, false);
+  CHECK(respelled != saved_blobs()[0]);
+  Target other;
+  REQUIRE_SA_OK(other.opt(), import_blobs(other.opt(), {respelled, saved_blobs()[1]}));
+  target.check_unchanged();
+}
+
+TEST_CASE("state keys that differ (master kind, amsgrad): SA_ERR_MISMATCH listing both sets",
+          "[state_io][errors]") {
+  std::vector<GlobalParam> params = io_params();
+  params[2].master = SA_MASTER_REMAINDER;  // bf16.master keeps a remainder here
+  const Problem remainder(params);
+  Target target(remainder);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), saved_blobs()),
+                 "param 'bf16.master'", "the shard files hold the states {exp_avg, exp_avg_sq, master}",
+                 "this param has {exp_avg, exp_avg_sq, remainder}");
+  target.check_unchanged();
+}
+
+TEST_CASE("groups: a different number, or amsgrad where the params lack its state: SA_ERR_MISMATCH",
+          "[state_io][errors]") {
+  Target target;
+  sa_group_config extra = SA_GROUP_CONFIG_INIT;
+  REQUIRE_SA_OK(target.opt(), sa_optimizer_add_group(target.opt(), &extra, nullptr));
+  target.before = snapshot(target.opt(), io_problem());
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), saved_blobs()),
+                 "the shard files hold 2 groups but this optimizer has 3", "restore_groups = 0");
+  target.check_unchanged();
+  // restore_groups = 0: the states load, the groups and steps stay.
+  sa_import_options keep = import_options();
+  keep.restore_groups = 0;
+  REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), saved_blobs(), &keep));
+  const Snapshot after = snapshot(target.opt(), io_problem());
+  CHECK(after.groups == target.before.groups);
+  CHECK(after.steps == target.before.steps);
+  CHECK(after.states != target.before.states);
+}
+
+TEST_CASE("files of different checkpoints (other step counts): SA_ERR_MISMATCH", "[state_io][errors]") {
+  Target target;
+  const Problem& prob = io_problem();
+  auto later = make_ranks(prob, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), prob.initial_values());
+  for (int s = 0; s <= kSaveAt; ++s)
+    for (auto& r : later) r->step(s);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
+                 import_blobs(target.opt(), {saved_blobs()[0], later[1]->export_blob()}),
+                 "blob 0 and blob 1 disagree about group 0 (steps 3 and 4", "different checkpoints");
+  target.check_unchanged();
+}
+
+TEST_CASE("params missing from the files, or only in the files: errors unless allowed", "[state_io][errors]") {
+  std::vector<GlobalParam> params = io_params();
+  params.push_back({"extra", {4, 4}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0});
+  const Problem with_extra(params);
+  Target target(with_extra);
+  CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), saved_blobs()),
+                 "param 'extra' is in none of the 2 shard files", "allow_missing = 1");
+  target.check_unchanged();
+  sa_import_options allow = import_options();
+  allow.allow_missing = 1;
+  REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), saved_blobs(), &allow));
+  const Snapshot after = snapshot(target.opt(), with_extra);
+  CHECK(after.states.back() == target.before.states.back());  // 'extra' kept its state
+  CHECK(after.states.front() != target.before.states.front());
+
+  params = io_params();
+  params.erase(params.begin() + 8);  // no "3d"
+  const Problem fewer(params);
+  Target small(fewer);
+  CHECK_SA_FAILS(small.opt(), SA_ERR_MISMATCH, import_blobs(small.opt(), saved_blobs()),
+                 "the shard files hold 1 param(s) this optimizer does not have: '3d'",
+                 "allow_unexpected = 1");
+  small.check_unchanged();
+  allow = import_options();
+  allow.allow_unexpected = 1;
+  REQUIRE_SA_OK(small.opt(), import_blobs(small.opt(), saved_blobs(), &allow));
+}
+
+TEST_CASE("a reader that fails before the copy: SA_ERR_IO naming the blob, nothing changed",
+          "[state_io][errors]") {
+  Target target;
+  for (int64_t fail_read : {0, 1, 2}) {  // the length, the header, the first data block
+    std::vector<TestReader> readers(2);
+    readers[0].blob = &saved_blobs()[0];
+    readers[1].blob = &saved_blobs()[1];
+    readers[1].fail_read = fail_read;
+    INFO("read " << fail_read << " fails");
+    CHECK_SA_FAILS(target.opt(), SA_ERR_IO, import_with(target.opt(), readers, nullptr),
+                   "blob 1 ('test reader')", "failed");
+  }
+  target.check_unchanged();
+}
+
+TEST_CASE("a failure while copying marks the optimizer unusable until an import succeeds",
+          "[state_io][errors]") {
+  // staging_bytes 1 (one 1 MiB block) is less than the data, so the copy re-reads it:
+  // the last read of a blob is in the copy phase.
+  const sa_import_options small = import_options(1);
+  int64_t total_reads = 0;
+  {
+    Target probe;
+    std::vector<TestReader> readers(2);
+    readers[0].blob = &saved_blobs()[0];
+    readers[1].blob = &saved_blobs()[1];
+    REQUIRE_SA_OK(probe.opt(), import_with(probe.opt(), readers, &small));
+    total_reads = readers[1].reads;
+  }
+  for (const char* how : {"read fails", "blob changed"}) {
+    INFO(how);
+    Target target;
+    std::vector<TestReader> readers(2);
+    readers[0].blob = &saved_blobs()[0];
+    readers[1].blob = &saved_blobs()[1];
+    if (std::string(how) == "read fails") {
+      readers[1].fail_read = total_reads - 1;
+      CHECK_SA_FAILS(target.opt(), SA_ERR_IO, import_with(target.opt(), readers, &small),
+                     "blob 1 ('test reader')", "failed", "partly overwritten", "refuses to step");
+    } else {
+      readers[1].corrupt_rereads = true;
+      CHECK_SA_FAILS(target.opt(), SA_ERR_IO, import_with(target.opt(), readers, &small),
+                     "has checksum", "the blob changed during the import", "partly overwritten");
+    }
+    CHECK_SA_FAILS(target.opt(), SA_ERR_STATE, sa_optimizer_step(target.opt(), nullptr, nullptr),
+                   "sa_optimizer_step: the optimizer state is unusable", "an import failed while it was copying",
+                   "blob 1", "A successful sa_optimizer_import");
+    CHECK(target.has_failure_marker());  // export refuses too
+    // A failed validation does not clear it ...
+    CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), {saved_blobs()[0]}), "do not cover");
+    CHECK_SA_FAILS(target.opt(), SA_ERR_STATE, sa_optimizer_step(target.opt(), nullptr, nullptr), "unusable");
+    // ... a successful import does.
+    REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), saved_blobs(), &small));
+    CHECK_FALSE(target.has_failure_marker());
+    REQUIRE_SA_OK(target.opt(), sa_optimizer_step(target.opt(), nullptr, nullptr));
+  }
+}
+
+TEST_CASE("bad arguments to import, export and the readers and writers", "[state_io][errors]") {
+  Target target;
+  const sa_reader* null_reader = nullptr;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(target.opt(), -1, nullptr, nullptr),
+                 "n is negative");
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(target.opt(), 1, nullptr, nullptr),
+                 "readers is NULL");
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(target.opt(), 1, &null_reader, nullptr),
+                 "blob 0: the reader is NULL");
+  sa_reader released = SA_READER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_memory_reader(saved_blobs()[0].data(), saved_blobs()[0].size(), &released));
+  sa_reader_release(&released);
+  sa_reader_release(&released);  // twice: a no-op
+  const sa_reader* pr = &released;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(target.opt(), 1, &pr, nullptr),
+                 "read_at is NULL");
+  sa_import_options options = import_options();
+  options.allow_missing = 2;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, import_blobs(target.opt(), saved_blobs(), &options),
+                 "allow_missing is 2");
+  options = import_options();
+  options.struct_size = sizeof options + 8;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_UNSUPPORTED, import_blobs(target.opt(), saved_blobs(), &options),
+                 "newer shardadam.h");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(nullptr, 0, nullptr, nullptr), "opt is NULL");
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_export(target.opt(), nullptr), "writer is NULL");
+  sa_writer empty = SA_WRITER_INIT;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_export(target.opt(), &empty), "write is NULL");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_memory_reader(nullptr, 4, &released), "data is NULL");
+  const void* data = nullptr;
+  std::size_t size = 0;
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_memory_writer_data(&empty, &data, &size),
+                 "not a memory writer");
+  target.check_unchanged();
+}
+
+TEST_CASE("a writer that fails: SA_ERR_IO, and commit is never called", "[state_io][errors]") {
+  Target target;
+  struct Failing {
+    int64_t fail_at;
+    int64_t writes = 0;
+    int commits = 0;
+    bool commit_fails = false;
+  };
+  for (int64_t fail_at : {0, 1, 5, -1}) {
+    Failing f{fail_at};
+    f.commit_fails = fail_at == -1;
+    sa_writer writer = SA_WRITER_INIT;
+    writer.ctx = &f;
+    writer.write = [](void* ctx, const void*, std::size_t) {
+      auto* w = static_cast<Failing*>(ctx);
+      return w->writes++ == w->fail_at ? 1 : 0;
+    };
+    writer.commit = [](void* ctx) {
+      auto* w = static_cast<Failing*>(ctx);
+      ++w->commits;
+      return w->commit_fails ? 1 : 0;
+    };
+    INFO("write " << fail_at << " fails");
+    if (fail_at >= 0) {
+      CHECK_SA_FAILS(target.opt(), SA_ERR_IO, sa_optimizer_export(target.opt(), &writer),
+                     "sa_optimizer_export: the writer failed to write");
+      CHECK(f.commits == 0);
+    } else {
+      CHECK_SA_FAILS(target.opt(), SA_ERR_IO, sa_optimizer_export(target.opt(), &writer),
+                     "the writer failed to commit");
+    }
+  }
+  target.check_unchanged();
+}

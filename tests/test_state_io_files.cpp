@@ -1,0 +1,193 @@
+// tests/test_state_io_files.cpp — the ready readers and writers, and the inspection report:
+// a file writer never leaves a file that looks complete unless it committed, and never
+// leaves its temporary file; readers fail with SA_ERR_IO naming the path; sa_inspect
+// describes whole and broken sets of files.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_state_io_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+namespace fs = std::filesystem;
+
+// A fresh directory, removed with its contents at the end of the scope.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("shardadam_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+Bytes read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+nlohmann::json inspect(const std::vector<Bytes>& blobs, int32_t verify) {
+  Readers readers(blobs);
+  char* report = nullptr;
+  REQUIRE_SA_OK(nullptr, sa_inspect(readers.n(), readers.data(), verify, &report));
+  REQUIRE(report != nullptr);
+  nlohmann::json j = nlohmann::json::parse(report);
+  sa_free(report);
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("a file writer released without commit leaves no file and no temporary file", "[state_io][files]") {
+  TempDir dir;
+  const std::string path = (dir.path / "rank0.safetensors").string();
+  sa_writer writer = SA_WRITER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &writer));
+  // The bytes go to a temporary file beside the target, never to the target.
+  const std::vector<std::string> during = dir.entries();
+  REQUIRE(during.size() == 1);
+  CHECK_THAT(during[0], Catch::StartsWith("rank0.safetensors.tmp."));
+  REQUIRE(writer.write(writer.ctx, "abc", 3) == 0);
+  CHECK_FALSE(fs::exists(path));
+  sa_writer_release(&writer);
+  CHECK(dir.entries().empty());
+  CHECK(writer.write == nullptr);
+  sa_writer_release(&writer);  // released twice: a no-op
+}
+
+TEST_CASE("a failed export leaves an existing file untouched and no temporary file", "[state_io][files]") {
+  TempDir dir;
+  const std::string path = (dir.path / "ckpt.safetensors").string();
+  { std::ofstream(path) << "the previous checkpoint"; }
+  const Problem& prob = io_problem();
+  Rank rank(prob, unsharded_scenario(), 0, prob.initial_values());
+  sa_writer writer = SA_WRITER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &writer));
+  sa_writer broken = writer;
+  broken.write = [](void*, const void*, std::size_t) { return 1; };  // the disk is full
+  CHECK_SA_FAILS(rank.opt(), SA_ERR_IO, sa_optimizer_export(rank.opt(), &broken), "failed to write");
+  sa_writer_release(&writer);
+  CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
+  const Bytes old = read_file(path);
+  CHECK(std::string(old.begin(), old.end()) == "the previous checkpoint");
+}
+
+TEST_CASE("a committed export replaces the file atomically and leaves only it", "[state_io][files]") {
+  TempDir dir;
+  const std::string path = (dir.path / "ckpt.safetensors").string();
+  { std::ofstream(path) << "the previous checkpoint"; }
+  const Problem& prob = io_problem();
+  Rank rank(prob, unsharded_scenario(), 0, prob.initial_values());
+  rank.step(0);
+  sa_writer writer = SA_WRITER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &writer));
+  REQUIRE_SA_OK(rank.opt(), sa_optimizer_export(rank.opt(), &writer));
+  sa_writer_release(&writer);
+  CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
+  CHECK(read_file(path) == rank.export_blob());
+  // Two writers of one path at once get distinct temporary files.
+  sa_writer a = SA_WRITER_INIT, b = SA_WRITER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &a));
+  REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &b));
+  CHECK(dir.entries().size() == 3);
+  sa_writer_release(&a);
+  sa_writer_release(&b);
+  CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
+}
+
+TEST_CASE("readers and writers of paths that cannot work fail with SA_ERR_IO naming the path", "[state_io][files]") {
+  TempDir dir;
+  sa_reader reader = SA_READER_INIT;
+  const std::string missing = (dir.path / "missing.safetensors").string();
+  CHECK_SA_FAILS(nullptr, SA_ERR_IO, sa_file_reader(missing.c_str(), &reader), "cannot open", missing.c_str());
+  CHECK_SA_FAILS(nullptr, SA_ERR_IO, sa_file_reader(dir.path.string().c_str(), &reader), "not a regular file");
+  sa_writer writer = SA_WRITER_INIT;
+  const std::string nowhere = (dir.path / "no" / "such" / "dir.safetensors").string();
+  CHECK_SA_FAILS(nullptr, SA_ERR_IO, sa_file_writer(nowhere.c_str(), &writer), "cannot create", "no/such/dir.safetensors");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_file_writer(nullptr, &writer), "path is NULL");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_file_reader("", &reader), "path is NULL or empty");
+  CHECK(dir.entries().empty());
+  // A file that shrinks after it was opened: the read fails, it does not return garbage.
+  const std::string path = (dir.path / "shrinks").string();
+  { std::ofstream(path) << "0123456789"; }
+  REQUIRE_SA_OK(nullptr, sa_file_reader(path.c_str(), &reader));
+  CHECK(reader.size == 10);
+  fs::resize_file(path, 4);
+  char buffer[10];
+  CHECK(reader.read_at(reader.ctx, 0, buffer, 10) != 0);
+  CHECK(reader.read_at(reader.ctx, 0, buffer, 4) == 0);
+  sa_reader_release(&reader);
+}
+
+TEST_CASE("sa_inspect reports a whole set, a gap, an overlap, bad checksums and foreign files", "[state_io][inspect]") {
+  const Problem& prob = io_problem();
+  auto ranks = make_ranks(prob, mesh_scenario("Shard(0) over 3", {3}, {shard(0)}), prob.initial_values());
+  for (auto& r : ranks) r->step(0);
+  std::vector<Bytes> blobs;
+  for (auto& r : ranks) blobs.push_back(r->export_blob());
+
+  const nlohmann::json whole = inspect(blobs, 1);
+  CHECK(whole["ok"] == true);
+  CHECK(whole["groups"] == "consistent");
+  REQUIRE(whole["files"].size() == 3);
+  CHECK(whole["files"][1]["checksums"] == "ok");
+  CHECK(whole["files"][1]["meshes"][0]["coord"] == nlohmann::json::array({1}));
+  CHECK(whole["files"][0]["groups"][1]["step"] == 1);
+  std::size_t keys = 0;
+  for (const GlobalParam& p : prob.params) keys += state_keys(p).size();
+  CHECK(whole["tensors"].size() == keys);
+  for (const auto& t : whole["tensors"]) {
+    INFO(t.dump());
+    CHECK(t["coverage"] == "exact");
+    CHECK(t["boxes"].size() == 3);
+  }
+
+  const nlohmann::json gap = inspect({blobs[0], blobs[2]}, 0);
+  CHECK(gap["ok"] == false);
+  CHECK(gap["files"][0]["checksums"] == "not verified");
+  bool saw_gap = false;
+  for (const auto& t : gap["tensors"])
+    if (t["name"] == "big/exp_avg") {
+      saw_gap = true;
+      CHECK(t["coverage"] == "gap");
+      CHECK_THAT(t["detail"].get<std::string>(), Catch::Contains("element [174, 0] is in no saved box"));
+    }
+  CHECK(saw_gap);
+
+  const nlohmann::json overlap = inspect({blobs[0], blobs[1], blobs[2], blobs[1]}, 0);
+  CHECK(overlap["ok"] == false);
+  CHECK(overlap["tensors"][0]["coverage"] == "overlap");
+  CHECK_THAT(overlap["tensors"][0]["detail"].get<std::string>(), Catch::Contains("file 1's box"));
+  CHECK_THAT(overlap["tensors"][0]["detail"].get<std::string>(), Catch::Contains("file 3's box"));
+
+  Bytes corrupt = blobs[2];
+  corrupt[corrupt.size() - 5] ^= 1;
+  const nlohmann::json bad = inspect({blobs[0], blobs[1], corrupt}, 1);
+  CHECK(bad["ok"] == false);
+  CHECK(bad["files"][2]["checksums"] == "bad");
+  CHECK(bad["files"][2]["bad_blocks"] == 1);
+  CHECK(inspect({blobs[0], blobs[1], corrupt}, 0)["ok"] == true);  // headers only: unseen
+
+  const std::string text = "not a shard file";
+  const nlohmann::json foreign = inspect({blobs[0], Bytes(text.begin(), text.end())}, 1);
+  CHECK(foreign["files"][1]["header"] == "bad");
+  CHECK_THAT(foreign["files"][1]["error"].get<std::string>(), Catch::Contains("header length field"));
+
+  char* report = reinterpret_cast<char*>(1);
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_inspect(0, nullptr, 2, &report), "verify_data");
+  CHECK(report == nullptr);
+  sa_free(nullptr);
+}
