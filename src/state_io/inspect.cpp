@@ -13,6 +13,7 @@
 #include "../errors.hpp"
 #include "box.hpp"
 #include "crc32c.hpp"
+#include "group_json.hpp"
 #include "metadata.hpp"
 #include "state_io.hpp"
 
@@ -22,20 +23,6 @@ namespace {
 using nlohmann::ordered_json;
 
 constexpr std::size_t kMaxListedBadBlocks = 10;
-
-ordered_json group_json(const SavedGroup& g) {
-  const sa_group_config& c = g.config;
-  return {{"lr", c.lr},
-          {"beta1", c.beta1},
-          {"beta2", c.beta2},
-          {"eps", c.eps},
-          {"weight_decay", c.weight_decay},
-          {"decoupled_weight_decay", c.decoupled_weight_decay},
-          {"bias_correction", c.bias_correction},
-          {"maximize", c.maximize},
-          {"amsgrad", c.amsgrad},
-          {"step", g.step}};
-}
 
 // Checks every block of every tensor of one file; fills the file's report.
 void verify_file(const BlobReader& reader, const ShardHeader& header, ordered_json& report) {
@@ -95,7 +82,7 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
       for (const WriterMesh& m : h.meshes) meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
       file["meshes"] = meshes;
       ordered_json groups = ordered_json::array();
-      for (const SavedGroup& g : h.groups) groups.push_back(group_json(g));
+      for (const SavedGroup& g : h.groups) groups.push_back(group_to_json<ordered_json>(g));
       file["groups"] = groups;
       file["tensors"] = h.tensors.size();
       file["checksum_block_bytes"] = h.block_bytes;

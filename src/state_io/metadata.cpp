@@ -8,6 +8,7 @@
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "crc32c.hpp"
+#include "group_json.hpp"
 #include "safetensors.hpp"
 
 namespace sa {
@@ -235,17 +236,7 @@ std::string encode_shard_header(const ShardHeader& header) {
 
   json groups = json::array();
   for (const SavedGroup& g : header.groups) {
-    const sa_group_config& c = g.config;
-    groups.push_back({{"lr", c.lr},
-                      {"beta1", c.beta1},
-                      {"beta2", c.beta2},
-                      {"eps", c.eps},
-                      {"weight_decay", c.weight_decay},
-                      {"decoupled_weight_decay", c.decoupled_weight_decay},
-                      {"bias_correction", c.bias_correction},
-                      {"maximize", c.maximize},
-                      {"amsgrad", c.amsgrad},
-                      {"step", g.step}});
+    groups.push_back(group_to_json<json>(g));
   }
   metadata[kKeyGroups] = groups.dump();
 
