@@ -14,6 +14,17 @@ namespace sa_test {
 
 using Dims = std::vector<int64_t>;
 
+// A global param of a sharding scenario: its full shape and storage choices.
+struct GlobalParam {
+  std::string name;
+  Dims shape;
+  DLDataType dtype;
+  DLDataType grad_dtype;
+  DLDataType moment_dtype;
+  int32_t master;
+  int32_t group;
+};
+
 struct Box {
   Dims offset;
   Dims shape;

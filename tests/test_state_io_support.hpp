@@ -21,16 +21,6 @@ namespace sa_test {
 
 using Bytes = std::vector<unsigned char>;
 
-struct GlobalParam {
-  std::string name;
-  Dims shape;
-  DLDataType dtype;
-  DLDataType grad_dtype;
-  DLDataType moment_dtype;
-  int32_t master;
-  int32_t group;
-};
-
 // Group 0: AdamW. Group 1: Adam with L2 decay and amsgrad.
 inline std::vector<sa_group_config> io_groups() {
   sa_group_config adamw = group_config(1e-2, 1e-2, 1);
