@@ -69,7 +69,7 @@ TEST_CASE("crc32c gives the published check values (RFC 3720 B.4, and \"12345678
   CHECK(sa::crc32c(0, nullptr, 0) == 0u);
 }
 
-TEST_CASE("crc32c (slicing by 8) equals the bitwise CRC at every length and alignment, and chains",
+TEST_CASE("crc32c (instruction and slicing-by-8 paths) equals the bitwise CRC at every length and alignment, and chains",
           "[state_io][crc]") {
   Rng rng(31);
   Bytes data(4096 + 16);
@@ -79,9 +79,12 @@ TEST_CASE("crc32c (slicing by 8) equals the bitwise CRC at every length and alig
       INFO("start " << start << ", length " << n);
       const uint32_t want = crc32c_bitwise(data.data() + start, n);
       CHECK(sa::crc32c(0, data.data() + start, n) == want);
+      CHECK(sa::crc32c_table(0, data.data() + start, n) == want);
       // crc(a + b) from crc(a), split anywhere.
       const std::size_t split = n / 3;
       CHECK(sa::crc32c(sa::crc32c(0, data.data() + start, split), data.data() + start + split, n - split) == want);
+      CHECK(sa::crc32c_table(sa::crc32c_table(0, data.data() + start, split), data.data() + start + split,
+                             n - split) == want);
     }
   }
 }
