@@ -152,6 +152,40 @@ inline Scenario box_scenario() {
           }};
 }
 
+inline std::size_t state_elem_size(const std::string& key, const GlobalParam& p) {
+  if (key == "master") return 4;
+  if (key == "remainder") return 2;
+  return dtype_bytes(p.moment_dtype);
+}
+
+// Initial values and the grads of every step of a scenario, global and seeded.
+struct Problem {
+  std::vector<GlobalParam> params;
+  std::vector<HostTensor> initial;
+  std::vector<std::vector<HostTensor>> grads;  // [step][param]
+
+  explicit Problem(std::vector<GlobalParam> ps, int steps = 6, uint64_t seed = 777) : params(std::move(ps)) {
+    Rng rng(seed);
+    for (const auto& p : params) {
+      initial.emplace_back(p.shape, p.dtype);
+      fill_normal(initial.back(), rng, 1.0);
+    }
+    for (int s = 0; s < steps; ++s) {
+      grads.emplace_back();
+      for (const auto& p : params) {
+        grads[static_cast<std::size_t>(s)].emplace_back(p.shape, p.grad_dtype);
+        fill_log_uniform(grads[static_cast<std::size_t>(s)].back(), rng, 1e-4, 1.0);
+      }
+    }
+  }
+
+  std::vector<std::vector<unsigned char>> initial_values() const {
+    std::vector<std::vector<unsigned char>> out;
+    for (const HostTensor& t : initial) out.push_back(t.raw_bytes());
+    return out;
+  }
+};
+
 }  // namespace sa_test
 
 #endif  // SHARDADAM_TESTS_TEST_RANKS_HPP_

@@ -53,30 +53,8 @@ std::vector<GlobalParam> global_params() {
   };
 }
 
-// Initial values and the grads of every step, global and seeded.
-struct Problem {
-  std::vector<GlobalParam> params = global_params();
-  std::vector<HostTensor> initial;
-  std::vector<std::vector<HostTensor>> grads;  // [step][param]
-
-  Problem() {
-    Rng rng(4242);
-    for (const auto& p : params) {
-      initial.emplace_back(p.shape, p.dtype);
-      fill_normal(initial.back(), rng, 1.0);
-    }
-    for (int s = 0; s < kSteps; ++s) {
-      grads.emplace_back();
-      for (const auto& p : params) {
-        grads[s].emplace_back(p.shape, p.grad_dtype);
-        fill_log_uniform(grads[s].back(), rng, 1e-4, 1.0);
-      }
-    }
-  }
-};
-
 const Problem& problem() {
-  static const Problem p;
+  static const Problem p(global_params(), kSteps, 4242);
   return p;
 }
 
@@ -95,13 +73,6 @@ struct ParamResult {
   std::vector<unsigned char> param;
   std::map<std::string, std::vector<unsigned char>> states;
 };
-
-std::size_t state_elem_size(const char* key, const GlobalParam& p) {
-  const std::string k = key;
-  if (k == "master") return 4;
-  if (k == "remainder") return 2;
-  return dtype_bytes(p.moment_dtype);
-}
 
 // One simulated rank: its optimizer and local shards, fed the boxes of the global grads.
 class Rank {

@@ -136,17 +136,22 @@ class FusedAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     # ---- registration ------------------------------------------------------------------
-    def add_param_group(self, param_group):
-        """Adds a param group (as ``torch.optim.Optimizer.add_param_group``) and registers
-        its params with the library."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
+    def _add_native_group(self, group):
+        """Appends the native group of a torch param group (creating the native optimizer
+        with the first one) and records the hyperparameters pushed to it."""
         hyperparameters = _hyperparameters(group)
         if self.native is None:
             self.native = Optimizer(**hyperparameters, num_threads=self._num_threads)
         else:
             self.native.add_group(**hyperparameters)
         self._pushed.append(hyperparameters)
+
+    def add_param_group(self, param_group):
+        """Adds a param group (as ``torch.optim.Optimizer.add_param_group``) and registers
+        its params with the library."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        self._add_native_group(group)
         group_index = len(self.param_groups) - 1
         names = group.get("param_names")
         for position, param in enumerate(group["params"]):
@@ -274,12 +279,7 @@ class FusedAdam(torch.optim.Optimizer):
         steps = [group.step for group in old_native.param_groups]
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
         for group_index, group in enumerate(self.param_groups):
-            hyperparameters = _hyperparameters(group)
-            if self.native is None:
-                self.native = Optimizer(**hyperparameters, num_threads=self._num_threads)
-            else:
-                self.native.add_group(**hyperparameters)
-            self._pushed.append(hyperparameters)
+            self._add_native_group(group)
             names = group.get("param_names")
             for position, param in enumerate(group["params"]):
                 self._register(param, names[position] if names else f"params.{len(self._entries)}", group_index)
