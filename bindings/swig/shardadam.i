@@ -422,6 +422,8 @@ SA_STATE_IO(sa_inspect)
 %ignore sa_param_options;
 %ignore sa_param_info;
 %ignore sa_step_args;
+%ignore sa_host_comm;          /* communicators: not bound in Python yet */
+%ignore sa_comm_create_host;
 %ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
 %ignore sa_writer_release;     /* called by the destructors below */
 %ignore sa_reader_release;
