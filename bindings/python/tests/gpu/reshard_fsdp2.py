@@ -70,17 +70,18 @@ GLOBAL_BATCH = 4
 FIXED_INPUT_STEP = 10_000  # batch() of this step is the fixed input of the output check
 LR, WEIGHT_DECAY, BETAS = 1e-2, 0.05, (0.9, 0.95)
 # param dtype, reduce dtype: exact for sums of equal values (see the docstring). A float32
-# sum of 4 equal float32 grads rounds in a ring's order (g + g + g), not in a tree's.
+# sum of 4 equal float32 grads can round in a ring's order (g + g + g), not in a tree's.
 PRECISIONS = {
     "fp32": (torch.float32, torch.float64),
     "bf16-master": (torch.bfloat16, torch.float32),
 }
 FORMATS = ("dcp", "shardfiles")
 # Default --rtol per precision. With deterministic kernels (the CPU) the losses are equal
-# bit for bit. A nondeterministic GPU kernel (atomics in an attention backward) changes a
-# float32 grad by about an ulp (6e-8 relative) per step, which six Adam steps carry into
-# the loss at most ~1e-6; with bf16 params the same ulp can flip a param's bf16 rounding
-# (2**-8 relative on that element), about 1e-4 of the loss at most.
+# bit for bit (measured on the CPU). Estimates for a nondeterministic GPU kernel (e.g.
+# atomics in an attention backward): it changes a float32 grad by about an ulp (6e-8
+# relative) per step, which six Adam steps carry into the loss at ~1e-6 at most; with bf16
+# params the same ulp can flip a param's bf16 rounding (2**-8 relative on that element),
+# ~1e-4 of the loss at most.
 DEFAULT_RTOL = {"fp32": 1e-5, "bf16-master": 1e-3}
 
 
@@ -164,8 +165,9 @@ def snapshot(model, opt, device):
         for key, value in sorted(opt.state[param].items()):
             full = value.full_tensor() if isinstance(value, DTensor) else value
             states[f"{name}/{key}"] = full.detach().cpu().clone()
-    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items() if k not in ("params", "param_names")}
-              for group in opt.param_groups]  # lists: a checkpoint may turn betas into one
+    # Tuples as lists: a checkpoint may turn betas into a list.
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()
+               if k not in ("params", "param_names")} for group in opt.param_groups]
     with torch.no_grad():
         tokens, _ = batch(CONFIG, FIXED_INPUT_STEP, GLOBAL_BATCH)
         output = model(tokens.to(device)).detach().cpu()
