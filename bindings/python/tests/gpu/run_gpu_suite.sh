@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bindings/python/tests/gpu/run_gpu_suite.sh — the Python GPU checks on a machine with
+# CUDA GPUs and torch but no package registry (the lent H200 machines): installs the
+# package from this checkout, then runs what is named in $SUITE (default: all of them):
+#
+#   pytest     bindings/python/tests (the torch GPU tests included)
+#   fsdp2      fsdp2_train.py on 2 ranks: FusedAdam vs AdamW(fused) under FSDP2, DCP 2 -> 1
+#   reshard    reshard_fsdp2.py: FSDP2 save on N ranks, load on M (N = all GPUs, M = N / 2)
+#   clip       clip_nccl.py: clipping over NCCL on 2 ranks vs a float64 reference
+#   clipbench  bench/clip_step.py on 2 ranks
+#
+# Run from the repository root. Carry with the tree (git-ignored): .debs/ with the Debian
+# packages of Catch2, Highway, nlohmann-json and SWIG (swig, swig4.0, libpcre2-8-0), the
+# wheels of scikit-build-core in .debs/wheels, and .deps/dlpack/dlpack/dlpack.h.
+# Logs go to $OUT (default ./gpu_out).
+set -uo pipefail
+repo=$(pwd)
+OUT=${OUT:-$repo/gpu_out}
+SUITE=${SUITE:-pytest fsdp2 reshard clip clipbench}
+mkdir -p "$OUT"
+prefix=/tmp/sa_prefix
+mkdir -p $prefix
+for f in .debs/*.deb; do dpkg -x "$f" $prefix; done
+export PATH=$prefix/usr/bin:$PATH SWIG_LIB=$prefix/usr/share/swig4.0
+export CMAKE_PREFIX_PATH=$prefix/usr LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+echo "python $(python3 -c 'import sys; print(sys.version.split()[0])'), torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPUs"
+
+python3 -m pip install --quiet --no-index --find-links .debs/wheels scikit-build-core > "$OUT/pip_tools.log" 2>&1
+start=$(date +%s)
+python3 -m pip install --no-build-isolation --no-deps ./bindings/python \
+  -C cmake.define.DLPack_INCLUDE_DIR="$repo/.deps/dlpack" -C cmake.define.CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90 -C cmake.define.SHARDADAM_WERROR=ON -C build-dir=/tmp/skb \
+  > "$OUT/pip.log" 2>&1 || { tail -60 "$OUT/pip.log"; exit 1; }
+echo "install took $(( $(date +%s) - start )) s: $(cd /tmp && python3 -c 'import shardadam; print(shardadam.build_info())')"
+
+status=0
+run() {  # run <name> <timeout s> <command...>: logs to $OUT/<name>.log, keeps the worst status
+  local name=$1 limit=$2
+  shift 2
+  echo; echo "== $name: $*"
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E "PASS|FAIL|passed|failed|error|Error|ratio|ms/step|norm" "$OUT/$name.log" | tail -40
+  echo "-- $name: exit $rc after $(( $(date +%s) - t0 )) s"
+  [ $rc -eq 0 ] || status=1
+}
+gpu=bindings/python/tests/gpu
+for what in $SUITE; do
+  case $what in
+    pytest) run pytest 300 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests" ;;
+    fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
+    reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
+    clip) run clip 240 python3 $gpu/clip_nccl.py ;;
+    clipbench) run clipbench 300 python3 bench/clip_step.py ;;
+    *) echo "unknown suite part '$what'"; status=1 ;;
+  esac
+done
+exit $status
