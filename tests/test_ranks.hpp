@@ -186,6 +186,54 @@ struct Problem {
   }
 };
 
+// One simulated rank: an optimizer over its boxes of a Problem's params (param k placed by
+// place(k)), with grad buffers bound once; load_grads copies a step's boxes into them.
+class RankShards {
+ public:
+  RankShards(const Problem& prob, const std::vector<sa_group_config>& groups,
+             const std::function<RankPlacement(std::size_t k)>& place, int32_t threads, int32_t simd)
+      : prob_(prob) {
+    opt_ = make_optimizer(threads, simd);
+    for (const sa_group_config& c : groups)
+      REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_group(opt_.get(), &c, nullptr));
+    for (std::size_t k = 0; k < prob.params.size(); ++k) {
+      const GlobalParam& g = prob.params[k];
+      placements_.push_back(place(k));
+      const Box& box = placements_.back().box;
+      params_.emplace_back(box.shape, g.dtype);
+      grads_.emplace_back(box.shape, g.grad_dtype);
+      copy_box(prob.initial[k].data(), params_.back().data(), g.shape, box, dtype_bytes(g.dtype), true);
+      const sa_layout layout = placements_.back().layout();
+      const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
+      REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group,
+                                                       params_.back().versioned(), &layout, &options,
+                                                       nullptr));
+    }
+    std::vector<const void*> ptrs;
+    for (const HostTensor& grad : grads_) ptrs.push_back(grad.numel() ? grad.data() : nullptr);
+    REQUIRE_SA_OK(opt_.get(),
+                  sa_optimizer_set_grad_ptrs(opt_.get(), static_cast<int64_t>(ptrs.size()), ptrs.data()));
+  }
+
+  void load_grads(int step) {
+    for (std::size_t k = 0; k < prob_.params.size(); ++k)
+      copy_box(prob_.grads[static_cast<std::size_t>(step)][k].data(), grads_[k].data(), prob_.params[k].shape,
+               placements_[k].box, dtype_bytes(prob_.params[k].grad_dtype), true);
+  }
+
+  const Box& box(std::size_t k) const { return placements_[k].box; }
+  const HostTensor& param(std::size_t k) const { return params_[k]; }
+  HostTensor& grad(std::size_t k) { return grads_[k]; }
+  sa_optimizer* opt() const { return opt_.get(); }
+
+ private:
+  const Problem& prob_;
+  std::vector<RankPlacement> placements_;
+  std::vector<HostTensor> params_;
+  std::vector<HostTensor> grads_;
+  OptimizerPtr opt_;  // last: destroyed before the shards it updates
+};
+
 }  // namespace sa_test
 
 #endif  // SHARDADAM_TESTS_TEST_RANKS_HPP_

@@ -74,60 +74,26 @@ struct ParamResult {
   std::map<std::string, std::vector<unsigned char>> states;
 };
 
-// One simulated rank: its optimizer and local shards, fed the boxes of the global grads.
-class Rank {
+// One simulated rank of `scenario`, fed the boxes of the global grads.
+class Rank : public RankShards {
  public:
-  Rank(const Scenario& scenario, int64_t rank, int32_t threads, int32_t simd) {
-    const Problem& prob = problem();
-    opt_ = make_optimizer(threads, simd);
-    for (const sa_group_config& c : groups())
-      REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_group(opt_.get(), &c, nullptr));
-    for (std::size_t k = 0; k < prob.params.size(); ++k) {
-      const GlobalParam& g = prob.params[k];
-      placements_.push_back(scenario.place(g.shape, rank));
-      const Box& box = placements_.back().box;
-      params_.emplace_back(box.shape, g.dtype);
-      grads_.emplace_back(box.shape, g.grad_dtype);
-      copy_box(prob.initial[k].data(), params_.back().data(), g.shape, box, dtype_bytes(g.dtype),
-               true);
-    }
-    for (std::size_t k = 0; k < prob.params.size(); ++k) {
-      const GlobalParam& g = prob.params[k];
-      const sa_layout layout = placements_[k].layout();
-      const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
-      REQUIRE_SA_OK(opt_.get(),
-                    sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group,
-                                           params_[k].versioned(), &layout, &options, nullptr));
-    }
-    std::vector<const void*> ptrs;
-    for (const HostTensor& grad : grads_) ptrs.push_back(grad.numel() ? grad.data() : nullptr);
-    REQUIRE_SA_OK(opt_.get(), sa_optimizer_set_grad_ptrs(
-                                  opt_.get(), static_cast<int64_t>(ptrs.size()), ptrs.data()));
-  }
+  Rank(const Scenario& scenario, int64_t rank, int32_t threads, int32_t simd)
+      : RankShards(
+            problem(), groups(),
+            [&](std::size_t k) { return scenario.place(problem().params[k].shape, rank); }, threads, simd) {}
 
   void step(int s) {
-    const Problem& prob = problem();
-    for (std::size_t k = 0; k < prob.params.size(); ++k)
-      copy_box(prob.grads[s][k].data(), grads_[k].data(), prob.params[k].shape, placements_[k].box,
-               dtype_bytes(prob.params[k].grad_dtype), true);
-    REQUIRE_SA_OK(opt_.get(), sa_optimizer_step(opt_.get(), nullptr, nullptr));
+    load_grads(s);
+    REQUIRE_SA_OK(opt(), sa_optimizer_step(opt(), nullptr, nullptr));
   }
 
   ParamResult result(std::size_t k) const {
     ParamResult r;
-    r.param = params_[k].raw_bytes();
+    r.param = param(k).raw_bytes();
     for (const char* key : state_keys(problem().params[k]))
-      r.states[key] = state_view(opt_.get(), static_cast<int64_t>(k), key).raw_bytes();
+      r.states[key] = state_view(opt(), static_cast<int64_t>(k), key).raw_bytes();
     return r;
   }
-  const Box& box(std::size_t k) const { return placements_[k].box; }
-  sa_optimizer* opt() const { return opt_.get(); }
-
- private:
-  std::vector<RankPlacement> placements_;
-  std::vector<HostTensor> params_;
-  std::vector<HostTensor> grads_;
-  OptimizerPtr opt_;  // last: destroyed before the shards it updates
 };
 
 // The expected result: one unsharded optimizer, one thread, scalar code.
