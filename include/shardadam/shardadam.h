@@ -360,15 +360,47 @@ typedef struct sa_step_args {
   /* Optional: points to one float in the optimizer's device memory; if it is nonzero the
    * whole step is skipped: no param or state changes, no step count advances. */
   const float* found_inf;
-  /* Optional, host memory: receives 1 if the step was skipped because of found_inf, else 0.
-   * (For device backends asking for it synchronizes the stream.) */
+  /* Optional, host memory: receives 1 if the step was skipped (found_inf on any rank, or
+   * a non-finite gradient norm), else 0. For device backends asking for it synchronizes
+   * the stream. */
   int32_t* skipped;
+  /* ---- global gradient norm and clipping -------------------------------------------------
+   * 0 (the default) computes no norm. A value > 0 makes the step compute the norm of all
+   * grads of all ranks (of the unscaled grads: after inv_grad_scale), counting a shard
+   * replicated along a mesh dim once, and multiply every grad by
+   *     min(1, max_grad_norm / (norm + 1e-6))
+   * inside the update, as torch.nn.utils.clip_grad_norm_ does; the grads themselves are not
+   * written. INFINITY computes and reports the norm without clipping. A non-finite norm
+   * skips the step on every rank (no param, state or step count changes). With a
+   * communicator set (sa_optimizer_set_comm) the norm is global; without one it is this
+   * rank's. Every rank must pass the same max_grad_norm and norm_type. */
+  double max_grad_norm;
+  /* SA_NORM_L2 (default) or SA_NORM_INF. */
+  int32_t norm_type;
+  /* Optional: points to one float in the optimizer's device memory (host memory for the
+   * CPU backend) that receives the global norm; enqueued on the stream, no host wait. */
+  float* grad_norm;
+  /* Optional, host memory: receives the global norm. Asking for it synchronizes the
+   * stream on device backends. */
+  double* host_grad_norm;
 } sa_step_args;
 
-#define SA_STEP_ARGS_INIT {sizeof(sa_step_args), NULL, NULL, NULL}
+/** The norm of sa_step_args.norm_type. */
+typedef enum sa_norm_type {
+  SA_NORM_L2 = 0, /* sqrt of the sum of squares of all grad elements */
+  SA_NORM_INF = 1 /* the largest absolute grad element */
+} sa_norm_type;
+
+#define SA_STEP_ARGS_INIT {sizeof(sa_step_args), NULL, NULL, NULL, 0.0, SA_NORM_L2, NULL, NULL}
 
 /**
  * Runs one optimizer step over every param, advancing each group's step count.
+ *
+ * Communication: with a communicator set (sa_optimizer_set_comm) the step is collective:
+ * every rank of the communicator must call it, with the same max_grad_norm and
+ * norm_type and with found_inf given on all ranks or on none. A found_inf flag set on
+ * any rank then skips the step on every rank, and the gradient norm is global. Steps that
+ * need neither (no norm, no found_inf) do not communicate.
  * `args` may be NULL (defaults). `stream` is the device stream to enqueue on, as a
  * cudaStream_t (NULL = the legacy default stream); the CPU backend ignores it.
  *
@@ -396,6 +428,91 @@ SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, 
  * only before replaying a captured step. The CPU backend has nothing to upload.
  */
 SA_API sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream);
+
+/* ------------------------------------------------------------------------------------ */
+/* Communicators (global gradient norm, found-inf consensus)                             */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * A communicator reduces a few doubles across the ranks of a training job: the partial
+ * gradient norms and found-inf flags of a step. It spans every rank that holds a part of
+ * the optimizer's params (the whole mesh); shards replicated along a mesh dim are counted
+ * by the replica at coordinate 0 only, so each element counts once.
+ *
+ * Kinds: NCCL (created from a unique id, or wrapping the caller's ncclComm_t), which
+ * reduces in device memory on the step's stream with no host wait; and host callbacks
+ * (the caller's own transport, or CPU training), which the step calls on the calling
+ * thread with host memory. A CUDA optimizer with a host communicator synchronizes the
+ * stream once per communicating step; a CPU optimizer needs a host communicator.
+ *
+ * Lifetime: sa_comm_destroy releases the caller's reference; an optimizer that was given
+ * the communicator keeps it alive until the optimizer is destroyed or given another.
+ * Calls without an optimizer report failures through sa_last_error().
+ */
+typedef struct sa_comm sa_comm; /* opaque */
+
+/** The reduction of sa_host_comm.all_reduce. */
+typedef enum sa_reduce_op { SA_REDUCE_SUM = 0, SA_REDUCE_MAX = 1 } sa_reduce_op;
+
+/** A communicator made of the caller's callbacks. */
+typedef struct sa_host_comm {
+  size_t struct_size;
+  /* Passed back to every callback. */
+  void* ctx;
+  /* Required. Replaces values[0..count) (host memory) with their element-wise `op` over
+   * all ranks, in place; every rank calls it with the same count and op. Returns 0 on
+   * success, nonzero on failure (the step then fails with SA_ERR_COMM before anything
+   * was updated on this rank). Called on the thread that called sa_optimizer_step. */
+  int (*all_reduce)(void* ctx, double* values, int32_t count, sa_reduce_op op);
+  /* Optional: called once with ctx when the communicator is freed. */
+  void (*release)(void* ctx);
+} sa_host_comm;
+
+#define SA_HOST_COMM_INIT {sizeof(sa_host_comm), NULL, NULL, NULL}
+
+/** Creates a communicator from host callbacks. The table is copied; ctx is kept. */
+SA_API sa_status sa_comm_create_host(const sa_host_comm* callbacks, sa_comm** out);
+
+/** The 128 bytes that let ranks join one NCCL communicator: rank 0 makes it, the host
+ *  engine broadcasts it (as plain bytes) to the other ranks. */
+typedef struct sa_nccl_unique_id {
+  char internal[128];
+} sa_nccl_unique_id;
+
+/** Makes a new NCCL unique id (ncclGetUniqueId). SA_ERR_UNSUPPORTED when this build has
+ *  no NCCL (see sa_build_info()). */
+SA_API sa_status sa_nccl_unique_id_create(sa_nccl_unique_id* out);
+
+/**
+ * Creates an NCCL communicator of `nranks` ranks on CUDA device `device`, as rank `rank`
+ * (ncclCommInitRank). Collective: it returns once all nranks ranks have called it with
+ * the same id. The communicator owns its ncclComm_t. SA_ERR_UNSUPPORTED without NCCL,
+ * SA_ERR_COMM when NCCL fails.
+ */
+SA_API sa_status sa_comm_create_nccl(const sa_nccl_unique_id* id, int32_t nranks, int32_t rank,
+                                     int32_t device, sa_comm** out);
+
+/**
+ * Wraps the caller's NCCL communicator (an ncclComm_t, passed as void*), for engines that
+ * already have one. Borrowed: the caller keeps it alive (not destroyed, not aborted)
+ * until every optimizer it was given to is destroyed or given another communicator, and
+ * does not run other work on it concurrently with a step.
+ */
+SA_API sa_status sa_comm_wrap_nccl(void* nccl_comm, sa_comm** out);
+
+/** This rank and the rank count of a communicator (a host communicator reports -1 for
+ *  both: its transport is the caller's). */
+SA_API sa_status sa_comm_info(const sa_comm* comm, int32_t* rank, int32_t* nranks);
+
+/** Releases the caller's reference. NULL is ignored. */
+SA_API void sa_comm_destroy(sa_comm* comm);
+
+/**
+ * Gives the optimizer a communicator for its steps (NULL: none, steps are rank-local).
+ * The optimizer keeps a reference. A NCCL communicator must be on the optimizer's CUDA
+ * device (checked at the step: SA_ERR_MISMATCH).
+ */
+SA_API sa_status sa_optimizer_set_comm(sa_optimizer* opt, sa_comm* comm);
 
 /* ---- state ------------------------------------------------------------------------- */
 
