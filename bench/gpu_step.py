@@ -64,11 +64,19 @@ _capsule_rename = C.pythonapi.PyCapsule_SetName
 _capsule_rename.argtypes = [C.py_object, C.c_char_p]
 
 
+class SaStepArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("inv_grad_scale", C.c_void_p), ("found_inf", C.c_void_p),
+                ("skipped", C.c_void_p), ("max_grad_norm", C.c_double), ("norm_type", C.c_int32),
+                ("grad_norm", C.c_void_p), ("host_grad_norm", C.c_void_p)]
+
+
 class Shardadam:
     """One shardadam optimizer over a list of CUDA tensors (all in group 0)."""
 
-    def __init__(self, lib, params, master=False):
+    def __init__(self, lib, params, master=False, max_grad_norm=0.0):
         self.lib = lib
+        # max_grad_norm > 0: clip the L2 norm of all grads inside the step (no communicator).
+        self.args = SaStepArgs(C.sizeof(SaStepArgs), None, None, None, max_grad_norm, 0, None, None)
         self.opt = C.c_void_p()
         cfg = SaOptimizerConfig(C.sizeof(SaOptimizerConfig), 0, 1)
         self._ok(lib.sa_optimizer_create(C.byref(cfg), C.byref(self.opt)), None)
@@ -96,7 +104,7 @@ class Shardadam:
 
     def step(self):
         stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._ok(self.lib.sa_optimizer_step(self.opt, None, stream))
+        self._ok(self.lib.sa_optimizer_step(self.opt, C.byref(self.args), stream))
 
     def close(self):
         self.lib.sa_optimizer_destroy(self.opt)
@@ -215,12 +223,14 @@ def main():
     steps = 5 if args.quick else args.steps
     rows = []
 
-    def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True):
+    def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True, clip=False):
         params = [torch.randn(n, device=dev).to(dtype) for n in sizes]
         grads = [torch.randn(n, device=dev).to(dtype) for n in sizes]
         elems = sum(sizes)
         bytes_per_step = 28 * elems  # fp32: r p,g,m,v w p,m,v; bf16+master: r g2,M4,m,v w p2,M4,m,v
-        sa = Shardadam(lib, params, master=master)
+        if clip:
+            bytes_per_step += 4 * elems  # one more read of the fp32 grads, for the norm
+        sa = Shardadam(lib, params, master=master, max_grad_norm=1.0 if clip else 0.0)
         sa.bind(grads)
         r = measure(f"{name}: shardadam", sa.step, bytes_per_step, steps)
         # Fresh pointer list every step (two grad sets alternating).
@@ -246,8 +256,14 @@ def main():
             for p, g in zip(tparams, grads):
                 p.grad = g if not dtensor else distribute_like(g, p)
             opt = torch.optim.AdamW(tparams, lr=1e-3, weight_decay=1e-2, fused=True)
-            t = measure(f"{name}: torch fused AdamW{' (DTensor)' if dtensor else ''}", opt.step,
-                        bytes_per_step, steps)
+            torch_step = opt.step
+            if clip:
+                def torch_step():
+                    # Scales the grads in place (after one step they sit at the bound); same work each step.
+                    torch.nn.utils.clip_grad_norm_(tparams, 1.0, foreach=True)
+                    opt.step()
+            t = measure(f"{name}: torch {'clip_grad_norm_ + ' if clip else ''}fused AdamW"
+                        f"{' (DTensor)' if dtensor else ''}", torch_step, bytes_per_step, steps)
             t["elems"], t["shards"] = elems, len(sizes)
             t["vs"] = r
             rows.append(t)
@@ -271,6 +287,7 @@ def main():
         run_pair("(c) same shards, DTensors", sizes, torch.float32, False, dtensor=True)
         dist.destroy_process_group()
     run_pair("(d) bf16 + fp32 master", sizes, torch.bfloat16, True, torch_baseline=False)
+    run_pair("(e) 1516 fp32 shards, L2 clip", sizes, torch.float32, False, clip=True)
 
     print()
     hdr = (f"{'config':48s} {'elements':>11s} {'kernel ms':>9s} {'host ms':>8s} {'host ms':>8s}"

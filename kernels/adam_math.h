@@ -71,13 +71,15 @@ SA_HD double int_power(double base, int64_t exp) {
 
 // Folds a group's hyperparameters at step t (the count after this step, >= 1) into the
 // float coefficients of adam_update. Computed in double and rounded once to float.
-// Returns whether the group uses Adam-style L2 decay (the kL2 instantiation).
-SA_HD bool fold_coefficients(const AdamHyper& h, int64_t t, float inv_grad_scale,
+// `grad_multiplier` is what every raw grad is multiplied by (the inverse loss scale,
+// times the clip coefficient when clipping). Returns whether the group uses Adam-style
+// L2 decay (the kL2 instantiation).
+SA_HD bool fold_coefficients(const AdamHyper& h, int64_t t, double grad_multiplier,
                              AdamCoeffs<float>& c) {
   const double bias_correction1 = h.bias_correction ? 1.0 - int_power(h.beta1, t) : 1.0;
   const double bias_correction2 = h.bias_correction ? 1.0 - int_power(h.beta2, t) : 1.0;
   const bool l2 = !h.decoupled_weight_decay && h.weight_decay != 0.0;
-  c.grad_scale = h.maximize ? -inv_grad_scale : inv_grad_scale;
+  c.grad_scale = static_cast<float>(h.maximize ? -grad_multiplier : grad_multiplier);
   c.l2_weight_decay = l2 ? static_cast<float>(h.weight_decay) : 0.0f;
   c.decay_factor = h.decoupled_weight_decay ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
   c.beta1 = static_cast<float>(h.beta1);

@@ -44,7 +44,8 @@ struct TensorSlot {
   void* exp_avg_sq;
   void* max_exp_avg_sq;
   int64_t numel;
-  int32_t group;  // index into the per-group coefficient array of the step
+  int32_t group;    // index into the per-group coefficient array of the step
+  int32_t in_norm;  // 1: the gradient norm counts this shard; 0: another replica holds it
 };
 
 // One group's constants for one step (float, as the kernels compute) plus whether the

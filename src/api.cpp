@@ -7,6 +7,7 @@
 
 #include "../kernels/cpu/adam_cpu.h"
 #include "api_support.hpp"
+#include "comm/comm.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "layout.hpp"
@@ -50,11 +51,11 @@ const char* sa_build_info(void) {
       "shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
       "; cpu: highway (", sa::kernels::adam_cpu_simd_target(), " dispatched)",
 #ifdef SHARDADAM_WITH_CUDA
-      "; cuda: backend built (device memory, one launch per bucket)"
+      "; cuda: backend built (device memory, one launch per bucket)",
 #else
-      "; cuda: not built"
+      "; cuda: not built",
 #endif
-  );
+      sa::nccl_available() ? "; nccl: built" : "; nccl: not built");
   return info.c_str();
 }
 
@@ -215,11 +216,14 @@ sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* s
   return with_optimizer(opt, "sa_optimizer_step", [&] {
     const sa_step_args defaults = SA_STEP_ARGS_INIT;
     const sa_step_args a = sa::read_options(args, defaults, "args");
-    const sa::StepOutcome outcome = opt->core.step({a.inv_grad_scale, a.found_inf}, stream);
-    if (a.skipped) {
-      *a.skipped = outcome == sa::StepOutcome::skipped ||
-                   (outcome == sa::StepOutcome::decided_on_device && opt->core.read_found_inf(a.found_inf));
-    }
+    const sa::StepOutcome outcome = opt->core.step(a, stream);
+    if (a.skipped == nullptr && a.host_grad_norm == nullptr) return;
+    // Only ask the backend (which may synchronize) when the host cannot know.
+    const bool known = outcome != sa::StepOutcome::decided_on_device && a.host_grad_norm == nullptr;
+    const sa::StepReport report =
+        known ? sa::StepReport{outcome == sa::StepOutcome::skipped, 0.0} : opt->core.last_report();
+    if (a.skipped) *a.skipped = report.skipped ? 1 : 0;
+    if (a.host_grad_norm) *a.host_grad_norm = report.norm;
   });
 }
 
@@ -251,6 +255,56 @@ sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* 
     t.dl_tensor.byte_offset = 0;
     *out = &view.release()->tensor;
   });
+}
+
+// ---- communicators ---------------------------------------------------------------------
+
+sa_status sa_comm_create_host(const sa_host_comm* callbacks, sa_comm** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded(nullptr, "sa_comm_create_host", [&] {
+    require(callbacks != nullptr && out != nullptr, "callbacks or out is NULL");
+    const sa_host_comm defaults = SA_HOST_COMM_INIT;
+    *out = new sa_comm{sa::make_host_comm(sa::read_options(callbacks, defaults, "callbacks"))};
+  });
+}
+
+sa_status sa_nccl_unique_id_create(sa_nccl_unique_id* out) {
+  return guarded(nullptr, "sa_nccl_unique_id_create", [&] {
+    require(out != nullptr, "out is NULL");
+    sa::nccl_unique_id(*out);
+  });
+}
+
+sa_status sa_comm_create_nccl(const sa_nccl_unique_id* id, int32_t nranks, int32_t rank, int32_t device,
+                              sa_comm** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded(nullptr, "sa_comm_create_nccl", [&] {
+    require(id != nullptr && out != nullptr, "id or out is NULL");
+    *out = new sa_comm{sa::make_nccl_comm(*id, nranks, rank, device)};
+  });
+}
+
+sa_status sa_comm_wrap_nccl(void* nccl_comm, sa_comm** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded(nullptr, "sa_comm_wrap_nccl", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = new sa_comm{sa::wrap_nccl_comm(nccl_comm)};
+  });
+}
+
+sa_status sa_comm_info(const sa_comm* comm, int32_t* rank, int32_t* nranks) {
+  return guarded(nullptr, "sa_comm_info", [&] {
+    require(comm != nullptr, "comm is NULL");
+    if (rank != nullptr) *rank = comm->core->rank();
+    if (nranks != nullptr) *nranks = comm->core->nranks();
+  });
+}
+
+void sa_comm_destroy(sa_comm* comm) { delete comm; }
+
+sa_status sa_optimizer_set_comm(sa_optimizer* opt, sa_comm* comm) {
+  return with_optimizer(opt, "sa_optimizer_set_comm",
+                        [&] { opt->core.set_comm(comm != nullptr ? comm->core : nullptr); });
 }
 
 }  // extern "C"

@@ -4,10 +4,12 @@
 #ifndef SHARDADAM_SRC_API_SUPPORT_HPP_
 #define SHARDADAM_SRC_API_SUPPORT_HPP_
 
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
 
+#include "comm/comm.hpp"
 #include "errors.hpp"
 #include "optimizer.hpp"
 #include "shardadam/shardadam.h"
@@ -16,6 +18,10 @@ struct sa_optimizer {
   explicit sa_optimizer(const sa_optimizer_config& config) : core(config) {}
   sa::Optimizer core;
   mutable std::string last_error;
+};
+
+struct sa_comm {
+  std::shared_ptr<sa::Comm> core;  // optimizers given this communicator share it
 };
 
 namespace sa::api {

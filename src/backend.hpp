@@ -12,6 +12,7 @@
 #include <dlpack/dlpack.h>
 
 #include "../kernels/bucket_table.h"
+#include "../kernels/step_control.h"
 #include "plan.hpp"
 
 namespace sa {
@@ -25,10 +26,21 @@ struct GroupTable {
   uint64_t steps_version = 0;
 };
 
-// Per-step inputs, each pointing to one float in backend memory, or NULL.
+class Comm;
+
+// Per-step inputs. The float pointers point to one float in backend memory, or are NULL.
 struct StepInputs {
   const float* inv_grad_scale;  // grads are multiplied by it
   const float* found_inf;       // nonzero: skip the step
+  kernels::ClipSpec clip;       // norm == none: no gradient norm
+  float* grad_norm_out;         // receives the global norm (needs clip.norm != none)
+  Comm* comm;                   // non-NULL: reduce the step stats across ranks with it
+};
+
+// How the last step went, as the backend decided it.
+struct StepReport {
+  bool skipped;
+  double norm;  // the global norm of the unscaled grads; NaN when not computed
 };
 
 enum class StepOutcome {
@@ -66,11 +78,16 @@ class Backend {
   // `plan` and `groups` (device backends: async uploads on `stream`). run() does it first.
   virtual void flush(const Plan& plan, const GroupTable& groups, void* stream) = 0;
 
-  // One step: fold every group's coefficients at its next step count, update every slot
-  // of `plan`, advance the step counts. If *inputs.found_inf is nonzero, nothing changes.
-  // Enqueues on `stream` for device backends.
+  // One step: when asked, compute this rank's gradient norm and reduce it (and the
+  // found-inf flag) with inputs.comm; decide the step (kernels::decide_step); fold every
+  // group's coefficients at its next step count; update every slot of `plan`; advance the
+  // step counts. A skipped step changes nothing. Enqueues on `stream` for device backends.
+  // A communicator failure throws before anything was updated.
   virtual StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
                           void* stream) = 0;
+
+  // The decision of the last run() (synchronizes on device backends).
+  virtual StepReport read_report() = 0;
 
   // Device backends keep the authoritative step counts in device memory (so a skipped or
   // graph-replayed step needs no host); this reads them back, synchronizing. Host
@@ -96,6 +113,13 @@ class Backend {
   virtual void copy_to_host(void* host, const void* src, std::size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* host, std::size_t bytes) = 0;
 };
+
+// The host side of a step's decision: this rank's stats (local_norm, the found_inf
+// flag), reduced with inputs.comm (a host communicator) when there is one, then
+// kernels::decide_step; writes *inputs.grad_norm_out (host memory). Throws before
+// anything changed when the communicator fails. For the CPU backend and for an optimizer
+// that has no params (and so no backend).
+kernels::StepDecision decide_on_host(const StepInputs& inputs, double local_norm);
 
 struct CpuBackendOptions {
   int num_threads;  // 0 = hardware concurrency

@@ -133,4 +133,10 @@ Layout resolve_layout(const sa_layout* in, const Dims& shard_shape, const std::s
   return out;
 }
 
+bool primary_replica(const Layout& layout) {
+  for (std::size_t m = 0; m < layout.placements.size(); ++m)
+    if (layout.placements[m].type == SA_PLACEMENT_REPLICATE && layout.mesh_coord[m] != 0) return false;
+  return true;
+}
+
 }  // namespace sa

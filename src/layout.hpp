@@ -34,6 +34,11 @@ struct Layout {
   std::vector<sa_placement> placements;  // normalized: Shard dims are >= 0
 };
 
+// Whether this rank is the replica that stands for the shard: coordinate 0 along every mesh
+// dim where the param is Replicate (always true for the box form). Export writes, and the
+// gradient norm counts, only such shards, so every element is counted once.
+bool primary_replica(const Layout& layout);
+
 // Resolves `layout` for a shard of shape `shard_shape`. NULL means "not sharded". For
 // the mesh form the local shape is computed and must equal shard_shape; for the box form
 // shard_shape is the local shape and the box must fit the global shape. `context` starts

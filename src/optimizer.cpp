@@ -306,19 +306,61 @@ void Optimizer::require_usable(const char* action) const {
          unusable_reason_, ". A successful sa_optimizer_import of the whole state clears this");
 }
 
-StepOutcome Optimizer::step(const StepInputs& inputs, void* stream) {
+namespace {
+
+// The clipping request of a step, validated.
+kernels::ClipSpec clip_spec_of(const sa_step_args& args) {
+  if (!(args.max_grad_norm >= 0.0))
+    fail(SA_ERR_INVALID_ARGUMENT, "max_grad_norm is ", args.max_grad_norm,
+         "; use 0 (no norm), a positive bound, or INFINITY (measure the norm, never clip)");
+  if (args.norm_type != SA_NORM_L2 && args.norm_type != SA_NORM_INF)
+    fail(SA_ERR_INVALID_ARGUMENT, "norm_type is ", args.norm_type, "; use SA_NORM_L2 or SA_NORM_INF");
+  if (args.max_grad_norm == 0.0) {
+    if (args.grad_norm != nullptr || args.host_grad_norm != nullptr)
+      fail(SA_ERR_INVALID_ARGUMENT, "grad_norm or host_grad_norm is set but max_grad_norm is 0, so no "
+           "norm is computed; set max_grad_norm (INFINITY to measure without clipping)");
+    return {kernels::NormType::none, 0.0};
+  }
+  return {args.norm_type == SA_NORM_INF ? kernels::NormType::inf : kernels::NormType::l2, args.max_grad_norm};
+}
+
+}  // namespace
+
+void Optimizer::check_comm_fits(const Comm& comm) const {
+  if (!comm.reduces_device_memory()) return;  // host callbacks serve every backend
+  const DLDevice device = backend_->device();
+  if (device.device_type != kDLCUDA)
+    fail(SA_ERR_MISMATCH, "the optimizer's params are on ", device_name(device), " but its ",
+         comm.describe(), " reduces CUDA memory; give a CPU optimizer a host-callback communicator");
+  if (device.device_id != comm.device())
+    fail(SA_ERR_MISMATCH, "the optimizer's params are on ", device_name(device), " but its ",
+         comm.describe(), " is on cuda:", comm.device());
+}
+
+StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
   require_usable("the step");
+  const kernels::ClipSpec clip = clip_spec_of(args);
   for (const auto& p : params_)
     if (p->numel > 0 && p->grad == nullptr)
       fail(SA_ERR_STATE, param_context(p->name),
            " has no grad bound; bind one with sa_optimizer_set_grad or sa_optimizer_set_grad_ptrs"
            " before stepping (nothing was updated)");
+  // Only steps that need a global norm or a found-inf consensus communicate; every rank
+  // decides this from the same arguments, so the ranks agree on whether to call.
+  Comm* comm = comm_ && (clip.norm != kernels::NormType::none || args.found_inf != nullptr) ? comm_.get()
+                                                                                             : nullptr;
+  if (!backend_ && comm != nullptr && comm->reduces_device_memory())
+    backend_for(DLDevice{kDLCUDA, comm->device()}, "the communicator");  // joins on its device
+  const StepInputs inputs{args.inv_grad_scale, args.found_inf, clip, args.grad_norm, comm};
   if (!backend_) {  // no params, so no device: the inputs are host floats
-    if (inputs.found_inf != nullptr && *inputs.found_inf != 0.0f) return StepOutcome::skipped;
+    const kernels::StepDecision d = decide_on_host(inputs, 0.0);
+    host_report_ = {d.skip, d.norm};
+    if (d.skip) return StepOutcome::skipped;
     refresh_steps();
     for (auto& step : table_.steps) ++step;
     return StepOutcome::stepped;
   }
+  if (comm != nullptr) check_comm_fits(*comm);
   update_plan();
   const StepOutcome outcome = backend_->run(plan_, table_, inputs, stream);
   switch (outcome) {
@@ -333,6 +375,8 @@ StepOutcome Optimizer::step(const StepInputs& inputs, void* stream) {
   }
   return outcome;
 }
+
+StepReport Optimizer::last_report() { return backend_ ? backend_->read_report() : host_report_; }
 
 void Optimizer::update_plan() {
   if (plan_stale_) {
@@ -352,11 +396,6 @@ void Optimizer::flush(void* stream) {
   if (!backend_) return;
   update_plan();
   backend_->flush(plan_, table_, stream);
-}
-
-bool Optimizer::read_found_inf(const float* found_inf) {
-  if (found_inf == nullptr) return false;
-  return (backend_ ? backend_->read_float(found_inf) : *found_inf) != 0.0f;
 }
 
 // ---- state --------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "comm/comm.hpp"
 #include "dlpack_intake.hpp"
 #include "layout.hpp"
 #include "plan.hpp"
@@ -99,16 +100,20 @@ class Optimizer {
   void set_grad(int64_t index, const DLTensor& grad);
   void set_grad_ptrs(int64_t n, const void* const* ptrs);
 
-  // One step over all params. `inputs` point into backend memory (host memory when the
-  // optimizer has no params yet).
-  StepOutcome step(const StepInputs& inputs, void* stream);
+  // One step over all params, as sa_optimizer_step documents it (args validated here).
+  // The float pointers of `args` point into backend memory (host memory when the
+  // optimizer has no params and no device communicator).
+  StepOutcome step(const sa_step_args& args, void* stream);
+
+  // How the last step went: skipped or not, and the norm (may synchronize).
+  StepReport last_report();
+
+  // The communicator of later steps (nullptr: none).
+  void set_comm(std::shared_ptr<Comm> comm) { comm_ = std::move(comm); }
 
   // Brings the backend's copies of grads, hyperparameters and step counts up to date on
   // `stream` (what step() does first; needed before replaying a captured step).
   void flush(void* stream);
-
-  // Whether a step with this found_inf was skipped (reads it; may synchronize).
-  bool read_found_inf(const float* found_inf);
 
   // The buffer behind a state key of a param, with its storage dtype.
   struct StateRef {
@@ -148,7 +153,11 @@ class Optimizer {
   void update_plan();
 
   sa_optimizer_config config_;
+  void check_comm_fits(const Comm& comm) const;
+
   std::unique_ptr<Backend> backend_;  // created by the first param's device
+  std::shared_ptr<Comm> comm_;        // shared with the C handle that made it
+  StepReport host_report_{false, 0.0};  // the last step's, when there was no backend
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
   std::unordered_map<std::string, int64_t> index_of_name_;

@@ -18,7 +18,8 @@ kernels::TensorSlot slot_of(const Param& p) {
           data_or_null(p.state.exp_avg_sq),
           data_or_null(p.state.max_exp_avg_sq),
           p.numel,
-          p.group};
+          p.group,
+          primary_replica(p.layout) ? 1 : 0};
 }
 
 }  // namespace

@@ -183,7 +183,7 @@ struct Shard {
 
   TensorSlot slot() {
     return TensorSlot{param.data(),      grad.data(),           master.data(), exp_avg.data(),
-                      exp_avg_sq.data(), max_exp_avg_sq.data(), numel,         0};
+                      exp_avg_sq.data(), max_exp_avg_sq.data(), numel,         0, 1};
   }
 };
 
@@ -454,7 +454,7 @@ TEST_CASE("SIMD stores of bf16, f16 and remainder params round exactly like adam
         void* master_ptr =
             master == MasterKind::fp32 ? static_cast<void*>(master_f32.data()) : rem.data();
         const TensorSlot slot{param.data(), grad.data(), master_ptr, m.data(),
-                              vsq.data(),   nullptr,     n,          0};
+                              vsq.data(),   nullptr,     n,          0, 1};
         adam_cpu_range(v, slot, g, 0, n, /*simd=*/true);
         for (int64_t i = 0; i < n; ++i) {
           if (master == MasterKind::fp32) {
@@ -677,7 +677,7 @@ TEST_CASE("One fp32 step agrees with the Adam formula evaluated in double", "[cp
         const Variant variant{ElemType::f32, ElemType::f32, ElemType::f32, MasterKind::none,
                               amsgrad};
         const TensorSlot slot{p.data(), grad.data(), nullptr, m.data(),
-                              v.data(), vmax.data(), n,       0};
+                              v.data(), vmax.data(), n,       0, 1};
         adam_cpu_range(variant, slot, g, 0, n, simd);
         for (int64_t i = 0; i < n; ++i) {
           double gd = grad[i];

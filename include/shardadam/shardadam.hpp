@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -83,6 +84,74 @@ inline sa_step_args default_step_args() {
   sa_step_args args = SA_STEP_ARGS_INIT;
   return args;
 }
+
+// ---- communicators --------------------------------------------------------------------------
+
+// One reference to a communicator (sa_comm); the optimizers it is given keep their own.
+class Comm {
+ public:
+  // In-place all-reduce of `count` doubles across all ranks; true on success. An
+  // exception thrown from it counts as a failure (the step fails with SA_ERR_COMM).
+  using AllReduce = std::function<bool(double* values, int32_t count, sa_reduce_op op)>;
+
+  // sa_comm_create_host(): a communicator that calls `all_reduce` on the stepping thread.
+  static Comm host(AllReduce all_reduce) {
+    auto* fn = new AllReduce(std::move(all_reduce));
+    sa_host_comm callbacks = SA_HOST_COMM_INIT;
+    callbacks.ctx = fn;
+    callbacks.all_reduce = [](void* ctx, double* values, int32_t count, sa_reduce_op op) -> int {
+      try {
+        return (*static_cast<AllReduce*>(ctx))(values, count, op) ? 0 : 1;
+      } catch (...) {
+        return 1;
+      }
+    };
+    callbacks.release = [](void* ctx) { delete static_cast<AllReduce*>(ctx); };
+    Comm comm;
+    const sa_status status = sa_comm_create_host(&callbacks, &comm.handle_);
+    if (status != SA_OK) {
+      delete fn;  // not taken: release is called only for a created communicator
+      detail::check(status, nullptr);
+    }
+    return comm;
+  }
+  // sa_nccl_unique_id_create(): rank 0 makes it, the others receive its bytes.
+  static sa_nccl_unique_id nccl_unique_id() {
+    sa_nccl_unique_id id{};
+    detail::check(sa_nccl_unique_id_create(&id), nullptr);
+    return id;
+  }
+  // sa_comm_create_nccl(): collective over `nranks` ranks.
+  static Comm nccl(const sa_nccl_unique_id& id, int32_t nranks, int32_t rank, int32_t device) {
+    Comm comm;
+    detail::check(sa_comm_create_nccl(&id, nranks, rank, device, &comm.handle_), nullptr);
+    return comm;
+  }
+  // sa_comm_wrap_nccl(): borrows the caller's ncclComm_t.
+  static Comm wrap_nccl(void* nccl_comm) {
+    Comm comm;
+    detail::check(sa_comm_wrap_nccl(nccl_comm, &comm.handle_), nullptr);
+    return comm;
+  }
+
+  Comm(Comm&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Comm& operator=(Comm&& other) noexcept {
+    if (this != &other) {
+      sa_comm_destroy(handle_);
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  ~Comm() { sa_comm_destroy(handle_); }
+
+  sa_comm* get() const noexcept { return handle_; }
+
+ private:
+  Comm() = default;
+  sa_comm* handle_ = nullptr;
+};
 
 // ---- layouts ------------------------------------------------------------------------------
 
@@ -279,10 +348,16 @@ class Optimizer {
   // -- step --
 
   // sa_optimizer_step(): one step over every param. `args` NULL: no loss scale, no
-  // found-inf flag. The CPU backend ignores `stream` and returns when the step is done.
+  // found-inf flag, no clipping (set args.max_grad_norm to clip). The CPU backend ignores `stream` and returns when the step is done.
   void step(const sa_step_args* args = nullptr, void* stream = nullptr) {
     detail::check(sa_optimizer_step(handle_, args, stream), handle_);
   }
+
+  // sa_optimizer_set_comm(): the communicator of later steps (the optimizer keeps a
+  // reference, so `comm` may be destroyed first).
+  void set_comm(const Comm& comm) { detail::check(sa_optimizer_set_comm(handle_, comm.get()), handle_); }
+  // sa_optimizer_set_comm(opt, NULL): steps become rank-local again.
+  void clear_comm() { detail::check(sa_optimizer_set_comm(handle_, nullptr), handle_); }
 
   // -- state --
 

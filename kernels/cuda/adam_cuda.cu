@@ -13,64 +13,11 @@
 
 #include "adam_cuda.cuh"
 #include "cuda_ops.cuh"
+#include "storage.cuh"
 
 namespace sa {
 namespace kernels {
 namespace {
-
-constexpr int kVec = 8;  // elements per thread per iteration: 16 bytes of a 16-bit array
-
-// Storage access per element type. Conversions are adam_math.h's bit-level ones, so
-// rounding equals the CPU's bit for bit (NaN payloads included).
-template <ElemType T>
-struct Storage;
-
-template <>
-struct Storage<ElemType::f32> {
-  using type = float;
-  __device__ static float load(const float* p, int64_t i) { return p[i]; }
-  __device__ static void store(float* p, int64_t i, float x) { p[i] = x; }
-  __device__ static void load_vec(const float* p, int64_t i, float (&x)[kVec]) {
-    const float4 a = reinterpret_cast<const float4*>(p + i)[0];
-    const float4 b = reinterpret_cast<const float4*>(p + i)[1];
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-    x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
-  }
-  __device__ static void store_vec(float* p, int64_t i, const float (&x)[kVec]) {
-    reinterpret_cast<float4*>(p + i)[0] = make_float4(x[0], x[1], x[2], x[3]);
-    reinterpret_cast<float4*>(p + i)[1] = make_float4(x[4], x[5], x[6], x[7]);
-  }
-};
-
-// 16-bit storage: a uint4 carries 8 elements.
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-struct Storage16 {
-  using type = uint16_t;
-  __device__ static float load(const uint16_t* p, int64_t i) { return ToFloat(p[i]); }
-  __device__ static void store(uint16_t* p, int64_t i, float x) { p[i] = FromFloat(x); }
-  __device__ static void load_vec(const uint16_t* p, int64_t i, float (&x)[kVec]) {
-    const uint4 w = *reinterpret_cast<const uint4*>(p + i);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      x[2 * k] = ToFloat(static_cast<uint16_t>(words[k] & 0xFFFFu));
-      x[2 * k + 1] = ToFloat(static_cast<uint16_t>(words[k] >> 16));
-    }
-  }
-  __device__ static void store_vec(uint16_t* p, int64_t i, const float (&x)[kVec]) {
-    uint32_t words[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      words[k] = static_cast<uint32_t>(FromFloat(x[2 * k])) |
-                 (static_cast<uint32_t>(FromFloat(x[2 * k + 1])) << 16);
-    *reinterpret_cast<uint4*>(p + i) = make_uint4(words[0], words[1], words[2], words[3]);
-  }
-};
-
-template <>
-struct Storage<ElemType::bf16> : Storage16<bf16_to_float, float_to_bf16> {};
-template <>
-struct Storage<ElemType::f16> : Storage16<half_to_float, float_to_half> {};
 
 // The arrays of one slot, typed.
 template <ElemType P, ElemType G, ElemType M>
@@ -185,10 +132,6 @@ __device__ __forceinline__ void update_vec(const SlotArrays<P, G, M>& a, int64_t
   if (kAmsgrad) Storage<M>::store_vec(a.vmax, i, vmax);
 }
 
-__device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
 template <ElemType P, ElemType G, ElemType M, MasterKind K, bool kL2, bool kAmsgrad>
 __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
                              const AdamCoeffs<float>& c) {
@@ -216,18 +159,11 @@ __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
 template <ElemType P, ElemType G, ElemType M, MasterKind K, bool kAmsgrad>
 __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
     adam_bucket_kernel(DeviceBucket bucket, DeviceStep step) {
-  if (step.found_inf != nullptr && *step.found_inf != 0.0f) return;
+  if (step.verdict->skip) return;
   const int64_t chunk = blockIdx.x;
-  // The slot owning this chunk: the last s with chunk_offsets[s] <= chunk.
-  int32_t lo = 0, hi = bucket.num_slots - 1;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) / 2;
-    if (bucket.chunk_offsets[mid] <= chunk) lo = mid; else hi = mid - 1;
-  }
+  const int32_t lo = slot_of_chunk(bucket, chunk);
   const TensorSlot slot = bucket.slots[lo];
-  GroupCoeffs g = step.groups[slot.group];
-  // inv_grad_scale multiplies the sign-only grad_scale folded on the host: exact.
-  if (step.inv_grad_scale != nullptr) g.c.grad_scale = __fmul_rn(g.c.grad_scale, *step.inv_grad_scale);
+  const GroupCoeffs g = step.groups[slot.group];
   const int64_t begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
   const int64_t end = min(begin + kCudaChunkElems, slot.numel);
   if (g.l2)
@@ -279,12 +215,19 @@ cudaError_t dispatch_grad(const Variant& v, const DeviceBucket& b, const DeviceS
 }
 
 __global__ void fold_kernel(const AdamHyper* hyper, int64_t* steps, int32_t num_groups,
-                            const float* found_inf, GroupCoeffs* out) {
+                            FoldInputs in, GroupCoeffs* out) {
+  const bool local_inf = in.stats == nullptr && in.found_inf != nullptr && *in.found_inf != 0.0f;
+  const float inv_grad_scale = in.inv_grad_scale != nullptr ? *in.inv_grad_scale : 1.0f;
+  const StepDecision d = decide_step(in.clip, in.stats, local_inf, inv_grad_scale);
   const int32_t g = blockIdx.x * blockDim.x + threadIdx.x;
-  if (g >= num_groups) return;
-  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  if (g == 0) {
+    in.verdict->skip = d.skip ? 1 : 0;
+    in.verdict->norm = d.norm;
+    if (in.norm_out != nullptr) *in.norm_out = static_cast<float>(d.norm);
+  }
+  if (g >= num_groups || d.skip) return;
   const int64_t t = steps[g] + 1;
-  out[g].l2 = fold_coefficients(hyper[g], t, 1.0f, out[g].c);
+  out[g].l2 = fold_coefficients(hyper[g], t, d.grad_multiplier, out[g].c);
   steps[g] = t;
 }
 
@@ -309,9 +252,10 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
 }
 
 cudaError_t launch_fold_coefficients(const AdamHyper* hyper, int64_t* steps, int32_t num_groups,
-                                     const float* found_inf, GroupCoeffs* out, cudaStream_t stream) {
-  if (num_groups == 0) return cudaSuccess;
-  fold_kernel<<<(num_groups + 127) / 128, 128, 0, stream>>>(hyper, steps, num_groups, found_inf, out);
+                                     const FoldInputs& inputs, GroupCoeffs* out, cudaStream_t stream) {
+  // At least one thread: the verdict is written even when there are no groups.
+  const int32_t threads = num_groups > 0 ? num_groups : 1;
+  fold_kernel<<<(threads + 127) / 128, 128, 0, stream>>>(hyper, steps, num_groups, inputs, out);
   return cudaGetLastError();
 }
 

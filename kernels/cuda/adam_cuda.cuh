@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "../bucket_table.h"
+#include "../step_control.h"
 
 namespace sa {
 namespace kernels {
@@ -33,13 +34,28 @@ struct DeviceBucket {
   int64_t num_chunks;
 };
 
-// Per-step inputs in device memory. groups[g] holds group g's coefficients folded with
-// an inverse grad scale of 1; inv_grad_scale (nullable) multiplies into it in the
-// kernel; a nonzero *found_inf (nullable) makes every block return at once.
+// The chunk `chunk` of a bucket belongs to the last slot s with chunk_offsets[s] <= chunk.
+__device__ __forceinline__ int32_t slot_of_chunk(const DeviceBucket& bucket, int64_t chunk) {
+  int32_t lo = 0, hi = bucket.num_slots - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (bucket.chunk_offsets[mid] <= chunk) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// What the fold kernel decided for a step, in device memory: the Adam kernels read
+// `skip`; the host reads both back only when asked (sa_step_args.skipped / host_grad_norm).
+struct StepVerdict {
+  int32_t skip;  // nonzero: every Adam block returns at once
+  int32_t unused;
+  double norm;   // the global norm of the unscaled grads; NaN when not computed
+};
+
+// Per-step inputs of the Adam kernels, in device memory.
 struct DeviceStep {
-  const GroupCoeffs* groups;
-  const float* inv_grad_scale;
-  const float* found_inf;
+  const GroupCoeffs* groups;  // folded with the grad multiplier (loss scale x clip)
+  const StepVerdict* verdict;
 };
 
 // One launch updates every chunk of every slot of the bucket. Enqueues on `stream`
@@ -47,10 +63,31 @@ struct DeviceStep {
 cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucket,
                                const DeviceStep& step, cudaStream_t stream);
 
-// Folds hyperparameters into coefficients on the device (capturable: reads the step
-// counts from device memory and advances them unless *found_inf is nonzero).
+// The fold kernel's inputs besides the groups. All pointers are device memory.
+struct FoldInputs {
+  const float* inv_grad_scale;  // nullable: 1
+  const float* found_inf;       // nullable; read only when `stats` is NULL
+  const double* stats;          // nullable: the reduced step stats (step_control.h)
+  ClipSpec clip;
+  StepVerdict* verdict;         // written every step
+  float* norm_out;              // nullable: the caller's copy of the norm
+};
+
+// Decides the step (decide_step) and folds hyperparameters into coefficients on the
+// device (capturable: reads the step counts from device memory and advances them
+// unless the step is skipped).
 cudaError_t launch_fold_coefficients(const AdamHyper* hyper, int64_t* steps, int32_t num_groups,
-                                     const float* found_inf, GroupCoeffs* out, cudaStream_t stream);
+                                     const FoldInputs& inputs, GroupCoeffs* out, cudaStream_t stream);
+
+// Partial gradient norms of a bucket: partials[c] for each chunk c (0 for shards that do
+// not count, in_norm == 0). `grad` is the bucket's grad dtype.
+cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const DeviceBucket& bucket,
+                                      double* partials, cudaStream_t stream);
+
+// stats[kStatNorm] = the sum (l2) or max (inf) of partials[0..n) in a fixed order, and
+// stats[kStatFoundInf] = (found_inf != NULL && *found_inf != 0). One block; deterministic.
+cudaError_t launch_grad_norm_finish(NormType norm, const double* partials, int64_t n,
+                                    const float* found_inf, double* stats, cudaStream_t stream);
 
 // dst[i] = float(src[i]) for the master-weight initialisation.
 cudaError_t launch_widen_to_f32(float* dst, const void* src, ElemType type, int64_t n,

@@ -7,7 +7,9 @@
 #include <thread>
 
 #include "../../kernels/cpu/adam_cpu.h"
+#include "../../kernels/cpu/grad_norm_cpu.h"
 #include "../backend.hpp"
+#include "../comm/comm.hpp"
 #include "../errors.hpp"
 #include "thread_pool.hpp"
 
@@ -103,16 +105,20 @@ class CpuBackend final : public Backend {
           work_.push_back({static_cast<int32_t>(b), static_cast<int32_t>(s), begin,
                            std::min(begin + kChunkElems, slots[s].numel)});
     }
+    partials_.assign(work_.size(), 0.0);
   }
 
   StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
                   void*) override {
-    if (inputs.found_inf != nullptr && *inputs.found_inf != 0.0f) return StepOutcome::skipped;
-    const float inv_grad_scale = inputs.inv_grad_scale ? *inputs.inv_grad_scale : 1.0f;
+    const double norm =
+        inputs.clip.norm != kernels::NormType::none ? local_norm(plan, inputs.clip.norm) : 0.0;
+    const kernels::StepDecision d = decide_on_host(inputs, norm);
+    report_ = {d.skip, d.norm};
+    if (d.skip) return StepOutcome::skipped;
     coeffs_.resize(groups.hyper.size());  // allocates only when groups were added
     for (std::size_t g = 0; g < groups.hyper.size(); ++g)
       coeffs_[g].l2 = kernels::fold_coefficients(groups.hyper[g], groups.steps[g] + 1,
-                                                 inv_grad_scale, coeffs_[g].c);
+                                                 d.grad_multiplier, coeffs_[g].c);
     pool_.parallel_for(static_cast<int64_t>(work_.size()), [&](int64_t i) {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
@@ -121,6 +127,8 @@ class CpuBackend final : public Backend {
     });
     return StepOutcome::stepped;
   }
+
+  StepReport read_report() override { return report_; }
 
   void flush(const Plan&, const GroupTable&, void*) override {}  // reads the host tables directly
 
@@ -148,9 +156,44 @@ class CpuBackend final : public Backend {
   bool simd_;
   std::vector<WorkItem> work_;
   std::vector<kernels::GroupCoeffs> coeffs_;  // reused every step
+  std::vector<double> partials_;              // one norm partial per work item
+  StepReport report_{false, 0.0};
+
+  // This rank's partial norm (step_control.h's kStatNorm) over the shards it counts:
+  // per work item in parallel, then folded in work-list order, so the result does not
+  // depend on the thread count.
+  double local_norm(const Plan& plan, kernels::NormType norm) {
+    pool_.parallel_for(static_cast<int64_t>(work_.size()), [&](int64_t i) {
+      const WorkItem& item = work_[i];
+      const Bucket& bucket = plan.buckets[item.bucket];
+      const kernels::TensorSlot& slot = bucket.slots[item.slot];
+      partials_[i] = slot.in_norm ? kernels::grad_norm_partial(norm, bucket.variant.grad, slot.grad,
+                                                               item.begin, item.end)
+                                  : 0.0;
+    });
+    double total = 0.0;
+    for (double partial : partials_)
+      total = norm == kernels::NormType::inf ? std::max(total, partial) : total + partial;
+    return total;
+  }
 };
 
 }  // namespace
+
+kernels::StepDecision decide_on_host(const StepInputs& inputs, double local_norm) {
+  const bool local_inf = inputs.found_inf != nullptr && *inputs.found_inf != 0.0f;
+  const float inv_grad_scale = inputs.inv_grad_scale ? *inputs.inv_grad_scale : 1.0f;
+  double stats[kernels::kNumStats] = {local_norm, local_inf ? 1.0 : 0.0};
+  const bool reduce = inputs.clip.norm != kernels::NormType::none || inputs.comm != nullptr;
+  if (inputs.comm != nullptr)
+    inputs.comm->all_reduce(stats, kernels::kNumStats,
+                            inputs.clip.norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum,
+                            nullptr);
+  const kernels::StepDecision d =
+      kernels::decide_step(inputs.clip, reduce ? stats : nullptr, local_inf, inv_grad_scale);
+  if (inputs.grad_norm_out != nullptr) *inputs.grad_norm_out = static_cast<float>(d.norm);
+  return d;
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);

@@ -12,11 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "../../kernels/cuda/adam_cuda.cuh"
 #include "../backend.hpp"
+#include "../comm/comm.hpp"
 #include "../errors.hpp"
 
 namespace sa {
@@ -189,7 +191,12 @@ class CudaBackend final : public Backend {
       for (const auto& slot : bucket.slots) t.uploaded_grads.push_back(slot.grad);
       tables.push_back(std::move(t));
     }
+    int64_t total_chunks = 0;
+    for (const DeviceTables& t : tables) total_chunks += t.view.num_chunks;
+    auto scratch = allocate(sizeof(kernels::StepVerdict) +
+                            (kernels::kNumStats + static_cast<std::size_t>(total_chunks)) * sizeof(double));
     tables_ = std::move(tables);
+    scratch_ = std::move(scratch);
   }
 
   void flush(const Plan& plan, const GroupTable& groups, void* stream_handle) override {
@@ -209,21 +216,37 @@ class CudaBackend final : public Backend {
     flush(plan, groups, stream_handle);
     DeviceScope scope(device_);
     auto stream = static_cast<cudaStream_t>(stream_handle);
+    const bool with_stats = inputs.clip.norm != kernels::NormType::none || inputs.comm != nullptr;
+    if (with_stats) reduce_stats(plan, inputs, stream);
+    const kernels::FoldInputs fold{inputs.inv_grad_scale,
+                                   inputs.found_inf,
+                                   with_stats ? stats() : nullptr,
+                                   inputs.clip,
+                                   verdict(),
+                                   inputs.grad_norm_out};
     check_cuda(kernels::launch_fold_coefficients(
                    static_cast<const kernels::AdamHyper*>(hyper_->data()),
                    static_cast<int64_t*>(steps_->data()), static_cast<int32_t>(groups.hyper.size()),
-                   inputs.found_inf, static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
+                   fold, static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
                "coefficient launch");
-    const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
-                                   inputs.inv_grad_scale, inputs.found_inf};
+    const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()), verdict()};
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
       check_cuda(kernels::launch_adam_bucket(plan.buckets[b].variant, tables_[b].view, step, stream),
                  "Adam kernel launch");
     // A captured step advances the device counts once per replay, and a found_inf flag
-    // is read only by the device: either way the host's counts must be read back.
-    if (capturing(stream) || inputs.found_inf != nullptr)
+    // or a norm is read only by the device: then the host's counts must be read back.
+    if (capturing(stream) || inputs.found_inf != nullptr || with_stats)
       return StepOutcome::decided_on_device;
     return StepOutcome::stepped;
+  }
+
+  StepReport read_report() override {
+    if (!scratch_) return {false, NAN};  // no step has run
+    DeviceScope scope(device_);
+    kernels::StepVerdict v{};
+    check_cuda(cudaDeviceSynchronize(), "reading the step's verdict");
+    check_cuda(cudaMemcpy(&v, verdict(), sizeof v, cudaMemcpyDeviceToHost), "reading the step's verdict");
+    return {v.skip != 0, v.norm};
   }
 
   void read_steps(std::vector<int64_t>& steps) override {
@@ -325,9 +348,54 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Device scratch of a step: the verdict, then the stats (kNumStats doubles), then the
+  // per-chunk norm partials of every bucket.
+  kernels::StepVerdict* verdict() const { return static_cast<kernels::StepVerdict*>(scratch_->data()); }
+  double* stats() const {
+    return reinterpret_cast<double*>(static_cast<char*>(scratch_->data()) + sizeof(kernels::StepVerdict));
+  }
+  double* partials() const { return stats() + kernels::kNumStats; }
+
+  // This rank's step stats into stats(), then, with a communicator, their reduction
+  // across ranks: NCCL on the stream; host callbacks through pinned memory, which needs
+  // the stream drained first (and so cannot be captured).
+  void reduce_stats(const Plan& plan, const StepInputs& inputs, cudaStream_t stream) {
+    const kernels::NormType norm = inputs.clip.norm;
+    int64_t num_partials = 0;
+    if (norm != kernels::NormType::none) {
+      for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+        check_cuda(kernels::launch_grad_norm_partials(plan.buckets[b].variant.grad, norm, tables_[b].view,
+                                                      partials() + num_partials, stream),
+                   "gradient norm launch");
+        num_partials += tables_[b].view.num_chunks;
+      }
+    }
+    check_cuda(kernels::launch_grad_norm_finish(norm == kernels::NormType::inf ? norm : kernels::NormType::l2,
+                                                partials(), num_partials, inputs.found_inf, stats(), stream),
+               "gradient norm launch");
+    if (inputs.comm == nullptr) return;
+    const ReduceOp op = norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum;
+    if (inputs.comm->reduces_device_memory()) {
+      inputs.comm->all_reduce(stats(), kernels::kNumStats, op, stream);
+      return;
+    }
+    if (capturing(stream))
+      fail(SA_ERR_STATE, "a step with a host-callback communicator cannot be captured in a CUDA graph "
+           "(the host must read the stats); use an NCCL communicator");
+    if (!host_stats_) host_stats_ = std::make_shared<PinnedBuffer>(kernels::kNumStats * sizeof(double));
+    auto* host = static_cast<double*>(host_stats_->data());
+    check_cuda(cudaMemcpyAsync(host, stats(), kernels::kNumStats * sizeof(double), cudaMemcpyDeviceToHost, stream),
+               "reading the step stats");
+    check_cuda(cudaStreamSynchronize(stream), "reading the step stats");
+    inputs.comm->all_reduce(host, kernels::kNumStats, op, nullptr);
+    staging_.upload(stats(), host, kernels::kNumStats * sizeof(double), stream);
+  }
+
   int device_;
   std::string name_;
   std::vector<DeviceTables> tables_;
+  std::shared_ptr<Buffer> scratch_;     // verdict, stats, norm partials (see verdict())
+  std::shared_ptr<Buffer> host_stats_;  // pinned: the stats for a host communicator
   std::shared_ptr<Buffer> hyper_, steps_, coeffs_;
   uint64_t hyper_version_ = ~uint64_t{0};
   uint64_t steps_version_ = ~uint64_t{0};

@@ -14,14 +14,6 @@
 namespace sa {
 namespace {
 
-// A param replicated along a mesh dim is written by the replica at coordinate 0 of every
-// such dim only, so that the files hold each element once.
-bool writes_param(const Layout& layout) {
-  for (std::size_t m = 0; m < layout.placements.size(); ++m)
-    if (layout.placements[m].type == SA_PLACEMENT_REPLICATE && layout.mesh_coord[m] != 0) return false;
-  return true;
-}
-
 std::vector<WriterMesh> meshes_of(const std::vector<std::unique_ptr<Param>>& params) {
   std::vector<WriterMesh> meshes;
   for (const auto& p : params) {
@@ -76,7 +68,7 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   std::vector<SavedTensor> tensors;
   std::vector<const void*> sources;
   for (const auto& p : opt.params()) {
-    if (!writes_param(p->layout)) continue;
+    if (!primary_replica(p->layout)) continue;
     for (const NamedState& s : named_states(*p)) {
       SavedTensor t;
       t.param = p->name;

@@ -30,6 +30,7 @@ class DeviceTensor {
  public:
   DeviceTensor(std::vector<int64_t> shape, DLDataType dtype, int64_t offset_elems = 0)
       : shape_(std::move(shape)), dtype_(dtype) {
+    CUDA_OK(cudaGetDevice(&device_));  // the tensor lives on the current device
     numel_ = 1;
     for (int64_t d : shape_) numel_ *= d;
     bytes_ = static_cast<std::size_t>(numel_) * dtype_bytes(dtype);
@@ -58,7 +59,7 @@ class DeviceTensor {
   DLTensor dl() const {
     DLTensor t{};
     t.data = data_;
-    t.device = DLDevice{kDLCUDA, 0};
+    t.device = DLDevice{kDLCUDA, device_};
     t.ndim = static_cast<int32_t>(shape_.size());
     t.dtype = dtype_;
     t.shape = const_cast<int64_t*>(shape_.data());
@@ -79,6 +80,7 @@ class DeviceTensor {
  private:
   std::vector<int64_t> shape_;
   DLDataType dtype_;
+  int device_ = 0;
   int64_t numel_ = 0;
   std::size_t bytes_ = 0;
   void* base_ = nullptr;

@@ -173,8 +173,11 @@ class FusedAdam(torch.optim.Optimizer):
             (default: the world).
         comm: a :class:`shardadam.Comm` to use instead of creating one.
 
-    ``self.native`` is the underlying :class:`shardadam.Optimizer` (e.g. for its
-    ``save``/``load`` of shard files).
+    - **save_shard_file() / load_shard_files()**: shardadam's own checkpoint of the optimizer
+      state (one safetensors shard file per rank, any N ranks loaded onto any M); the model
+      weights are not in it (save those with ``torch.distributed.checkpoint``).
+
+    ``self.native`` is the underlying :class:`shardadam.Optimizer`.
     """
 
     _step_supports_amp_scaling = True
@@ -390,6 +393,35 @@ class FusedAdam(torch.optim.Optimizer):
                 else:
                     native_group.update(**hyperparameters)
                 self._pushed[index] = hyperparameters
+
+    # ---- shard files -----------------------------------------------------------------------
+    def save_shard_file(self, path):
+        """Writes this rank's optimizer state (every param's states, the groups'
+        hyperparameters and step counts, the layouts) to ``path`` as a shard file; call it on
+        every rank with a path of its own. The file appears complete or not at all.
+
+        The groups' current hyperparameters are pushed to the library first, so the file
+        holds what ``param_groups`` says now (e.g. the lr an LR scheduler set after the last
+        step), as ``state_dict()`` would."""
+        self._push_hyperparameters()
+        self.native.save(path)
+
+    def load_shard_files(self, paths, *, allow_missing=False, allow_unexpected=False, staging_bytes=0):
+        """Loads the shard files of every rank of a checkpoint (written by
+        :meth:`save_shard_file` on any number of ranks, with any layout) and copies this
+        rank's boxes into the existing state buffers. Params are matched by name (the
+        ``param_names`` of the groups when the optimizer was built from ``named_parameters()``,
+        else ``params.<position>``). The groups' hyperparameters and step counts are
+        restored, in ``param_groups`` too (as ``load_state_dict()`` takes over the saved
+        groups). Everything is validated before anything is copied; on error nothing
+        changed. The options are :meth:`shardadam.Optimizer.load`'s."""
+        self.native.load(paths, allow_missing=allow_missing, allow_unexpected=allow_unexpected,
+                         restore_groups=True, staging_bytes=staging_bytes)
+        for index, group in enumerate(self.param_groups):
+            group.update(self.native.param_groups[index].config())
+            self._pushed[index] = _hyperparameters(group)
+        for entry in self._entries:
+            self.state[entry.param]["step"].fill_(float(self.native.param_groups[entry.group].step))
 
     # ---- state dict ------------------------------------------------------------------------
     def state_dict(self):

@@ -19,10 +19,10 @@ Needs torch >= 2.6 (public fully_shard, torch.distributed.checkpoint.state_dict)
 shardadam package (pip install ./bindings/python) built with CUDA.
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,64 +33,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch import nn
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from shardadam.torch import FusedAdam
 
-VOCAB, DIM, HEADS, LAYERS, SEQ, GLOBAL_BATCH = 1001, 128, 4, 3, 64, 8
+from fsdp2_common import ModelConfig, Transformer, batch, free_port, shard_model
+
+CONFIG = ModelConfig(vocab=1001, dim=128, heads=4, layers=3, seq=64)  # uneven shards: the 1001-row embedding and head
+GLOBAL_BATCH = 8
 LR, WEIGHT_DECAY, BETAS = 2e-3, 0.05, (0.9, 0.95)
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, DIM))
-        return x + self.mlp(self.norm2(x))
-
-
-class Transformer(nn.Module):
-    def __init__(self, empty_shard):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.pos = nn.Parameter(torch.randn(SEQ, DIM) * 0.02)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-        # One element over 2 ranks: rank 1's shard is empty.
-        self.logit_scale = nn.Parameter(torch.ones(1)) if empty_shard else None
-
-    def forward(self, tokens):
-        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.norm(x))
-        return logits * self.logit_scale if self.logit_scale is not None else logits
-
-
-def batch(step, rank, world):
-    """The global batch of a step (the same whatever the world size), this rank's rows.
-    Sequences follow next = (5 * token + step-independent offset) % VOCAB: learnable."""
-    gen = torch.Generator().manual_seed(1000 + step)
-    start = torch.randint(0, VOCAB, (GLOBAL_BATCH, 1), generator=gen)
-    offset = torch.randint(0, 7, (GLOBAL_BATCH, 1), generator=gen)
-    tokens = [start]
-    for _ in range(SEQ):
-        tokens.append((tokens[-1] * 5 + offset) % VOCAB)
-    tokens = torch.cat(tokens, dim=1)
-    rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
-    return tokens[rows, :-1], tokens[rows, 1:]
+def model_config(empty_shard):
+    """CONFIG, with a 1-element param (empty on rank 1) when asked."""
+    return dataclasses.replace(CONFIG, empty_shard=empty_shard)
 
 
 def warmup(step):
@@ -98,13 +56,9 @@ def warmup(step):
 
 
 def build(init_state, mesh, empty_shard):
-    model = Transformer(empty_shard)
+    model = Transformer(model_config(empty_shard))
     model.load_state_dict(init_state)
-    model.cuda()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    return shard_model(model.cuda(), mesh)
 
 
 def make_optimizer(kind, model):
@@ -117,7 +71,7 @@ def train(model, opt, schedule, steps, rank, world, save_at=None, checkpoint=Non
     """Runs `steps`; returns the global losses and the optimizer step times (ms)."""
     losses, step_ms = [], []
     for step in steps:
-        tokens, targets = batch(step, rank, world)
+        tokens, targets = batch(CONFIG, step, GLOBAL_BATCH, rank, world)
         tokens, targets = tokens.cuda(), targets.cuda()
         loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
         loss.backward()
@@ -163,7 +117,7 @@ def two_rank_run(args):
     os.makedirs(args.dir, exist_ok=True)
     mesh = init_device_mesh("cuda", (world,))
     torch.manual_seed(0)
-    init_state = Transformer(args.empty_shard).state_dict()
+    init_state = Transformer(model_config(args.empty_shard)).state_dict()
     checkpoint = os.path.join(args.dir, "step_checkpoint")
     results = {}
     for kind in ("shardadam", "torch"):
@@ -176,7 +130,7 @@ def two_rank_run(args):
         torch.cuda.empty_cache()
     ok = True
     if rank == 0:
-        params = sum(1 for _ in Transformer(args.empty_shard).parameters())
+        params = sum(1 for _ in Transformer(model_config(args.empty_shard)).parameters())
         print(f"\nFSDP2 on {world} ranks, {params} DTensor params, {args.steps} steps; torch {torch.__version__}, "
               f"{torch.cuda.get_device_name()}")
         ok = compare("FusedAdam vs torch AdamW(fused=True), loss curves", results["shardadam"][0],
@@ -212,7 +166,7 @@ def one_rank_resume(args):
     with open(os.path.join(args.dir, "reference.json")) as f:
         reference = json.load(f)
     torch.manual_seed(123)  # a different init: everything must come from the checkpoint
-    model = build(Transformer(args.empty_shard).state_dict(), mesh, args.empty_shard)
+    model = build(Transformer(model_config(args.empty_shard)).state_dict(), mesh, args.empty_shard)
     opt = make_optimizer("shardadam", model)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
@@ -226,12 +180,6 @@ def one_rank_resume(args):
                  reference["losses"][save_at:], args.rtol, offset=save_at)
     dist.destroy_process_group()
     return 0 if ok else 1
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

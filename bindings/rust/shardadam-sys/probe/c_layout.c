@@ -24,6 +24,7 @@ int main(void) {
   sa_param_options options = SA_PARAM_OPTIONS_INIT;
   sa_param_info info = SA_PARAM_INFO_INIT;
   sa_step_args args = SA_STEP_ARGS_INIT;
+  sa_host_comm host_comm = SA_HOST_COMM_INIT;
   sa_writer writer = SA_WRITER_INIT;
   sa_reader reader = SA_READER_INIT;
   sa_import_options import_options = SA_IMPORT_OPTIONS_INIT;
@@ -168,9 +169,28 @@ int main(void) {
   OFFSET(sa_step_args, inv_grad_scale);
   OFFSET(sa_step_args, found_inf);
   OFFSET(sa_step_args, skipped);
+  OFFSET(sa_step_args, max_grad_norm);
+  OFFSET(sa_step_args, norm_type);
+  OFFSET(sa_step_args, grad_norm);
+  OFFSET(sa_step_args, host_grad_norm);
+  CONSTANT(SA_NORM_L2);
+  CONSTANT(SA_NORM_INF);
+  FACT("SA_STEP_ARGS_INIT.norm_type", args.norm_type);
+  CONSTANT(SA_REDUCE_SUM);
+  CONSTANT(SA_REDUCE_MAX);
+  SIZE(sa_host_comm);
+  OFFSET(sa_host_comm, struct_size);
+  OFFSET(sa_host_comm, ctx);
+  OFFSET(sa_host_comm, all_reduce);
+  OFFSET(sa_host_comm, release);
+  FACT("SA_HOST_COMM_INIT.struct_size", host_comm.struct_size);
+  FACT("SA_HOST_COMM_INIT.null_pointers",
+       host_comm.ctx == NULL && host_comm.all_reduce == NULL && host_comm.release == NULL);
+  SIZE(sa_nccl_unique_id);
   FACT("SA_STEP_ARGS_INIT.struct_size", args.struct_size);
   FACT("SA_STEP_ARGS_INIT.null_pointers",
-       args.inv_grad_scale == NULL && args.found_inf == NULL && args.skipped == NULL);
+       args.inv_grad_scale == NULL && args.found_inf == NULL && args.skipped == NULL &&
+           args.grad_norm == NULL && args.host_grad_norm == NULL);
 
   SIZE(sa_writer);
   OFFSET(sa_writer, struct_size);
@@ -213,6 +233,7 @@ int main(void) {
   FLOAT_FACT("SA_GROUP_CONFIG_INIT.beta2", group.beta2);
   FLOAT_FACT("SA_GROUP_CONFIG_INIT.eps", group.eps);
   FLOAT_FACT("SA_GROUP_CONFIG_INIT.weight_decay", group.weight_decay);
+  FLOAT_FACT("SA_STEP_ARGS_INIT.max_grad_norm", args.max_grad_norm);
   printf("];\n");
   return 0;
 }

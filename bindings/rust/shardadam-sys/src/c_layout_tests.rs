@@ -228,13 +228,38 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_step_args, inv_grad_scale);
     offset!(sa_step_args, found_inf);
     offset!(sa_step_args, skipped);
+    offset!(sa_step_args, max_grad_norm);
+    offset!(sa_step_args, norm_type);
+    offset!(sa_step_args, grad_norm);
+    offset!(sa_step_args, host_grad_norm);
+    fact("SA_NORM_L2", SA_NORM_L2 as i64);
+    fact("SA_NORM_INF", SA_NORM_INF as i64);
     let args = sa_step_args::default();
     fact("SA_STEP_ARGS_INIT.struct_size", args.struct_size as i64);
     fact(
         "SA_STEP_ARGS_INIT.null_pointers",
-        (args.inv_grad_scale.is_null() && args.found_inf.is_null() && args.skipped.is_null())
+        (args.inv_grad_scale.is_null()
+            && args.found_inf.is_null()
+            && args.skipped.is_null()
+            && args.grad_norm.is_null()
+            && args.host_grad_norm.is_null()) as i64,
+    );
+    fact("SA_STEP_ARGS_INIT.norm_type", args.norm_type as i64);
+    fact("SA_REDUCE_SUM", SA_REDUCE_SUM as i64);
+    fact("SA_REDUCE_MAX", SA_REDUCE_MAX as i64);
+    size!(sa_host_comm);
+    offset!(sa_host_comm, struct_size);
+    offset!(sa_host_comm, ctx);
+    offset!(sa_host_comm, all_reduce);
+    offset!(sa_host_comm, release);
+    let host_comm = sa_host_comm::default();
+    fact("SA_HOST_COMM_INIT.struct_size", host_comm.struct_size as i64);
+    fact(
+        "SA_HOST_COMM_INIT.null_pointers",
+        (host_comm.ctx.is_null() && host_comm.all_reduce.is_none() && host_comm.release.is_none())
             as i64,
     );
+    size!(sa_nccl_unique_id);
 
     size!(sa_writer);
     offset!(sa_writer, struct_size);
@@ -304,6 +329,7 @@ fn rust_float_facts() -> BTreeMap<String, f64> {
         ("SA_GROUP_CONFIG_INIT.beta2", group.beta2),
         ("SA_GROUP_CONFIG_INIT.eps", group.eps),
         ("SA_GROUP_CONFIG_INIT.weight_decay", group.weight_decay),
+        ("SA_STEP_ARGS_INIT.max_grad_norm", sa_step_args::default().max_grad_norm),
     ]
     .iter()
     .map(|(name, value)| (name.to_string(), *value))

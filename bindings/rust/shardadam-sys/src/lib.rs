@@ -392,7 +392,22 @@ pub struct sa_step_args {
     pub found_inf: *const f32,
     /// Host memory: receives 1 if the step was skipped, else 0. May be NULL.
     pub skipped: *mut i32,
+    /// 0: no gradient norm; > 0: clip the global norm to it (INFINITY: measure only).
+    pub max_grad_norm: f64,
+    /// `SA_NORM_L2` or `SA_NORM_INF`.
+    pub norm_type: i32,
+    /// One float in the optimizer's memory that receives the global norm. May be NULL.
+    pub grad_norm: *mut f32,
+    /// Host memory: receives the global norm (synchronizes on CUDA). May be NULL.
+    pub host_grad_norm: *mut f64,
 }
+
+/// `sa_norm_type`.
+pub type sa_norm_type = c_int;
+/// `SA_NORM_L2`: sqrt of the sum of squares.
+pub const SA_NORM_L2: sa_norm_type = 0;
+/// `SA_NORM_INF`: the largest absolute element.
+pub const SA_NORM_INF: sa_norm_type = 1;
 
 impl Default for sa_step_args {
     /// `SA_STEP_ARGS_INIT`.
@@ -402,8 +417,63 @@ impl Default for sa_step_args {
             inv_grad_scale: ptr::null(),
             found_inf: ptr::null(),
             skipped: ptr::null_mut(),
+            max_grad_norm: 0.0,
+            norm_type: SA_NORM_L2,
+            grad_norm: ptr::null_mut(),
+            host_grad_norm: ptr::null_mut(),
         }
     }
+}
+
+// ---- communicators --------------------------------------------------------------------------
+
+/// Opaque communicator handle.
+#[repr(C)]
+pub struct sa_comm {
+    _private: [u8; 0],
+}
+
+/// `sa_reduce_op`.
+pub type sa_reduce_op = c_int;
+/// `SA_REDUCE_SUM`.
+pub const SA_REDUCE_SUM: sa_reduce_op = 0;
+/// `SA_REDUCE_MAX`.
+pub const SA_REDUCE_MAX: sa_reduce_op = 1;
+
+/// `sa_host_comm`: a communicator made of the caller's callbacks.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct sa_host_comm {
+    /// `sizeof(sa_host_comm)`.
+    pub struct_size: usize,
+    /// Passed back to every callback.
+    pub ctx: *mut c_void,
+    /// In-place all-reduce of `count` doubles across ranks; returns 0 on success.
+    pub all_reduce: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, values: *mut f64, count: i32, op: sa_reduce_op) -> c_int,
+    >,
+    /// Called once with ctx when the communicator is freed. May be None.
+    pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+}
+
+impl Default for sa_host_comm {
+    /// `SA_HOST_COMM_INIT`.
+    fn default() -> Self {
+        sa_host_comm {
+            struct_size: std::mem::size_of::<sa_host_comm>(),
+            ctx: ptr::null_mut(),
+            all_reduce: None,
+            release: None,
+        }
+    }
+}
+
+/// `sa_nccl_unique_id`: the 128 bytes ranks share to join one NCCL communicator.
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct sa_nccl_unique_id {
+    /// Opaque bytes.
+    pub internal: [c_char; 128],
 }
 
 // ---- shard files ----------------------------------------------------------------------------
@@ -617,6 +687,27 @@ extern "C" {
     ) -> sa_status;
     /// Enqueues the upload of host-side changes (needed before replaying a captured step).
     pub fn sa_optimizer_flush(opt: *mut sa_optimizer, stream: *mut c_void) -> sa_status;
+
+    /// Creates a communicator from host callbacks.
+    pub fn sa_comm_create_host(callbacks: *const sa_host_comm, out: *mut *mut sa_comm) -> sa_status;
+    /// Makes a new NCCL unique id (`SA_ERR_UNSUPPORTED` without NCCL).
+    pub fn sa_nccl_unique_id_create(out: *mut sa_nccl_unique_id) -> sa_status;
+    /// Creates an NCCL communicator (collective over `nranks` ranks).
+    pub fn sa_comm_create_nccl(
+        id: *const sa_nccl_unique_id,
+        nranks: i32,
+        rank: i32,
+        device: i32,
+        out: *mut *mut sa_comm,
+    ) -> sa_status;
+    /// Wraps the caller's `ncclComm_t` (borrowed).
+    pub fn sa_comm_wrap_nccl(nccl_comm: *mut c_void, out: *mut *mut sa_comm) -> sa_status;
+    /// This rank and the rank count (-1 for a host communicator).
+    pub fn sa_comm_info(comm: *const sa_comm, rank: *mut i32, nranks: *mut i32) -> sa_status;
+    /// Releases the caller's reference. NULL is ignored.
+    pub fn sa_comm_destroy(comm: *mut sa_comm);
+    /// Gives the optimizer a communicator for its steps (NULL: none).
+    pub fn sa_optimizer_set_comm(opt: *mut sa_optimizer, comm: *mut sa_comm) -> sa_status;
 
     /// A zero-copy view of one state; the caller calls `(*out).deleter(*out)`.
     pub fn sa_optimizer_state_view(
