@@ -87,7 +87,7 @@ class Rank:
             local_shape, offset = expected_box(shape, MESH_SHAPE, self.coord, placements)
             box = tuple(slice(o, o + s) for o, s in zip(offset, local_shape))
             self.boxes[name] = box
-            self.shards[name] = np.ascontiguousarray(full[name][box])
+            self.shards[name] = full[name][box].copy()  # a replica of its own, as on separate hosts
             self.grads[name] = np.zeros_like(self.shards[name])
             self.opt.add_param(name, self.shards[name], layout=Mesh(MESH_SHAPE, self.coord, placements,
                                                                     global_shape=shape))
