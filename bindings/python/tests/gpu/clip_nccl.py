@@ -213,7 +213,7 @@ def fused_adam_rank(report, rank, world):
                  f"worst relative difference {worst_norm:.1e}")
     worst, ok = 0.0, True
     for name, p in params.items():
-        got = p.full_tensor().cpu()
+        got = p.detach().full_tensor().cpu()
         expected = reference.params[name].detach()
         worst = max(worst, max_abs_difference(got, expected))
         ok &= torch.allclose(got.double(), expected, rtol=RTOL, atol=ATOL)
