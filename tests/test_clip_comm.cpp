@@ -468,11 +468,13 @@ TEST_CASE("4 ranks: found_inf on one rank, or a NaN grad on one rank, skips the 
 }
 
 TEST_CASE("without a communicator the norm is the rank's own: one unsharded optimizer clips like the "
-          "reference",
+          "reference, with SIMD and scalar code",
           "[clip]") {
+  const int32_t simd = GENERATE(0, 1);
+  INFO("cpu_simd " << simd);
   const Problem& prob = problem();
   std::vector<HostTensor> params, grads;  // first: they outlive the optimizer that updates them
-  OptimizerPtr opt = make_optimizer(2, 1);
+  OptimizerPtr opt = make_optimizer(2, simd);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw(), nullptr));
   for (std::size_t k = 0; k < prob.params.size(); ++k) {
     const GlobalParam& g = prob.params[k];

@@ -13,8 +13,11 @@ namespace kernels {
 
 // NormType::l2: the sum of squares of grad[begin, end), accumulated in double;
 // NormType::inf: the largest |grad| there, with a NaN counted as +inf.
-// `grad` points to elements of `type`.
-double grad_norm_partial(NormType norm, ElemType type, const void* grad, int64_t begin, int64_t end);
+// `grad` points to elements of `type`. simd: use Highway vectors where they apply (the
+// sum of squares of float32 and bfloat16 grads); the sum then depends on the vector width
+// in its last bits, never on how a range is split between threads of one machine.
+double grad_norm_partial(NormType norm, ElemType type, const void* grad, int64_t begin, int64_t end,
+                         bool simd);
 
 }  // namespace kernels
 }  // namespace sa

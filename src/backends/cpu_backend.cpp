@@ -168,7 +168,7 @@ class CpuBackend final : public Backend {
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
       partials_[i] = slot.in_norm ? kernels::grad_norm_partial(norm, bucket.variant.grad, slot.grad,
-                                                               item.begin, item.end)
+                                                               item.begin, item.end, simd_)
                                   : 0.0;
     });
     double total = 0.0;
