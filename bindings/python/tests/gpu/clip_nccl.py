@@ -147,7 +147,7 @@ def native_rank(report, rank, world, comm, norm_type):
         worst = max(worst, max_abs_difference(shards[name].cpu(), expected))
         ok &= torch.allclose(shards[name].cpu().double(), expected, rtol=RTOL, atol=ATOL)
     report.check(ok and opt.param_groups[0].step == 8,
-                 f"Comm.nccl, {label} norm: params (uneven, empty, replicated) match clip_grad_norm_ + AdamW in float64",
+                 f"Comm.nccl, {label} norm: params (uneven, empty, replicated) match clip_grad_norm_ + AdamW (float64)",
                  f"largest absolute difference {worst:.1e}")
 
     # A NaN on rank 1 only: both ranks skip.
