@@ -189,6 +189,13 @@ def log_uniform_sizes(count, lo_exp, hi_exp, empties, seed):
     return sizes + [0] * empties
 
 
+def shard_sizes(quick=False):
+    """Element counts of the "1516 fp32 shards" set (b, c, d): 1516 log-uniform sizes from
+    2^10 to 2^22 elements plus 16 empty shards (--quick: 100 up to 2^16). bench/clip_step.py
+    splits the same set over 2 ranks."""
+    return log_uniform_sizes(100 if quick else 1516, 10, 16 if quick else 22, 16, seed=1)
+
+
 def measure(label, step, bytes_per_step, steps, warmup=3):
     for _ in range(warmup):
         step()
@@ -270,7 +277,7 @@ def main():
 
     big = (1 << 20) if args.quick else (256 << 20)
     run_pair("(a) 1 x 256M fp32", [big], torch.float32, False)
-    sizes = log_uniform_sizes(100 if args.quick else 1516, 10, 16 if args.quick else 22, 16, seed=1)
+    sizes = shard_sizes(args.quick)
     run_pair("(b) 1516 fp32 shards", sizes, torch.float32, False)
     if not args.quick and not args.only_shardadam:
         import torch.distributed as dist

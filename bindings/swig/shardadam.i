@@ -21,14 +21,20 @@
  *                         global_offset None for the mesh form;
  *       sa_param_options  None, or (grad_dtype, moment_dtype, master) with each dtype None
  *                         or (code, bits, lanes);
- *       sa_step_args      None, or (inv_grad_scale, found_inf, skipped) as addresses (int) or None;
+ *       sa_step_args      None, or (inv_grad_scale, found_inf, skipped[, max_grad_norm, norm_type,
+ *                         grad_norm, host_grad_norm]): the pointers as addresses (int) or None,
+ *                         max_grad_norm a float, norm_type an int (SA_NORM_*);
+ *       sa_nccl_unique_id its 128 bytes (bytes in, bytes out);
+ *   - a host communicator is made from a Python callable (host_comm_create below), not from
+ *     a table of C function pointers;
  *       sa_param_info     returned as a dict;
  *       void* stream      an address (int) or None;
  *   - structs of plain fields (sa_optimizer_config, sa_group_config, sa_import_options) and
  *     the writer/reader handles are classes whose constructors apply the SA_*_INIT macros.
  *
- * The state export/import functions are referenced weakly (see state_io_available()), so
- * the module also loads against a libshardadam built without them.
+ * The state export/import and the communicator functions are referenced weakly (see
+ * state_io_available() and comm_available()), so the module also loads against a
+ * libshardadam built without them.
  */
 %module(package="shardadam", threads="1") _shardadam
 
@@ -50,6 +56,15 @@
 #pragma weak sa_optimizer_import
 #pragma weak sa_inspect
 #pragma weak sa_free
+
+/* Communicators (src/comm) came with the global gradient norm; weak for the same reason. */
+#pragma weak sa_comm_create_host
+#pragma weak sa_nccl_unique_id_create
+#pragma weak sa_comm_create_nccl
+#pragma weak sa_comm_wrap_nccl
+#pragma weak sa_comm_info
+#pragma weak sa_comm_destroy
+#pragma weak sa_optimizer_set_comm
 %}
 
 %include <stdint.i>
@@ -58,13 +73,16 @@
 /* SWIG learns DLPack's types and macros from the real header without wrapping them. */
 %import <dlpack/dlpack.h>
 
-/* The GIL is released only around calls that may run long and never call back into
- * Python: a step (CPU backend: the whole update) and the blob I/O. */
+/* The GIL is released only around calls that may run long: a step (CPU backend: the whole
+ * update), the blob I/O and the collective NCCL setup. Of these only a step calls back into
+ * Python (a host communicator's all_reduce), and its trampoline takes the GIL itself. */
 %nothread;
 %thread sa_optimizer_step;
 %thread sa_optimizer_export;
 %thread sa_optimizer_import;
 %thread sa_inspect;
+/* Collective: it waits for every rank, which may need this process's other threads. */
+%thread sa_comm_create_nccl;
 
 /* ---- helpers ------------------------------------------------------------------------ */
 %{
@@ -199,6 +217,59 @@ static void sa_py_legacy_view_deleter(DLManagedTensor* self) {
   free(view);
 }
 
+/* A host communicator's all_reduce: calls the Python reducer (the ctx) with the values in
+ * a bytearray and copies them back. The step runs without the GIL (%thread), so the
+ * trampoline takes it. No exception may escape into the library: one raised by the reducer
+ * is stored as its `exception` attribute and the call fails (nonzero). */
+static int sa_py_host_all_reduce(void* ctx, double* values, int32_t count, sa_reduce_op op) {
+  PyObject* reducer = (PyObject*)ctx;
+  int failed = 1;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  Py_ssize_t bytes = (Py_ssize_t)count * (Py_ssize_t)sizeof(double);
+  PyObject* buffer = count >= 0 ? PyByteArray_FromStringAndSize((const char*)values, bytes) : NULL;
+  PyObject* result = buffer ? PyObject_CallFunction(reducer, "Oi", buffer, (int)op) : NULL;
+  if (result) {
+    if (PyByteArray_GET_SIZE(buffer) == bytes) {
+      memcpy(values, PyByteArray_AS_STRING(buffer), (size_t)bytes);
+      failed = 0;
+    } else {
+      PyErr_Format(PyExc_RuntimeError, "all_reduce: the reducer resized the buffer of %d values to %zd bytes",
+                   (int)count, PyByteArray_GET_SIZE(buffer));
+    }
+  } else if (count < 0 && !PyErr_Occurred()) {
+    PyErr_Format(PyExc_RuntimeError, "all_reduce: called with count %d", (int)count);
+  }
+  if (failed) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject* exception = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value && traceback) PyException_SetTraceback(value, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    PyObject* exception = value;
+#endif
+    if (exception && PyObject_SetAttrString(reducer, "exception", exception) != 0)
+      PyErr_WriteUnraisable(reducer);  /* the reducer cannot hold it: print it at least */
+    Py_XDECREF(exception);
+  }
+  Py_XDECREF(result);
+  Py_XDECREF(buffer);
+  PyGILState_Release(gil);
+  return failed;
+}
+
+/* Drops the communicator's reference to the reducer. After interpreter shutdown the
+ * reducer is gone with the interpreter: nothing is left to release. */
+static void sa_py_host_release(void* ctx) {
+  if (!Py_IsInitialized()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  Py_DECREF((PyObject*)ctx);
+  PyGILState_Release(gil);
+}
+
 /* Reads an address (int) or None. Returns 0 with an exception set otherwise. */
 static int sa_py_read_address(PyObject* obj, void** out) {
   *out = obj == Py_None ? NULL : PyLong_AsVoidPtr(obj);
@@ -285,19 +356,24 @@ static int sa_py_read_address(PyObject* obj, void** out) {
 
 %typemap(in) const sa_step_args* args (sa_step_args storage) {
   const sa_step_args init = SA_STEP_ARGS_INIT;
-  PyObject *inv_grad_scale, *found_inf, *skipped;
-  void *inv_grad_scale_ptr, *found_inf_ptr, *skipped_ptr;
+  PyObject *inv_grad_scale, *found_inf, *skipped, *grad_norm = Py_None, *host_grad_norm = Py_None;
+  void *inv_grad_scale_ptr, *found_inf_ptr, *skipped_ptr, *grad_norm_ptr, *host_grad_norm_ptr;
   storage = init;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!PyArg_ParseTuple($input, "OOO;args must be None or (inv_grad_scale, found_inf, skipped) addresses",
-                          &inv_grad_scale, &found_inf, &skipped) ||
+    if (!PyArg_ParseTuple($input, "OOO|diOO;args must be None or (inv_grad_scale, found_inf, skipped[, max_grad_norm, "
+                          "norm_type, grad_norm, host_grad_norm])",
+                          &inv_grad_scale, &found_inf, &skipped, &storage.max_grad_norm, &storage.norm_type,
+                          &grad_norm, &host_grad_norm) ||
         !sa_py_read_address(inv_grad_scale, &inv_grad_scale_ptr) || !sa_py_read_address(found_inf, &found_inf_ptr) ||
-        !sa_py_read_address(skipped, &skipped_ptr))
+        !sa_py_read_address(skipped, &skipped_ptr) || !sa_py_read_address(grad_norm, &grad_norm_ptr) ||
+        !sa_py_read_address(host_grad_norm, &host_grad_norm_ptr))
       SWIG_fail;
     storage.inv_grad_scale = (const float*)inv_grad_scale_ptr;
     storage.found_inf = (const float*)found_inf_ptr;
     storage.skipped = (int32_t*)skipped_ptr;
+    storage.grad_norm = (float*)grad_norm_ptr;
+    storage.host_grad_norm = (double*)host_grad_norm_ptr;
     $1 = &storage;
   }
 }
@@ -343,6 +419,36 @@ static int sa_py_read_address(PyObject* obj, void** out) {
 %typemap(freearg) (int64_t n, const void* const* ptrs) {
   Py_XDECREF(seq$argnum);
   free(addresses$argnum);
+}
+
+/* ---- communicators -------------------------------------------------------------------- */
+%typemap(in, numinputs=0) sa_comm** out (sa_comm* created = NULL) { $1 = &created; }
+%typemap(argout) sa_comm** out {
+  %append_output(SWIG_NewPointerObj(created$argnum, $descriptor(sa_comm*), 0));
+}
+%apply int32_t* OUTPUT { int32_t* rank, int32_t* nranks };
+
+%typemap(in, numinputs=0) sa_nccl_unique_id* out (sa_nccl_unique_id uid) {
+  memset(&uid, 0, sizeof uid);
+  $1 = &uid;
+}
+%typemap(argout) sa_nccl_unique_id* out {
+  %append_output(PyBytes_FromStringAndSize(uid$argnum.internal, result == SA_OK ? (Py_ssize_t)sizeof uid$argnum.internal : 0));
+}
+%typemap(in) const sa_nccl_unique_id* id (sa_nccl_unique_id uid) {
+  char* bytes = NULL;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize($input, &bytes, &size) != 0) SWIG_fail;
+  if (size != (Py_ssize_t)sizeof uid.internal) {
+    PyErr_Format(PyExc_ValueError, "an NCCL unique id has %zu bytes, got %zd", sizeof uid.internal, size);
+    SWIG_fail;
+  }
+  memcpy(uid.internal, bytes, sizeof uid.internal);
+  $1 = &uid;
+}
+
+%typemap(in) void* nccl_comm {
+  if (!sa_py_read_address($input, &$1)) SWIG_fail;
 }
 
 /* ---- state export and import --------------------------------------------------------- */
@@ -415,6 +521,24 @@ SA_STATE_IO(sa_optimizer_export)
 SA_STATE_IO(sa_optimizer_import)
 SA_STATE_IO(sa_inspect)
 
+/* The same for the communicator functions. */
+%define SA_COMM(function)
+%exception function {
+  if (!function) {
+    PyErr_SetString(PyExc_NotImplementedError,
+                    #function ": this libshardadam was built without communicators (src/comm)");
+    SWIG_fail;
+  }
+  $action
+}
+%enddef
+SA_COMM(sa_nccl_unique_id_create)
+SA_COMM(sa_comm_create_nccl)
+SA_COMM(sa_comm_wrap_nccl)
+SA_COMM(sa_comm_info)
+SA_COMM(sa_comm_destroy)
+SA_COMM(sa_optimizer_set_comm)
+
 /* ---- structs: which are classes, which are values ------------------------------------ */
 /* Passed as Python values through the typemaps above. */
 %ignore sa_placement;
@@ -422,11 +546,12 @@ SA_STATE_IO(sa_inspect)
 %ignore sa_param_options;
 %ignore sa_param_info;
 %ignore sa_step_args;
-%ignore sa_host_comm;          /* communicators: not bound in Python yet */
-%ignore sa_comm_create_host;
 %ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
 %ignore sa_writer_release;     /* called by the destructors below */
 %ignore sa_reader_release;
+%ignore sa_nccl_unique_id;     /* travels as its 128 bytes */
+%ignore sa_host_comm;          /* C callbacks: host_comm_create below makes one from a callable */
+%ignore sa_comm_create_host;
 
 /* Classes whose constructors apply the SA_*_INIT defaults. */
 %define SA_OPTION_STRUCT(type, init)
@@ -481,6 +606,40 @@ SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 int state_io_available(void) {
   return sa_optimizer_export != NULL && sa_optimizer_import != NULL && sa_file_writer != NULL &&
          sa_file_reader != NULL && sa_inspect != NULL;
+}
+
+/** 1 when the library provides communicators (sa_comm_*, src/comm), else 0. */
+int comm_available(void) {
+  return sa_comm_create_host != NULL && sa_nccl_unique_id_create != NULL && sa_comm_create_nccl != NULL &&
+         sa_comm_wrap_nccl != NULL && sa_comm_info != NULL && sa_comm_destroy != NULL &&
+         sa_optimizer_set_comm != NULL;
+}
+
+/** Creates a host communicator whose all_reduce calls `reducer(buffer, op)`: buffer is a
+ * bytearray holding the `count` doubles (native byte order), to be reduced in place; op
+ * is SA_REDUCE_SUM or SA_REDUCE_MAX. A reducer that raises makes the step fail with
+ * SA_ERR_COMM; its exception is stored as `reducer.exception` (it stays None otherwise)
+ * for the package to surface. The communicator holds a reference to `reducer` until it is
+ * freed. Returns (status, comm). */
+PyObject* host_comm_create(PyObject* reducer) {
+  if (!PyCallable_Check(reducer)) {
+    PyErr_SetString(PyExc_TypeError, "host_comm_create: the reducer must be callable");
+    return NULL;
+  }
+  if (!sa_comm_create_host) {
+    PyErr_SetString(PyExc_NotImplementedError,
+                    "sa_comm_create_host: this libshardadam was built without communicators (src/comm)");
+    return NULL;
+  }
+  sa_host_comm callbacks = SA_HOST_COMM_INIT;
+  callbacks.ctx = reducer;
+  callbacks.all_reduce = sa_py_host_all_reduce;
+  callbacks.release = sa_py_host_release;
+  sa_comm* comm = NULL;
+  Py_INCREF(reducer);  /* the communicator's reference, dropped by sa_py_host_release */
+  sa_status status = sa_comm_create_host(&callbacks, &comm);
+  if (status != SA_OK) Py_DECREF(reducer);  /* no communicator: release is never called */
+  return Py_BuildValue("(iN)", (int)status, SWIG_NewPointerObj(comm, SWIGTYPE_p_sa_comm, 0));
 }
 
 /** (data address with byte_offset applied, (device_type, device_id), (code, bits, lanes),

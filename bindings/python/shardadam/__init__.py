@@ -9,6 +9,9 @@ carries inside. The pieces:
   ``save`` / ``load`` write and read (resharding) shard files.
 - :mod:`shardadam.torch` has :class:`shardadam.torch.FusedAdam`, a
   ``torch.optim.Optimizer`` (imported only when used: this package does not need torch).
+- :class:`Comm` (host callable, or NCCL from :func:`nccl_unique_id`) given to
+  :meth:`Optimizer.set_comm` makes the gradient norm of ``step(max_grad_norm=...)`` and
+  the found-inf skip global across ranks.
 - Failures raise a subclass of :class:`Error` per status, carrying ``.status`` and the
   library's message.
 - :mod:`shardadam._shardadam` is the low-level SWIG module (one function per C function).
@@ -25,6 +28,7 @@ Example::
         m = np.from_dlpack(opt.state("w", "exp_avg"))
 """
 from . import _shardadam
+from ._comm import Comm, comm_available, nccl_unique_id
 from ._dlpack import State
 from ._errors import (CommError, DeviceError, Error, FormatError, InternalError, InvalidArgument, IoError,
                       Mismatch, OutOfMemory, StateError, Status, Unsupported)
@@ -50,7 +54,7 @@ def build_info():
 
 
 __all__ = [
-    "Optimizer", "Group", "ParamInfo", "State", "Mesh", "Box", "Shard", "Replicate", "Partial",
+    "Optimizer", "Group", "ParamInfo", "State", "Comm", "nccl_unique_id", "comm_available", "Mesh", "Box", "Shard", "Replicate", "Partial",
     "Error", "Status", "InvalidArgument", "Unsupported", "OutOfMemory", "DeviceError", "CommError", "IoError",
     "FormatError", "Mismatch", "StateError", "InternalError", "inspect", "state_io_available", "build_info",
     "__version__",

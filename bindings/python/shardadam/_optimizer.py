@@ -1,13 +1,15 @@
 """The idiomatic Python face of ``sa_optimizer``."""
 import ctypes
 import json
+import math
 import numbers
 import os
 
 from . import _shardadam as _C
+from ._comm import Comm, raise_step_error
 from ._dlpack import (DTYPES, KDL_CPU, CapsuleInfo, State, device_name, dtype_name, to_capsule,
                       to_dtype)
-from ._errors import InvalidArgument, StateError, Unsupported, check
+from ._errors import Error, InvalidArgument, StateError, Unsupported, check
 from .layout import Box, Mesh
 
 _MASTER_KINDS = {
@@ -264,6 +266,8 @@ class Optimizer:
         self._grad_refs = {}        # param index -> grad object whose memory is bound
         self._step_refs = ()        # scale tensors the last (asynchronous) step reads
         self._host_scalars = (ctypes.c_float(), ctypes.c_float())  # numbers given to step on the CPU
+        self._host_grad_norm = ctypes.c_double()  # receives the norm when step(return_norm=True)
+        self._comm = None           # the Comm given to set_comm (its host callable's errors are read from it)
         config = _C.sa_optimizer_config()
         config.num_threads = int(num_threads)
         config.cpu_simd = int(bool(cpu_simd))
@@ -286,6 +290,7 @@ class Optimizer:
             _C.sa_optimizer_destroy(handle)
         self._grad_refs = {}
         self._step_refs = ()
+        self._comm = None
 
     @property
     def closed(self):
@@ -461,8 +466,30 @@ class Optimizer:
                 raise TypeError("set_grads: give either all grads as addresses (int/None) or all as tensors")
             self.set_grad(index, grad, stream=stream)
 
+    # ---- communicator ------------------------------------------------------------------
+    def set_comm(self, comm):
+        """Gives the steps a :class:`~shardadam.Comm` (None: none, steps are rank-local).
+
+        With a communicator every step that computes a gradient norm or is given
+        ``found_inf`` is collective: every rank must call it, with the same
+        ``max_grad_norm`` and ``norm_type``. The norm is then over the grads of all ranks
+        (a shard replicated along a mesh dim counted once), and ``found_inf`` set on any
+        rank skips the step on every rank. The optimizer keeps the communicator alive. An
+        NCCL communicator must be on the params' CUDA device."""
+        handle = self._handle_or_raise()
+        if comm is not None and not isinstance(comm, Comm):
+            raise TypeError(f"set_comm: comm must be a shardadam.Comm or None, got {type(comm).__name__}")
+        check(_C.sa_optimizer_set_comm(handle, None if comm is None else comm._handle_or_raise()), handle)
+        self._comm = comm
+
+    @property
+    def comm(self):
+        """The :class:`~shardadam.Comm` given to :meth:`set_comm`, or None."""
+        return self._comm
+
     # ---- step ------------------------------------------------------------------------
-    def step(self, inv_grad_scale=None, found_inf=None, stream=None):
+    def step(self, inv_grad_scale=None, found_inf=None, stream=None, *, max_grad_norm=None, norm_type=2.0,
+             grad_norm=None, return_norm=False):
         """Runs one optimizer step over every param (each non-empty one needs a bound grad).
 
         Args:
@@ -470,26 +497,64 @@ class Optimizer:
                 number (CPU optimizers), or a one-element float32 tensor on the params'
                 device (read when the step runs: no host synchronization).
             found_inf: if nonzero the step is skipped entirely (no param, state or step
-                count changes). Same forms as inv_grad_scale.
+                count changes); with a communicator (:meth:`set_comm`), on every rank.
+                Same forms as inv_grad_scale.
             stream: CUDA stream to enqueue on (cudaStream_t address; default: the
                 optimizer's). On CUDA the call returns once the work is enqueued.
+            max_grad_norm: clip the grads to this total norm, as
+                ``torch.nn.utils.clip_grad_norm_`` does: the norm of all grads (of all
+                ranks with a communicator; after inv_grad_scale) is computed and every
+                grad multiplied by ``min(1, max_grad_norm / (norm + 1e-6))`` inside the
+                update (the grad memory is not written). ``math.inf`` computes the norm
+                without clipping. A non-finite norm skips the step (on every rank), also
+                when the norm is only computed to be reported.
+                None (default): no norm, unless ``grad_norm`` or ``return_norm`` ask for
+                it (then as ``math.inf``).
+            norm_type: 2 (default) or ``math.inf`` (the largest absolute element).
+            grad_norm: a one-element float32 tensor on the params' device that receives
+                the norm (written on the stream: no host synchronization).
+            return_norm: return the norm as a float. On CUDA this waits for the step.
+
+        Returns:
+            The norm (a float) if ``return_norm``, else None.
         """
         self._handle_or_raise()  # a closed optimizer fails here, before the scalars are read
         refs = []
         inv_address = self._scalar_address(inv_grad_scale, "inv_grad_scale", 0, refs, stream)
         found_address = self._scalar_address(found_inf, "found_inf", 1, refs, stream)
-        self._step_addresses(inv_address, found_address, stream)
+        clip = None
+        if max_grad_norm is not None or grad_norm is not None or return_norm:
+            norm_address = self._scalar_address(grad_norm, "grad_norm", None, refs, stream, output=True)
+            clip = _clip_args(max_grad_norm, norm_type) + (norm_address, bool(return_norm))
+        self._step_addresses(inv_address, found_address, stream, clip=clip)
         self._step_refs = tuple(refs)  # kept until the next step: the stream reads them later
+        return self._host_grad_norm.value if return_norm else None
 
-    def _step_addresses(self, inv_address, found_address, stream=None):
-        """One native step with the scalars given as raw addresses (None for absent)."""
+    def _step_addresses(self, inv_address, found_address, stream=None, clip=None):
+        """One native step with the scalars given as raw addresses (None for absent).
+        ``clip``: None, or (max_grad_norm, norm_type, grad_norm address or None,
+        host_norm) with the first two as _clip_args gives them."""
         handle = self._handle_or_raise()
-        args = None if inv_address is None and found_address is None else (inv_address, found_address, None)
-        check(_C.sa_optimizer_step(handle, args, self._stream_of(stream)), handle)
+        if clip is not None:
+            max_grad_norm, norm_type, norm_address, host_norm = clip
+            args = (inv_address, found_address, None, max_grad_norm, norm_type, norm_address,
+                    ctypes.addressof(self._host_grad_norm) if host_norm else None)
+        elif inv_address is None and found_address is None:
+            args = None
+        else:
+            args = (inv_address, found_address, None)
+        if self._comm is not None:
+            self._comm._take_exception()  # a stale one would be blamed on this step
+        try:
+            check(_C.sa_optimizer_step(handle, args, self._stream_of(stream)), handle)
+        except Error as error:
+            raise_step_error(self._comm, error)
 
-    def _scalar_address(self, value, what, slot, refs, stream):
+    def _scalar_address(self, value, what, slot, refs, stream, output=False):
         if value is None:
             return None
+        if isinstance(value, numbers.Real) and output:
+            raise TypeError(f"{what} must be a one-element float32 tensor to write into, got a number")
         if isinstance(value, numbers.Real):
             if self._device is not None and self._device[0] != KDL_CPU:
                 raise TypeError(f"{what}: the params are on {device_name(self._device)}; pass a one-element "
@@ -504,6 +569,8 @@ class Optimizer:
         if self._device is not None and tuple(info.device) != self._device:
             raise InvalidArgument(f"{what} is on {device_name(info.device)} but the params are on "
                                   f"{device_name(self._device)}")
+        if output and info.read_only:
+            raise InvalidArgument(f"{what} is read-only; it must be writable")
         refs.append(value)
         return info.data
 
@@ -581,6 +648,23 @@ class Optimizer:
         options.restore_groups = int(bool(restore_groups))
         options.staging_bytes = int(staging_bytes)
         check(_C.sa_optimizer_import(handle, readers, options), handle)
+
+
+def _clip_args(max_grad_norm, norm_type):
+    """(max_grad_norm, norm_type) of sa_step_args from step()'s arguments."""
+    if max_grad_norm is None:
+        max_grad_norm = math.inf  # a norm is wanted (grad_norm or return_norm) but no clipping
+    max_grad_norm = float(max_grad_norm)
+    if not max_grad_norm > 0.0:  # also NaN
+        raise InvalidArgument(f"max_grad_norm must be > 0 (math.inf: compute the norm without clipping), got "
+                              f"{max_grad_norm}")
+    if isinstance(norm_type, str):
+        norm_type = norm_type.strip().lower()
+    if norm_type in (2, "2"):
+        return max_grad_norm, _C.SA_NORM_L2
+    if norm_type == "inf" or (isinstance(norm_type, numbers.Real) and norm_type == math.inf):
+        return max_grad_norm, _C.SA_NORM_INF
+    raise InvalidArgument(f"norm_type must be 2 or math.inf, got {norm_type!r}")
 
 
 def _open_readers(paths):

@@ -3,7 +3,8 @@ import itertools
 
 import torch
 
-from ._optimizer import Optimizer
+from ._comm import Comm, nccl_unique_id
+from ._optimizer import Optimizer, _clip_args
 from .layout import Mesh, Replicate, Shard
 
 try:
@@ -66,6 +67,45 @@ def _current_stream(device):
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
 
 
+class _ProcessGroupAllReduce:
+    """A host communicator's all_reduce over a torch.distributed process group (gloo for
+    CPU params): the few doubles go through a float64 CPU tensor."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(self, values, op):
+        import torch.distributed as dist
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
+        values[:] = tensor.numpy()
+
+
+def _distributed_group(process_group):
+    """The process group to reduce over, or None when the job is a single rank."""
+    if process_group is None:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        process_group = dist.group.WORLD
+    import torch.distributed as dist
+    return process_group if dist.get_world_size(process_group) > 1 else None
+
+
+def _make_comm(group, device):
+    """A shardadam.Comm over `group` (collective: every rank of the group calls it):
+    NCCL on the params' CUDA device (its unique id broadcast from the group's rank 0), a
+    host communicator over torch.distributed otherwise."""
+    import torch.distributed as dist
+    if device.type != "cuda":
+        return Comm(_ProcessGroupAllReduce(group))
+    rank, nranks = dist.get_rank(group), dist.get_world_size(group)
+    uid = [nccl_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(uid, src=dist.get_global_rank(group, 0), group=group, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return Comm.nccl(uid[0], nranks, rank, index)
+
+
 class FusedAdam(torch.optim.Optimizer):
     """Adam/AdamW over shardadam: one native call per step, whatever the number of params.
 
@@ -86,7 +126,23 @@ class FusedAdam(torch.optim.Optimizer):
       ``grad_scale`` and ``found_inf`` tensors (as attributes, or ``step(grad_scale=...,
       found_inf=...)``); the grads are unscaled inside the step with ``1 / grad_scale``
       computed on the device, and a nonzero ``found_inf`` skips the step on the device: no
-      host synchronization.
+      host synchronization. Across ranks (see below) ``found_inf`` on any rank skips the
+      step on every rank. (``GradScaler.update()`` still reads this rank's ``found_inf``
+      only: keep the scales equal across ranks as you would without FusedAdam, e.g. with
+      ``ShardedGradScaler``.)
+    - **Gradient clipping** (``max_grad_norm``): the step computes the norm of all grads of
+      all ranks (after unscaling; a DTensor shard replicated along a mesh dim counts once)
+      and scales the update by ``min(1, max_grad_norm / (norm + 1e-6))``, as
+      ``torch.nn.utils.clip_grad_norm_`` before ``step()`` would, without a host sync and
+      without writing the grads. ``self.grad_norm`` is that norm, a 0-dim float32 tensor
+      on the params' device (new each step, like ``clip_grad_norm_``'s result). A
+      non-finite norm skips the step on every rank. When torch.distributed is initialized
+      with more than one rank, the first step that needs it (clipping or ``found_inf``)
+      creates a communicator over ``process_group`` (default: the whole world), a
+      collective call: an NCCL communicator for CUDA params (its own, from a unique id that
+      rank 0 broadcasts), ``torch.distributed.all_reduce`` on the CPU for CPU params (gloo).
+      Every rank then has to step with the same ``max_grad_norm`` and ``norm_type``.
+      Plain (non-DTensor) params count on every rank.
     - **state_dict()** holds the states (``exp_avg``, ``exp_avg_sq``, and ``max_exp_avg_sq``,
       ``master``, ``remainder`` where they exist) as tensors sharing memory with the library's
       buffers: DTensors with their param's mesh and placements, so
@@ -110,6 +166,12 @@ class FusedAdam(torch.optim.Optimizer):
         grad_dtype: dtype of the grads (default: the param's).
         moment_dtype: ``torch.float32`` (default) or ``torch.bfloat16``.
         num_threads: CPU params: worker threads (0: one per hardware thread).
+        max_grad_norm: clip to this global norm (None: no clipping; ``math.inf``: compute
+            ``self.grad_norm`` without clipping). May be changed between steps.
+        norm_type: 2.0 or ``math.inf``.
+        process_group: the torch.distributed group spanning every rank that holds params
+            (default: the world).
+        comm: a :class:`shardadam.Comm` to use instead of creating one.
 
     - **save_shard_file() / load_shard_files()**: shardadam's own checkpoint of the optimizer
       state (one safetensors shard file per rank, any N ranks loaded onto any M); the model
@@ -122,7 +184,8 @@ class FusedAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  decoupled_weight_decay=True, amsgrad=False, maximize=False, bias_correction=True, master=None,
-                 grad_dtype=None, moment_dtype=None, num_threads=0):
+                 grad_dtype=None, moment_dtype=None, num_threads=0, max_grad_norm=None, norm_type=2.0,
+                 process_group=None, comm=None):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize,
                         bias_correction=bias_correction)
@@ -136,6 +199,12 @@ class FusedAdam(torch.optim.Optimizer):
         self._pushed = []
         self._scalars = None       # device buffer: [1 / grad_scale, found_inf]
         self._stepped = False
+        self.max_grad_norm = max_grad_norm
+        self.norm_type = norm_type
+        self._clip_args(max_grad_norm)  # checks both now rather than at the first step
+        self._process_group = process_group
+        self._comm = comm          # made at the first step that needs one (collective), unless given
+        self.grad_norm = None      # 0-dim tensor: the global grad norm of the last clipping step
         super().__init__(params, defaults)
 
     # ---- registration ------------------------------------------------------------------
@@ -246,9 +315,28 @@ class FusedAdam(torch.optim.Optimizer):
                 else:
                     scalars[1:2].fill_(float(found_inf))
                 found_address = scalars.data_ptr() + scalars.element_size()
+        clip = None
+        if self.max_grad_norm is not None:
+            self.grad_norm = torch.empty((), dtype=torch.float32, device=device)
+            clip = self._clip_args(self.max_grad_norm) + (self.grad_norm.data_ptr(), False)
+        if clip is not None or found_address is not None:
+            self._attach_comm(device)
         self.native.set_grads([0 if g is None else _local_tensor(g).data_ptr() for g in grads])
-        self.native._step_addresses(inv_address, found_address, stream)
+        self.native._step_addresses(inv_address, found_address, stream, clip=clip)
         return loss
+
+    def _clip_args(self, max_grad_norm):
+        return None if max_grad_norm is None else _clip_args(max_grad_norm, self.norm_type)
+
+    def _attach_comm(self, device):
+        """Gives the native optimizer the communicator, creating it at the first need."""
+        if self._comm is None:
+            group = _distributed_group(self._process_group)
+            if group is None:
+                return  # one rank: its norm and found_inf are the global ones
+            self._comm = _make_comm(group, device)
+        if self.native.comm is not self._comm:  # also after a re-registration made a new native
+            self.native.set_comm(self._comm)
 
     def _scalar_buffer(self, device):
         if self._scalars is None:

@@ -10,8 +10,8 @@ import shardadam
 from shardadam import _shardadam
 
 HEADER = pathlib.Path(__file__).resolve().parents[3] / "include" / "shardadam" / "shardadam.h"
-# Called by the low-level module's own typemaps and destructors instead of from Python.
-# sa_comm_create_host takes C callbacks; the Python binding of communicators is not done yet.
+# Called by the low-level module's own typemaps and destructors instead of from Python;
+# sa_comm_create_host takes C callbacks: the module's host_comm_create makes them from a callable.
 NOT_WRAPPED = {"sa_free", "sa_writer_release", "sa_reader_release", "sa_comm_create_host"}
 
 

@@ -8,6 +8,8 @@ compared too where torch's CPU path applies). Run from the repository root after
 """
 import copy
 import io
+import math
+import socket
 
 import pytest
 
@@ -262,3 +264,97 @@ def test_closure_and_named_params(device):
     first = opt.step(closure).detach()
     second = opt.step(closure).detach()
     assert second.item() < first.item()
+
+
+# ---- gradient clipping ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["L2", "inf"])
+def test_max_grad_norm_matches_clip_grad_norm_then_adamw(device, norm_type):
+    ours_model, torch_model = make_model(device), make_model(device)
+    max_norm = 0.035 if norm_type == math.inf else 0.3  # about the norms seen: clips some steps, not all
+    ours = FusedAdam(ours_model.parameters(), **HYPER, max_grad_norm=max_norm, norm_type=norm_type)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False, fused=False)
+    for x, y in batches(device, 12):
+        for model in (ours_model, torch_model):
+            loss_of(model, x, y).backward()
+        expected = torch.nn.utils.clip_grad_norm_(torch_model.parameters(), max_norm, norm_type=norm_type)
+        reference.step()
+        ours.step()
+        assert ours.grad_norm.shape == () and ours.grad_norm.device == expected.device
+        torch.testing.assert_close(ours.grad_norm, expected, rtol=1e-5, atol=0)
+        for opt in (ours, reference):
+            opt.zero_grad()
+    assert_params_close(ours_model, torch_model)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Uneven Shard(0) splits over 2 ranks, an empty shard, a replicated param.
+_GLOO_PARAMS = {"w": ((5, 3), "shard"), "b": ((3,), "shard"), "scale": ((1,), "shard"), "head": ((4, 2), "replicate")}
+
+
+def _gloo_clip_rank(rank, world, port, norm_type):
+    """One rank of test_two_gloo_ranks_clip_by_the_global_norm (run by mp.spawn)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        gen = torch.Generator().manual_seed(5)
+        full = {name: torch.randn(shape, generator=gen) for name, (shape, _) in _GLOO_PARAMS.items()}
+        placement = {name: [Shard(0)] if kind == "shard" else [Replicate()] for name, (_, kind) in _GLOO_PARAMS.items()}
+        params = {name: torch.nn.Parameter(distribute_tensor(full[name].clone(), mesh, placement[name]))
+                  for name in full}
+        reference = {name: torch.nn.Parameter(value.double()) for name, value in full.items()}
+        max_norm = 0.8
+        ours = FusedAdam(list(params.items()), **HYPER, max_grad_norm=max_norm, norm_type=norm_type)
+        torch_opt = torch.optim.AdamW(reference.values(), **HYPER, foreach=False)
+        for step in range(6):
+            scale = [0.05, 2.0, 0.3, 5.0, 0.1, 1.0][step]
+            grads = {name: scale * torch.randn(value.shape, generator=gen) for name, value in full.items()}
+            for name, grad in grads.items():
+                params[name].grad = distribute_tensor(grad, mesh, placement[name])
+                reference[name].grad = grad.double()
+            expected = torch.nn.utils.clip_grad_norm_(reference.values(), max_norm, norm_type=norm_type)
+            torch_opt.step()
+            ours.step()
+            torch.testing.assert_close(ours.grad_norm.double(), expected, rtol=1e-5, atol=0,
+                                       msg=lambda m: f"rank {rank} step {step}: {m}")
+        for name, param in params.items():
+            torch.testing.assert_close(param.full_tensor().double(), reference[name].detach(), rtol=1e-5, atol=2e-6,
+                                       msg=lambda m: f"rank {rank} {name}: {m}")
+        # A NaN in one rank's shard skips the step on both ranks.
+        before = {name: param.to_local().clone() for name, param in params.items()}
+        params["w"].grad.to_local()[0, 0] = float("nan") if rank == 1 else params["w"].grad.to_local()[0, 0]
+        ours.step()
+        assert not math.isfinite(ours.grad_norm.item())  # NaN (L2), inf (max norm: NaN counts as inf)
+        for name, param in params.items():
+            assert torch.equal(param.to_local(), before[name]), f"rank {rank}: {name} changed in a skipped step"
+        assert ours.native.param_groups[0].step == 6
+        assert ours.native.comm is not None and ours.native.comm.kind == "host"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["L2", "inf"])
+def test_two_gloo_ranks_clip_by_the_global_norm(norm_type):
+    """2 CPU processes (gloo), DTensor params: FusedAdam's host communicator over
+    torch.distributed gives clip_grad_norm_ + AdamW on the whole float64 tensors, and a
+    NaN on one rank skips the step on both."""
+    import shardadam
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("needs torch.distributed with gloo")
+    if not shardadam.comm_available():
+        pytest.skip("this libshardadam has no communicators")
+    mp.spawn(_gloo_clip_rank, args=(2, _free_port(), norm_type), nprocs=2, join=True)

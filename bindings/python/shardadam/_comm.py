@@ -1,0 +1,184 @@
+"""Communicators (``sa_comm``): what a step uses for the global gradient norm and the
+found-inf consensus across ranks."""
+from . import _shardadam as _C
+from ._errors import CommError, StateError, Unsupported, check
+
+_OP_NAMES = {_C.SA_REDUCE_SUM: "sum", _C.SA_REDUCE_MAX: "max"}
+
+
+def comm_available():
+    """True when the loaded libshardadam provides communicators (``sa_comm_*``)."""
+    return bool(_C.comm_available())
+
+
+def _require_comm():
+    if not comm_available():
+        raise Unsupported("this libshardadam was built without communicators: sa_comm_create_host and the other "
+                          "sa_comm_* functions are missing from the library (src/comm)")
+
+
+def nccl_unique_id():
+    """A new NCCL unique id (128 bytes, ``ncclGetUniqueId``): rank 0 makes it and sends it
+    to the other ranks (e.g. ``torch.distributed.broadcast_object_list``), then every rank
+    calls :meth:`Comm.nccl` with it. :class:`Unsupported` without NCCL in the build."""
+    _require_comm()
+    status, uid = _C.sa_nccl_unique_id_create()
+    check(status)
+    return uid
+
+
+class _Reducer:
+    """What the library's all_reduce calls (through the module's C trampoline): hands the
+    doubles to the user's callable as a float64 array and keeps the exception it raised
+    (``exception``) for :meth:`Optimizer.step` to raise."""
+
+    def __init__(self, all_reduce):
+        self.all_reduce = all_reduce
+        self.exception = None
+
+    def __call__(self, buffer, op):
+        try:
+            import numpy
+        except ImportError:  # numpy is optional for the package: a writable memoryview then
+            values = memoryview(buffer).cast("d")
+        else:
+            values = numpy.frombuffer(buffer, dtype=numpy.float64)
+        # The trampoline records any exception as self.exception; None from here is success.
+        result = self.all_reduce(values, _OP_NAMES[op])
+        if result is not None and result is not values:
+            raise TypeError(f"all_reduce must reduce the values in place and return None, it returned {result!r}")
+
+
+class Comm:
+    """A communicator for :meth:`Optimizer.set_comm`: it reduces a few numbers per step
+    (partial gradient norms, found-inf flags) across every rank holding part of the params.
+
+    ``Comm(all_reduce)`` makes a host communicator from a Python callable
+    ``all_reduce(values, op)``: ``values`` is a float64 numpy array (a memoryview of
+    doubles where numpy is missing) to be replaced in place by its element-wise ``op``
+    (``"sum"`` or ``"max"``) over all ranks. Every rank calls it with the same length and
+    op; it is called on the thread running :meth:`Optimizer.step`, holding the GIL (so a
+    blocking callable must release it, as ``threading`` primitives and
+    ``torch.distributed`` do). An exception it raises fails the step on this rank with
+    :class:`CommError` before anything changed, carrying the exception as ``__cause__``.
+    The communicator keeps the callable alive as long as the library holds it.
+
+    :meth:`nccl` creates an NCCL communicator from a unique id (:func:`nccl_unique_id`);
+    :meth:`wrap_nccl` borrows an existing ``ncclComm_t``. An NCCL communicator reduces on
+    the device, on the step's stream, without waiting on the host.
+
+    An optimizer given the communicator keeps it alive; :meth:`close` releases only this
+    object's reference. Usable as a context manager.
+    """
+
+    def __init__(self, all_reduce):
+        if not callable(all_reduce):
+            raise TypeError(f"Comm: all_reduce must be callable, got {type(all_reduce).__name__}")
+        _require_comm()
+        self._handle = None
+        self._reducer = _Reducer(all_reduce)
+        self._init(*_C.host_comm_create(self._reducer), kind="host")
+
+    @classmethod
+    def nccl(cls, unique_id, nranks, rank, device):
+        """Creates an NCCL communicator of ``nranks`` ranks on CUDA device ``device``
+        (an index) as ``rank``. Collective: returns once every rank has called it with
+        the same ``unique_id`` (the bytes of :func:`nccl_unique_id`)."""
+        _require_comm()
+        if not isinstance(unique_id, (bytes, bytearray)):
+            raise TypeError(f"Comm.nccl: unique_id must be the bytes of nccl_unique_id(), got "
+                            f"{type(unique_id).__name__}")
+        comm = cls.__new__(cls)
+        comm._handle, comm._reducer = None, None
+        comm._init(*_C.sa_comm_create_nccl(bytes(unique_id), int(nranks), int(rank), int(device)), kind="nccl")
+        return comm
+
+    @classmethod
+    def wrap_nccl(cls, nccl_comm):
+        """Borrows the caller's ``ncclComm_t`` (its address, an int). The caller keeps it
+        alive and idle during steps until every optimizer given it is closed or given
+        another communicator."""
+        _require_comm()
+        if not isinstance(nccl_comm, int) or not nccl_comm:
+            raise TypeError(f"Comm.wrap_nccl: nccl_comm must be a nonzero ncclComm_t address (int), got {nccl_comm!r}")
+        comm = cls.__new__(cls)
+        comm._handle, comm._reducer = None, None
+        comm._init(*_C.sa_comm_wrap_nccl(nccl_comm), kind="nccl")
+        return comm
+
+    def _init(self, status, handle, kind):
+        check(status)
+        self._handle = handle
+        self.kind = kind
+
+    # ---- properties ------------------------------------------------------------------
+    @property
+    def rank(self):
+        """This rank (NCCL); None for a host communicator (its transport is the caller's)."""
+        return self._info()[0]
+
+    @property
+    def nranks(self):
+        """The number of ranks (NCCL); None for a host communicator."""
+        return self._info()[1]
+
+    def _info(self):
+        status, rank, nranks = _C.sa_comm_info(self._handle_or_raise())
+        check(status)
+        return (None, None) if rank < 0 else (rank, nranks)
+
+    def _take_exception(self):
+        """The exception the host callable raised in the last step, cleared (None if none)."""
+        if self._reducer is None:
+            return None
+        exception, self._reducer.exception = self._reducer.exception, None
+        return exception
+
+    # ---- lifetime --------------------------------------------------------------------
+    def _handle_or_raise(self):
+        if self._handle is None:
+            raise StateError("the communicator is closed")
+        return self._handle
+
+    def close(self):
+        """Releases this object's reference (optimizers given it keep theirs). Calling it
+        again is a no-op."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _C.sa_comm_destroy(handle)
+
+    @property
+    def closed(self):
+        """True after :meth:`close`."""
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown may have torn the module down already
+                pass
+
+    def __repr__(self):
+        if self._handle is None:
+            return "<shardadam.Comm (closed)>"
+        if self.kind == "host":
+            return f"<shardadam.Comm: host, {self._reducer.all_reduce!r}>"
+        return f"<shardadam.Comm: nccl, rank {self.rank} of {self.nranks}>"
+
+
+def raise_step_error(comm, error):
+    """Re-raises a failed step's :class:`CommError` with the exception a host callable
+    raised (if any) in its message and as its cause; other errors unchanged."""
+    exception = comm._take_exception() if comm is not None else None
+    if exception is None or not isinstance(error, CommError):
+        raise error
+    raise CommError(f"{error.message}; the all_reduce callable raised {type(exception).__name__}: "
+                    f"{exception}") from exception
