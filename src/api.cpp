@@ -264,7 +264,11 @@ sa_status sa_comm_create_host(const sa_host_comm* callbacks, sa_comm** out) {
   return guarded(nullptr, "sa_comm_create_host", [&] {
     require(callbacks != nullptr && out != nullptr, "callbacks or out is NULL");
     const sa_host_comm defaults = SA_HOST_COMM_INIT;
-    *out = new sa_comm{sa::make_host_comm(sa::read_options(callbacks, defaults, "callbacks"))};
+    // The handle first: once the communicator exists it owns ctx (release runs with it), so
+    // nothing may fail after it is made.
+    auto handle = std::make_unique<sa_comm>();
+    handle->core = sa::make_host_comm(sa::read_options(callbacks, defaults, "callbacks"));
+    *out = handle.release();
   });
 }
 
@@ -280,7 +284,9 @@ sa_status sa_comm_create_nccl(const sa_nccl_unique_id* id, int32_t nranks, int32
   if (out != nullptr) *out = nullptr;
   return guarded(nullptr, "sa_comm_create_nccl", [&] {
     require(id != nullptr && out != nullptr, "id or out is NULL");
-    *out = new sa_comm{sa::make_nccl_comm(*id, nranks, rank, device)};
+    auto handle = std::make_unique<sa_comm>();
+    handle->core = sa::make_nccl_comm(*id, nranks, rank, device);
+    *out = handle.release();
   });
 }
 
@@ -288,7 +294,9 @@ sa_status sa_comm_wrap_nccl(void* nccl_comm, sa_comm** out) {
   if (out != nullptr) *out = nullptr;
   return guarded(nullptr, "sa_comm_wrap_nccl", [&] {
     require(out != nullptr, "out is NULL");
-    *out = new sa_comm{sa::wrap_nccl_comm(nccl_comm)};
+    auto handle = std::make_unique<sa_comm>();
+    handle->core = sa::wrap_nccl_comm(nccl_comm);
+    *out = handle.release();
   });
 }
 
