@@ -7,8 +7,8 @@ mod common;
 
 use common::{assert_close, Reference, Rng};
 use shardadam::{
-    Comm, GroupConfig, Layout, NormType, Optimizer, Param, ParamOptions, Placement, ReduceOp,
-    Status, StepArgs, StepReport,
+    Comm, GroupConfig, Layout, NcclUniqueId, NormType, Optimizer, Param, ParamOptions, Placement,
+    ReduceOp, Status, StepArgs, StepReport,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -577,11 +577,23 @@ fn bad_bounds_are_refused_by_the_library_before_anything_changes() {
 }
 
 #[test]
-fn nccl_communicators_need_a_library_built_with_nccl() {
-    if !shardadam::build_info().contains("nccl: not built") {
-        return; // with NCCL, creating one needs a GPU per rank: tested in C++
+fn nccl_communicators_check_their_arguments_or_need_a_library_built_with_nccl() {
+    if shardadam::build_info().contains("nccl: not built") {
+        let e = Comm::nccl_unique_id().unwrap_err();
+        assert_eq!(e.status, Status::Unsupported, "{}", e);
+        let id = NcclUniqueId::from_bytes([0; 128]);
+        let e = Comm::nccl(&id, 1, 0, 0).unwrap_err();
+        assert_eq!(e.status, Status::Unsupported, "{}", e);
+        return;
     }
-    let e = Comm::nccl_unique_id().unwrap_err();
-    assert_eq!(e.status, Status::Unsupported, "{}", e);
-    assert!(e.message.contains("NCCL"), "{}", e.message);
+    // With NCCL, creating a communicator needs a GPU per rank (tested in C++); bad
+    // arguments are refused before NCCL is called.
+    let id = NcclUniqueId::from_bytes([0; 128]);
+    for (nranks, rank, needle) in [(0, 0, "nranks is 0"), (2, 2, "rank is 2")] {
+        let e = Comm::nccl(&id, nranks, rank, 0).unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument, "{}", e);
+        assert!(e.message.contains(needle), "{}", e.message);
+    }
+    let e = unsafe { Comm::wrap_nccl(std::ptr::null_mut()) }.unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{}", e);
 }
