@@ -193,6 +193,21 @@ impl Comm {
     ///
     /// Create one communicator per rank. If it is given to several optimizers, their
     /// steps call the closure one at a time.
+    ///
+    /// ```
+    /// use shardadam::{Comm, GroupConfig, Optimizer, ReduceOp, StepArgs};
+    ///
+    /// // A job of one rank: the reduction over all ranks leaves the values as they are.
+    /// let comm = Comm::host(|_values: &mut [f64], _op: ReduceOp| Ok::<(), String>(()))?;
+    /// let mut opt = Optimizer::new(None)?;
+    /// opt.add_group(&GroupConfig::default())?;
+    /// let w = opt.add_param("w", 0, &[2], vec![1.0, 2.0], None)?;
+    /// opt.set_grad(w, &[3.0, 4.0])?;
+    /// opt.set_comm(&comm)?;
+    /// let clip = StepArgs { max_grad_norm: Some(1.0), ..StepArgs::default() };
+    /// assert_eq!(opt.step_with(&clip)?.grad_norm, Some(5.0));
+    /// # Ok::<(), shardadam::Error>(())
+    /// ```
     pub fn host<F, E>(all_reduce: F) -> Result<Comm>
     where
         F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
