@@ -8,6 +8,11 @@
 // States are copied out by State. Save and Load write and read shard files (one per rank;
 // any set of them loads onto any layout).
 //
+// A step can clip the grads by their global norm (StepArgs.MaxGradNorm). Each rank's
+// optimizer holds its own shards, so the ranks agree on the norm through a Comm given to
+// SetComm: NCCL for CUDA params, or a Go function over the caller's own transport
+// (NewHostComm).
+//
 // Every failure is an *Error carrying the library's status and message. The message is
 // copied inside the native call that failed, so it is the right one whichever OS thread
 // the goroutine runs on afterwards.
@@ -51,6 +56,7 @@ type Optimizer struct {
 	handle capi.Struct_SS_sa_optimizer // nil once closed
 	errbuf []byte                      // where each call copies its error message
 	params []*Param
+	comm   *Comm // the last SetComm's, to read why a host communicator's function failed
 }
 
 // NewOptimizer creates an empty optimizer. cfg may be nil (defaults).
@@ -87,6 +93,7 @@ func (o *Optimizer) Close() error {
 		p.grad, p.data = nil, nil
 	}
 	o.params = nil
+	o.comm = nil
 	return nil
 }
 
@@ -422,13 +429,43 @@ func (o *Optimizer) setGrad(op string, p *Param, dtype DType, src unsafe.Pointer
 
 // ---- step --------------------------------------------------------------------------
 
-// StepArgs holds the options of StepWith (sa_step_args).
+// StepArgs holds the options of StepWith (sa_step_args). The zero value is a plain step.
+//
+// With a communicator set (SetComm) a step with a norm or a found-inf flag is collective:
+// every rank must call it, with the same MaxGradNorm and NormType, and with the found-inf
+// flag handed over (FoundInf or ReduceFoundInf set) on all ranks or on none.
 type StepArgs struct {
 	// InvGradScale multiplies every grad before use (the inverse loss scale of mixed
 	// precision training); 0 means 1.
 	InvGradScale float32
-	// FoundInf skips the whole step: no param, state or step count changes.
+	// FoundInf skips the whole step: no param, state or step count changes. With a
+	// communicator the flags of all ranks are OR-reduced, so a flag on one rank skips the
+	// step everywhere; then the other ranks set ReduceFoundInf.
 	FoundInf bool
+	// ReduceFoundInf hands the found-inf flag to the step even when FoundInf is false, so
+	// that with a communicator every rank takes part in the found-inf consensus. A loss
+	// scaler sets it on every rank at every step.
+	ReduceFoundInf bool
+	// MaxGradNorm 0 computes no norm. A bound > 0 makes the step compute the norm of all
+	// grads of all ranks (after InvGradScale; a shard replicated along a mesh dim counts
+	// once) and scale every grad by min(1, MaxGradNorm / (norm + 1e-6)) inside the update,
+	// as torch.nn.utils.clip_grad_norm_ does; the grad buffers are not written.
+	// math.Inf(1) measures without clipping. A non-finite norm skips the step on every
+	// rank. Without a communicator the norm is this rank's own.
+	MaxGradNorm float64
+	// NormType is the norm MaxGradNorm bounds: NormL2 (the zero value) or NormInf.
+	NormType NormType
+}
+
+// StepReport says what a step did.
+type StepReport struct {
+	// Skipped: a found-inf flag on some rank, or a non-finite norm. No param, state or step
+	// count changed.
+	Skipped bool
+	// GradNorm is the global grad norm when StepArgs.MaxGradNorm asked for one (NaN or
+	// infinite when a grad was; the step was then skipped), else 0. Every rank gets the
+	// same bits.
+	GradNorm float64
 }
 
 // Step runs one optimizer step over every param and advances each group's step count.
@@ -439,20 +476,38 @@ func (o *Optimizer) Step() error {
 	return err
 }
 
-// StepWith is Step with a loss scale and a found-inf flag. It reports whether the step
-// was skipped.
-func (o *Optimizer) StepWith(args StepArgs) (skipped bool, err error) {
+// StepWith is Step with a loss scale, a found-inf flag and grad clipping (see StepArgs).
+// It reports whether the step was skipped and the norm.
+//
+// A failing host communicator fails the step with StatusComm before anything changed on
+// this rank; the message ends with the function's error (or its panic).
+func (o *Optimizer) StepWith(args StepArgs) (StepReport, error) {
 	if err := o.lock("shardadam.Step"); err != nil {
-		return false, err
+		return StepReport{}, err
 	}
 	defer o.mu.Unlock()
-	wasSkipped := []int{0}
-	status := capi.Sago_step(o.handle, flag(args.InvGradScale != 0), args.InvGradScale,
-		flag(args.FoundInf), 1, wasSkipped, o.errbuf)
-	if err := resultError(status, o.errbuf); err != nil {
-		return false, err
+	var host *hostComm
+	if o.comm != nil && o.comm.host != nil {
+		host = o.comm.host
+		host.takeError() // forget an earlier step's
 	}
-	return wasSkipped[0] != 0, nil
+	foundInf := float32(0)
+	if args.FoundInf {
+		foundInf = 1
+	}
+	wasSkipped, norm := []int{0}, []float64{0}
+	status := capi.Sago_step(o.handle, flag(args.InvGradScale != 0), args.InvGradScale,
+		flag(args.FoundInf || args.ReduceFoundInf), foundInf, args.MaxGradNorm,
+		int(args.NormType), norm, wasSkipped, o.errbuf)
+	if err := resultError(status, o.errbuf); err != nil {
+		if e := err.(*Error); e.Status == StatusComm && host != nil {
+			if why := host.takeError(); why != "" {
+				e.Message += ": " + why
+			}
+		}
+		return StepReport{}, err
+	}
+	return StepReport{Skipped: wasSkipped[0] != 0, GradNorm: norm[0]}, nil
 }
 
 // ---- state -------------------------------------------------------------------------

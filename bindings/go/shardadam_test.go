@@ -384,18 +384,18 @@ func TestLossScaleAndFoundInf(t *testing.T) {
 		t.Fatalf("SetGrad: %v", err)
 	}
 
-	skipped, err := opt.StepWith(StepArgs{FoundInf: true})
-	if err != nil || !skipped {
-		t.Fatalf("StepWith(FoundInf) = %v, %v; want skipped", skipped, err)
+	report, err := opt.StepWith(StepArgs{FoundInf: true})
+	if err != nil || !report.Skipped {
+		t.Fatalf("StepWith(FoundInf) = %+v, %v; want skipped", report, err)
 	}
 	expectClose(t, "after a skipped step", p.Float32(), newRefState(init).p)
 	if n, _ := opt.StepCount(0); n != 0 {
 		t.Fatalf("a skipped step advanced the step count to %d", n)
 	}
 
-	skipped, err = opt.StepWith(StepArgs{InvGradScale: 0.25})
-	if err != nil || skipped {
-		t.Fatalf("StepWith(InvGradScale) = %v, %v", skipped, err)
+	report, err = opt.StepWith(StepArgs{InvGradScale: 0.25})
+	if err != nil || report != (StepReport{}) {
+		t.Fatalf("StepWith(InvGradScale) = %+v, %v; want a step without a norm", report, err)
 	}
 	ref := newRefState(init)
 	ref.step(grad, hp, 1, 0.25)

@@ -8,6 +8,11 @@
 //! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
 //! any set of them loads onto any layout).
 //!
+//! A step can clip the gradients by their global norm ([`StepArgs::max_grad_norm`]). Each
+//! rank's optimizer holds its own shards, so the ranks agree on the norm through a
+//! [`Comm`] given to [`Optimizer::set_comm`]: NCCL for CUDA params, or a closure over the
+//! caller's own transport ([`Comm::host`]).
+//!
 //! ```
 //! use shardadam::{GroupConfig, Optimizer};
 //!
@@ -21,6 +26,9 @@
 //! ```
 #![warn(missing_docs)]
 
+mod comm;
+
+pub use comm::{Comm, NcclUniqueId, ReduceOp};
 use shardadam_sys as sys;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -434,13 +442,59 @@ impl GroupConfig {
     }
 }
 
-/// Options of [`Optimizer::step_with`].
-#[derive(Copy, Clone, Debug, PartialEq)]
+/// The norm of the gradient clipping (`sa_norm_type`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NormType {
+    /// The square root of the sum of squares of all grad elements.
+    #[default]
+    L2,
+    /// The largest absolute grad element.
+    Inf,
+}
+
+impl NormType {
+    fn raw(self) -> i32 {
+        match self {
+            NormType::L2 => sys::SA_NORM_L2,
+            NormType::Inf => sys::SA_NORM_INF,
+        }
+    }
+}
+
+/// Options of [`Optimizer::step_with`] (`sa_step_args`). `Default` is a plain step: no loss
+/// scale, no found-inf flag, no norm.
+///
+/// With a communicator set ([`Optimizer::set_comm`]) a step with a norm or a found-inf
+/// flag is collective: every rank must call it, with the same `max_grad_norm` and
+/// `norm_type`, and with `found_inf` `Some` on all ranks or on none.
+#[derive(Copy, Clone, Debug, PartialEq, Default)]
 pub struct StepArgs {
     /// Multiplies every grad before use (the inverse loss scale); `None` means 1.
     pub inv_grad_scale: Option<f32>,
-    /// Skip the whole step: no param, state or step count changes.
-    pub found_inf: bool,
+    /// A loss scaler's flag: `Some(true)` skips the whole step (no param, state or step
+    /// count changes). With a communicator the flags of all ranks are OR-reduced, so a
+    /// flag on one rank skips the step everywhere; then every rank must pass `Some`.
+    pub found_inf: Option<bool>,
+    /// `None`: no norm. `Some(bound)`, bound > 0: compute the norm of all grads of all ranks
+    /// (after `inv_grad_scale`; a shard replicated along a mesh dim counts once) and scale
+    /// every grad by `min(1, bound / (norm + 1e-6))` inside the update, as
+    /// `torch.nn.utils.clip_grad_norm_` does; the grad buffers are not written.
+    /// `Some(f64::INFINITY)` measures without clipping. A non-finite norm skips the step on
+    /// every rank. Without a communicator the norm is this rank's own.
+    pub max_grad_norm: Option<f64>,
+    /// The norm `max_grad_norm` bounds.
+    pub norm_type: NormType,
+}
+
+/// What a step did ([`Optimizer::step_with`]).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// The step was skipped: a found-inf flag on some rank, or a non-finite norm. No param,
+    /// state or step count changed.
+    pub skipped: bool,
+    /// The global gradient norm, when [`StepArgs::max_grad_norm`] asked for one (NaN or
+    /// infinite when a grad was; the step was then skipped). Every rank gets the same bits.
+    pub grad_norm: Option<f64>,
 }
 
 /// Options of [`Optimizer::load`] (`sa_import_options`). `Default` is the library's
@@ -929,28 +983,69 @@ impl Optimizer {
     /// Runs one step over every param and advances each group's step count. Every
     /// non-empty param needs a grad bound first (`Status::State` otherwise, naming it).
     pub fn step(&mut self) -> Result<()> {
-        self.step_with(&StepArgs {
-            inv_grad_scale: None,
-            found_inf: false,
-        })
-        .map(|_| ())
+        self.step_with(&StepArgs::default()).map(|_| ())
     }
 
-    /// [`Optimizer::step`] with a loss scale and a found-inf flag; returns whether the step
-    /// was skipped.
-    pub fn step_with(&mut self, args: &StepArgs) -> Result<bool> {
+    /// [`Optimizer::step`] with a loss scale, a found-inf flag and gradient clipping (see
+    /// [`StepArgs`]); reports whether the step was skipped and the norm.
+    ///
+    /// A failing host communicator fails the step with [`Status::Comm`] before anything
+    /// changed on this rank; the message ends with the closure's error (or its panic).
+    pub fn step_with(&mut self, args: &StepArgs) -> Result<StepReport> {
         let scale = args.inv_grad_scale.unwrap_or(1.0);
-        let found_inf = if args.found_inf { 1.0f32 } else { 0.0 };
+        let found_inf = if args.found_inf == Some(true) {
+            1.0f32
+        } else {
+            0.0
+        };
         let mut skipped = 0i32;
+        let mut norm = f64::NAN;
         let mut raw = sys::sa_step_args::default();
         if args.inv_grad_scale.is_some() {
             raw.inv_grad_scale = &scale;
         }
-        raw.found_inf = &found_inf;
+        if args.found_inf.is_some() {
+            raw.found_inf = &found_inf;
+        }
         raw.skipped = &mut skipped;
+        if let Some(bound) = args.max_grad_norm {
+            // The library checks the bound (> 0, not NaN) and says what was wrong.
+            raw.max_grad_norm = bound;
+            raw.host_grad_norm = &mut norm;
+        }
+        raw.norm_type = args.norm_type.raw();
+        comm::clear_callback_error();
         // The CPU backend reads the floats during the call.
-        self.check(unsafe { sys::sa_optimizer_step(self.raw.as_ptr(), &raw, ptr::null_mut()) })?;
-        Ok(skipped != 0)
+        let code = unsafe { sys::sa_optimizer_step(self.raw.as_ptr(), &raw, ptr::null_mut()) };
+        if let Err(mut e) = self.check(code) {
+            if e.status == Status::Comm {
+                if let Some(why) = comm::take_callback_error() {
+                    e.message = format!("{}: {}", e.message, why);
+                }
+            }
+            return Err(e);
+        }
+        Ok(StepReport {
+            skipped: skipped != 0,
+            grad_norm: args.max_grad_norm.map(|_| norm),
+        })
+    }
+
+    // ---- communicator ----
+
+    /// Gives the optimizer a communicator for its steps (`sa_optimizer_set_comm`),
+    /// replacing any earlier one. The optimizer keeps it alive: `comm` may be dropped
+    /// afterwards. From now on a step with a norm or a found-inf flag is collective (see
+    /// [`StepArgs`]). A CPU optimizer needs a host communicator ([`Comm::host`]); an NCCL one
+    /// must be on the optimizer's CUDA device (checked at the step: [`Status::Mismatch`]).
+    pub fn set_comm(&mut self, comm: &Comm) -> Result<()> {
+        self.check(unsafe { sys::sa_optimizer_set_comm(self.raw.as_ptr(), comm.as_ptr()) })
+    }
+
+    /// Takes the communicator away: steps are rank-local again, and the optimizer's
+    /// reference to the communicator is released.
+    pub fn clear_comm(&mut self) -> Result<()> {
+        self.check(unsafe { sys::sa_optimizer_set_comm(self.raw.as_ptr(), ptr::null_mut()) })
     }
 
     // ---- state ----

@@ -1,107 +1,12 @@
 //! The safe wrapper against an independent float64 reference of the update in shardadam.h,
 //! plus its errors and ownership rules.
+mod common;
+
+use common::{assert_close, shard_rows, Reference, Rng};
 use shardadam::{
     bf16_to_f32, f32_to_bf16, DType, Error, GroupConfig, Layout, LoadOptions, Master, Optimizer,
     ParamOptions, Placement, Status, StepArgs,
 };
-
-/// splitmix64: a seeded, dependency-free source of test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-2, 2).
-    fn value(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f64 / (1u64 << 24) as f64 * 4.0 - 2.0) as f32
-    }
-
-    fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.value()).collect()
-    }
-}
-
-/// The float64 reference: Adam/AdamW with PyTorch semantics.
-struct Reference {
-    p: Vec<f64>,
-    m: Vec<f64>,
-    v: Vec<f64>,
-    vmax: Vec<f64>,
-}
-
-impl Reference {
-    fn new(init: &[f32]) -> Self {
-        let n = init.len();
-        Reference {
-            p: init.iter().map(|&x| x as f64).collect(),
-            m: vec![0.0; n],
-            v: vec![0.0; n],
-            vmax: vec![0.0; n],
-        }
-    }
-
-    #[allow(clippy::needless_range_loop)] // five arrays walked in step read best indexed
-    fn step(&mut self, grad: &[f32], hp: &GroupConfig, t: i32, inv_grad_scale: f64) {
-        let (bc1, bc2) = if hp.bias_correction {
-            (1.0 - hp.beta1.powi(t), 1.0 - hp.beta2.powi(t))
-        } else {
-            (1.0, 1.0)
-        };
-        for i in 0..self.p.len() {
-            let mut g = grad[i] as f64 * inv_grad_scale;
-            if hp.maximize {
-                g = -g;
-            }
-            if hp.weight_decay != 0.0 {
-                if hp.decoupled_weight_decay {
-                    self.p[i] *= 1.0 - hp.lr * hp.weight_decay;
-                } else {
-                    g += hp.weight_decay * self.p[i];
-                }
-            }
-            self.m[i] = hp.beta1 * self.m[i] + (1.0 - hp.beta1) * g;
-            self.v[i] = hp.beta2 * self.v[i] + (1.0 - hp.beta2) * g * g;
-            let mut v = self.v[i];
-            if hp.amsgrad {
-                self.vmax[i] = self.vmax[i].max(self.v[i]);
-                v = self.vmax[i];
-            }
-            self.p[i] -= (hp.lr / bc1) * self.m[i] / (v.sqrt() / bc2.sqrt() + hp.eps);
-        }
-    }
-}
-
-/// Fails unless every value is within float32 accuracy of the reference.
-fn assert_close(what: &str, got: &[f32], want: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{}: length", what);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let diff = (g as f64 - w).abs();
-        assert!(
-            diff <= 1e-6 + 1e-5 * w.abs(),
-            "{}[{}] = {:.9}, float64 reference {:.9} (diff {:.3e})",
-            what,
-            i,
-            g,
-            w,
-            diff
-        );
-    }
-}
-
-fn shard_rows(global: [i64; 2], ranks: i64, coord: i64) -> Layout {
-    Layout::Mesh {
-        global_shape: global.to_vec(),
-        mesh_shape: vec![ranks],
-        mesh_coord: vec![coord],
-        placements: vec![Placement::Shard(0)],
-    }
-}
 
 #[test]
 fn status_names_match_the_library() {
@@ -355,12 +260,14 @@ fn loss_scale_and_found_inf() {
     let grad = [8.0f32, 4.0, -2.0, 0.0];
     opt.set_grad(p, &grad).unwrap();
 
-    assert!(opt
-        .step_with(&StepArgs {
-            inv_grad_scale: None,
-            found_inf: true
+    assert!(
+        opt.step_with(&StepArgs {
+            found_inf: Some(true),
+            ..StepArgs::default()
         })
-        .unwrap());
+        .unwrap()
+        .skipped
+    );
     assert_eq!(
         opt.param_f32(p).unwrap(),
         &init[..],
@@ -368,12 +275,15 @@ fn loss_scale_and_found_inf() {
     );
     assert_eq!(opt.step_count(0).unwrap(), 0);
 
-    assert!(!opt
+    let report = opt
         .step_with(&StepArgs {
             inv_grad_scale: Some(0.25),
-            found_inf: false
+            found_inf: Some(false),
+            ..StepArgs::default()
         })
-        .unwrap());
+        .unwrap();
+    assert!(!report.skipped);
+    assert_eq!(report.grad_norm, None, "no norm was asked for");
     let mut reference = Reference::new(&init);
     reference.step(&grad, &hp, 1, 0.25);
     assert_close(

@@ -1,0 +1,222 @@
+package shardadam
+
+import (
+	"fmt"
+	"runtime/cgo"
+	"sync"
+	"unsafe"
+
+	"github.com/shardadam/shardadam/bindings/go/internal/capi"
+)
+
+// ReduceOp is the reduction a host communicator's function applies (sa_reduce_op),
+// element-wise over all ranks.
+type ReduceOp int
+
+// The reductions.
+const (
+	ReduceSum ReduceOp = 0 // the sum (partial L2 norms, squared)
+	ReduceMax ReduceOp = 1 // the maximum (inf norms)
+)
+
+// String returns "sum" or "max".
+func (op ReduceOp) String() string {
+	switch op {
+	case ReduceSum:
+		return "sum"
+	case ReduceMax:
+		return "max"
+	}
+	return fmt.Sprintf("ReduceOp(%d)", int(op))
+}
+
+// NormType is the norm that StepArgs.MaxGradNorm bounds (sa_norm_type).
+type NormType int
+
+// The norms.
+const (
+	NormL2  NormType = 0 // the square root of the sum of squares of all grad elements
+	NormInf NormType = 1 // the largest absolute grad element
+)
+
+// Comm is a communicator over the ranks of a training job: the whole mesh, every rank that
+// holds a part of the optimizers' params. Give it to each rank's optimizer with
+// (*Optimizer).SetComm; a step that computes a norm or carries a found-inf flag then
+// all-reduces two float64s through it, so every rank clips by the same global norm and
+// skips together.
+//
+// Close releases this handle only: an optimizer it was given to keeps the communicator
+// (and a host communicator's function) alive until the optimizer is closed or given
+// another one.
+type Comm struct {
+	mu     sync.Mutex
+	handle capi.Struct_SS_sa_comm // nil once closed
+	host   *hostComm              // nil for NCCL communicators
+}
+
+// hostComm is the Go side of a host communicator: the user's function and why its last
+// call failed.
+type hostComm struct {
+	allReduce func(values []float64, op ReduceOp) error
+	mu        sync.Mutex
+	lastError string
+}
+
+// call is the capi.HostAllReduce behind the communicator's handle: 0 on success, 1 when
+// the function returned an error, 2 when it panicked (recovered: C frames lie between it
+// and the step's caller).
+func (h *hostComm) call(values []float64, op int) (rc int) {
+	defer func() {
+		if r := recover(); r != nil {
+			h.setError(fmt.Sprintf("the all-reduce function panicked: %v", r))
+			rc = 2
+		}
+	}()
+	if err := h.allReduce(values, ReduceOp(op)); err != nil {
+		h.setError(err.Error())
+		return 1
+	}
+	return 0
+}
+
+func (h *hostComm) setError(message string) {
+	h.mu.Lock()
+	h.lastError = message
+	h.mu.Unlock()
+}
+
+// takeError returns why the last call failed ("" if it did not) and forgets it.
+func (h *hostComm) takeError() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	message := h.lastError
+	h.lastError = ""
+	return message
+}
+
+// NewHostComm returns a communicator made of a Go function (sa_comm_create_host): the
+// caller's own transport (MPI, sockets, goroutines of one process), for CPU training.
+//
+// At every communicating step the library calls allReduce once, on the goroutine that
+// called the step, with this rank's values (its partial norm and found-inf flag). It must
+// replace each value with its element-wise op over all ranks, in place; every rank is
+// called with the same length and op. values is C memory, valid only during the call. An
+// error (its text becomes part of the step's error) or a panic (recovered) fails the step
+// with StatusComm before this rank updated anything.
+//
+// Create one communicator per rank. Given to several optimizers that step at once, the
+// function is called concurrently.
+func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
+	if allReduce == nil {
+		return nil, bindingError(StatusInvalidArgument, "shardadam.NewHostComm: allReduce is nil")
+	}
+	host := &hostComm{allReduce: allReduce}
+	// C keeps the handle, an integer, never a Go pointer; release deletes it.
+	h := cgo.NewHandle(capi.HostAllReduce(host.call))
+	errbuf := make([]byte, errorBufferBytes)
+	status := []int{0}
+	handle := capi.Sago_comm_create_host(uintptr(h), status, errbuf)
+	if err := resultError(status[0], errbuf); err != nil {
+		h.Delete() // a refused table is not kept, so release never runs
+		return nil, err
+	}
+	return &Comm{handle: handle, host: host}, nil
+}
+
+// NCCLUniqueID is the 128 bytes that let ranks join one NCCL communicator: rank 0 makes
+// it with NewNCCLUniqueID, the job sends it to the other ranks.
+type NCCLUniqueID [128]byte
+
+// NewNCCLUniqueID makes a new NCCL unique id (sa_nccl_unique_id_create). StatusUnsupported
+// when the library was built without NCCL (BuildInfo says "nccl: not built").
+func NewNCCLUniqueID() (NCCLUniqueID, error) {
+	var id NCCLUniqueID
+	errbuf := make([]byte, errorBufferBytes)
+	err := resultError(capi.Sago_nccl_unique_id(id[:], errbuf), errbuf)
+	return id, err
+}
+
+// NewNCCLComm creates an NCCL communicator of nranks ranks on CUDA device `device`, as rank
+// `rank` (sa_comm_create_nccl, ncclCommInitRank). Collective: it returns once all ranks
+// have called it with the same id. It reduces in device memory on the step's stream, for
+// optimizers of CUDA params on that device.
+func NewNCCLComm(id NCCLUniqueID, nranks, rank, device int) (*Comm, error) {
+	errbuf := make([]byte, errorBufferBytes)
+	status := []int{0}
+	handle := capi.Sago_comm_create_nccl(id[:], nranks, rank, device, status, errbuf)
+	if err := resultError(status[0], errbuf); err != nil {
+		return nil, err
+	}
+	return &Comm{handle: handle}, nil
+}
+
+// WrapNCCLComm wraps an NCCL communicator the caller already has (an ncclComm_t;
+// sa_comm_wrap_nccl). It is borrowed: keep it alive (not destroyed, not aborted) until
+// every optimizer it was given to is closed or given another communicator, and run no
+// other work on it while a step runs.
+func WrapNCCLComm(ncclComm unsafe.Pointer) (*Comm, error) {
+	errbuf := make([]byte, errorBufferBytes)
+	status := []int{0}
+	handle := capi.Sago_comm_wrap_nccl(uintptr(ncclComm), status, errbuf)
+	if err := resultError(status[0], errbuf); err != nil {
+		return nil, err
+	}
+	return &Comm{handle: handle}, nil
+}
+
+// RankAndSize returns this rank and the number of ranks (sa_comm_info); -1, -1 for a host
+// communicator, whose transport is the caller's.
+func (c *Comm) RankAndSize() (rank, nranks int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.handle == nil {
+		return -1, -1, bindingError(StatusState, "shardadam.Comm.RankAndSize: the communicator is closed")
+	}
+	info, errbuf := make([]int64, 2), make([]byte, errorBufferBytes)
+	if err := resultError(capi.Sago_comm_info(c.handle, info, errbuf), errbuf); err != nil {
+		return -1, -1, err
+	}
+	return int(info[0]), int(info[1]), nil
+}
+
+// Close releases the caller's reference (sa_comm_destroy). Optimizers given the
+// communicator keep it alive. Closing twice is a no-op; it always returns nil.
+func (c *Comm) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.handle != nil {
+		capi.Sago_comm_destroy(c.handle)
+		c.handle = nil
+	}
+	return nil
+}
+
+// SetComm gives the optimizer a communicator for its steps (sa_optimizer_set_comm),
+// replacing any earlier one; nil takes it away (steps are rank-local again). The optimizer
+// keeps it alive, so c may be closed afterwards. From then on a step with a norm or a
+// found-inf flag is collective (see StepArgs). A CPU optimizer needs a host communicator;
+// an NCCL one must be on the optimizer's CUDA device (checked at the step: StatusMismatch).
+func (o *Optimizer) SetComm(c *Comm) error {
+	const op = "shardadam.SetComm"
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	if c == nil {
+		if err := resultError(capi.Sago_set_comm(o.handle, 0, capi.SwigcptrStruct_SS_sa_comm(0), o.errbuf), o.errbuf); err != nil {
+			return err
+		}
+		o.comm = nil
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.handle == nil {
+		return bindingError(StatusState, "%s: the communicator is closed", op)
+	}
+	if err := resultError(capi.Sago_set_comm(o.handle, 1, c.handle, o.errbuf), o.errbuf); err != nil {
+		return err
+	}
+	o.comm = c
+	return nil
+}
