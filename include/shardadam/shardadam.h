@@ -371,7 +371,8 @@ typedef struct sa_step_args {
    *     min(1, max_grad_norm / (norm + 1e-6))
    * inside the update, as torch.nn.utils.clip_grad_norm_ does; the grads themselves are not
    * written. INFINITY computes and reports the norm without clipping. A non-finite norm
-   * skips the step on every rank (no param, state or step count changes). With a
+   * skips the step on every rank (no param, state or step count changes); a NaN grad makes
+   * the L2 norm NaN and the inf norm +inf (torch's would be NaN). With a
    * communicator set (sa_optimizer_set_comm) the norm is global; without one it is this
    * rank's. Every rank must pass the same max_grad_norm and norm_type. */
   double max_grad_norm;
