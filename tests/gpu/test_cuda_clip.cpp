@@ -13,6 +13,10 @@
 #include <thread>
 #include <tuple>
 
+#ifdef SHARDADAM_TEST_NCCL
+#include <nccl.h>
+#endif
+
 #include "gpu/cuda_test_support.hpp"
 #include "gpu/twin.hpp"
 #include "test_support.hpp"
@@ -206,6 +210,45 @@ TEST_CASE("CUDA: an NCCL communicator of one rank and a host one give the bits n
     CHECK(step_count(run->opt.get(), 0) == 3);
   }
 }
+
+#ifdef SHARDADAM_TEST_NCCL
+TEST_CASE("a borrowed ncclComm_t (sa_comm_wrap_nccl) reduces like the library's own", "[gpu][clip][comm]") {
+  Rng rng(0xB0B);
+  const std::vector<int64_t> sizes = {40000, 3, 0, 513};
+  const std::vector<HostTensor> initial = random_tensors(sizes, rng, 0.1, 1.0);
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t nccl = nullptr;
+  CUDA_OK(cudaSetDevice(0));
+  REQUIRE(ncclCommInitRank(&nccl, 1, id, 0) == ncclSuccess);
+  {
+    GpuRun plain(sizes, initial), borrowed(sizes, initial);
+    sa_comm* comm = nullptr;
+    REQUIRE_SA_OK(nullptr, sa_comm_wrap_nccl(nccl, &comm));
+    int32_t rank = -1, nranks = -1;
+    REQUIRE_SA_OK(nullptr, sa_comm_info(comm, &rank, &nranks));
+    CHECK(rank == 0);
+    CHECK(nranks == 1);
+    REQUIRE_SA_OK(borrowed.opt.get(), sa_optimizer_set_comm(borrowed.opt.get(), comm));
+    sa_comm_destroy(comm);  // the optimizer keeps its reference; the ncclComm_t stays ours
+    for (int s = 0; s < 3; ++s) {
+      const auto grads = random_tensors(sizes, rng, 1e-3, 2.0);
+      double norms[2] = {-1.0, -2.0};
+      int k = 0;
+      for (GpuRun* run : {&plain, &borrowed}) {
+        run->upload_grads(grads);
+        sa_step_args args = SA_STEP_ARGS_INIT;
+        args.max_grad_norm = 1.0;
+        args.host_grad_norm = &norms[k++];
+        REQUIRE_SA_OK(run->opt.get(), sa_optimizer_step(run->opt.get(), &args, nullptr));
+      }
+      CHECK(norms[0] == norms[1]);
+    }
+    CHECK(borrowed.param_bytes() == plain.param_bytes());
+  }  // both optimizers are gone: now the caller may destroy its communicator
+  CHECK(ncclCommDestroy(nccl) == ncclSuccess);
+}
+#endif
 
 TEST_CASE("CUDA graphs: a clipped step with an NCCL communicator captures and replays; a host "
           "communicator refuses capture",
