@@ -190,6 +190,10 @@ struct SaStepArgs
     inv_grad_scale::Ptr{Float32}
     found_inf::Ptr{Float32}
     skipped::Ptr{Int32}
+    max_grad_norm::Float64
+    norm_type::Int32
+    grad_norm::Ptr{Float32}
+    host_grad_norm::Ptr{Float64}
 end
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -479,21 +483,32 @@ function set_grad!(opt::Optimizer, p::Param, grad::AbstractVector{<:Real})
 end
 
 """
-    step!(opt; inv_grad_scale = nothing, found_inf = false) -> Bool
+    step!(opt; inv_grad_scale = nothing, found_inf = false, max_grad_norm = 0.0,
+          norm_type = :l2, norm = nothing) -> Bool
 
-Runs one optimizer step over every param; returns whether it was skipped (`found_inf`).
-`inv_grad_scale` multiplies every grad (the inverse loss scale). Every non-empty param
-needs a grad bound by [`set_grad!`](@ref) first.
+Runs one optimizer step over every param; returns whether it was skipped (`found_inf`, or
+a non-finite gradient norm). `inv_grad_scale` multiplies every grad (the inverse loss
+scale). `max_grad_norm > 0` clips the grads to that norm inside the update (`Inf`: only
+measure it), as `clip_grad_norm_` would; `norm_type` is `:l2` or `:inf`; a `Ref{Float64}`
+given as `norm` receives the norm. Every non-empty param needs a grad bound by
+[`set_grad!`](@ref) first. (Communicators are not bound in Julia: the norm is this
+process's.)
 """
-function step!(opt::Optimizer; inv_grad_scale::Union{Nothing,Real} = nothing, found_inf::Bool = false)
+function step!(opt::Optimizer; inv_grad_scale::Union{Nothing,Real} = nothing, found_inf::Bool = false,
+               max_grad_norm::Real = 0.0, norm_type::Symbol = :l2,
+               norm::Union{Nothing,Base.RefValue{Float64}} = nothing)
+    norm_type in (:l2, :inf) || throw(ArgumentError("norm_type must be :l2 or :inf, not :$norm_type"))
     handle = _handle(opt)
     scale = Ref{Float32}(inv_grad_scale === nothing ? 1 : inv_grad_scale)
     inf = Ref{Float32}(found_inf ? 1 : 0)
     skipped = Ref{Int32}(0)
-    status = GC.@preserve scale inf skipped begin
+    host_norm = norm === nothing ? Ref{Float64}(0) : norm
+    status = GC.@preserve scale inf skipped host_norm begin
         args = Ref(SaStepArgs(sizeof(SaStepArgs),
             inv_grad_scale === nothing ? Ptr{Float32}(C_NULL) : Base.unsafe_convert(Ptr{Float32}, scale),
-            Base.unsafe_convert(Ptr{Float32}, inf), Base.unsafe_convert(Ptr{Int32}, skipped)))
+            Base.unsafe_convert(Ptr{Float32}, inf), Base.unsafe_convert(Ptr{Int32}, skipped),
+            Float64(max_grad_norm), norm_type === :l2 ? Int32(0) : Int32(1), Ptr{Float32}(C_NULL),
+            norm === nothing ? Ptr{Float64}(C_NULL) : Base.unsafe_convert(Ptr{Float64}, host_norm)))
         ccall(_fn(:sa_optimizer_step), Cint, (Ptr{Cvoid}, Ptr{SaStepArgs}, Ptr{Cvoid}),
             handle, args, C_NULL)
     end
