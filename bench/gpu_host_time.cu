@@ -33,12 +33,15 @@ struct Stats {
   double median_us, p99_us;
 };
 
+// Times n calls. sync_every: synchronize the stream before every that-many calls (1: the
+// device is idle at every call, as a step right after a host wait would find it; 64: a
+// short queue, as in a loop that never waits).
 template <class F>
-Stats time_calls(int n, F&& call, cudaStream_t stream) {
+Stats time_calls(int n, F&& call, cudaStream_t stream, int sync_every = 64) {
   std::vector<double> us;
   us.reserve(n);
   for (int i = 0; i < n; ++i) {
-    if (i % 64 == 0) cudaStreamSynchronize(stream);  // keep the queue short
+    if (i % sync_every == 0) cudaStreamSynchronize(stream);
     const auto t0 = std::chrono::steady_clock::now();
     call(i);
     us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
@@ -107,6 +110,12 @@ int main(int argc, char** argv) {
   const Stats launch = time_calls(steps, [&](int) { empty_kernel<<<1, 32, 0, stream>>>(); }, stream);
   const Stats stable = time_calls(
       steps, [&](int) { check(sa_optimizer_step(opt, nullptr, stream) == SA_OK, "step", opt); }, stream);
+  const Stats stable_idle = time_calls(
+      steps, [&](int) { check(sa_optimizer_step(opt, nullptr, stream) == SA_OK, "step", opt); }, stream, 1);
+  sa_step_args clip = SA_STEP_ARGS_INIT;
+  clip.max_grad_norm = 1.0;
+  const Stats clipped = time_calls(
+      steps, [&](int) { check(sa_optimizer_step(opt, &clip, stream) == SA_OK, "step", opt); }, stream);
   const Stats fresh = time_calls(
       steps,
       [&](int i) {
@@ -123,6 +132,8 @@ int main(int argc, char** argv) {
   };
   row("empty kernel launch (baseline)", launch);
   row("sa_optimizer_step, stable grads", stable);
+  row("  the same, device idle at each call", stable_idle);
+  row("  the same, clipped (max_grad_norm, no comm)", clipped);
   row("set_grad_ptrs (fresh list) + sa_optimizer_step", fresh);
 
   sa_optimizer_destroy(opt);
