@@ -250,6 +250,44 @@ TEST_CASE("a borrowed ncclComm_t (sa_comm_wrap_nccl) reduces like the library's 
 }
 #endif
 
+TEST_CASE("an NCCL communicator serves only an optimizer on its own CUDA device", "[gpu][comm][errors]") {
+  if (!with_nccl()) {
+    WARN("SKIPPED: this build has no NCCL");
+    return;
+  }
+  CommPtr comm = nccl_single_rank();  // on cuda:0
+  sa_step_args args = SA_STEP_ARGS_INIT;
+  args.max_grad_norm = 1.0;
+
+  // A CPU optimizer: NCCL reduces device memory.
+  HostTensor param({16}, kFloat32), grad({16}, kFloat32);
+  OptimizerPtr cpu = make_optimizer(1, 1);
+  const sa_group_config c = group_config(1e-2, 0.0, 1);
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_group(cpu.get(), &c, nullptr));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "p", 0, param.versioned(), nullptr, nullptr, nullptr));
+  const DLTensor g = grad.dl();
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad(cpu.get(), 0, &g));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_comm(cpu.get(), comm.get()));
+  CHECK_SA_FAILS(cpu.get(), SA_ERR_MISMATCH, sa_optimizer_step(cpu.get(), &args, nullptr), "cpu",
+                 "host-callback communicator");
+  CHECK(step_count(cpu.get(), 0) == 0);
+
+  // A CUDA optimizer on another device.
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  if (devices < 2) return;
+  CUDA_OK(cudaSetDevice(1));
+  {
+    Rng rng(0xD1);
+    const std::vector<int64_t> sizes = {100};
+    GpuRun on_1(sizes, random_tensors(sizes, rng, 0.1, 1.0));
+    REQUIRE_SA_OK(on_1.opt.get(), sa_optimizer_set_comm(on_1.opt.get(), comm.get()));
+    CHECK_SA_FAILS(on_1.opt.get(), SA_ERR_MISMATCH, sa_optimizer_step(on_1.opt.get(), &args, nullptr),
+                   "cuda:1", "cuda:0");
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+
 TEST_CASE("CUDA graphs: a clipped step with an NCCL communicator captures and replays; a host "
           "communicator refuses capture",
           "[gpu][clip][comm]") {
