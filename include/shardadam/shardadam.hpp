@@ -153,6 +153,123 @@ class Comm {
   sa_comm* handle_ = nullptr;
 };
 
+// ---- shard files ---------------------------------------------------------------------------
+
+// Where an export's bytes go (sa_writer), released with this object.
+class Writer {
+ public:
+  // sa_file_writer(): a temporary file beside `path`, renamed over it at commit.
+  static Writer file(const std::string& path) {
+    Writer w;
+    detail::check(sa_file_writer(path.c_str(), &w.writer_), nullptr);
+    return w;
+  }
+  // sa_memory_writer(): a growing buffer, read with data().
+  static Writer memory() {
+    Writer w;
+    detail::check(sa_memory_writer(&w.writer_), nullptr);
+    return w;
+  }
+  // A writer you filled yourself (your callbacks); this object releases it.
+  explicit Writer(const sa_writer& callbacks) : writer_(callbacks) {}
+
+  Writer(Writer&& other) noexcept : writer_(std::exchange(other.writer_, empty())) {}
+  Writer& operator=(Writer&& other) noexcept {
+    if (this != &other) {
+      sa_writer_release(&writer_);
+      writer_ = std::exchange(other.writer_, empty());
+    }
+    return *this;
+  }
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+  ~Writer() { sa_writer_release(&writer_); }
+
+  // sa_memory_writer_data(): the bytes a memory writer holds (a copy).
+  std::vector<unsigned char> data() const {
+    const void* bytes = nullptr;
+    std::size_t size = 0;
+    detail::check(sa_memory_writer_data(&writer_, &bytes, &size), nullptr);
+    const auto* begin = static_cast<const unsigned char*>(bytes);
+    return std::vector<unsigned char>(begin, begin + size);
+  }
+  const sa_writer* get() const noexcept { return &writer_; }
+
+ private:
+  Writer() : writer_(empty()) {}
+  static sa_writer empty() {
+    sa_writer w = SA_WRITER_INIT;
+    return w;
+  }
+  sa_writer writer_;
+};
+
+// Where an import's bytes come from (sa_reader), released with this object.
+class Reader {
+ public:
+  // sa_file_reader(): opens `path` now.
+  static Reader file(const std::string& path) {
+    Reader r;
+    detail::check(sa_file_reader(path.c_str(), &r.reader_), nullptr);
+    return r;
+  }
+  // sa_memory_reader(): `size` bytes at `data`, borrowed (they must outlive the reader).
+  static Reader memory(const void* data, std::size_t size) {
+    Reader r;
+    detail::check(sa_memory_reader(data, size, &r.reader_), nullptr);
+    return r;
+  }
+  // A reader you filled yourself (your callbacks); this object releases it.
+  explicit Reader(const sa_reader& callbacks) : reader_(callbacks) {}
+
+  Reader(Reader&& other) noexcept : reader_(std::exchange(other.reader_, empty())) {}
+  Reader& operator=(Reader&& other) noexcept {
+    if (this != &other) {
+      sa_reader_release(&reader_);
+      reader_ = std::exchange(other.reader_, empty());
+    }
+    return *this;
+  }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+  ~Reader() { sa_reader_release(&reader_); }
+
+  const sa_reader* get() const noexcept { return &reader_; }
+
+ private:
+  Reader() : reader_(empty()) {}
+  static sa_reader empty() {
+    sa_reader r = SA_READER_INIT;
+    return r;
+  }
+  sa_reader reader_;
+};
+
+inline sa_import_options default_import_options() {
+  sa_import_options options = SA_IMPORT_OPTIONS_INIT;
+  return options;
+}
+
+namespace detail {
+inline std::vector<const sa_reader*> reader_list(const std::vector<Reader>& readers) {
+  std::vector<const sa_reader*> list;
+  list.reserve(readers.size());
+  for (const Reader& r : readers) list.push_back(r.get());
+  return list;
+}
+}  // namespace detail
+
+// sa_inspect(): the JSON report of what a set of shard files holds.
+inline std::string inspect(const std::vector<Reader>& readers, bool verify_data = true) {
+  const std::vector<const sa_reader*> list = detail::reader_list(readers);
+  char* report = nullptr;
+  detail::check(sa_inspect(static_cast<int32_t>(list.size()), list.data(), verify_data ? 1 : 0, &report),
+                nullptr);
+  std::string out(report != nullptr ? report : "");
+  sa_free(report);
+  return out;
+}
+
 // ---- layouts ------------------------------------------------------------------------------
 
 // This rank's box in a mesh-form layout.
@@ -351,6 +468,30 @@ class Optimizer {
   // found-inf flag, no clipping (set args.max_grad_norm to clip). The CPU backend ignores `stream` and returns when the step is done.
   void step(const sa_step_args* args = nullptr, void* stream = nullptr) {
     detail::check(sa_optimizer_step(handle_, args, stream), handle_);
+  }
+
+  // -- shard files --
+
+  // sa_optimizer_export(): this rank's state as one shard file, through `writer`.
+  void export_state(const Writer& writer) {
+    detail::check(sa_optimizer_export(handle_, writer.get()), handle_);
+  }
+  // sa_optimizer_export() to the file at `path` (written atomically).
+  void export_state(const std::string& path) { export_state(Writer::file(path)); }
+
+  // sa_optimizer_import(): loads the shard files of every rank of a checkpoint into this
+  // optimizer's layout (start `options` from default_import_options()).
+  void import_state(const std::vector<Reader>& readers, const sa_import_options& options = default_import_options()) {
+    const std::vector<const sa_reader*> list = detail::reader_list(readers);
+    detail::check(sa_optimizer_import(handle_, static_cast<int32_t>(list.size()), list.data(), &options), handle_);
+  }
+  // sa_optimizer_import() from files.
+  void import_state(const std::vector<std::string>& paths,
+                    const sa_import_options& options = default_import_options()) {
+    std::vector<Reader> readers;
+    readers.reserve(paths.size());
+    for (const std::string& path : paths) readers.push_back(Reader::file(path));
+    import_state(readers, options);
   }
 
   // sa_optimizer_set_comm(): the communicator of later steps (the optimizer keeps a
