@@ -188,10 +188,13 @@ struct Problem {
 
 // One simulated rank: an optimizer over its boxes of a Problem's params (param k placed by
 // place(k)), with grad buffers bound once; load_grads copies a step's boxes into them.
+// Params start at the problem's initial values, or at `values` (global arrays, one per
+// param, in the param dtype) when given.
 class RankShards {
  public:
   RankShards(const Problem& prob, const std::vector<sa_group_config>& groups,
-             const std::function<RankPlacement(std::size_t k)>& place, int32_t threads, int32_t simd)
+             const std::function<RankPlacement(std::size_t k)>& place, int32_t threads, int32_t simd,
+             const std::vector<std::vector<unsigned char>>* values = nullptr)
       : prob_(prob) {
     opt_ = make_optimizer(threads, simd);
     for (const sa_group_config& c : groups)
@@ -202,7 +205,8 @@ class RankShards {
       const Box& box = placements_.back().box;
       params_.emplace_back(box.shape, g.dtype);
       grads_.emplace_back(box.shape, g.grad_dtype);
-      copy_box(prob.initial[k].data(), params_.back().data(), g.shape, box, dtype_bytes(g.dtype), true);
+      const void* initial = values != nullptr ? (*values)[k].data() : prob.initial[k].data();
+      copy_box(initial, params_.back().data(), g.shape, box, dtype_bytes(g.dtype), true);
       const sa_layout layout = placements_.back().layout();
       const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
       REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group,

@@ -127,52 +127,27 @@ inline sa_import_options import_options(uint64_t staging_bytes = 0) {
 
 // ---- simulated ranks ------------------------------------------------------------------------
 
-class Rank {
+class Rank : public RankShards {
  public:
   // Params start at `values` (global arrays, one per problem param, in the param dtype);
   // groups are created from `groups`.
   Rank(const Problem& prob, const Scenario& scenario, int64_t rank, const std::vector<Bytes>& values,
        const std::vector<sa_group_config>& groups = io_groups(), int32_t threads = 1, int32_t simd = 1)
-      : prob_(prob) {
-    opt_ = make_optimizer(threads, simd);
-    for (const sa_group_config& c : groups)
-      REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_group(opt_.get(), &c, nullptr));
-    for (std::size_t k = 0; k < prob.params.size(); ++k) {
-      const GlobalParam& g = prob.params[k];
-      placements_.push_back(scenario.place(g.shape, rank));
-      const Box& box = placements_.back().box;
-      params_.emplace_back(box.shape, g.dtype);
-      grads_.emplace_back(box.shape, g.grad_dtype);
-      copy_box(values[k].data(), params_.back().data(), g.shape, box, dtype_bytes(g.dtype), true);
-    }
-    for (std::size_t k = 0; k < prob.params.size(); ++k) {
-      const GlobalParam& g = prob.params[k];
-      const sa_layout layout = placements_[k].layout();
-      const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
-      REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group,
-                                                       params_[k].versioned(), &layout, &options,
-                                                       nullptr));
-    }
-    std::vector<const void*> ptrs;
-    for (const HostTensor& grad : grads_) ptrs.push_back(grad.numel() ? grad.data() : nullptr);
-    REQUIRE_SA_OK(opt_.get(), sa_optimizer_set_grad_ptrs(opt_.get(), static_cast<int64_t>(ptrs.size()),
-                                                         ptrs.data()));
-  }
+      : RankShards(
+            prob, groups, [&](std::size_t k) { return scenario.place(prob.params[k].shape, rank); }, threads,
+            simd, &values),
+        prob_(prob) {}
 
   void step(int s) {
-    for (std::size_t k = 0; k < prob_.params.size(); ++k)
-      copy_box(prob_.grads[static_cast<std::size_t>(s)][k].data(), grads_[k].data(),
-               prob_.params[k].shape, placements_[k].box, dtype_bytes(prob_.params[k].grad_dtype), true);
-    REQUIRE_SA_OK(opt_.get(), sa_optimizer_step(opt_.get(), nullptr, nullptr));
+    load_grads(s);
+    REQUIRE_SA_OK(opt(), sa_optimizer_step(opt(), nullptr, nullptr));
   }
 
-  Bytes param_bytes(std::size_t k) const { return params_[k].raw_bytes(); }
+  Bytes param_bytes(std::size_t k) const { return param(k).raw_bytes(); }
   Bytes state_bytes(std::size_t k, const char* key) const {
-    return state_view(opt_.get(), static_cast<int64_t>(k), key).raw_bytes();
+    return state_view(opt(), static_cast<int64_t>(k), key).raw_bytes();
   }
-  const Box& box(std::size_t k) const { return placements_[k].box; }
-  sa_optimizer* opt() const { return opt_.get(); }
-  Bytes export_blob() const { return sa_test::export_blob(opt_.get()); }
+  Bytes export_blob() const { return sa_test::export_blob(opt()); }
 
   GlobalResult result(std::size_t k) const {
     GlobalResult r;
@@ -183,10 +158,6 @@ class Rank {
 
  private:
   const Problem& prob_;
-  std::vector<RankPlacement> placements_;
-  std::vector<HostTensor> params_;
-  std::vector<HostTensor> grads_;
-  OptimizerPtr opt_;  // last: destroyed before the shards it updates
 };
 
 inline std::vector<std::unique_ptr<Rank>> make_ranks(const Problem& prob, const Scenario& scenario,
