@@ -2,6 +2,7 @@
 found-inf consensus across ranks."""
 from . import _shardadam as _C
 from ._errors import CommError, StateError, Unsupported, check
+from ._handle import OwnsHandle
 
 _OP_NAMES = {_C.SA_REDUCE_SUM: "sum", _C.SA_REDUCE_MAX: "max"}
 
@@ -49,7 +50,7 @@ class _Reducer:
             raise TypeError(f"all_reduce must reduce the values in place and return None, it returned {result!r}")
 
 
-class Comm:
+class Comm(OwnsHandle):
     """A communicator for :meth:`Optimizer.set_comm`: it reduces a few numbers per step
     (partial gradient norms, found-inf flags) across every rank holding part of the params.
 
@@ -146,25 +147,6 @@ class Comm:
         handle, self._handle = self._handle, None
         if handle is not None:
             _C.sa_comm_destroy(handle)
-
-    @property
-    def closed(self):
-        """True after :meth:`close`."""
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            try:
-                self.close()
-            except Exception:  # interpreter shutdown may have torn the module down already
-                pass
 
     def __repr__(self):
         if self._handle is None:

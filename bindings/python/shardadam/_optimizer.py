@@ -10,6 +10,7 @@ from ._comm import Comm, raise_step_error
 from ._dlpack import (DTYPES, KDL_CPU, CapsuleInfo, State, device_name, dtype_name, to_capsule,
                       to_dtype)
 from ._errors import Error, InvalidArgument, StateError, Unsupported, check
+from ._handle import OwnsHandle
 from .layout import Box, Mesh
 
 _MASTER_KINDS = {
@@ -231,7 +232,7 @@ def _fill_group_config(config, hyperparameters):
     return config
 
 
-class Optimizer:
+class Optimizer(OwnsHandle):
     """A shardadam optimizer: fused Adam/AdamW over the local shards of globally shaped params.
 
     ``Optimizer(**hyperparameters)`` creates the optimizer and its group 0 with the given
@@ -291,25 +292,6 @@ class Optimizer:
         self._grad_refs = {}
         self._step_refs = ()
         self._comm = None
-
-    @property
-    def closed(self):
-        """True after :meth:`close`."""
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            try:
-                self.close()
-            except Exception:  # interpreter shutdown may have torn the module down already
-                pass
 
     def _handle_or_raise(self):
         if self._handle is None:
