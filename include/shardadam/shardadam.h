@@ -55,7 +55,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------ */
 
 #define SA_VERSION_MAJOR 0
-#define SA_VERSION_MINOR 1
+#define SA_VERSION_MINOR 2
 #define SA_VERSION_PATCH 0
 /** MAJOR * 10000 + MINOR * 100 + PATCH of the header you compile against. */
 #define SA_VERSION_NUMBER (SA_VERSION_MAJOR * 10000 + SA_VERSION_MINOR * 100 + SA_VERSION_PATCH)
@@ -65,7 +65,7 @@ extern "C" {
 SA_API int sa_version(void);
 
 /** A static, human-readable line naming the version and the backends compiled in, e.g.
- *  "shardadam 0.1.0; cpu: highway (AVX2 dispatched); cuda: not built". Never NULL. */
+ *  "shardadam 0.2.0; cpu: highway (AVX2 dispatched); cuda: not built". Never NULL. */
 SA_API const char* sa_build_info(void);
 
 /* ------------------------------------------------------------------------------------ */

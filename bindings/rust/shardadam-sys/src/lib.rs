@@ -119,7 +119,7 @@ pub struct DLManagedTensorVersioned {
 /// `SA_VERSION_MAJOR` of the header these declarations follow.
 pub const SA_VERSION_MAJOR: i32 = 0;
 /// `SA_VERSION_MINOR`.
-pub const SA_VERSION_MINOR: i32 = 1;
+pub const SA_VERSION_MINOR: i32 = 2;
 /// `SA_VERSION_PATCH`.
 pub const SA_VERSION_PATCH: i32 = 0;
 /// `SA_VERSION_NUMBER`: MAJOR * 10000 + MINOR * 100 + PATCH.
