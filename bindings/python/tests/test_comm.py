@@ -101,6 +101,12 @@ class Rank:
             np.copyto(grad, full_grads[name][self.boxes[name]])
 
 
+def make_ranks(full):
+    """Every rank of the mesh over the full params `full`, joined by one ThreadGroup."""
+    group = ThreadGroup(len(COORDS))
+    return group, [Rank(rank, full, group) for rank in range(len(COORDS))]
+
+
 def global_norm(grads, norm_type):
     if norm_type == 2:
         return math.sqrt(sum(float(np.sum(np.asarray(g, np.float64) ** 2)) for g in grads.values()))
@@ -119,8 +125,7 @@ def random_grads(rng, scale):
 def test_four_ranks_clip_by_the_global_norm_of_the_whole_tensors(norm_type, rng):
     full = random_params(rng)
     refs = {name: AdamReference(value, **HYPER) for name, value in full.items()}
-    group = ThreadGroup(len(COORDS))
-    ranks = [Rank(rank, full, group) for rank in range(len(COORDS))]
+    group, ranks = make_ranks(full)
     max_norm, loss_scale = 1.5, 64.0
     # Grad scales around max_norm: some steps are clipped, some not.
     for step, scale in enumerate([0.05, 1.0, 0.2, 3.0, 0.02, 0.5, 2.0, 0.1]):
@@ -148,8 +153,7 @@ def test_four_ranks_clip_by_the_global_norm_of_the_whole_tensors(norm_type, rng)
 
 def test_the_norm_is_written_into_a_grad_norm_array_without_return_norm(rng):
     full = random_params(rng)
-    group = ThreadGroup(len(COORDS))
-    ranks = [Rank(rank, full, group) for rank in range(len(COORDS))]
+    group, ranks = make_ranks(full)
     full_grads = random_grads(rng, 1.0)
     for r in ranks:
         r.load_grads(full_grads)
@@ -162,8 +166,7 @@ def test_the_norm_is_written_into_a_grad_norm_array_without_return_norm(rng):
 
 def test_a_nan_grad_on_one_rank_skips_the_step_on_every_rank(rng):
     full = random_params(rng)
-    group = ThreadGroup(len(COORDS))
-    ranks = [Rank(rank, full, group) for rank in range(len(COORDS))]
+    group, ranks = make_ranks(full)
     full_grads = random_grads(rng, 1.0)
     for r in ranks:
         r.load_grads(full_grads)
@@ -185,8 +188,7 @@ def test_a_nan_grad_on_one_rank_skips_the_step_on_every_rank(rng):
 
 def test_found_inf_on_one_rank_skips_the_step_on_every_rank(rng):
     full = random_params(rng)
-    group = ThreadGroup(len(COORDS))
-    ranks = [Rank(rank, full, group) for rank in range(len(COORDS))]
+    group, ranks = make_ranks(full)
     full_grads = random_grads(rng, 1.0)
     for r in ranks:
         r.load_grads(full_grads)
@@ -202,8 +204,7 @@ def test_found_inf_on_one_rank_skips_the_step_on_every_rank(rng):
 
 def test_an_all_reduce_that_raises_fails_the_step_with_its_error_and_changes_nothing(rng):
     full = random_params(rng)
-    group = ThreadGroup(len(COORDS))
-    ranks = [Rank(rank, full, group) for rank in range(len(COORDS))]
+    group, ranks = make_ranks(full)
 
     def broken_all_reduce(values, op):
         group.barrier.abort()  # the other ranks' waits fail too, as a real transport would
