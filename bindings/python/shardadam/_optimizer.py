@@ -268,6 +268,7 @@ class Optimizer(OwnsHandle):
         self._step_refs = ()        # scale tensors the last (asynchronous) step reads
         self._host_scalars = (ctypes.c_float(), ctypes.c_float())  # numbers given to step on the CPU
         self._host_grad_norm = ctypes.c_double()  # receives the norm when step(return_norm=True)
+        self._skipped = ctypes.c_int32()          # receives the verdict when step(return_skipped=True)
         self._comm = None           # the Comm given to set_comm (its host callable's errors are read from it)
         config = _C.sa_optimizer_config()
         config.num_threads = int(num_threads)
@@ -471,7 +472,7 @@ class Optimizer(OwnsHandle):
 
     # ---- step ------------------------------------------------------------------------
     def step(self, inv_grad_scale=None, found_inf=None, stream=None, *, max_grad_norm=None, norm_type=2.0,
-             grad_norm=None, return_norm=False):
+             grad_norm=None, return_norm=False, return_skipped=False):
         """Runs one optimizer step over every param (each non-empty one needs a bound grad).
 
         Args:
@@ -496,9 +497,13 @@ class Optimizer(OwnsHandle):
             grad_norm: a one-element float32 tensor on the params' device that receives
                 the norm (written on the stream: no host synchronization).
             return_norm: return the norm as a float. On CUDA this waits for the step.
+            return_skipped: return whether the step was skipped (found_inf on any rank, or
+                a non-finite norm). On CUDA, with found_inf or a norm, this waits for the
+                step.
 
         Returns:
-            The norm (a float) if ``return_norm``, else None.
+            None; or the norm (a float) if ``return_norm``; or whether the step was
+            skipped (a bool) if ``return_skipped``; or ``(norm, skipped)`` if both.
         """
         self._handle_or_raise()  # a closed optimizer fails here, before the scalars are read
         refs = []
@@ -508,23 +513,27 @@ class Optimizer(OwnsHandle):
         if max_grad_norm is not None or grad_norm is not None or return_norm:
             norm_address = self._scalar_address(grad_norm, "grad_norm", None, refs, stream, output=True)
             clip = _clip_args(max_grad_norm, norm_type) + (norm_address, bool(return_norm))
-        self._step_addresses(inv_address, found_address, stream, clip=clip)
+        self._step_addresses(inv_address, found_address, stream, clip=clip, skipped=return_skipped)
         self._step_refs = tuple(refs)  # kept until the next step: the stream reads them later
-        return self._host_grad_norm.value if return_norm else None
+        results = ((self._host_grad_norm.value,) if return_norm else ()) + \
+                  ((bool(self._skipped.value),) if return_skipped else ())
+        return results[0] if len(results) == 1 else (results or None)
 
-    def _step_addresses(self, inv_address, found_address, stream=None, clip=None):
+    def _step_addresses(self, inv_address, found_address, stream=None, clip=None, skipped=False):
         """One native step with the scalars given as raw addresses (None for absent).
         ``clip``: None, or (max_grad_norm, norm_type, grad_norm address or None,
-        host_norm) with the first two as _clip_args gives them."""
+        host_norm) with the first two as _clip_args gives them. ``skipped``: have the
+        library report into ``self._skipped``."""
         handle = self._handle_or_raise()
+        skipped_address = ctypes.addressof(self._skipped) if skipped else None
         if clip is not None:
             max_grad_norm, norm_type, norm_address, host_norm = clip
-            args = (inv_address, found_address, None, max_grad_norm, norm_type, norm_address,
+            args = (inv_address, found_address, skipped_address, max_grad_norm, norm_type, norm_address,
                     ctypes.addressof(self._host_grad_norm) if host_norm else None)
-        elif inv_address is None and found_address is None:
+        elif inv_address is None and found_address is None and skipped_address is None:
             args = None
         else:
-            args = (inv_address, found_address, None)
+            args = (inv_address, found_address, skipped_address)
         if self._comm is not None:
             self._comm._take_exception()  # a stale one would be blamed on this step
         try:

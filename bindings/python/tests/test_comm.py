@@ -172,8 +172,9 @@ def test_a_nan_grad_on_one_rank_skips_the_step_on_every_rank(rng):
         r.load_grads(full_grads)
     ranks[3].grads["layers.0.w"].flat[2] = np.nan  # only rank (1, 1) sees it
     before = [{name: shard.copy() for name, shard in r.shards.items()} for r in ranks]
-    norms = run_ranks(len(ranks), lambda i: ranks[i].opt.step(max_grad_norm=1.0, return_norm=True))
-    assert all(math.isnan(n) for n in norms)
+    outcomes = run_ranks(len(ranks), lambda i: ranks[i].opt.step(max_grad_norm=1.0, return_norm=True,
+                                                                   return_skipped=True))
+    assert all(math.isnan(norm) and skipped for norm, skipped in outcomes)
     for r, saved in zip(ranks, before):
         assert r.opt.param_groups[0].step == 0
         for name, shard in r.shards.items():
@@ -193,12 +194,15 @@ def test_found_inf_on_one_rank_skips_the_step_on_every_rank(rng):
     for r in ranks:
         r.load_grads(full_grads)
     before = [{name: shard.copy() for name, shard in r.shards.items()} for r in ranks]
-    run_ranks(len(ranks), lambda i: ranks[i].opt.step(found_inf=1.0 if i == 1 else 0.0))
+    skipped = run_ranks(len(ranks), lambda i: ranks[i].opt.step(found_inf=1.0 if i == 1 else 0.0,
+                                                                  return_skipped=True))
+    assert skipped == [True] * len(ranks)
     for r, saved in zip(ranks, before):
         assert r.opt.param_groups[0].step == 0
         for name, shard in r.shards.items():
             np.testing.assert_array_equal(shard, saved[name])
-    run_ranks(len(ranks), lambda i: ranks[i].opt.step(found_inf=0.0))
+    skipped = run_ranks(len(ranks), lambda i: ranks[i].opt.step(found_inf=0.0, return_skipped=True))
+    assert skipped == [False] * len(ranks)
     assert [r.opt.param_groups[0].step for r in ranks] == [1] * len(ranks)
 
 
