@@ -512,20 +512,41 @@ func (o *Optimizer) StepWith(args StepArgs) (StepReport, error) {
 
 // ---- state -------------------------------------------------------------------------
 
-// readState copies a state of p into dst (numel * 4 bytes at most) and returns its dtype.
-func (o *Optimizer) readState(op string, p *Param, key string, dst []byte) (DType, error) {
+// readState copies a state of p into the 4*numel bytes at dst (room for the widest state)
+// and returns its dtype.
+func (o *Optimizer) readState(op string, p *Param, key string, dst unsafe.Pointer) (DType, error) {
 	if p == nil || p.opt != o {
 		return DTypeDefault, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	}
+	var raw []byte
+	if p.numel > 0 {
+		raw = unsafe.Slice((*byte)(dst), 4*p.numel)
 	}
 	if err := o.lock(op); err != nil {
 		return DTypeDefault, err
 	}
 	defer o.mu.Unlock()
 	info := make([]int64, 3)
-	if err := resultError(capi.Sago_state_read(o.handle, p.Index, key, dst, info, o.errbuf), o.errbuf); err != nil {
+	if err := resultError(capi.Sago_state_read(o.handle, p.Index, key, raw, info, o.errbuf), o.errbuf); err != nil {
 		return DTypeDefault, err
 	}
 	return dtypeFromDLPack(info[0], info[1]), nil
+}
+
+// paramNumel is p's element count, 0 for a nil p (readState then reports the bad param).
+func paramNumel(p *Param) int64 {
+	if p == nil {
+		return 0
+	}
+	return p.numel
+}
+
+// firstElem points to values[0], or is nil for an empty slice.
+func firstElem[T any](values []T) unsafe.Pointer {
+	if len(values) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&values[0])
 }
 
 // State returns a copy of one state of a param as float32 values: "exp_avg",
@@ -533,15 +554,8 @@ func (o *Optimizer) readState(op string, p *Param, key string, dst []byte) (DTyp
 // are widened exactly. For the int16 "remainder" state use StateInt16.
 func (o *Optimizer) State(p *Param, key string) ([]float32, error) {
 	const op = "shardadam.State"
-	if p == nil || p.opt != o {
-		return nil, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
-	}
-	values := make([]float32, p.numel)
-	var raw []byte
-	if p.numel > 0 {
-		raw = unsafe.Slice((*byte)(unsafe.Pointer(&values[0])), 4*p.numel)
-	}
-	dtype, err := o.readState(op, p, key, raw)
+	values := make([]float32, paramNumel(p))
+	dtype, err := o.readState(op, p, key, firstElem(values))
 	if err != nil {
 		return nil, err
 	}
@@ -563,15 +577,8 @@ func (o *Optimizer) State(p *Param, key string) ([]float32, error) {
 // StateInt16 returns a copy of the int16 "remainder" state (MasterRemainder) of a param.
 func (o *Optimizer) StateInt16(p *Param, key string) ([]int16, error) {
 	const op = "shardadam.StateInt16"
-	if p == nil || p.opt != o {
-		return nil, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
-	}
-	values := make([]int16, 2*p.numel) // room for 4 bytes per element, the widest state
-	var raw []byte
-	if p.numel > 0 {
-		raw = unsafe.Slice((*byte)(unsafe.Pointer(&values[0])), 4*p.numel)
-	}
-	dtype, err := o.readState(op, p, key, raw)
+	values := make([]int16, 2*paramNumel(p)) // room for 4 bytes per element, the widest state
+	dtype, err := o.readState(op, p, key, firstElem(values))
 	if err != nil {
 		return nil, err
 	}
