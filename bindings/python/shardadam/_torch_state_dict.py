@@ -81,7 +81,9 @@ def state_views(optimizer, entry):
                                             shape=param.shape, stride=param.stride())
         else:
             views[key] = local
-    views["step"] = torch.tensor(float(native.param_groups[entry.group].step), dtype=torch.float32)
+    # A param starts at step 0 (sa_optimizer_add_param); state_dict() and the loads refresh
+    # the tensor from the library's per-param counts.
+    views["step"] = torch.tensor(0.0, dtype=torch.float32)
     return views
 
 
