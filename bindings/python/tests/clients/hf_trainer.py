@@ -23,7 +23,10 @@ Checks (each prints both loss curves, the max abs and relative difference):
 2. fp32 resume: the FusedAdam run saved a checkpoint at step --save-at; a fresh Trainer
    (other init: everything must come from the checkpoint) with
    ``train(resume_from_checkpoint=...)`` continues, and its losses equal the
-   uninterrupted run's. The same for AdamW, the Trainer's own baseline.
+   uninterrupted run's. The same for AdamW, the Trainer's own baseline. And a user
+   switching optimizers: AdamW's checkpoint resumed with FusedAdam (its load_state_dict
+   takes torch AdamW state dicts), FusedAdam's resumed with AdamW, each against the
+   uninterrupted run of the optimizer that saved it (--rtol).
 3. bf16 params with FusedAdam's fp32 master weights against AdamW over fp32 params, both
    with ``bf16=True`` (autocast): the like-for-like reference (clients_common.BF16_RTOL
    says why, and why the tolerance). AdamW over the bf16 params themselves is shown for
@@ -151,9 +154,12 @@ def main():
     def versus(ours, reference, rtol, reference_title="AdamW"):
         return common.compare_losses(ours.losses, reference.losses, rtol, reference_title=reference_title)
 
-    def resumed(key, optimizer, rtol, **options):
-        uninterrupted = trained(key, optimizer, **options)
-        run = Run(optimizer, run=key + "-resumed", seed=123, **setup, **options).train(uninterrupted.checkpoint)
+    def resumed(key, optimizer, rtol, saved_by=None, **options):
+        """`optimizer` resumed from the checkpoint of run `key` (made by `saved_by`, default
+        the same optimizer) against that run's remaining losses."""
+        uninterrupted = trained(key, saved_by or optimizer, **options)
+        run = Run(optimizer, run=f"{key}-resumed-{optimizer}", seed=123, **setup, **options)
+        run.train(uninterrupted.checkpoint)
         return common.compare_losses(run.losses, uninterrupted.losses[args.save_at:], rtol, ours_title="resumed",
                                      reference_title="uninterrupted", first_step=args.save_at + 1)
 
@@ -162,6 +168,11 @@ def main():
                                                               trained("adamw", "AdamW"), args.rtol))
         report.run("fp32: FusedAdam resumed vs uninterrupted", resumed, "fused", "FusedAdam", args.resume_rtol)
         report.run("fp32: AdamW resumed vs uninterrupted (baseline)", resumed, "adamw", "AdamW", args.resume_rtol)
+        # A user switching optimizers mid-run: Trainer's optimizer.pt of one, loaded by the other.
+        report.run("fp32: AdamW checkpoint resumed with FusedAdam vs AdamW uninterrupted", resumed, "adamw",
+                   "FusedAdam", args.rtol, saved_by="AdamW")
+        report.run("fp32: FusedAdam checkpoint resumed with AdamW vs FusedAdam uninterrupted", resumed, "fused",
+                   "AdamW", args.rtol, saved_by="FusedAdam")
         bf16 = dict(dtype=torch.bfloat16, bf16=True)
         report.run("bf16 params: FusedAdam keeps fp32 masters",
                    lambda: check_masters(trained("fused-bf16", "FusedAdam", **bf16)))
