@@ -108,22 +108,26 @@ class Report:
         self.rows = []  # (name, verdict, seconds, detail)
         self.start = time.perf_counter()
 
-    def run(self, name, check, *args, expected_failure=None, **kwargs):
+    def run(self, name, check, *args, expected_failure=None, informational=False, **kwargs):
         """Runs check(*args, **kwargs) -> (ok, detail). `expected_failure`: (reason, text):
         a known FusedAdam issue makes this check fail with `text` in its detail. Such a
         failure is an EXPECTED FAIL, printed with the reason; a failure without the text is
-        a FAIL, and a pass an XPASS (the issue is fixed: drop the mark)."""
+        a FAIL, and a pass an XPASS (the issue is fixed: drop the mark). `informational`:
+        a comparison shown for scale; INFO unless it raises."""
         print(f"\n== {name}", flush=True)
         start = time.perf_counter()
+        raised = False
         try:
             ok, detail = check(*args, **kwargs)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # the client broke (dcp raises BaseExceptions): keep its error, go on
             traceback.print_exc()
-            ok, detail = False, short_error(exc)
+            ok, detail, raised = False, short_error(exc), True
         seconds = time.perf_counter() - start
         verdict = "PASS" if ok else "FAIL"
+        if informational and not raised:
+            verdict = "INFO"
         if expected_failure is not None:
             reason, text = expected_failure
             if ok:
