@@ -31,10 +31,13 @@ Tolerance: the resume changes the rank count, so the grads are averaged in anoth
 1e-7 on the CPU). --rtol (clients_common.FP32_RTOL, 1e-5) covers that and the optimizers'
 different operation order (check 1). With --resume-ranks equal to --ranks a resume is
 bitwise on the CPU.
+The runs of each phase (the saving runs, the resumes) share one launch of the processes;
+the time column charges it to the phase's first check.
 Exit status 1 on any FAIL.
 """
 import argparse
 import dataclasses
+import glob
 import os
 import shutil
 import sys
@@ -54,6 +57,8 @@ from reshard_fsdp2 import init_rank, launch
 from shardadam.torch import FusedAdam
 
 OPTIMIZERS = {"FusedAdam": FusedAdam, "AdamW": torch.optim.AdamW}
+# (optimizer, the optimizer whose checkpoint it resumes from): checks 2 and 3.
+RESUMES = (("FusedAdam", "FusedAdam"), ("AdamW", "AdamW"), ("FusedAdam", "AdamW"), ("AdamW", "FusedAdam"))
 # The known issue the optimizer-switching checks run into, and the error that shows it.
 DCP_KEYS_ISSUE = ("DCP key compatibility with torch AdamW: the param_groups of FusedAdam have bias_correction and "
                   "lack AdamW's foreach/fused/capturable/differentiable, so dcp.load of one optimizer's checkpoint "
@@ -88,31 +93,28 @@ def train(model, opt, schedule, steps, args, device, rank, world):
     return losses
 
 
-def recording_errors(rank, world, function, run_dir, *rest):
-    """Runs function(rank, world, run_dir, *rest), leaving the error of a rank that fails
-    in run_dir (the launcher only learns that a process exited)."""
+def recording_errors(rank, world, run_dir, name, function, *args):
+    """function(*args); the error of a rank where it fails is left in run_dir as
+    <name>.error, since the launcher only learns that a process exited. Returns whether it
+    succeeded."""
     try:
-        function(rank, world, run_dir, *rest)
+        function(*args)
+        return True
     except BaseException as exc:  # dcp's CheckpointException is a BaseException
-        with open(os.path.join(run_dir, f"error.rank{rank}"), "w") as out:
+        with open(os.path.join(run_dir, f"{name}.error.rank{rank}"), "w") as out:
             out.write(common.short_error(exc))
-        raise
+        return False
 
 
-def launch_recorded(function, world, run_dir, *rest):
-    """reshard_fsdp2.launch, raising with the failing rank's own error."""
-    for name in os.listdir(run_dir):
-        if name.startswith("error.rank"):
-            os.remove(os.path.join(run_dir, name))
-    error = launch(recording_errors, world, function, run_dir, *rest)
-    if error:
-        errors = [open(os.path.join(run_dir, name)).read() for name in sorted(os.listdir(run_dir))
-                  if name.startswith("error.rank")]
-        raise RuntimeError(f"{function.__name__} on {world} ranks: {errors[0] if errors else error}")
+def run_error(run_dir, name):
+    """The error a run left (the lowest failing rank's), or None."""
+    for path in sorted(glob.glob(os.path.join(run_dir, f"{name}.error.rank*"))):
+        with open(path) as f:
+            return f.read()
+    return None
 
 
-def save_rank(rank, world, run_dir, args, optimizer, port):
-    device, mesh = init_rank(rank, world, args.device, port)
+def save_run(rank, world, run_dir, args, optimizer, mesh, device):
     model, opt, schedule = build(optimizer, args, mesh, device, seed=0)
     losses = train(model, opt, schedule, range(args.save_at), args, device, rank, world)
     checkpoint = os.path.join(run_dir, optimizer)
@@ -123,13 +125,10 @@ def save_rank(rank, world, run_dir, args, optimizer, port):
     losses += train(model, opt, schedule, range(args.save_at, args.steps), args, device, rank, world)
     if rank == 0:
         torch.save(losses, os.path.join(run_dir, f"{optimizer}.losses.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
 
 
-def resume_rank(rank, world, run_dir, args, optimizer, saved_by, port):
-    device, mesh = init_rank(rank, world, args.device, port)
-    model, opt, schedule = build(optimizer, args, mesh, device, seed=123)
+def resume_run(rank, world, run_dir, args, optimizer, saved_by, mesh, device):
+    model, opt, schedule = build(optimizer, args, mesh, device, seed=123)  # everything must come from the checkpoint
     checkpoint = os.path.join(run_dir, saved_by)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     dcp.load(state, checkpoint_id=checkpoint)
@@ -139,7 +138,21 @@ def resume_rank(rank, world, run_dir, args, optimizer, saved_by, port):
     losses = train(model, opt, schedule, range(args.save_at, args.steps), args, device, rank, world)
     if rank == 0:
         torch.save(losses, os.path.join(run_dir, f"{optimizer}-from-{saved_by}.losses.pt"))
-    dist.barrier()
+
+
+def all_runs_rank(rank, world, run_dir, args, phase, port):
+    """One rank of one launch: phase "save" runs every optimizer from the same init and
+    saves it; phase "resume" resumes every (optimizer, checkpoint) pair. One launch per
+    phase: starting the processes is most of the time of a small run. A run that fails
+    leaves its error and the next one starts (a dcp failure raises on every rank alike)."""
+    device, mesh = init_rank(rank, world, args.device, port)
+    if phase == "save":
+        runs = [(optimizer, save_run, (optimizer,)) for optimizer in OPTIMIZERS]
+    else:
+        runs = [(f"{optimizer}-from-{saved_by}", resume_run, (optimizer, saved_by)) for optimizer, saved_by in RESUMES]
+    for name, function, what in runs:
+        recording_errors(rank, world, run_dir, name, function, rank, world, run_dir, args, *what, mesh, device)
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -169,23 +182,30 @@ def main():
     report = common.Report(f"FSDP2 + DCP, {args.device}, {args.ranks} ranks -> {args.resume_ranks}, {args.steps} "
                            f"steps, saved after {args.save_at}")
 
-    def losses(name):
+    launched = set()
+
+    def losses(name, phase, world):
+        """The losses of run `name`, launching its phase's runs at the first need."""
+        if phase not in launched:
+            launched.add(phase)
+            error = launch(all_runs_rank, world, run_dir, args, phase)
+            if error:
+                print(f"the {phase} launch on {world} ranks failed: {error}")
+        error = run_error(run_dir, name)
+        if error:
+            raise RuntimeError(f"{name} on {world} ranks: {error}")
         return torch.load(os.path.join(run_dir, f"{name}.losses.pt"))
 
     def uninterrupted(optimizer):
-        path = os.path.join(run_dir, f"{optimizer}.losses.pt")
-        if not os.path.exists(path):
-            launch_recorded(save_rank, args.ranks, run_dir, args, optimizer)
-        return losses(optimizer)
+        return losses(optimizer, "save", args.ranks)
 
     def versus():
         return common.compare_losses(uninterrupted("FusedAdam"), uninterrupted("AdamW"), args.rtol)
 
     def resumed(optimizer, saved_by):
         reference = uninterrupted(saved_by)[args.save_at:]
-        launch_recorded(resume_rank, args.resume_ranks, run_dir, args, optimizer, saved_by)
-        return common.compare_losses(losses(f"{optimizer}-from-{saved_by}"), reference, args.rtol,
-                                     ours_title="resumed", reference_title="uninterrupted",
+        return common.compare_losses(losses(f"{optimizer}-from-{saved_by}", "resume", args.resume_ranks), reference,
+                                     args.rtol, ours_title="resumed", reference_title="uninterrupted",
                                      first_step=args.save_at + 1)
 
     resume = f"{args.ranks} -> {args.resume_ranks} ranks"
