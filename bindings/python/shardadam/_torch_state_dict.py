@@ -47,17 +47,12 @@ def _default_of(name):
 # ---- per-param steps ---------------------------------------------------------------------------
 def param_steps(optimizer):
     """Each param's step count, by native index (on CUDA this may synchronize)."""
-    native = optimizer.native
-    if not hasattr(native, "param_steps"):  # TEMPORARY: until per-param steps land on main
-        return [native.param_groups[e.group].step for e in optimizer._entries]
-    return list(native.param_steps())
+    return optimizer.native.param_steps()
 
 
 def set_param_steps(optimizer, steps):
     """Sets each param's step count (a sequence by native index); group counts stay."""
-    native = optimizer.native
-    if hasattr(native, "set_param_steps"):  # TEMPORARY: until per-param steps land on main
-        native.set_param_steps(list(steps))
+    optimizer.native.set_param_steps(list(steps))
 
 
 def _refresh_step_tensors(optimizer, steps=None):
