@@ -21,6 +21,22 @@ uint64_t header_length(const Bytes& blob) {
   return n;
 }
 
+// "offset [a, b] shape [c, d]", as the messages write a box.
+std::string box_text(const json& offset, const json& shape) {
+  auto dims = [](const json& d) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < d.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(d[i].get<int64_t>());
+    return out + "]";
+  };
+  return "offset " + dims(offset) + " shape " + dims(shape);
+}
+
+json header_of(const Bytes& blob) {
+  const uint64_t n = header_length(blob);
+  return json::parse(blob.begin() + 8, blob.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+}
+
 // The header checksum as README.md ("Shard files") defines it, written from that text:
 // CRC-32C of the compact, key-sorted JSON of the metadata without header_crc32c plus each
 // tensor's dtype and shape.
@@ -244,10 +260,92 @@ TEST_CASE("overlapping saved boxes: SA_ERR_MISMATCH naming both files, nothing c
   target.check_unchanged();
 }
 
+TEST_CASE(
+    "a forged header whose saved boxes overlap elsewhere is refused by every rank, also one whose "
+    "own box is covered once",
+    "[state_io][errors]") {
+  // Rank 1's file claims one of its boxes a few rows higher (checksums recomputed: the file
+  // is self-consistent). The set of boxes then overlaps rank 0's and leaves the last rows
+  // uncovered; a rank of 3 whose own rows avoid both (rows [0, 3) of 'f32' for the first
+  // forgery) sees its box covered exactly once, yet the files are not one checkpoint.
+  const Problem& prob = io_problem();
+  const Scenario three = mesh_scenario("Shard(0) over 3", {3}, {shard(0)});
+  auto targets = make_ranks(prob, three, prob.initial_values(), other_groups());
+  std::vector<Snapshot> before;
+  for (auto& t : targets) {
+    t->step(0);
+    before.push_back(snapshot(t->opt(), prob));
+  }
+  const json saved0 = header_of(saved_blobs()[0]);
+  const json saved1 = header_of(saved_blobs()[1]);
+  const json boxes0 = json::parse(saved0["__metadata__"]["tensors"].get<std::string>());
+  const json boxes1 = json::parse(saved1["__metadata__"]["tensors"].get<std::string>());
+  // The tensors rank 1's box can move up along dim 0 (non-empty, below row 0).
+  std::vector<std::string> movable;
+  for (const auto& [name, entry] : boxes1.items())
+    if (entry["global_offset"][0] > 0 && saved1[name]["shape"][0] > 0 &&
+        saved1[name]["shape"][1] > 0)
+      movable.push_back(name);
+  REQUIRE(movable.size() > 10);
+
+  Rng rng(2024);
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::string name = trial == 0 ? "f32/exp_avg"
+                                        : movable[static_cast<std::size_t>(rng.integer(
+                                              0, static_cast<int64_t>(movable.size()) - 1))];
+    const int64_t at = boxes1[name]["global_offset"][0].get<int64_t>();
+    const int64_t up = trial == 0 ? 1 : rng.integer(1, at);
+    json moved_offset = boxes1[name]["global_offset"];
+    moved_offset[0] = at - up;
+    const Bytes forged = edit_header(saved_blobs()[1], [&](json& h) {
+      edit_metadata(h, "tensors", [&](json& t) { t[name]["global_offset"] = moved_offset; });
+    });
+    const std::size_t slash = name.rfind('/');
+    const std::string what =
+        "param '" + name.substr(0, slash) + "' state " + name.substr(slash + 1);
+    const std::string first =
+        "blob 0's box (" + box_text(boxes0[name]["global_offset"], saved0[name]["shape"]) + ")";
+    const std::string second =
+        "blob 1's box (" + box_text(moved_offset, saved1[name]["shape"]) + ")";
+    INFO(name << " moved up " << up << " rows");
+    for (std::size_t r = 0; r < targets.size(); ++r) {
+      INFO("rank " << r << " of 3");
+      CHECK_SA_FAILS(targets[r]->opt(), SA_ERR_MISMATCH,
+                     import_blobs(targets[r]->opt(), {saved_blobs()[0], forged}), what.c_str(),
+                     "exactly once", first.c_str(), second.c_str(), "both hold the elements at");
+      CHECK(snapshot(targets[r]->opt(), prob) == before[r]);
+    }
+  }
+  // The same ranks take the true files.
+  for (auto& t : targets) REQUIRE_SA_OK(t->opt(), import_blobs(t->opt(), saved_blobs()));
+}
+
+TEST_CASE("allow_unexpected: the tiling of params this optimizer does not have is not checked",
+          "[state_io][errors]") {
+  // The ignored params are never read, so whether their boxes tile is none of this
+  // import's business (header and checksums are still checked: every header is).
+  std::vector<GlobalParam> params = io_params();
+  params.erase(params.begin() + 8);  // no "3d"
+  const Problem fewer(params);
+  Target target(fewer);
+  const Bytes forged = edit_header(saved_blobs()[1], [](json& h) {
+    edit_metadata(h, "tensors", [](json& t) { t["3d/exp_avg"]["global_offset"] = {1, 0, 0}; });
+  });
+  sa_import_options allow = import_options();
+  allow.allow_unexpected = 1;
+  REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), {saved_blobs()[0], forged}, &allow));
+  // The same forgery in a param it has is refused.
+  Target whole;
+  CHECK_SA_FAILS(whole.opt(), SA_ERR_MISMATCH,
+                 import_blobs(whole.opt(), {saved_blobs()[0], forged}, &allow),
+                 "param '3d' state exp_avg", "both hold");
+  whole.check_unchanged();
+}
+
 TEST_CASE("a coverage gap: SA_ERR_MISMATCH naming an uncovered element, nothing changed", "[state_io][errors]") {
   Target target;
   CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), {saved_blobs()[0]}),
-                 "param 'f32' state exp_avg", "do not cover", "offset [0, 0] shape [9, 37]",
+                 "param 'f32' state exp_avg", "do not cover its global shape [9, 37] exactly once",
                  "185 of 333 elements are covered", "element [5, 0] is in no saved box");
   target.check_unchanged();
 }

@@ -2,7 +2,7 @@
 // existing state buffers.
 //
 // Phases, and what a failure in each leaves behind:
-//  1. plan     headers, the name index, coverage, dtypes, keys, groups   nothing changed
+//  1. plan     headers, the name index, tiling, dtypes, keys, groups     nothing changed
 //  2. verify   read every checksum block the copy needs, check its CRC   nothing changed
 //  3. apply    copy the runs into state (re-reading and re-checking the  optimizer marked
 //              blocks unless phase 2 could keep them all in staging)     unusable
@@ -146,6 +146,9 @@ class Importer {
     for (std::size_t f = 0; f < headers_.size(); ++f)
       for (const SavedTensor& t : headers_[f].tensors) saved_[t.param].keys[t.key].push_back({f, &t});
 
+    // Only the params imported are checked against the files (tiling, shapes, keys):
+    // those allow_unexpected ignores are never read, so a broken set of their boxes
+    // cannot reach this optimizer's state.
     for (const auto& p : opt_.params()) plan_param(*p);
 
     if (!settings_.allow_unexpected) {
@@ -207,8 +210,8 @@ class Importer {
     for (const NamedState& s : states) {
       const std::string what = concat("param '", p.name, "' state ", s.key);
       const std::vector<SavedRef>& refs = saved.keys.at(s.key);
-      std::vector<Box> parts;
-      std::vector<const SavedRef*> part_refs;
+      std::vector<Box> saved_boxes;
+      std::vector<Dims> global_shapes;
       for (const SavedRef& ref : refs) {
         const SavedTensor& t = *ref.tensor;
         if (t.global_shape != p.layout.global_shape)
@@ -218,23 +221,25 @@ class Importer {
         if (!same_dtype(t.dtype, s.dtype) && !is_moment_key(s.key))
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
                safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
-        Box shared;
-        if (!intersect(local, Box{t.global_offset, t.shape}, shared)) continue;
-        parts.push_back(shared);
-        part_refs.push_back(&ref);
+        saved_boxes.push_back({t.global_offset, t.shape});
+        global_shapes.push_back(t.global_shape);
       }
-      const Coverage coverage = check_coverage(local, parts);
-      if (!coverage.exact)
-        fail(SA_ERR_MISMATCH, what, ": the shard files do not cover this rank's box (",
-             describe_box(local), ") exactly once: ",
-             describe_coverage_problem(coverage, parts, local, [&](std::size_t i) {
-               return concat(readers_[part_refs[i]->file].name(), "'s box");
-             }));
-      for (std::size_t i = 0; i < parts.size(); ++i) {
-        const SavedTensor& t = *part_refs[i]->tensor;
-        pieces_.push_back({part_refs[i]->file, &t, parts[i], Box{t.global_offset, t.shape}, local,
+      // The whole global tensor, not only this rank's box: a box that overlaps another
+      // elsewhere means the files are not one checkpoint (a forged or mixed-up header),
+      // even where this rank's own box happens to be covered once. Tiled exactly, the
+      // saved boxes cover the local box exactly once too.
+      const Tiling tiling = check_tiling(
+          saved_boxes, global_shapes, [&](std::size_t i) { return readers_[refs[i].file].name(); });
+      if (tiling.kind != Tiling::Kind::exact)
+        fail(SA_ERR_MISMATCH, what, ": the shard files do not cover its global shape ",
+             format_dims(p.layout.global_shape), " exactly once: ", tiling.detail,
+             " (every file of the checkpoint must be given, each once)");
+      for (std::size_t i = 0; i < refs.size(); ++i) {
+        Box shared;
+        if (!intersect(local, saved_boxes[i], shared)) continue;
+        pieces_.push_back({refs[i].file, refs[i].tensor, shared, saved_boxes[i], local,
                            s.buffer->data(), s.dtype, what});
-        converts_ = converts_ || !same_dtype(t.dtype, s.dtype);
+        converts_ = converts_ || !same_dtype(refs[i].tensor->dtype, s.dtype);
       }
     }
   }
