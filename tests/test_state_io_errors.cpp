@@ -191,6 +191,71 @@ TEST_CASE("truncated files: SA_ERR_FORMAT, nothing changed", "[state_io][errors]
   target.check_unchanged();
 }
 
+TEST_CASE(
+    "bytes after the data section: SA_ERR_FORMAT naming the blob and how many, nothing changed",
+    "[state_io][errors]") {
+  // The safetensors package refuses such files ("file not fully covered"); so do we, for
+  // any count and content, and for a file with no tensors at all (an HSDP replica's).
+  Target target;
+  Rng rng(99);
+  const Problem& prob = io_problem();
+  auto replicas = make_ranks(prob, mesh_scenario("Replicate over 2", {2}, {replicate()}),
+                             prob.initial_values());
+  for (int s = 0; s < kSaveAt; ++s)
+    for (auto& r : replicas) r->step(s);  // the same checkpoint as saved_blobs()
+  const Bytes no_tensors = replicas[1]->export_blob();
+  REQUIRE(header_of(no_tensors).size() == 1);  // __metadata__ only
+  for (std::size_t extra : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{4096}}) {
+    Bytes longer = saved_blobs()[1];
+    for (std::size_t i = 0; i < extra; ++i)
+      longer.push_back(static_cast<unsigned char>(rng.integer(0, 255)));
+    INFO(extra << " extra bytes");
+    const std::string count = std::to_string(extra) + " bytes after the data section";
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT,
+                   import_blobs(target.opt(), {saved_blobs()[0], longer}), "blob 1", count.c_str());
+    Bytes empty_longer = no_tensors;
+    empty_longer.resize(no_tensors.size() + extra, 0);
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT,
+                   import_blobs(target.opt(), {saved_blobs()[0], saved_blobs()[1], empty_longer}),
+                   "blob 2", count.c_str());
+  }
+  target.check_unchanged();
+}
+
+TEST_CASE(
+    "a header that is not JSON: SA_ERR_FORMAT saying where and what was expected, no file bytes "
+    "echoed",
+    "[state_io][errors]") {
+  Target target;
+  const Bytes& blob = saved_blobs()[0];
+  const std::string header(blob.begin() + 8,
+                           blob.begin() + 8 + static_cast<std::ptrdiff_t>(header_length(blob)));
+  const std::size_t in_string = header.find("shardadam");       // inside a metadata value
+  const std::size_t separator = header.find("\"format\"") + 8;  // the ':' after a key
+  REQUIRE(header[separator] == ':');
+  struct Case {
+    std::size_t at;
+    unsigned char byte;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{in_string, 0xFF, "ill-formed UTF-8"}, Case{in_string, 0x01, "control character"},
+        Case{separator, 0xC3, "expected ':'"}, Case{separator, 'x', "expected ':'"}}) {
+    Bytes bad = blob;
+    bad[8 + c.at] = c.byte;
+    INFO("header byte " << c.at << " set to " << int(c.byte));
+    const std::string where = "at byte " + std::to_string(c.at) + " of the header";
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {bad, saved_blobs()[1]}),
+                   "blob 0", "the header is not valid JSON", where.c_str(), c.says);
+    const std::string message = sa_optimizer_last_error(target.opt());
+    // Only printable ASCII: the message is no carrier of the file's bytes.
+    CHECK(std::all_of(message.begin(), message.end(),
+                      [](char ch) { return ch >= 0x20 && ch < 0x7F; }));
+    CHECK_THAT(message, !Catch::Contains("last read"));
+  }
+  target.check_unchanged();
+}
+
 TEST_CASE("a header length pointing past the end of the file: SA_ERR_FORMAT", "[state_io][errors]") {
   Target target;
   Bytes blob = saved_blobs()[0];
