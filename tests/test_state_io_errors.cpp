@@ -531,7 +531,44 @@ TEST_CASE("files of different checkpoints (other step counts): SA_ERR_MISMATCH",
     for (auto& r : later) r->step(s);
   CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
                  import_blobs(target.opt(), {saved_blobs()[0], later[1]->export_blob()}),
-                 "blob 0 and blob 1 disagree about group 0 (steps 3 and 4", "different checkpoints");
+                 "the shard files disagree about group 0: step 3 in blob 0, 4 in blob 1",
+                 "different checkpoints");
+  target.check_unchanged();
+}
+
+TEST_CASE(
+    "files that disagree about a group's hyperparameter: SA_ERR_MISMATCH naming the field and both "
+    "values",
+    "[state_io][errors]") {
+  // Whatever restore_groups says: files that disagree are not one checkpoint. The values
+  // are spelled as the files spell them (JSON numbers), e.g. "lr 0.005 in blob 0".
+  struct Edit {
+    int group;
+    const char* field;
+    json value;
+    const char* want;
+  };
+  const std::vector<Edit> edits = {
+      {1, "lr", 0.25, "group 1: lr 0.005 in blob 0, 0.25 in blob 1"},
+      {0, "eps", 1e-6, "group 0: eps 1e-08 in blob 0, 1e-06 in blob 1"},
+      {1, "beta1", 0.75, "group 1: beta1 0.8 in blob 0, 0.75 in blob 1"},
+      {0, "maximize", 1, "group 0: maximize 0 in blob 0, 1 in blob 1"},
+      {1, "amsgrad", 0, "group 1: amsgrad 1 in blob 0, 0 in blob 1"},
+  };
+  Target target;
+  for (int32_t restore : {1, 0}) {
+    sa_import_options options = import_options();
+    options.restore_groups = restore;
+    for (const Edit& e : edits) {
+      INFO("restore_groups " << restore << ", group " << e.group << " " << e.field);
+      const Bytes edited = edit_header(saved_blobs()[1], [&](json& h) {
+        edit_metadata(h, "groups", [&](json& g) { g[e.group][e.field] = e.value; });
+      });
+      CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
+                     import_blobs(target.opt(), {saved_blobs()[0], edited}, &options), e.want,
+                     "different checkpoints");
+    }
+  }
   target.check_unchanged();
 }
 

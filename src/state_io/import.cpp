@@ -19,6 +19,7 @@
 #include "../errors.hpp"
 #include "box.hpp"
 #include "crc32c.hpp"
+#include "group_json.hpp"
 #include "metadata.hpp"
 #include "runs.hpp"
 #include "state_io.hpp"
@@ -81,27 +82,16 @@ std::string key_list(const std::set<std::string>& keys) {
   return "{" + out + "}";
 }
 
-bool same_group(const SavedGroup& a, const SavedGroup& b) {
-  const sa_group_config &x = a.config, &y = b.config;
-  return a.step == b.step && x.lr == y.lr && x.beta1 == y.beta1 && x.beta2 == y.beta2 &&
-         x.eps == y.eps && x.weight_decay == y.weight_decay &&
-         x.decoupled_weight_decay == y.decoupled_weight_decay &&
-         x.bias_correction == y.bias_correction && x.maximize == y.maximize && x.amsgrad == y.amsgrad;
-}
-
 // Every rank writes the groups, so every file of one checkpoint holds the same ones;
-// files that disagree come from different checkpoints.
+// files that disagree come from different checkpoints, whether or not the groups are
+// restored.
 void check_groups_agree(const std::vector<ShardHeader>& headers, const std::vector<BlobReader>& readers) {
   for (std::size_t f = 1; f < headers.size(); ++f) {
-    const auto &first = headers[0].groups, &other = headers[f].groups;
-    if (first.size() != other.size())
-      fail(SA_ERR_MISMATCH, readers[0].name(), " holds ", first.size(), " groups but ",
-           readers[f].name(), " holds ", other.size(), "; are they from different checkpoints?");
-    for (std::size_t g = 0; g < first.size(); ++g)
-      if (!same_group(first[g], other[g]))
-        fail(SA_ERR_MISMATCH, readers[0].name(), " and ", readers[f].name(),
-             " disagree about group ", g, " (steps ", first[g].step, " and ", other[g].step,
-             "; or its hyperparameters); are they from different checkpoints?");
+    const std::string difference = describe_group_difference(headers[0].groups, readers[0].name(),
+                                                             headers[f].groups, readers[f].name());
+    if (!difference.empty())
+      fail(SA_ERR_MISMATCH, "the shard files disagree about ", difference,
+           "; are they from different checkpoints?");
   }
 }
 

@@ -118,8 +118,10 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
       first_index = f;
       continue;
     }
-    if (files[f]["groups"] != files[first_index]["groups"]) {
-      groups_status = concat("file ", first_index, " and file ", f, " hold different groups or steps");
+    const std::string difference = describe_group_difference(
+        first->groups, concat("file ", first_index), headers[f]->groups, concat("file ", f));
+    if (!difference.empty()) {
+      groups_status = concat("the files disagree about ", difference);
       ok = false;
       break;
     }
