@@ -101,6 +101,8 @@ sa_status sa_inspect(int32_t n, const sa_reader* const* readers, int32_t verify_
   return guarded(nullptr, "sa_inspect", [&] {
     require(report_json != nullptr, "report_json is NULL");
     require(verify_data == 0 || verify_data == 1, "verify_data must be 0 or 1");
+    // A report on nothing would say "ok": a glob that matched no file must not pass.
+    require(n != 0, "n is 0: there are no shard files to inspect");
     const std::string report = sa::inspect_shards(blob_readers(n, readers), verify_data != 0);
     char* out = static_cast<char*>(std::malloc(report.size() + 1));
     if (out == nullptr) throw std::bad_alloc();

@@ -21,6 +21,22 @@ uint64_t header_length(const Bytes& blob) {
   return n;
 }
 
+// "offset [a, b] shape [c, d]", as the messages write a box.
+std::string box_text(const json& offset, const json& shape) {
+  auto dims = [](const json& d) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < d.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(d[i].get<int64_t>());
+    return out + "]";
+  };
+  return "offset " + dims(offset) + " shape " + dims(shape);
+}
+
+json header_of(const Bytes& blob) {
+  const uint64_t n = header_length(blob);
+  return json::parse(blob.begin() + 8, blob.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+}
+
 // The header checksum as README.md ("Shard files") defines it, written from that text:
 // CRC-32C of the compact, key-sorted JSON of the metadata without header_crc32c plus each
 // tensor's dtype and shape.
@@ -175,6 +191,71 @@ TEST_CASE("truncated files: SA_ERR_FORMAT, nothing changed", "[state_io][errors]
   target.check_unchanged();
 }
 
+TEST_CASE(
+    "bytes after the data section: SA_ERR_FORMAT naming the blob and how many, nothing changed",
+    "[state_io][errors]") {
+  // The safetensors package refuses such files ("file not fully covered"); so do we, for
+  // any count and content, and for a file with no tensors at all (an HSDP replica's).
+  Target target;
+  Rng rng(99);
+  const Problem& prob = io_problem();
+  auto replicas = make_ranks(prob, mesh_scenario("Replicate over 2", {2}, {replicate()}),
+                             prob.initial_values());
+  for (int s = 0; s < kSaveAt; ++s)
+    for (auto& r : replicas) r->step(s);  // the same checkpoint as saved_blobs()
+  const Bytes no_tensors = replicas[1]->export_blob();
+  REQUIRE(header_of(no_tensors).size() == 1);  // __metadata__ only
+  for (std::size_t extra : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{4096}}) {
+    Bytes longer = saved_blobs()[1];
+    for (std::size_t i = 0; i < extra; ++i)
+      longer.push_back(static_cast<unsigned char>(rng.integer(0, 255)));
+    INFO(extra << " extra bytes");
+    const std::string count = std::to_string(extra) + " bytes after the data section";
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT,
+                   import_blobs(target.opt(), {saved_blobs()[0], longer}), "blob 1", count.c_str());
+    Bytes empty_longer = no_tensors;
+    empty_longer.resize(no_tensors.size() + extra, 0);
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT,
+                   import_blobs(target.opt(), {saved_blobs()[0], saved_blobs()[1], empty_longer}),
+                   "blob 2", count.c_str());
+  }
+  target.check_unchanged();
+}
+
+TEST_CASE(
+    "a header that is not JSON: SA_ERR_FORMAT saying where and what was expected, no file bytes "
+    "echoed",
+    "[state_io][errors]") {
+  Target target;
+  const Bytes& blob = saved_blobs()[0];
+  const std::string header(blob.begin() + 8,
+                           blob.begin() + 8 + static_cast<std::ptrdiff_t>(header_length(blob)));
+  const std::size_t in_string = header.find("shardadam");       // inside a metadata value
+  const std::size_t separator = header.find("\"format\"") + 8;  // the ':' after a key
+  REQUIRE(header[separator] == ':');
+  struct Case {
+    std::size_t at;
+    unsigned char byte;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{in_string, 0xFF, "ill-formed UTF-8"}, Case{in_string, 0x01, "control character"},
+        Case{separator, 0xC3, "expected ':'"}, Case{separator, 'x', "expected ':'"}}) {
+    Bytes bad = blob;
+    bad[8 + c.at] = c.byte;
+    INFO("header byte " << c.at << " set to " << int(c.byte));
+    const std::string where = "at byte " + std::to_string(c.at) + " of the header";
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {bad, saved_blobs()[1]}),
+                   "blob 0", "the header is not valid JSON", where.c_str(), c.says);
+    const std::string message = sa_optimizer_last_error(target.opt());
+    // Only printable ASCII: the message is no carrier of the file's bytes.
+    CHECK(std::all_of(message.begin(), message.end(),
+                      [](char ch) { return ch >= 0x20 && ch < 0x7F; }));
+    CHECK_THAT(message, !Catch::Contains("last read"));
+  }
+  target.check_unchanged();
+}
+
 TEST_CASE("a header length pointing past the end of the file: SA_ERR_FORMAT", "[state_io][errors]") {
   Target target;
   Bytes blob = saved_blobs()[0];
@@ -244,10 +325,92 @@ TEST_CASE("overlapping saved boxes: SA_ERR_MISMATCH naming both files, nothing c
   target.check_unchanged();
 }
 
+TEST_CASE(
+    "a forged header whose saved boxes overlap elsewhere is refused by every rank, also one whose "
+    "own box is covered once",
+    "[state_io][errors]") {
+  // Rank 1's file claims one of its boxes a few rows higher (checksums recomputed: the file
+  // is self-consistent). The set of boxes then overlaps rank 0's and leaves the last rows
+  // uncovered; a rank of 3 whose own rows avoid both (rows [0, 3) of 'f32' for the first
+  // forgery) sees its box covered exactly once, yet the files are not one checkpoint.
+  const Problem& prob = io_problem();
+  const Scenario three = mesh_scenario("Shard(0) over 3", {3}, {shard(0)});
+  auto targets = make_ranks(prob, three, prob.initial_values(), other_groups());
+  std::vector<Snapshot> before;
+  for (auto& t : targets) {
+    t->step(0);
+    before.push_back(snapshot(t->opt(), prob));
+  }
+  const json saved0 = header_of(saved_blobs()[0]);
+  const json saved1 = header_of(saved_blobs()[1]);
+  const json boxes0 = json::parse(saved0["__metadata__"]["tensors"].get<std::string>());
+  const json boxes1 = json::parse(saved1["__metadata__"]["tensors"].get<std::string>());
+  // The tensors rank 1's box can move up along dim 0 (non-empty, below row 0).
+  std::vector<std::string> movable;
+  for (const auto& [name, entry] : boxes1.items())
+    if (entry["global_offset"][0] > 0 && saved1[name]["shape"][0] > 0 &&
+        saved1[name]["shape"][1] > 0)
+      movable.push_back(name);
+  REQUIRE(movable.size() > 10);
+
+  Rng rng(2024);
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::string name = trial == 0 ? "f32/exp_avg"
+                                        : movable[static_cast<std::size_t>(rng.integer(
+                                              0, static_cast<int64_t>(movable.size()) - 1))];
+    const int64_t at = boxes1[name]["global_offset"][0].get<int64_t>();
+    const int64_t up = trial == 0 ? 1 : rng.integer(1, at);
+    json moved_offset = boxes1[name]["global_offset"];
+    moved_offset[0] = at - up;
+    const Bytes forged = edit_header(saved_blobs()[1], [&](json& h) {
+      edit_metadata(h, "tensors", [&](json& t) { t[name]["global_offset"] = moved_offset; });
+    });
+    const std::size_t slash = name.rfind('/');
+    const std::string what =
+        "param '" + name.substr(0, slash) + "' state " + name.substr(slash + 1);
+    const std::string first =
+        "blob 0's box (" + box_text(boxes0[name]["global_offset"], saved0[name]["shape"]) + ")";
+    const std::string second =
+        "blob 1's box (" + box_text(moved_offset, saved1[name]["shape"]) + ")";
+    INFO(name << " moved up " << up << " rows");
+    for (std::size_t r = 0; r < targets.size(); ++r) {
+      INFO("rank " << r << " of 3");
+      CHECK_SA_FAILS(targets[r]->opt(), SA_ERR_MISMATCH,
+                     import_blobs(targets[r]->opt(), {saved_blobs()[0], forged}), what.c_str(),
+                     "exactly once", first.c_str(), second.c_str(), "both hold the elements at");
+      CHECK(snapshot(targets[r]->opt(), prob) == before[r]);
+    }
+  }
+  // The same ranks take the true files.
+  for (auto& t : targets) REQUIRE_SA_OK(t->opt(), import_blobs(t->opt(), saved_blobs()));
+}
+
+TEST_CASE("allow_unexpected: the tiling of params this optimizer does not have is not checked",
+          "[state_io][errors]") {
+  // The ignored params are never read, so whether their boxes tile is none of this
+  // import's business (header and checksums are still checked: every header is).
+  std::vector<GlobalParam> params = io_params();
+  params.erase(params.begin() + 8);  // no "3d"
+  const Problem fewer(params);
+  Target target(fewer);
+  const Bytes forged = edit_header(saved_blobs()[1], [](json& h) {
+    edit_metadata(h, "tensors", [](json& t) { t["3d/exp_avg"]["global_offset"] = {1, 0, 0}; });
+  });
+  sa_import_options allow = import_options();
+  allow.allow_unexpected = 1;
+  REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), {saved_blobs()[0], forged}, &allow));
+  // The same forgery in a param it has is refused.
+  Target whole;
+  CHECK_SA_FAILS(whole.opt(), SA_ERR_MISMATCH,
+                 import_blobs(whole.opt(), {saved_blobs()[0], forged}, &allow),
+                 "param '3d' state exp_avg", "both hold");
+  whole.check_unchanged();
+}
+
 TEST_CASE("a coverage gap: SA_ERR_MISMATCH naming an uncovered element, nothing changed", "[state_io][errors]") {
   Target target;
   CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), {saved_blobs()[0]}),
-                 "param 'f32' state exp_avg", "do not cover", "offset [0, 0] shape [9, 37]",
+                 "param 'f32' state exp_avg", "do not cover its global shape [9, 37] exactly once",
                  "185 of 333 elements are covered", "element [5, 0] is in no saved box");
   target.check_unchanged();
 }
@@ -417,7 +580,44 @@ TEST_CASE("files of different checkpoints (other step counts): SA_ERR_MISMATCH",
     for (auto& r : later) r->step(s);
   CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
                  import_blobs(target.opt(), {saved_blobs()[0], later[1]->export_blob()}),
-                 "blob 0 and blob 1 disagree about group 0 (steps 3 and 4", "different checkpoints");
+                 "the shard files disagree about group 0: step 3 in blob 0, 4 in blob 1",
+                 "different checkpoints");
+  target.check_unchanged();
+}
+
+TEST_CASE(
+    "files that disagree about a group's hyperparameter: SA_ERR_MISMATCH naming the field and both "
+    "values",
+    "[state_io][errors]") {
+  // Whatever restore_groups says: files that disagree are not one checkpoint. The values
+  // are spelled as the files spell them (JSON numbers), e.g. "lr 0.005 in blob 0".
+  struct Edit {
+    int group;
+    const char* field;
+    json value;
+    const char* want;
+  };
+  const std::vector<Edit> edits = {
+      {1, "lr", 0.25, "group 1: lr 0.005 in blob 0, 0.25 in blob 1"},
+      {0, "eps", 1e-6, "group 0: eps 1e-08 in blob 0, 1e-06 in blob 1"},
+      {1, "beta1", 0.75, "group 1: beta1 0.8 in blob 0, 0.75 in blob 1"},
+      {0, "maximize", 1, "group 0: maximize 0 in blob 0, 1 in blob 1"},
+      {1, "amsgrad", 0, "group 1: amsgrad 1 in blob 0, 0 in blob 1"},
+  };
+  Target target;
+  for (int32_t restore : {1, 0}) {
+    sa_import_options options = import_options();
+    options.restore_groups = restore;
+    for (const Edit& e : edits) {
+      INFO("restore_groups " << restore << ", group " << e.group << " " << e.field);
+      const Bytes edited = edit_header(saved_blobs()[1], [&](json& h) {
+        edit_metadata(h, "groups", [&](json& g) { g[e.group][e.field] = e.value; });
+      });
+      CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH,
+                     import_blobs(target.opt(), {saved_blobs()[0], edited}, &options), e.want,
+                     "different checkpoints");
+    }
+  }
   target.check_unchanged();
 }
 

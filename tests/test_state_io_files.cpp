@@ -191,3 +191,57 @@ TEST_CASE("sa_inspect reports a whole set, a gap, an overlap, bad checksums and 
   CHECK(report == nullptr);
   sa_free(nullptr);
 }
+
+TEST_CASE("sa_inspect of no files is an error, not a report that says ok", "[state_io][inspect]") {
+  // Nothing inspected is nothing proven whole: a glob that matched no file must not pass.
+  char* report = reinterpret_cast<char*>(1);
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_inspect(0, nullptr, 1, &report), "sa_inspect",
+                 "n is 0", "no shard files");
+  CHECK(report == nullptr);
+  const sa_reader* none[1] = {nullptr};
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_inspect(0, none, 0, &report), "n is 0");
+  CHECK(report == nullptr);
+}
+
+TEST_CASE("sa_inspect reports bytes after the data section and which group field files disagree on",
+          "[state_io][inspect]") {
+  const Problem& prob = io_problem();
+  auto ranks =
+      make_ranks(prob, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), prob.initial_values());
+  for (auto& r : ranks) r->step(0);
+  std::vector<Bytes> blobs;
+  for (auto& r : ranks) blobs.push_back(r->export_blob());
+  REQUIRE(inspect(blobs, 1)["ok"] == true);
+
+  Rng rng(5);
+  for (std::size_t extra : {std::size_t{1}, std::size_t{13}, std::size_t{1} << 12}) {
+    INFO(extra << " extra bytes");
+    Bytes longer = blobs[1];
+    for (std::size_t i = 0; i < extra; ++i)
+      longer.push_back(static_cast<unsigned char>(rng.integer(0, 255)));
+    for (int32_t verify : {0, 1}) {
+      const nlohmann::json r = inspect({blobs[0], longer}, verify);
+      CHECK(r["ok"] == false);
+      CHECK(r["files"][0]["header"] == "ok");
+      CHECK(r["files"][1]["header"] == "bad");
+      CHECK_THAT(r["files"][1]["error"].get<std::string>(),
+                 Catch::Contains(std::to_string(extra) + " bytes after the data section"));
+    }
+  }
+
+  // Rank 1's file from another run: another lr in group 0, one step more.
+  std::vector<sa_group_config> groups = io_groups();
+  groups[0].lr = 0.25;
+  auto other = make_ranks(prob, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}),
+                          prob.initial_values(), groups);
+  for (auto& r : other) {
+    r->step(0);
+    r->step(1);
+  }
+  const nlohmann::json mixed = inspect({blobs[0], other[1]->export_blob()}, 0);
+  CHECK(mixed["ok"] == false);
+  const std::string status = mixed["groups"].get<std::string>();
+  CHECK_THAT(
+      status,
+      Catch::Contains("group 0: lr 0.01 in file 0, 0.25 in file 1; step 1 in file 0, 2 in file 1"));
+}

@@ -703,33 +703,42 @@ typedef struct sa_import_options {
  * by name; the files may hold their ranks' shards in any order.
  *
  * Validation comes first and changes nothing: every header is read and checked; the
- * files must agree on the groups and step counts, and those holding parts of one param on
- * its step count (files of different checkpoints do not); every param of this optimizer must be in the files (unless allow_missing) and
- * every param of the files in this optimizer (unless allow_unexpected), with the same
- * state keys (so the same master kind and amsgrad); for every local state box the saved
- * boxes of the same param and key that intersect it must have its global shape and
- * cover it exactly once; float32 and bfloat16 moments convert into each other (rounding
- * to nearest even), master and remainder never convert; with restore_groups the groups
- * must match in number and be acceptable to sa_optimizer_set_group; and the checksums of
- * every block that will be read must match. Only then are the checksum blocks holding
- * the intersecting runs read (runs along trailing dims that both sides hold whole are
- * merged into one) and copied into place through the staging buffer.
+ * files must agree on the groups and step counts, whatever restore_groups says, and those
+ * holding parts of one param on its step count (files of different checkpoints do not;
+ * the message names the group or param, the field and both values);
+ * every param of this optimizer must be in the files (unless allow_missing) and every
+ * param of the files in this optimizer (unless allow_unexpected), with the same state
+ * keys (so the same master kind and amsgrad); for every param imported and every state
+ * key, the saved boxes over all `n` files must have its global shape and tile the whole
+ * global tensor exactly once (not only this rank's box: give every file of the
+ * checkpoint, each once, even where only some of them touch this rank's box); float32
+ * and bfloat16 moments convert into each other (rounding to nearest even), master and
+ * remainder never convert; with restore_groups the groups must match in number and be
+ * acceptable to sa_optimizer_set_group; and the checksums of every block that will be
+ * read must match. Params that allow_unexpected ignores are never read, so their boxes
+ * are not checked for tiling (their headers are, like every header). Only then are the
+ * checksum blocks holding the runs that intersect this rank's boxes read (runs along
+ * trailing dims that both sides hold whole are merged into one) and copied into place
+ * through the staging buffer.
  *
  * Errors, each with a message naming the blob, param and state: SA_ERR_FORMAT for a blob
- * that is not a sound shard file (not safetensors, another format, truncated, a checksum
- * that does not match: header or data); SA_ERR_UNSUPPORTED for a newer format version;
- * SA_ERR_MISMATCH when the files do not fit this optimizer (global shapes, coverage gaps
- * or overlaps, state keys, groups, params missing or unexpected); SA_ERR_IO when a reader
- * fails. All of these leave the optimizer exactly as it was.
+ * that is not a sound shard file (not safetensors, another format, truncated, bytes after
+ * the data section, a checksum that does not match: header or data; a header that is not
+ * JSON is placed by its byte offset, its bytes not quoted); SA_ERR_UNSUPPORTED for a
+ * newer format version; SA_ERR_MISMATCH when the files do not fit this optimizer or each
+ * other (global shapes, gaps or overlaps in the tiling, naming the two overlapping boxes
+ * and their files or an element in no box, state keys, groups, params missing or
+ * unexpected); SA_ERR_IO when a reader fails. All of these leave the optimizer exactly as
+ * it was.
  *
  * A failure during the copy phase (a read fails, or a block no longer matches its
  * checksum: the blob changed under us) returns SA_ERR_IO and marks the optimizer
  * unusable: sa_optimizer_step, sa_optimizer_flush and sa_optimizer_export refuse with
- * SA_ERR_STATE, saying why, until an import succeeds that restores every param (one where allow_missing
- * skipped a param leaves the mark). The call synchronizes the device before it copies.
- * `options` may be NULL. Params themselves are not touched: load them from the model's
- * own checkpoint (a remainder state restores the fp32 value only with the same bf16
- * param bits it was saved with).
+ * SA_ERR_STATE, saying why, until an import succeeds that restores every param (one where
+ * allow_missing skipped a param leaves the mark). The call synchronizes the device before it
+ * copies. `options` may be NULL. Params themselves are not touched: load them from the model's own
+ * checkpoint (a remainder state restores the fp32 value only with the same bf16 param bits it was
+ * saved with).
  */
 SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_reader* const* readers,
                                      const sa_import_options* options);
@@ -738,11 +747,14 @@ SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_read
  * Describes what a set of shard files holds, as a JSON text (the caller frees it with
  * sa_free): per global tensor (param and state key) its global shape, dtype, the boxes
  * saved and by which file, whether they cover the tensor exactly once (and where not),
- * and per file whether its header parses and its checksums match. `verify_data` 0 skips
- * reading the data (headers only). A bad file is described in the report, not an error:
- * the call returns SA_OK whenever it produced a report, and the report's "ok" says
- * whether every file is sound and every tensor covered exactly once (README.md, "Shard
- * files", shows the report). Handle-less: errors go to sa_last_error(). The
+ * and per file whether its header parses (the same checks as sa_optimizer_import: bytes
+ * after the data section make a header "bad") and its checksums match. `verify_data` 0
+ * skips reading the data (headers only). A bad file is described in the report, not an
+ * error: the call returns SA_OK whenever it produced a report, and the report's "ok" says
+ * whether every file is sound, the files agree on the groups (else "groups" names the
+ * group, field and both values) and every tensor is covered exactly once (README.md,
+ * "Shard files", shows the report). `n` 0 is SA_ERR_INVALID_ARGUMENT, not a report: no
+ * file proves nothing whole. Handle-less: errors go to sa_last_error(). The
  * shardadam-inspect tool prints this report for files given on its command line.
  */
 SA_API sa_status sa_inspect(int32_t n, const sa_reader* const* readers, int32_t verify_data,

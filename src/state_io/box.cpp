@@ -169,4 +169,43 @@ std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>&
   return text;
 }
 
+Tiling check_tiling(const std::vector<Box>& boxes, const std::vector<Dims>& global_shapes,
+                    const std::function<std::string(std::size_t)>& holder) {
+  Tiling t;
+  if (boxes.empty()) {
+    t.kind = Tiling::Kind::gap;
+    t.detail = "no file holds a box of it";
+    return t;
+  }
+  const auto differs = std::find_if(global_shapes.begin(), global_shapes.end(),
+                                    [&](const Dims& s) { return s != global_shapes[0]; });
+  if (differs != global_shapes.end()) {
+    const std::size_t i = static_cast<std::size_t>(differs - global_shapes.begin());
+    t.kind = Tiling::Kind::shape_mismatch;
+    t.detail = concat(holder(0), " says global shape ", format_dims(global_shapes[0]), ", ",
+                      holder(i), " says ", format_dims(global_shapes[i]));
+    return t;
+  }
+  const Box global{Dims(global_shapes[0].size(), 0), global_shapes[0]};
+  const Coverage c = check_coverage(global, boxes);
+  t.kind = c.exact ? Tiling::Kind::exact : c.overlap ? Tiling::Kind::overlap : Tiling::Kind::gap;
+  t.detail = describe_coverage_problem(c, boxes, global,
+                                       [&](std::size_t i) { return concat(holder(i), "'s box"); });
+  return t;
+}
+
+const char* tiling_kind_name(Tiling::Kind kind) {
+  switch (kind) {
+    case Tiling::Kind::exact:
+      return "exact";
+    case Tiling::Kind::gap:
+      return "gap";
+    case Tiling::Kind::overlap:
+      return "overlap";
+    case Tiling::Kind::shape_mismatch:
+      return "shape mismatch";
+  }
+  return "?";
+}
+
 }  // namespace sa

@@ -50,6 +50,25 @@ std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>&
                                       const Box& target,
                                       const std::function<std::string(std::size_t)>& name);
 
+// How the saved boxes of one global tensor (a param and state key, over a whole set of
+// files) tile it: each element in exactly one box, and every box of the same global shape.
+struct Tiling {
+  enum class Kind { exact, gap, overlap, shape_mismatch };
+  Kind kind = Kind::exact;
+  // "covered exactly once", or what is wrong: the two overlapping boxes and who holds
+  // them, an element in no box, or the two global shapes that differ.
+  std::string detail;
+};
+
+// `boxes[i]` is a box of a global tensor of shape `global_shapes[i]`, held by `holder(i)`
+// (e.g. "blob 2 ('rank2.safetensors')"). The one tiling check: sa_inspect reports it,
+// sa_optimizer_import refuses what is not exact.
+Tiling check_tiling(const std::vector<Box>& boxes, const std::vector<Dims>& global_shapes,
+                    const std::function<std::string(std::size_t)>& holder);
+
+// "exact", "gap", "overlap", "shape mismatch": the report's spelling.
+const char* tiling_kind_name(Tiling::Kind kind);
+
 }  // namespace sa
 
 #endif  // SHARDADAM_SRC_STATE_IO_BOX_HPP_

@@ -2,7 +2,7 @@
 // existing state buffers.
 //
 // Phases, and what a failure in each leaves behind:
-//  1. plan     headers, the name index, coverage, dtypes, keys, groups   nothing changed
+//  1. plan     headers, the name index, tiling, dtypes, keys, groups     nothing changed
 //  2. verify   read every checksum block the copy needs, check its CRC   nothing changed
 //  3. apply    copy the runs into state (re-reading and re-checking the  optimizer marked
 //              blocks unless phase 2 could keep them all in staging)     unusable
@@ -19,6 +19,7 @@
 #include "../errors.hpp"
 #include "box.hpp"
 #include "crc32c.hpp"
+#include "group_json.hpp"
 #include "metadata.hpp"
 #include "runs.hpp"
 #include "state_io.hpp"
@@ -81,27 +82,16 @@ std::string key_list(const std::set<std::string>& keys) {
   return "{" + out + "}";
 }
 
-bool same_group(const SavedGroup& a, const SavedGroup& b) {
-  const sa_group_config &x = a.config, &y = b.config;
-  return a.step == b.step && x.lr == y.lr && x.beta1 == y.beta1 && x.beta2 == y.beta2 &&
-         x.eps == y.eps && x.weight_decay == y.weight_decay &&
-         x.decoupled_weight_decay == y.decoupled_weight_decay &&
-         x.bias_correction == y.bias_correction && x.maximize == y.maximize && x.amsgrad == y.amsgrad;
-}
-
 // Every rank writes the groups, so every file of one checkpoint holds the same ones;
-// files that disagree come from different checkpoints.
+// files that disagree come from different checkpoints, whether or not the groups are
+// restored.
 void check_groups_agree(const std::vector<ShardHeader>& headers, const std::vector<BlobReader>& readers) {
   for (std::size_t f = 1; f < headers.size(); ++f) {
-    const auto &first = headers[0].groups, &other = headers[f].groups;
-    if (first.size() != other.size())
-      fail(SA_ERR_MISMATCH, readers[0].name(), " holds ", first.size(), " groups but ",
-           readers[f].name(), " holds ", other.size(), "; are they from different checkpoints?");
-    for (std::size_t g = 0; g < first.size(); ++g)
-      if (!same_group(first[g], other[g]))
-        fail(SA_ERR_MISMATCH, readers[0].name(), " and ", readers[f].name(),
-             " disagree about group ", g, " (steps ", first[g].step, " and ", other[g].step,
-             "; or its hyperparameters); are they from different checkpoints?");
+    const std::string difference = describe_group_difference(headers[0].groups, readers[0].name(),
+                                                             headers[f].groups, readers[f].name());
+    if (!difference.empty())
+      fail(SA_ERR_MISMATCH, "the shard files disagree about ", difference,
+           "; are they from different checkpoints?");
   }
 }
 
@@ -146,6 +136,9 @@ class Importer {
     for (std::size_t f = 0; f < headers_.size(); ++f)
       for (const SavedTensor& t : headers_[f].tensors) saved_[t.param].keys[t.key].push_back({f, &t});
 
+    // Only the params imported are checked against the files (tiling, shapes, keys):
+    // those allow_unexpected ignores are never read, so a broken set of their boxes
+    // cannot reach this optimizer's state.
     for (std::size_t i = 0; i < opt_.params().size(); ++i) {
       plan_param(*opt_.params()[i]);
       if (settings_.restore_groups) plan_param_step(static_cast<int64_t>(i));
@@ -210,8 +203,8 @@ class Importer {
     for (const NamedState& s : states) {
       const std::string what = concat("param '", p.name, "' state ", s.key);
       const std::vector<SavedRef>& refs = saved.keys.at(s.key);
-      std::vector<Box> parts;
-      std::vector<const SavedRef*> part_refs;
+      std::vector<Box> saved_boxes;
+      std::vector<Dims> global_shapes;
       for (const SavedRef& ref : refs) {
         const SavedTensor& t = *ref.tensor;
         if (t.global_shape != p.layout.global_shape)
@@ -221,23 +214,25 @@ class Importer {
         if (!same_dtype(t.dtype, s.dtype) && !is_moment_key(s.key))
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
                safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
-        Box shared;
-        if (!intersect(local, Box{t.global_offset, t.shape}, shared)) continue;
-        parts.push_back(shared);
-        part_refs.push_back(&ref);
+        saved_boxes.push_back({t.global_offset, t.shape});
+        global_shapes.push_back(t.global_shape);
       }
-      const Coverage coverage = check_coverage(local, parts);
-      if (!coverage.exact)
-        fail(SA_ERR_MISMATCH, what, ": the shard files do not cover this rank's box (",
-             describe_box(local), ") exactly once: ",
-             describe_coverage_problem(coverage, parts, local, [&](std::size_t i) {
-               return concat(readers_[part_refs[i]->file].name(), "'s box");
-             }));
-      for (std::size_t i = 0; i < parts.size(); ++i) {
-        const SavedTensor& t = *part_refs[i]->tensor;
-        pieces_.push_back({part_refs[i]->file, &t, parts[i], Box{t.global_offset, t.shape}, local,
+      // The whole global tensor, not only this rank's box: a box that overlaps another
+      // elsewhere means the files are not one checkpoint (a forged or mixed-up header),
+      // even where this rank's own box happens to be covered once. Tiled exactly, the
+      // saved boxes cover the local box exactly once too.
+      const Tiling tiling = check_tiling(
+          saved_boxes, global_shapes, [&](std::size_t i) { return readers_[refs[i].file].name(); });
+      if (tiling.kind != Tiling::Kind::exact)
+        fail(SA_ERR_MISMATCH, what, ": the shard files do not cover its global shape ",
+             format_dims(p.layout.global_shape), " exactly once: ", tiling.detail,
+             " (every file of the checkpoint must be given, each once)");
+      for (std::size_t i = 0; i < refs.size(); ++i) {
+        Box shared;
+        if (!intersect(local, saved_boxes[i], shared)) continue;
+        pieces_.push_back({refs[i].file, refs[i].tensor, shared, saved_boxes[i], local,
                            s.buffer->data(), s.dtype, what});
-        converts_ = converts_ || !same_dtype(t.dtype, s.dtype);
+        converts_ = converts_ || !same_dtype(refs[i].tensor->dtype, s.dtype);
       }
     }
   }

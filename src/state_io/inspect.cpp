@@ -118,8 +118,10 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
       first_index = f;
       continue;
     }
-    if (files[f]["groups"] != files[first_index]["groups"]) {
-      groups_status = concat("file ", first_index, " and file ", f, " hold different groups or steps");
+    const std::string difference = describe_group_difference(
+        first->groups, concat("file ", first_index), headers[f]->groups, concat("file ", f));
+    if (!difference.empty()) {
+      groups_status = concat("the files disagree about ", difference);
       ok = false;
       break;
     }
@@ -152,22 +154,11 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
                           {"global_shape", g.global_shapes[0]},
                           {"dtypes", g.dtypes},
                           {"boxes", boxes}};
-    const auto differs = std::find_if(g.global_shapes.begin(), g.global_shapes.end(),
-                                      [&](const Dims& s) { return s != g.global_shapes[0]; });
-    if (differs != g.global_shapes.end()) {
-      const std::size_t i = static_cast<std::size_t>(differs - g.global_shapes.begin());
-      entry["coverage"] = "shape mismatch";
-      entry["detail"] = concat("file ", g.files[0], " says global shape ", format_dims(g.global_shapes[0]),
-                               ", file ", g.files[i], " says ", format_dims(g.global_shapes[i]));
-    } else {
-      const Box global{Dims(g.global_shapes[0].size(), 0), g.global_shapes[0]};
-      const Coverage c = check_coverage(global, g.boxes);
-      entry["coverage"] = c.exact ? "exact" : c.overlap ? "overlap" : "gap";
-      entry["detail"] = describe_coverage_problem(c, g.boxes, global, [&](std::size_t i) {
-        return concat("file ", g.files[i], "'s box");
-      });
-    }
-    ok = ok && entry["coverage"] == "exact";
+    const Tiling tiling = check_tiling(g.boxes, g.global_shapes,
+                                       [&](std::size_t i) { return concat("file ", g.files[i]); });
+    entry["coverage"] = tiling_kind_name(tiling.kind);
+    entry["detail"] = tiling.detail;
+    ok = ok && tiling.kind == Tiling::Kind::exact;
     list.push_back(entry);
   }
   report["tensors"] = list;

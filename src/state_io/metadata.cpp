@@ -10,6 +10,7 @@
 #include "../errors.hpp"
 #include "crc32c.hpp"
 #include "group_json.hpp"
+#include "json_error.hpp"
 #include "safetensors.hpp"
 
 namespace sa {
@@ -66,7 +67,12 @@ class FieldReader {
     try {
       return json::parse(it->second);
     } catch (const json::exception& e) {
-      fail(SA_ERR_FORMAT, blob_, ": __metadata__ \"", key, "\" is not valid JSON (", e.what(), ")");
+      const JsonError error = describe_json_error(e);
+      if (!error.has_position)
+        fail(SA_ERR_FORMAT, blob_, ": __metadata__ \"", key,
+             "\" is not valid JSON: ", error.reason);
+      fail(SA_ERR_FORMAT, blob_, ": __metadata__ \"", key, "\" is not valid JSON at byte ",
+           error.position, " of its value: ", error.reason);
     }
   }
 

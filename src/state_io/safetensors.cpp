@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "../dtype.hpp"
 #include "../errors.hpp"
+#include "json_error.hpp"
 
 namespace sa {
 namespace {
@@ -44,7 +44,11 @@ json parse_json_strict(std::string_view text, const std::string& blob) {
   try {
     return json::parse(text.begin(), text.end(), refuse_duplicates);
   } catch (const json::exception& e) {
-    fail(SA_ERR_FORMAT, blob, ": the header is not valid JSON (", e.what(), ")");
+    const JsonError error = describe_json_error(e);
+    if (!error.has_position)
+      fail(SA_ERR_FORMAT, blob, ": the header is not valid JSON: ", error.reason);
+    fail(SA_ERR_FORMAT, blob, ": the header is not valid JSON at byte ", error.position,
+         " of the header (byte ", 8 + error.position, " of the blob): ", error.reason);
   }
 }
 
@@ -165,6 +169,14 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t blob_
            ", ", furthest->end, ") and '", cur.name, "' [", cur.begin, ", ", cur.end, ") overlap");
     if (furthest == nullptr || cur.end > furthest->end) furthest = &cur;
   }
+  // The safetensors package refuses bytes that no tensor covers at the end ("file not
+  // fully covered"): they are no part of any file it or we write, and would be a place
+  // to hide data that every check here skips.
+  const uint64_t data_end = furthest == nullptr ? 0 : furthest->end;
+  if (h.data_bytes > data_end)
+    fail(SA_ERR_FORMAT, blob, ": ", h.data_bytes - data_end,
+         " bytes after the data section (its tensors end at byte ", h.data_section + data_end,
+         ", the blob at ", blob_size, "; a safetensors file ends with its last tensor's data)");
   return h;
 }
 

@@ -47,8 +47,10 @@ uint64_t parse_header_length(const unsigned char prefix[8], uint64_t blob_size,
 // duplicate keys; "__metadata__", if present, maps strings to strings; every other key
 // is a tensor with a known dtype (dtype.hpp's safetensors table), a shape of at most
 // SA_MAX_NDIM non-negative dims, and data_offsets [begin, end] inside the data section
-// with end - begin = numel * element size; no two tensors' data ranges overlap.
-// Throws sa::Error(SA_ERR_FORMAT) naming `blob` and what is wrong.
+// with end - begin = numel * element size; no two tensors' data ranges overlap; the last
+// tensor's data ends where the blob ends (no bytes after the data section, which the
+// safetensors package refuses too). Throws sa::Error(SA_ERR_FORMAT) naming `blob` and what
+// is wrong; a JSON syntax error is placed by its byte offset, without quoting the bytes.
 SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t blob_size,
                                            const std::string& blob);
 

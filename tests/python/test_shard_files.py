@@ -10,7 +10,7 @@ import subprocess
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 MESHES = ("fsdp", "hsdp")
@@ -224,3 +224,25 @@ def test_a_file_rewritten_by_safetensors_stays_a_valid_shard_file(shard_dir, ins
     r = run_inspect(inspect_tool, [paths[0], rewritten, paths[2]])
     assert r.returncode == 1 and "header checksum does not match" in r.stdout
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_bytes_after_the_data_section_are_refused_by_safetensors_and_by_shardadam(shard_dir, inspect_tool,
+                                                                                  tmp_path, mesh):
+    # The safetensors package refuses a file its tensors do not cover to the end; shardadam
+    # refuses it too (it is not a file shardadam or safetensors wrote), for any count of
+    # extra bytes, and for an HSDP replica's file that holds no tensor at all.
+    rng = np.random.default_rng(11)
+    paths = [p for p, _ in files(shard_dir, mesh)]
+    for path in (paths[0], paths[-1]):
+        for extra in (1, 8, 1000):
+            longer = tmp_path / path.name
+            longer.write_bytes(path.read_bytes() + rng.integers(0, 256, extra, dtype=np.uint8).tobytes())
+            with pytest.raises(SafetensorError, match="not fully covered"):
+                with safe_open(str(longer), framework="numpy") as f:
+                    f.keys()
+            r = run_inspect(inspect_tool, [longer])
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert "header BAD" in r.stdout and f"{extra} bytes after the data section" in r.stdout, r.stdout
+            report = json.loads(run_inspect(inspect_tool, [longer], "--json").stdout)
+            assert report["ok"] is False and report["files"][0]["header"] == "bad"
