@@ -7,7 +7,8 @@
 #
 # Needs python3 (with venv), the build tools of pyproject.toml (a C/C++ compiler, CMake,
 # SWIG, libhwy-dev) and PyPI (scikit-build-core, apache-tvm-ffi, numpy, pytest, ml-dtypes,
-# safetensors). Extra arguments go to pytest.
+# safetensors; torch, transformers, accelerate, lightning unless SHARDADAM_TEST_TORCH=0).
+# Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="$root/build/python"
@@ -18,6 +19,12 @@ rm -rf "$venv"
 mkdir -p "$work"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest ml-dtypes safetensors
+# The torch face (FusedAdam, DCP over gloo) and the real clients (HF Trainer, Lightning) run on
+# the CPU too. PyPI's torch wheel brings its CUDA libraries (~4 GB, about a minute here);
+# SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped).
+if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" torch transformers accelerate lightning
+fi
 # -Werror for the SWIG wrapper as for the library; CUDA parts as the machine allows (AUTO).
 "$venv/bin/python" -m pip install "${pip_quiet[@]}" "$root/bindings/python" \
   -C build-dir="$work/cmake" -C cmake.define.SHARDADAM_WERROR=ON
