@@ -389,6 +389,8 @@ class Optimizer(OwnsHandle):
             status, index = _C.sa_optimizer_find_param(handle, param)
             check(status, handle)
             return index
+        if type(param) is int and 0 <= param < len(self._names):  # the common case, without the ABC check
+            return param
         if isinstance(param, numbers.Integral) and 0 <= int(param) < len(self._names):
             return int(param)
         raise InvalidArgument(f"param {param!r} does not exist (the optimizer has {len(self._names)} params)")
@@ -599,13 +601,16 @@ class Optimizer(OwnsHandle):
 
     def state_keys(self, param):
         """The state keys a param has, e.g. ``("exp_avg", "exp_avg_sq", "master")``."""
-        info = self.param_info(param)
+        handle = self._handle_or_raise()
+        # The raw info, not a ParamInfo: FusedAdam asks this for every param it registers.
+        status, info = _C.sa_optimizer_param_info(handle, self.param_index(param))
+        check(status, handle)
         keys = ["exp_avg", "exp_avg_sq"]
-        if self._groups[info.group].amsgrad:
+        if self._groups[info["group"]].amsgrad:
             keys.append("max_exp_avg_sq")
-        if info.master == "fp32":
+        if info["master"] == _C.SA_MASTER_FP32:
             keys.append("master")
-        elif info.master == "remainder":
+        elif info["master"] == _C.SA_MASTER_REMAINDER:
             keys.append("remainder")
         return tuple(keys)
 
