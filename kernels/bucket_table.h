@@ -35,7 +35,9 @@ inline bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
 
 // One shard in a bucket. Pointers are to the first element; element types follow the
 // bucket's Variant. `master` is float* for MasterKind::fp32, int16_t* for remainder,
-// unused otherwise. `max_exp_avg_sq` is used only when the Variant is amsgrad.
+// unused otherwise. `max_exp_avg_sq` is used only when the Variant is amsgrad. A NULL
+// `grad` means the param has no grad at this step: the step leaves the shard as it is
+// and the norm does not count it.
 struct TensorSlot {
   void* param;
   const void* grad;
@@ -44,12 +46,13 @@ struct TensorSlot {
   void* exp_avg_sq;
   void* max_exp_avg_sq;
   int64_t numel;
-  int32_t group;    // index into the per-group coefficient array of the step
-  int32_t in_norm;  // 1: the gradient norm counts this shard; 0: another replica holds it
+  int32_t param_index;  // the param's index: its step count and its coefficients of the step
+  int32_t in_norm;      // 1: the gradient norm counts this shard; 0: another replica holds it
 };
 
-// One group's constants for one step (float, as the kernels compute) plus whether the
-// group uses Adam-style L2 decay (selects the kL2 instantiation).
+// The constants of one step for one param (float, as the kernels compute; params of one
+// group at the same step count share the values) plus whether its group uses Adam-style
+// L2 decay (selects the kL2 instantiation).
 struct GroupCoeffs {
   AdamCoeffs<float> c;
   bool l2;

@@ -203,13 +203,38 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
 
 sa_status sa_optimizer_set_grad(sa_optimizer* opt, int64_t param, const DLTensor* grad) {
   return with_optimizer(opt, "sa_optimizer_set_grad", [&] {
-    require(grad != nullptr, "grad is NULL");
+    require(grad != nullptr, "grad is NULL (for a param without a grad, use sa_optimizer_clear_grad)");
     opt->core.set_grad(param, *grad);
   });
 }
 
 sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n, const void* const* ptrs) {
   return with_optimizer(opt, "sa_optimizer_set_grad_ptrs", [&] { opt->core.set_grad_ptrs(n, ptrs); });
+}
+
+sa_status sa_optimizer_set_grads(sa_optimizer* opt, int64_t n, const DLTensor* const* grads) {
+  return with_optimizer(opt, "sa_optimizer_set_grads", [&] {
+    require(n == 0 || grads != nullptr, "grads is NULL");
+    opt->core.set_grads(n, grads);
+  });
+}
+
+sa_status sa_optimizer_clear_grad(sa_optimizer* opt, int64_t param) {
+  return with_optimizer(opt, "sa_optimizer_clear_grad", [&] { opt->core.clear_grad(param); });
+}
+
+sa_status sa_optimizer_get_param_steps(const sa_optimizer* opt, int64_t first, int64_t n, int64_t* steps) {
+  return with_optimizer(opt, "sa_optimizer_get_param_steps", [&] {
+    require(n == 0 || steps != nullptr, "steps is NULL");
+    opt->core.get_param_steps(first, n, steps);
+  });
+}
+
+sa_status sa_optimizer_set_param_steps(sa_optimizer* opt, int64_t first, int64_t n, const int64_t* steps) {
+  return with_optimizer(opt, "sa_optimizer_set_param_steps", [&] {
+    require(n == 0 || steps != nullptr, "steps is NULL");
+    opt->core.set_param_steps(first, n, steps);
+  });
 }
 
 sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream) {

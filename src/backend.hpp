@@ -17,13 +17,29 @@
 
 namespace sa {
 
-// The groups as the kernels need them. The core owns this table and bumps a version
-// whenever it changes a part, so device backends upload only what moved.
-struct GroupTable {
-  std::vector<kernels::AdamHyper> hyper;
-  std::vector<int64_t> steps;  // steps taken so far, per group
+// The groups and params as a step needs them. The core owns this table and bumps a
+// version whenever it changes a part, so device backends upload only what moved.
+//
+// Step counts: each group's (steps the optimizer took and did not skip) and each
+// param's (steps in which it had a grad and the step was not skipped); bias correction
+// uses the param's. A param is `active` at a step when it has a grad: only active params
+// are updated and advance.
+struct StepTable {
+  std::vector<kernels::AdamHyper> hyper;  // per group
+  std::vector<int64_t> steps;             // per group
+  std::vector<int32_t> param_group;       // per param: its group
+  std::vector<int64_t> param_steps;       // per param
+  std::vector<uint8_t> param_active;      // per param: 1 = has a grad
   uint64_t hyper_version = 0;
-  uint64_t steps_version = 0;
+  uint64_t steps_version = 0;   // steps or param_steps changed
+  uint64_t params_version = 0;  // param_group or param_active changed
+
+  // Advances the counts of a step that ran (not skipped): every group's, and every
+  // active param's.
+  void advance() {
+    for (auto& s : steps) ++s;
+    for (std::size_t i = 0; i < param_steps.size(); ++i) param_steps[i] += param_active[i];
+  }
 };
 
 class Comm;
@@ -76,23 +92,24 @@ class Backend {
 
   // Makes the backend's copies of grad bindings, hyperparameters and step counts match
   // `plan` and `groups` (device backends: async uploads on `stream`). run() does it first.
-  virtual void flush(const Plan& plan, const GroupTable& groups, void* stream) = 0;
+  virtual void flush(const Plan& plan, const StepTable& groups, void* stream) = 0;
 
   // One step: when asked, compute this rank's gradient norm and reduce it (and the
-  // found-inf flag) with inputs.comm; decide the step (kernels::decide_step); fold every
-  // group's coefficients at its next step count; update every slot of `plan`; advance the
-  // step counts. A skipped step changes nothing. Enqueues on `stream` for device backends.
-  // A communicator failure throws before anything was updated.
-  virtual StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
+  // found-inf flag) with inputs.comm; decide the step (kernels::decide_step); fold each
+  // active param's coefficients at its next step count; update every slot of `plan` that
+  // has a grad; device backends advance their copy of the step counts (the core advances
+  // the host's, StepTable::advance). A skipped step changes nothing. Enqueues on `stream`
+  // for device backends. A communicator failure throws before anything was updated.
+  virtual StepOutcome run(const Plan& plan, const StepTable& groups, const StepInputs& inputs,
                           void* stream) = 0;
 
   // The decision of the last run() (synchronizes on device backends).
   virtual StepReport read_report() = 0;
 
   // Device backends keep the authoritative step counts in device memory (so a skipped or
-  // graph-replayed step needs no host); this reads them back, synchronizing. Host
-  // backends leave `steps` as it is.
-  virtual void read_steps(std::vector<int64_t>& steps) = 0;
+  // graph-replayed step needs no host); this reads them back into table.steps and
+  // table.param_steps, synchronizing. Host backends leave the table as it is.
+  virtual void read_steps(StepTable& table) = 0;
 
   // The value of one float in backend memory (synchronizes on device backends).
   virtual float read_float(const float* p) = 0;

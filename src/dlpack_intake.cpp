@@ -23,7 +23,7 @@ std::string device_name(DLDevice device) {
                                                                 : concat(type, ":", device.device_id);
 }
 
-TensorRef read_tensor(const DLTensor& t, const std::string& context) {
+TensorRef read_tensor(const DLTensor& t, const std::string& context, sa_status layout_status) {
   if (t.ndim < 0 || t.ndim > SA_MAX_NDIM)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": ndim ", t.ndim, " is outside [0, ", SA_MAX_NDIM, "]");
   if (t.ndim > 0 && t.shape == nullptr) fail(SA_ERR_INVALID_ARGUMENT, context, ": shape is NULL");
@@ -46,9 +46,10 @@ TensorRef read_tensor(const DLTensor& t, const std::string& context) {
     int64_t expected = 1;
     for (int32_t d = t.ndim - 1; d >= 0; --d) {
       if (ref.shape[d] != 1 && t.strides[d] != expected)
-        fail(SA_ERR_INVALID_ARGUMENT, context, ": tensor of shape ", format_dims(ref.shape),
-             " has strides ", format_dims(Dims(t.strides, t.strides + t.ndim)),
-             "; it must be C-contiguous (make a contiguous copy first)");
+        fail(layout_status, context, ": tensor of shape ", format_dims(ref.shape), " has strides ",
+             format_dims(Dims(t.strides, t.strides + t.ndim)),
+             "; it must be C-contiguous (an expanded, transposed, sliced or otherwise strided "
+             "tensor is refused: shardadam reads the elements in row-major order)");
       expected *= ref.shape[d];
     }
   }

@@ -8,6 +8,7 @@
 #include <dlpack/dlpack.h>
 
 #include "layout.hpp"
+#include "shardadam/shardadam.h"
 
 namespace sa {
 
@@ -22,7 +23,9 @@ struct TensorRef {
 };
 
 // Validates `tensor`; `context` starts every error message ("... param 'w': grad").
-TensorRef read_tensor(const DLTensor& tensor, const std::string& context);
+// Strides that are not C-contiguous fail with `layout_status`.
+TensorRef read_tensor(const DLTensor& tensor, const std::string& context,
+                      sa_status layout_status = SA_ERR_INVALID_ARGUMENT);
 
 std::string device_name(DLDevice device);
 

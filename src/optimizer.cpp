@@ -104,7 +104,7 @@ void Optimizer::set_lr(int32_t index, double lr) {
 
 void Optimizer::refresh_steps() const {
   if (!steps_on_device_) return;
-  backend_->read_steps(table_.steps);
+  backend_->read_steps(table_);
   steps_on_device_ = false;
 }
 
@@ -119,6 +119,31 @@ void Optimizer::set_step(int32_t index, int64_t step) {
   if (step < 0) fail(SA_ERR_INVALID_ARGUMENT, "group ", index, ": step ", step, " is negative");
   refresh_steps();
   table_.steps[index] = step;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (table_.param_group[i] == index) table_.param_steps[i] = step;
+  ++table_.steps_version;
+}
+
+void Optimizer::check_param_range(int64_t first, int64_t n, const char* what) const {
+  if (first < 0 || n < 0 || first > num_params() || n > num_params() - first)
+    fail(SA_ERR_INVALID_ARGUMENT, what, " [", first, ", ", first, " + ", n,
+         ") is not a range of params (the optimizer has ", num_params(), ")");
+}
+
+void Optimizer::get_param_steps(int64_t first, int64_t n, int64_t* steps) const {
+  check_param_range(first, n, "params");
+  refresh_steps();
+  std::copy_n(table_.param_steps.begin() + first, n, steps);
+}
+
+void Optimizer::set_param_steps(int64_t first, int64_t n, const int64_t* steps) {
+  check_param_range(first, n, "params");
+  for (int64_t i = 0; i < n; ++i)
+    if (steps[i] < 0)
+      fail(SA_ERR_INVALID_ARGUMENT, "steps[", i, "] (param '", params_[first + i]->name, "') is ",
+           steps[i], "; a step count is >= 0");
+  refresh_steps();
+  std::copy_n(steps, n, table_.param_steps.begin() + first);
   ++table_.steps_version;
 }
 
@@ -175,6 +200,8 @@ void Optimizer::allocate_state(Param& p) {
 int64_t Optimizer::add_param(const ParamRequest& request) {
   if (request.name == nullptr || request.name[0] == '\0')
     fail(SA_ERR_INVALID_ARGUMENT, "name is NULL or empty; params are matched by name");
+  if (num_params() >= INT32_MAX)
+    fail(SA_ERR_UNSUPPORTED, "an optimizer holds at most ", INT32_MAX, " params");
   auto param = std::make_unique<Param>();
   param->name = request.name;
   const std::string context = param_context(param->name);
@@ -222,6 +249,14 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
     fail(SA_ERR_OUT_OF_MEMORY, context, ": cannot allocate the state of ", param->numel, " elements");
   }
 
+  // An empty shard needs no grad memory, so it counts as bound (as it always has): an
+  // engine need not bind grads of params it holds no elements of.
+  param->binding = param->numel == 0 ? GradBinding::bound : GradBinding::never;
+  refresh_steps();
+  table_.param_group.reserve(params_.size() + 1);
+  table_.param_steps.reserve(params_.size() + 1);
+  table_.param_active.reserve(params_.size() + 1);
+
   // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
   const int64_t index = num_params();
   params_.push_back(std::move(param));
@@ -231,6 +266,12 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
     params_.pop_back();
     throw;
   }
+  // No throw past this point: capacity was reserved above.
+  table_.param_group.push_back(request.group);
+  table_.param_steps.push_back(0);
+  table_.param_active.push_back(params_.back()->binding == GradBinding::bound ? 1 : 0);
+  ++table_.params_version;
+  ++table_.steps_version;
   params_.back()->owner = request.versioned ? ManagedTensor(request.versioned)
                                             : ManagedTensor(request.legacy);
   ++groups_[request.group].num_params;
@@ -255,21 +296,86 @@ DLDevice Optimizer::device() const { return backend_ ? backend_->device() : DLDe
 
 // ---- grads --------------------------------------------------------------------------
 
+namespace {
+
+// Whether `t` is exactly what the kernel of `p` reads: p's grad dtype, local shape and
+// device, C-contiguous, aligned. No allocation: this runs for every param at every step
+// of an engine that hands over fresh grads (sa_optimizer_set_grads).
+bool grad_fits(const Param& p, const DLTensor& t, DLDataType dtype) {
+  if (t.ndim != static_cast<int32_t>(p.layout.local_shape.size())) return false;
+  if (t.ndim > 0 && t.shape == nullptr) return false;
+  if (!same_dtype(t.dtype, dtype) || !same_device(t.device, p.device)) return false;
+  for (int32_t d = 0; d < t.ndim; ++d)
+    if (t.shape[d] != p.layout.local_shape[d]) return false;
+  if (p.numel == 0) return true;
+  if (t.strides != nullptr) {
+    int64_t expected = 1;
+    for (int32_t d = t.ndim - 1; d >= 0; --d) {
+      if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+      expected *= t.shape[d];
+    }
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data) + t.byte_offset;
+  return t.data != nullptr && address % elem_size(p.grad_type) == 0;
+}
+
+}  // namespace
+
+const void* Optimizer::checked_grad(const Param& p, const DLTensor& grad) const {
+  const DLDataType dtype = dl_dtype_of(p.grad_type);
+  if (grad_fits(p, grad, dtype))
+    return grad.data == nullptr ? nullptr : static_cast<const char*>(grad.data) + grad.byte_offset;
+  // The slow path says why (and must find a reason: grad_fits and these checks agree).
+  const std::string context = param_context(p.name) + ": grad";
+  if (!same_device(grad.device, p.device))
+    fail(SA_ERR_MISMATCH, context, " is on ", device_name(grad.device), " but the param is on ",
+         device_name(p.device));
+  if (!same_dtype(grad.dtype, dtype))
+    fail(SA_ERR_MISMATCH, context, " dtype ", dtype_name(grad.dtype),
+         " does not match registered grad dtype ", elem_name(p.grad_type));
+  if (grad.ndim >= 0 && grad.ndim <= SA_MAX_NDIM && (grad.ndim == 0 || grad.shape != nullptr)) {
+    const Dims shape(grad.shape, grad.shape + grad.ndim);
+    if (shape != p.layout.local_shape)
+      fail(SA_ERR_MISMATCH, context, " shape ", format_dims(shape), " does not match the local shape ",
+           format_dims(p.layout.local_shape));
+  }
+  const TensorRef ref = read_tensor(grad, context, SA_ERR_MISMATCH);  // strides, data, alignment
+  return ref.data;
+}
+
+void Optimizer::bind(int64_t index, GradBinding binding, const void* grad) {
+  Param& p = *params_[index];
+  p.binding = binding;
+  p.grad = grad;
+  const uint8_t active = binding == GradBinding::bound ? 1 : 0;
+  if (table_.param_active[index] != active) {
+    table_.param_active[index] = active;
+    ++table_.params_version;
+  }
+  grads_stale_ = true;
+}
+
 void Optimizer::set_grad(int64_t index, const DLTensor& grad) {
   const Param& p = param(index, "param");
-  const std::string context = param_context(p.name) + ": grad";
-  const TensorRef ref = read_tensor(grad, context);
-  if (!same_device(ref.device, p.device))
-    fail(SA_ERR_MISMATCH, context, " is on ", device_name(ref.device), " but the param is on ",
-         device_name(p.device));
-  if (!same_dtype(ref.dtype, dl_dtype_of(p.grad_type)))
-    fail(SA_ERR_MISMATCH, context, " dtype ", dtype_name(ref.dtype),
-         " does not match registered grad dtype ", elem_name(p.grad_type));
-  if (ref.shape != p.layout.local_shape)
-    fail(SA_ERR_MISMATCH, context, " shape ", format_dims(ref.shape),
-         " does not match the local shape ", format_dims(p.layout.local_shape));
-  params_[index]->grad = ref.data;
-  grads_stale_ = true;
+  bind(index, GradBinding::bound, checked_grad(p, grad));
+}
+
+void Optimizer::set_grads(int64_t n, const DLTensor* const* grads) {
+  if (n != num_params())
+    fail(SA_ERR_INVALID_ARGUMENT, "n is ", n, " but the optimizer has ", num_params(),
+         " params; pass one grad (or NULL: no grad) per param, in param order");
+  // All checked before any binding changes. The pointers go to a scratch vector kept
+  // between calls, so a steady step allocates nothing.
+  grad_scratch_.resize(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    grad_scratch_[i] = grads[i] == nullptr ? nullptr : checked_grad(*params_[i], *grads[i]);
+  for (int64_t i = 0; i < n; ++i)
+    bind(i, grads[i] == nullptr ? GradBinding::none : GradBinding::bound, grad_scratch_[i]);
+}
+
+void Optimizer::clear_grad(int64_t index) {
+  param(index, "param");
+  bind(index, GradBinding::none, nullptr);
 }
 
 void Optimizer::set_grad_ptrs(int64_t n, const void* const* ptrs) {
@@ -279,16 +385,18 @@ void Optimizer::set_grad_ptrs(int64_t n, const void* const* ptrs) {
   if (n > 0 && ptrs == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "ptrs is NULL");
   for (int64_t i = 0; i < n; ++i) {
     const Param& p = *params_[i];
+    if (ptrs[i] == SA_NO_GRAD) continue;
     const std::size_t align = elem_size(p.grad_type);
     if (ptrs[i] == nullptr && p.numel > 0)
       fail(SA_ERR_INVALID_ARGUMENT, "ptrs[", i, "] (param '", p.name, "', ", p.numel,
-           " elements) is NULL");
+           " elements) is NULL; pass SA_NO_GRAD for a param without a grad");
     if (reinterpret_cast<std::uintptr_t>(ptrs[i]) % align != 0)
       fail(SA_ERR_INVALID_ARGUMENT, "ptrs[", i, "] (param '", p.name, "') is not aligned to its ",
            elem_name(p.grad_type), " elements");
   }
-  for (int64_t i = 0; i < n; ++i) params_[i]->grad = ptrs[i];
-  grads_stale_ = true;
+  for (int64_t i = 0; i < n; ++i)
+    bind(i, ptrs[i] == SA_NO_GRAD ? GradBinding::none : GradBinding::bound,
+         ptrs[i] == SA_NO_GRAD ? nullptr : ptrs[i]);
 }
 
 // ---- step ---------------------------------------------------------------------------
@@ -341,10 +449,11 @@ StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
   require_usable("the step");
   const kernels::ClipSpec clip = clip_spec_of(args);
   for (const auto& p : params_)
-    if (p->numel > 0 && p->grad == nullptr)
+    if (p->binding == GradBinding::never)
       fail(SA_ERR_STATE, param_context(p->name),
-           " has no grad bound; bind one with sa_optimizer_set_grad or sa_optimizer_set_grad_ptrs"
-           " before stepping (nothing was updated)");
+           " was never given a grad; bind one (sa_optimizer_set_grad, sa_optimizer_set_grads, "
+           "sa_optimizer_set_grad_ptrs) or say it has none (sa_optimizer_clear_grad) before stepping "
+           "(nothing was updated)");
   // Only steps that need a global norm or a found-inf consensus communicate; every rank
   // decides this from the same arguments, so the ranks agree on whether to call.
   Comm* comm = comm_ && (clip.norm != kernels::NormType::none || args.found_inf != nullptr) ? comm_.get()
@@ -357,7 +466,7 @@ StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
     host_report_ = {d.skip, d.norm};
     if (d.skip) return StepOutcome::skipped;
     refresh_steps();
-    for (auto& step : table_.steps) ++step;
+    table_.advance();
     return StepOutcome::stepped;
   }
   if (comm != nullptr) check_comm_fits(*comm);
@@ -365,7 +474,7 @@ StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
   const StepOutcome outcome = backend_->run(plan_, table_, inputs, stream);
   switch (outcome) {
     case StepOutcome::stepped:
-      for (auto& step : table_.steps) ++step;  // the device (if any) advanced its own copy
+      table_.advance();  // the device (if any) advanced its own copy
       break;
     case StepOutcome::skipped:
       break;

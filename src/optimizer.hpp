@@ -45,6 +45,13 @@ struct NamedState {
 
 struct Param;
 
+// Whether a param has a grad for the next steps.
+enum class GradBinding : uint8_t {
+  never,  // nothing bound since it was added: a step refuses (a forgotten bind is an error)
+  none,   // "no grad" (torch's p.grad is None): steps skip the param
+  bound   // Param::grad holds the grad's data (NULL for an empty param)
+};
+
 // The states a param has, in the canonical key order exp_avg, exp_avg_sq,
 // max_exp_avg_sq (amsgrad), master (fp32 master) or remainder (int16). The one place that
 // spells which keys exist.
@@ -63,7 +70,8 @@ struct Param {
   MasterKind master{};
   bool amsgrad = false;
   ParamState state;
-  const void* grad = nullptr;  // bound grad, kept until rebound
+  GradBinding binding = GradBinding::never;
+  const void* grad = nullptr;  // the bound grad's data (binding == bound), kept until rebound
   ManagedTensor owner;         // released (deleter called) with the param
 };
 
@@ -97,8 +105,16 @@ class Optimizer {
   const Param& param(int64_t index, const char* fn) const;
   int64_t find_param(const std::string& name) const;
 
+  // Grad bindings, as the sa_optimizer_set_grad* calls document them. Each checks every
+  // entry before it changes any binding.
   void set_grad(int64_t index, const DLTensor& grad);
+  void set_grads(int64_t n, const DLTensor* const* grads);
+  void clear_grad(int64_t index);
   void set_grad_ptrs(int64_t n, const void* const* ptrs);
+
+  // Per-param step counts of params [first, first + n) (get may synchronize).
+  void get_param_steps(int64_t first, int64_t n, int64_t* steps) const;
+  void set_param_steps(int64_t first, int64_t n, const int64_t* steps);
 
   // One step over all params, as sa_optimizer_step documents it (args validated here).
   // The float pointers of `args` point into backend memory (host memory when the
@@ -151,6 +167,11 @@ class Optimizer {
   std::vector<const Param*> param_list() const;
   void refresh_steps() const;
   void update_plan();
+  void check_param_range(int64_t first, int64_t n, const char* what) const;
+  // The grad's data pointer if `grad` is what the kernel of param `p` reads, else throws
+  // the error that says why.
+  const void* checked_grad(const Param& p, const DLTensor& grad) const;
+  void bind(int64_t index, GradBinding binding, const void* grad);
 
   sa_optimizer_config config_;
   void check_comm_fits(const Comm& comm) const;
@@ -164,11 +185,13 @@ class Optimizer {
   Plan plan_;
   bool plan_stale_ = true;   // params changed since the plan was built
   bool grads_stale_ = true;  // grad bindings changed since the plan last saw them
-  // Hyperparameters and step counts as the kernels read them. The step counts are a
-  // cache when a device backend decided the last step (found_inf on the device, graph
-  // replay): refresh_steps() reads them back before they are used or changed.
-  mutable GroupTable table_;
+  // Hyperparameters, params' groups and grad presence, and step counts as the kernels read
+  // them. The step counts are a cache when a device backend decided the last step
+  // (found_inf on the device, graph replay): refresh_steps() reads them back before they
+  // are used or changed.
+  mutable StepTable table_;
   mutable bool steps_on_device_ = false;
+  std::vector<const void*> grad_scratch_;  // set_grads: checked pointers before they are bound
   std::string unusable_reason_;  // non-empty: see mark_unusable
 };
 

@@ -9,16 +9,19 @@ kernels::Variant variant_of(const Param& p) {
   return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad};
 }
 
-kernels::TensorSlot slot_of(const Param& p) {
+// The grad a step reads: NULL when the param has no grad (the kernels skip the slot).
+const void* step_grad(const Param& p) { return p.binding == GradBinding::bound ? p.grad : nullptr; }
+
+kernels::TensorSlot slot_of(const Param& p, int64_t index) {
   auto data_or_null = [](const std::shared_ptr<Buffer>& b) { return b ? b->data() : nullptr; };
   return {p.data,
-          p.grad,
+          step_grad(p),
           data_or_null(p.state.master),
           data_or_null(p.state.exp_avg),
           data_or_null(p.state.exp_avg_sq),
           data_or_null(p.state.max_exp_avg_sq),
           p.numel,
-          p.group,
+          static_cast<int32_t>(index),
           primary_replica(p.layout) ? 1 : 0};
 }
 
@@ -37,7 +40,7 @@ Plan build_plan(const std::vector<const Param*>& params) {
       plan.buckets.push_back(Bucket{variant, {}, {}, 0});
       bucket = &plan.buckets.back();
     }
-    bucket->slots.push_back(slot_of(p));
+    bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));
     bucket->param_of_slot.push_back(static_cast<int64_t>(i));
     bucket->numel += p.numel;
   }
@@ -47,7 +50,7 @@ Plan build_plan(const std::vector<const Param*>& params) {
 void rebind_grads(Plan& plan, const std::vector<const Param*>& params) {
   for (auto& bucket : plan.buckets)
     for (std::size_t s = 0; s < bucket.slots.size(); ++s)
-      bucket.slots[s].grad = params[bucket.param_of_slot[s]]->grad;
+      bucket.slots[s].grad = step_grad(*params[bucket.param_of_slot[s]]);
 }
 
 }  // namespace sa

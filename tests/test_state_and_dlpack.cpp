@@ -500,7 +500,7 @@ TEST_CASE("a group's step count counts steps taken, and set_step replaces it", "
   CHECK(step_count(opt.get(), 0) == 0);
 }
 
-TEST_CASE("a param added after some steps joins its group's step count (bias correction included)",
+TEST_CASE("a param added after some steps starts at step 0, as a fresh torch param does (bias correction included)",
           "[groups]") {
   const sa_group_config config = group_config(1e-2, 1e-2, 1);
   HostTensor first({20}, kFloat32), late({20}, kFloat32), grad({20}, kFloat32);
@@ -523,12 +523,17 @@ TEST_CASE("a param added after some steps joins its group's step count (bias cor
   RefState ref_late(values_of(late), Storage::f32);
   RefState ref_first = library_state(opt.get(), 0, first);
   RefScales scales;
-  reference_step(ref_late, config, 4, values_of(grad), 1.0, RefBug::none,
-                 &scales);  // t = 4, fresh moments
+  reference_step(ref_late, config, 1, values_of(grad), 1.0, RefBug::none,
+                 &scales);  // its own first step: t = 1
   reference_step(ref_first, config, 4, values_of(grad), 1.0);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   check_value(late, ref_late.value, scales.step_size);
   check_value(first, ref_first.value, scales.step_size);
+  CHECK(step_count(opt.get(), 0) == 4);
+  int64_t steps[2] = {-1, -1};
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_param_steps(opt.get(), 0, 2, steps));
+  CHECK(steps[0] == 4);
+  CHECK(steps[1] == 1);
 }
 
 // ---- grads -------------------------------------------------------------------------------------

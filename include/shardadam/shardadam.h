@@ -235,11 +235,15 @@ SA_API sa_status sa_optimizer_set_group(sa_optimizer* opt, int32_t group,
 /** Sets only the learning rate of a group (what an LR scheduler needs each step). */
 SA_API sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr);
 
-/** The group's step count: the number of steps taken and not skipped. On CUDA it lives
- *  on the device; reading it after a found_inf step or a graph replay synchronizes. */
+/** The group's step count: the number of steps the optimizer took and did not skip
+ *  (found_inf, a non-finite norm), whether or not the group's params had grads. Bias
+ *  correction uses each param's own count (sa_optimizer_get_param_steps). On CUDA the
+ *  counts live on the device; reading one after a found_inf step or a graph replay
+ *  synchronizes. */
 SA_API sa_status sa_optimizer_get_step(const sa_optimizer* opt, int32_t group, int64_t* step);
 
-/** Sets the group's step count (e.g. when resuming from another optimizer's state). */
+/** Sets the group's step count and the step count of every param in it (e.g. when
+ *  resuming from another optimizer's state). */
 SA_API sa_status sa_optimizer_set_step(sa_optimizer* opt, int32_t group, int64_t step);
 
 /* ---- params ------------------------------------------------------------------------ */
@@ -329,22 +333,69 @@ typedef struct sa_param_info {
 SA_API sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param,
                                          sa_param_info* out);
 
+/**
+ * Per-param step counts, as torch keeps them (state[p]["step"]): the number of steps in
+ * which the param had a grad and the step was not skipped. Bias correction of a param
+ * uses its own count, so params that missed steps (no grad: unused embeddings, experts
+ * without tokens, layers frozen for a while) are corrected as torch corrects them.
+ *
+ * get: copies the counts of params [first, first + n) into steps[0..n). On CUDA this
+ *   synchronizes when the device decided the last step (found_inf, a norm, a graph replay).
+ * set: replaces them (all checked first: the range, every count >= 0; nothing changes
+ *   on error). Group step counts are left as they are.
+ */
+SA_API sa_status sa_optimizer_get_param_steps(const sa_optimizer* opt, int64_t first, int64_t n,
+                                              int64_t* steps);
+SA_API sa_status sa_optimizer_set_param_steps(sa_optimizer* opt, int64_t first, int64_t n,
+                                              const int64_t* steps);
+
 /* ---- grads ------------------------------------------------------------------------- */
 
+/*
+ * A param either has a grad at the next steps (bound with one of the calls below) or has
+ * none: then steps skip it, as torch skips a param whose .grad is None: its values, its
+ * state and its step count stay as they are. A param that has never been given a grad
+ * or a "no grad" since it was added makes the step fail (SA_ERR_STATE): forgetting to
+ * bind is an error, not a skip. Bindings stay until replaced, so an engine whose grads
+ * live in stable buffers binds once.
+ */
+
 /**
- * Binds the grad of one param, validated: dtype = the registered grad dtype, shape = the
- * local shape, same device, C-contiguous, aligned. Only the data pointer is kept; the
- * binding stays until rebound, so an engine whose grads live in stable buffers binds
- * once. The memory must stay valid and hold the new grads at every later step.
+ * Binds the grad of one param, checked: dtype = the registered grad dtype, shape = the
+ * local shape, same device, C-contiguous (no expanded, overlapping or permuted strides),
+ * aligned. Only the data pointer is kept: the memory must stay valid and hold the new
+ * grads at every later step. SA_ERR_MISMATCH (dtype, shape, device) or
+ * SA_ERR_INVALID_ARGUMENT (strides, alignment, NULL data), naming the param; on error the
+ * previous binding stays.
  */
 SA_API sa_status sa_optimizer_set_grad(sa_optimizer* opt, int64_t param, const DLTensor* grad);
 
 /**
- * Fast path: binds the grads of all params at once from raw data pointers, `ptrs[i]`
- * for param i, n == sa_optimizer_num_params(). The caller guarantees dtype, shape and
- * contiguity (as sa_optimizer_set_grad checks them); shardadam checks only that each
- * pointer is non-NULL for a non-empty param and aligned to the grad's element size.
- * NULL is allowed for empty params. All-or-nothing: on error no binding changes.
+ * Binds the grads of all params in one call, each checked as sa_optimizer_set_grad
+ * checks it: `grads[i]` for param i, n == sa_optimizer_num_params(); a NULL entry means
+ * "param i has no grad" (skipped by steps). All-or-nothing: on error no binding changes
+ * and the message names the first param that failed. This is the call for bindings and
+ * engines that hand over fresh grad tensors every step; it costs a few compares per param.
+ */
+SA_API sa_status sa_optimizer_set_grads(sa_optimizer* opt, int64_t n, const DLTensor* const* grads);
+
+/** Marks one param as having no grad: later steps skip it until a grad is bound again. */
+SA_API sa_status sa_optimizer_clear_grad(sa_optimizer* opt, int64_t param);
+
+/** The value of a sa_optimizer_set_grad_ptrs entry that means "this param has no grad".
+ *  It is never a valid grad address (not aligned to any grad dtype). */
+#define SA_NO_GRAD ((const void*)(uintptr_t)1)
+
+/**
+ * Fast path for C engines: binds the grads of all params from raw data pointers,
+ * `ptrs[i]` for param i, n == sa_optimizer_num_params(). This call trusts its caller:
+ * shardadam cannot see the dtype, shape, strides or extent of raw memory, and a pointer
+ * to anything other than a C-contiguous tensor of the param's grad dtype and local shape
+ * makes the step read outside it or apply wrong updates; bindings never use it for
+ * tensors they did not check (use sa_optimizer_set_grads). It checks only that each
+ * pointer is non-NULL for a non-empty param (NULL is allowed for an empty one) and
+ * aligned to the grad's element size; SA_NO_GRAD marks a param as having no grad.
+ * All-or-nothing: on error no binding changes.
  */
 SA_API sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n,
                                             const void* const* ptrs);
@@ -395,7 +446,8 @@ typedef enum sa_norm_type {
 #define SA_STEP_ARGS_INIT {sizeof(sa_step_args), NULL, NULL, NULL, 0.0, SA_NORM_L2, NULL, NULL}
 
 /**
- * Runs one optimizer step over every param, advancing each group's step count.
+ * Runs one optimizer step over every param that has a grad, advancing its step count and
+ * each group's.
  *
  * Communication: with a communicator set (sa_optimizer_set_comm) the step is collective:
  * every rank of the communicator must call it, with the same max_grad_norm and
@@ -405,8 +457,10 @@ typedef enum sa_norm_type {
  * `args` may be NULL (defaults). `stream` is the device stream to enqueue on, as a
  * cudaStream_t (NULL = the legacy default stream); the CPU backend ignores it.
  *
- * Every non-empty param must have a grad bound (SA_ERR_STATE otherwise, and nothing is
- * updated). An optimizer whose state an import left half written refuses too
+ * Params without a grad (sa_optimizer_clear_grad, SA_NO_GRAD, a NULL entry of
+ * sa_optimizer_set_grads) are skipped; a param never given a grad nor a "no grad" since it
+ * was added makes the step fail with SA_ERR_STATE, and nothing is updated. An optimizer
+ * whose state an import left half written refuses too
  * (SA_ERR_STATE; see sa_optimizer_import). The first step after params were added builds
  * the launch plan (allocation; on CUDA it also synchronizes); later steps allocate nothing.
  *

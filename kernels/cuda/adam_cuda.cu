@@ -9,6 +9,7 @@
 // exactly the same function.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "adam_cuda.cuh"
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
   const int64_t chunk = blockIdx.x;
   const int32_t lo = slot_of_chunk(bucket, chunk);
   const TensorSlot slot = bucket.slots[lo];
-  const GroupCoeffs g = step.groups[slot.group];
+  if (slot.grad == nullptr) return;  // the param has no grad at this step
+  const GroupCoeffs g = step.coeffs[slot.param_index];
   const int64_t begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
   const int64_t end = min(begin + kCudaChunkElems, slot.numel);
   if (g.l2)
@@ -214,21 +216,23 @@ cudaError_t dispatch_grad(const Variant& v, const DeviceBucket& b, const DeviceS
   return cudaErrorInvalidValue;
 }
 
-__global__ void fold_kernel(const AdamHyper* hyper, int64_t* steps, int32_t num_groups,
-                            FoldInputs in, GroupCoeffs* out) {
+__global__ void fold_kernel(FoldTables t, FoldInputs in, GroupCoeffs* out) {
   const bool local_inf = in.stats == nullptr && in.found_inf != nullptr && *in.found_inf != 0.0f;
   const float inv_grad_scale = in.inv_grad_scale != nullptr ? *in.inv_grad_scale : 1.0f;
   const StepDecision d = decide_step(in.clip, in.stats, local_inf, inv_grad_scale);
-  const int32_t g = blockIdx.x * blockDim.x + threadIdx.x;
-  if (g == 0) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i == 0) {
     in.verdict->skip = d.skip ? 1 : 0;
     in.verdict->norm = d.norm;
     if (in.norm_out != nullptr) *in.norm_out = static_cast<float>(d.norm);
   }
-  if (g >= num_groups || d.skip) return;
-  const int64_t t = steps[g] + 1;
-  out[g].l2 = fold_coefficients(hyper[g], t, d.grad_multiplier, out[g].c);
-  steps[g] = t;
+  if (d.skip) return;
+  if (i < t.num_groups) ++t.group_steps[i];
+  if (i < t.num_params && t.param_active[i]) {
+    const int64_t step = t.param_steps[i] + 1;
+    out[i].l2 = fold_coefficients(t.hyper[t.param_group[i]], step, d.grad_multiplier, out[i].c);
+    t.param_steps[i] = step;
+  }
 }
 
 template <ElemType T>
@@ -251,11 +255,12 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_fold_coefficients(const AdamHyper* hyper, int64_t* steps, int32_t num_groups,
-                                     const FoldInputs& inputs, GroupCoeffs* out, cudaStream_t stream) {
-  // At least one thread: the verdict is written even when there are no groups.
-  const int32_t threads = num_groups > 0 ? num_groups : 1;
-  fold_kernel<<<(threads + 127) / 128, 128, 0, stream>>>(hyper, steps, num_groups, inputs, out);
+cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs, GroupCoeffs* out,
+                                     cudaStream_t stream) {
+  // One thread per group and per param, at least one: the verdict is written even when
+  // there are neither.
+  const int32_t threads = std::max(1, std::max(tables.num_groups, tables.num_params));
+  fold_kernel<<<(threads + 127) / 128, 128, 0, stream>>>(tables, inputs, out);
   return cudaGetLastError();
 }
 

@@ -54,7 +54,8 @@ struct StepVerdict {
 
 // Per-step inputs of the Adam kernels, in device memory.
 struct DeviceStep {
-  const GroupCoeffs* groups;  // folded with the grad multiplier (loss scale x clip)
+  const GroupCoeffs* coeffs;  // per param (TensorSlot::param_index), folded with the grad
+                              // multiplier (loss scale x clip) at the param's step count
   const StepVerdict* verdict;
 };
 
@@ -73,11 +74,24 @@ struct FoldInputs {
   float* norm_out;              // nullable: the caller's copy of the norm
 };
 
-// Decides the step (decide_step) and folds hyperparameters into coefficients on the
-// device (capturable: reads the step counts from device memory and advances them
-// unless the step is skipped).
-cudaError_t launch_fold_coefficients(const AdamHyper* hyper, int64_t* steps, int32_t num_groups,
-                                     const FoldInputs& inputs, GroupCoeffs* out, cudaStream_t stream);
+// The groups and params the fold kernel reads (and whose step counts it advances), all
+// in device memory.
+struct FoldTables {
+  const AdamHyper* hyper;     // [num_groups]
+  int64_t* group_steps;       // [num_groups]
+  int32_t num_groups;
+  const int32_t* param_group;   // [num_params]
+  const uint8_t* param_active;  // [num_params]: 1 = has a grad at this step
+  int64_t* param_steps;         // [num_params]
+  int32_t num_params;
+};
+
+// Decides the step (decide_step) and folds each active param's hyperparameters at its
+// next step count into out[param] on the device (capturable: reads the step counts from
+// device memory and advances the groups' and the active params' unless the step is
+// skipped).
+cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs, GroupCoeffs* out,
+                                     cudaStream_t stream);
 
 // Partial gradient norms of a bucket: partials[c] for each chunk c (0 for shards that do
 // not count, in_norm == 0). `grad` is the bucket's grad dtype.

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kCudaBlockThreads)
   const int64_t chunk = blockIdx.x;
   const int32_t s = slot_of_chunk(bucket, chunk);
   const TensorSlot slot = bucket.slots[s];
-  if (!slot.in_norm) {  // another replica counts this shard
+  if (!slot.in_norm || slot.grad == nullptr) {  // another replica counts it, or no grad
     if (threadIdx.x == 0) partials[chunk] = 0.0;
     return;
   }

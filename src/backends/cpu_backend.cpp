@@ -1,10 +1,12 @@
 // src/backends/cpu_backend.cpp — the CPU backend: host memory, and a step that spreads
 // fixed-size chunks of all shards of all buckets over one thread pool.
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "../../kernels/cpu/adam_cpu.h"
 #include "../../kernels/cpu/grad_norm_cpu.h"
@@ -108,31 +110,30 @@ class CpuBackend final : public Backend {
     partials_.assign(work_.size(), 0.0);
   }
 
-  StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
+  StepOutcome run(const Plan& plan, const StepTable& table, const StepInputs& inputs,
                   void*) override {
     const double norm =
         inputs.clip.norm != kernels::NormType::none ? local_norm(plan, inputs.clip.norm) : 0.0;
     const kernels::StepDecision d = decide_on_host(inputs, norm);
     report_ = {d.skip, d.norm};
     if (d.skip) return StepOutcome::skipped;
-    coeffs_.resize(groups.hyper.size());  // allocates only when groups were added
-    for (std::size_t g = 0; g < groups.hyper.size(); ++g)
-      coeffs_[g].l2 = kernels::fold_coefficients(groups.hyper[g], groups.steps[g] + 1,
-                                                 d.grad_multiplier, coeffs_[g].c);
+    fold_param_coefficients(table, d.grad_multiplier);
     pool_.parallel_for(static_cast<int64_t>(work_.size()), [&](int64_t i) {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
-      kernels::adam_cpu_range(bucket.variant, slot, coeffs_[slot.group], item.begin, item.end, simd_);
+      if (slot.grad == nullptr) return;  // no grad at this step
+      kernels::adam_cpu_range(bucket.variant, slot, coeffs_[coeff_of_param_[slot.param_index]],
+                              item.begin, item.end, simd_);
     });
     return StepOutcome::stepped;
   }
 
   StepReport read_report() override { return report_; }
 
-  void flush(const Plan&, const GroupTable&, void*) override {}  // reads the host tables directly
+  void flush(const Plan&, const StepTable&, void*) override {}  // reads the host tables directly
 
-  void read_steps(std::vector<int64_t>&) override {}  // the host's counts are the truth
+  void read_steps(StepTable&) override {}  // the host's counts are the truth
 
   float read_float(const float* p) override { return *p; }
 
@@ -155,9 +156,38 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   bool simd_;
   std::vector<WorkItem> work_;
-  std::vector<kernels::GroupCoeffs> coeffs_;  // reused every step
+  // The coefficients of a step, one entry per distinct (group, next step count) of the
+  // active params, and which entry each param uses. Params nearly always share a few
+  // counts, so this folds a handful of entries, not one per param; reused every step.
+  std::vector<kernels::GroupCoeffs> coeffs_;
+  std::vector<std::pair<int32_t, int64_t>> coeff_keys_;
+  std::vector<int32_t> coeff_of_param_;
+  std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;              // one norm partial per work item
   StepReport report_{false, 0.0};
+
+  void fold_param_coefficients(const StepTable& table, double grad_multiplier) {
+    coeffs_.clear();
+    coeff_keys_.clear();
+    coeff_index_.clear();
+    coeff_of_param_.resize(table.param_steps.size());
+    int32_t last = -1;
+    for (std::size_t i = 0; i < table.param_steps.size(); ++i) {
+      if (!table.param_active[i]) continue;
+      const std::pair<int32_t, int64_t> key{table.param_group[i], table.param_steps[i] + 1};
+      if (last < 0 || coeff_keys_[last] != key) {  // a run of equal keys costs one compare
+        const auto [it, added] = coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
+        if (added) {
+          kernels::GroupCoeffs c{};
+          c.l2 = kernels::fold_coefficients(table.hyper[key.first], key.second, grad_multiplier, c.c);
+          coeffs_.push_back(c);
+          coeff_keys_.push_back(key);
+        }
+        last = it->second;
+      }
+      coeff_of_param_[i] = last;
+    }
+  }
 
   // This rank's partial norm (step_control.h's kStatNorm) over the shards it counts:
   // per work item in parallel, then folded in work-list order, so the result does not
@@ -167,7 +197,7 @@ class CpuBackend final : public Backend {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
-      partials_[i] = slot.in_norm ? kernels::grad_norm_partial(norm, bucket.variant.grad, slot.grad,
+      partials_[i] = slot.in_norm && slot.grad != nullptr ? kernels::grad_norm_partial(norm, bucket.variant.grad, slot.grad,
                                                                item.begin, item.end, simd_)
                                   : 0.0;
     });

@@ -96,7 +96,7 @@ class PinnedBuffer final : public Buffer {
 // event of the last copy that read it.
 class StagingRing {
  public:
-  static constexpr int kSlots = 4;
+  static constexpr int kSlots = 8;  // > the uploads one flush can make with few buckets
   StagingRing() = default;
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -199,21 +199,21 @@ class CudaBackend final : public Backend {
     scratch_ = std::move(scratch);
   }
 
-  void flush(const Plan& plan, const GroupTable& groups, void* stream_handle) override {
+  void flush(const Plan& plan, const StepTable& table, void* stream_handle) override {
     DeviceScope scope(device_);
     auto stream = static_cast<cudaStream_t>(stream_handle);
     // A copy recorded into a graph would replay stale staging memory forever: uploads
     // must happen before capture (sa_optimizer_flush), never inside it.
-    if (needs_upload(plan, groups) && capturing(stream))
+    if (needs_upload(plan, table) && capturing(stream))
       fail(SA_ERR_STATE, "grad bindings, hyperparameters or step counts changed since the last "
            "step; call sa_optimizer_flush on the stream before capturing a step");
-    upload_groups(groups, stream);
+    upload_groups(table, stream);
     upload_changed_grads(plan, stream);
   }
 
-  StepOutcome run(const Plan& plan, const GroupTable& groups, const StepInputs& inputs,
+  StepOutcome run(const Plan& plan, const StepTable& table, const StepInputs& inputs,
                   void* stream_handle) override {
-    flush(plan, groups, stream_handle);
+    flush(plan, table, stream_handle);
     DeviceScope scope(device_);
     auto stream = static_cast<cudaStream_t>(stream_handle);
     const bool with_stats = inputs.clip.norm != kernels::NormType::none || inputs.comm != nullptr;
@@ -224,10 +224,15 @@ class CudaBackend final : public Backend {
                                    inputs.clip,
                                    verdict(),
                                    inputs.grad_norm_out};
-    check_cuda(kernels::launch_fold_coefficients(
-                   static_cast<const kernels::AdamHyper*>(hyper_->data()),
-                   static_cast<int64_t*>(steps_->data()), static_cast<int32_t>(groups.hyper.size()),
-                   fold, static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
+    const kernels::FoldTables fold_tables{static_cast<const kernels::AdamHyper*>(hyper_->data()),
+                                          static_cast<int64_t*>(steps_->data()),
+                                          static_cast<int32_t>(table.hyper.size()),
+                                          static_cast<const int32_t*>(param_group_->data()),
+                                          static_cast<const uint8_t*>(param_active_->data()),
+                                          static_cast<int64_t*>(param_steps_->data()),
+                                          static_cast<int32_t>(table.param_steps.size())};
+    check_cuda(kernels::launch_fold_coefficients(fold_tables, fold,
+                                                 static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
                "coefficient launch");
     const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()), verdict()};
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
@@ -249,13 +254,21 @@ class CudaBackend final : public Backend {
     return {v.skip != 0, v.norm};
   }
 
-  void read_steps(std::vector<int64_t>& steps) override {
+  void read_steps(StepTable& table) override {
     DeviceScope scope(device_);
-    if (steps.empty()) return;
+    if (!steps_) return;  // nothing was ever uploaded, so the host's counts are the truth
     check_cuda(cudaDeviceSynchronize(), "reading step counts");
-    check_cuda(cudaMemcpy(steps.data(), steps_->data(), steps.size() * sizeof(int64_t),
-                          cudaMemcpyDeviceToHost),
-               "reading step counts");
+    // The device holds the counts of the groups and params of the last upload; any added
+    // since start from the host's values.
+    const std::size_t groups = std::min(table.steps.size(), uploaded_groups_);
+    const std::size_t params = std::min(table.param_steps.size(), uploaded_params_);
+    if (groups > 0)
+      check_cuda(cudaMemcpy(table.steps.data(), steps_->data(), groups * sizeof(int64_t), cudaMemcpyDeviceToHost),
+                 "reading step counts");
+    if (params > 0)
+      check_cuda(cudaMemcpy(table.param_steps.data(), param_steps_->data(), params * sizeof(int64_t),
+                            cudaMemcpyDeviceToHost),
+                 "reading step counts");
   }
 
   float read_float(const float* p) override {
@@ -299,9 +312,10 @@ class CudaBackend final : public Backend {
     return status != cudaStreamCaptureStatusNone;
   }
 
-  bool needs_upload(const Plan& plan, const GroupTable& groups) const {
-    if (!hyper_ || hyper_->bytes() < groups.hyper.size() * sizeof(kernels::AdamHyper) ||
-        hyper_version_ != groups.hyper_version || steps_version_ != groups.steps_version)
+  bool needs_upload(const Plan& plan, const StepTable& table) const {
+    if (!hyper_ || uploaded_groups_ != table.hyper.size() || uploaded_params_ != table.param_steps.size() ||
+        hyper_version_ != table.hyper_version || steps_version_ != table.steps_version ||
+        params_version_ != table.params_version)
       return true;
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
       for (std::size_t s = 0; s < plan.buckets[b].slots.size(); ++s)
@@ -309,23 +323,35 @@ class CudaBackend final : public Backend {
     return false;
   }
 
-  // Hyperparameters and step counts change rarely (lr schedules: every step, a few
-  // bytes per group); they go up only when the core's versions moved.
-  void upload_groups(const GroupTable& groups, cudaStream_t stream) {
-    const std::size_t n = groups.hyper.size();
-    if (!hyper_ || hyper_->bytes() < n * sizeof(kernels::AdamHyper)) {
-      hyper_ = allocate(std::max<std::size_t>(n, 1) * sizeof(kernels::AdamHyper));
-      steps_ = allocate(std::max<std::size_t>(n, 1) * sizeof(int64_t));
-      coeffs_ = allocate(std::max<std::size_t>(n, 1) * sizeof(kernels::GroupCoeffs));
-      hyper_version_ = steps_version_ = ~uint64_t{0};
+  // Hyperparameters, step counts and which params have grads change rarely (lr schedules:
+  // every step, a few bytes per group); each goes up only when the core's version moved.
+  // The arrays are reallocated (and all of them uploaded) when groups or params were added.
+  void upload_groups(const StepTable& table, cudaStream_t stream) {
+    const std::size_t groups = table.hyper.size(), params = table.param_steps.size();
+    if (!hyper_ || uploaded_groups_ != groups || uploaded_params_ != params) {
+      hyper_ = allocate(std::max<std::size_t>(groups, 1) * sizeof(kernels::AdamHyper));
+      steps_ = allocate(std::max<std::size_t>(groups, 1) * sizeof(int64_t));
+      param_group_ = allocate(std::max<std::size_t>(params, 1) * sizeof(int32_t));
+      param_active_ = allocate(std::max<std::size_t>(params, 1) * sizeof(uint8_t));
+      param_steps_ = allocate(std::max<std::size_t>(params, 1) * sizeof(int64_t));
+      coeffs_ = allocate(std::max<std::size_t>(params, 1) * sizeof(kernels::GroupCoeffs));
+      uploaded_groups_ = groups;
+      uploaded_params_ = params;
+      hyper_version_ = steps_version_ = params_version_ = ~uint64_t{0};
     }
-    if (hyper_version_ != groups.hyper_version) {
-      staging_.upload(hyper_->data(), groups.hyper.data(), n * sizeof(kernels::AdamHyper), stream);
-      hyper_version_ = groups.hyper_version;
+    if (hyper_version_ != table.hyper_version) {
+      staging_.upload(hyper_->data(), table.hyper.data(), groups * sizeof(kernels::AdamHyper), stream);
+      hyper_version_ = table.hyper_version;
     }
-    if (steps_version_ != groups.steps_version) {
-      staging_.upload(steps_->data(), groups.steps.data(), n * sizeof(int64_t), stream);
-      steps_version_ = groups.steps_version;
+    if (steps_version_ != table.steps_version) {
+      staging_.upload(steps_->data(), table.steps.data(), groups * sizeof(int64_t), stream);
+      staging_.upload(param_steps_->data(), table.param_steps.data(), params * sizeof(int64_t), stream);
+      steps_version_ = table.steps_version;
+    }
+    if (params_version_ != table.params_version) {
+      staging_.upload(param_group_->data(), table.param_group.data(), params * sizeof(int32_t), stream);
+      staging_.upload(param_active_->data(), table.param_active.data(), params * sizeof(uint8_t), stream);
+      params_version_ = table.params_version;
     }
   }
 
@@ -396,9 +422,13 @@ class CudaBackend final : public Backend {
   std::vector<DeviceTables> tables_;
   std::shared_ptr<Buffer> scratch_;     // verdict, stats, norm partials (see verdict())
   std::shared_ptr<Buffer> host_stats_;  // pinned: the stats for a host communicator
-  std::shared_ptr<Buffer> hyper_, steps_, coeffs_;
+  // Device copies of the StepTable (hyper_, steps_: per group; the rest per param) and
+  // the per-param coefficients the fold kernel writes.
+  std::shared_ptr<Buffer> hyper_, steps_, param_group_, param_active_, param_steps_, coeffs_;
+  std::size_t uploaded_groups_ = 0, uploaded_params_ = 0;  // sizes of those arrays
   uint64_t hyper_version_ = ~uint64_t{0};
   uint64_t steps_version_ = ~uint64_t{0};
+  uint64_t params_version_ = ~uint64_t{0};
   StagingRing staging_;
 };
 

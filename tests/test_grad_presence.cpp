@@ -1,0 +1,278 @@
+// tests/test_grad_presence.cpp — grads that are absent at some steps, per-param step counts,
+// and grads checked at every binding: a param without a grad is left exactly as it is and
+// does not advance (torch skips a param whose .grad is None); every param's bias
+// correction uses its own count; sa_optimizer_set_grads refuses expanded, transposed,
+// reshaped or retyped grads before it binds anything. References: the float64 update of
+// test_support.hpp, one step at a time from the library's own state.
+#include "test_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+
+std::vector<double> values_of(const HostTensor& t) {
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.get(i);
+  return out;
+}
+
+std::vector<int64_t> param_steps(const sa_optimizer* opt) {
+  std::vector<int64_t> steps(static_cast<std::size_t>(sa_optimizer_num_params(opt)), -1);
+  REQUIRE_SA_OK(opt, sa_optimizer_get_param_steps(opt, 0, static_cast<int64_t>(steps.size()), steps.data()));
+  return steps;
+}
+
+// Three float32 params of one AdamW group, each with its own grad buffer. `reference()`
+// is the float64 step of one param from the library's current state.
+struct Trio {
+  sa_group_config config = group_config(1e-2, 1e-2, 1);
+  HostTensor emb{{5, 4}, kFloat32}, w{{7}, kFloat32}, b{{3}, kFloat32};
+  HostTensor g_emb{{5, 4}, kFloat32}, g_w{{7}, kFloat32}, g_b{{3}, kFloat32};
+  OptimizerPtr opt = make_optimizer();
+  Rng rng{41};
+
+  Trio() {
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
+    const char* names[3] = {"emb", "w", "b"};
+    for (int i = 0; i < 3; ++i) {
+      fill_normal(param(i), rng, 1.0);
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), names[i], 0, param(i).versioned(), nullptr,
+                                                      nullptr, nullptr));
+    }
+  }
+  HostTensor& param(int i) { return i == 0 ? emb : i == 1 ? w : b; }
+  HostTensor& grad(int i) { return i == 0 ? g_emb : i == 1 ? g_w : g_b; }
+  void fresh_grads() {
+    for (int i = 0; i < 3; ++i) fill_normal(grad(i), rng, 0.1);
+  }
+
+  RefState state_of(int i) {
+    RefState s(values_of(param(i)), Storage::f32);
+    const StateView m = state_view(opt.get(), i, "exp_avg");
+    const StateView v = state_view(opt.get(), i, "exp_avg_sq");
+    for (int64_t k = 0; k < param(i).numel(); ++k) {
+      s.m[k] = m.get(k);
+      s.v[k] = v.get(k);
+    }
+    return s;
+  }
+
+  // The bytes of param i and its moments, to show an untouched param is bit-for-bit so.
+  std::vector<unsigned char> bytes_of(int i) {
+    std::vector<unsigned char> out = param(i).raw_bytes();
+    for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+      const std::vector<unsigned char> s = state_view(opt.get(), i, key).raw_bytes();
+      out.insert(out.end(), s.begin(), s.end());
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a param without a grad is skipped: unchanged bit for bit, its step count stays, and the "
+          "others step with their own bias correction",
+          "[grads][steps]") {
+  Trio f;
+  // Which params have a grad at each step, and how "no grad" is said: clear_grad,
+  // SA_NO_GRAD in set_grad_ptrs, a NULL entry of set_grads.
+  const bool present[6][3] = {{1, 1, 1}, {1, 0, 1}, {1, 0, 0}, {0, 1, 1}, {1, 1, 0}, {1, 1, 1}};
+  std::vector<int64_t> want_steps = {0, 0, 0};
+  for (int step = 0; step < 6; ++step) {
+    f.fresh_grads();
+    const int way = step % 3;
+    if (way == 0) {
+      for (int i = 0; i < 3; ++i) {
+        const DLTensor g = f.grad(i).dl();
+        REQUIRE_SA_OK(f.opt.get(), present[step][i] ? sa_optimizer_set_grad(f.opt.get(), i, &g)
+                                                    : sa_optimizer_clear_grad(f.opt.get(), i));
+      }
+    } else if (way == 1) {
+      const void* ptrs[3];
+      for (int i = 0; i < 3; ++i) ptrs[i] = present[step][i] ? f.grad(i).data() : SA_NO_GRAD;
+      REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad_ptrs(f.opt.get(), 3, ptrs));
+    } else {
+      DLTensor g[3];
+      const DLTensor* grads[3];
+      for (int i = 0; i < 3; ++i) {
+        g[i] = f.grad(i).dl();
+        grads[i] = present[step][i] ? &g[i] : nullptr;
+      }
+      REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+    }
+    std::vector<RefState> refs;
+    std::vector<RefScales> scales(3);
+    std::vector<std::vector<unsigned char>> before;
+    for (int i = 0; i < 3; ++i) {
+      refs.push_back(f.state_of(i));
+      before.push_back(f.bytes_of(i));
+      if (present[step][i])
+        reference_step(refs[i], f.config, want_steps[i] + 1, values_of(f.grad(i)), 1.0, RefBug::none, &scales[i]);
+    }
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
+    for (int i = 0; i < 3; ++i) {
+      INFO("step " << step << ", param " << i);
+      if (!present[step][i]) {
+        CHECK(f.bytes_of(i) == before[i]);
+        continue;
+      }
+      ++want_steps[i];
+      Worst worst("param");
+      for (int64_t k = 0; k < f.param(i).numel(); ++k)
+        worst.add(k, f.param(i).get(k), refs[i].value[k], step_value_tolerance(refs[i].value[k], scales[i].step_size));
+      CHECK_WITHIN(worst);
+    }
+    CHECK(param_steps(f.opt.get()) == want_steps);
+  }
+  CHECK(want_steps == std::vector<int64_t>{5, 4, 4});
+  CHECK(step_count(f.opt.get(), 0) == 6);  // the group counts the optimizer's steps
+}
+
+TEST_CASE("per-param step counts set to [6, 6, 3] give each param torch's bias correction at its own count",
+          "[steps]") {
+  Trio f;
+  const int64_t steps[3] = {6, 6, 3};
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_param_steps(f.opt.get(), 0, 3, steps));
+  f.fresh_grads();
+  std::vector<RefState> refs;
+  std::vector<RefScales> scales(3);
+  for (int i = 0; i < 3; ++i) {
+    const DLTensor g = f.grad(i).dl();
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad(f.opt.get(), i, &g));
+    refs.push_back(f.state_of(i));
+    reference_step(refs[i], f.config, steps[i] + 1, values_of(f.grad(i)), 1.0, RefBug::none, &scales[i]);
+  }
+  // The moments start at zero, so a wrong count changes lr / (1 - beta1^t) by far more
+  // than the tolerance: at t = 4 against t = 7, by a factor 1.5.
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
+  for (int i = 0; i < 3; ++i) {
+    Worst worst("param");
+    for (int64_t k = 0; k < f.param(i).numel(); ++k)
+      worst.add(k, f.param(i).get(k), refs[i].value[k], step_value_tolerance(refs[i].value[k], scales[i].step_size));
+    CHECK_WITHIN(worst);
+  }
+  CHECK(param_steps(f.opt.get()) == std::vector<int64_t>{7, 7, 4});
+  CHECK(step_count(f.opt.get(), 0) == 1);
+  // A group's count set later sets its params' counts too (a resume from a group count).
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_step(f.opt.get(), 0, 10));
+  CHECK(param_steps(f.opt.get()) == std::vector<int64_t>{10, 10, 10});
+}
+
+TEST_CASE("per-param step counts: ranges and negative counts are refused and change nothing", "[steps][errors]") {
+  Trio f;
+  const int64_t good[3] = {1, 2, 3};
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_param_steps(f.opt.get(), 0, 3, good));
+  int64_t out[4] = {-1, -1, -1, -1};
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_param_steps(f.opt.get(), 1, 3, out),
+                 "params [1, 1 + 3) is not a range of params (the optimizer has 3)");
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_param_steps(f.opt.get(), -1, 1, out),
+                 "not a range of params");
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_get_param_steps(f.opt.get(), 0, 1, nullptr),
+                 "steps is NULL");
+  const int64_t bad[2] = {4, -2};
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_param_steps(f.opt.get(), 1, 2, bad),
+                 "steps[1] (param 'b') is -2");
+  CHECK(param_steps(f.opt.get()) == std::vector<int64_t>{1, 2, 3});
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_get_param_steps(f.opt.get(), 1, 2, out));
+  CHECK(out[0] == 2);
+  CHECK(out[1] == 3);
+}
+
+TEST_CASE("set_grads checks every grad at every call: expanded, transposed, reshaped, retyped and misplaced "
+          "grads are refused, naming the param, and no binding changes",
+          "[grads][errors]") {
+  Trio f;
+  f.fresh_grads();
+  DLTensor good[3];
+  const DLTensor* grads[3];
+  for (int i = 0; i < 3; ++i) {
+    good[i] = f.grad(i).dl();
+    grads[i] = &good[i];
+  }
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
+
+  // Decoys far from the bound grads: a step that read any of them would show.
+  HostTensor row({1, 4}, kFloat32), transposed({4, 5}, kFloat32), flat({20}, kFloat32), bf16({5, 4}, kBfloat16);
+  HostTensor fresh_w({7}, kFloat32);
+  for (HostTensor* t : {&row, &transposed, &flat, &bf16, &fresh_w}) fill_normal(*t, f.rng, 100.0);
+  struct Case {
+    const char* what;
+    DLTensor grad;
+    std::vector<int64_t> shape, strides;
+    sa_status status;
+    const char* message;
+  };
+  std::vector<Case> cases = {
+      // torch.randn(1, 4).expand(5, 4): 20 elements read from a 4-element buffer.
+      {"expanded", row.dl(), {5, 4}, {0, 1}, SA_ERR_MISMATCH, "strides [0, 1]"},
+      // torch.randn(4, 5).t(): the right shape, the wrong order.
+      {"transposed", transposed.dl(), {5, 4}, {1, 5}, SA_ERR_MISMATCH, "strides [1, 5]"},
+      {"overlapping", flat.dl(), {5, 4}, {1, 1}, SA_ERR_MISMATCH, "strides [1, 1]"},
+      {"reshaped", flat.dl(), {}, {}, SA_ERR_MISMATCH, "grad shape [20] does not match the local shape [5, 4]"},
+      {"retyped", bf16.dl(), {}, {}, SA_ERR_MISMATCH, "grad dtype bfloat16 does not match"},
+      {"on another device", f.grad(0).dl(), {}, {}, SA_ERR_MISMATCH, "grad is on cuda:0 but the param is on cpu"},
+  };
+  cases.back().grad.device = DLDevice{kDLCUDA, 0};
+  for (Case& c : cases) {
+    INFO(c.what);
+    if (!c.shape.empty()) {
+      c.grad.shape = c.shape.data();
+      c.grad.strides = c.strides.data();
+      c.grad.ndim = static_cast<int32_t>(c.shape.size());
+    }
+    // Param 1 gets a fresh, valid grad in the same call: it must not be bound either.
+    DLTensor w = fresh_w.dl();
+    const DLTensor* bad[3] = {&c.grad, &w, &good[2]};
+    CHECK_SA_FAILS(f.opt.get(), c.status, sa_optimizer_set_grads(f.opt.get(), 3, bad), "sa_optimizer_set_grads",
+                   "param 'emb': grad", c.message);
+  }
+  // The step still reads the grads bound before the refused calls.
+  std::vector<RefState> refs;
+  std::vector<RefScales> scales(3);
+  for (int i = 0; i < 3; ++i) {
+    refs.push_back(f.state_of(i));
+    reference_step(refs[i], f.config, 2, values_of(f.grad(i)), 1.0, RefBug::none, &scales[i]);
+  }
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
+  for (int i = 0; i < 3; ++i) {
+    Worst worst("param");
+    for (int64_t k = 0; k < f.param(i).numel(); ++k)
+      worst.add(k, f.param(i).get(k), refs[i].value[k], step_value_tolerance(refs[i].value[k], scales[i].step_size));
+    CHECK_WITHIN(worst);
+  }
+  const DLTensor* short_list[2] = {&good[0], &good[1]};
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grads(f.opt.get(), 2, short_list),
+                 "n is 2 but the optimizer has 3 params");
+}
+
+TEST_CASE("set_grad_ptrs trusts pointers but refuses NULL for a non-empty param, pointing to SA_NO_GRAD",
+          "[grads][errors]") {
+  Trio f;
+  const void* ptrs[3] = {f.g_emb.data(), nullptr, f.g_b.data()};
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad_ptrs(f.opt.get(), 3, ptrs),
+                 "ptrs[1] (param 'w', 7 elements) is NULL", "SA_NO_GRAD");
+  // Nothing was bound: the step still refuses, naming the first param never given a grad.
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_STATE, sa_optimizer_step(f.opt.get(), nullptr, nullptr),
+                 "param 'emb' was never given a grad");
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grad(f.opt.get(), 0, nullptr),
+                 "sa_optimizer_clear_grad");
+}
+
+TEST_CASE("the gradient norm counts only the params that have a grad", "[grads][clip]") {
+  Trio f;
+  f.fresh_grads();
+  const DLTensor g0 = f.g_emb.dl(), g2 = f.g_b.dl();
+  const DLTensor* grads[3] = {&g0, nullptr, &g2};
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+  double want = 0.0;
+  for (int i : {0, 2})
+    for (int64_t k = 0; k < f.grad(i).numel(); ++k) want += static_cast<double>(f.grad(i).get(k)) * f.grad(i).get(k);
+  want = std::sqrt(want);
+  double norm = -1.0;
+  sa_step_args args = SA_STEP_ARGS_INIT;
+  args.max_grad_norm = INFINITY;
+  args.host_grad_norm = &norm;
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), &args, nullptr));
+  CHECK(std::fabs(norm - want) <= 1e-12 * want);
+}
