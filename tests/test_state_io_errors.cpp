@@ -313,9 +313,9 @@ TEST_CASE("files of another format: SA_ERR_FORMAT saying what they are not", "[s
 TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED; an edit without resealing: the header checksum",
           "[state_io][errors]") {
   Target target;
-  const Bytes v2 = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format_version"] = "2"; });
-  CHECK_SA_FAILS(target.opt(), SA_ERR_UNSUPPORTED, import_blobs(target.opt(), {v2, saved_blobs()[1]}),
-                 "format version '2'", "reads version 1", "newer shardadam");
+  const Bytes v3 = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format_version"] = "3"; });
+  CHECK_SA_FAILS(target.opt(), SA_ERR_UNSUPPORTED, import_blobs(target.opt(), {v3, saved_blobs()[1]}),
+                 "format version '3'", "reads versions 1 to 2", "newer shardadam");
   const Bytes edited = edit_header(
       saved_blobs()[0],
       [](json& h) { edit_metadata(h, "groups", [](json& g) { g[0]["lr"] = 1.0; }); }, false);
@@ -327,6 +327,55 @@ TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED; an edit without resealing
   Target other;
   REQUIRE_SA_OK(other.opt(), import_blobs(other.opt(), {respelled, saved_blobs()[1]}));
   target.check_unchanged();
+}
+
+TEST_CASE("per-param step counts travel in the files (format 2); a version 1 file gives each param its "
+          "group's count; files that disagree about a param's count are SA_ERR_MISMATCH",
+          "[state_io][errors][steps]") {
+  const Problem& prob = io_problem();
+  const auto n = static_cast<int64_t>(prob.params.size());
+  auto ranks = make_ranks(prob, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), prob.initial_values());
+  for (int s = 0; s < kSaveAt; ++s)
+    for (auto& r : ranks) r->step(s);
+  // Counts as a torch state dict brings them: every param its own.
+  std::vector<int64_t> saved_steps(prob.params.size());
+  for (std::size_t k = 0; k < saved_steps.size(); ++k) saved_steps[k] = 3 + static_cast<int64_t>(k % 3) * 4;
+  for (auto& r : ranks) REQUIRE_SA_OK(r->opt(), sa_optimizer_set_param_steps(r->opt(), 0, n, saved_steps.data()));
+  const std::vector<Bytes> blobs = {ranks[0]->export_blob(), ranks[1]->export_blob()};
+  {
+    Target target;
+    REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), blobs));
+    CHECK(snapshot(target.opt(), prob).param_steps == saved_steps);
+  }
+  {  // the same files written by a version 1 writer: no "params"
+    std::vector<Bytes> v1;
+    for (const Bytes& b : blobs)
+      v1.push_back(edit_header(b, [](json& h) {
+        h["__metadata__"]["format_version"] = "1";
+        h["__metadata__"].erase("params");
+      }));
+    Target target;
+    REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), v1));
+    std::vector<int64_t> group_steps;
+    for (const GlobalParam& p : prob.params) group_steps.push_back(step_count(ranks[0]->opt(), p.group));
+    CHECK(snapshot(target.opt(), prob).param_steps == group_steps);
+  }
+  {  // rank 1's file says another count for a param both files hold
+    const Bytes forged = edit_header(blobs[1], [&](json& h) {
+      edit_metadata(h, "params", [&](json& params) { params[prob.params[0].name]["step"] = 99; });
+    });
+    Target target;
+    CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), {blobs[0], forged}),
+                   ("param '" + prob.params[0].name + "'").c_str(), "says its step count is", "99");
+    target.check_unchanged();
+    // A file whose "params" lacks a param it holds tensors of is not a sound shard file.
+    const Bytes lacking = edit_header(blobs[1], [&](json& h) {
+      edit_metadata(h, "params", [&](json& params) { params.erase(prob.params[0].name); });
+    });
+    CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {blobs[0], lacking}),
+                   "has no entry for its param in __metadata__ \"params\"");
+    target.check_unchanged();
+  }
 }
 
 TEST_CASE("state keys that differ (master kind, amsgrad): SA_ERR_MISMATCH listing both sets",

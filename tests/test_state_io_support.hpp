@@ -217,15 +217,16 @@ inline void check_groups_restored(sa_optimizer* opt, const std::vector<sa_group_
 
 // ---- "nothing changed" ----------------------------------------------------------------------
 
-// Everything an import could change: every state's bytes, the groups and step counts, and
-// whether a step is allowed.
+// Everything an import could change: every state's bytes, the groups and step counts (the
+// groups' and the params'), and whether a step is allowed.
 struct Snapshot {
   std::vector<std::map<std::string, Bytes>> states;
   std::vector<Bytes> groups;
   std::vector<int64_t> steps;
+  std::vector<int64_t> param_steps;
 
   bool operator==(const Snapshot& o) const {
-    return states == o.states && groups == o.groups && steps == o.steps;
+    return states == o.states && groups == o.groups && steps == o.steps && param_steps == o.param_steps;
   }
 };
 
@@ -243,6 +244,8 @@ inline Snapshot snapshot(sa_optimizer* opt, const Problem& prob) {
     s.groups.emplace_back(p, p + sizeof c);
     s.steps.push_back(step_count(opt, g));
   }
+  s.param_steps.assign(static_cast<std::size_t>(sa_optimizer_num_params(opt)), -1);
+  REQUIRE_SA_OK(opt, sa_optimizer_get_param_steps(opt, 0, sa_optimizer_num_params(opt), s.param_steps.data()));
   return s;
 }
 

@@ -3,8 +3,11 @@
 //
 // An Optimizer owns its params: AddParam copies the initial values into C memory that the
 // library updates in place at every Step, and Param.Float32 / Param.Bits16 view that
-// memory from Go without copying. Grads are copied in by SetGrad into a C buffer the
-// library keeps bound, so no Go memory is ever retained by C (the cgo pointer rules).
+// memory from Go without copying. Grads are copied in by SetGrad or SetGrads into a C
+// buffer the library keeps bound, so no Go memory is ever retained by C (the cgo pointer
+// rules), and the library checks every binding. A param may have no grad at a step
+// (ClearGrad, a nil entry of SetGrads): it is then skipped, as torch skips a param whose
+// .grad is None, and its own step count (ParamSteps) does not advance.
 // States are copied out by State. Save and Load write and read shard files (one per rank;
 // any set of them loads onto any layout).
 //
@@ -210,7 +213,7 @@ func (o *Optimizer) StepCount(group int) (int64, error) {
 	return step[0], nil
 }
 
-// SetStepCount sets a group's step count (e.g. when resuming).
+// SetStepCount sets a group's step count and those of its params (e.g. when resuming).
 func (o *Optimizer) SetStepCount(group int, step int64) error {
 	if err := o.lock("shardadam.SetStepCount"); err != nil {
 		return err
@@ -373,47 +376,124 @@ func (o *Optimizer) addParam(op, name string, group int, dtype DType, shape []in
 }
 
 // ---- grads -------------------------------------------------------------------------
+//
+// A param either has a grad at the next steps or has none: steps then skip it (its values,
+// state and step count stay, as torch skips a param whose .grad is None). A param given
+// neither since it was added fails the step with StatusState. Every binding below copies
+// into a C buffer the optimizer owns and is checked by the library (sa_optimizer_set_grad,
+// sa_optimizer_set_grads); the package never hands grad pointers to
+// sa_optimizer_set_grad_ptrs, the C fast path that trusts its caller.
 
 // SetGrad copies float32 grads into the param's grad buffer, which stays bound for every
-// later Step until the next SetGrad. The library checks the dtype against the registered
+// later Step until the next binding. The library checks the dtype against the registered
 // grad dtype (an *Error with StatusMismatch naming the param otherwise); on any error the
 // bound grad is unchanged.
 func (o *Optimizer) SetGrad(p *Param, grad []float32) error {
-	var src unsafe.Pointer
-	if len(grad) > 0 {
-		src = unsafe.Pointer(&grad[0])
-	}
-	return o.setGrad("shardadam.SetGrad", p, Float32, src, int64(len(grad)))
+	return o.setGrad("shardadam.SetGrad", p, Float32Grad(grad))
 }
 
 // SetGrad16 is SetGrad for bfloat16 or float16 grads given as raw bits.
 func (o *Optimizer) SetGrad16(p *Param, dtype DType, grad []uint16) error {
-	if dtype != BFloat16 && dtype != Float16 {
-		return bindingError(StatusInvalidArgument, "shardadam.SetGrad16: dtype %s is not bfloat16 or float16", dtype)
+	switch dtype {
+	case BFloat16:
+		return o.setGrad("shardadam.SetGrad16", p, BFloat16Grad(grad))
+	case Float16:
+		return o.setGrad("shardadam.SetGrad16", p, Float16Grad(grad))
 	}
-	var src unsafe.Pointer
-	if len(grad) > 0 {
-		src = unsafe.Pointer(&grad[0])
-	}
-	return o.setGrad("shardadam.SetGrad16", p, dtype, src, int64(len(grad)))
+	return bindingError(StatusInvalidArgument, "shardadam.SetGrad16: dtype %s is not bfloat16 or float16", dtype)
 }
 
-func (o *Optimizer) setGrad(op string, p *Param, dtype DType, src unsafe.Pointer, count int64) error {
+// Grad is one param's entry of SetGrads: its values in row-major order, as a Float32Grad,
+// BFloat16Grad or Float16Grad. A nil Grad means "this param has no grad".
+type Grad interface {
+	values() (dtype DType, src unsafe.Pointer, count int64)
+}
+
+// Float32Grad is a float32 grad.
+type Float32Grad []float32
+
+// BFloat16Grad is a bfloat16 grad, as raw bits.
+type BFloat16Grad []uint16
+
+// Float16Grad is a float16 grad, as raw bits.
+type Float16Grad []uint16
+
+func (g Float32Grad) values() (DType, unsafe.Pointer, int64) {
+	return Float32, firstElem([]float32(g)), int64(len(g))
+}
+func (g BFloat16Grad) values() (DType, unsafe.Pointer, int64) {
+	return BFloat16, firstElem([]uint16(g)), int64(len(g))
+}
+func (g Float16Grad) values() (DType, unsafe.Pointer, int64) {
+	return Float16, firstElem([]uint16(g)), int64(len(g))
+}
+
+// SetGrads binds the grads of every param in one call (sa_optimizer_set_grads): grads[i]
+// for the param of index i, one entry per param; a nil entry means "this param has no
+// grad" (steps skip it until a grad is bound again). Each grad is copied into its param's
+// buffer and checked by the library as SetGrad is. All or nothing: on error no binding
+// and no buffer changes, and the message names the first param that failed.
+func (o *Optimizer) SetGrads(grads []Grad) error {
+	const op = "shardadam.SetGrads"
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	entries := make([]int64, 5*len(grads)) // all "no grad" unless staged below
+	var shapes []int64
+	// A list of the wrong length goes to the library as it is: it refuses the count
+	// before it reads any entry, and says what it expected.
+	if len(grads) == len(o.params) {
+		for i, g := range grads {
+			if g == nil {
+				continue
+			}
+			p := o.params[i]
+			dtype, _, count := g.values()
+			if err := o.stageGrad(op, p, count); err != nil {
+				return err
+			}
+			code, bits := dtype.dlpack()
+			copy(entries[5*i:], []int64{1, int64(code), int64(bits), int64(uintptr(p.grad)), int64(len(p.Shape))})
+			shapes = append(shapes, p.Shape...)
+		}
+	}
+	if err := resultError(capi.Sago_set_grads(o.handle, entries, shapes, o.errbuf), o.errbuf); err != nil {
+		return err
+	}
+	for i, g := range grads {
+		if g != nil {
+			copyGrad(o.params[i], g)
+		}
+	}
+	return nil
+}
+
+// ClearGrad marks a param as having no grad (sa_optimizer_clear_grad): later steps skip
+// it, leaving its values, state and step count as they are, until a grad is bound again.
+func (o *Optimizer) ClearGrad(p *Param) error {
+	const op = "shardadam.ClearGrad"
 	if p == nil || p.opt != o {
 		return bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
-	}
-	if count != p.numel {
-		return bindingError(StatusInvalidArgument, "%s: param '%s': grad has %d values, local shape %v needs %d", op, p.Name, count, p.Shape, p.numel)
 	}
 	if err := o.lock(op); err != nil {
 		return err
 	}
 	defer o.mu.Unlock()
-	if p.grad == nil {
-		// Sized for float32, the widest grad dtype, so a rebind with another dtype fits.
-		if p.grad = capi.Alloc(p.numel * Float32.size()); p.grad == nil {
-			return bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its grad buffer", op, p.Name)
-		}
+	return resultError(capi.Sago_clear_grad(o.handle, p.Index, o.errbuf), o.errbuf)
+}
+
+func (o *Optimizer) setGrad(op string, p *Param, g Grad) error {
+	if p == nil || p.opt != o {
+		return bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	}
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	dtype, _, count := g.values()
+	if err := o.stageGrad(op, p, count); err != nil {
+		return err
 	}
 	code, bits := dtype.dlpack()
 	// Bind first (the library validates), copy after: a refused grad changes nothing.
@@ -421,10 +501,67 @@ func (o *Optimizer) setGrad(op string, p *Param, dtype DType, src unsafe.Pointer
 	if err := resultError(status, o.errbuf); err != nil {
 		return err
 	}
+	copyGrad(p, g)
+	return nil
+}
+
+// stageGrad makes sure p has its grad buffer and that a grad of count values fills it.
+// The wrapper checks only what the library cannot see: that the slice holds one value per
+// element, as the copy needs. The caller holds the lock.
+func (o *Optimizer) stageGrad(op string, p *Param, count int64) error {
+	if count != p.numel {
+		return bindingError(StatusInvalidArgument, "%s: param '%s': grad has %d values, local shape %v needs %d", op, p.Name, count, p.Shape, p.numel)
+	}
+	if p.grad == nil {
+		// Sized for float32, the widest grad dtype, so a rebind with another dtype fits.
+		if p.grad = capi.Alloc(p.numel * Float32.size()); p.grad == nil {
+			return bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its grad buffer", op, p.Name)
+		}
+	}
+	return nil
+}
+
+// copyGrad copies a grad the library accepted into p's buffer (staged by stageGrad).
+func copyGrad(p *Param, g Grad) {
+	dtype, src, count := g.values()
 	if nbytes := count * dtype.size(); nbytes > 0 {
 		copy(unsafe.Slice((*byte)(p.grad), nbytes), unsafe.Slice((*byte)(src), nbytes))
 	}
-	return nil
+}
+
+// ---- per-param step counts -----------------------------------------------------------
+
+// ParamSteps returns the step counts of the params of indices [first, first+n)
+// (sa_optimizer_get_param_steps): the steps in which each had a grad and the step was not
+// skipped, the count its bias correction uses (torch's state[p]["step"]).
+func (o *Optimizer) ParamSteps(first, n int64) ([]int64, error) {
+	if err := o.lock("shardadam.ParamSteps"); err != nil {
+		return nil, err
+	}
+	defer o.mu.Unlock()
+	steps := make([]int64, max64(n, 1)) // never empty: a bad n reaches the library's range check
+	if err := resultError(capi.Sago_get_param_steps(o.handle, first, n, steps, o.errbuf), o.errbuf); err != nil {
+		return nil, err
+	}
+	return steps[:n], nil
+}
+
+// SetParamSteps replaces the step counts of the params of indices
+// [first, first+len(steps)) (sa_optimizer_set_param_steps; all checked first, nothing
+// changes on error). Group step counts stay as they are.
+func (o *Optimizer) SetParamSteps(first int64, steps []int64) error {
+	if err := o.lock("shardadam.SetParamSteps"); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return resultError(capi.Sago_set_param_steps(o.handle, first, steps, o.errbuf), o.errbuf)
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
 }
 
 // ---- step --------------------------------------------------------------------------
@@ -468,8 +605,9 @@ type StepReport struct {
 	GradNorm float64
 }
 
-// Step runs one optimizer step over every param and advances each group's step count.
-// Every non-empty param needs a grad bound by SetGrad first (StatusState otherwise,
+// Step runs one optimizer step over every param that has a grad, advancing its step count
+// and each group's. Every non-empty param needs a grad bound (SetGrad, SetGrads) or to be
+// marked as having none (ClearGrad, a nil entry of SetGrads) first (StatusState otherwise,
 // naming the param, and nothing is updated).
 func (o *Optimizer) Step() error {
 	_, err := o.StepWith(StepArgs{})

@@ -570,6 +570,8 @@ SA_COMM(sa_optimizer_set_comm)
 %ignore sa_nccl_unique_id;     /* travels as its 128 bytes */
 %ignore sa_host_comm;          /* C callbacks: host_comm_create below makes one from a callable */
 %ignore sa_comm_create_host;
+%ignore sa_optimizer_get_param_steps;  /* int64_t arrays: param_steps_get/_set below */
+%ignore sa_optimizer_set_param_steps;
 
 /* Classes whose constructors apply the SA_*_INIT defaults. */
 %define SA_OPTION_STRUCT(type, init)
@@ -620,6 +622,56 @@ SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 
 /* ---- additions for the Python package ------------------------------------------------ */
 %inline %{
+/** sa_optimizer_get_param_steps over every param: (status, list of int), the list None
+ *  when the status is not SA_OK. */
+PyObject* param_steps_get(const sa_optimizer* opt) {
+  const int64_t n = opt ? sa_optimizer_num_params(opt) : 0;
+  int64_t* steps = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+  if (!steps) return PyErr_NoMemory();
+  const sa_status status = sa_optimizer_get_param_steps(opt, 0, n, steps);
+  PyObject* list = NULL;
+  if (status == SA_OK) {
+    list = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; list && i < n; ++i) {
+      PyObject* item = PyLong_FromLongLong((long long)steps[i]);
+      if (!item) Py_CLEAR(list); else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    if (!list) {
+      free(steps);
+      return NULL;
+    }
+  } else {
+    list = Py_None;
+    Py_INCREF(list);
+  }
+  free(steps);
+  return Py_BuildValue("(iN)", (int)status, list);
+}
+
+/** sa_optimizer_set_param_steps from a sequence of ints, one per param from `first`. */
+PyObject* param_steps_set(sa_optimizer* opt, int64_t first, PyObject* values) {
+  PyObject* seq = PySequence_Fast(values, "steps must be a sequence of int");
+  if (!seq) return NULL;
+  const int64_t n = (int64_t)PySequence_Fast_GET_SIZE(seq);
+  int64_t* steps = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+  if (!steps) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    steps[i] = (int64_t)PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+    if (steps[i] == -1 && PyErr_Occurred()) {
+      free(steps);
+      Py_DECREF(seq);
+      return NULL;
+    }
+  }
+  Py_DECREF(seq);
+  const sa_status status = sa_optimizer_set_param_steps(opt, first, n, steps);
+  free(steps);
+  return PyLong_FromLong((long)status);
+}
+
 /** 1 when the library provides state export/import (src/state_io), else 0. */
 int state_io_available(void) {
   return sa_optimizer_export != NULL && sa_optimizer_import != NULL && sa_file_writer != NULL &&

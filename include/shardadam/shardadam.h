@@ -590,9 +590,10 @@ SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const
 /*
  * A shard file is one rank's optimizer state as a valid safetensors file: tensors named
  * "<param name>/<state key>" in their storage dtype and local shape, and a __metadata__
- * holding the format ("shardadam", version 1), the optimizer's groups (hyperparameters and
- * step counts), the writer's mesh coordinate, each tensor's global shape and offset, and
- * CRC-32C checksums over fixed-size blocks of each tensor's data. README.md documents the
+ * holding the format ("shardadam", version 2), the optimizer's groups (hyperparameters and
+ * step counts), each param's own step count, the writer's mesh coordinate, each tensor's
+ * global shape and offset, and CRC-32C checksums over fixed-size blocks of each tensor's
+ * data (version 1 files, without per-param counts, still load). README.md documents the
  * metadata keys. Any safetensors reader opens it; shardadam reads any set of such files
  * written by N ranks into an optimizer with any layout on M ranks.
  */
@@ -689,7 +690,8 @@ typedef struct sa_import_options {
   int32_t allow_missing;
   /* 1: params in the blobs that this optimizer lacks are ignored (else an error). */
   int32_t allow_unexpected;
-  /* 1 (default): restore the groups' hyperparameters and step counts from the blobs. */
+  /* 1 (default): restore the groups' hyperparameters and step counts, and each param's
+   * step count, from the blobs (params the blobs do not hold keep theirs). */
   int32_t restore_groups;
 } sa_import_options;
 
@@ -701,8 +703,8 @@ typedef struct sa_import_options {
  * by name; the files may hold their ranks' shards in any order.
  *
  * Validation comes first and changes nothing: every header is read and checked; the
- * files must agree on the groups and step counts (files of different checkpoints do
- * not); every param of this optimizer must be in the files (unless allow_missing) and
+ * files must agree on the groups and step counts, and those holding parts of one param on
+ * its step count (files of different checkpoints do not); every param of this optimizer must be in the files (unless allow_missing) and
  * every param of the files in this optimizer (unless allow_unexpected), with the same
  * state keys (so the same master kind and amsgrad); for every local state box the saved
  * boxes of the same param and key that intersect it must have its global shape and

@@ -401,7 +401,7 @@ class Optimizer {
     detail::check(sa_optimizer_get_step(handle_, group, &step), handle_);
     return step;
   }
-  // sa_optimizer_set_step(): sets the group's step count.
+  // sa_optimizer_set_step(): sets the group's step count and those of its params.
   void set_step_count(int32_t group, int64_t step) {
     detail::check(sa_optimizer_set_step(handle_, group, step), handle_);
   }
@@ -444,22 +444,62 @@ class Optimizer {
   }
 
   // -- grads --
+  //
+  // A param either has a grad at the next steps or has none (steps skip it: its values,
+  // state and step count stay, as torch skips a param whose .grad is None). A param never
+  // given either since it was added makes step() throw (SA_ERR_STATE). Every call below
+  // except set_grad_ptrs_unchecked has the library check each grad it binds.
 
-  // sa_optimizer_set_grad(): binds one param's grad (validated; only the pointer is kept).
+  // sa_optimizer_set_grad(): binds one param's grad, checked (dtype, local shape, device,
+  // C-contiguous strides, alignment); only the data pointer is kept.
   void set_grad(int64_t param, const DLTensor& grad) {
     detail::check(sa_optimizer_set_grad(handle_, param, &grad), handle_);
   }
-  // sa_optimizer_set_grad_ptrs(): binds every param's grad from raw pointers, ptrs[i] for
-  // param i (the fast path; the caller guarantees dtype, shape and contiguity).
-  void set_grad_ptrs(const void* const* ptrs, int64_t n) {
+  // sa_optimizer_set_grads(): binds every param's grad in one call, grads[i] for param i,
+  // n == num_params(); nullptr means "param i has no grad". Each is checked as set_grad
+  // checks it; all-or-nothing (on a throw no binding changed, and the message names the
+  // first param that failed).
+  void set_grads(const DLTensor* const* grads, int64_t n) {
+    detail::check(sa_optimizer_set_grads(handle_, n, grads), handle_);
+  }
+  // The same from any contiguous container of `const DLTensor*` (std::vector, std::array).
+  template <class Container>
+  void set_grads(const Container& grads) {
+    const DLTensor* const* data = std::data(grads);
+    set_grads(data, static_cast<int64_t>(std::size(grads)));
+  }
+  // sa_optimizer_clear_grad(): param has no grad; later steps skip it until one is bound.
+  void clear_grad(int64_t param) {
+    detail::check(sa_optimizer_clear_grad(handle_, param), handle_);
+  }
+  // sa_optimizer_set_grad_ptrs(): UNCHECKED. Binds every param's grad from raw data
+  // pointers, ptrs[i] for param i (SA_NO_GRAD: no grad). It trusts the caller: a pointer
+  // to anything but a C-contiguous tensor of the param's grad dtype and local shape makes
+  // the step read outside it. For engines whose grads live in buffers they laid out
+  // themselves; hand user tensors to set_grad / set_grads instead.
+  void set_grad_ptrs_unchecked(const void* const* ptrs, int64_t n) {
     detail::check(sa_optimizer_set_grad_ptrs(handle_, n, ptrs), handle_);
   }
-  // The same from any contiguous container of pointers (std::vector<const void*>,
-  // std::array<void*, N>, ...).
-  template <class Container>
-  void set_grad_ptrs(const Container& ptrs) {
-    const void* const* data = std::data(ptrs);
-    set_grad_ptrs(data, static_cast<int64_t>(std::size(ptrs)));
+
+  // -- per-param step counts --
+
+  // sa_optimizer_get_param_steps(): the step counts of params [first, first + n), the
+  // counts their bias correction uses (torch's state[p]["step"]).
+  std::vector<int64_t> param_steps(int64_t first, int64_t n) const {
+    // Never an empty buffer: a bad n must reach the library's range check, not "NULL".
+    std::vector<int64_t> steps(n > 0 ? static_cast<std::size_t>(n) : 1);
+    detail::check(sa_optimizer_get_param_steps(handle_, first, n, steps.data()), handle_);
+    steps.resize(static_cast<std::size_t>(n));
+    return steps;
+  }
+  // Every param's step count, in param order.
+  std::vector<int64_t> param_steps() const { return param_steps(0, num_params()); }
+  // sa_optimizer_set_param_steps(): replaces the counts of params
+  // [first, first + steps.size()) (all checked first; nothing changes on a throw).
+  void set_param_steps(int64_t first, const std::vector<int64_t>& steps) {
+    detail::check(sa_optimizer_set_param_steps(handle_, first, static_cast<int64_t>(steps.size()),
+                                               steps.data()),
+                  handle_);
   }
 
   // -- step --

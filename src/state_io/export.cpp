@@ -65,10 +65,15 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
     header.groups.push_back({opt.group(g, "group").config, opt.get_step(g)});
   header.meshes = meshes_of(opt.params());
 
+  std::vector<int64_t> param_steps(opt.params().size());
+  opt.get_param_steps(0, opt.num_params(), param_steps.data());
+
   std::vector<SavedTensor> tensors;
   std::vector<const void*> sources;
-  for (const auto& p : opt.params()) {
+  for (std::size_t i = 0; i < opt.params().size(); ++i) {
+    const auto& p = opt.params()[i];
     if (!primary_replica(p->layout)) continue;
+    header.param_steps[p->name] = param_steps[i];
     for (const NamedState& s : named_states(*p)) {
       SavedTensor t;
       t.param = p->name;

@@ -146,7 +146,10 @@ class Importer {
     for (std::size_t f = 0; f < headers_.size(); ++f)
       for (const SavedTensor& t : headers_[f].tensors) saved_[t.param].keys[t.key].push_back({f, &t});
 
-    for (const auto& p : opt_.params()) plan_param(*p);
+    for (std::size_t i = 0; i < opt_.params().size(); ++i) {
+      plan_param(*opt_.params()[i]);
+      if (settings_.restore_groups) plan_param_step(static_cast<int64_t>(i));
+    }
 
     if (!settings_.allow_unexpected) {
       std::vector<std::string> extra;
@@ -237,6 +240,29 @@ class Importer {
         converts_ = converts_ || !same_dtype(t.dtype, s.dtype);
       }
     }
+  }
+
+  // The saved step count of param `index`: from the "params" of every file that holds its
+  // tensors (version 2), which must agree; a version 1 file gives its group's count.
+  void plan_param_step(int64_t index) {
+    const Param& p = *opt_.params()[static_cast<std::size_t>(index)];
+    const auto entry = saved_.find(p.name);
+    if (entry == saved_.end()) return;  // allow_missing: it keeps its count
+    int64_t step = -1;
+    std::size_t step_file = 0;
+    for (const auto& [key, refs] : entry->second.keys) {
+      for (const SavedRef& ref : refs) {
+        const ShardHeader& h = headers_[ref.file];
+        if (h.version < 2 && static_cast<std::size_t>(p.group) >= h.groups.size()) continue;  // reported by plan()
+        const int64_t s = h.version >= 2 ? h.param_steps.at(p.name) : h.groups[p.group].step;
+        if (step >= 0 && s != step)
+          fail(SA_ERR_MISMATCH, "param '", p.name, "': ", readers_[step_file].name(), " says its step count is ",
+               step, " but ", readers_[ref.file].name(), " says ", s, "; are they from different checkpoints?");
+        step = s;
+        step_file = ref.file;
+      }
+    }
+    if (step >= 0) restored_steps_.emplace_back(index, step);
   }
 
   // ---- phase 2 ------------------------------------------------------------------------
@@ -350,11 +376,17 @@ class Importer {
       }
     }
     if (settings_.restore_groups && !headers_.empty()) {
+      // Params the files do not hold (allow_missing) keep their counts; setting a group's
+      // count sets its params', so theirs are put back after it.
+      std::vector<int64_t> steps(opt_.params().size());
+      opt_.get_param_steps(0, opt_.num_params(), steps.data());
       const auto& groups = headers_[0].groups;
       for (std::size_t g = 0; g < groups.size(); ++g) {  // checked in plan(): cannot fail
         opt_.set_group(static_cast<int32_t>(g), groups[g].config);
         opt_.set_step(static_cast<int32_t>(g), groups[g].step);
       }
+      for (const auto& [index, step] : restored_steps_) steps[static_cast<std::size_t>(index)] = step;
+      opt_.set_param_steps(0, opt_.num_params(), steps.data());
     }
     // A param skipped by allow_missing keeps whatever state it had: if an earlier import
     // left it half written, it still is.
@@ -419,6 +451,7 @@ class Importer {
   std::shared_ptr<Buffer> staging_;
   std::vector<uint32_t> crc_scratch_;  // the checksums of one chunk's blocks
   int64_t skipped_params_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> restored_steps_;  // (param index, saved step count)
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,7 @@ constexpr const char* kKeyChecksum = "checksum";
 constexpr const char* kKeyGroups = "groups";
 constexpr const char* kKeyWriter = "writer";
 constexpr const char* kKeyTensors = "tensors";
+constexpr const char* kKeyParams = "params";  // version >= 2
 
 std::string hex32(uint32_t v) {
   char text[9];
@@ -210,6 +212,26 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, 
   return s;
 }
 
+// "params": {"<param>": {"step": N}, ...}, one entry for exactly the params the file holds
+// tensors of.
+std::map<std::string, int64_t> parse_param_steps(const json& params, const std::vector<SavedTensor>& tensors,
+                                                 const FieldReader& in) {
+  if (!params.is_object()) fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"params\" is not an object");
+  std::map<std::string, int64_t> steps;
+  for (const auto& [name, entry] : params.items())
+    steps[name] = in.integer(entry, "step", concat("params['", name, "']"), 0, INT64_MAX);
+  std::set<std::string> held;
+  for (const SavedTensor& t : tensors) {
+    if (!steps.count(t.param))
+      fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name(), "' has no entry for its param in __metadata__ \"params\"");
+    held.insert(t.param);
+  }
+  for (const auto& entry : steps)
+    if (!held.count(entry.first))
+      fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"params\" names '", entry.first, "', which has no tensor");
+  return steps;
+}
+
 }  // namespace
 
 bool is_moment_key(const std::string& key) {
@@ -244,6 +266,9 @@ std::string encode_shard_header(const ShardHeader& header) {
   for (const WriterMesh& m : header.meshes) meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
   metadata[kKeyWriter] = json{{"library", header.library}, {"meshes", meshes}}.dump();
 
+  json params = json::object();
+  for (const auto& [name, step] : header.param_steps) params[name] = {{"step", step}};
+
   json tensors = json::object();
   std::vector<SafetensorsTensor> entries;
   for (const SavedTensor& t : header.tensors) {
@@ -255,6 +280,7 @@ std::string encode_shard_header(const ShardHeader& header) {
   }
   try {
     metadata[kKeyTensors] = tensors.dump();
+    metadata[kKeyParams] = params.dump();
   } catch (const json::exception& e) {
     fail(SA_ERR_UNSUPPORTED, "a param name is not valid UTF-8, which a safetensors (JSON) header "
          "cannot hold (", e.what(), ")");
@@ -271,19 +297,8 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
   if (format == st.metadata.end() || format->second != kShardFormat)
     fail(SA_ERR_FORMAT, blob, ": a safetensors file, but not a shardadam shard file (its __metadata__ ",
          st.has_metadata ? "has no \"format\": \"shardadam\"" : "is missing", ")");
-  const auto version = st.metadata.find(kKeyVersion);
-  if (version == st.metadata.end())
-    fail(SA_ERR_FORMAT, blob, ": __metadata__ has no \"format_version\"");
-  if (version->second != std::to_string(kShardFormatVersion)) {
-    const bool newer = !version->second.empty() && version->second.size() < 10 &&
-                       version->second.find_first_not_of("0123456789") == std::string::npos &&
-                       std::stoi(version->second) > kShardFormatVersion;
-    fail(newer ? SA_ERR_UNSUPPORTED : SA_ERR_FORMAT, blob, ": shard file format version '",
-         version->second, "'; this library (shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR,
-         ".", SA_VERSION_PATCH, ") reads version ", kShardFormatVersion,
-         newer ? " (the file is from a newer shardadam)" : "");
-  }
-
+  // The checksum first: a flipped bit in the version must read as corruption, not as a
+  // file from a newer shardadam.
   const auto stored_crc = st.metadata.find(kKeyHeaderCrc);
   if (stored_crc == st.metadata.end())
     fail(SA_ERR_FORMAT, blob, ": __metadata__ has no \"header_crc32c\"");
@@ -291,6 +306,21 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
   if (stored_crc->second != computed)
     fail(SA_ERR_FORMAT, blob, ": the header checksum does not match (stored '", stored_crc->second,
          "', computed '", computed, "'): the header was corrupted or edited");
+
+  const auto version = st.metadata.find(kKeyVersion);
+  if (version == st.metadata.end())
+    fail(SA_ERR_FORMAT, blob, ": __metadata__ has no \"format_version\"");
+  const bool numeric = !version->second.empty() && version->second.size() < 10 &&
+                       version->second.find_first_not_of("0123456789") == std::string::npos;
+  const int version_number = numeric ? std::stoi(version->second) : -1;
+  if (version_number < kOldestShardFormatVersion || version_number > kShardFormatVersion ||
+      version->second != std::to_string(version_number)) {
+    const bool newer = version_number > kShardFormatVersion;
+    fail(newer ? SA_ERR_UNSUPPORTED : SA_ERR_FORMAT, blob, ": shard file format version '",
+         version->second, "'; this library (shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR,
+         ".", SA_VERSION_PATCH, ") reads versions ", kOldestShardFormatVersion, " to ", kShardFormatVersion,
+         newer ? " (the file is from a newer shardadam)" : "");
+  }
 
   const FieldReader in(blob);
   ShardHeader h;
@@ -312,6 +342,8 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
          " tensors but the header holds ", st.tensors.size());
   for (const SafetensorsTensor& t : st.tensors)
     h.tensors.push_back(parse_saved_tensor(t, tensors, h.block_bytes, in));
+  h.version = version_number;
+  if (h.version >= 2) h.param_steps = parse_param_steps(in.parse(st.metadata, kKeyParams), h.tensors, in);
   return h;
 }
 

@@ -20,7 +20,10 @@
 namespace sa {
 
 inline constexpr const char* kShardFormat = "shardadam";
-inline constexpr int kShardFormatVersion = 1;
+// 2: per-param step counts ("params"). Version 1 files (no "params") still load: each
+// param then takes its group's step count.
+inline constexpr int kShardFormatVersion = 2;
+inline constexpr int kOldestShardFormatVersion = 1;
 // Bytes per checksummed block of a tensor's data (the last block of a tensor is shorter).
 // 1 MiB: the checksum list stays ~1e-6 of the data, and a partial read of a tensor reads
 // at most one block more than it needs at each end.
@@ -61,9 +64,12 @@ struct ShardHeader {
   uint64_t data_section = 0;  // offset of the data section in the blob
   uint64_t block_bytes = kChecksumBlockBytes;
   std::string library;  // who wrote it, e.g. "shardadam 0.1.0"
+  int version = kShardFormatVersion;
   std::vector<SavedGroup> groups;
   std::vector<WriterMesh> meshes;
   std::vector<SavedTensor> tensors;  // in data order
+  // Version >= 2: the step count of every param the file holds tensors of.
+  std::map<std::string, int64_t> param_steps;
 };
 
 // Number of checksum blocks of a tensor of `bytes` bytes.

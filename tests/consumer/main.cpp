@@ -22,7 +22,9 @@ int main() {
     shardadam::Optimizer opt;
     const int32_t group = opt.add_group(shardadam::default_group_config());
     const int64_t w = opt.add_param("w", group, &shard);
-    opt.set_grad_ptrs(std::vector<const void*>{grad.data()});
+    const DLTensor grad_tensor = {const_cast<float*>(grad.data()), {kDLCPU, 0}, 1, {kDLFloat, 32, 1},
+                                  shape, nullptr, 0};
+    opt.set_grads(std::vector<const DLTensor*>{&grad_tensor});
     opt.step();
     for (std::size_t i = 0; i < param.size(); ++i) {
       if ((param[i] - before[i]) * grad[i] >= 0.0f) {

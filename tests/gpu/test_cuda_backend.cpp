@@ -176,3 +176,64 @@ TEST_CASE("a found_inf flag in device memory skips the step and leaves the step 
   t.step_both(1.0f, 0.0f, nullptr);
   t.require_identical();
 }
+
+TEST_CASE("params without a grad at some steps, and per-param step counts, equal the CPU bit for bit "
+          "(plain, found_inf, clipped and captured steps)",
+          "[gpu][grads]") {
+  Rng rng(0x9AD);
+  Twin t;
+  t.add_groups(false);
+  const std::vector<int64_t> sizes = shard_sizes(rng, 24);
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    t.add("p" + std::to_string(i), static_cast<int32_t>(i % 2), kVariants[i % 2 == 0 ? 0 : 3], {sizes[i]}, 0, rng);
+  const auto n = static_cast<int64_t>(sizes.size());
+  // Counts as a torch state dict may bring them: every param its own.
+  std::vector<int64_t> steps(sizes.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) steps[i] = static_cast<int64_t>(i % 5) * 3;
+  for (auto* opt : {t.cpu.get(), t.gpu.get()})
+    REQUIRE_SA_OK(opt, sa_optimizer_set_param_steps(opt, 0, n, steps.data()));
+  std::vector<bool> present(sizes.size());
+  for (int step = 0; step < 12; ++step) {
+    for (std::size_t i = 0; i < present.size(); ++i) present[i] = rng.chance(0.6);
+    t.bind_some_grads(rng, step % 2 == 1, present);
+    if (step % 4 == 3) {
+      const auto norms = t.step_both_clipped(0.5, SA_NORM_L2, nullptr);
+      CHECK(std::fabs(norms.first - norms.second) <= 1e-12 * norms.first);
+    } else {
+      t.step_both(1.0f, step == 5 ? 1.0f : 0.0f, nullptr);
+    }
+    if (step == 2) t.require_identical();  // no clipped step yet: bit for bit
+  }
+  // Clipped steps scale by a norm whose last bit depends on the summation order.
+  t.require_close(4.0);
+  std::vector<int64_t> got(sizes.size());
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_get_param_steps(t.gpu.get(), 0, n, got.data()));
+  CHECK(got != steps);
+
+  // A captured step with some params lacking grads replays their absence.
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (std::size_t i = 0; i < present.size(); ++i) present[i] = i % 3 != 0;
+  t.bind_some_grads(rng, false, present);
+  t.step_both(1.0f, 0.0f, stream);
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_step(t.gpu.get(), nullptr, stream));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_step(t.cpu.get(), nullptr, nullptr));
+  }
+  t.require_close(4.0);
+  std::vector<int64_t> cpu_steps(sizes.size()), gpu_steps(sizes.size());
+  REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_get_param_steps(t.cpu.get(), 0, n, cpu_steps.data()));
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_get_param_steps(t.gpu.get(), 0, n, gpu_steps.data()));
+  CHECK(gpu_steps == cpu_steps);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}

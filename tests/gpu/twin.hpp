@@ -203,6 +203,32 @@ struct Twin {
     }
     for (int32_t g = 0; g < sa_optimizer_num_groups(cpu.get()); ++g)
       CHECK(step_count(gpu.get(), g) == step_count(cpu.get(), g));
+    const auto n = static_cast<int64_t>(names.size());
+    std::vector<int64_t> cpu_steps(names.size(), -1), gpu_steps(names.size(), -2);
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_get_param_steps(cpu.get(), 0, n, cpu_steps.data()));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_get_param_steps(gpu.get(), 0, n, gpu_steps.data()));
+    CHECK(gpu_steps == cpu_steps);
+  }
+
+  // New random grads into set A or B for the params where present[i], bound with the
+  // checked bulk call; the others get "no grad".
+  void bind_some_grads(Rng& rng, bool use_b, const std::vector<bool>& present) {
+    auto& hg = use_b ? host_grads_b : host_grads_a;
+    auto& dg = use_b ? dev_grads_b : dev_grads_a;
+    std::vector<DLTensor> h(hg.size()), d(hg.size());
+    std::vector<const DLTensor*> cpu_list(hg.size(), nullptr), gpu_list(hg.size(), nullptr);
+    for (std::size_t i = 0; i < hg.size(); ++i) {
+      if (!present[i]) continue;
+      fill_log_uniform(*hg[i], rng, 1e-4, 3.0);
+      dg[i]->upload(*hg[i]);
+      h[i] = hg[i]->dl();
+      d[i] = dg[i]->dl();
+      cpu_list[i] = &h[i];
+      gpu_list[i] = &d[i];
+    }
+    const auto n = static_cast<int64_t>(hg.size());
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grads(cpu.get(), n, cpu_list.data()));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_grads(gpu.get(), n, gpu_list.data()));
   }
 };
 

@@ -108,7 +108,7 @@ def test_metadata_is_as_documented(shard_dir, mesh):
             tensors_by_name = {name: f.get_tensor(name) for name in f.keys()}
         assert meta == header["__metadata__"]
         assert meta["format"] == "shardadam"
-        assert meta["format_version"] == "1"
+        assert meta["format_version"] == "2"
 
         # header_crc32c: CRC-32C of the compact, key-sorted JSON of the metadata without
         # header_crc32c, plus each tensor's dtype and shape.
@@ -132,6 +132,11 @@ def test_metadata_is_as_documented(shard_dir, mesh):
 
         described = json.loads(meta["tensors"])
         assert set(described) == set(tensors_by_name)
+        # params: every param the file holds tensors of, with its own step count (here all
+        # stepped at every step: the groups' count).
+        params = json.loads(meta["params"])
+        assert set(params) == {name.rsplit("/", 1)[0] for name in described}
+        assert all(entry == {"step": 3} for entry in params.values())
         for name, entry in described.items():
             param, key = name.rsplit("/", 1)
             assert key in STATE_KEYS

@@ -183,8 +183,9 @@ class Group:
 
     @property
     def step(self):
-        """The group's step count: steps taken and not skipped (on CUDA reading it may
-        synchronize)."""
+        """The group's step count: steps the optimizer took and did not skip (on CUDA
+        reading it may synchronize). Setting it sets the count of every param of the group
+        too; bias correction uses each param's own count (:meth:`Optimizer.param_steps`)."""
         handle = self._optimizer._handle_or_raise()
         status, count = _C.sa_optimizer_get_step(handle, self._index)
         check(status, handle)
@@ -406,6 +407,23 @@ class Optimizer(OwnsHandle):
     def param_infos(self):
         """:class:`ParamInfo` of every param, by index."""
         return [self.param_info(i) for i in range(len(self._names))]
+
+    # ---- step counts ------------------------------------------------------------------
+    def param_steps(self):
+        """Every param's step count, by index: the steps in which it had a grad and the
+        step was not skipped (torch's ``state[p]["step"]``); its bias correction uses it.
+        On CUDA reading them may synchronize."""
+        handle = self._handle_or_raise()
+        status, steps = _C.param_steps_get(handle)
+        check(status, handle)
+        return steps
+
+    def set_param_steps(self, steps, first=0):
+        """Sets the step counts of params ``first, first + 1, ...`` from a sequence of ints
+        (all checked first: each >= 0, the range within the params; on error none
+        changes). Group step counts stay as they are."""
+        handle = self._handle_or_raise()
+        check(_C.param_steps_set(handle, int(first), steps), handle)
 
     # ---- grads -----------------------------------------------------------------------
     def set_grad(self, param, grad, *, stream=None):

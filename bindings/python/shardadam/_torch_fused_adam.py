@@ -1,6 +1,4 @@
 """FusedAdam: torch.optim.Optimizer over shardadam (imported lazily by shardadam.torch)."""
-import itertools
-
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -14,6 +12,8 @@ try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch built without distributed
     DTensor = None
+
+from . import _torch_state_dict  # noqa: E402 (it reads this module's helpers at call time)
 
 _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "bias_correction", "maximize",
                     "amsgrad")
@@ -294,17 +294,7 @@ class FusedAdam(torch.optim.Optimizer):
         self.state[param] = self._state_views(entry)
 
     def _state_views(self, entry):
-        views = {}
-        for key in self.native.state_keys(entry.index):
-            local = torch.from_dlpack(self.native.state(entry.index, key))
-            if entry.mesh is not None:
-                param = entry.param
-                views[key] = DTensor.from_local(local, entry.mesh, entry.placements, run_check=False,
-                                                shape=param.shape, stride=param.stride())
-            else:
-                views[key] = local
-        views["step"] = torch.tensor(float(self.native.param_groups[entry.group].step), dtype=torch.float32)
-        return views
+        return _torch_state_dict.state_views(self, entry)
 
     # ---- step ----------------------------------------------------------------------------
     # Opaque to torch.compile: Dynamo does not trace the native call (nor the DLPack
@@ -417,6 +407,7 @@ class FusedAdam(torch.optim.Optimizer):
         """A fresh native optimizer over the params' current memory, keeping the state."""
         old_native, old_states = self.native, {e.param: self.state[e.param] for e in self._entries}
         steps = [group.step for group in old_native.param_groups]
+        param_steps = _torch_state_dict.param_steps(self)
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
         self._names = []
         for group_index, group in enumerate(self.param_groups):
@@ -430,6 +421,7 @@ class FusedAdam(torch.optim.Optimizer):
                     _local_tensor(self.state[param][key]).copy_(_local_tensor(value))
         for group, step in zip(self.native.param_groups, steps):
             group.step = step
+        _torch_state_dict.set_param_steps(self, param_steps)  # after the groups': setting those sets these
         old_native.close()
 
     def _push_hyperparameters(self):
@@ -467,88 +459,38 @@ class FusedAdam(torch.optim.Optimizer):
         changed. The options are :meth:`shardadam.Optimizer.load`'s."""
         self.native.load(paths, allow_missing=allow_missing, allow_unexpected=allow_unexpected,
                          restore_groups=True, staging_bytes=staging_bytes)
-        for index, group in enumerate(self.param_groups):
-            group.update(self.native.param_groups[index].config())
-            self._pushed[index] = _hyperparameters(group)
-        for entry in self._entries:
-            self.state[entry.param]["step"].fill_(float(self.native.param_groups[entry.group].step))
+        _torch_state_dict.after_shard_files_loaded(self)
 
     # ---- state dict ------------------------------------------------------------------------
     def state_dict(self):
         """``torch.optim.Optimizer.state_dict()`` whose state tensors share memory with the
-        library's buffers (DTensors for DTensor params); ``step`` is read from the library
-        (on CUDA this synchronizes)."""
-        for entry in self._entries:
-            self.state[entry.param]["step"].fill_(float(self.native.param_groups[entry.group].step))
-        return super().state_dict()
+        library's buffers (DTensors for DTensor params), with each param's own ``step`` (read
+        from the library; on CUDA this may synchronize). The groups carry the keys torch's
+        AdamW keeps (``foreach``, ``fused``, ``capturable``, ``differentiable``, at AdamW's
+        defaults) and ``bias_correction`` only where it is off, so torch's AdamW, and DCP's
+        default planner for either optimizer, take FusedAdam's checkpoints and FusedAdam takes
+        theirs."""
+        return _torch_state_dict.state_dict(self)
 
     def load_state_dict(self, state_dict):
         """Loads a state dict (this optimizer's, torch Adam/AdamW's, or one restored by
         ``torch.distributed.checkpoint``) by copying into the existing state buffers.
 
         Params are matched by position, as ``torch.optim.Optimizer.load_state_dict`` does.
-        A state given as a DTensor of another layout is gathered and this rank's box taken;
-        a plain tensor may be the local shard or the whole global tensor. ``step`` sets the
-        group's step count; the groups' hyperparameters are taken over.
+        Everything is checked before anything is copied (the groups' sizes and hyperparameters,
+        amsgrad unchanged where a group holds params; every state's key, dtype and shape, and
+        every step); on error nothing changed. A state may be a DTensor of any layout of the
+        param's global shape (gathered, then this rank's box taken), or a plain tensor of the
+        local or the global shape. ``step`` is each param's own count. A param whose state the
+        dict lacks is reset, as torch resets it: zero moments, step 0, the master its value.
+        A missing ``master`` (torch's checkpoints have none) is the param's value, a missing
+        ``remainder`` zero. The groups take the saved hyperparameters; keys the dict lacks
+        (``bias_correction`` in a torch checkpoint) keep their value, and torch's
+        implementation keys (``foreach``, ...) are ignored.
+
+        fp32 masters follow the params whichever is loaded first: the next step first copies
+        each param into its master where the param is not the master's rounding (the model
+        weights were loaded after this, or the master was not in the checkpoint). See
+        :class:`shardadam.torch.FusedAdamLoadPlanner` for DCP checkpoints without masters.
         """
-        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
-            result = hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        saved_groups = state_dict["param_groups"]
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, the optimizer "
-                             f"{len(self.param_groups)}")
-        for saved, group in zip(saved_groups, self.param_groups):
-            if len(saved["params"]) != len(group["params"]):
-                raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
-                                 "optimizer's group")
-        id_map = dict(zip(itertools.chain.from_iterable(g["params"] for g in saved_groups),
-                          itertools.chain.from_iterable(g["params"] for g in self.param_groups)))
-        steps = {}
-        with torch.no_grad():
-            for key, saved_state in state_dict["state"].items():
-                if key not in id_map:
-                    continue
-                entry = self._entry_of[id_map[key]]
-                current = self.state[entry.param]
-                for name, value in saved_state.items():
-                    if name == "step":
-                        steps.setdefault(entry.group, int(float(value)))
-                    elif name in current:
-                        self._copy_state(entry, current[name], value, name)
-                    else:
-                        raise KeyError(f"FusedAdam.load_state_dict: param {entry.name!r} has no state {name!r} "
-                                       f"(it has {sorted(k for k in current if k != 'step')})")
-                if "master" in current and "master" not in saved_state:  # the param is the truth
-                    _local_tensor(current["master"]).copy_(_local_tensor(entry.param))
-        for group_index, step in steps.items():
-            self.native.param_groups[group_index].step = step
-        for saved, group in zip(saved_groups, self.param_groups):
-            for key, value in saved.items():
-                if key not in ("params", "param_names"):
-                    group[key] = value
-        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
-            hook(self)
-
-    def _copy_state(self, entry, target, value, name):
-        target_local = _local_tensor(target)
-        if DTensor is not None and isinstance(value, DTensor):
-            if entry.mesh is not None and value.device_mesh == entry.mesh and tuple(value.placements) == entry.placements:
-                source = value.to_local()
-            else:
-                source = self._box_of(entry, value.full_tensor())
-        elif tuple(value.shape) == tuple(target_local.shape):
-            source = value
-        elif tuple(value.shape) == tuple(entry.param.shape):
-            source = self._box_of(entry, value)
-        else:
-            raise ValueError(f"FusedAdam.load_state_dict: state {name!r} of param {entry.name!r} has shape "
-                             f"{tuple(value.shape)}; expected the local shape {tuple(target_local.shape)} or the "
-                             f"global shape {tuple(entry.param.shape)}")
-        if source.data_ptr() != target_local.data_ptr() or source.numel() == 0:
-            target_local.copy_(source)
-
-    @staticmethod
-    def _box_of(entry, full):
-        return full[tuple(slice(o, o + n) for o, n in zip(entry.global_offset, entry.local_shape))]
+        _torch_state_dict.load_state_dict(self, state_dict)

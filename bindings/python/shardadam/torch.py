@@ -5,22 +5,26 @@ This module imports without torch; torch is imported when ``FusedAdam`` is first
     from shardadam.torch import FusedAdam
     opt = FusedAdam(model.parameters(), lr=3e-4, weight_decay=0.1)
 
+:class:`FusedAdamLoadPlanner` loads a torch.distributed.checkpoint saved with another
+optimizer over 16-bit params (no fp32 masters in it) into a FusedAdam.
+
 See ``FusedAdam``'s docstring (``help(shardadam.torch.FusedAdam)``) for the details.
 """
 
-__all__ = ["FusedAdam"]  # noqa: F822 (provided by __getattr__ below, which imports torch)
+__all__ = ["FusedAdam", "FusedAdamLoadPlanner"]  # noqa: F822 (provided by __getattr__ below, which imports torch)
 
 
 def __getattr__(name):
-    if name == "FusedAdam":
+    if name in __all__:
         try:
-            from ._torch_fused_adam import FusedAdam
+            from . import _torch_fused_adam, _torch_state_dict
         except ImportError as err:
             if getattr(err, "name", None) == "torch" or "torch" in str(err):
-                raise ImportError("shardadam.torch.FusedAdam needs PyTorch (`import torch` failed)") from err
+                raise ImportError(f"shardadam.torch.{name} needs PyTorch (`import torch` failed)") from err
             raise
-        globals()["FusedAdam"] = FusedAdam
-        return FusedAdam
+        globals().update(FusedAdam=_torch_fused_adam.FusedAdam,
+                         FusedAdamLoadPlanner=_torch_state_dict.FusedAdamLoadPlanner)
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

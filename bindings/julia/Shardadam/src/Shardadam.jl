@@ -6,7 +6,9 @@ libshardadam (`include/shardadam/shardadam.h`) and `ccall`.
 
 The surface is the one the Go and Rust bindings test: an [`Optimizer`](@ref) with groups,
 float32 params given as a flat vector plus a row-major (C order) local shape and an optional
-layout, grads copied in by [`set_grad!`](@ref), [`step!`](@ref), state copies, step counts,
+layout, grads copied in by [`set_grad!`](@ref) or [`set_grads!`](@ref) and checked by the
+library (a param may have no grad: [`clear_grad!`](@ref), `nothing` in `set_grads!`),
+[`step!`](@ref), state copies, group and per-param step counts,
 [`local_box`](@ref), shard files ([`save`](@ref), [`load!`](@ref)) and errors as
 [`ShardadamError`](@ref).
 
@@ -21,8 +23,8 @@ module Shardadam
 using Libdl
 
 export Optimizer, ShardadamError, Param, Placement, Shard, Replicate, MeshLayout, BoxLayout,
-    add_group!, add_param!, set_grad!, step!, state, param_values, step_count, set_lr!,
-    local_box, build_info, save, load!
+    add_group!, add_param!, set_grad!, set_grads!, clear_grad!, step!, state, param_values,
+    step_count, set_lr!, param_steps, set_param_steps!, local_box, build_info, save, load!
 
 # ---- the library --------------------------------------------------------------------------
 
@@ -464,8 +466,9 @@ param_values(p::Param) = p.data
     set_grad!(opt, p, grad)
 
 Copies `grad` (`prod(p.shape)` values, C order) into the param's grad buffer, which stays
-bound for every later step until the next `set_grad!`. The library checks dtype and shape;
-on error the bound grad is unchanged.
+bound for every later step until the next binding. The library checks dtype and shape
+(`sa_optimizer_set_grad`); on error the bound grad is unchanged. This binding never hands
+raw pointers to `sa_optimizer_set_grad_ptrs`, the C fast path that trusts its caller.
 """
 function set_grad!(opt::Optimizer, p::Param, grad::AbstractVector{<:Real})
     length(grad) == length(p.grad) || throw(ShardadamError(1,
@@ -483,6 +486,85 @@ function set_grad!(opt::Optimizer, p::Param, grad::AbstractVector{<:Real})
 end
 
 """
+    set_grads!(opt, grads)
+
+Binds the grads of every param in one call (`sa_optimizer_set_grads`): `grads[i]` for the
+param of index `i - 1`, one entry per param; each is `prod(p.shape)` values (C order) or
+`nothing`, which means "this param has no grad" (steps skip it, leaving its values, state
+and step count, until a grad is bound again). Each grad is copied into its param's buffer
+and checked by the library as in [`set_grad!`](@ref). All or nothing: on error no binding
+and no buffer changes, and the message names the first param that failed.
+"""
+function set_grads!(opt::Optimizer, grads::AbstractVector)
+    handle = _handle(opt)
+    params = opt.params
+    tensors = Vector{DLTensor}(undef, length(grads))
+    present = falses(length(grads))
+    # A list of the wrong length goes to the library with NULL entries: it refuses the
+    # count before it reads any entry, and says what it expected.
+    if length(grads) == length(params)
+        for (i, (g, p)) in enumerate(zip(grads, params))
+            g === nothing && continue
+            length(g) == length(p.grad) || throw(ShardadamError(1,
+                "set_grads!: param '$(p.name)': $(length(g)) values, local shape $(p.shape) needs $(length(p.grad))"))
+            tensors[i] = DLTensor(pointer(p.grad), DLDevice(KDL_CPU, 0), length(p.shape), FLOAT32,
+                pointer(p.shape), Ptr{Int64}(C_NULL), 0)
+            present[i] = true
+        end
+    end
+    status = GC.@preserve params tensors begin
+        pointers = [present[i] ? pointer(tensors, i) : Ptr{DLTensor}(C_NULL) for i in eachindex(tensors)]
+        ccall(_fn(:sa_optimizer_set_grads), Cint, (Ptr{Cvoid}, Int64, Ptr{Ptr{DLTensor}}),
+            handle, length(pointers), pointers)
+    end
+    _check(opt, status)
+    for (i, g) in enumerate(grads)   # bound first (validated), copied after
+        present[i] && copyto!(params[i].grad, g)
+    end
+    return nothing
+end
+
+"""
+    clear_grad!(opt, p)
+
+Marks a param as having no grad (`sa_optimizer_clear_grad`): later steps skip it, leaving
+its values, state and step count as they are, until a grad is bound again.
+"""
+function clear_grad!(opt::Optimizer, p::Param)
+    _check(opt, ccall(_fn(:sa_optimizer_clear_grad), Cint, (Ptr{Cvoid}, Int64), _handle(opt), p.index))
+    return nothing
+end
+
+"""
+    param_steps(opt, first = 0, n = <the params from first on>) -> Vector{Int}
+
+The step counts of the params of 0-based indices `first` to `first + n - 1`
+(`sa_optimizer_get_param_steps`): the steps in which each had a grad and the step was not
+skipped, the count its bias correction uses (torch's `state[p]["step"]`).
+"""
+function param_steps(opt::Optimizer, first::Integer = 0,
+                     n::Integer = ccall(_fn(:sa_optimizer_num_params), Int64, (Ptr{Cvoid},), _handle(opt)) - first)
+    steps = zeros(Int64, max(n, 1))   # never empty: a bad n reaches the library's range check
+    _check(opt, ccall(_fn(:sa_optimizer_get_param_steps), Cint, (Ptr{Cvoid}, Int64, Int64, Ptr{Int64}),
+        _handle(opt), first, n, steps))
+    return Vector{Int}(steps[1:n])
+end
+
+"""
+    set_param_steps!(opt, first, steps)
+
+Replaces the step counts of the params of 0-based indices `first` to
+`first + length(steps) - 1` (`sa_optimizer_set_param_steps`; all checked first, nothing
+changes on error). Group step counts stay as they are.
+"""
+function set_param_steps!(opt::Optimizer, first::Integer, steps::AbstractVector{<:Integer})
+    values = Vector{Int64}(steps)
+    _check(opt, ccall(_fn(:sa_optimizer_set_param_steps), Cint, (Ptr{Cvoid}, Int64, Int64, Ptr{Int64}),
+        _handle(opt), first, length(values), values))
+    return nothing
+end
+
+"""
     step!(opt; inv_grad_scale = nothing, found_inf = false, max_grad_norm = 0.0,
           norm_type = :l2, norm = nothing) -> Bool
 
@@ -490,8 +572,9 @@ Runs one optimizer step over every param; returns whether it was skipped (`found
 a non-finite gradient norm). `inv_grad_scale` multiplies every grad (the inverse loss
 scale). `max_grad_norm > 0` clips the grads to that norm inside the update (`Inf`: only
 measure it), as `clip_grad_norm_` would; `norm_type` is `:l2` or `:inf`; a `Ref{Float64}`
-given as `norm` receives the norm. Every non-empty param needs a grad bound by
-[`set_grad!`](@ref) first. (Communicators are not bound in Julia: the norm is this
+given as `norm` receives the norm. Params without a grad ([`clear_grad!`](@ref),
+`nothing` in [`set_grads!`](@ref)) are skipped; every other non-empty param needs a grad
+bound first. (Communicators are not bound in Julia: the norm is this
 process's.)
 """
 function step!(opt::Optimizer; inv_grad_scale::Union{Nothing,Real} = nothing, found_inf::Bool = false,

@@ -6,6 +6,7 @@
 #   pytest     bindings/python/tests (the torch GPU tests included)
 #   fsdp2      fsdp2_train.py on 2 ranks: FusedAdam vs AdamW(fused) under FSDP2, DCP 2 -> 1
 #   reshard    reshard_fsdp2.py: FSDP2 save on N ranks, load on M (N = all GPUs, M = N / 2)
+#   dcpswitch  dcp_switch_optimizer.py: DCP checkpoints AdamW <-> FusedAdam, 2 GPUs -> 1 and 1 -> 2
 #   clip       clip_nccl.py: clipping over NCCL on 2 ranks vs a float64 reference
 #   clipbench  bench/clip_step.py on 2 ranks
 #
@@ -16,7 +17,7 @@
 set -uo pipefail
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu_out}
-SUITE=${SUITE:-pytest fsdp2 reshard clip clipbench}
+SUITE=${SUITE:-pytest fsdp2 reshard dcpswitch clip clipbench}
 mkdir -p "$OUT"
 prefix=/tmp/sa_prefix
 mkdir -p $prefix
@@ -52,6 +53,7 @@ for what in $SUITE; do
     pytest) run pytest 300 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests" ;;
     fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
     reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
+    dcpswitch) run dcpswitch 300 bash -c "python3 $gpu/dcp_switch_optimizer.py --device cuda --save-ranks 2 --load-ranks 1 && python3 $gpu/dcp_switch_optimizer.py --device cuda --save-ranks 1 --load-ranks 2" ;;
     clip) run clip 240 python3 $gpu/clip_nccl.py ;;
     clipbench) run clipbench 300 python3 bench/clip_step.py ;;
     *) echo "unknown suite part '$what'"; status=1 ;;

@@ -173,6 +173,7 @@ int main(void) {
   OFFSET(sa_step_args, norm_type);
   OFFSET(sa_step_args, grad_norm);
   OFFSET(sa_step_args, host_grad_norm);
+  FACT("SA_NO_GRAD", (uintptr_t)SA_NO_GRAD);
   CONSTANT(SA_NORM_L2);
   CONSTANT(SA_NORM_INF);
   FACT("SA_STEP_ARGS_INIT.norm_type", args.norm_type);

@@ -232,6 +232,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_step_args, norm_type);
     offset!(sa_step_args, grad_norm);
     offset!(sa_step_args, host_grad_norm);
+    fact("SA_NO_GRAD", SA_NO_GRAD as usize as i64);
     fact("SA_NORM_L2", SA_NORM_L2 as i64);
     fact("SA_NORM_INF", SA_NORM_INF as i64);
     let args = sa_step_args::default();
@@ -414,7 +415,11 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_optimizer_num_params,
         sa_optimizer_find_param,
         sa_optimizer_param_info,
+        sa_optimizer_get_param_steps,
+        sa_optimizer_set_param_steps,
         sa_optimizer_set_grad,
+        sa_optimizer_set_grads,
+        sa_optimizer_clear_grad,
         sa_optimizer_set_grad_ptrs,
         sa_optimizer_step,
         sa_optimizer_flush,

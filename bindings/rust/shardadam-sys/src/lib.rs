@@ -404,6 +404,10 @@ pub struct sa_step_args {
 
 /// `sa_norm_type`.
 pub type sa_norm_type = c_int;
+/// `SA_NO_GRAD`: the `sa_optimizer_set_grad_ptrs` entry meaning "this param has no grad"
+/// (never a valid grad address).
+pub const SA_NO_GRAD: *const c_void = 1 as *const c_void;
+
 /// `SA_NORM_L2`: sqrt of the sum of squares.
 pub const SA_NORM_L2: sa_norm_type = 0;
 /// `SA_NORM_INF`: the largest absolute element.
@@ -666,13 +670,38 @@ extern "C" {
         out: *mut sa_param_info,
     ) -> sa_status;
 
+    /// Per-param step counts of params `[first, first + n)` into `steps[0..n)`.
+    pub fn sa_optimizer_get_param_steps(
+        opt: *const sa_optimizer,
+        first: i64,
+        n: i64,
+        steps: *mut i64,
+    ) -> sa_status;
+    /// Replaces the step counts of params `[first, first + n)` (all checked first).
+    pub fn sa_optimizer_set_param_steps(
+        opt: *mut sa_optimizer,
+        first: i64,
+        n: i64,
+        steps: *const i64,
+    ) -> sa_status;
+
     /// Binds the grad of one param (checked); the data pointer is kept until rebound.
     pub fn sa_optimizer_set_grad(
         opt: *mut sa_optimizer,
         param: i64,
         grad: *const DLTensor,
     ) -> sa_status;
-    /// Binds the grads of all params from raw pointers (`n` == number of params).
+    /// Binds the grads of all params, each checked (`n` == number of params; a NULL entry:
+    /// that param has no grad). All-or-nothing.
+    pub fn sa_optimizer_set_grads(
+        opt: *mut sa_optimizer,
+        n: i64,
+        grads: *const *const DLTensor,
+    ) -> sa_status;
+    /// Marks one param as having no grad (later steps skip it).
+    pub fn sa_optimizer_clear_grad(opt: *mut sa_optimizer, param: i64) -> sa_status;
+    /// Binds the grads of all params from raw pointers (`n` == number of params;
+    /// `SA_NO_GRAD`: no grad). Unchecked: the library trusts the pointers (see the header).
     pub fn sa_optimizer_set_grad_ptrs(
         opt: *mut sa_optimizer,
         n: i64,

@@ -3,8 +3,12 @@
 //!
 //! An [`Optimizer`] owns everything it hands to the library: each param's storage (the
 //! `Vec` given to [`Optimizer::add_param`] moves into it and is updated in place by every
-//! step), the grad buffers [`Optimizer::set_grad`] copies into, and the state. Dropping it
-//! frees all of that. Failures are [`Error`]s with the library's [`Status`] and message.
+//! step), the grad buffers [`Optimizer::set_grad`] and [`Optimizer::set_grads`] copy into,
+//! and the state. Dropping it frees all of that. Every grad binding is checked by the
+//! library; a param may also have no grad at a step ([`Optimizer::clear_grad`], a `None`
+//! in [`Optimizer::set_grads`]), and is then skipped as torch skips a param whose `.grad`
+//! is `None`, its own step count ([`Optimizer::param_steps`]) not advancing. Failures are
+//! [`Error`]s with the library's [`Status`] and message.
 //! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
 //! any set of them loads onto any layout).
 //!
@@ -207,6 +211,62 @@ impl DType {
         .iter()
         .copied()
         .find(|d| d.dlpack() == dtype)
+    }
+}
+
+/// One param's grad values for [`Optimizer::set_grads`], in the param's grad dtype and
+/// row-major order. `From<&[f32]>` makes the float32 case `Some(grad.into())`.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Grad<'a> {
+    /// float32 values.
+    F32(&'a [f32]),
+    /// bfloat16 values as raw bits.
+    BFloat16(&'a [u16]),
+    /// float16 values as raw bits.
+    Float16(&'a [u16]),
+}
+
+impl<'a> Grad<'a> {
+    /// The dtype the values are in.
+    pub fn dtype(self) -> DType {
+        match self {
+            Grad::F32(_) => DType::Float32,
+            Grad::BFloat16(_) => DType::BFloat16,
+            Grad::Float16(_) => DType::Float16,
+        }
+    }
+
+    /// The number of values.
+    pub fn len(self) -> usize {
+        match self {
+            Grad::F32(v) => v.len(),
+            Grad::BFloat16(v) | Grad::Float16(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no values (the grad of an empty shard).
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first byte and the byte count.
+    fn bytes(self) -> (*const u8, usize) {
+        match self {
+            Grad::F32(v) => (v.as_ptr() as *const u8, 4 * v.len()),
+            Grad::BFloat16(v) | Grad::Float16(v) => (v.as_ptr() as *const u8, 2 * v.len()),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for Grad<'a> {
+    fn from(values: &'a [f32]) -> Self {
+        Grad::F32(values)
+    }
+}
+
+impl<'a> From<&'a Vec<f32>> for Grad<'a> {
+    fn from(values: &'a Vec<f32>) -> Self {
+        Grad::F32(values)
     }
 }
 
@@ -703,7 +763,7 @@ impl Optimizer {
         Ok(step)
     }
 
-    /// Sets a group's step count (e.g. when resuming).
+    /// Sets a group's step count and those of its params (e.g. when resuming).
     pub fn set_step_count(&mut self, group: usize, step: i64) -> Result<()> {
         self.check(unsafe { sys::sa_optimizer_set_step(self.raw.as_ptr(), group as i32, step) })
     }
@@ -902,86 +962,166 @@ impl Optimizer {
     }
 
     // ---- grads ----
+    //
+    // A param either has a grad at the next steps or has none: steps then skip it (its
+    // values, state and step count stay, as torch skips a param whose .grad is None). A
+    // param given neither since it was added fails the step with `Status::State`. Every
+    // binding below goes through the library's checks (`sa_optimizer_set_grad`,
+    // `sa_optimizer_set_grads`); this crate never hands raw grad pointers to
+    // `sa_optimizer_set_grad_ptrs`, the C fast path that trusts its caller.
 
     /// Copies float32 grads into the param's grad buffer, which stays bound for every later
-    /// step until the next `set_grad`. The library checks the dtype against the registered
+    /// step until the next binding. The library checks the dtype against the registered
     /// grad dtype; on error the bound grad is unchanged.
     pub fn set_grad(&mut self, param: Param, grad: &[f32]) -> Result<()> {
-        self.bind_grad(
-            param,
-            DType::Float32,
-            grad.as_ptr() as *const u8,
-            grad.len(),
-            "set_grad",
-        )
+        self.bind_grad(param, Grad::F32(grad), "set_grad")
     }
 
     /// [`Optimizer::set_grad`] for bfloat16 or float16 grads given as raw bits.
     pub fn set_grad16(&mut self, param: Param, dtype: DType, grad: &[u16]) -> Result<()> {
-        if dtype != DType::BFloat16 && dtype != DType::Float16 {
-            return Err(invalid(format!(
-                "set_grad16: dtype {:?} is not a 16-bit float",
-                dtype
-            )));
-        }
-        self.bind_grad(
-            param,
-            dtype,
-            grad.as_ptr() as *const u8,
-            grad.len(),
-            "set_grad16",
-        )
+        let grad = match dtype {
+            DType::BFloat16 => Grad::BFloat16(grad),
+            DType::Float16 => Grad::Float16(grad),
+            other => {
+                return Err(invalid(format!(
+                    "set_grad16: dtype {:?} is not a 16-bit float",
+                    other
+                )))
+            }
+        };
+        self.bind_grad(param, grad, "set_grad16")
     }
 
-    fn bind_grad(
-        &mut self,
-        param: Param,
-        dtype: DType,
-        src: *const u8,
-        len: usize,
-        op: &str,
-    ) -> Result<()> {
-        let opt = self.raw.as_ptr();
-        let slot = self.slot(param)?;
-        if len != slot.numel {
+    /// Binds the grads of every param in one call (`sa_optimizer_set_grads`): `grads[i]` for
+    /// the param of index i, one entry per param; `None` means "this param has no grad"
+    /// (steps skip it until a grad is bound again). Each grad is copied into its param's
+    /// buffer and checked by the library as [`Optimizer::set_grad`] is. All-or-nothing: on
+    /// error no binding and no buffer changes, and the message names the first param that
+    /// failed.
+    pub fn set_grads(&mut self, grads: &[Option<Grad<'_>>]) -> Result<()> {
+        let mut tensors = Vec::with_capacity(grads.len());
+        if grads.len() == self.params.len() {
+            for (index, grad) in grads.iter().enumerate() {
+                tensors.push(match grad {
+                    Some(g) => Some(self.stage_grad(index, *g, "set_grads")?),
+                    None => None,
+                });
+            }
+        }
+        // A list of the wrong length reaches the library with NULL entries: it refuses the
+        // count before it reads any entry, and says what it expected.
+        let pointers: Vec<*const sys::DLTensor> = (0..grads.len())
+            .map(|i| match tensors.get(i) {
+                Some(Some(t)) => t as *const sys::DLTensor,
+                _ => ptr::null(),
+            })
+            .collect();
+        self.check(unsafe {
+            sys::sa_optimizer_set_grads(self.raw.as_ptr(), pointers.len() as i64, pointers.as_ptr())
+        })?;
+        for (index, grad) in grads.iter().enumerate() {
+            if let Some(g) = grad {
+                self.copy_grad(index, *g);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a param as having no grad (`sa_optimizer_clear_grad`): later steps skip it,
+    /// leaving its values, state and step count as they are, until a grad is bound again.
+    pub fn clear_grad(&mut self, param: Param) -> Result<()> {
+        self.slot(param)?;
+        self.check(unsafe { sys::sa_optimizer_clear_grad(self.raw.as_ptr(), param.index) })
+    }
+
+    fn bind_grad(&mut self, param: Param, grad: Grad<'_>, op: &str) -> Result<()> {
+        self.slot(param)?;
+        let index = param.index as usize;
+        let tensor = self.stage_grad(index, grad, op)?;
+        // Bind first (the library validates), copy after: a refused grad changes nothing.
+        self.check(unsafe { sys::sa_optimizer_set_grad(self.raw.as_ptr(), param.index, &tensor) })?;
+        self.copy_grad(index, grad);
+        Ok(())
+    }
+
+    /// The DLTensor over param `index`'s grad buffer (allocated on first use) that the
+    /// library is to check and bind for `grad`. The wrapper checks only what the library
+    /// cannot see: that the slice holds one value per element, as the copy needs.
+    fn stage_grad(&mut self, index: usize, grad: Grad<'_>, op: &str) -> Result<sys::DLTensor> {
+        let slot = &mut self.params[index];
+        if grad.len() != slot.numel {
             return Err(invalid(format!(
                 "{}: param '{}': grad has {} values, local shape {:?} needs {}",
-                op, slot.name, len, slot.shape, slot.numel
+                op,
+                slot.name,
+                grad.len(),
+                slot.shape,
+                slot.numel
             )));
         }
         let numel = slot.numel;
-        let mut shape = slot.shape.clone();
-        let slot = &mut self.params[param.index as usize];
         let buffer = slot.grad.get_or_insert_with(|| vec![0u32; numel.max(1)]);
-        let grad = sys::DLTensor {
+        Ok(sys::DLTensor {
             data: buffer.as_mut_ptr() as *mut c_void,
             device: sys::DLDevice {
                 device_type: sys::kDLCPU,
                 device_id: 0,
             },
-            ndim: shape.len() as i32,
-            dtype: dtype.dlpack(),
-            shape: shape.as_mut_ptr(),
+            ndim: slot.shape.len() as i32,
+            dtype: grad.dtype().dlpack(),
+            // The library reads the shape during the call and never writes it.
+            shape: slot.shape.as_ptr() as *mut i64,
             strides: ptr::null_mut(),
             byte_offset: 0,
-        };
-        // Bind first (the library validates), copy after: a refused grad changes nothing.
-        let code = unsafe { sys::sa_optimizer_set_grad(opt, param.index, &grad) };
-        self.check(code)?;
-        let nbytes = len * dtype_size(dtype);
-        let buffer = self.params[param.index as usize]
-            .grad
-            .as_mut()
-            .expect("grad buffer");
-        // SAFETY: src holds len elements of dtype; the buffer holds 4 bytes per element.
+        })
+    }
+
+    /// Copies a grad the library accepted into param `index`'s buffer (from stage_grad).
+    fn copy_grad(&mut self, index: usize, grad: Grad<'_>) {
+        let (src, nbytes) = grad.bytes();
+        let buffer = self.params[index].grad.as_mut().expect("grad buffer");
+        // SAFETY: stage_grad checked the length; the buffer holds 4 bytes per element.
         unsafe { ptr::copy_nonoverlapping(src, buffer.as_mut_ptr() as *mut u8, nbytes) };
-        Ok(())
+    }
+
+    // ---- per-param step counts ----
+
+    /// The step counts of the params of indices `[first, first + n)`
+    /// (`sa_optimizer_get_param_steps`): the steps in which each had a grad and the step
+    /// was not skipped, the count its bias correction uses (torch's `state[p]["step"]`).
+    pub fn param_steps(&self, first: usize, n: usize) -> Result<Vec<i64>> {
+        let mut steps = vec![0i64; n];
+        self.check(unsafe {
+            sys::sa_optimizer_get_param_steps(
+                self.raw.as_ptr(),
+                first as i64,
+                n as i64,
+                steps.as_mut_ptr(),
+            )
+        })?;
+        Ok(steps)
+    }
+
+    /// Replaces the step counts of the params of indices `[first, first + steps.len())`
+    /// (`sa_optimizer_set_param_steps`; all checked first, nothing changes on error). Group
+    /// step counts stay as they are.
+    pub fn set_param_steps(&mut self, first: usize, steps: &[i64]) -> Result<()> {
+        self.check(unsafe {
+            sys::sa_optimizer_set_param_steps(
+                self.raw.as_ptr(),
+                first as i64,
+                steps.len() as i64,
+                steps.as_ptr(),
+            )
+        })
     }
 
     // ---- step ----
 
-    /// Runs one step over every param and advances each group's step count. Every
-    /// non-empty param needs a grad bound first (`Status::State` otherwise, naming it).
+    /// Runs one step over every param that has a grad, advancing its step count and each
+    /// group's. Every non-empty param needs a grad bound, or to be marked as having none
+    /// ([`Optimizer::clear_grad`], a `None` of [`Optimizer::set_grads`]), first
+    /// (`Status::State` otherwise, naming it, and nothing is updated).
     pub fn step(&mut self) -> Result<()> {
         self.step_with(&StepArgs::default()).map(|_| ())
     }
@@ -1183,12 +1323,5 @@ fn wrong_dtype(slot: &ParamSlot, op: &str) -> Error {
     Error {
         status: Status::Mismatch,
         message: format!("{}: param '{}' is {:?}", op, slot.name, slot.dtype),
-    }
-}
-
-fn dtype_size(dtype: DType) -> usize {
-    match dtype {
-        DType::Float32 => 4,
-        DType::BFloat16 | DType::Float16 | DType::Int16 => 2,
     }
 }

@@ -1,0 +1,366 @@
+"""FusedAdam's state dict: a ``state_dict()`` that torch.optim.AdamW and DCP's strict planner
+accept, an atomic ``load_state_dict()``, and fp32 master weights kept in step with params
+that were loaded after the optimizer (imported by _torch_fused_adam; needs torch).
+
+The functions take the FusedAdam as their first argument; FusedAdam's methods call them.
+"""
+import inspect
+import math
+import numbers
+from collections.abc import Mapping
+
+import torch
+
+from . import _torch_fused_adam as _fused
+from ._errors import Error
+from ._optimizer import Optimizer
+
+try:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+except ImportError:  # torch built without distributed
+    DTensor = None
+    DefaultLoadPlanner = object
+
+# States a checkpoint of another optimizer lacks and that are derived from the param when
+# absent: the fp32 master is the param's value, the int16 remainder (the low half of that
+# fp32 value) is zero.
+_DERIVED_STATES = ("master", "remainder")
+
+
+def _torch_implementation_keys(optimizer):
+    """The group keys of ``torch.optim.AdamW`` that FusedAdam's groups lack (foreach,
+    fused, capturable, differentiable: they choose torch's implementation, not the math),
+    with AdamW's defaults, read from its signature. FusedAdam's saved groups carry them, so
+    that AdamW and DCP's strict planner find every key AdamW's groups have; loading ignores
+    them (they do not apply to shardadam)."""
+    parameters = inspect.signature(torch.optim.AdamW.__init__).parameters
+    return {name: p.default for name, p in parameters.items()
+            if name not in ("self", "params") and name not in optimizer.defaults
+            and p.default is not inspect.Parameter.empty}
+
+
+def _default_of(name):
+    return inspect.signature(_fused.FusedAdam.__init__).parameters[name].default
+
+
+# ---- per-param steps ---------------------------------------------------------------------------
+def param_steps(optimizer):
+    """Each param's step count, by native index (on CUDA this may synchronize)."""
+    return optimizer.native.param_steps()
+
+
+def set_param_steps(optimizer, steps):
+    """Sets each param's step count (a sequence by native index); group counts stay."""
+    optimizer.native.set_param_steps(list(steps))
+
+
+def _refresh_step_tensors(optimizer, steps=None):
+    """Writes each param's step count into its ``state[p]["step"]`` tensor."""
+    steps = param_steps(optimizer) if steps is None else steps
+    for entry in optimizer._entries:
+        optimizer.state[entry.param]["step"].fill_(float(steps[entry.index]))
+
+
+def state_views(optimizer, entry):
+    """The ``state[p]`` of a newly registered param: its states as tensors sharing memory
+    with the library's buffers (DTensors with the param's mesh and placements) and its
+    step count."""
+    native = optimizer.native
+    views = {}
+    for key in native.state_keys(entry.index):
+        local = torch.from_dlpack(native.state(entry.index, key))
+        if entry.mesh is not None:
+            param = entry.param
+            views[key] = DTensor.from_local(local, entry.mesh, entry.placements, run_check=False,
+                                            shape=param.shape, stride=param.stride())
+        else:
+            views[key] = local
+    # A param starts at step 0 (sa_optimizer_add_param); state_dict() and the loads refresh
+    # the tensor from the library's per-param counts.
+    views["step"] = torch.tensor(0.0, dtype=torch.float32)
+    return views
+
+
+# ---- state_dict ----------------------------------------------------------------------------------
+def state_dict(optimizer):
+    """``torch.optim.Optimizer.state_dict()`` whose states share memory with the library's
+    buffers, each param's own ``step``, and groups that carry every key torch's AdamW keeps
+    (see :func:`_torch_implementation_keys`). ``bias_correction``, a FusedAdam-only key, is
+    written only where it is off, so a checkpoint of the default (torch's math) is one
+    AdamW's strict DCP load accepts, and a FusedAdam template accepts AdamW checkpoints."""
+    _refresh_step_tensors(optimizer)
+    saved = torch.optim.Optimizer.state_dict(optimizer)
+    implementation = _torch_implementation_keys(optimizer)
+    default_bias_correction = _default_of("bias_correction")
+    for group in saved["param_groups"]:
+        for key, value in implementation.items():
+            group.setdefault(key, value)
+        if group.get("bias_correction") == default_bias_correction:
+            del group["bias_correction"]
+    return saved
+
+
+# ---- load_state_dict: validation -----------------------------------------------------------------
+def _where(entry, key):
+    return f"param {entry.name!r}" + (f" state {key!r}" if key else "")
+
+
+def _step_count(entry, value):
+    """A saved step (a number or a one-element tensor) as an int; ValueError otherwise."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, 'step')} has {value.numel()} elements; "
+                             "expected one")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, 'step')} is {value!r}; expected a count")
+    if not (math.isfinite(value) and value >= 0 and float(value) == int(value)):
+        raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, 'step')} is {value!r}; expected an integer "
+                         ">= 0")
+    return int(value)
+
+
+def _check_state_value(entry, key, target, value):
+    """Raises unless ``value`` can be copied into the state ``target`` of ``entry``: a
+    tensor whose dtype converts (floating for floating states, int16 for the remainder,
+    whose bits are copied) and whose shape is the local one, the global one, or a DTensor
+    of the global shape (any mesh and placements)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"FusedAdam.load_state_dict: {_where(entry, key)} is a {type(value).__name__}; expected "
+                        "a tensor")
+    target_dtype = target.dtype
+    convertible = value.dtype == target_dtype if not target_dtype.is_floating_point else \
+        value.dtype.is_floating_point
+    if not convertible:
+        expected = "a floating-point dtype" if target_dtype.is_floating_point else str(target_dtype)
+        raise TypeError(f"FusedAdam.load_state_dict: {_where(entry, key)} has dtype {value.dtype}; expected "
+                        f"{expected} (the state is {target_dtype})")
+    global_shape = tuple(entry.param.shape)
+    shape = tuple(value.shape)
+    if DTensor is not None and isinstance(value, DTensor):
+        if shape != global_shape:
+            raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, key)} is a DTensor of global shape "
+                             f"{shape}; the param's global shape is {global_shape}")
+    elif shape not in (tuple(entry.local_shape), global_shape):
+        raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, key)} has shape {shape}; expected the local "
+                         f"shape {tuple(entry.local_shape)} or the global shape {global_shape}")
+
+
+def _required_states(state):
+    return [key for key in state if key != "step" and key not in _DERIVED_STATES]
+
+
+class _Load:
+    """A validated load: what each param and group gets. Building it changes nothing."""
+
+    def __init__(self, optimizer, state_dict):
+        if not isinstance(state_dict, Mapping) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError("FusedAdam.load_state_dict: expected a dict with 'state' and 'param_groups'")
+        saved_groups = list(state_dict["param_groups"])
+        groups = optimizer.param_groups
+        if len(saved_groups) != len(groups):
+            raise ValueError(f"FusedAdam.load_state_dict: the state dict has {len(saved_groups)} param groups, the "
+                             f"optimizer {len(groups)}")
+        for index, (saved, group) in enumerate(zip(saved_groups, groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"FusedAdam.load_state_dict: param group {index} has {len(saved['params'])} params "
+                                 f"in the state dict, {len(group['params'])} in the optimizer")
+        self.groups = self._check_groups(optimizer, saved_groups)
+        saved_states = state_dict["state"]
+        self.states = []  # (entry, {key: value} of the saved states to copy, or None: reset; step)
+        for saved, group in zip(saved_groups, groups):
+            for saved_id, param in zip(saved["params"], group["params"]):
+                entry = optimizer._entry_of[param]
+                self.states.append((entry,) + self._check_state(optimizer, entry, saved_states.get(saved_id)))
+
+    @staticmethod
+    def _check_groups(optimizer, saved_groups):
+        """The new hyperparameters of each group (the saved keys over the current ones; a key
+        the state dict lacks, e.g. FusedAdam's bias_correction in a torch checkpoint, keeps
+        its current value), checked by the library on a scratch optimizer."""
+        ignored = {"params", "param_names", *_torch_implementation_keys(optimizer)}
+        merged = []
+        for index, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):
+            new = {key: value for key, value in saved.items() if key not in ignored}
+            candidate = {**group, **new}
+            try:
+                hyperparameters = _fused._hyperparameters(candidate)
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"FusedAdam.load_state_dict: param group {index}: {err!r}") from err
+            current_amsgrad = optimizer.native.param_groups[index].amsgrad
+            if group["params"] and hyperparameters["amsgrad"] != current_amsgrad:
+                raise ValueError(f"FusedAdam.load_state_dict: param group {index} has amsgrad="
+                                 f"{hyperparameters['amsgrad']} in the state dict, {current_amsgrad} in the "
+                                 "optimizer (fixed once a group holds params: its states differ)")
+            merged.append((new, hyperparameters))
+        scratch = None
+        try:  # the library's own range checks, on an optimizer of its own: this one does not change
+            for index, (_, hyperparameters) in enumerate(merged):
+                try:
+                    if scratch is None:
+                        scratch = Optimizer(**hyperparameters, num_threads=1)
+                    else:
+                        scratch.add_group(**hyperparameters)
+                except Error as err:
+                    raise ValueError(f"FusedAdam.load_state_dict: param group {index}: {err}") from err
+        finally:
+            if scratch is not None:
+                scratch.close()
+        return [new for new, _ in merged]
+
+    @staticmethod
+    def _check_state(optimizer, entry, saved):
+        """(states to copy, step) of one param; (None, 0) when the state dict has none for it."""
+        if not saved:
+            return None, 0
+        if not isinstance(saved, Mapping):
+            raise TypeError(f"FusedAdam.load_state_dict: the state of {_where(entry, None)} is a "
+                            f"{type(saved).__name__}; expected a dict")
+        current = optimizer.state[entry.param]
+        unknown = [key for key in saved if key != "step" and key not in current]
+        if unknown:
+            raise KeyError(f"FusedAdam.load_state_dict: {_where(entry, None)} has no state {unknown[0]!r} (it has "
+                           f"{sorted(k for k in current if k != 'step')})")
+        missing = [key for key in _required_states(current) + ["step"] if key not in saved]
+        if missing:
+            raise KeyError(f"FusedAdam.load_state_dict: the state of {_where(entry, None)} lacks {missing} (it has "
+                           f"{sorted(saved)})")
+        for key, value in saved.items():
+            if key != "step":
+                _check_state_value(entry, key, _fused._local_tensor(current[key]), value)
+        return {key: value for key, value in saved.items() if key != "step"}, _step_count(entry, saved["step"])
+
+
+# ---- load_state_dict: applying -------------------------------------------------------------------
+def load_state_dict(optimizer, state_dict):
+    """Loads a state dict (FusedAdam's, torch Adam/AdamW's, or one restored by
+    ``torch.distributed.checkpoint``) by copying into the existing state buffers; see
+    FusedAdam.load_state_dict."""
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", {}).values():
+        result = hook(optimizer, state_dict)
+        if result is not None:
+            state_dict = result
+    plan = _Load(optimizer, state_dict)  # everything checked: from here on nothing fails
+    steps = [0] * len(optimizer._entries)
+    with torch.no_grad():
+        for entry, saved, step in plan.states:
+            current = optimizer.state[entry.param]
+            for key, target in current.items():
+                if key == "step":
+                    continue
+                if saved is not None and key in saved:
+                    _copy_state(entry, target, saved[key])
+                elif key == "master":  # the param is the truth
+                    _fused._local_tensor(target).copy_(_fused._local_tensor(entry.param))
+                else:  # a reset moment, or the remainder of an fp32 value equal to the param
+                    _fused._local_tensor(target).zero_()
+            steps[entry.index] = step
+    for index, native_group in enumerate(optimizer.native.param_groups):
+        # The group's count (steps taken) is the most any of its params took.
+        native_group.step = max((step for entry, _, step in plan.states if entry.group == index), default=0)
+    set_param_steps(optimizer, steps)  # after the group counts: setting those sets the params' too
+    _refresh_step_tensors(optimizer, steps)
+    for new, group in zip(plan.groups, optimizer.param_groups):
+        group.update(new)
+    check_masters_at_next_step(optimizer)
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
+        hook(optimizer)
+
+
+def _copy_state(entry, target, value):
+    target_local = _fused._local_tensor(target)
+    if DTensor is not None and isinstance(value, DTensor):
+        if entry.mesh is not None and value.device_mesh == entry.mesh and tuple(value.placements) == entry.placements:
+            source = value.to_local()
+        else:  # another layout: gather (collective) and take this rank's box
+            source = _box_of(entry, value.full_tensor())
+    elif tuple(value.shape) == tuple(target_local.shape):
+        source = value
+    else:
+        source = _box_of(entry, value)
+    if source.data_ptr() != target_local.data_ptr() or source.numel() == 0:
+        target_local.copy_(source)
+
+
+def _box_of(entry, full):
+    return full[tuple(slice(o, o + n) for o, n in zip(entry.global_offset, entry.local_shape))]
+
+
+# ---- masters that follow the params --------------------------------------------------------------
+def check_masters_at_next_step(optimizer):
+    """Has the next step first refresh every fp32 master that its param no longer matches
+    (see :func:`refresh_stale_masters`). Called by every load: whichever of the optimizer
+    and the model is loaded first, both are loaded by the next step."""
+    if getattr(optimizer, "_master_check", None) is None:
+        optimizer._master_check = optimizer.register_step_pre_hook(_master_check_hook)
+
+
+def _master_check_hook(optimizer, args, kwargs):
+    optimizer._master_check.remove()
+    optimizer._master_check = None
+    refresh_stale_masters(optimizer)
+
+
+@torch.no_grad()
+def refresh_stale_masters(optimizer):
+    """Copies the param into its fp32 master where the param is not the master's rounding
+    (the param's dtype) in every element of this rank's shard.
+
+    Invariant: after every step a 16-bit param is its master rounded, so a param that is
+    not was written by someone else since (model weights loaded after the optimizer, or a
+    checkpoint without masters, e.g. torch's AdamW's, whose template master DCP left as it
+    was): the param is then the truth. Where the param is the rounding, the master keeps
+    the precision it was loaded with. One compare per shard, on the device, no host sync;
+    it runs once after a load, not every step."""
+    for entry in optimizer._entries:
+        state = optimizer.state[entry.param]
+        if "master" not in state or entry.numel == 0:
+            continue
+        param = _fused._local_tensor(entry.param)
+        master = _fused._local_tensor(state["master"])
+        stale = (param != master.to(param.dtype)).any()
+        master.copy_(torch.where(stale, param.to(master.dtype), master))
+
+
+# ---- shard files ---------------------------------------------------------------------------------
+def after_shard_files_loaded(optimizer):
+    """What load_shard_files does after the library restored states, groups and steps:
+    param_groups and the step tensors take the loaded values, masters are checked at the
+    next step."""
+    for index, group in enumerate(optimizer.param_groups):
+        group.update(optimizer.native.param_groups[index].config())
+        optimizer._pushed[index] = _fused._hyperparameters(group)
+    _refresh_step_tensors(optimizer)
+    check_masters_at_next_step(optimizer)
+
+
+# ---- torch.distributed.checkpoint ----------------------------------------------------------------
+class FusedAdamLoadPlanner(DefaultLoadPlanner):
+    """DCP's ``DefaultLoadPlanner``, as strict, except that it accepts a checkpoint that
+    lacks the fp32 masters (or int16 remainders) of a FusedAdam's state: one saved by
+    ``torch.optim.AdamW`` (or another optimizer) over bf16/fp16 params. Use it to load such a
+    checkpoint into a FusedAdam with 16-bit params::
+
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path,
+                 planner=FusedAdamLoadPlanner())
+        set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+    The masters the checkpoint lacks are left as they are in the template, and the first
+    step after the load copies the loaded params into them (FusedAdam.load_state_dict
+    arranges that; see ``refresh_stale_masters``), whatever order the model and the
+    optimizer are loaded in. Any other missing key is an error, as with the default planner.
+    """
+
+    def create_local_plan(self):
+        saved = self.metadata.state_dict_metadata
+        for key in [k for k in self.state_dict if k not in saved and _is_derived_state(self.mappings.get(k))]:
+            del self.state_dict[key]
+        return super().create_local_plan()
+
+
+def _is_derived_state(path):
+    """Whether a flattened DCP key's path (..., "state", <param>, <key>) names a master or
+    remainder of an optimizer state."""
+    return path is not None and len(path) >= 3 and path[-1] in _DERIVED_STATES and path[-3] == "state"

@@ -1,0 +1,261 @@
+//! Grad bindings and per-param step counts through the safe wrapper: every binding is
+//! checked by the library and all-or-nothing, a param without a grad is skipped bit for bit
+//! without advancing its count, and per-param counts drive bias correction. References:
+//! the independent float64 update of tests/common.
+mod common;
+
+use common::{assert_close, Reference, Rng};
+use shardadam::{Error, Grad, GroupConfig, Optimizer, Param, Status};
+
+/// Three float32 params of one AdamW group ("emb" [5, 4], "w" [7], "b" [3]) and their
+/// float64 references.
+struct Trio {
+    opt: Optimizer,
+    hp: GroupConfig,
+    params: Vec<Param>,
+    refs: Vec<Reference>,
+    rng: Rng,
+}
+
+const NAMES: [&str; 3] = ["emb", "w", "b"];
+
+impl Trio {
+    fn new() -> Trio {
+        let mut rng = Rng(29);
+        let mut opt = Optimizer::new(None).unwrap();
+        let hp = GroupConfig {
+            lr: 1e-2,
+            ..GroupConfig::default()
+        };
+        opt.add_group(&hp).unwrap();
+        let mut params = Vec::new();
+        let mut refs = Vec::new();
+        for (name, shape) in NAMES.iter().zip([vec![5i64, 4], vec![7], vec![3]]) {
+            let init = rng.values(shape.iter().product::<i64>() as usize);
+            params.push(opt.add_param(name, 0, &shape, init.clone(), None).unwrap());
+            refs.push(Reference::new(&init));
+        }
+        Trio {
+            opt,
+            hp,
+            params,
+            refs,
+            rng,
+        }
+    }
+
+    fn fresh_grads(&mut self) -> Vec<Vec<f32>> {
+        let sizes: Vec<usize> = self.refs.iter().map(|r| r.p.len()).collect();
+        sizes.into_iter().map(|n| self.rng.values(n)).collect()
+    }
+
+    /// Param i's values and moments: an untouched param keeps them bit for bit.
+    fn snapshot(&mut self, i: usize) -> Vec<u32> {
+        let p = self.params[i];
+        let mut out: Vec<u32> = self
+            .opt
+            .param_f32(p)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        for key in ["exp_avg", "exp_avg_sq"] {
+            out.extend(self.opt.state(p, key).unwrap().iter().map(|x| x.to_bits()));
+        }
+        out
+    }
+
+    fn check_against_reference(&self, what: &str) {
+        for (i, &p) in self.params.iter().enumerate() {
+            assert_close(
+                &format!("{}: {}", what, NAMES[i]),
+                self.opt.param_f32(p).unwrap(),
+                &self.refs[i].p,
+            );
+        }
+    }
+}
+
+fn expect_error<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, Error>,
+    status: Status,
+    needles: &[&str],
+) {
+    let e = result.expect_err(what);
+    assert_eq!(e.status, status, "{}: {}", what, e);
+    for needle in needles {
+        assert!(
+            e.message.contains(needle),
+            "{}: message {:?} lacks {:?}",
+            what,
+            e.message,
+            needle
+        );
+    }
+}
+
+/// A bfloat16 grad for a float32 param, a grad of the wrong length and a list of the wrong
+/// length are refused, naming the param; nothing is bound by a refused call (the step
+/// still finds no grad), and once grads are bound a refused call leaves them, buffers
+/// included, as they were.
+#[test]
+fn set_grads_is_checked_and_all_or_nothing() {
+    let mut f = Trio::new();
+    let g = f.fresh_grads();
+    let wrong_dtype = vec![0u16; 7];
+    let decoy = f.rng.values(7);
+    expect_error(
+        "set_grads(bf16 grad for a float32 param)",
+        f.opt.set_grads(&[
+            Some(Grad::F32(&g[0])),
+            Some(Grad::BFloat16(&wrong_dtype)),
+            None,
+        ]),
+        Status::Mismatch,
+        &["sa_optimizer_set_grads", "param 'w'", "bfloat16"],
+    );
+    expect_error(
+        "set_grads(2 values for 3)",
+        f.opt
+            .set_grads(&[Some((&g[0]).into()), None, Some(Grad::F32(&g[2][..2]))]),
+        Status::InvalidArgument,
+        &["param 'b'", "2 values", "needs 3"],
+    );
+    expect_error(
+        "set_grads(2 entries for 3 params)",
+        f.opt.set_grads(&[Some((&g[0]).into()), None]),
+        Status::InvalidArgument,
+        &["n is 2 but the optimizer has 3 params"],
+    );
+    // Not even the None of the refused calls took effect.
+    expect_error(
+        "step after refused bindings",
+        f.opt.step(),
+        Status::State,
+        &["param 'emb' was never given a grad"],
+    );
+
+    f.opt
+        .set_grads(&[
+            Some((&g[0]).into()),
+            Some((&g[1]).into()),
+            Some((&g[2]).into()),
+        ])
+        .unwrap();
+    expect_error(
+        "set_grads(fresh w, bf16 b)",
+        f.opt.set_grads(&[
+            Some((&g[0]).into()),
+            Some((&decoy).into()),
+            Some(Grad::BFloat16(&[0; 3])),
+        ]),
+        Status::Mismatch,
+        &["param 'b'"],
+    );
+    f.opt.step().unwrap();
+    for i in 0..3 {
+        f.refs[i].step(&g[i], &f.hp, 1, 1.0);
+    }
+    f.check_against_reference("the grads bound before the refused call");
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![1, 1, 1]);
+}
+
+/// Over four steps, params without a grad (a None of set_grads, clear_grad) keep their
+/// values and moments bit for bit and their counts; the others follow the reference at
+/// their own counts.
+#[test]
+fn a_param_without_a_grad_is_skipped_and_keeps_its_count() {
+    let mut f = Trio::new();
+    let present = [
+        [true, false, true],
+        [false, true, true],
+        [true, true, false],
+        [true, true, true],
+    ];
+    let mut counts = [0i64; 3];
+    for (step, has) in present.iter().enumerate() {
+        let g = f.fresh_grads();
+        if step % 2 == 0 {
+            let grads: Vec<Option<Grad>> = (0..3)
+                .map(|i| if has[i] { Some((&g[i]).into()) } else { None })
+                .collect();
+            f.opt.set_grads(&grads).unwrap();
+        } else {
+            for i in 0..3 {
+                let p = f.params[i];
+                if has[i] {
+                    f.opt.set_grad(p, &g[i]).unwrap();
+                } else {
+                    f.opt.clear_grad(p).unwrap();
+                }
+            }
+        }
+        let before: Vec<Vec<u32>> = (0..3).map(|i| f.snapshot(i)).collect();
+        f.opt.step().unwrap();
+        for i in 0..3 {
+            if has[i] {
+                counts[i] += 1;
+                f.refs[i].step(&g[i], &f.hp, counts[i] as i32, 1.0);
+            } else {
+                assert_eq!(
+                    f.snapshot(i),
+                    before[i],
+                    "step {}: {} had no grad but changed",
+                    step,
+                    NAMES[i]
+                );
+            }
+        }
+        f.check_against_reference(&format!("step {}", step));
+        assert_eq!(
+            f.opt.param_steps(0, 3).unwrap(),
+            counts.to_vec(),
+            "step {}",
+            step
+        );
+    }
+    assert_eq!(counts, [3, 3, 3]);
+    assert_eq!(
+        f.opt.step_count(0).unwrap(),
+        4,
+        "the group counts the optimizer's steps"
+    );
+}
+
+/// Counts [6, 6, 3] set through the wrapper give each param torch's bias correction at its
+/// own count (t = 7, 7, 4: lr / (1 - beta1^t) differs by 1.5x between 4 and 7); bad counts
+/// and ranges are refused and change nothing; a group's count sets its params' counts.
+#[test]
+fn per_param_steps_drive_bias_correction() {
+    let mut f = Trio::new();
+    f.opt.set_param_steps(0, &[6, 6, 3]).unwrap();
+    assert_eq!(f.opt.param_steps(1, 2).unwrap(), vec![6, 3]);
+    let g = f.fresh_grads();
+    for i in 0..3 {
+        let p = f.params[i];
+        f.opt.set_grad(p, &g[i]).unwrap();
+    }
+    f.opt.step().unwrap();
+    for (i, t) in [7, 7, 4].iter().enumerate() {
+        f.refs[i].step(&g[i], &f.hp, *t, 1.0);
+    }
+    f.check_against_reference("after steps [6, 6, 3]");
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![7, 7, 4]);
+
+    expect_error(
+        "set_param_steps(-2)",
+        f.opt.set_param_steps(1, &[4, -2]),
+        Status::InvalidArgument,
+        &["param 'b'", "-2"],
+    );
+    expect_error(
+        "param_steps(2..4)",
+        f.opt.param_steps(2, 2),
+        Status::InvalidArgument,
+        &["not a range of params"],
+    );
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![7, 7, 4]);
+    f.opt.set_step_count(0, 10).unwrap();
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![10, 10, 10]);
+}
