@@ -148,12 +148,17 @@ class FusedAdam(torch.optim.Optimizer):
       their local tensor, device mesh, this rank's mesh coordinate and placements
       (``Shard(d)``, ``Replicate()``; ``Partial`` is refused). Plain tensors are unsharded.
       The optimizer state knows each shard's place in the global tensor.
-    - **step()** makes one native call plus the list of grad data pointers (``p.grad``, or
-      its local tensor for DTensor grads). Every non-empty param needs a grad (a step where
-      no param has one does nothing). The first step checks the grads fully (dtype, shape,
-      device); later steps pass the pointers only. Each group's current ``lr``, ``betas``,
-      ``eps``, ``weight_decay`` (and flags) are honoured every step: LR schedulers work;
-      changes are pushed to the library only when they change.
+    - **step()** hands every param's ``p.grad`` (its local tensor for DTensor grads) to the
+      library in one native call, then steps in another. Every step checks every grad
+      (dtype, device, shape, C-contiguous strides: no expanded, transposed, overlapping or
+      too small grad is read) and refuses a bad one with an error naming the param, before
+      anything changes. A param whose ``.grad`` is None is skipped, as torch skips it
+      (unused embeddings, frozen layers, experts without tokens): its values and state stay
+      and its own step count (bias correction) does not advance; a step where no param has
+      a grad does nothing. Each group's current ``lr``, ``betas``, ``eps``,
+      ``weight_decay`` (and flags) are honoured every step: LR schedulers work; changes are
+      pushed to the library only when they change. ``torch.compile`` of a function that
+      calls ``step()`` breaks the graph around the step, which runs eagerly.
     - **torch.amp.GradScaler**: the fused-optimizer protocol. The scaler hands over
       ``grad_scale`` and ``found_inf`` tensors (as attributes, or ``step(grad_scale=...,
       found_inf=...)``); the grads are unscaled inside the step with ``1 / grad_scale``
@@ -181,6 +186,10 @@ class FusedAdam(torch.optim.Optimizer):
       ``torch.distributed.checkpoint`` saves and reshards them; ``step`` per param as torch's
       Adam keeps it. **load_state_dict()** copies into the existing buffers (from DTensors
       of any layout, or plain local or global tensors).
+    - Params must be C-contiguous (the library updates their memory in place as a flat
+      array): a ``channels_last`` or otherwise permuted param is refused with the advice to
+      make the model's own params contiguous (``model.to(memory_format=torch.contiguous_format)``),
+      which keeps the Parameter objects in the model.
     - The params must keep their memory: the library updates the tensors it was given. A
       param whose local tensor was reallocated before the first step (e.g. FSDP2's lazy
       init re-padding it) is re-registered at that step; after the first step, reassigning
