@@ -238,7 +238,6 @@ class FusedAdam(torch.optim.Optimizer):
         self._entry_of = {}
         self._params = []
         self._names = []           # native param index -> name (for the errors of the grad intake)
-        self._bound_grads = None   # the local grads of the last bind, kept alive for the library
         self._pushed = []
         self._scalars = None       # device buffer: [1 / grad_scale, found_inf]
         self._stepped = False
@@ -336,6 +335,14 @@ class FusedAdam(torch.optim.Optimizer):
             self._prepare_first_step()
         elif not self._bind_grads():
             return loss
+        try:
+            self._step_bound(grad_scale, found_inf)
+        finally:
+            self._unbind_grads()  # also when the step failed: no binding outlives the grads
+        return loss
+
+    def _step_bound(self, grad_scale, found_inf):
+        """The native step, once the grads are bound."""
         self._push_hyperparameters()
         device = self._entries[0].param.device
         stream = _current_stream(device)
@@ -362,7 +369,6 @@ class FusedAdam(torch.optim.Optimizer):
         if clip is not None or found_address is not None:
             self._attach_comm(device)
         self.native._step_addresses(inv_address, found_address, stream, clip=clip)
-        return loss
 
     def _clip_args(self, max_grad_norm):
         return None if max_grad_norm is None else _clip_args(max_grad_norm, self.norm_type)
@@ -388,11 +394,16 @@ class FusedAdam(torch.optim.Optimizer):
         shape, strides) raises, naming the param, and nothing is bound. Returns the number
         of params with a grad (0: nothing was bound)."""
         handle = self.native._handle_or_raise()
-        status, grads, count = _grad_intake.bind_param_grads(handle, self._params, self._names, DTensor, to_dlpack)
+        status, count = _grad_intake.bind_param_grads(handle, self._params, self._names, DTensor, to_dlpack)
         check(status, handle)
-        if count:
-            self._bound_grads = grads  # the library reads their memory at the steps until the next bind
         return count
+
+    def _unbind_grads(self):
+        """After the step: the library keeps no pointer into grads that zero_grad() may free
+        (a step of ``self.native`` before the next bind skips every param)."""
+        if self.native is not None and not self.native.closed:
+            handle = self.native._handle
+            check(_grad_intake.unbind_grads(handle), handle)
 
     def _prepare_first_step(self):
         """Re-registers params whose memory moved since they were added, binds the grads,

@@ -83,7 +83,7 @@ static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
 }
 
 PyDoc_STRVAR(bind_param_grads_doc,
-"bind_param_grads(handle, params, names, dtensor_type, to_dlpack) -> (status, grads, count)\n"
+"bind_param_grads(handle, params, names, dtensor_type, to_dlpack) -> (status, count)\n"
 "\n"
 "Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
 "the library: dtype, device, shape, C-contiguous strides, alignment). params[i] is the\n"
@@ -91,11 +91,12 @@ PyDoc_STRVAR(bind_param_grads_doc,
 "local tensor) and described by to_dlpack (torch.utils.dlpack.to_dlpack). A None grad is\n"
 "bound as \"no grad\" (the step skips the param). names[i] names param i in errors.\n"
 "\n"
-"When no param has a grad, nothing is bound and (0, None, 0) is returned. Otherwise the\n"
-"result is (status of sa_optimizer_set_grads, list of the local grad tensors bound (None\n"
-"where no grad), number of params with a grad); on a failing status nothing was bound and\n"
-"sa_optimizer_last_error(handle) says which param failed and why. A grad that to_dlpack\n"
-"cannot describe raises TypeError naming the param; nothing is bound then either.");
+"When no param has a grad, nothing is bound and (0, 0) is returned. Otherwise the result\n"
+"is (status of sa_optimizer_set_grads, number of params with a grad); on a failing status\n"
+"nothing was bound and sa_optimizer_last_error(handle) says which param failed and why. A\n"
+"grad that to_dlpack cannot describe raises TypeError naming the param; nothing is bound\n"
+"then either. No reference to the grads is kept: the caller steps while the params still\n"
+"hold them, then unbinds them (unbind_grads), so that zero_grad() frees their memory.");
 
 static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   (void)self;
@@ -110,13 +111,12 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   sa_optimizer* opt = optimizer_of(handle);
   if (!opt) return NULL;
   const Py_ssize_t n = PyList_GET_SIZE(params);
-  PyObject* locals = PyList_New(n);  /* filled with None, then the local grads */
   PyObject** capsules = (PyObject**)calloc((size_t)(n > 0 ? n : 1), sizeof(PyObject*));
   const DLTensor** grads = (const DLTensor**)calloc((size_t)(n > 0 ? n : 1), sizeof(DLTensor*));
   PyObject* result = NULL;
   Py_ssize_t count = 0;
-  if (!locals || !capsules || !grads) {
-    if (locals) PyErr_NoMemory();
+  if (!capsules || !grads) {
+    PyErr_NoMemory();
     goto done;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -124,8 +124,6 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
     if (!grad) goto done;
     if (grad == Py_None) {
       Py_DECREF(grad);
-      Py_INCREF(Py_None);
-      PyList_SET_ITEM(locals, i, Py_None);
       continue;
     }
     PyObject* local = local_of(grad, dtensor_type);
@@ -134,8 +132,8 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
       blame_param(names, i, "cannot read the local tensor of its DTensor grad");
       goto done;
     }
-    PyList_SET_ITEM(locals, i, local);  /* steals */
-    capsules[i] = PyObject_CallOneArg(to_dlpack, local);
+    capsules[i] = PyObject_CallOneArg(to_dlpack, local);  /* holds the local tensor until freed */
+    Py_DECREF(local);
     if (!capsules[i]) {
       blame_param(names, i, "its grad cannot be handed over through DLPack");
       goto done;
@@ -148,10 +146,10 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
     ++count;
   }
   if (count == 0) {
-    result = Py_BuildValue("(iOn)", (int)SA_OK, Py_None, (Py_ssize_t)0);
+    result = Py_BuildValue("(in)", (int)SA_OK, (Py_ssize_t)0);
   } else {
     const sa_status status = sa_optimizer_set_grads(opt, (int64_t)n, grads);
-    result = Py_BuildValue("(iOn)", (int)status, locals, count);
+    result = Py_BuildValue("(in)", (int)status, count);
   }
 done:
   if (capsules) {
@@ -159,12 +157,31 @@ done:
   }
   free(capsules);
   free((void*)grads);
-  Py_XDECREF(locals);
   return result;
+}
+
+PyDoc_STRVAR(unbind_grads_doc,
+"unbind_grads(handle) -> status\n"
+"\n"
+"Marks every param of the optimizer as having no grad (sa_optimizer_set_grads with NULL\n"
+"entries), so that no binding outlives the grads it points to: a step before the next\n"
+"bind_param_grads skips every param instead of reading freed memory.");
+
+static PyObject* unbind_grads(PyObject* self, PyObject* handle) {
+  (void)self;
+  sa_optimizer* opt = optimizer_of(handle);
+  if (!opt) return NULL;
+  const int64_t n = sa_optimizer_num_params(opt);
+  const DLTensor** none = (const DLTensor**)calloc((size_t)(n > 0 ? n : 1), sizeof(DLTensor*));
+  if (!none) return PyErr_NoMemory();
+  const sa_status status = sa_optimizer_set_grads(opt, n, none);
+  free((void*)none);
+  return PyLong_FromLong((long)status);
 }
 
 static PyMethodDef methods[] = {
     {"bind_param_grads", bind_param_grads, METH_VARARGS, bind_param_grads_doc},
+    {"unbind_grads", unbind_grads, METH_O, unbind_grads_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -128,6 +128,24 @@ def test_a_transposed_grad_at_the_first_step_is_refused():
         opt.step()
 
 
+def test_no_binding_outlives_the_step_so_zero_grad_frees_the_grads():
+    """After step() the library holds no pointer into the grads: zero_grad() frees them (no
+    reference kept), and a native step before the next FusedAdam.step() reads nothing."""
+    import gc
+    import weakref
+    model = make_model()
+    opt = FusedAdam(model.parameters())
+    backward(model, 0)
+    opt.step()
+    grad = weakref.ref(model[0].weight.grad)
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    assert grad() is None
+    before = snapshot(model, opt)
+    opt.native.step()
+    assert_unchanged(model, opt, before)
+
+
 # ---- 2. torch semantics --------------------------------------------------------------------------
 
 
