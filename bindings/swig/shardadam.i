@@ -13,6 +13,9 @@
  *                    owns the tensor and calls its deleter when it is destroyed. On failure
  *                    the capsule is left as it was (the caller still owns the tensor).
  *       grad         either kind of capsule; borrowed for the call, never consumed.
+ *       grads        (sa_optimizer_set_grads) a sequence of such capsules or None (no
+ *                    grad), one per param. The raw-pointer sa_optimizer_set_grad_ptrs is
+ *                    not wrapped: it trusts its caller to have checked what Python cannot.
  *       state view   returned as a new "dltensor_versioned" capsule whose destructor calls
  *                    the deleter unless a consumer renamed (consumed) it.
  *   - structs holding pointers are passed as plain Python values:
@@ -405,21 +408,36 @@ static int sa_py_read_address(PyObject* obj, void** out) {
   %append_output(dict);
 }
 
-/* The fast grad path: one address (or None for an empty param) per param. */
-%typemap(in) (int64_t n, const void* const* ptrs) (PyObject* seq = NULL, void** addresses = NULL) {
-  seq = PySequence_Fast($input, "ptrs must be a sequence of addresses (int) or None");
+/* Grads of all params in one checked call: one unconsumed DLPack capsule (either kind) or
+ * None ("this param has no grad") per param, borrowed for the call. */
+%typemap(in) (int64_t n, const DLTensor* const* grads) (PyObject* seq = NULL, const DLTensor** list = NULL) {
+  seq = PySequence_Fast($input, "grads must be a sequence of DLPack capsules or None");
   if (!seq) SWIG_fail;
   $1 = (int64_t)PySequence_Fast_GET_SIZE(seq);
-  addresses = (void**)malloc(sizeof(void*) * (size_t)($1 > 0 ? $1 : 1));
-  if (!addresses) { PyErr_NoMemory(); SWIG_fail; }
-  for (int64_t i = 0; i < $1; ++i)
-    if (!sa_py_read_address(PySequence_Fast_GET_ITEM(seq, i), &addresses[i])) SWIG_fail;
-  $2 = ($2_ltype)addresses;
+  list = (const DLTensor**)malloc(sizeof(DLTensor*) * (size_t)($1 > 0 ? $1 : 1));
+  if (!list) { PyErr_NoMemory(); SWIG_fail; }
+  for (int64_t i = 0; i < $1; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    list[i] = item == Py_None ? NULL : sa_py_capsule_dltensor(item);
+    if (item != Py_None && !list[i]) {
+      PyErr_Format(PyExc_TypeError, "grads[%lld] must be an unconsumed DLPack capsule ('dltensor_versioned' or "
+                   "'dltensor') or None (no grad), got %s; raw addresses are not accepted",
+                   (long long)i, Py_TYPE(item)->tp_name);
+      SWIG_fail;
+    }
+  }
+  $2 = ($2_ltype)list;
 }
-%typemap(freearg) (int64_t n, const void* const* ptrs) {
+%typemap(freearg) (int64_t n, const DLTensor* const* grads) {
   Py_XDECREF(seq$argnum);
-  free(addresses$argnum);
+  free((void*)list$argnum);
 }
+
+/* The raw-pointer fast path trusts its caller to have checked dtype, shape and strides;
+ * from Python nothing can have, so it is not wrapped (sa_optimizer_set_grads is the bulk
+ * path, checked), nor its "no grad" marker. */
+%ignore sa_optimizer_set_grad_ptrs;
+%ignore SA_NO_GRAD;
 
 /* ---- communicators -------------------------------------------------------------------- */
 %typemap(in, numinputs=0) sa_comm** out (sa_comm* created = NULL) { $1 = &created; }

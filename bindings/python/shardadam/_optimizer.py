@@ -266,6 +266,7 @@ class Optimizer(OwnsHandle):
         self._groups = []
         self._device = None         # DLPack device of the params, once one is added
         self._grad_refs = {}        # param index -> grad object whose memory is bound
+        self._amsgrad_of = {}       # group index -> amsgrad, for groups that hold a param
         self._step_refs = ()        # scale tensors the last (asynchronous) step reads
         self._host_scalars = (ctypes.c_float(), ctypes.c_float())  # numbers given to step on the CPU
         self._host_grad_norm = ctypes.c_double()  # receives the norm when step(return_norm=True)
@@ -390,6 +391,8 @@ class Optimizer(OwnsHandle):
             status, index = _C.sa_optimizer_find_param(handle, param)
             check(status, handle)
             return index
+        if type(param) is int and 0 <= param < len(self._names):  # the common case, without the ABC check
+            return param
         if isinstance(param, numbers.Integral) and 0 <= int(param) < len(self._names):
             return int(param)
         raise InvalidArgument(f"param {param!r} does not exist (the optimizer has {len(self._names)} params)")
@@ -426,24 +429,38 @@ class Optimizer(OwnsHandle):
     # ---- grads -----------------------------------------------------------------------
     def set_grad(self, param, grad, *, stream=None):
         """Binds the grad of one param (by name or index), checked against what was
-        registered (dtype, shape, device, contiguity). ``grad`` is any DLPack producer or
-        ``__array_interface__`` object; its memory is read at every later step, and the
-        optimizer keeps ``grad`` alive until it is rebound."""
+        registered (dtype, shape, device, C-contiguous strides, alignment). ``grad`` is any
+        DLPack producer or ``__array_interface__`` object; its memory is read at every later
+        step, and the optimizer keeps ``grad`` alive until it is rebound. None is
+        :meth:`clear_grad`. On error the previous binding stays."""
         handle = self._handle_or_raise()
         index = self.param_index(param)
+        if grad is None:
+            self.clear_grad(index)
+            return
         capsule = to_capsule(grad, self._stream_of(stream))
         check(_C.sa_optimizer_set_grad(handle, index, capsule), handle)
         self._grad_refs[index] = grad
 
+    def clear_grad(self, param):
+        """Marks a param (by name or index) as having no grad: later steps skip it (its
+        values, state and step count stay), as torch skips a param whose ``.grad`` is
+        None, until a grad is bound again."""
+        handle = self._handle_or_raise()
+        index = self.param_index(param)
+        check(_C.sa_optimizer_clear_grad(handle, index), handle)
+        self._grad_refs.pop(index, None)
+
     def set_grads(self, grads, *, stream=None):
         """Binds the grads of several params.
 
-        ``grads`` is a sequence with one entry per param (by index) or a dict from name
-        (or index) to grad. Fast path: a sequence of raw data addresses (``int``, e.g.
-        ``t.data_ptr()`` or ``a.ctypes.data``; None for empty params), bound in one call
-        and not checked beyond alignment (the caller guarantees dtype, shape and
-        contiguity, and keeps the memory alive). Otherwise every entry is a tensor,
-        bound and checked as :meth:`set_grad` does.
+        ``grads`` is a sequence with one entry per param (by index): a DLPack producer (as
+        :meth:`set_grad` takes) or None ("this param has no grad": steps skip it). All are
+        checked as :meth:`set_grad` checks one, in one call, all or nothing: on error no
+        binding changes and the message names the first param that failed. Or ``grads``
+        is a dict from name (or index) to grad (or None), bound entry by entry; the params
+        it does not name keep their bindings. Raw addresses are not accepted: shardadam
+        cannot check memory it cannot see.
         """
         handle = self._handle_or_raise()
         if isinstance(grads, dict):
@@ -452,20 +469,18 @@ class Optimizer(OwnsHandle):
             return
         if not isinstance(grads, (list, tuple)):
             grads = list(grads)
-        try:
-            status = _C.sa_optimizer_set_grad_ptrs(handle, grads)
-        except TypeError:  # not all addresses: bind tensor by tensor
-            pass
-        else:
-            check(status, handle)
-            self._grad_refs = {}
-            return
         if len(grads) != len(self._names):
-            raise InvalidArgument(f"set_grads: {len(grads)} grads for {len(self._names)} params")
+            raise InvalidArgument(f"set_grads: {len(grads)} grads for {len(self._names)} params; pass one per "
+                                  "param, in param order (None: no grad)")
+        stream = self._stream_of(stream)
+        capsules = []
         for index, grad in enumerate(grads):
-            if grad is None or isinstance(grad, numbers.Integral):
-                raise TypeError("set_grads: give either all grads as addresses (int/None) or all as tensors")
-            self.set_grad(index, grad, stream=stream)
+            if isinstance(grad, numbers.Integral):
+                raise TypeError(f"set_grads: grads[{index}] (param {self._names[index]!r}) is an int; raw addresses "
+                                "are not accepted (shardadam cannot check memory it cannot see): pass the array")
+            capsules.append(None if grad is None else to_capsule(grad, stream))
+        check(_C.sa_optimizer_set_grads(handle, capsules), handle)
+        self._grad_refs = {index: grad for index, grad in enumerate(grads) if grad is not None}
 
     # ---- communicator ------------------------------------------------------------------
     def set_comm(self, comm):
@@ -491,7 +506,9 @@ class Optimizer(OwnsHandle):
     # ---- step ------------------------------------------------------------------------
     def step(self, inv_grad_scale=None, found_inf=None, stream=None, *, max_grad_norm=None, norm_type=2.0,
              grad_norm=None, return_norm=False, return_skipped=False):
-        """Runs one optimizer step over every param (each non-empty one needs a bound grad).
+        """Runs one optimizer step over every param that has a grad. Params marked as
+        having none (:meth:`clear_grad`, a None of :meth:`set_grads`) are skipped; every
+        other param needs a grad bound since it was added.
 
         Args:
             inv_grad_scale: every grad is multiplied by it (the inverse loss scale). A
@@ -603,15 +620,27 @@ class Optimizer(OwnsHandle):
 
     def state_keys(self, param):
         """The state keys a param has, e.g. ``("exp_avg", "exp_avg_sq", "master")``."""
-        info = self.param_info(param)
+        handle = self._handle_or_raise()
+        # The raw info, not a ParamInfo: FusedAdam asks this for every param it registers.
+        status, info = _C.sa_optimizer_param_info(handle, self.param_index(param))
+        check(status, handle)
         keys = ["exp_avg", "exp_avg_sq"]
-        if self._groups[info.group].amsgrad:
+        if self._group_amsgrad(info["group"]):
             keys.append("max_exp_avg_sq")
-        if info.master == "fp32":
+        if info["master"] == _C.SA_MASTER_FP32:
             keys.append("master")
-        elif info.master == "remainder":
+        elif info["master"] == _C.SA_MASTER_REMAINDER:
             keys.append("remainder")
         return tuple(keys)
+
+    def _group_amsgrad(self, group):
+        """Whether a group that holds a param keeps max_exp_avg_sq. Fixed from its first param
+        on (sa_optimizer_set_group refuses to change it), so it is read from the library once:
+        a group config costs more than the rest of a state_keys call."""
+        amsgrad = self._amsgrad_of.get(group)
+        if amsgrad is None:
+            amsgrad = self._amsgrad_of[group] = self._groups[group].amsgrad
+        return amsgrad
 
     def _state_capsule(self, index, key):
         handle = self._handle_or_raise()

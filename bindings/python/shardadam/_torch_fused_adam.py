@@ -1,7 +1,10 @@
 """FusedAdam: torch.optim.Optimizer over shardadam (imported lazily by shardadam.torch)."""
 import torch
+from torch.utils.dlpack import to_dlpack
 
+from . import _grad_intake
 from ._comm import Comm, nccl_unique_id
+from ._errors import InvalidArgument, check
 from ._optimizer import Optimizer, _clip_args
 from .layout import Mesh, Replicate, Shard
 
@@ -17,17 +20,34 @@ _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_deca
 
 
 class _Entry:
-    """One registered param: the torch param, its native index and where it sits."""
+    """One registered param: the torch param, its native index and where it sits
+    (``local_shape`` and ``global_offset`` are read from the library when first used: a
+    param_info per param would cost more than the registration itself)."""
 
-    __slots__ = ("param", "index", "name", "group", "local_ptr", "numel", "mesh", "placements", "local_shape",
-                 "global_offset")
+    __slots__ = ("param", "index", "name", "group", "local_ptr", "numel", "mesh", "placements", "_native", "_box")
 
-    def __init__(self, param, index, name, group, local, mesh, placements, info):
+    def __init__(self, param, index, name, group, local, mesh, placements, native):
         self.param, self.index, self.name, self.group = param, index, name, group
         self.local_ptr = local.data_ptr()
         self.numel = local.numel()
         self.mesh, self.placements = mesh, placements
-        self.local_shape, self.global_offset = info.local_shape, info.global_offset
+        self._native, self._box = native, None
+
+    def _read_box(self):
+        if self._box is None:
+            info = self._native.param_info(self.index)
+            self._box = (info.local_shape, info.global_offset)
+        return self._box
+
+    @property
+    def local_shape(self):
+        """The local shape, as the library registered it."""
+        return self._read_box()[0]
+
+    @property
+    def global_offset(self):
+        """Where the local shard starts in the global tensor."""
+        return self._read_box()[1]
 
 
 def _local_tensor(tensor):
@@ -49,6 +69,18 @@ def _placement(placement, name):
         raise ValueError(f"FusedAdam: param {name!r} has a Partial placement; a param must be Shard or Replicate")
     raise ValueError(f"FusedAdam: param {name!r} has placement {placement!r}; shardadam supports Shard(d) "
                      "(torch.chunk's split) and Replicate()")
+
+
+def _non_contiguous_advice(name, local):
+    """Why a param whose memory is not C-contiguous (channels_last, a transposed view) is
+    refused, and a fix that keeps the Parameter the model trains."""
+    layout = "channels_last" if local.dim() == 4 and local.is_contiguous(memory_format=torch.channels_last) else \
+        "not C-contiguous"
+    return (f"FusedAdam: param {name!r} of shape {tuple(local.shape)} has strides {tuple(local.stride())} "
+            f"({layout}); shardadam updates params in place and needs C-contiguous memory. Make the model's own "
+            "params contiguous before building the optimizer: model.to(memory_format=torch.contiguous_format), "
+            "or `with torch.no_grad(): p.data = p.data.contiguous()` per param. Both keep each Parameter object "
+            "in the model (p.contiguous() would give a copy that the model does not train).")
 
 
 def _hyperparameters(group):
@@ -116,12 +148,17 @@ class FusedAdam(torch.optim.Optimizer):
       their local tensor, device mesh, this rank's mesh coordinate and placements
       (``Shard(d)``, ``Replicate()``; ``Partial`` is refused). Plain tensors are unsharded.
       The optimizer state knows each shard's place in the global tensor.
-    - **step()** makes one native call plus the list of grad data pointers (``p.grad``, or
-      its local tensor for DTensor grads). Every non-empty param needs a grad (a step where
-      no param has one does nothing). The first step checks the grads fully (dtype, shape,
-      device); later steps pass the pointers only. Each group's current ``lr``, ``betas``,
-      ``eps``, ``weight_decay`` (and flags) are honoured every step: LR schedulers work;
-      changes are pushed to the library only when they change.
+    - **step()** hands every param's ``p.grad`` (its local tensor for DTensor grads) to the
+      library in one native call, then steps in another. Every step checks every grad
+      (dtype, device, shape, C-contiguous strides: no expanded, transposed, overlapping or
+      too small grad is read) and refuses a bad one with an error naming the param, before
+      anything changes. A param whose ``.grad`` is None is skipped, as torch skips it
+      (unused embeddings, frozen layers, experts without tokens): its values and state stay
+      and its own step count (bias correction) does not advance; a step where no param has
+      a grad does nothing. Each group's current ``lr``, ``betas``, ``eps``,
+      ``weight_decay`` (and flags) are honoured every step: LR schedulers work; changes are
+      pushed to the library only when they change. ``torch.compile`` of a function that
+      calls ``step()`` breaks the graph around the step, which runs eagerly.
     - **torch.amp.GradScaler**: the fused-optimizer protocol. The scaler hands over
       ``grad_scale`` and ``found_inf`` tensors (as attributes, or ``step(grad_scale=...,
       found_inf=...)``); the grads are unscaled inside the step with ``1 / grad_scale``
@@ -149,6 +186,10 @@ class FusedAdam(torch.optim.Optimizer):
       ``torch.distributed.checkpoint`` saves and reshards them; ``step`` per param as torch's
       Adam keeps it. **load_state_dict()** copies into the existing buffers (from DTensors
       of any layout, or plain local or global tensors).
+    - Params must be C-contiguous (the library updates their memory in place as a flat
+      array): a ``channels_last`` or otherwise permuted param is refused with the advice to
+      make the model's own params contiguous (``model.to(memory_format=torch.contiguous_format)``),
+      which keeps the Parameter objects in the model.
     - The params must keep their memory: the library updates the tensors it was given. A
       param whose local tensor was reallocated before the first step (e.g. FSDP2's lazy
       init re-padding it) is re-registered at that step; after the first step, reassigning
@@ -196,6 +237,7 @@ class FusedAdam(torch.optim.Optimizer):
         self._entries = []
         self._entry_of = {}
         self._params = []
+        self._names = []           # native param index -> name (for the errors of the grad intake)
         self._pushed = []
         self._scalars = None       # device buffer: [1 / grad_scale, found_inf]
         self._stepped = False
@@ -243,18 +285,29 @@ class FusedAdam(torch.optim.Optimizer):
             mesh, placements, layout = None, None, None
         with torch.no_grad():
             local = _local_tensor(param).detach()
-        index = self.native.add_param(name, local, group=group_index, layout=layout,
-                                      stream=_current_stream(local.device), **self._param_options)
-        entry = _Entry(param, index, name, group_index, local, mesh, placements, self.native.param_info(index))
+        try:
+            # to_dlpack: one C call, where Tensor.__dlpack__ (Python) costs ~10x more per param;
+            # the param is written on the current stream, which the library is given.
+            index = self.native.add_param(name, to_dlpack(local), group=group_index, layout=layout,
+                                          stream=_current_stream(local.device), **self._param_options)
+        except InvalidArgument as err:
+            if local.is_contiguous():
+                raise
+            raise InvalidArgument(_non_contiguous_advice(name, local), err.status) from err
+        entry = _Entry(param, index, name, group_index, local, mesh, placements, self.native)
         self._entries.append(entry)
         self._entry_of[param] = entry
         self._params.append(param)
+        self._names.append(name)
         self.state[param] = self._state_views(entry)
 
     def _state_views(self, entry):
         return _torch_state_dict.state_views(self, entry)
 
     # ---- step ----------------------------------------------------------------------------
+    # Opaque to torch.compile: Dynamo does not trace the native call (nor the DLPack
+    # handshakes), it breaks the graph around the step and runs it eagerly.
+    @torch.compiler.disable
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale=None, found_inf=None):
         """One optimizer step over every param (see the class docstring).
@@ -276,16 +329,20 @@ class FusedAdam(torch.optim.Optimizer):
             found_inf = getattr(self, "found_inf", None)
         if not self._entries:
             return loss
-        grads = [p.grad for p in self._params]
-        missing = [e.name for e, g in zip(self._entries, grads) if g is None and e.numel > 0]
-        if missing:
-            if len(missing) == sum(1 for e in self._entries if e.numel > 0):
-                return loss  # no grads at all: nothing to do, as torch's optimizers
-            raise RuntimeError(f"FusedAdam: params {missing[:5]}{' ...' if len(missing) > 5 else ''} have no grad; "
-                               "shardadam steps all params at once (freeze params by leaving them out of the "
-                               "optimizer)")
         if not self._stepped:
-            self._prepare_first_step(grads)
+            if all(p.grad is None for p in self._params):
+                return loss  # no grads at all: nothing to do, as torch's optimizers
+            self._prepare_first_step()
+        elif not self._bind_grads():
+            return loss
+        try:
+            self._step_bound(grad_scale, found_inf)
+        finally:
+            self._unbind_grads()  # also when the step failed: no binding outlives the grads
+        return loss
+
+    def _step_bound(self, grad_scale, found_inf):
+        """The native step, once the grads are bound."""
         self._push_hyperparameters()
         device = self._entries[0].param.device
         stream = _current_stream(device)
@@ -311,9 +368,7 @@ class FusedAdam(torch.optim.Optimizer):
             clip = self._clip_args(self.max_grad_norm) + (self.grad_norm.data_ptr(), False)
         if clip is not None or found_address is not None:
             self._attach_comm(device)
-        self.native.set_grads([0 if g is None else _local_tensor(g).data_ptr() for g in grads])
         self.native._step_addresses(inv_address, found_address, stream, clip=clip)
-        return loss
 
     def _clip_args(self, max_grad_norm):
         return None if max_grad_norm is None else _clip_args(max_grad_norm, self.norm_type)
@@ -333,17 +388,31 @@ class FusedAdam(torch.optim.Optimizer):
             self._scalars = torch.zeros(2, dtype=torch.float32, device=device)
         return self._scalars
 
-    def _prepare_first_step(self, grads):
-        """Checks the grads fully once, re-registers params whose memory moved since they
-        were added, and refreshes fp32 master weights from the params (they may have been
-        loaded since)."""
+    def _bind_grads(self):
+        """Binds every param's current grad (None: "no grad", the step skips the param) in
+        one checked native call; a grad the kernel could not read as it is (dtype, device,
+        shape, strides) raises, naming the param, and nothing is bound. Returns the number
+        of params with a grad (0: nothing was bound)."""
+        handle = self.native._handle_or_raise()
+        status, count = _grad_intake.bind_param_grads(handle, self._params, self._names, DTensor, to_dlpack)
+        check(status, handle)
+        return count
+
+    def _unbind_grads(self):
+        """After the step: the library keeps no pointer into grads that zero_grad() may free
+        (a step of ``self.native`` before the next bind skips every param)."""
+        if self.native is not None and not self.native.closed:
+            handle = self.native._handle
+            check(_grad_intake.unbind_grads(handle), handle)
+
+    def _prepare_first_step(self):
+        """Re-registers params whose memory moved since they were added, binds the grads,
+        and refreshes fp32 master weights from the params (they may have been loaded
+        since)."""
         moved = [e.name for e in self._entries if e.numel > 0 and _local_tensor(e.param).data_ptr() != e.local_ptr]
         if moved:
             self._reregister()
-        for entry, grad in zip(self._entries, grads):
-            if grad is not None:
-                self.native.set_grad(entry.index, _local_tensor(grad).detach(),
-                                     stream=_current_stream(entry.param.device))
+        self._bind_grads()
         if all(group.step == 0 for group in self.native.param_groups):
             for entry in self._entries:
                 state = self.state[entry.param]
@@ -360,6 +429,7 @@ class FusedAdam(torch.optim.Optimizer):
         steps = [group.step for group in old_native.param_groups]
         param_steps = _torch_state_dict.param_steps(self)
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
+        self._names = []
         for group_index, group in enumerate(self.param_groups):
             self._add_native_group(group)
             names = group.get("param_names")

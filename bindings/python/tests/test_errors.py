@@ -137,8 +137,10 @@ def test_wrong_argument_types_raise_type_errors(opt):
         opt.step(inv_grad_scale=np.zeros(1, np.float64))
     with pytest.raises(shardadam.InvalidArgument, match="2 grads for 1 params"):
         opt.set_grads([np.zeros(2, np.float32), np.zeros(2, np.float32)])
-    with pytest.raises(shardadam.InvalidArgument):
-        opt.set_grads([0, 0])  # raw addresses: the count must match too
+    with pytest.raises(TypeError, match="raw addresses are not accepted"):
+        opt.set_grads([0])  # a raw address: shardadam cannot check memory it cannot see
+    with pytest.raises(TypeError, match="raw addresses are not accepted"):
+        shardadam._shardadam.sa_optimizer_set_grads(opt._handle, [0])  # nor can the low-level module
 
 
 def test_a_failed_add_param_leaves_the_array_to_the_caller(opt):

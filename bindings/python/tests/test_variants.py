@@ -159,7 +159,7 @@ def test_hyperparameter_changes_between_steps_are_honoured(rng):
     ref = AdamReference(param, **HYPER)
     with shardadam.Optimizer(**HYPER) as opt:
         opt.add_param("w", param)
-        opt.set_grads([grad.ctypes.data])  # the raw-address fast path
+        opt.set_grads([grad])  # bound once, refilled in place below
         group = opt.param_groups[0]
         for step in range(10):
             lr = HYPER["lr"] * (1 + step) / 10

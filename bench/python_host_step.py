@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""bench/python_host_step.py — host cost of shardadam.torch.FusedAdam against torch.optim.AdamW,
+measured in the same run, with every grad checked at every step.
+
+Three measurements, each printed with torch's number and the ratio:
+
+1. step() host time at 1,516 DTensor params (a 1-rank mesh: gloo on the CPU, NCCL on CUDA)
+   with fresh grads every step (new DTensor grads, as backward makes them), and its parts:
+   the grad intake alone (bind_param_grads: read .grad, the local tensor, a DLPack
+   description, the library's checks), the native step alone, and the rest (Python:
+   torch's step wrappers, hyperparameters, scalars).
+2. construction of the optimizer over 100,000 params.
+3. steady step() at 100,000 tiny params, grads in stable tensors (refilled in place).
+
+On CUDA the host time is the call alone (no synchronization inside the timed region; the
+device is synchronized before each call). On the CPU the step's arithmetic runs inside the
+call, so the params are tiny (16 elements) to keep the host's share visible; the intake
+line is host work only on both. Medians of --repeat calls.
+
+Usage: python3 bench/python_host_step.py [--device cpu|cuda] [--quick]
+"""
+import argparse
+import os
+import platform
+import socket
+import statistics
+import time
+
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from shardadam import _grad_intake
+from shardadam.torch import FusedAdam
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_call_ms(call, device, repeat, before=None):
+    """Median wall time of call() in ms; before() runs untimed ahead of each call."""
+    times = []
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        sync(device)
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    sync(device)
+    return statistics.median(times) * 1e3
+
+
+def init_mesh(device):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            device_id=device if device.type == "cuda" else None)
+    return init_device_mesh(device.type, (1,))
+
+
+def dtensor_step(device, n, numel, repeat):
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    mesh = init_mesh(device)
+    torch.manual_seed(0)
+
+    def make_params():
+        return [torch.nn.Parameter(distribute_tensor(torch.randn(numel, device=device), mesh, [Shard(0)]))
+                for _ in range(n)]
+
+    ours_params, torch_params = make_params(), make_params()
+    ours = FusedAdam(ours_params)
+    reference = torch.optim.AdamW(torch_params, fused=device.type == "cuda")
+    locals_ = [torch.randn(numel, device=device) for _ in range(n)]
+
+    def fresh_grads(params):
+        def give():  # new DTensor grads around the same local buffers: what the timed call reads is new
+            for p, g in zip(params, locals_):
+                p.grad = DTensor.from_local(g, mesh, [Shard(0)], run_check=False)
+        return give
+
+    for opt, params in ((ours, ours_params), (reference, torch_params)):  # warm-up: plans, lazy state
+        fresh_grads(params)()
+        opt.step()
+    handle, names = ours.native._handle, ours._names
+    from torch.distributed.tensor import DTensor as _DTensor
+    results = {
+        "ours": median_call_ms(ours.step, device, repeat, fresh_grads(ours_params)),
+        "torch": median_call_ms(reference.step, device, repeat, fresh_grads(torch_params)),
+        "intake": median_call_ms(lambda: _grad_intake.bind_param_grads(handle, ours_params, names, _DTensor,
+                                                                         to_dlpack),
+                                 device, repeat, fresh_grads(ours_params)),
+        # The library's step alone (grads bound): on the CPU this includes the arithmetic.
+        "native": median_call_ms(lambda: ours.native._step_addresses(None, None, torch.cuda.current_stream().cuda_stream
+                                                                     if device.type == "cuda" else None),
+                                 device, repeat, lambda: (fresh_grads(ours_params)(), ours._bind_grads())),
+    }
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    return results
+
+
+def construction(device, n, repeat):
+    params = [torch.nn.Parameter(torch.randn(16, device=device)) for _ in range(n)]
+    ours, theirs = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        opt = FusedAdam(params)
+        ours.append(time.perf_counter() - t0)
+        opt.native.close()
+        del opt
+        t0 = time.perf_counter()
+        opt = torch.optim.AdamW(params)
+        theirs.append(time.perf_counter() - t0)
+        del opt
+    return min(ours), min(theirs)
+
+
+def steady_step(device, n, repeat):
+    torch.manual_seed(1)
+    ours_params = [torch.nn.Parameter(torch.randn(16, device=device)) for _ in range(n)]
+    torch_params = [torch.nn.Parameter(p.detach().clone()) for p in ours_params]
+    for p, q in zip(ours_params, torch_params):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    ours = FusedAdam(ours_params)
+    reference = torch.optim.AdamW(torch_params, fused=device.type == "cuda")
+    ours.step()
+    reference.step()
+    return median_call_ms(ours.step, device, repeat), median_call_ms(reference.step, device, repeat)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--dtensor-params", type=int, default=1516)
+    parser.add_argument("--many-params", type=int, default=100_000)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    repeat = 5 if args.quick else 30
+    print(f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+          f"{torch.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    print("# host-time numbers from a shared or loaded machine are indicative only")
+    rows = []
+
+    d = dtensor_step(device, args.dtensor_params, 64, repeat)
+    n = args.dtensor_params
+    rows.append((f"step, {n} DTensor params, fresh grads", d["ours"], d["torch"], "<= 0.3 ms"))
+    rows.append(("  of which: grad intake (read + check all grads)", d["intake"], None, ""))
+    rows.append(("  of which: the native step (C, grads bound)", d["native"], None, ""))
+    rows.append(("  of which: the rest (Python: step wrappers, hyperparameters)", d["ours"] - d["intake"] - d["native"],
+                 None, ""))
+
+    m = args.many_params
+    ours_s, torch_s = construction(device, m, 1 if args.quick else 3)
+    rows.append((f"construction, {m} params", ours_s * 1e3, torch_s * 1e3, "<= 1000 ms"))
+    ours_ms, torch_ms = steady_step(device, m, max(3, repeat // 3))
+    rows.append((f"steady step, {m} params of 16 elements", ours_ms, torch_ms, "<= 10 ms"))
+
+    print(f"{'measurement':58s} {'FusedAdam ms':>13s} {'torch ms':>10s} {'ours/torch':>10s} {'per param us':>12s}  target")
+    for label, ours_v, torch_v, target in rows:
+        count = n if "DTensor" in label or "of which" in label else m
+        ratio = f"{ours_v / torch_v:10.3f}" if torch_v else f"{'':10s}"
+        torch_text = f"{torch_v:10.3f}" if torch_v is not None else f"{'':10s}"
+        print(f"{label:58s} {ours_v:13.3f} {torch_text} {ratio} {ours_v * 1e3 / count:12.3f}  {target}")
+
+
+if __name__ == "__main__":
+    main()

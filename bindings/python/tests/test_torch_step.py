@@ -1,0 +1,278 @@
+"""shardadam.torch.FusedAdam's step: every grad is checked at every step, params without a
+grad are skipped as torch skips them, torch.compile sees an opaque step, non-contiguous
+params are refused with advice that keeps them in the model.
+
+CPU only (float32); skipped visibly without torch. References: torch.optim.AdamW
+(foreach=False, fused=False) on a copy of the model. test_grads.py has the same checks for
+shardadam.Optimizer (no torch needed).
+"""
+import copy
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import shardadam  # noqa: E402
+from shardadam.torch import FusedAdam  # noqa: E402
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+ATOL, RTOL = 2e-6, 1e-5
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+def backward(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(5, 16, generator=gen), torch.randn(5, 8, generator=gen)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def snapshot(model, opt):
+    """Copies of every param and every state tensor."""
+    params = [p.detach().clone() for p in model.parameters()]
+    states = [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()]
+    return params, states
+
+
+def assert_unchanged(model, opt, before):
+    params, states = before
+    for (name, p), old, old_state in zip(model.named_parameters(), params, states):
+        assert torch.equal(p.detach(), old), f"param {name} changed"
+        for key, value in opt.state[p].items():
+            assert torch.equal(value, old_state[key]), f"state {key} of {name} changed"
+
+
+# ---- 1. every grad is checked at every step ---------------------------------------------------
+
+
+def _expanded(p):  # 1 row of memory read as p.shape[0] rows
+    return torch.randn(1, p.shape[1]).expand(*p.shape)
+
+
+def _transposed(p):  # the right shape, column-major
+    return torch.randn(p.shape[1], p.shape[0]).t()
+
+
+def _overlapping(p):  # every row starts one element after the previous one
+    return torch.randn(p.shape[0] + p.shape[1]).as_strided(tuple(p.shape), (1, 1))
+
+
+def _every_other(p):  # a strided slice
+    return torch.randn(p.shape[0], 2 * p.shape[1])[:, ::2]
+
+
+def _smaller(p):  # fewer elements than the param (torch allows it through .data)
+    p.grad = torch.randn(*p.shape)
+    p.grad.data = torch.randn(p.shape[1])
+    return p.grad
+
+
+def _float64(p):  # another dtype (torch allows it once grad_dtype is None)
+    p.grad_dtype = None
+    return torch.randn(*p.shape, dtype=torch.float64)
+
+
+BAD_GRADS = {"expanded": _expanded, "transposed": _transposed, "overlapping": _overlapping,
+             "strided": _every_other, "smaller": _smaller, "float64": _float64}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_GRADS))
+def test_a_grad_the_kernel_cannot_read_as_is_is_refused_at_a_later_step_and_nothing_changes(bad):
+    model = make_model()
+    opt = FusedAdam(model.named_parameters(), **HYPER)
+    for step in range(2):
+        opt.zero_grad()
+        backward(model, step)
+        opt.step()
+    opt.zero_grad()
+    backward(model, 2)
+    weight = model[2].weight
+    grad = BAD_GRADS[bad](weight)
+    if grad is not weight.grad:
+        weight.grad = grad
+    before = snapshot(model, opt)
+    with pytest.raises(shardadam.Error, match=r"2\.weight"):
+        opt.step()
+    assert_unchanged(model, opt, before)
+    # A good grad afterwards steps as usual.
+    weight.grad = None
+    weight.grad_dtype = weight.dtype
+    weight.grad = torch.randn_like(weight)
+    opt.step()
+    assert not torch.equal(weight.detach(), before[0][2])
+
+
+def test_an_expanded_grad_at_the_third_step_never_reaches_the_kernel():
+    """The issue's reproduction: before, the kernel read 512 floats from a 16-float buffer."""
+    param = torch.nn.Parameter(torch.randn(32, 16))
+    opt = FusedAdam([param])
+    for _ in range(2):
+        param.grad = torch.randn(32, 16)
+        opt.step()
+    param.grad = torch.randn(1, 16).expand(32, 16)
+    before = param.detach().clone()
+    with pytest.raises(shardadam.Error, match="params.0"):
+        opt.step()
+    assert torch.equal(param.detach(), before) and torch.isfinite(param).all()
+
+
+def test_a_transposed_grad_at_the_first_step_is_refused():
+    param = torch.nn.Parameter(torch.randn(32, 16))
+    opt = FusedAdam([param])
+    param.grad = torch.randn(16, 32).t()
+    with pytest.raises(shardadam.Error, match="params.0"):
+        opt.step()
+
+
+def test_no_binding_outlives_the_step_so_zero_grad_frees_the_grads():
+    """After step() the library holds no pointer into the grads: zero_grad() frees them (no
+    reference kept), and a native step before the next FusedAdam.step() reads nothing."""
+    import gc
+    import weakref
+    model = make_model()
+    opt = FusedAdam(model.parameters())
+    backward(model, 0)
+    opt.step()
+    grad = weakref.ref(model[0].weight.grad)
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    assert grad() is None
+    before = snapshot(model, opt)
+    opt.native.step()
+    assert_unchanged(model, opt, before)
+
+
+# ---- 2. torch semantics --------------------------------------------------------------------------
+
+
+def test_params_without_a_grad_are_skipped_as_torch_adamw_skips_them():
+    """Some params have no grad at some steps (frozen for a while, unused); torch skips
+    them and their own step counts (bias correction) lag: so must FusedAdam."""
+    ours_model = make_model()
+    torch_model = copy.deepcopy(ours_model)
+    ours = FusedAdam(ours_model.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False, fused=False)
+    for step in range(8):
+        for model, opt in ((ours_model, ours), (torch_model, reference)):
+            opt.zero_grad(set_to_none=True)
+            backward(model, step)
+            if step in (0, 1, 5):
+                model[0].weight.grad = None  # not trained at these steps
+            if step % 2 == 1:
+                model[2].bias.grad = None
+            opt.step()
+    for (name, p), q in zip(ours_model.named_parameters(), torch_model.parameters()):
+        torch.testing.assert_close(p, q, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_a_step_where_no_param_has_a_grad_changes_nothing():
+    model = make_model()
+    opt = FusedAdam(model.parameters())
+    backward(model, 0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    before = snapshot(model, opt)
+    opt.step()
+    assert_unchanged(model, opt, before)
+
+
+def test_a_compiled_training_step_calls_the_optimizer():
+    """torch.compile of a function that runs forward, backward and opt.step(): the step is
+    opaque to Dynamo (a graph break) and matches the uncompiled run."""
+    compiled_model, eager_model = make_model(), make_model()
+    compiled_opt = FusedAdam(compiled_model.parameters(), **HYPER)
+    eager_opt = FusedAdam(eager_model.parameters(), **HYPER)
+
+    def train_step(model, opt, x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    torch._dynamo.reset()
+    compiled = torch.compile(train_step, backend=os.environ.get("SHARDADAM_TEST_COMPILE_BACKEND", "inductor"))
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x, y = torch.randn(5, 16, generator=gen), torch.randn(5, 8, generator=gen)
+        compiled(compiled_model, compiled_opt, x, y)
+        train_step(eager_model, eager_opt, x, y)
+    for p, q in zip(compiled_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p, q, atol=ATOL, rtol=RTOL)
+    assert compiled_opt.native.param_groups[0].step == 3
+
+
+def test_a_channels_last_param_is_refused_with_advice_that_keeps_it_in_the_model():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 4, 1))
+    model = model.to(memory_format=torch.channels_last)
+    assert not model[0].weight.is_contiguous()
+    with pytest.raises(ValueError) as info:
+        FusedAdam(model.named_parameters())
+    message = str(info.value)
+    assert "0.weight" in message and "contiguous copy" not in message
+    assert "model.to(memory_format=torch.contiguous_format)" in message
+    # The advice works and the model's own Parameter objects are the ones updated.
+    weight = model[0].weight
+    model = model.to(memory_format=torch.contiguous_format)
+    assert model[0].weight is weight and weight.is_contiguous()
+    opt = FusedAdam(model.parameters())
+    model(torch.randn(2, 3, 6, 6)).sum().backward()
+    before = weight.detach().clone()
+    opt.step()
+    assert not torch.equal(weight.detach(), before)
+
+
+# ---- DTensor params on a 1-rank gloo mesh ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("needs torch.distributed with gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dtensor_grad_whose_local_tensor_is_transposed_is_refused(mesh):
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    param = torch.nn.Parameter(distribute_tensor(torch.randn(32, 16), mesh, [Shard(0)]))
+    opt = FusedAdam([("w", param)])
+    param.grad = distribute_tensor(torch.randn(32, 16), mesh, [Shard(0)])
+    opt.step()
+    param.grad = DTensor.from_local(torch.randn(16, 32).t(), mesh, [Shard(0)], run_check=False)
+    before = param.to_local().clone()
+    with pytest.raises(shardadam.Error, match="'w'"):
+        opt.step()
+    assert torch.equal(param.to_local(), before)
+
+
+def test_dtensor_params_without_grads_are_skipped(mesh):
+    from torch.distributed.tensor import Shard, distribute_tensor
+    torch.manual_seed(5)
+    values = [torch.randn(6, 4), torch.randn(7)]
+    params = [torch.nn.Parameter(distribute_tensor(v.clone(), mesh, [Shard(0)])) for v in values]
+    refs = [torch.nn.Parameter(v.clone()) for v in values]
+    ours = FusedAdam(params, **HYPER)
+    reference = torch.optim.AdamW(refs, **HYPER, foreach=False, fused=False)
+    for step in range(5):
+        grads = [torch.randn_like(v) for v in values]
+        for i, (p, r) in enumerate(zip(params, refs)):
+            has_grad = not (i == 1 and step in (1, 2))
+            p.grad = distribute_tensor(grads[i], mesh, [Shard(0)]) if has_grad else None
+            r.grad = grads[i].clone() if has_grad else None
+        ours.step()
+        reference.step()
+    for p, r in zip(params, refs):
+        torch.testing.assert_close(p.full_tensor(), r.detach(), atol=ATOL, rtol=RTOL)
