@@ -53,7 +53,6 @@ CONFIG = ModelConfig(vocab=97, dim=32, heads=4, layers=2, seq=32)
 BATCH = 4
 LR, BETAS, WEIGHT_DECAY = 3e-3, (0.9, 0.95), 0.1
 OPTIMIZERS = {"FusedAdam": FusedAdam, "AdamW": torch.optim.AdamW}
-# The known issue check 6 runs into, and the error that shows it.
 
 def warmup(step):
     return min(1.0, (step + 1) / 5)
