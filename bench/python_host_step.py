@@ -144,6 +144,7 @@ def main():
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
+        device = torch.device("cuda", device.index if device.index is not None else 0)
         torch.cuda.set_device(device)
     repeat = 5 if args.quick else 30
     print(f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "

@@ -253,9 +253,14 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   // engine need not bind grads of params it holds no elements of.
   param->binding = param->numel == 0 ? GradBinding::bound : GradBinding::never;
   refresh_steps();
-  table_.param_group.reserve(params_.size() + 1);
-  table_.param_steps.reserve(params_.size() + 1);
-  table_.param_active.reserve(params_.size() + 1);
+  // Room for one more, growing geometrically: an exact reserve would copy the tables at
+  // every add (quadratic over 100k params).
+  const auto make_room = [](auto& v) {
+    if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(16, 2 * v.capacity()));
+  };
+  make_room(table_.param_group);
+  make_room(table_.param_steps);
+  make_room(table_.param_active);
 
   // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
   const int64_t index = num_params();
