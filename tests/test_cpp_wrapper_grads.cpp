@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "shardadam/shardadam.hpp"
-#include "test_support.hpp"
+#include "test_trio.hpp"
 
 using namespace sa_test;
 
@@ -27,81 +27,16 @@ struct has_set_grad_ptrs<T, std::void_t<decltype(std::declval<T&>().set_grad_ptr
 static_assert(!has_set_grad_ptrs<shardadam::Optimizer>::value,
               "shardadam::Optimizer must not offer an unchecked set_grad_ptrs under a safe name");
 
-std::vector<double> values_of(const HostTensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.get(i);
-  return out;
-}
-
-// Three float32 params ("emb" [5, 4], "w" [7], "b" [3]) of one AdamW group, through the
-// wrapper; the tensors outlive the optimizer (declared first, destroyed last).
-struct Trio {
-  sa_group_config config = group_config(1e-2, 1e-2, 1);
-  HostTensor emb{{5, 4}, kFloat32}, w{{7}, kFloat32}, b{{3}, kFloat32};
-  HostTensor g_emb{{5, 4}, kFloat32}, g_w{{7}, kFloat32}, g_b{{3}, kFloat32};
-  Rng rng{83};
+// The Trio's params (test_trio.hpp) in an optimizer made through the wrapper.
+struct Trio : TrioTensors {
   shardadam::Optimizer opt;
 
-  Trio() {
+  Trio() : TrioTensors(83) {
     opt.add_group(config);
-    const char* names[3] = {"emb", "w", "b"};
-    for (int i = 0; i < 3; ++i) {
-      fill_normal(param(i), rng, 1.0);
-      opt.add_param(names[i], 0, param(i).versioned());
-    }
+    for (int i = 0; i < 3; ++i) opt.add_param(kNames[i], 0, param(i).versioned());
   }
-  HostTensor& param(int i) { return i == 0 ? emb : i == 1 ? w : b; }
-  HostTensor& grad(int i) { return i == 0 ? g_emb : i == 1 ? g_w : g_b; }
-  void fresh_grads() {
-    for (int i = 0; i < 3; ++i) fill_normal(grad(i), rng, 0.1);
-  }
-  // Param i's reference state, from the library's current param and moments.
-  RefState state_of(int i) {
-    RefState s(values_of(param(i)), Storage::f32);
-    const shardadam::StateView m = opt.state_view(i, "exp_avg");
-    const shardadam::StateView v = opt.state_view(i, "exp_avg_sq");
-    for (int64_t k = 0; k < param(i).numel(); ++k) {
-      s.m[k] = m.data<float>()[k];
-      s.v[k] = v.data<float>()[k];
-    }
-    return s;
-  }
-  // Param i and its moments as bytes: an untouched param is so bit for bit.
-  std::vector<unsigned char> bytes_of(int i) {
-    std::vector<unsigned char> out = param(i).raw_bytes();
-    for (const char* key : {"exp_avg", "exp_avg_sq"}) {
-      const shardadam::StateView view = opt.state_view(i, key);
-      const auto* p = view.data<const unsigned char>();
-      out.insert(out.end(), p, p + view.numel() * 4);
-    }
-    return out;
-  }
-  // One step, checked against the float64 reference: params with present[i] step at
-  // count steps[i] + 1 from the grads now in their buffers, the others stay bit for bit.
   void step_and_check(const bool present[3], const std::vector<int64_t>& steps) {
-    std::vector<RefState> refs;
-    std::vector<RefScales> scales(3);
-    std::vector<std::vector<unsigned char>> before;
-    for (int i = 0; i < 3; ++i) {
-      refs.push_back(state_of(i));
-      before.push_back(bytes_of(i));
-      if (present[i])
-        reference_step(refs[i], config, steps[i] + 1, values_of(grad(i)), 1.0, RefBug::none,
-                       &scales[i]);
-    }
-    opt.step();
-    for (int i = 0; i < 3; ++i) {
-      INFO("param " << i);
-      if (!present[i]) {
-        CHECK(bytes_of(i) == before[i]);
-        continue;
-      }
-      Worst worst("param");
-      for (int64_t k = 0; k < param(i).numel(); ++k)
-        worst.add(k, param(i).get(k), refs[i].value[k],
-                  step_value_tolerance(refs[i].value[k], scales[i].step_size));
-      CHECK_WITHIN(worst);
-    }
+    TrioTensors::step_and_check(opt.get(), present, steps, [&] { opt.step(); });
   }
 };
 

@@ -4,17 +4,11 @@
 // correction uses its own count; sa_optimizer_set_grads refuses expanded, transposed,
 // reshaped or retyped grads before it binds anything. References: the float64 update of
 // test_support.hpp, one step at a time from the library's own state.
-#include "test_support.hpp"
+#include "test_trio.hpp"
 
 namespace {
 
 using namespace sa_test;
-
-std::vector<double> values_of(const HostTensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.get(i);
-  return out;
-}
 
 std::vector<int64_t> param_steps(const sa_optimizer* opt) {
   std::vector<int64_t> steps(static_cast<std::size_t>(sa_optimizer_num_params(opt)), -1);
@@ -22,51 +16,23 @@ std::vector<int64_t> param_steps(const sa_optimizer* opt) {
   return steps;
 }
 
-// Three float32 params of one AdamW group, each with its own grad buffer. `reference()`
-// is the float64 step of one param from the library's current state.
-struct Trio {
-  sa_group_config config = group_config(1e-2, 1e-2, 1);
-  HostTensor emb{{5, 4}, kFloat32}, w{{7}, kFloat32}, b{{3}, kFloat32};
-  HostTensor g_emb{{5, 4}, kFloat32}, g_w{{7}, kFloat32}, g_b{{3}, kFloat32};
+// The Trio's params in an optimizer of the C ABI.
+struct Trio : TrioTensors {
   OptimizerPtr opt = make_optimizer();
-  Rng rng{41};
 
-  Trio() {
+  Trio() : TrioTensors(41) {
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
-    const char* names[3] = {"emb", "w", "b"};
-    for (int i = 0; i < 3; ++i) {
-      fill_normal(param(i), rng, 1.0);
-      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), names[i], 0, param(i).versioned(), nullptr,
+    for (int i = 0; i < 3; ++i)
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), kNames[i], 0, param(i).versioned(), nullptr,
                                                       nullptr, nullptr));
-    }
   }
-  HostTensor& param(int i) { return i == 0 ? emb : i == 1 ? w : b; }
-  HostTensor& grad(int i) { return i == 0 ? g_emb : i == 1 ? g_w : g_b; }
-  void fresh_grads() {
-    for (int i = 0; i < 3; ++i) fill_normal(grad(i), rng, 0.1);
-  }
-
-  RefState state_of(int i) {
-    RefState s(values_of(param(i)), Storage::f32);
-    const StateView m = state_view(opt.get(), i, "exp_avg");
-    const StateView v = state_view(opt.get(), i, "exp_avg_sq");
-    for (int64_t k = 0; k < param(i).numel(); ++k) {
-      s.m[k] = m.get(k);
-      s.v[k] = v.get(k);
-    }
-    return s;
-  }
-
-  // The bytes of param i and its moments, to show an untouched param is bit-for-bit so.
-  std::vector<unsigned char> bytes_of(int i) {
-    std::vector<unsigned char> out = param(i).raw_bytes();
-    for (const char* key : {"exp_avg", "exp_avg_sq"}) {
-      const std::vector<unsigned char> s = state_view(opt.get(), i, key).raw_bytes();
-      out.insert(out.end(), s.begin(), s.end());
-    }
-    return out;
+  void step_and_check(const bool present[3], const std::vector<int64_t>& steps) {
+    TrioTensors::step_and_check(opt.get(), present, steps,
+                                [&] { REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr)); });
   }
 };
+
+constexpr bool kAll[3] = {true, true, true};
 
 }  // namespace
 
@@ -100,28 +66,9 @@ TEST_CASE("a param without a grad is skipped: unchanged bit for bit, its step co
       }
       REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
     }
-    std::vector<RefState> refs;
-    std::vector<RefScales> scales(3);
-    std::vector<std::vector<unsigned char>> before;
-    for (int i = 0; i < 3; ++i) {
-      refs.push_back(f.state_of(i));
-      before.push_back(f.bytes_of(i));
-      if (present[step][i])
-        reference_step(refs[i], f.config, want_steps[i] + 1, values_of(f.grad(i)), 1.0, RefBug::none, &scales[i]);
-    }
-    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
-    for (int i = 0; i < 3; ++i) {
-      INFO("step " << step << ", param " << i);
-      if (!present[step][i]) {
-        CHECK(f.bytes_of(i) == before[i]);
-        continue;
-      }
-      ++want_steps[i];
-      Worst worst("param");
-      for (int64_t k = 0; k < f.param(i).numel(); ++k)
-        worst.add(k, f.param(i).get(k), refs[i].value[k], step_value_tolerance(refs[i].value[k], scales[i].step_size));
-      CHECK_WITHIN(worst);
-    }
+    INFO("step " << step);
+    f.step_and_check(present[step], want_steps);
+    for (int i = 0; i < 3; ++i) want_steps[i] += present[step][i] ? 1 : 0;
     CHECK(param_steps(f.opt.get()) == want_steps);
   }
   CHECK(want_steps == std::vector<int64_t>{5, 4, 4});
@@ -134,23 +81,13 @@ TEST_CASE("per-param step counts set to [6, 6, 3] give each param torch's bias c
   const int64_t steps[3] = {6, 6, 3};
   REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_param_steps(f.opt.get(), 0, 3, steps));
   f.fresh_grads();
-  std::vector<RefState> refs;
-  std::vector<RefScales> scales(3);
   for (int i = 0; i < 3; ++i) {
     const DLTensor g = f.grad(i).dl();
     REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad(f.opt.get(), i, &g));
-    refs.push_back(f.state_of(i));
-    reference_step(refs[i], f.config, steps[i] + 1, values_of(f.grad(i)), 1.0, RefBug::none, &scales[i]);
   }
   // The moments start at zero, so a wrong count changes lr / (1 - beta1^t) by far more
   // than the tolerance: at t = 4 against t = 7, by a factor 1.5.
-  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
-  for (int i = 0; i < 3; ++i) {
-    Worst worst("param");
-    for (int64_t k = 0; k < f.param(i).numel(); ++k)
-      worst.add(k, f.param(i).get(k), refs[i].value[k], step_value_tolerance(refs[i].value[k], scales[i].step_size));
-    CHECK_WITHIN(worst);
-  }
+  f.step_and_check(kAll, {6, 6, 3});
   CHECK(param_steps(f.opt.get()) == std::vector<int64_t>{7, 7, 4});
   CHECK(step_count(f.opt.get(), 0) == 1);
   // A group's count set later sets its params' counts too (a resume from a group count).
@@ -228,19 +165,7 @@ TEST_CASE("set_grads checks every grad at every call: expanded, transposed, resh
                    "param 'emb': grad", c.message);
   }
   // The step still reads the grads bound before the refused calls.
-  std::vector<RefState> refs;
-  std::vector<RefScales> scales(3);
-  for (int i = 0; i < 3; ++i) {
-    refs.push_back(f.state_of(i));
-    reference_step(refs[i], f.config, 2, values_of(f.grad(i)), 1.0, RefBug::none, &scales[i]);
-  }
-  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), nullptr, nullptr));
-  for (int i = 0; i < 3; ++i) {
-    Worst worst("param");
-    for (int64_t k = 0; k < f.param(i).numel(); ++k)
-      worst.add(k, f.param(i).get(k), refs[i].value[k], step_value_tolerance(refs[i].value[k], scales[i].step_size));
-    CHECK_WITHIN(worst);
-  }
+  f.step_and_check(kAll, {1, 1, 1});
   const DLTensor* short_list[2] = {&good[0], &good[1]};
   CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_grads(f.opt.get(), 2, short_list),
                  "n is 2 but the optimizer has 3 params");

@@ -137,12 +137,6 @@ void check_matches(const HostTensor& shard, const std::vector<double>& expected)
   }
 }
 
-std::vector<double> values_of(const HostTensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.get(i);
-  return out;
-}
-
 }  // namespace
 
 // ---- NULL pointers ---------------------------------------------------------------------------

@@ -10,12 +10,6 @@ namespace {
 using namespace sa_test;
 using Dims = std::vector<int64_t>;
 
-std::vector<double> values_of(const HostTensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.get(i);
-  return out;
-}
-
 // The library's float32 param (no master) and moments, as a reference state.
 RefState library_state(sa_optimizer* opt, int64_t param, const HostTensor& shard) {
   RefState s(values_of(shard), Storage::f32);

@@ -263,6 +263,13 @@ class HostTensor {
   std::unique_ptr<Body> body_;
 };
 
+// Every element of t, widened to double.
+inline std::vector<double> values_of(const HostTensor& t) {
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<std::size_t>(i)] = t.get(i);
+  return out;
+}
+
 // Fills t with normal(0, scale) values, rounded to its dtype.
 inline void fill_normal(HostTensor& t, Rng& rng, double scale) {
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<float>(scale * rng.normal()));
