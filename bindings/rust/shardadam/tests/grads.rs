@@ -4,8 +4,8 @@
 //! the independent float64 update of tests/common.
 mod common;
 
-use common::{assert_close, Reference, Rng};
-use shardadam::{Error, Grad, GroupConfig, Optimizer, Param, Status};
+use common::{assert_close, expect_error, Reference, Rng};
+use shardadam::{Grad, GroupConfig, Optimizer, Param, Status};
 
 /// Three float32 params of one AdamW group ("emb" [5, 4], "w" [7], "b" [3]) and their
 /// float64 references.
@@ -73,25 +73,6 @@ impl Trio {
                 &self.refs[i].p,
             );
         }
-    }
-}
-
-fn expect_error<T: std::fmt::Debug>(
-    what: &str,
-    result: Result<T, Error>,
-    status: Status,
-    needles: &[&str],
-) {
-    let e = result.expect_err(what);
-    assert_eq!(e.status, status, "{}: {}", what, e);
-    for needle in needles {
-        assert!(
-            e.message.contains(needle),
-            "{}: message {:?} lacks {:?}",
-            what,
-            e.message,
-            needle
-        );
     }
 }
 

@@ -2,9 +2,9 @@
 //! plus its errors and ownership rules.
 mod common;
 
-use common::{assert_close, shard_rows, Reference, Rng};
+use common::{assert_close, expect_error, shard_rows, Reference, Rng};
 use shardadam::{
-    bf16_to_f32, f32_to_bf16, DType, Error, GroupConfig, Layout, LoadOptions, Master, Optimizer,
+    bf16_to_f32, f32_to_bf16, DType, GroupConfig, Layout, LoadOptions, Master, Optimizer,
     ParamOptions, Placement, Status, StepArgs,
 };
 
@@ -291,25 +291,6 @@ fn loss_scale_and_found_inf() {
         opt.param_f32(p).unwrap(),
         &reference.p,
     );
-}
-
-fn expect_error<T: std::fmt::Debug>(
-    what: &str,
-    result: Result<T, Error>,
-    status: Status,
-    needles: &[&str],
-) {
-    let e = result.expect_err(what);
-    assert_eq!(e.status, status, "{}: {}", what, e);
-    for needle in needles {
-        assert!(
-            e.message.contains(needle),
-            "{}: message {:?} lacks {:?}",
-            what,
-            e.message,
-            needle
-        );
-    }
 }
 
 #[test]

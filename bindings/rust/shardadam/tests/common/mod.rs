@@ -2,7 +2,7 @@
 //! reference of the update in shardadam.h, and the comparison against it.
 #![allow(dead_code)] // each test crate uses its own subset
 
-use shardadam::{GroupConfig, Layout, Placement};
+use shardadam::{Error, GroupConfig, Layout, Placement, Status};
 
 /// splitmix64: a seeded, dependency-free source of test data.
 pub struct Rng(pub u64);
@@ -99,5 +99,25 @@ pub fn shard_rows(global: [i64; 2], ranks: i64, coord: i64) -> Layout {
         mesh_shape: vec![ranks],
         mesh_coord: vec![coord],
         placements: vec![Placement::Shard(0)],
+    }
+}
+
+/// `result` is an error of `status` whose message holds every needle.
+pub fn expect_error<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, Error>,
+    status: Status,
+    needles: &[&str],
+) {
+    let e = result.expect_err(what);
+    assert_eq!(e.status, status, "{}: {}", what, e);
+    for needle in needles {
+        assert!(
+            e.message.contains(needle),
+            "{}: message {:?} lacks {:?}",
+            what,
+            e.message,
+            needle
+        );
     }
 }
