@@ -56,6 +56,16 @@ def round_trip(state_dict):
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
 
+def checkpoint_after(make_opt, dtype, saved, total, without_grad=()):
+    """A model and optimizer trained on the first `saved` of `total` batches, and their state
+    dicts through torch.save: (model, opt, batches, model state, optimizer state)."""
+    model = make_model(dtype) if dtype is not None else make_model()
+    opt = make_opt(model)
+    data = batches(total)
+    train(model, opt, data[:saved], without_grad=without_grad)
+    return model, opt, data, round_trip(model.state_dict()), round_trip(opt.state_dict())
+
+
 
 def two_groups(model):
     layers = list(model)
@@ -228,11 +238,7 @@ def fused_adam(model):
 def test_b_torch_save_checkpoint_continues_the_uninterrupted_losses(saver, loader, order):
     """fp32: 4 steps with one optimizer, torch.save of both state dicts, load into the other
     optimizer: the next 4 losses are the uninterrupted run's within float32 rounding."""
-    model = make_model()
-    opt = saver(model)
-    data = batches(8)
-    train(model, opt, data[:4])
-    model_state, optim_state = round_trip(model.state_dict()), round_trip(opt.state_dict())
+    model, opt, data, model_state, optim_state = checkpoint_after(saver, None, 4, 8)
     expected = train(model, opt, data[4:])
     resumed_model, resumed = resume(loader, model_state, optim_state, order)
     got = train(resumed_model, resumed, data[4:])
@@ -271,11 +277,7 @@ def test_b_masters_follow_params_loaded_from_an_adamw_checkpoint(order):
     """bf16 params: an AdamW checkpoint has no master. Whichever of the model and the
     optimizer is loaded first, the first step starts from the loaded params: the master
     after it is float64 AdamW's step from the loaded bf16 params and moments."""
-    model = make_model(torch.bfloat16)
-    opt = adamw(model)
-    data = batches(6)
-    train(model, opt, data[:4])
-    model_state, optim_state = round_trip(model.state_dict()), round_trip(opt.state_dict())
+    model, opt, data, model_state, optim_state = checkpoint_after(adamw, torch.bfloat16, 4, 6)
     resumed_model, resumed = resume(fused_adam, model_state, optim_state, order, torch.bfloat16)
     loaded = [p.detach().clone() for p in resumed_model.parameters()]
     states = [{k: v.clone() for k, v in resumed.state_dict()["state"][i].items() if k != "master"}
@@ -297,11 +299,7 @@ def test_b_fused_adam_bf16_checkpoint_resumes_bit_for_bit(order):
     """bf16 params, FusedAdam to FusedAdam through torch.save: the loaded masters (finer than
     the params) are kept, in either load order: the resumed run equals the uninterrupted one
     bit for bit."""
-    model = make_model(torch.bfloat16)
-    opt = fused_adam(model)
-    data = batches(8)
-    train(model, opt, data[:4])
-    model_state, optim_state = round_trip(model.state_dict()), round_trip(opt.state_dict())
+    model, opt, data, model_state, optim_state = checkpoint_after(fused_adam, torch.bfloat16, 4, 8)
     expected = train(model, opt, data[4:])
     resumed_model, resumed = resume(fused_adam, model_state, optim_state, order, torch.bfloat16)
     assert train(resumed_model, resumed, data[4:]) == expected
@@ -312,11 +310,7 @@ def test_b_fused_adam_bf16_checkpoint_resumes_bit_for_bit(order):
 def test_b_fused_adam_bf16_checkpoint_loads_into_adamw():
     """bf16 params with masters, FusedAdam to AdamW (bf16 states) through torch.save: AdamW
     takes the moments (rounded to bf16) and continues close to the uninterrupted run."""
-    model = make_model(torch.bfloat16)
-    opt = fused_adam(model)
-    data = batches(8)
-    train(model, opt, data[:4])
-    model_state, optim_state = round_trip(model.state_dict()), round_trip(opt.state_dict())
+    model, opt, data, model_state, optim_state = checkpoint_after(fused_adam, torch.bfloat16, 4, 8)
     expected = train(model, opt, data[4:])
     resumed_model, resumed = resume(adamw, model_state, optim_state, "optimizer first", torch.bfloat16)
     for index, state in resumed.state_dict()["state"].items():

@@ -41,7 +41,6 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn.functional as F
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -49,8 +48,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from shardadam.torch import FusedAdam, FusedAdamLoadPlanner
 
-from fsdp2_common import ModelConfig, Transformer, batch, shard_model
-from reshard_fsdp2 import init_rank, launch
+from fsdp2_common import ModelConfig, Transformer, shard_model
+from reshard_fsdp2 import init_rank, launch, train as train_on
 
 CONFIG = ModelConfig(vocab=11, dim=8, heads=2, layers=1, seq=9, empty_shard=True)
 GLOBAL_BATCH = 4
@@ -90,16 +89,7 @@ def build(precision, which, mesh, device, seed):
 
 def train(model, opt, schedule, steps, device):
     """Every rank computes the loss on the same full batch (see reshard_fsdp2.py)."""
-    losses = []
-    for step in steps:
-        tokens, targets = batch(CONFIG, step, GLOBAL_BATCH)
-        loss = F.cross_entropy(model(tokens.to(device)).float().flatten(0, 1), targets.to(device).flatten())
-        loss.backward()
-        opt.step()
-        schedule.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return train_on(model, opt, schedule, steps, device, config=CONFIG, global_batch=GLOBAL_BATCH)
 
 
 def save_rank(rank, world, args, run_dir, port):

@@ -140,12 +140,12 @@ def check_uneven_sharding(shards, world):
     return empty
 
 
-def train(model, opt, schedule, steps, device):
+def train(model, opt, schedule, steps, device, config=CONFIG, global_batch=GLOBAL_BATCH):
     """Every rank computes the loss on the same full batch (see the module docstring);
     returns the losses (rank 0's)."""
     losses = []
     for step in steps:
-        tokens, targets = batch(CONFIG, step, GLOBAL_BATCH)
+        tokens, targets = batch(config, step, global_batch)
         loss = F.cross_entropy(model(tokens.to(device)).float().flatten(0, 1), targets.to(device).flatten())
         loss.backward()
         opt.step()
