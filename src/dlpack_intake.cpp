@@ -42,17 +42,11 @@ TensorRef read_tensor(const DLTensor& t, const std::string& context, sa_status l
          " lanes; only scalar dtypes are supported");
   // C-contiguous: strides NULL, or equal to the row-major strides wherever the size is
   // above 1 (a dim of size 0 or 1 may carry any stride).
-  if (t.strides != nullptr && ref.numel > 0) {
-    int64_t expected = 1;
-    for (int32_t d = t.ndim - 1; d >= 0; --d) {
-      if (ref.shape[d] != 1 && t.strides[d] != expected)
-        fail(layout_status, context, ": tensor of shape ", format_dims(ref.shape), " has strides ",
-             format_dims(Dims(t.strides, t.strides + t.ndim)),
-             "; it must be C-contiguous (an expanded, transposed, sliced or otherwise strided "
-             "tensor is refused: shardadam reads the elements in row-major order)");
-      expected *= ref.shape[d];
-    }
-  }
+  if (ref.numel > 0 && !row_major(t.shape, t.strides, t.ndim))
+    fail(layout_status, context, ": tensor of shape ", format_dims(ref.shape), " has strides ",
+         format_dims(Dims(t.strides, t.strides + t.ndim)),
+         "; it must be C-contiguous (an expanded, transposed, sliced or otherwise strided "
+         "tensor is refused: shardadam reads the elements in row-major order)");
   ref.data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
   if (ref.numel > 0 && ref.data == nullptr)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": data is NULL for a tensor of ", ref.numel, " elements");

@@ -3,6 +3,7 @@
 #ifndef SHARDADAM_SRC_DLPACK_INTAKE_HPP_
 #define SHARDADAM_SRC_DLPACK_INTAKE_HPP_
 
+#include <cstdint>
 #include <string>
 
 #include <dlpack/dlpack.h>
@@ -26,6 +27,19 @@ struct TensorRef {
 // Strides that are not C-contiguous fail with `layout_status`.
 TensorRef read_tensor(const DLTensor& tensor, const std::string& context,
                       sa_status layout_status = SA_ERR_INVALID_ARGUMENT);
+
+// Whether strides (NULL: row-major) describe the row-major layout of `shape`: equal to the
+// row-major strides wherever the size is above 1 (a dim of size 0 or 1 may carry any
+// stride). Callers skip it for empty tensors.
+inline bool row_major(const int64_t* shape, const int64_t* strides, int32_t ndim) {
+  if (strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int32_t d = ndim - 1; d >= 0; --d) {
+    if (shape[d] != 1 && strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
 
 std::string device_name(DLDevice device);
 

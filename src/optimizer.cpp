@@ -313,13 +313,7 @@ bool grad_fits(const Param& p, const DLTensor& t, DLDataType dtype) {
   for (int32_t d = 0; d < t.ndim; ++d)
     if (t.shape[d] != p.layout.local_shape[d]) return false;
   if (p.numel == 0) return true;
-  if (t.strides != nullptr) {
-    int64_t expected = 1;
-    for (int32_t d = t.ndim - 1; d >= 0; --d) {
-      if (t.shape[d] != 1 && t.strides[d] != expected) return false;
-      expected *= t.shape[d];
-    }
-  }
+  if (!row_major(t.shape, t.strides, t.ndim)) return false;
   const auto address = reinterpret_cast<std::uintptr_t>(t.data) + t.byte_offset;
   return t.data != nullptr && address % elem_size(p.grad_type) == 0;
 }

@@ -160,7 +160,6 @@ class CpuBackend final : public Backend {
   // active params, and which entry each param uses. Params nearly always share a few
   // counts, so this folds a handful of entries, not one per param; reused every step.
   std::vector<kernels::GroupCoeffs> coeffs_;
-  std::vector<std::pair<int32_t, int64_t>> coeff_keys_;
   std::vector<int32_t> coeff_of_param_;
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;              // one norm partial per work item
@@ -168,22 +167,22 @@ class CpuBackend final : public Backend {
 
   void fold_param_coefficients(const StepTable& table, double grad_multiplier) {
     coeffs_.clear();
-    coeff_keys_.clear();
     coeff_index_.clear();
     coeff_of_param_.resize(table.param_steps.size());
+    std::pair<int32_t, int64_t> last_key{-1, 0};  // no group is -1
     int32_t last = -1;
     for (std::size_t i = 0; i < table.param_steps.size(); ++i) {
       if (!table.param_active[i]) continue;
       const std::pair<int32_t, int64_t> key{table.param_group[i], table.param_steps[i] + 1};
-      if (last < 0 || coeff_keys_[last] != key) {  // a run of equal keys costs one compare
+      if (key != last_key) {  // a run of equal keys costs one compare
         const auto [it, added] = coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
         if (added) {
           kernels::GroupCoeffs c{};
           c.l2 = kernels::fold_coefficients(table.hyper[key.first], key.second, grad_multiplier, c.c);
           coeffs_.push_back(c);
-          coeff_keys_.push_back(key);
         }
         last = it->second;
+        last_key = key;
       }
       coeff_of_param_[i] = last;
     }
