@@ -293,7 +293,8 @@ class FusedAdam(torch.optim.Optimizer):
             # to_dlpack: one C call, where Tensor.__dlpack__ (Python) costs ~10x more per param;
             # the param is written on the current stream, which the library is given.
             index = self.native.add_param(name, to_dlpack(local), group=group_index, layout=layout,
-                                          stream=_current_stream(local.device), **self._param_options)
+                                          stream=_current_stream(local.device) if local.is_cuda else None,
+                                          **self._param_options)
         except InvalidArgument as err:
             if local.is_contiguous():
                 raise
@@ -441,6 +442,7 @@ class FusedAdam(torch.optim.Optimizer):
         steps = [group.step for group in old_native.param_groups]
         param_steps = _torch_state_dict.param_steps(self)
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
+        self.state.clear()  # old_states holds the old entries; the new ones are made on first read
         self._names = []
         for group_index, group in enumerate(self.param_groups):
             self._add_native_group(group)

@@ -101,8 +101,8 @@ class LazyStates(defaultdict):
         self._pending = {}       # param -> its _Entry, for params whose entry is not made yet
 
     def defer(self, param, entry):
-        """Registers ``param``: its entry is made from ``entry`` when first read."""
-        dict.pop(self, param, None)
+        """Registers ``param`` (not a key yet: clear() before registering again): its entry
+        is made from ``entry`` when first read."""
         self._pending[param] = entry
 
     def is_made(self, param):
