@@ -1,4 +1,7 @@
 """FusedAdam: torch.optim.Optimizer over shardadam (imported lazily by shardadam.torch)."""
+import contextlib
+import gc
+
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -98,6 +101,23 @@ def _hyperparameters(group):
 
 
 _no_subclass_torch_function = torch._C.DisableTorchFunctionSubclass
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Pauses Python's cyclic garbage collector (if enabled) for a bulk registration.
+
+    Registering allocates a few objects per param, none in a cycle, and the collections
+    they trigger traverse the young objects and, now and then, every tracked object (the
+    model's tensors too): measured 0.4 s of 1.3 s for 100k params. Nothing is leaked: the
+    collector runs again as usual afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _current_stream(device):
@@ -268,14 +288,15 @@ class FusedAdam(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         """Adds a param group (as ``torch.optim.Optimizer.add_param_group``) and registers
         its params with the library."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        self._add_native_group(group)
-        group_index = len(self.param_groups) - 1
-        names = group.get("param_names")
-        for position, param in enumerate(group["params"]):
-            name = names[position] if names else f"params.{len(self._entries)}"
-            self._register(param, name, group_index)
+        with _cyclic_gc_paused():
+            super().add_param_group(param_group)
+            group = self.param_groups[-1]
+            self._add_native_group(group)
+            group_index = len(self.param_groups) - 1
+            names = group.get("param_names")
+            for position, param in enumerate(group["params"]):
+                name = names[position] if names else f"params.{len(self._entries)}"
+                self._register(param, name, group_index)
 
     def _register(self, param, name, group_index):
         if DTensor is not None and isinstance(param, DTensor):
@@ -444,11 +465,13 @@ class FusedAdam(torch.optim.Optimizer):
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
         self.state.clear()  # old_states holds the old entries; the new ones are made on first read
         self._names = []
-        for group_index, group in enumerate(self.param_groups):
-            self._add_native_group(group)
-            names = group.get("param_names")
-            for position, param in enumerate(group["params"]):
-                self._register(param, names[position] if names else f"params.{len(self._entries)}", group_index)
+        with _cyclic_gc_paused():
+            for group_index, group in enumerate(self.param_groups):
+                self._add_native_group(group)
+                names = group.get("param_names")
+                for position, param in enumerate(group["params"]):
+                    self._register(param, names[position] if names else f"params.{len(self._entries)}",
+                                   group_index)
         for param, old in old_states.items():
             for key, value in old.items():
                 if key != "step":
