@@ -10,8 +10,10 @@
  * description of the local tensor (data, device, dtype, shape, strides). The description
  * comes from the tensor type's DLPack C exchange API where it has one (torch >= 2.10:
  * `__dlpack_c_exchange_api__`, dltensor_from_py_object_no_sync fills a DLTensor in place:
- * no allocation, no capsule, ~20 ns), else from torch.utils.dlpack.to_dlpack (one C call
- * and a capsule, ~280 ns, plus its deleter). The checks of those descriptions are the
+ * no allocation, no capsule), else from torch.utils.dlpack.to_dlpack (one C call, ~280 ns,
+ * and a capsule whose deleter runs after the bind). Measured on a 2-core VM at 100k params
+ * of 16 elements: the intake went from ~490 to ~270 ns per param with the exchange API
+ * (the `grad` attribute alone is ~100 ns of that). The checks of those descriptions are the
  * library's (sa_optimizer_set_grads), not this file's: every grad is described afresh
  * and checked at every call.
  */
