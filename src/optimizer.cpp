@@ -13,6 +13,18 @@ namespace {
 
 std::string param_context(const std::string& name) { return concat("param '", name, "'"); }
 
+GradSpec grad_spec_of(const Param& p) {
+  GradSpec spec;
+  spec.dtype = dl_dtype_of(p.grad_type);
+  spec.device = p.device;
+  spec.ndim = static_cast<int32_t>(p.layout.local_shape.size());
+  spec.elem_bytes = static_cast<uint32_t>(elem_size(p.grad_type));
+  spec.numel = p.numel;
+  if (spec.ndim <= GradSpec::kInlineDims)
+    std::copy(p.layout.local_shape.begin(), p.layout.local_shape.end(), spec.shape);
+  return spec;
+}
+
 MasterKind resolve_master(int32_t requested, ElemType param_type, const std::string& context) {
   switch (requested) {
     case SA_MASTER_AUTO:
@@ -261,6 +273,7 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   make_room(table_.param_group);
   make_room(table_.param_steps);
   make_room(table_.param_active);
+  make_room(grad_specs_);
 
   // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
   const int64_t index = num_params();
@@ -275,6 +288,7 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   table_.param_group.push_back(request.group);
   table_.param_steps.push_back(0);
   table_.param_active.push_back(params_.back()->binding == GradBinding::bound ? 1 : 0);
+  grad_specs_.push_back(grad_spec_of(*params_.back()));
   ++table_.params_version;
   ++table_.steps_version;
   params_.back()->owner = request.versioned ? ManagedTensor(request.versioned)
@@ -306,25 +320,29 @@ namespace {
 // Whether `t` is exactly what the kernel of `p` reads: p's grad dtype, local shape and
 // device, C-contiguous, aligned. No allocation: this runs for every param at every step
 // of an engine that hands over fresh grads (sa_optimizer_set_grads).
-bool grad_fits(const Param& p, const DLTensor& t, DLDataType dtype) {
-  if (t.ndim != static_cast<int32_t>(p.layout.local_shape.size())) return false;
+bool grad_fits(const GradSpec& spec, const int64_t* local_shape, const DLTensor& t) {
+  if (t.ndim != spec.ndim) return false;
   if (t.ndim > 0 && t.shape == nullptr) return false;
-  if (!same_dtype(t.dtype, dtype) || !same_device(t.device, p.device)) return false;
+  if (!same_dtype(t.dtype, spec.dtype) || !same_device(t.device, spec.device)) return false;
   for (int32_t d = 0; d < t.ndim; ++d)
-    if (t.shape[d] != p.layout.local_shape[d]) return false;
-  if (p.numel == 0) return true;
+    if (t.shape[d] != local_shape[d]) return false;
+  if (spec.numel == 0) return true;
   if (!row_major(t.shape, t.strides, t.ndim)) return false;
   const auto address = reinterpret_cast<std::uintptr_t>(t.data) + t.byte_offset;
-  return t.data != nullptr && address % elem_size(p.grad_type) == 0;
+  return t.data != nullptr && address % spec.elem_bytes == 0;
 }
 
 }  // namespace
 
-const void* Optimizer::checked_grad(const Param& p, const DLTensor& grad) const {
-  const DLDataType dtype = dl_dtype_of(p.grad_type);
-  if (grad_fits(p, grad, dtype))
+const void* Optimizer::checked_grad(int64_t index, const DLTensor& grad) const {
+  const GradSpec& spec = grad_specs_[index];
+  const int64_t* local_shape =
+      spec.ndim <= GradSpec::kInlineDims ? spec.shape : params_[index]->layout.local_shape.data();
+  if (grad_fits(spec, local_shape, grad))
     return grad.data == nullptr ? nullptr : static_cast<const char*>(grad.data) + grad.byte_offset;
   // The slow path says why (and must find a reason: grad_fits and these checks agree).
+  const Param& p = *params_[index];
+  const DLDataType dtype = spec.dtype;
   const std::string context = param_context(p.name) + ": grad";
   if (!same_device(grad.device, p.device))
     fail(SA_ERR_MISMATCH, context, " is on ", device_name(grad.device), " but the param is on ",
@@ -355,8 +373,8 @@ void Optimizer::bind(int64_t index, GradBinding binding, const void* grad) {
 }
 
 void Optimizer::set_grad(int64_t index, const DLTensor& grad) {
-  const Param& p = param(index, "param");
-  bind(index, GradBinding::bound, checked_grad(p, grad));
+  param(index, "param");
+  bind(index, GradBinding::bound, checked_grad(index, grad));
 }
 
 void Optimizer::set_grads(int64_t n, const DLTensor* const* grads) {
@@ -367,7 +385,7 @@ void Optimizer::set_grads(int64_t n, const DLTensor* const* grads) {
   // between calls, so a steady step allocates nothing.
   grad_scratch_.resize(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    grad_scratch_[i] = grads[i] == nullptr ? nullptr : checked_grad(*params_[i], *grads[i]);
+    grad_scratch_[i] = grads[i] == nullptr ? nullptr : checked_grad(i, *grads[i]);
   for (int64_t i = 0; i < n; ++i)
     bind(i, grads[i] == nullptr ? GradBinding::none : GradBinding::bound, grad_scratch_[i]);
 }

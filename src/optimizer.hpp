@@ -75,6 +75,21 @@ struct Param {
   ManagedTensor owner;         // released (deleter called) with the param
 };
 
+// What a grad of a param must be (its grad dtype, device, local shape), kept per param in
+// one contiguous table that checking a grad reads instead of the Param: a set_grads of
+// 100k grads then reads one cache line per param where the Param and its shape vector
+// cost a cache miss each (measured: the check was ~14% of FusedAdam's grad intake at 100k
+// params of 16 elements). Params do not change once added, so neither does this.
+struct GradSpec {
+  static constexpr int32_t kInlineDims = 4;  // deeper local shapes are read from the Param
+  DLDataType dtype{};
+  DLDevice device{};
+  int32_t ndim = 0;
+  uint32_t elem_bytes = 0;
+  int64_t numel = 0;
+  int64_t shape[kInlineDims] = {};  // the local shape, when ndim <= kInlineDims
+};
+
 // What an add_param caller hands over, before validation.
 struct ParamRequest {
   const char* name;
@@ -168,9 +183,9 @@ class Optimizer {
   void refresh_steps() const;
   void update_plan();
   void check_param_range(int64_t first, int64_t n, const char* what) const;
-  // The grad's data pointer if `grad` is what the kernel of param `p` reads, else throws
-  // the error that says why.
-  const void* checked_grad(const Param& p, const DLTensor& grad) const;
+  // The grad's data pointer if `grad` is what the kernel of param `index` reads, else
+  // throws the error that says why.
+  const void* checked_grad(int64_t index, const DLTensor& grad) const;
   void bind(int64_t index, GradBinding binding, const void* grad);
 
   sa_optimizer_config config_;
@@ -181,6 +196,7 @@ class Optimizer {
   StepReport host_report_{false, 0.0};  // the last step's, when there was no backend
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
+  std::vector<GradSpec> grad_specs_;            // per param, what its grads must be
   std::unordered_map<std::string, int64_t> index_of_name_;
   Plan plan_;
   bool plan_stale_ = true;   // params changed since the plan was built

@@ -108,6 +108,18 @@ class CpuBackend final : public Backend {
                            std::min(begin + kChunkElems, slots[s].numel)});
     }
     partials_.assign(work_.size(), 0.0);
+    // Tasks: runs of consecutive work items holding about kChunkElems elements (one item
+    // each for large shards).
+    task_begin_.clear();
+    int64_t elems = kChunkElems;
+    for (std::size_t i = 0; i < work_.size(); ++i) {
+      if (elems >= kChunkElems) {
+        task_begin_.push_back(static_cast<int64_t>(i));
+        elems = 0;
+      }
+      elems += work_[i].end - work_[i].begin;
+    }
+    task_begin_.push_back(static_cast<int64_t>(work_.size()));
   }
 
   StepOutcome run(const Plan& plan, const StepTable& table, const StepInputs& inputs,
@@ -118,7 +130,7 @@ class CpuBackend final : public Backend {
     report_ = {d.skip, d.norm};
     if (d.skip) return StepOutcome::skipped;
     fold_param_coefficients(table, d.grad_multiplier);
-    pool_.parallel_for(static_cast<int64_t>(work_.size()), [&](int64_t i) {
+    for_each_work_item([&](int64_t i) {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
@@ -156,6 +168,12 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   bool simd_;
   std::vector<WorkItem> work_;
+  // The pool's tasks: task t runs work items [task_begin_[t], task_begin_[t + 1]) in order.
+  // A task per work item would cost more than the arithmetic of tiny shards (measured: at
+  // 100k shards of 16 elements the pool's per-task hand-out, an atomic all threads share,
+  // was ~15% of FusedAdam's step); the items and their order are unchanged, so the
+  // results are bitwise the same.
+  std::vector<int64_t> task_begin_{0};
   // The coefficients of a step, one entry per distinct (group, next step count) of the
   // active params, and which entry each param uses. Params nearly always share a few
   // counts, so this folds a handful of entries, not one per param; reused every step.
@@ -164,6 +182,14 @@ class CpuBackend final : public Backend {
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;              // one norm partial per work item
   StepReport report_{false, 0.0};
+
+  // Calls body(i) for every work item i, spread over the pool by task.
+  template <class Body>
+  void for_each_work_item(const Body& body) {
+    pool_.parallel_for(static_cast<int64_t>(task_begin_.size()) - 1, [&](int64_t t) {
+      for (int64_t i = task_begin_[t]; i < task_begin_[t + 1]; ++i) body(i);
+    });
+  }
 
   void fold_param_coefficients(const StepTable& table, double grad_multiplier) {
     coeffs_.clear();
@@ -192,7 +218,7 @@ class CpuBackend final : public Backend {
   // per work item in parallel, then folded in work-list order, so the result does not
   // depend on the thread count.
   double local_norm(const Plan& plan, kernels::NormType norm) {
-    pool_.parallel_for(static_cast<int64_t>(work_.size()), [&](int64_t i) {
+    for_each_work_item([&](int64_t i) {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];

@@ -6,11 +6,16 @@
  * Why native: FusedAdam.step() hands over fresh grad tensors every step, and the Python
  * loop doing it (p.grad, the DTensor's local tensor, a DLPack export per grad) cost about
  * 0.9 us per param on an H200 host, more than the step itself at a few thousand params.
- * From C, each grad costs three calls into torch: the `grad` attribute, `_local_tensor`
- * for a DTensor grad, and torch.utils.dlpack.to_dlpack(grad), which describes the grad in
- * one C call (data, device, dtype, shape, strides; measured cheaper than reading data_ptr(),
- * shape, stride(), dtype and device one by one). The checks of those descriptions are
- * the library's (sa_optimizer_set_grads), not this file's.
+ * From C, each grad costs the `grad` attribute, `_local_tensor` for a DTensor grad, and a
+ * description of the local tensor (data, device, dtype, shape, strides). The description
+ * comes from the tensor type's DLPack C exchange API where it has one (torch >= 2.10:
+ * `__dlpack_c_exchange_api__`, dltensor_from_py_object_no_sync fills a DLTensor in place:
+ * no allocation, no capsule), else from torch.utils.dlpack.to_dlpack (one C call, ~280 ns,
+ * and a capsule whose deleter runs after the bind). Measured on a 2-core VM at 100k params
+ * of 16 elements: the intake went from ~490 to ~270 ns per param with the exchange API
+ * (the `grad` attribute alone is ~100 ns of that). The checks of those descriptions are the
+ * library's (sa_optimizer_set_grads), not this file's: every grad is described afresh
+ * and checked at every call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -43,6 +48,34 @@ static const DLTensor* capsule_dltensor(PyObject* capsule) {
   PyErr_SetString(PyExc_TypeError, "to_dlpack did not return an unconsumed DLPack capsule");
   return NULL;
 }
+
+/* The DLPack C exchange API table of a tensor type, or NULL when the type has none (or one
+ * of another major version): `__dlpack_c_exchange_api__`, a capsule on the type. The last
+ * type asked is remembered (all grads of a step are nearly always of one type); the table
+ * lives as long as the process (the protocol's promise). */
+#if DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 2
+#define SA_HAVE_EXCHANGE_API 1
+static PyTypeObject* s_api_type;  /* strong reference, or NULL */
+static const DLPackExchangeAPI* s_api;
+static PyObject* s_exchange_api;  /* "__dlpack_c_exchange_api__" */
+
+static const DLPackExchangeAPI* exchange_api_of(PyTypeObject* type) {
+  if (type == s_api_type) return s_api;
+  const DLPackExchangeAPI* api = NULL;
+  PyObject* capsule = PyObject_GetAttr((PyObject*)type, s_exchange_api);
+  if (capsule && PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
+    api = (const DLPackExchangeAPI*)PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+    if (api && (api->header.version.major != DLPACK_MAJOR_VERSION || !api->dltensor_from_py_object_no_sync))
+      api = NULL;
+  }
+  Py_XDECREF(capsule);
+  PyErr_Clear();  /* no table: to_dlpack describes the grads of this type */
+  Py_INCREF(type);
+  Py_XSETREF(s_api_type, type);
+  s_api = api;
+  return api;
+}
+#endif
 
 /* The tensor whose memory the step reads: a DTensor's local tensor, else grad itself.
  * Returns a new reference or NULL with an exception set. */
@@ -88,7 +121,9 @@ PyDoc_STRVAR(bind_param_grads_doc,
 "Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
 "the library: dtype, device, shape, C-contiguous strides, alignment). params[i] is the\n"
 "torch param of native param i; its `.grad` is read (an instance of dtensor_type gives its\n"
-"local tensor) and described by to_dlpack (torch.utils.dlpack.to_dlpack). A None grad is\n"
+"local tensor) and described afresh: through the DLPack C exchange API of its type where\n"
+"the type has one (`__dlpack_c_exchange_api__`), else by to_dlpack\n"
+"(torch.utils.dlpack.to_dlpack). A None grad is\n"
 "bound as \"no grad\" (the step skips the param). names[i] names param i in errors.\n"
 "\n"
 "When no param has a grad, nothing is bound and (0, 0) is returned. Otherwise the result\n"
@@ -111,14 +146,21 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   sa_optimizer* opt = optimizer_of(handle);
   if (!opt) return NULL;
   const Py_ssize_t n = PyList_GET_SIZE(params);
-  PyObject** capsules = (PyObject**)calloc((size_t)(n > 0 ? n : 1), sizeof(PyObject*));
-  const DLTensor** grads = (const DLTensor**)calloc((size_t)(n > 0 ? n : 1), sizeof(DLTensor*));
+  const size_t slots = (size_t)(n > 0 ? n : 1);
+  PyObject** locals = (PyObject**)calloc(slots, sizeof(PyObject*));     /* the tensors described */
+  PyObject** capsules = (PyObject**)calloc(slots, sizeof(PyObject*));   /* to_dlpack's, where used */
+  const DLTensor** grads = (const DLTensor**)calloc(slots, sizeof(DLTensor*));
+  DLTensor* described = (DLTensor*)malloc(slots * sizeof(DLTensor));    /* the exchange API's */
   PyObject* result = NULL;
   Py_ssize_t count = 0;
-  if (!capsules || !grads) {
+  if (!locals || !capsules || !grads || !described) {
     PyErr_NoMemory();
     goto done;
   }
+  /* First every Python-level read (the grad attribute, a DTensor's local tensor: either may
+   * run Python code), then the descriptions and the checks with no Python code in between:
+   * a description points into its tensor's metadata (shape, strides), which nothing can
+   * change before sa_optimizer_set_grads has read it. */
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* grad = PyObject_GetAttr(PyList_GET_ITEM(params, i), s_grad);
     if (!grad) goto done;
@@ -126,14 +168,28 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
       Py_DECREF(grad);
       continue;
     }
-    PyObject* local = local_of(grad, dtensor_type);
+    locals[i] = local_of(grad, dtensor_type);
     Py_DECREF(grad);
-    if (!local) {
+    if (!locals[i]) {
       blame_param(names, i, "cannot read the local tensor of its DTensor grad");
       goto done;
     }
-    capsules[i] = PyObject_CallOneArg(to_dlpack, local);  /* holds the local tensor until freed */
-    Py_DECREF(local);
+    ++count;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!locals[i]) continue;
+#ifdef SA_HAVE_EXCHANGE_API
+    const DLPackExchangeAPI* api = exchange_api_of(Py_TYPE(locals[i]));
+    if (api) {
+      if (api->dltensor_from_py_object_no_sync(locals[i], &described[i]) != 0) {
+        blame_param(names, i, "its grad cannot be handed over through DLPack");
+        goto done;
+      }
+      grads[i] = &described[i];
+      continue;
+    }
+#endif
+    capsules[i] = PyObject_CallOneArg(to_dlpack, locals[i]);
     if (!capsules[i]) {
       blame_param(names, i, "its grad cannot be handed over through DLPack");
       goto done;
@@ -143,7 +199,6 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
       blame_param(names, i, "its grad cannot be handed over through DLPack");
       goto done;
     }
-    ++count;
   }
   if (count == 0) {
     result = Py_BuildValue("(in)", (int)SA_OK, (Py_ssize_t)0);
@@ -155,8 +210,13 @@ done:
   if (capsules) {
     for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(capsules[i]);  /* unconsumed: runs the deleter */
   }
+  if (locals) {
+    for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(locals[i]);
+  }
+  free(locals);
   free(capsules);
   free((void*)grads);
+  free(described);
   return result;
 }
 
@@ -196,5 +256,9 @@ PyMODINIT_FUNC PyInit__grad_intake(void) {
   s_local_tensor = PyUnicode_InternFromString("_local_tensor");
   s_to_local = PyUnicode_InternFromString("to_local");
   if (!s_grad || !s_local_tensor || !s_to_local) return NULL;
+#ifdef SA_HAVE_EXCHANGE_API
+  s_exchange_api = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
+  if (!s_exchange_api) return NULL;
+#endif
   return PyModule_Create(&module);
 }

@@ -1,0 +1,71 @@
+"""FusedAdam.state is made on first read: before any read, every registered param is a key
+and its entry, once read, holds tensors sharing memory with the library's buffers (each made
+once, then kept), whichever way it is reached (indexing, get, iteration, items, copy,
+pickling). References: the library's own state views (shardadam.Optimizer.state)."""
+import copy
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the FusedAdam state tests need torch")
+from shardadam.torch import FusedAdam  # noqa: E402
+
+
+def make_params(seed=0):
+    torch.manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape)) for shape in ((7, 5), (1,), (0,), (3, 2, 4))]
+
+
+def native_view(opt, param, key):
+    return torch.from_dlpack(opt.native.state(opt._entry_of[param].index, key))
+
+
+def test_every_param_is_a_key_before_any_entry_is_made():
+    params = make_params()
+    opt = FusedAdam(params)
+    assert len(opt.state) == len(params) and bool(opt.state)
+    assert all(p in opt.state for p in params)
+    assert torch.nn.Parameter(torch.zeros(1)) not in opt.state
+    assert not any(opt.state.is_made(p) for p in params)
+
+
+@pytest.mark.parametrize("read", ["index", "get", "setdefault", "iterate", "items", "values", "copy", "pickle"])
+def test_an_entry_read_any_way_shares_memory_with_the_library(read):
+    params = make_params(1)
+    opt = FusedAdam(params, lr=0.1)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    readers = {
+        "index": lambda: [opt.state[p] for p in params],
+        "get": lambda: [opt.state.get(p) for p in params],
+        "setdefault": lambda: [opt.state.setdefault(p, {}) for p in params],
+        "iterate": lambda: [opt.state[p] for p in list(opt.state)],
+        "items": lambda: [dict(opt.state.items())[p] for p in params],
+        "values": lambda: list(opt.state.values()),
+        "copy": lambda: [opt.state.copy()[p] for p in params],
+        "pickle": lambda: [opt.state[p] for p in params],
+    }
+    entries = readers[read]()
+    assert len(entries) == len(params)
+    for p, entry in zip(params, [opt.state[p] for p in params]):
+        assert set(entry) == {"exp_avg", "exp_avg_sq", "step"}
+        for key in ("exp_avg", "exp_avg_sq"):
+            reference = native_view(opt, p, key)
+            assert entry[key].data_ptr() == reference.data_ptr() or p.numel() == 0
+            torch.testing.assert_close(entry[key], reference, rtol=0, atol=0)
+    if read == "pickle":  # a plain defaultdict(dict) of copies, as torch's state pickles
+        restored = pickle.loads(pickle.dumps(opt.state))
+        assert type(restored) is type(copy.copy(torch.optim.AdamW(params).state))
+        assert len(restored) == len(params)
+
+
+def test_an_entry_is_made_once_and_writes_to_it_stay():
+    params = make_params(2)
+    opt = FusedAdam(params)
+    first = opt.state[params[0]]
+    first["note"] = "kept"
+    first["exp_avg"].fill_(3.0)
+    assert opt.state[params[0]] is first
+    assert torch.all(native_view(opt, params[0], "exp_avg") == 3.0)
+    assert [opt.state.is_made(p) for p in params] == [True, False, False, False]
