@@ -21,9 +21,12 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest ml-dtypes safetensors
 # The torch face (FusedAdam, DCP over gloo) and the real clients (HF Trainer, Lightning) run on
 # the CPU too. PyPI's torch wheel brings its CUDA libraries (~4 GB, about a minute here);
-# SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped).
+# SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped). torch is pinned
+# to the GPU machine's 2.11: a newer torch needs a newer NCCL than the CUDA toolkit's, and
+# libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
+# bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
 if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
-  "$venv/bin/python" -m pip install "${pip_quiet[@]}" torch transformers accelerate lightning
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning
 fi
 # -Werror for the SWIG wrapper as for the library; CUDA parts as the machine allows (AUTO).
 "$venv/bin/python" -m pip install "${pip_quiet[@]}" "$root/bindings/python" \
