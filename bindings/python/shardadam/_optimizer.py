@@ -263,7 +263,7 @@ class Optimizer(OwnsHandle):
         self.stream = stream
         self._handle = None
         self._names = []            # param index -> name
-        self._groups = []
+        self._group_count = 0       # groups are made on demand: a list of them here would be a cycle
         self._device = None         # DLPack device of the params, once one is added
         self._grad_refs = {}        # param index -> grad object whose memory is bound
         self._amsgrad_of = {}       # group index -> amsgrad, for groups that hold a param
@@ -305,7 +305,7 @@ class Optimizer(OwnsHandle):
         if self._handle is None:
             return "<shardadam.Optimizer (closed)>"
         device = device_name(self._device) if self._device else "no params"
-        return f"<shardadam.Optimizer: {len(self._names)} params, {len(self._groups)} groups, {device}>"
+        return f"<shardadam.Optimizer: {len(self._names)} params, {self._group_count} groups, {device}>"
 
     # ---- groups ----------------------------------------------------------------------
     def add_group(self, **hyperparameters):
@@ -315,14 +315,14 @@ class Optimizer(OwnsHandle):
         config = _fill_group_config(_C.sa_group_config(), {**self.defaults, **hyperparameters})
         status, index = _C.sa_optimizer_add_group(handle, config)
         check(status, handle)
-        group = Group(self, index)
-        self._groups.append(group)
-        return group
+        self._group_count = index + 1
+        return Group(self, index)
 
     @property
     def param_groups(self):
-        """The groups, by index."""
-        return list(self._groups)
+        """The groups, by index (new views each time: a :class:`Group` keeps no state of
+        its own)."""
+        return [Group(self, index) for index in range(self._group_count)]
 
     # ---- params ----------------------------------------------------------------------
     @property
@@ -639,7 +639,7 @@ class Optimizer(OwnsHandle):
         a group config costs more than the rest of a state_keys call."""
         amsgrad = self._amsgrad_of.get(group)
         if amsgrad is None:
-            amsgrad = self._amsgrad_of[group] = self._groups[group].amsgrad
+            amsgrad = self._amsgrad_of[group] = Group(self, group).amsgrad
         return amsgrad
 
     def _state_capsule(self, index, key):

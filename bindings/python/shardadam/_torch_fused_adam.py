@@ -126,10 +126,15 @@ def _current_stream(device):
 
 class _ProcessGroupAllReduce:
     """A host communicator's all_reduce over a torch.distributed process group (gloo for
-    CPU params): the few doubles go through a float64 CPU tensor."""
+    CPU params): the few doubles go through a float64 CPU tensor.
+
+    The default group is looked up at each call, not kept: the optimizer must not keep a
+    group alive after ``destroy_process_group()`` (a gloo group freed at the interpreter's
+    exit aborts the process)."""
 
     def __init__(self, group):
-        self.group = group
+        import torch.distributed as dist
+        self.group = None if group is dist.group.WORLD else group
 
     def __call__(self, values, op):
         import torch.distributed as dist
@@ -326,11 +331,8 @@ class FusedAdam(torch.optim.Optimizer):
         self._params.append(param)
         self._names.append(name)
         if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
-            self.state = _torch_state_dict.LazyStates(self._state_views, self.state)
+            self.state = _torch_state_dict.LazyStates(self, self.state)
         self.state.defer(param, entry)
-
-    def _state_views(self, entry):
-        return _torch_state_dict.state_views(self, entry)
 
     # ---- step ----------------------------------------------------------------------------
     # Opaque to torch.compile: Dynamo does not trace the native call (nor the DLPack

@@ -7,6 +7,7 @@ The functions take the FusedAdam as their first argument; FusedAdam's methods ca
 import inspect
 import math
 import numbers
+import weakref
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -93,11 +94,15 @@ class LazyStates(defaultdict):
     over many params, while a training loop reads no entry. What a reader sees is the
     same: every registered param is a key (``len``, ``in``), its entry holds tensors sharing
     memory with the library's buffers, and it is made once, then kept (writes into it
-    stay)."""
+    stay).
 
-    def __init__(self, make, existing=()):
+    It holds its FusedAdam weakly: a strong reference would be a cycle, and the optimizer
+    (its native buffers, its communicator, a process group through that) would outlive its
+    last reference until a garbage collection, or the interpreter's exit."""
+
+    def __init__(self, optimizer, existing=()):
         super().__init__(dict, existing)
-        self._make = make        # entry -> the state dict of its param
+        self._optimizer = weakref.ref(optimizer)
         self._pending = {}       # param -> its _Entry, for params whose entry is not made yet
 
     def defer(self, param, entry):
@@ -110,7 +115,11 @@ class LazyStates(defaultdict):
         return param not in self._pending
 
     def _made(self, param):
-        value = self._make(self._pending[param])
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise ReferenceError("FusedAdam.state: the optimizer it belongs to was freed before this entry was "
+                                 "first read; read it (or state_dict()) while the optimizer lives")
+        value = state_views(optimizer, self._pending[param])
         del self._pending[param]
         dict.__setitem__(self, param, value)
         return value

@@ -69,3 +69,40 @@ def test_an_entry_is_made_once_and_writes_to_it_stay():
     assert opt.state[params[0]] is first
     assert torch.all(native_view(opt, params[0], "exp_avg") == 3.0)
     assert [opt.state.is_made(p) for p in params] == [True, False, False, False]
+
+
+def test_a_fused_adam_goes_with_its_last_reference():
+    """No reference cycle through the lazy state: dropping the last reference frees the
+    FusedAdam and its native optimizer at once (its buffers, its communicator and through
+    it a torch process group), not at a later garbage collection. A gloo process group
+    freed only at interpreter exit aborts the process (a gloo worker thread then needs the
+    GIL to finish its last work)."""
+    import gc
+    import weakref
+
+    params = make_params()
+    for p in params:
+        p.grad = torch.ones_like(p)
+    gc.collect()
+    gc.disable()
+    try:
+        opt = FusedAdam(params)
+        opt.step()
+        opt.load_state_dict(opt.state_dict())
+        _ = opt.state[params[0]]
+        refs = weakref.ref(opt), weakref.ref(opt.native)
+        del opt, _
+        assert [ref() is None for ref in refs] == [True, True]
+    finally:
+        gc.enable()
+
+
+def test_a_state_read_after_its_optimizer_went_is_an_error():
+    params = make_params()
+    opt = FusedAdam(params)
+    state = opt.state
+    del opt
+    import gc
+    gc.collect()
+    with pytest.raises(ReferenceError, match="FusedAdam"):
+        state[params[0]]
