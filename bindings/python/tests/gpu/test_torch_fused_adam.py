@@ -301,48 +301,60 @@ _GLOO_PARAMS = {"w": ((5, 3), "shard"), "b": ((3,), "shard"), "scale": ((1,), "s
 
 
 def _gloo_clip_rank(rank, world, port, norm_type):
-    """One rank of test_two_gloo_ranks_clip_by_the_global_norm (run by mp.spawn)."""
+    """One rank of test_two_gloo_ranks_clip_by_the_global_norm (run by mp.spawn).
+
+    Everything that holds the process group (the mesh, the DTensors, the optimizer) is
+    freed, reference cycles included, before the group is destroyed: a gloo group that
+    lives on into the interpreter's exit can abort the process there (its worker thread
+    needs the GIL to drop its last work; pytorch/pytorch#179291)."""
+    import gc
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
-        mesh = init_device_mesh("cpu", (world,))
-        gen = torch.Generator().manual_seed(5)
-        full = {name: torch.randn(shape, generator=gen) for name, (shape, _) in _GLOO_PARAMS.items()}
-        placement = {name: [Shard(0)] if kind == "shard" else [Replicate()] for name, (_, kind) in _GLOO_PARAMS.items()}
-        params = {name: torch.nn.Parameter(distribute_tensor(full[name].clone(), mesh, placement[name]))
-                  for name in full}
-        reference = {name: torch.nn.Parameter(value.double()) for name, value in full.items()}
-        max_norm = 0.8
-        ours = FusedAdam(list(params.items()), **HYPER, max_grad_norm=max_norm, norm_type=norm_type)
-        torch_opt = torch.optim.AdamW(reference.values(), **HYPER, foreach=False)
-        for step in range(6):
-            scale = [0.05, 2.0, 0.3, 5.0, 0.1, 1.0][step]
-            grads = {name: scale * torch.randn(value.shape, generator=gen) for name, value in full.items()}
-            for name, grad in grads.items():
-                params[name].grad = distribute_tensor(grad, mesh, placement[name])
-                reference[name].grad = grad.double()
-            expected = torch.nn.utils.clip_grad_norm_(reference.values(), max_norm, norm_type=norm_type)
-            torch_opt.step()
-            ours.step()
-            torch.testing.assert_close(ours.grad_norm.double(), expected, rtol=1e-5, atol=0,
-                                       msg=lambda m: f"rank {rank} step {step}: {m}")
-        for name, param in params.items():
-            torch.testing.assert_close(param.full_tensor().double(), reference[name].detach(), rtol=1e-5, atol=2e-6,
-                                       msg=lambda m: f"rank {rank} {name}: {m}")
-        # A NaN in one rank's shard skips the step on both ranks.
-        before = {name: param.to_local().clone() for name, param in params.items()}
-        params["w"].grad.to_local()[0, 0] = float("nan") if rank == 1 else params["w"].grad.to_local()[0, 0]
-        ours.step()
-        assert not math.isfinite(ours.grad_norm.item())  # NaN (L2), inf (max norm: NaN counts as inf)
-        for name, param in params.items():
-            assert torch.equal(param.to_local(), before[name]), f"rank {rank}: {name} changed in a skipped step"
-        assert ours.native.param_groups[0].step == 6
-        assert ours.native.comm is not None and ours.native.comm.kind == "host"
+        _gloo_clip_checks(rank, world, norm_type)
     finally:
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _gloo_clip_checks(rank, world, norm_type):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(5)
+    full = {name: torch.randn(shape, generator=gen) for name, (shape, _) in _GLOO_PARAMS.items()}
+    placement = {name: [Shard(0)] if kind == "shard" else [Replicate()] for name, (_, kind) in _GLOO_PARAMS.items()}
+    params = {name: torch.nn.Parameter(distribute_tensor(full[name].clone(), mesh, placement[name]))
+              for name in full}
+    reference = {name: torch.nn.Parameter(value.double()) for name, value in full.items()}
+    max_norm = 0.8
+    ours = FusedAdam(list(params.items()), **HYPER, max_grad_norm=max_norm, norm_type=norm_type)
+    torch_opt = torch.optim.AdamW(reference.values(), **HYPER, foreach=False)
+    for step in range(6):
+        scale = [0.05, 2.0, 0.3, 5.0, 0.1, 1.0][step]
+        grads = {name: scale * torch.randn(value.shape, generator=gen) for name, value in full.items()}
+        for name, grad in grads.items():
+            params[name].grad = distribute_tensor(grad, mesh, placement[name])
+            reference[name].grad = grad.double()
+        expected = torch.nn.utils.clip_grad_norm_(reference.values(), max_norm, norm_type=norm_type)
+        torch_opt.step()
+        ours.step()
+        torch.testing.assert_close(ours.grad_norm.double(), expected, rtol=1e-5, atol=0,
+                                   msg=lambda m: f"rank {rank} step {step}: {m}")
+    for name, param in params.items():
+        torch.testing.assert_close(param.full_tensor().double(), reference[name].detach(), rtol=1e-5, atol=2e-6,
+                                   msg=lambda m: f"rank {rank} {name}: {m}")
+    # A NaN in one rank's shard skips the step on both ranks.
+    before = {name: param.to_local().clone() for name, param in params.items()}
+    params["w"].grad.to_local()[0, 0] = float("nan") if rank == 1 else params["w"].grad.to_local()[0, 0]
+    ours.step()
+    assert not math.isfinite(ours.grad_norm.item())  # NaN (L2), inf (max norm: NaN counts as inf)
+    for name, param in params.items():
+        assert torch.equal(param.to_local(), before[name]), f"rank {rank}: {name} changed in a skipped step"
+    assert ours.native.param_groups[0].step == 6
+    assert ours.native.comm is not None and ours.native.comm.kind == "host"
 
 
 @pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["L2", "inf"])
