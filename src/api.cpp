@@ -13,6 +13,7 @@
 #include "layout.hpp"
 #include "optimizer.hpp"
 #include "options.hpp"
+#include "schema.hpp"
 #include "shardadam/shardadam.h"
 
 namespace {
@@ -106,9 +107,41 @@ void sa_optimizer_destroy(sa_optimizer* opt) { delete opt; }
 sa_status sa_optimizer_add_group(sa_optimizer* opt, const sa_group_config* config, int32_t* group) {
   return with_optimizer(opt, "sa_optimizer_add_group", [&] {
     require(config != nullptr, "config is NULL");
-    const sa_group_config defaults = SA_GROUP_CONFIG_INIT;
-    const int32_t index = opt->core.add_group(sa::read_options(config, defaults, "config"));
+    const int32_t index =
+        opt->core.add_group(sa::read_options(config, sa::schema::default_group_config(), "config"));
     if (group) *group = index;
+  });
+}
+
+sa_status sa_group_config_default(sa_group_config* out) {
+  return guarded(nullptr, "sa_group_config_default", [&] {
+    require(out != nullptr, "out is NULL");
+    sa::write_options(out, sa::schema::default_group_config(), "out");
+  });
+}
+
+int32_t sa_group_config_num_fields(void) { return sa::schema::kNumGroupFields; }
+
+sa_status sa_group_config_field(int32_t index, sa_field_info* out) {
+  return guarded(nullptr, "sa_group_config_field", [&] {
+    require(out != nullptr, "out is NULL");
+    if (index < 0 || index >= sa::schema::kNumGroupFields)
+      sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a field: sa_group_config has ",
+               sa::schema::kNumGroupFields, " (0 .. ", sa::schema::kNumGroupFields - 1, ")");
+    const sa::schema::GroupField& f = sa::schema::kGroupFields[index];
+    const sa::schema::RuleInfo rule = sa::schema::rule_info(f.rule);
+    sa_field_info info = SA_FIELD_INFO_INIT;
+    info.name = f.name;
+    info.type = rule.integral ? SA_FIELD_FLAG : SA_FIELD_DOUBLE;
+    info.offset = f.offset;
+    info.default_value = f.default_value;
+    info.min = rule.min;
+    info.max = rule.max;
+    info.max_inclusive = rule.max_inclusive;
+    info.fixed_with_params = f.fixed_with_params;
+    info.rule = rule.words;
+    info.doc = f.doc;
+    sa::write_options(out, info, "out");
   });
 }
 
@@ -117,10 +150,7 @@ int32_t sa_optimizer_num_groups(const sa_optimizer* opt) { return opt ? opt->cor
 sa_status sa_optimizer_get_group(const sa_optimizer* opt, int32_t group, sa_group_config* out) {
   return with_optimizer(opt, "sa_optimizer_get_group", [&] {
     require(out != nullptr, "out is NULL");
-    const sa_group_config& config = opt->core.group(group, "group").config;
-    const sa_group_config defaults = SA_GROUP_CONFIG_INIT;
-    sa::read_options(out, defaults, "out");  // validates out->struct_size
-    std::memcpy(reinterpret_cast<char*>(out) + sizeof(std::size_t), reinterpret_cast<const char*>(&config) + sizeof(std::size_t), out->struct_size - sizeof(std::size_t));  // keeps the caller's struct_size
+    sa::write_options(out, opt->core.group(group, "group").config, "out");
   });
 }
 
@@ -179,9 +209,7 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
   return with_optimizer(opt, "sa_optimizer_param_info", [&] {
     require(out != nullptr, "out is NULL");
     const sa::Param& p = opt->core.param(param, "param");
-    const sa_param_info defaults = SA_PARAM_INFO_INIT;
-    sa::read_options(out, defaults, "out");  // validates out->struct_size
-    sa_param_info info = defaults;
+    sa_param_info info = SA_PARAM_INFO_INIT;
     info.name = p.name.c_str();
     info.group = p.group;
     info.ndim = static_cast<int32_t>(p.layout.local_shape.size());
@@ -196,8 +224,7 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
                   : p.master == sa::MasterKind::fp32 ? SA_MASTER_FP32
                                                      : SA_MASTER_REMAINDER;
     info.device = p.device;
-    info.struct_size = out->struct_size;  // the caller's struct may be older (shorter)
-    std::memcpy(static_cast<void*>(out), &info, out->struct_size);
+    sa::write_options(out, info, "out");
   });
 }
 

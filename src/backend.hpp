@@ -78,7 +78,6 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual DLDevice device() const = 0;
-  virtual std::string describe() const = 0;
 
   // Zero-filled memory; throws sa::Error(SA_ERR_OUT_OF_MEMORY) when it cannot.
   virtual std::shared_ptr<Buffer> allocate(std::size_t bytes) = 0;
@@ -110,9 +109,6 @@ class Backend {
   // graph-replayed step needs no host); this reads them back into table.steps and
   // table.param_steps, synchronizing. Host backends leave the table as it is.
   virtual void read_steps(StepTable& table) = 0;
-
-  // The value of one float in backend memory (synchronizes on device backends).
-  virtual float read_float(const float* p) = 0;
 
   // ---- state export/import ---------------------------------------------------------------
 

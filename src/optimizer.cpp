@@ -96,9 +96,7 @@ const Group& Optimizer::group(int32_t index, const char* what) const {
 void Optimizer::check_group_replacement(int32_t index, const sa_group_config& config) const {
   const Group& current = group(index, "group");
   check_group_config(config, concat("group ", index));
-  if (current.num_params > 0 && config.amsgrad != current.config.amsgrad)
-    fail(SA_ERR_STATE, "group ", index, ": amsgrad cannot change once the group holds params (",
-         current.num_params, " now); its max_exp_avg_sq state is allocated when a param is added");
+  check_group_change(current.config, config, current.num_params, concat("group ", index));
 }
 
 void Optimizer::set_group(int32_t index, const sa_group_config& config) {

@@ -211,8 +211,13 @@ class Optimizer {
   std::string unusable_reason_;  // non-empty: see mark_unusable
 };
 
-// Validates hyperparameters; `context` starts the error message.
+// Validates hyperparameters against the schema (src/schema.hpp); `context` starts the
+// error message.
 void check_group_config(const sa_group_config& config, const std::string& context);
+
+// Refuses (SA_ERR_STATE) a change of a field the schema fixes once a group holds params.
+void check_group_change(const sa_group_config& current, const sa_group_config& next,
+                        int64_t num_params, const std::string& context);
 
 // The hyperparameters of a validated config, as the kernels take them.
 kernels::AdamHyper hyper_of(const sa_group_config& config);

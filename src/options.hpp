@@ -29,6 +29,17 @@ T read_options(const T* in, const T& defaults, const char* what) {
   return out;
 }
 
+// Writes `value` into the caller's struct `*out` as far as out->struct_size reaches (an
+// older caller's struct is shorter), keeping the caller's struct_size. The size is checked
+// as read_options checks it.
+template <class T>
+void write_options(T* out, const T& value, const char* what) {
+  read_options(out, value, what);  // validates out->struct_size
+  const std::size_t size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &value, size);
+  out->struct_size = size;
+}
+
 }  // namespace sa
 
 #endif  // SHARDADAM_SRC_OPTIONS_HPP_

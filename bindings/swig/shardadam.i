@@ -31,43 +31,17 @@
  *   - a host communicator is made from a Python callable (host_comm_create below), not from
  *     a table of C function pointers;
  *       sa_param_info     returned as a dict;
+ *       sa_field_info     returned as a dict (name, type, offset, default, min, max,
+ *                         max_inclusive, fixed_with_params, rule, doc);
  *       void* stream      an address (int) or None;
  *   - structs of plain fields (sa_optimizer_config, sa_group_config, sa_import_options) and
  *     the writer/reader handles are classes whose constructors apply the SA_*_INIT macros.
- *
- * The state export/import and the communicator functions are referenced weakly (see
- * state_io_available() and comm_available()), so the module also loads against a
- * libshardadam built without them.
  */
 %module(package="shardadam", threads="1") _shardadam
 
 %{
 #include <stdlib.h>
 #include <shardadam/shardadam.h>
-
-/* State export/import (src/state_io) came after the rest of the ABI. Weak references let
- * this module load against a libshardadam built without it: they resolve to NULL,
- * state_io_available() says so, and each of their wrappers checks before calling. */
-#pragma weak sa_file_writer
-#pragma weak sa_memory_writer
-#pragma weak sa_memory_writer_data
-#pragma weak sa_file_reader
-#pragma weak sa_memory_reader
-#pragma weak sa_writer_release
-#pragma weak sa_reader_release
-#pragma weak sa_optimizer_export
-#pragma weak sa_optimizer_import
-#pragma weak sa_inspect
-#pragma weak sa_free
-
-/* Communicators (src/comm) came with the global gradient norm; weak for the same reason. */
-#pragma weak sa_comm_create_host
-#pragma weak sa_nccl_unique_id_create
-#pragma weak sa_comm_create_nccl
-#pragma weak sa_comm_wrap_nccl
-#pragma weak sa_comm_info
-#pragma weak sa_comm_destroy
-#pragma weak sa_optimizer_set_comm
 %}
 
 %include <stdint.i>
@@ -408,6 +382,28 @@ static int sa_py_read_address(PyObject* obj, void** out) {
   %append_output(dict);
 }
 
+%typemap(in, numinputs=0) sa_field_info* out (sa_field_info info) {
+  const sa_field_info init = SA_FIELD_INFO_INIT;
+  info = init;
+  $1 = &info;
+}
+%typemap(argout) sa_field_info* out {
+  PyObject* dict = Py_None;
+  if (result == SA_OK) {
+    const sa_field_info* f = &info$argnum;
+    dict = Py_BuildValue("{s:s,s:i,s:n,s:d,s:d,s:d,s:O,s:O,s:s,s:s}",
+                         "name", f->name, "type", f->type, "offset", (Py_ssize_t)f->offset,
+                         "default", f->default_value, "min", f->min, "max", f->max,
+                         "max_inclusive", f->max_inclusive ? Py_True : Py_False,
+                         "fixed_with_params", f->fixed_with_params ? Py_True : Py_False,
+                         "rule", f->rule, "doc", f->doc);
+    if (!dict) SWIG_fail;
+  } else {
+    Py_INCREF(Py_None);
+  }
+  %append_output(dict);
+}
+
 /* Grads of all params in one checked call: one unconsumed DLPack capsule (either kind) or
  * None ("this param has no grad") per param, borrowed for the call. */
 %typemap(in) (int64_t n, const DLTensor* const* grads) (PyObject* seq = NULL, const DLTensor** list = NULL) {
@@ -519,50 +515,13 @@ static int sa_py_read_address(PyObject* obj, void** out) {
   %append_output(text);
 }
 
-/* Every state-io wrapper first checks that the weak reference resolved. */
-%define SA_STATE_IO(function)
-%exception function {
-  if (!function) {
-    PyErr_SetString(PyExc_NotImplementedError,
-                    #function ": this libshardadam was built without state export/import (src/state_io)");
-    SWIG_fail;
-  }
-  $action
-}
-%enddef
-SA_STATE_IO(sa_file_writer)
-SA_STATE_IO(sa_memory_writer)
-SA_STATE_IO(sa_memory_writer_data)
-SA_STATE_IO(sa_file_reader)
-SA_STATE_IO(sa_memory_reader)
-SA_STATE_IO(sa_optimizer_export)
-SA_STATE_IO(sa_optimizer_import)
-SA_STATE_IO(sa_inspect)
-
-/* The same for the communicator functions. */
-%define SA_COMM(function)
-%exception function {
-  if (!function) {
-    PyErr_SetString(PyExc_NotImplementedError,
-                    #function ": this libshardadam was built without communicators (src/comm)");
-    SWIG_fail;
-  }
-  $action
-}
-%enddef
-SA_COMM(sa_nccl_unique_id_create)
-SA_COMM(sa_comm_create_nccl)
-SA_COMM(sa_comm_wrap_nccl)
-SA_COMM(sa_comm_info)
-SA_COMM(sa_comm_destroy)
-SA_COMM(sa_optimizer_set_comm)
-
 /* ---- structs: which are classes, which are values ------------------------------------ */
 /* Passed as Python values through the typemaps above. */
 %ignore sa_placement;
 %ignore sa_layout;
 %ignore sa_param_options;
 %ignore sa_param_info;
+%ignore sa_field_info;
 %ignore sa_step_args;
 %ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
 %ignore sa_writer_release;     /* called by the destructors below */
@@ -607,13 +566,13 @@ SA_OPTION_STRUCT(sa_writer, SA_WRITER_INIT)
 SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 %extend sa_writer {
   ~sa_writer() {
-    if (sa_writer_release) sa_writer_release($self);
+    sa_writer_release($self);
     free($self);
   }
 }
 %extend sa_reader {
   ~sa_reader() {
-    if (sa_reader_release) sa_reader_release($self);
+    sa_reader_release($self);
     free($self);
   }
 }
@@ -672,19 +631,6 @@ PyObject* param_steps_set(sa_optimizer* opt, int64_t first, PyObject* values) {
   return PyLong_FromLong((long)status);
 }
 
-/** 1 when the library provides state export/import (src/state_io), else 0. */
-int state_io_available(void) {
-  return sa_optimizer_export != NULL && sa_optimizer_import != NULL && sa_file_writer != NULL &&
-         sa_file_reader != NULL && sa_inspect != NULL;
-}
-
-/** 1 when the library provides communicators (sa_comm_*, src/comm), else 0. */
-int comm_available(void) {
-  return sa_comm_create_host != NULL && sa_nccl_unique_id_create != NULL && sa_comm_create_nccl != NULL &&
-         sa_comm_wrap_nccl != NULL && sa_comm_info != NULL && sa_comm_destroy != NULL &&
-         sa_optimizer_set_comm != NULL;
-}
-
 /** Creates a host communicator whose all_reduce calls `reducer(buffer, op)`: buffer is a
  * bytearray holding the `count` doubles (native byte order), to be reduced in place; op
  * is SA_REDUCE_SUM or SA_REDUCE_MAX. A reducer that raises makes the step fail with
@@ -694,11 +640,6 @@ int comm_available(void) {
 PyObject* host_comm_create(PyObject* reducer) {
   if (!PyCallable_Check(reducer)) {
     PyErr_SetString(PyExc_TypeError, "host_comm_create: the reducer must be callable");
-    return NULL;
-  }
-  if (!sa_comm_create_host) {
-    PyErr_SetString(PyExc_NotImplementedError,
-                    "sa_comm_create_host: this libshardadam was built without communicators (src/comm)");
     return NULL;
   }
   sa_host_comm callbacks = SA_HOST_COMM_INIT;

@@ -212,8 +212,47 @@ typedef struct sa_group_config {
   int32_t amsgrad;                /* 1: keep max_exp_avg_sq and use it in the denominator */
 } sa_group_config;
 
-/** torch.optim.AdamW defaults. */
+/** torch.optim.AdamW defaults (sa_group_config_default gives the same values). */
 #define SA_GROUP_CONFIG_INIT {sizeof(sa_group_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0}
+
+/** Fills *out with the defaults of SA_GROUP_CONFIG_INIT, for bindings that do not compile
+ *  C macros (out->struct_size must be set: fields past it are not written). */
+SA_API sa_status sa_group_config_default(sa_group_config* out);
+
+/** How a field of sa_group_config is stored. */
+typedef enum sa_field_type {
+  SA_FIELD_DOUBLE = 0, /* a double */
+  SA_FIELD_FLAG = 1    /* an int32_t, 0 or 1 */
+} sa_field_type;
+
+/**
+ * One field of sa_group_config as the library defines it: what bindings read to build
+ * their own group types (names, defaults, valid values, docs) instead of retyping them.
+ * Valid values v: min <= v, and v < max, or v <= max when max_inclusive is 1 (a max of
+ * INFINITY, exclusive, means "finite"). The strings are static.
+ */
+typedef struct sa_field_info {
+  size_t struct_size;
+  const char* name;       /* the member's name, also its key in shard files ("lr") */
+  int32_t type;           /* an sa_field_type */
+  size_t offset;          /* offsetof(sa_group_config, <name>) */
+  double default_value;   /* its value in SA_GROUP_CONFIG_INIT */
+  double min;
+  double max;
+  int32_t max_inclusive;
+  int32_t fixed_with_params; /* 1: cannot change once the group holds a param (SA_ERR_STATE) */
+  const char* rule;       /* the valid values in the words of the error messages: "in [0, 1)" */
+  const char* doc;        /* what the field does */
+} sa_field_info;
+
+#define SA_FIELD_INFO_INIT {sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL}
+
+/** The number of fields of sa_group_config (struct_size aside) this library knows. */
+SA_API int32_t sa_group_config_num_fields(void);
+
+/** Describes field `index` (0 .. sa_group_config_num_fields() - 1, in struct order) into
+ *  *out (out->struct_size must be set: use SA_FIELD_INFO_INIT). */
+SA_API sa_status sa_group_config_field(int32_t index, sa_field_info* out);
 
 /** Appends a group; *group receives its index (0, 1, ...). Groups are positional: create
  *  the same groups in the same order on every rank, even where a group is locally empty. */

@@ -76,11 +76,6 @@ class CpuBackend final : public Backend {
 
   DLDevice device() const override { return DLDevice{kDLCPU, 0}; }
 
-  std::string describe() const override {
-    return concat("cpu (", pool_.size(), " threads, ",
-                  simd_ ? kernels::adam_cpu_simd_target() : "scalar", ")");
-  }
-
   std::shared_ptr<Buffer> allocate(std::size_t bytes) override {
     return std::make_shared<HostBuffer>(bytes);
   }
@@ -147,7 +142,6 @@ class CpuBackend final : public Backend {
 
   void read_steps(StepTable&) override {}  // the host's counts are the truth
 
-  float read_float(const float* p) override { return *p; }
 
   bool host_memory() const override { return true; }
 

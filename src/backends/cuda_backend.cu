@@ -148,13 +148,11 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
     DeviceScope scope(device);
-    cudaDeviceProp prop{};
+    cudaDeviceProp prop{};  // fails for a device index the runtime does not know
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-    name_ = prop.name;
   }
 
   DLDevice device() const override { return DLDevice{kDLCUDA, device_}; }
-  std::string describe() const override { return concat("cuda:", device_, " (", name_, ")"); }
 
   std::shared_ptr<Buffer> allocate(std::size_t bytes) override {
     return std::make_shared<DeviceBuffer>(device_, bytes);
@@ -269,14 +267,6 @@ class CudaBackend final : public Backend {
       check_cuda(cudaMemcpy(table.param_steps.data(), param_steps_->data(), params * sizeof(int64_t),
                             cudaMemcpyDeviceToHost),
                  "reading step counts");
-  }
-
-  float read_float(const float* p) override {
-    DeviceScope scope(device_);
-    float value = 0.0f;
-    check_cuda(cudaDeviceSynchronize(), "reading a device flag");
-    check_cuda(cudaMemcpy(&value, p, sizeof value, cudaMemcpyDeviceToHost), "reading a device flag");
-    return value;
   }
 
   bool host_memory() const override { return false; }
@@ -418,7 +408,6 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
-  std::string name_;
   std::vector<DeviceTables> tables_;
   std::shared_ptr<Buffer> scratch_;     // verdict, stats, norm partials (see verdict())
   std::shared_ptr<Buffer> host_stats_;  // pinned: the stats for a host communicator

@@ -38,7 +38,6 @@ class BlobWriter {
   void write(const void* data, std::size_t bytes);
   // Calls commit (if any); SA_ERR_IO when it fails.
   void commit();
-  uint64_t written() const { return written_; }
 
  private:
   sa_writer writer_;

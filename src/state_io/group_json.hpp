@@ -9,24 +9,25 @@
 #include <vector>
 
 #include "../errors.hpp"
+#include "../schema.hpp"
 #include "metadata.hpp"
 
 namespace sa {
 
-// Json is nlohmann::json or nlohmann::ordered_json.
+// Json is nlohmann::json or nlohmann::ordered_json. The keys are the schema's field names
+// in its order (a flag as an integer), then "step".
 template <class Json>
 Json group_to_json(const SavedGroup& g) {
-  const sa_group_config& c = g.config;
-  return Json{{"lr", c.lr},
-              {"beta1", c.beta1},
-              {"beta2", c.beta2},
-              {"eps", c.eps},
-              {"weight_decay", c.weight_decay},
-              {"decoupled_weight_decay", c.decoupled_weight_decay},
-              {"bias_correction", c.bias_correction},
-              {"maximize", c.maximize},
-              {"amsgrad", c.amsgrad},
-              {"step", g.step}};
+  Json out = Json::object();
+  for (const schema::GroupField& f : schema::kGroupFields) {
+    const double value = schema::get(g.config, f);
+    if (schema::rule_info(f.rule).integral)
+      out[f.name] = static_cast<int32_t>(value);
+    else
+      out[f.name] = value;
+  }
+  out["step"] = g.step;
+  return out;
 }
 
 // Where the groups of two files differ, "" where they agree: "the number of groups: 2 in

@@ -132,19 +132,12 @@ std::vector<SavedGroup> parse_groups(const json& groups, const FieldReader& in) 
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const json& g = groups[i];
     const std::string where = concat("groups[", i, "]");
-    sa_group_config c = SA_GROUP_CONFIG_INIT;
-    c.lr = in.number(g, "lr", where);
-    c.beta1 = in.number(g, "beta1", where);
-    c.beta2 = in.number(g, "beta2", where);
-    c.eps = in.number(g, "eps", where);
-    c.weight_decay = in.number(g, "weight_decay", where);
-    auto flag = [&](const char* key) {
-      return static_cast<int32_t>(in.integer(g, key, where, INT32_MIN, INT32_MAX));
-    };
-    c.decoupled_weight_decay = flag("decoupled_weight_decay");
-    c.bias_correction = flag("bias_correction");
-    c.maximize = flag("maximize");
-    c.amsgrad = flag("amsgrad");
+    sa_group_config c = schema::default_group_config();
+    for (const schema::GroupField& f : schema::kGroupFields)
+      schema::set(c, f,
+                  schema::rule_info(f.rule).integral
+                      ? static_cast<double>(in.integer(g, f.name, where, INT32_MIN, INT32_MAX))
+                      : in.number(g, f.name, where));
     out.push_back({c, in.integer(g, "step", where, 0, INT64_MAX)});
   }
   return out;

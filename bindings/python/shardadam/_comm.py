@@ -1,28 +1,22 @@
 """Communicators (``sa_comm``): what a step uses for the global gradient norm and the
 found-inf consensus across ranks."""
 from . import _shardadam as _C
-from ._errors import CommError, StateError, Unsupported, check
+from ._errors import CommError, StateError, check
 from ._handle import OwnsHandle
 
 _OP_NAMES = {_C.SA_REDUCE_SUM: "sum", _C.SA_REDUCE_MAX: "max"}
 
 
 def comm_available():
-    """True when the loaded libshardadam provides communicators (``sa_comm_*``)."""
-    return bool(_C.comm_available())
-
-
-def _require_comm():
-    if not comm_available():
-        raise Unsupported("this libshardadam was built without communicators: sa_comm_create_host and the other "
-                          "sa_comm_* functions are missing from the library (src/comm)")
+    """True: every libshardadam provides communicators (``sa_comm_*``). Kept for code
+    written against 0.2, whose Python module also loaded a library built without them."""
+    return True
 
 
 def nccl_unique_id():
     """A new NCCL unique id (128 bytes, ``ncclGetUniqueId``): rank 0 makes it and sends it
     to the other ranks (e.g. ``torch.distributed.broadcast_object_list``), then every rank
     calls :meth:`Comm.nccl` with it. :class:`Unsupported` without NCCL in the build."""
-    _require_comm()
     status, uid = _C.sa_nccl_unique_id_create()
     check(status)
     return uid
@@ -75,7 +69,6 @@ class Comm(OwnsHandle):
     def __init__(self, all_reduce):
         if not callable(all_reduce):
             raise TypeError(f"Comm: all_reduce must be callable, got {type(all_reduce).__name__}")
-        _require_comm()
         self._handle = None
         self._reducer = _Reducer(all_reduce)
         self._init(*_C.host_comm_create(self._reducer), kind="host")
@@ -85,7 +78,6 @@ class Comm(OwnsHandle):
         """Creates an NCCL communicator of ``nranks`` ranks on CUDA device ``device``
         (an index) as ``rank``. Collective: returns once every rank has called it with
         the same ``unique_id`` (the bytes of :func:`nccl_unique_id`)."""
-        _require_comm()
         if not isinstance(unique_id, (bytes, bytearray)):
             raise TypeError(f"Comm.nccl: unique_id must be the bytes of nccl_unique_id(), got "
                             f"{type(unique_id).__name__}")
@@ -99,7 +91,6 @@ class Comm(OwnsHandle):
         """Borrows the caller's ``ncclComm_t`` (its address, an int). The caller keeps it
         alive and idle during steps until every optimizer given it is closed or given
         another communicator."""
-        _require_comm()
         if not isinstance(nccl_comm, int) or not nccl_comm:
             raise TypeError(f"Comm.wrap_nccl: nccl_comm must be a nonzero ncclComm_t address (int), got {nccl_comm!r}")
         comm = cls.__new__(cls)

@@ -5,11 +5,12 @@ import math
 import numbers
 import os
 
+from . import _schema
 from . import _shardadam as _C
 from ._comm import Comm, raise_step_error
 from ._dlpack import (DTYPES, KDL_CPU, CapsuleInfo, State, device_name, dtype_name, to_capsule,
                       to_dtype)
-from ._errors import Error, InvalidArgument, StateError, Unsupported, check
+from ._errors import Error, InvalidArgument, StateError, check
 from ._handle import OwnsHandle
 from .layout import Box, Mesh
 
@@ -22,21 +23,12 @@ _MASTER_KINDS = {
 }
 _MASTER_NAMES = {_C.SA_MASTER_NONE: "none", _C.SA_MASTER_FP32: "fp32", _C.SA_MASTER_REMAINDER: "remainder"}
 
-# Hyperparameters of a group as Python names; betas is (beta1, beta2) of the C struct.
-_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "bias_correction",
-                    "maximize", "amsgrad")
-_FLAGS = ("decoupled_weight_decay", "bias_correction", "maximize", "amsgrad")
 
 
 def state_io_available():
-    """True when the loaded libshardadam provides state export/import (``save``/``load``)."""
-    return bool(_C.state_io_available())
-
-
-def _require_state_io():
-    if not state_io_available():
-        raise Unsupported("this libshardadam was built without state export/import: sa_optimizer_export and "
-                          "sa_optimizer_import are missing from the library (src/state_io)")
+    """True: every libshardadam provides state export/import (``save``/``load``). Kept for
+    code written against 0.2, whose Python module also loaded a library built without it."""
+    return True
 
 
 class ParamInfo:
@@ -68,10 +60,12 @@ class Group:
     """One param group: its hyperparameters, read and written through the library.
 
     Attribute access (``group.lr = 0.1``) and torch-style item access
-    (``group["lr"] = 0.1``) are the same. Keys: ``lr``, ``betas``, ``eps``,
-    ``weight_decay``, ``decoupled_weight_decay`` (True: AdamW, False: Adam with L2),
-    ``bias_correction``, ``maximize``, ``amsgrad`` (fixed once the group holds a param), and
-    ``step`` (the group's step count). :meth:`update` sets several at once, atomically.
+    (``group["lr"] = 0.1``) are the same. The keys are the library's fields
+    (:func:`group_fields`), ``beta1`` and ``beta2`` as torch's pair ``betas``:
+    ``lr``, ``betas``, ``eps``, ``weight_decay``, ``decoupled_weight_decay`` (True: AdamW,
+    False: Adam with L2), ``bias_correction``, ``maximize``, ``amsgrad`` (fixed once the
+    group holds a param), and ``step`` (the group's step count). :meth:`update` sets
+    several at once, atomically.
     """
 
     def __init__(self, optimizer, index):
@@ -91,95 +85,17 @@ class Group:
 
     def config(self):
         """All hyperparameters as a dict (without ``step``)."""
-        c = self._config()
-        return {"lr": c.lr, "betas": (c.beta1, c.beta2), "eps": c.eps, "weight_decay": c.weight_decay,
-                "decoupled_weight_decay": bool(c.decoupled_weight_decay),
-                "bias_correction": bool(c.bias_correction), "maximize": bool(c.maximize),
-                "amsgrad": bool(c.amsgrad)}
+        return _schema.to_python(self._config())
 
     def update(self, **hyperparameters):
         """Sets the given hyperparameters at once; on error none changes."""
         handle = self._optimizer._handle_or_raise()
         step = hyperparameters.pop("step", None)
         config = self._config()
-        _fill_group_config(config, hyperparameters)
+        _schema.fill(config, hyperparameters)
         check(_C.sa_optimizer_set_group(handle, self._index, config), handle)
         if step is not None:
             self.step = step
-
-    @property
-    def lr(self):
-        """Learning rate."""
-        return self._config().lr
-
-    @lr.setter
-    def lr(self, value):
-        handle = self._optimizer._handle_or_raise()
-        check(_C.sa_optimizer_set_lr(handle, self._index, float(value)), handle)
-
-    @property
-    def betas(self):
-        """(beta1, beta2)."""
-        c = self._config()
-        return (c.beta1, c.beta2)
-
-    @betas.setter
-    def betas(self, value):
-        self.update(betas=value)
-
-    @property
-    def eps(self):
-        """Added to the denominator."""
-        return self._config().eps
-
-    @eps.setter
-    def eps(self, value):
-        self.update(eps=value)
-
-    @property
-    def weight_decay(self):
-        """Weight decay (decoupled for AdamW, L2 on the grad for Adam)."""
-        return self._config().weight_decay
-
-    @weight_decay.setter
-    def weight_decay(self, value):
-        self.update(weight_decay=value)
-
-    @property
-    def decoupled_weight_decay(self):
-        """True: AdamW (decay the param); False: Adam (L2 term on the grad)."""
-        return bool(self._config().decoupled_weight_decay)
-
-    @decoupled_weight_decay.setter
-    def decoupled_weight_decay(self, value):
-        self.update(decoupled_weight_decay=value)
-
-    @property
-    def bias_correction(self):
-        """Whether the moments are divided by 1 - beta^t."""
-        return bool(self._config().bias_correction)
-
-    @bias_correction.setter
-    def bias_correction(self, value):
-        self.update(bias_correction=value)
-
-    @property
-    def maximize(self):
-        """Ascend instead of descend."""
-        return bool(self._config().maximize)
-
-    @maximize.setter
-    def maximize(self, value):
-        self.update(maximize=value)
-
-    @property
-    def amsgrad(self):
-        """Keep max_exp_avg_sq and use it in the denominator."""
-        return bool(self._config().amsgrad)
-
-    @amsgrad.setter
-    def amsgrad(self, value):
-        self.update(amsgrad=value)
 
     @property
     def step(self):
@@ -203,7 +119,7 @@ class Group:
 
     def keys(self):
         """The hyperparameter keys item access accepts."""
-        return _HYPERPARAMETERS + ("step",)
+        return _schema.KEYS + ("step",)
 
     def __getitem__(self, key):
         if key not in self.keys():
@@ -219,31 +135,55 @@ class Group:
         return f"Group({self._index}, {self.config()})"
 
 
-def _fill_group_config(config, hyperparameters):
-    unknown = set(hyperparameters) - set(_HYPERPARAMETERS)
-    if unknown:
-        raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {', '.join(_HYPERPARAMETERS)}")
-    for key, value in hyperparameters.items():
-        if key == "betas":
-            config.beta1, config.beta2 = (float(b) for b in value)
-        elif key in _FLAGS:
-            setattr(config, key, int(bool(value)))
-        else:
-            setattr(config, key, float(value))
-    return config
+def _hyperparameter_property(key):
+    def get(self):
+        return self.config()[key]
+
+    def set(self, value):
+        self.update(**{key: value})
+
+    return property(get, set, doc=_schema.doc(key))
+
+
+for _key in _schema.KEYS:
+    setattr(Group, _key, _hyperparameter_property(_key))
+del _key
+
+
+def _set_lr(self, value):
+    handle = self._optimizer._handle_or_raise()
+    check(_C.sa_optimizer_set_lr(handle, self._index, float(value)), handle)
+
+
+# The lr of a group changes every step under a scheduler: sa_optimizer_set_lr sets it alone.
+Group.lr = property(lambda self: self._config().lr, _set_lr, doc=_schema.doc("lr"))
+
+
+def group_fields():
+    """The library's table of group hyperparameters (``sa_group_config_field``): one dict
+    per C field, in struct order, with its name, type, default, valid values (min, max,
+    max_inclusive, rule) and doc."""
+    return [dict(f) for f in _schema.FIELDS]
+
+
+def group_defaults():
+    """The library's default hyperparameters (torch.optim.AdamW's), Python-keyed."""
+    return _schema.defaults()
 
 
 class Optimizer(OwnsHandle):
     """A shardadam optimizer: fused Adam/AdamW over the local shards of globally shaped params.
 
     ``Optimizer(**hyperparameters)`` creates the optimizer and its group 0 with the given
-    hyperparameters (the defaults are ``torch.optim.AdamW``'s); they are also the defaults
-    of groups made later with :meth:`add_group`.
+    hyperparameters, the library's defaults (``torch.optim.AdamW``'s, :func:`group_defaults`)
+    for the others; they are also the defaults of groups made later with :meth:`add_group`.
 
     Keyword args:
-        lr, betas, eps, weight_decay: as in torch.optim.AdamW.
-        decoupled_weight_decay: True (default): AdamW; False: Adam with an L2 term.
-        bias_correction, maximize, amsgrad: as in torch.optim.Adam.
+        hyperparameters: the keys of :class:`Group` (see :func:`group_fields` for each
+            one's meaning, default and valid values): ``lr``, ``betas``, ``eps``,
+            ``weight_decay`` as in torch.optim.AdamW; ``decoupled_weight_decay``
+            (default True: AdamW; False: Adam with an L2 term); ``bias_correction``,
+            ``maximize``, ``amsgrad`` as in torch.optim.Adam.
         num_threads: CPU backend worker threads (0: one per hardware thread).
         cpu_simd: CPU backend: use SIMD where the CPU has FMA.
         stream: default CUDA stream of :meth:`step` and of the DLPack handshake, as a
@@ -255,11 +195,9 @@ class Optimizer(OwnsHandle):
     :meth:`close`. One optimizer must not be used by two threads at once.
     """
 
-    def __init__(self, *, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled_weight_decay=True,
-                 bias_correction=True, maximize=False, amsgrad=False, num_threads=0, cpu_simd=True, stream=None):
-        self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
-                         "decoupled_weight_decay": decoupled_weight_decay, "bias_correction": bias_correction,
-                         "maximize": maximize, "amsgrad": amsgrad}
+    def __init__(self, *, num_threads=0, cpu_simd=True, stream=None, **hyperparameters):
+        # An unknown key is a TypeError here, before anything exists; add_group validates values.
+        self.defaults = _schema.to_python(_schema.fill(_schema.default_config(), hyperparameters))
         self.stream = stream
         self._handle = None
         self._names = []            # param index -> name
@@ -312,7 +250,7 @@ class Optimizer(OwnsHandle):
         """Appends a group with the optimizer's defaults overridden by ``hyperparameters``
         and returns it. Create the same groups in the same order on every rank."""
         handle = self._handle_or_raise()
-        config = _fill_group_config(_C.sa_group_config(), {**self.defaults, **hyperparameters})
+        config = _schema.fill(_C.sa_group_config(), {**self.defaults, **hyperparameters})
         status, index = _C.sa_optimizer_add_group(handle, config)
         check(status, handle)
         self._group_count = index + 1
@@ -656,7 +594,6 @@ class Optimizer(OwnsHandle):
         counts, the layouts) to ``path`` as a shard file (a safetensors file). The file
         appears complete or not at all (written to a temporary name, then renamed)."""
         handle = self._handle_or_raise()
-        _require_state_io()
         writer = _C.sa_writer()
         check(_C.sa_file_writer(os.fspath(path), writer))
         try:
@@ -678,7 +615,6 @@ class Optimizer(OwnsHandle):
         Everything is validated before anything is copied; on error nothing changed.
         """
         handle = self._handle_or_raise()
-        _require_state_io()
         readers = _open_readers(paths)
         options = _C.sa_import_options()
         options.allow_missing = int(bool(allow_missing))
@@ -721,7 +657,6 @@ def inspect(paths, verify_data=True):
     tensor its shape, dtype, the boxes saved and by which file, whether they cover it
     exactly once; per file whether its header parses and its checksums match.
     ``verify_data=False`` reads only the headers."""
-    _require_state_io()
     readers = _open_readers(paths)
     status, report = _C.sa_inspect(readers, int(bool(verify_data)))
     check(status)

@@ -5,7 +5,7 @@ import gc
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from . import _grad_intake
+from . import _grad_intake, _schema
 from ._comm import Comm, nccl_unique_id
 from ._errors import InvalidArgument, check
 from ._optimizer import Optimizer, _clip_args
@@ -18,8 +18,7 @@ except ImportError:  # torch built without distributed
 
 from . import _torch_state_dict  # noqa: E402 (it reads this module's helpers at call time)
 
-_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "bias_correction", "maximize",
-                    "amsgrad")
+_DEFAULTS = _schema.defaults()  # the library's: torch.optim.AdamW's
 
 
 class _Entry:
@@ -89,15 +88,20 @@ def _non_contiguous_advice(name, local):
 
 
 def _hyperparameters(group):
+    """A torch param group's hyperparameters in the library's keys and types."""
     lr = group["lr"]
     if isinstance(lr, torch.Tensor):
         lr = lr.item()  # a device lr synchronizes here; keep lr a float for a sync-free step
-    beta1, beta2 = group["betas"]
-    return {"lr": float(lr), "betas": (float(beta1), float(beta2)), "eps": float(group["eps"]),
-            "weight_decay": float(group["weight_decay"]),
-            "decoupled_weight_decay": bool(group["decoupled_weight_decay"]),
-            "bias_correction": bool(group["bias_correction"]), "maximize": bool(group["maximize"]),
-            "amsgrad": bool(group["amsgrad"])}
+    out = {}
+    for key in _schema.KEYS:
+        value = lr if key == "lr" else group[key]
+        if key == "betas":
+            out[key] = tuple(float(b) for b in value)
+        elif _schema.is_flag(key):
+            out[key] = bool(value)
+        else:
+            out[key] = float(value)
+    return out
 
 
 _no_subclass_torch_function = torch._C.DisableTorchFunctionSubclass
@@ -253,11 +257,18 @@ class FusedAdam(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 decoupled_weight_decay=True, amsgrad=False, maximize=False, bias_correction=True, master=None,
+    def __init__(self, params, lr=_DEFAULTS["lr"], betas=_DEFAULTS["betas"], eps=_DEFAULTS["eps"],
+                 weight_decay=_DEFAULTS["weight_decay"], *,
+                 decoupled_weight_decay=_DEFAULTS["decoupled_weight_decay"], amsgrad=_DEFAULTS["amsgrad"],
+                 maximize=_DEFAULTS["maximize"], bias_correction=_DEFAULTS["bias_correction"], master=None,
                  grad_dtype=None, moment_dtype=None, num_threads=0, max_grad_norm=None, norm_type=2.0,
-                 process_group=None, comm=None):
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                 process_group=None, comm=None, **hyperparameters):
+        unknown = set(hyperparameters) - set(_schema.KEYS)
+        if unknown:
+            raise TypeError(f"FusedAdam got unexpected keyword arguments {sorted(unknown)}")
+        # The library's other hyperparameters (none today) are keywords too, with its defaults.
+        defaults = {**_DEFAULTS, **hyperparameters}
+        defaults.update(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize,
                         bias_correction=bias_correction)
         # Set before super().__init__, which calls add_param_group for every group.
@@ -489,7 +500,7 @@ class FusedAdam(torch.optim.Optimizer):
             pushed = self._pushed[index]
             if hyperparameters != pushed:
                 native_group = self.native.param_groups[index]
-                if all(hyperparameters[k] == pushed[k] for k in _HYPERPARAMETERS if k != "lr"):
+                if all(hyperparameters[k] == pushed[k] for k in _schema.KEYS if k != "lr"):
                     native_group.lr = hyperparameters["lr"]
                 else:
                     native_group.update(**hyperparameters)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
+from . import _schema
 from . import _torch_fused_adam as _fused
 from ._errors import Error
 from ._optimizer import Optimizer
@@ -306,11 +307,12 @@ class _Load:
                 hyperparameters = _fused._hyperparameters(candidate)
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"FusedAdam.load_state_dict: param group {index}: {err!r}") from err
-            current_amsgrad = optimizer.native.param_groups[index].amsgrad
-            if group["params"] and hyperparameters["amsgrad"] != current_amsgrad:
-                raise ValueError(f"FusedAdam.load_state_dict: param group {index} has amsgrad="
-                                 f"{hyperparameters['amsgrad']} in the state dict, {current_amsgrad} in the "
-                                 "optimizer (fixed once a group holds params: its states differ)")
+            current = optimizer.native.param_groups[index].config() if group["params"] else {}
+            for key in current and _schema.fixed_keys():
+                if hyperparameters[key] != current[key]:
+                    raise ValueError(f"FusedAdam.load_state_dict: param group {index} has {key}="
+                                     f"{hyperparameters[key]} in the state dict, {current[key]} in the "
+                                     "optimizer (fixed once a group holds params: its states differ)")
             merged.append((new, hyperparameters))
         scratch = None
         try:  # the library's own range checks, on an optimizer of its own: this one does not change

@@ -6,8 +6,7 @@ import shardadam
 
 
 def pytest_report_header(config):
-    return [f"shardadam {shardadam.__version__} from {shardadam.__file__}", shardadam.build_info(),
-            f"state export/import in the library: {shardadam.state_io_available()}"]
+    return [f"shardadam {shardadam.__version__} from {shardadam.__file__}", shardadam.build_info()]
 
 
 @pytest.fixture

@@ -18,9 +18,6 @@ from shardadam import Mesh, Replicate, Shard
 from adam_reference import AdamReference
 from test_layouts import expected_box
 
-pytestmark = pytest.mark.skipif(not shardadam.comm_available(),
-                                reason="this libshardadam has no communicators (sa_comm_*)")
-
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
 MESH_SHAPE = (2, 2)
 # Uneven shards, an empty shard, a shard replicated along one mesh dim, a fully replicated param.

@@ -13,18 +13,6 @@ from shardadam import Mesh, Shard
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
 
 
-@pytest.fixture(autouse=True)
-def require_state_io(tmp_path):
-    if not shardadam.state_io_available():
-        pytest.skip("libshardadam has no state export/import (sa_optimizer_export is missing: src/state_io)")
-    with shardadam.Optimizer() as probe:
-        probe.add_param("probe", np.zeros(2, np.float32))
-        try:
-            probe.save(tmp_path / "probe.safetensors")
-        except shardadam.Unsupported as err:
-            pytest.skip(f"libshardadam reports state export unimplemented: {err}")
-
-
 def make(rng_values, **options):
     """An optimizer over copies of the given arrays, grads bound to fresh buffers."""
     opt = shardadam.Optimizer(**HYPER)

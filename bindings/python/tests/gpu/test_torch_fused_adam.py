@@ -156,8 +156,6 @@ def test_shard_files_resume_bit_for_bit_with_the_scheduled_lr(device, dtype, tmp
     the same param values: the states (master included) are equal, the groups take the lr
     the scheduler set after the last step, and 7 more steps give the same params bit for bit."""
     shardadam = pytest.importorskip("shardadam")
-    if not shardadam.state_io_available():
-        pytest.skip("libshardadam has no state export/import")
     model = make_model(device, dtype)
     opt = FusedAdam(model.named_parameters(), **HYPER)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda)
@@ -362,12 +360,9 @@ def test_two_gloo_ranks_clip_by_the_global_norm(norm_type):
     """2 CPU processes (gloo), DTensor params: FusedAdam's host communicator over
     torch.distributed gives clip_grad_norm_ + AdamW on the whole float64 tensors, and a
     NaN on one rank skips the step on both."""
-    import shardadam
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("needs torch.distributed with gloo")
-    if not shardadam.comm_available():
-        pytest.skip("this libshardadam has no communicators")
     mp.spawn(_gloo_clip_rank, args=(2, _free_port(), norm_type), nprocs=2, join=True)

@@ -1,0 +1,109 @@
+"""The group hyperparameters as the library defines them (``sa_group_config_field``):
+names, defaults, valid values and docs, read once at import, so that this package never
+retypes them. What is Python's own is one naming rule: torch spells ``beta1`` and
+``beta2`` as the pair ``betas``."""
+from . import _shardadam as _C
+from ._errors import check
+
+
+def _read_fields():
+    fields = []
+    for index in range(_C.sa_group_config_num_fields()):
+        status, info = _C.sa_group_config_field(index)
+        check(status)
+        fields.append(info)
+    return tuple(fields)
+
+
+#: Every field of sa_group_config, in struct order: dicts with name, type (``SA_FIELD_*``),
+#: default, min, max, max_inclusive, fixed_with_params, rule (words) and doc.
+FIELDS = _read_fields()
+_BY_NAME = {f["name"]: f for f in FIELDS}
+
+# torch's pairs: one Python key for several C fields.
+_PAIRS = {"betas": ("beta1", "beta2")}
+_PAIRED = {name: key for key, names in _PAIRS.items() for name in names}
+
+
+def _python_keys():
+    keys = []
+    for f in FIELDS:
+        key = _PAIRED.get(f["name"], f["name"])
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
+
+
+#: The hyperparameter keys of a group, in struct order, as Python spells them ("betas").
+KEYS = _python_keys()
+
+
+def is_flag(name):
+    """Whether a C field holds 0 or 1 (a Python bool)."""
+    return _BY_NAME[name]["type"] == _C.SA_FIELD_FLAG
+
+
+def _value(field, raw):
+    return bool(raw) if field["type"] == _C.SA_FIELD_FLAG else raw
+
+
+def to_python(config):
+    """The hyperparameters of an ``sa_group_config`` as a dict of Python keys."""
+    out = {}
+    for key in KEYS:
+        names = _PAIRS.get(key)
+        if names:
+            out[key] = tuple(_value(_BY_NAME[n], getattr(config, n)) for n in names)
+        else:
+            out[key] = _value(_BY_NAME[key], getattr(config, key))
+    return out
+
+
+def fill(config, hyperparameters):
+    """Writes Python-keyed hyperparameters into an ``sa_group_config``; an unknown key is a
+    TypeError (the library validates the values)."""
+    unknown = set(hyperparameters) - set(KEYS)
+    if unknown:
+        raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {', '.join(KEYS)}")
+    for key, value in hyperparameters.items():
+        names = _PAIRS.get(key)
+        if names:
+            values = tuple(value)
+            if len(values) != len(names):
+                raise TypeError(f"{key} must be {len(names)} numbers ({', '.join(names)}), got {value!r}")
+            for name, v in zip(names, values):
+                setattr(config, name, float(v))
+        elif is_flag(key):
+            setattr(config, key, int(bool(value)))
+        else:
+            setattr(config, key, float(value))
+    return config
+
+
+def default_config():
+    """A new ``sa_group_config`` holding the library's defaults (``sa_group_config_default``)."""
+    config = _C.sa_group_config()
+    check(_C.sa_group_config_default(config))
+    return config
+
+
+def defaults():
+    """The library's default hyperparameters (torch.optim.AdamW's) as a dict of Python keys."""
+    return to_python(default_config())
+
+
+def doc(key):
+    """One line on a Python key: the library's doc, default and valid values."""
+    names = _PAIRS.get(key, (key,))
+    parts = []
+    for name in names:
+        f = _BY_NAME[name]
+        default = bool(f["default"]) if f["type"] == _C.SA_FIELD_FLAG else f["default"]
+        parts.append(f"{name}: {f['doc']} (default {default!r}; {f['rule']}"
+                     + ("; fixed once the group holds a param" if f["fixed_with_params"] else "") + ")")
+    return "; ".join(parts)
+
+
+def fixed_keys():
+    """Python keys of the fields that cannot change once a group holds a param."""
+    return tuple(_PAIRED.get(f["name"], f["name"]) for f in FIELDS if f["fixed_with_params"])

@@ -1,0 +1,89 @@
+"""The group hyperparameters come from the library's table (sa_group_config_field), not
+from the package: their names, defaults and valid values are the library's, and they are
+torch.optim.AdamW's where torch has them. References: torch's AdamW signature (when torch
+is installed), the SWIG struct's members, and the library's own errors."""
+import inspect
+import math
+import re
+
+import pytest
+
+import shardadam
+from shardadam import _shardadam as _C
+
+
+def test_every_field_of_the_c_struct_is_in_the_table_in_struct_order():
+    fields = shardadam.group_fields()
+    names = [f["name"] for f in fields]
+    config = _C.sa_group_config()
+    members = [m for m in dir(config) if not m.startswith("_") and m not in ("struct_size", "this", "thisown")]
+    assert sorted(names) == sorted(members)
+    assert [f["offset"] for f in fields] == sorted(f["offset"] for f in fields)
+    assert [name for name in names if name.startswith("beta")] == ["beta1", "beta2"]
+
+
+def test_the_defaults_are_torch_adamw_ones():
+    torch = pytest.importorskip("torch")
+    signature = inspect.signature(torch.optim.AdamW.__init__).parameters
+    defaults = shardadam.group_defaults()
+    for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"):
+        assert defaults[key] == signature[key].default, key
+    assert defaults["decoupled_weight_decay"] is True and defaults["bias_correction"] is True
+    opt = shardadam.Optimizer()
+    assert opt.param_groups[0].config() == defaults
+
+
+def test_group_keys_and_docs_are_the_tables():
+    group = shardadam.Optimizer().param_groups[0]
+    fields = {f["name"]: f for f in shardadam.group_fields()}
+    expected = [("betas" if name.startswith("beta") else name) for name in fields]
+    assert list(group.keys()) == list(dict.fromkeys(expected)) + ["step"]
+    for name, f in fields.items():
+        key = "betas" if name.startswith("beta") else name
+        assert f["doc"] in type(group).__dict__[key].__doc__
+        assert f["rule"] in type(group).__dict__[key].__doc__
+
+
+@pytest.mark.parametrize("field", [f["name"] for f in shardadam.group_fields()])
+def test_the_valid_values_the_table_states_are_enforced(field):
+    f = next(f for f in shardadam.group_fields() if f["name"] == field)
+    key = "betas" if field.startswith("beta") else field
+
+    def value_of(v):
+        if key != "betas":
+            return v
+        return (v, 0.999) if field == "beta1" else (0.9, v)
+
+    group = shardadam.Optimizer().param_groups[0]
+    if f["type"] == _C.SA_FIELD_FLAG:
+        group.update(**{key: True})
+        assert group[key] is True
+        return  # a Python bool cannot be out of range
+    group.update(**{key: value_of(f["min"])})
+    outside = [math.nan, f["min"] - 1e-3]
+    if not f["max_inclusive"]:
+        outside.append(f["max"])
+    for bad in outside:
+        with pytest.raises(shardadam.InvalidArgument, match=f"{field} is .*it must be {re.escape(f['rule'])}"):
+            group.update(**{key: value_of(bad)})
+    assert group.config()[key] == value_of(f["min"])  # nothing changed
+
+
+def test_unknown_hyperparameters_are_type_errors_before_anything_exists():
+    with pytest.raises(TypeError, match="unknown hyperparameters.*'momentum'"):
+        shardadam.Optimizer(momentum=0.9)
+    group = shardadam.Optimizer().param_groups[0]
+    with pytest.raises(TypeError, match="unknown hyperparameters"):
+        group.update(nesterov=True)
+    with pytest.raises(TypeError, match="betas must be 2 numbers"):
+        group.update(betas=(0.9,))
+
+
+def test_fused_adam_takes_the_library_keys_and_refuses_others():
+    torch = pytest.importorskip("torch")
+    from shardadam.torch import FusedAdam
+    param = torch.nn.Parameter(torch.zeros(3))
+    opt = FusedAdam([param], **{k: v for k, v in shardadam.group_defaults().items()})
+    assert {k: opt.param_groups[0][k] for k in shardadam.group_defaults()} == shardadam.group_defaults()
+    with pytest.raises(TypeError, match="unexpected keyword arguments.*'momentum'"):
+        FusedAdam([param], momentum=0.9)

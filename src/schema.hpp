@@ -1,0 +1,133 @@
+// src/schema.hpp — the one table of the group hyperparameters: each one's name, valid
+// values, default and meaning. Everything else derives from it: validation and its
+// messages (group_config.cpp), a saved group's JSON and its parsing (state_io/), the
+// comparison of two files' groups, the field table of the C ABI that the bindings read
+// (sa_group_config_field), and compile-time checks that sa_group_config and
+// SA_GROUP_CONFIG_INIT (shardadam.h, the ABI's spelling) agree with it.
+//
+// A new hyperparameter is a row here, a member (and its default) in shardadam.h, and what
+// the kernels do with it (kernels/adam_math.h, hyper_of in group_config.cpp).
+#ifndef SHARDADAM_SRC_SCHEMA_HPP_
+#define SHARDADAM_SRC_SCHEMA_HPP_
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "shardadam/shardadam.h"
+
+namespace sa::schema {
+
+// The valid values of a field, and how it is stored.
+enum class Rule : int32_t {
+  nonnegative,    // double, finite and >= 0
+  unit_interval,  // double, in [0, 1)
+  flag            // int32_t, 0 or 1
+};
+
+// X(name, rule, default, fixed_with_params, doc). `fixed_with_params`: the field cannot
+// change once the group holds a param (the params' state was allocated by it).
+#define SA_GROUP_FIELDS(X)                                                                 \
+  X(lr, nonnegative, 1e-3, false, "learning rate")                                         \
+  X(beta1, unit_interval, 0.9, false, "decay rate of the first moment (exp_avg)")          \
+  X(beta2, unit_interval, 0.999, false, "decay rate of the second moment (exp_avg_sq)")    \
+  X(eps, nonnegative, 1e-8, false, "added to the denominator")                             \
+  X(weight_decay, nonnegative, 1e-2, false,                                                \
+    "weight decay: decoupled (AdamW) or an L2 term on the grad (Adam)")                    \
+  X(decoupled_weight_decay, flag, 1, false,                                                \
+    "1: AdamW (decay the param); 0: Adam (L2 term on the grad)")                           \
+  X(bias_correction, flag, 1, false, "1: divide the moments by 1 - beta^t")                \
+  X(maximize, flag, 0, false, "1: ascend instead of descend")                              \
+  X(amsgrad, flag, 0, true,                                                                \
+    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "        \
+    "denominator")
+
+struct RuleInfo {
+  double min;          // valid: min <= v, and v < max (or v <= max when max_inclusive)
+  double max;
+  bool max_inclusive;
+  bool integral;       // stored as int32_t
+  const char* words;   // as error messages say it
+};
+
+constexpr RuleInfo rule_info(Rule rule) {
+  switch (rule) {
+    case Rule::nonnegative:
+      return {0.0, std::numeric_limits<double>::infinity(), false, false, "finite and >= 0"};
+    case Rule::unit_interval:
+      return {0.0, 1.0, false, false, "in [0, 1)"};
+    case Rule::flag:
+      return {0.0, 1.0, true, true, "0 or 1"};
+  }
+  return {0.0, 0.0, false, false, ""};
+}
+
+// NaN is never valid (every comparison with it is false).
+inline bool accepts(Rule rule, double value) {
+  const RuleInfo r = rule_info(rule);
+  return value >= r.min && (r.max_inclusive ? value <= r.max : value < r.max);
+}
+
+template <Rule rule>
+struct Storage {
+  using type = double;
+};
+template <>
+struct Storage<Rule::flag> {
+  using type = int32_t;
+};
+
+struct GroupField {
+  const char* name;  // the struct member's name, and the shard files' JSON key
+  Rule rule;
+  std::size_t offset;  // in sa_group_config
+  double default_value;
+  bool fixed_with_params;
+  const char* doc;
+};
+
+#define SA_SCHEMA_GROUP_ROW(name, rule, default_value, fixed, doc) \
+  GroupField{#name, Rule::rule, offsetof(sa_group_config, name), default_value, fixed, doc},
+inline constexpr GroupField kGroupFields[] = {SA_GROUP_FIELDS(SA_SCHEMA_GROUP_ROW)};
+#undef SA_SCHEMA_GROUP_ROW
+inline constexpr int32_t kNumGroupFields =
+    static_cast<int32_t>(sizeof(kGroupFields) / sizeof(kGroupFields[0]));
+
+// A field's value (a flag as 0.0 or 1.0, or whatever int32_t it holds).
+inline double get(const sa_group_config& c, const GroupField& f) {
+  const char* at = reinterpret_cast<const char*>(&c) + f.offset;
+  if (rule_info(f.rule).integral) {
+    int32_t v;
+    std::memcpy(&v, at, sizeof v);
+    return v;
+  }
+  double v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+// Sets a field; a flag takes the value converted to int32_t (the caller checked the range).
+inline void set(sa_group_config& c, const GroupField& f, double value) {
+  char* at = reinterpret_cast<char*>(&c) + f.offset;
+  if (rule_info(f.rule).integral) {
+    const auto v = static_cast<int32_t>(value);
+    std::memcpy(at, &v, sizeof v);
+  } else {
+    std::memcpy(at, &value, sizeof value);
+  }
+}
+
+// The defaults, built from the table (group_config.cpp checks SA_GROUP_CONFIG_INIT against
+// them at compile time).
+inline sa_group_config default_group_config() {
+  sa_group_config c{};
+  c.struct_size = sizeof(sa_group_config);
+  for (const GroupField& f : kGroupFields) set(c, f, f.default_value);
+  return c;
+}
+
+}  // namespace sa::schema
+
+#endif  // SHARDADAM_SRC_SCHEMA_HPP_

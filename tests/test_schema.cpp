@@ -1,0 +1,174 @@
+// tests/test_schema.cpp — the library's table of group hyperparameters, as the bindings
+// read it (sa_group_config_default, sa_group_config_num_fields, sa_group_config_field):
+// it names every member of sa_group_config where the struct has it, its defaults are
+// torch.optim.AdamW's, and the valid values it states are the ones the library enforces.
+// References: the struct as the C compiler lays it out, torch's documented AdamW defaults,
+// and the statuses of sa_optimizer_add_group / sa_optimizer_set_group.
+#include <cmath>
+#include <cstring>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+
+std::vector<sa_field_info> fields() {
+  std::vector<sa_field_info> out;
+  for (int32_t i = 0; i < sa_group_config_num_fields(); ++i) {
+    sa_field_info info = SA_FIELD_INFO_INIT;
+    REQUIRE_SA_OK(nullptr, sa_group_config_field(i, &info));
+    out.push_back(info);
+  }
+  return out;
+}
+
+// A config whose field `f` holds `value` (a flag as an int32_t), the rest defaults.
+sa_group_config with_value(const sa_field_info& f, double value) {
+  sa_group_config c = SA_GROUP_CONFIG_INIT;
+  char* at = reinterpret_cast<char*>(&c) + f.offset;
+  if (f.type == SA_FIELD_FLAG) {
+    const auto v = static_cast<int32_t>(value);
+    std::memcpy(at, &v, sizeof v);
+  } else {
+    std::memcpy(at, &value, sizeof value);
+  }
+  return c;
+}
+
+bool accepted(const sa_group_config& c) {
+  OptimizerPtr opt = make_optimizer();
+  int32_t group = -1;
+  return sa_optimizer_add_group(opt.get(), &c, &group) == SA_OK;
+}
+
+}  // namespace
+
+TEST_CASE("the field table names every member of sa_group_config, in struct order", "[schema]") {
+  struct Expected {
+    const char* name;
+    std::size_t offset;
+    int32_t type;
+  };
+  const Expected expected[] = {
+      {"lr", offsetof(sa_group_config, lr), SA_FIELD_DOUBLE},
+      {"beta1", offsetof(sa_group_config, beta1), SA_FIELD_DOUBLE},
+      {"beta2", offsetof(sa_group_config, beta2), SA_FIELD_DOUBLE},
+      {"eps", offsetof(sa_group_config, eps), SA_FIELD_DOUBLE},
+      {"weight_decay", offsetof(sa_group_config, weight_decay), SA_FIELD_DOUBLE},
+      {"decoupled_weight_decay", offsetof(sa_group_config, decoupled_weight_decay), SA_FIELD_FLAG},
+      {"bias_correction", offsetof(sa_group_config, bias_correction), SA_FIELD_FLAG},
+      {"maximize", offsetof(sa_group_config, maximize), SA_FIELD_FLAG},
+      {"amsgrad", offsetof(sa_group_config, amsgrad), SA_FIELD_FLAG},
+  };
+  const std::vector<sa_field_info> got = fields();
+  REQUIRE(got.size() == std::size(expected));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("field " << i);
+    CHECK(std::string(got[i].name) == expected[i].name);
+    CHECK(got[i].offset == expected[i].offset);
+    CHECK(got[i].type == expected[i].type);
+    CHECK(std::string(got[i].doc).size() > 5);
+    CHECK(got[i].struct_size == sizeof(sa_field_info));
+  }
+  // Only amsgrad decides what state a param gets.
+  for (const sa_field_info& f : got)
+    CHECK(f.fixed_with_params == (std::string(f.name) == "amsgrad" ? 1 : 0));
+}
+
+TEST_CASE("the defaults are torch.optim.AdamW's, by the table and by sa_group_config_default",
+          "[schema]") {
+  // torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+  // amsgrad=False, maximize=False): decoupled decay, bias-corrected.
+  sa_group_config d{};
+  d.struct_size = sizeof d;
+  REQUIRE_SA_OK(nullptr, sa_group_config_default(&d));
+  CHECK(d.struct_size == sizeof d);
+  CHECK(d.lr == 1e-3);
+  CHECK(d.beta1 == 0.9);
+  CHECK(d.beta2 == 0.999);
+  CHECK(d.eps == 1e-8);
+  CHECK(d.weight_decay == 1e-2);
+  CHECK(d.decoupled_weight_decay == 1);
+  CHECK(d.bias_correction == 1);
+  CHECK(d.maximize == 0);
+  CHECK(d.amsgrad == 0);
+  const sa_group_config init = SA_GROUP_CONFIG_INIT;
+  CHECK(std::memcmp(&d, &init, sizeof d) == 0);
+  for (const sa_field_info& f : fields()) {
+    INFO(f.name);
+    double value = 0;
+    if (f.type == SA_FIELD_FLAG) {
+      int32_t v = 0;
+      std::memcpy(&v, reinterpret_cast<const char*>(&d) + f.offset, sizeof v);
+      value = v;
+    } else {
+      std::memcpy(&value, reinterpret_cast<const char*>(&d) + f.offset, sizeof value);
+    }
+    CHECK(f.default_value == value);
+  }
+}
+
+TEST_CASE("the valid values the table states are the ones add_group and set_group enforce",
+          "[schema]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const sa_field_info& f : fields()) {
+    INFO(f.name << " rule " << f.rule);
+    CHECK(accepted(with_value(f, f.default_value)));
+    CHECK(accepted(with_value(f, f.min)));
+    CHECK_FALSE(accepted(with_value(f, f.type == SA_FIELD_FLAG ? f.min - 1 : std::nextafter(f.min, -inf))));
+    if (f.type == SA_FIELD_FLAG) {
+      CHECK(f.max_inclusive == 1);
+      CHECK(accepted(with_value(f, f.max)));
+      CHECK_FALSE(accepted(with_value(f, f.max + 1)));
+      continue;
+    }
+    CHECK(f.max_inclusive == 0);
+    CHECK_FALSE(accepted(with_value(f, f.max)));
+    CHECK_FALSE(accepted(with_value(f, nan)));
+    if (std::isfinite(f.max)) CHECK(accepted(with_value(f, std::nextafter(f.max, -inf))));
+    else CHECK(accepted(with_value(f, std::numeric_limits<double>::max())));
+    // The message says the field and the rule, in the table's words.
+    OptimizerPtr opt = make_optimizer();
+    const sa_group_config good = SA_GROUP_CONFIG_INIT;
+    int32_t group = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &good, &group));
+    sa_group_config bad = with_value(f, f.max);
+    const std::string field = std::string(f.name) + " is ", rule = std::string("it must be ") + f.rule;
+    CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_group(opt.get(), 0, &bad),
+                   "group 0", field.c_str(), rule.c_str());
+  }
+}
+
+TEST_CASE("the table queries check their arguments and honour an older caller's struct_size",
+          "[schema][errors]") {
+  sa_field_info info = SA_FIELD_INFO_INIT;
+  const int32_t n = sa_group_config_num_fields();
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(n, &info),
+                 "sa_group_config_field", "index 9 is not a field");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(-1, &info), "index -1");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(0, nullptr), "out is NULL");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_default(nullptr), "out is NULL");
+  info.struct_size = sizeof(sa_field_info) + 8;
+  CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_group_config_field(0, &info), "struct_size");
+
+  // A struct from an older header: the fields past its size are not written.
+  struct {
+    sa_group_config config;
+    unsigned char canary[8];
+  } older;
+  std::memset(&older, 0xAB, sizeof older);
+  older.config.struct_size = offsetof(sa_group_config, eps);
+  REQUIRE_SA_OK(nullptr, sa_group_config_default(&older.config));
+  CHECK(older.config.struct_size == offsetof(sa_group_config, eps));
+  CHECK(older.config.lr == 1e-3);
+  CHECK(older.config.beta2 == 0.999);
+  const auto* after = reinterpret_cast<const unsigned char*>(&older.config) + offsetof(sa_group_config, eps);
+  for (std::size_t i = 0; i < sizeof(sa_group_config) - offsetof(sa_group_config, eps); ++i)
+    CHECK(after[i] == 0xAB);
+}
