@@ -169,6 +169,20 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_group_config, bias_correction);
     offset!(sa_group_config, maximize);
     offset!(sa_group_config, amsgrad);
+    size!(sa_field_info);
+    offset!(sa_field_info, struct_size);
+    offset!(sa_field_info, name);
+    offset!(sa_field_info, r#type);
+    offset!(sa_field_info, offset);
+    offset!(sa_field_info, default_value);
+    offset!(sa_field_info, min);
+    offset!(sa_field_info, max);
+    offset!(sa_field_info, max_inclusive);
+    offset!(sa_field_info, fixed_with_params);
+    offset!(sa_field_info, rule);
+    offset!(sa_field_info, doc);
+    constant!(SA_FIELD_DOUBLE);
+    constant!(SA_FIELD_FLAG);
     let group = sa_group_config::default();
     fact("SA_GROUP_CONFIG_INIT.struct_size", group.struct_size as i64);
     fact(

@@ -270,19 +270,78 @@ pub struct sa_group_config {
 }
 
 impl Default for sa_group_config {
-    /// `SA_GROUP_CONFIG_INIT` (torch.optim.AdamW's defaults).
+    /// The library's defaults (`sa_group_config_default`, the values of
+    /// `SA_GROUP_CONFIG_INIT`: torch.optim.AdamW's).
     fn default() -> Self {
-        sa_group_config {
+        let mut config = sa_group_config {
             struct_size: std::mem::size_of::<sa_group_config>(),
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 1e-2,
-            decoupled_weight_decay: 1,
-            bias_correction: 1,
+            lr: 0.0,
+            beta1: 0.0,
+            beta2: 0.0,
+            eps: 0.0,
+            weight_decay: 0.0,
+            decoupled_weight_decay: 0,
+            bias_correction: 0,
             maximize: 0,
             amsgrad: 0,
+        };
+        // SAFETY: `config` is a valid sa_group_config whose struct_size is its own size.
+        let status = unsafe { sa_group_config_default(&mut config) };
+        assert_eq!(status, SA_OK, "sa_group_config_default failed");
+        config
+    }
+}
+
+/// `sa_field_type` (a C enum).
+pub type sa_field_type = c_int;
+/// `SA_FIELD_DOUBLE`: a double.
+pub const SA_FIELD_DOUBLE: sa_field_type = 0;
+/// `SA_FIELD_FLAG`: an int32_t, 0 or 1.
+pub const SA_FIELD_FLAG: sa_field_type = 1;
+
+/// `sa_field_info`: one field of `sa_group_config` as the library defines it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sa_field_info {
+    /// Size of this struct.
+    pub struct_size: usize,
+    /// The member's name (static).
+    pub name: *const c_char,
+    /// An `sa_field_type`.
+    pub r#type: i32,
+    /// `offsetof(sa_group_config, <name>)`.
+    pub offset: usize,
+    /// Its value in `SA_GROUP_CONFIG_INIT`.
+    pub default_value: f64,
+    /// Smallest valid value.
+    pub min: f64,
+    /// Largest valid value (exclusive unless `max_inclusive`).
+    pub max: f64,
+    /// 1: `max` is valid.
+    pub max_inclusive: i32,
+    /// 1: cannot change once the group holds a param.
+    pub fixed_with_params: i32,
+    /// The valid values in words (static).
+    pub rule: *const c_char,
+    /// What the field does (static).
+    pub doc: *const c_char,
+}
+
+impl Default for sa_field_info {
+    /// `SA_FIELD_INFO_INIT`.
+    fn default() -> Self {
+        sa_field_info {
+            struct_size: std::mem::size_of::<sa_field_info>(),
+            name: std::ptr::null(),
+            r#type: 0,
+            offset: 0,
+            default_value: 0.0,
+            min: 0.0,
+            max: 0.0,
+            max_inclusive: 0,
+            fixed_with_params: 0,
+            rule: std::ptr::null(),
+            doc: std::ptr::null(),
         }
     }
 }
@@ -613,6 +672,12 @@ extern "C" {
         config: *const sa_group_config,
         group: *mut i32,
     ) -> sa_status;
+    /// Fills `*out` with the default hyperparameters (`out.struct_size` must be set).
+    pub fn sa_group_config_default(out: *mut sa_group_config) -> sa_status;
+    /// The number of fields of `sa_group_config` the library knows.
+    pub fn sa_group_config_num_fields() -> i32;
+    /// Describes field `index` of `sa_group_config` into `*out`.
+    pub fn sa_group_config_field(index: i32, out: *mut sa_field_info) -> sa_status;
     /// Number of groups.
     pub fn sa_optimizer_num_groups(opt: *const sa_optimizer) -> i32;
     /// Copies a group's hyperparameters into `*out` (`out.struct_size` must be set).
