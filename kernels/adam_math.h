@@ -81,7 +81,8 @@ SA_HD bool fold_coefficients(const AdamHyper& h, int64_t t, double grad_multipli
   const bool l2 = !h.decoupled_weight_decay && h.weight_decay != 0.0;
   c.grad_scale = static_cast<float>(h.maximize ? -grad_multiplier : grad_multiplier);
   c.l2_weight_decay = l2 ? static_cast<float>(h.weight_decay) : 0.0f;
-  c.decay_factor = h.decoupled_weight_decay ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
+  c.decay_factor =
+      h.decoupled_weight_decay ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
   c.beta1 = static_cast<float>(h.beta1);
   c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   c.beta2 = static_cast<float>(h.beta2);
@@ -97,8 +98,7 @@ SA_HD bool fold_coefficients(const AdamHyper& h, int64_t t, double grad_multipli
 //   kL2:      Adam-style weight decay added to the gradient.
 //   kAmsgrad: keep the running max of v and use it in the denominator.
 template <bool kL2, bool kAmsgrad, class Ops, class V>
-SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p, V& m, V& v,
-                       V& vmax) {
+SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p, V& m, V& v, V& vmax) {
   V g = ops.mul(grad, c.grad_scale);
   if (kL2) g = ops.fma(c.l2_weight_decay, p, g);
   p = ops.mul(p, c.decay_factor);
@@ -182,7 +182,8 @@ SA_HD uint16_t float_to_half(float f) {
 // magnitude) and rem = bits(x) - hi * 2^16, which always fits an int16. The param
 // therefore reads as x rounded to nearest bfloat16, and hi:rem restores x exactly.
 SA_HD float join_remainder(uint16_t hi, int16_t rem) {
-  return bits_float((static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(rem)));
+  return bits_float((static_cast<uint32_t>(hi) << 16) +
+                    static_cast<uint32_t>(static_cast<int32_t>(rem)));
 }
 
 SA_HD void split_remainder(float f, uint16_t& hi, int16_t& rem) {

@@ -28,8 +28,8 @@ struct Variant {
 };
 
 inline bool operator==(const Variant& a, const Variant& b) {
-  return a.param == b.param && a.grad == b.grad && a.moment == b.moment &&
-         a.master == b.master && a.amsgrad == b.amsgrad;
+  return a.param == b.param && a.grad == b.grad && a.moment == b.moment && a.master == b.master &&
+         a.amsgrad == b.amsgrad;
 }
 inline bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
 

@@ -1,4 +1,4 @@
-# scripts/common.sh — sourced by scripts/demo and scripts/test: installs what a fresh
+# scripts/common.sh — sourced by scripts/demo, scripts/test and scripts/lint: installs what a fresh
 # Debian 12 machine lacks, then configures the build. Not meant to be run on its own.
 #
 # Dependencies come from packages only: Debian for the toolchain and libraries, PyPI's
@@ -14,6 +14,8 @@ command -v cargo >/dev/null 2>&1 || SA_APT_PACKAGES+=(cargo)
 SA_APT_PACKAGES+=(python3-venv python3-dev)
 # Shard files: clang's libFuzzer for the header-parser fuzz test (tests/fuzz).
 SA_APT_PACKAGES+=(clang libclang-rt-14-dev)
+# scripts/lint: clang-format and clang-tidy (Debian 12: version 14, as the fuzzer's clang).
+SA_APT_PACKAGES+=(clang-format clang-tidy)
 # The shard-file Python tests (tests/python) read our files with the real safetensors package.
 SA_PIP_TEST_PACKAGES=(safetensors numpy ml-dtypes pytest)
 SA_PIP_TARGET="$SA_ROOT/.deps/python"  # where the DLPack wheel goes if Python has none

@@ -37,7 +37,8 @@ void delete_state_view(DLManagedTensorVersioned* self) {
 
 }  // namespace
 
-sa_status sa::api::record(const sa_optimizer* opt, const char* fn, sa_status status, const char* what) {
+sa_status sa::api::record(const sa_optimizer* opt, const char* fn, sa_status status,
+                          const char* what) {
   std::string message = std::string(fn) + ": " + what;
   (opt ? opt->last_error : t_last_error) = std::move(message);
   return status;
@@ -48,31 +49,42 @@ extern "C" {
 int sa_version(void) { return SA_VERSION_NUMBER; }
 
 const char* sa_build_info(void) {
-  static const std::string info = sa::concat(
-      "shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
-      "; cpu: highway (", sa::kernels::adam_cpu_simd_target(), " dispatched)",
 #ifdef SHARDADAM_WITH_CUDA
-      "; cuda: backend built (device memory, one launch per bucket)",
+  const char* cuda = "; cuda: backend built (device memory, one launch per bucket)";
 #else
-      "; cuda: not built",
+  const char* cuda = "; cuda: not built";
 #endif
-      sa::nccl_available() ? "; nccl: built" : "; nccl: not built");
+  static const std::string info =
+      sa::concat("shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
+                 "; cpu: highway (", sa::kernels::adam_cpu_simd_target(), " dispatched)", cuda,
+                 sa::nccl_available() ? "; nccl: built" : "; nccl: not built");
   return info.c_str();
 }
 
 const char* sa_status_string(sa_status status) {
   switch (status) {
-    case SA_OK: return "SA_OK";
-    case SA_ERR_INVALID_ARGUMENT: return "SA_ERR_INVALID_ARGUMENT";
-    case SA_ERR_UNSUPPORTED: return "SA_ERR_UNSUPPORTED";
-    case SA_ERR_OUT_OF_MEMORY: return "SA_ERR_OUT_OF_MEMORY";
-    case SA_ERR_DEVICE: return "SA_ERR_DEVICE";
-    case SA_ERR_COMM: return "SA_ERR_COMM";
-    case SA_ERR_IO: return "SA_ERR_IO";
-    case SA_ERR_FORMAT: return "SA_ERR_FORMAT";
-    case SA_ERR_MISMATCH: return "SA_ERR_MISMATCH";
-    case SA_ERR_STATE: return "SA_ERR_STATE";
-    case SA_ERR_INTERNAL: return "SA_ERR_INTERNAL";
+    case SA_OK:
+      return "SA_OK";
+    case SA_ERR_INVALID_ARGUMENT:
+      return "SA_ERR_INVALID_ARGUMENT";
+    case SA_ERR_UNSUPPORTED:
+      return "SA_ERR_UNSUPPORTED";
+    case SA_ERR_OUT_OF_MEMORY:
+      return "SA_ERR_OUT_OF_MEMORY";
+    case SA_ERR_DEVICE:
+      return "SA_ERR_DEVICE";
+    case SA_ERR_COMM:
+      return "SA_ERR_COMM";
+    case SA_ERR_IO:
+      return "SA_ERR_IO";
+    case SA_ERR_FORMAT:
+      return "SA_ERR_FORMAT";
+    case SA_ERR_MISMATCH:
+      return "SA_ERR_MISMATCH";
+    case SA_ERR_STATE:
+      return "SA_ERR_STATE";
+    case SA_ERR_INTERNAL:
+      return "SA_ERR_INTERNAL";
   }
   return "unknown sa_status";
 }
@@ -83,10 +95,12 @@ const char* sa_optimizer_last_error(const sa_optimizer* opt) {
   return opt ? opt->last_error.c_str() : t_last_error.c_str();
 }
 
-sa_status sa_layout_local_box(const sa_layout* layout, int64_t* local_shape, int64_t* global_offset) {
+sa_status sa_layout_local_box(const sa_layout* layout, int64_t* local_shape,
+                              int64_t* global_offset) {
   return guarded(nullptr, "sa_layout_local_box", [&] {
     require(layout != nullptr, "layout is NULL");
-    require(local_shape != nullptr && global_offset != nullptr, "local_shape or global_offset is NULL");
+    require(local_shape != nullptr && global_offset != nullptr,
+            "local_shape or global_offset is NULL");
     const sa::Layout box = sa::resolve_mesh_layout(*layout, "layout");
     std::copy(box.local_shape.begin(), box.local_shape.end(), local_shape);
     std::copy(box.global_offset.begin(), box.global_offset.end(), global_offset);
@@ -145,7 +159,9 @@ sa_status sa_group_config_field(int32_t index, sa_field_info* out) {
   });
 }
 
-int32_t sa_optimizer_num_groups(const sa_optimizer* opt) { return opt ? opt->core.num_groups() : 0; }
+int32_t sa_optimizer_num_groups(const sa_optimizer* opt) {
+  return opt ? opt->core.num_groups() : 0;
+}
 
 sa_status sa_optimizer_get_group(const sa_optimizer* opt, int32_t group, sa_group_config* out) {
   return with_optimizer(opt, "sa_optimizer_get_group", [&] {
@@ -196,7 +212,9 @@ sa_status sa_optimizer_add_param_legacy(sa_optimizer* opt, const char* name, int
   });
 }
 
-int64_t sa_optimizer_num_params(const sa_optimizer* opt) { return opt ? opt->core.num_params() : 0; }
+int64_t sa_optimizer_num_params(const sa_optimizer* opt) {
+  return opt ? opt->core.num_params() : 0;
+}
 
 sa_status sa_optimizer_find_param(const sa_optimizer* opt, const char* name, int64_t* param) {
   return with_optimizer(opt, "sa_optimizer_find_param", [&] {
@@ -230,13 +248,15 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
 
 sa_status sa_optimizer_set_grad(sa_optimizer* opt, int64_t param, const DLTensor* grad) {
   return with_optimizer(opt, "sa_optimizer_set_grad", [&] {
-    require(grad != nullptr, "grad is NULL (for a param without a grad, use sa_optimizer_clear_grad)");
+    require(grad != nullptr,
+            "grad is NULL (for a param without a grad, use sa_optimizer_clear_grad)");
     opt->core.set_grad(param, *grad);
   });
 }
 
 sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n, const void* const* ptrs) {
-  return with_optimizer(opt, "sa_optimizer_set_grad_ptrs", [&] { opt->core.set_grad_ptrs(n, ptrs); });
+  return with_optimizer(opt, "sa_optimizer_set_grad_ptrs",
+                        [&] { opt->core.set_grad_ptrs(n, ptrs); });
 }
 
 sa_status sa_optimizer_set_grads(sa_optimizer* opt, int64_t n, const DLTensor* const* grads) {
@@ -250,14 +270,16 @@ sa_status sa_optimizer_clear_grad(sa_optimizer* opt, int64_t param) {
   return with_optimizer(opt, "sa_optimizer_clear_grad", [&] { opt->core.clear_grad(param); });
 }
 
-sa_status sa_optimizer_get_param_steps(const sa_optimizer* opt, int64_t first, int64_t n, int64_t* steps) {
+sa_status sa_optimizer_get_param_steps(const sa_optimizer* opt, int64_t first, int64_t n,
+                                       int64_t* steps) {
   return with_optimizer(opt, "sa_optimizer_get_param_steps", [&] {
     require(n == 0 || steps != nullptr, "steps is NULL");
     opt->core.get_param_steps(first, n, steps);
   });
 }
 
-sa_status sa_optimizer_set_param_steps(sa_optimizer* opt, int64_t first, int64_t n, const int64_t* steps) {
+sa_status sa_optimizer_set_param_steps(sa_optimizer* opt, int64_t first, int64_t n,
+                                       const int64_t* steps) {
   return with_optimizer(opt, "sa_optimizer_set_param_steps", [&] {
     require(n == 0 || steps != nullptr, "steps is NULL");
     opt->core.set_param_steps(first, n, steps);
@@ -331,8 +353,8 @@ sa_status sa_nccl_unique_id_create(sa_nccl_unique_id* out) {
   });
 }
 
-sa_status sa_comm_create_nccl(const sa_nccl_unique_id* id, int32_t nranks, int32_t rank, int32_t device,
-                              sa_comm** out) {
+sa_status sa_comm_create_nccl(const sa_nccl_unique_id* id, int32_t nranks, int32_t rank,
+                              int32_t device, sa_comm** out) {
   if (out != nullptr) *out = nullptr;
   return guarded(nullptr, "sa_comm_create_nccl", [&] {
     require(id != nullptr && out != nullptr, "id or out is NULL");

@@ -44,7 +44,8 @@ sa_status sa_memory_writer(sa_writer* out) {
 
 sa_status sa_memory_writer_data(const sa_writer* writer, const void** data, size_t* size) {
   return guarded(nullptr, "sa_memory_writer_data", [&] {
-    require(writer != nullptr && data != nullptr && size != nullptr, "writer, data or size is NULL");
+    require(writer != nullptr && data != nullptr && size != nullptr,
+            "writer, data or size is NULL");
     sa::memory_writer_data(*writer, data, size);
   });
 }

@@ -11,16 +11,30 @@ namespace sa {
 std::string device_name(DLDevice device) {
   const char* type = nullptr;
   switch (device.device_type) {
-    case kDLCPU: type = "cpu"; break;
-    case kDLCUDA: type = "cuda"; break;
-    case kDLCUDAHost: type = "cuda_host"; break;
-    case kDLCUDAManaged: type = "cuda_managed"; break;
-    case kDLROCM: type = "rocm"; break;
-    case kDLMetal: type = "metal"; break;
-    default: return concat("device_type ", static_cast<int>(device.device_type), ":", device.device_id);
+    case kDLCPU:
+      type = "cpu";
+      break;
+    case kDLCUDA:
+      type = "cuda";
+      break;
+    case kDLCUDAHost:
+      type = "cuda_host";
+      break;
+    case kDLCUDAManaged:
+      type = "cuda_managed";
+      break;
+    case kDLROCM:
+      type = "rocm";
+      break;
+    case kDLMetal:
+      type = "metal";
+      break;
+    default:
+      return concat("device_type ", static_cast<int>(device.device_type), ":", device.device_id);
   }
-  return device.device_type == kDLCPU && device.device_id == 0 ? std::string(type)
-                                                                : concat(type, ":", device.device_id);
+  return device.device_type == kDLCPU && device.device_id == 0
+             ? std::string(type)
+             : concat(type, ":", device.device_id);
 }
 
 TensorRef read_tensor(const DLTensor& t, const std::string& context, sa_status layout_status) {
@@ -34,7 +48,8 @@ TensorRef read_tensor(const DLTensor& t, const std::string& context, sa_status l
   ref.numel = 1;
   for (int32_t d = 0; d < t.ndim; ++d) {
     if (ref.shape[d] < 0)
-      fail(SA_ERR_INVALID_ARGUMENT, context, ": shape ", format_dims(ref.shape), " has a negative size");
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": shape ", format_dims(ref.shape),
+           " has a negative size");
     ref.numel *= ref.shape[d];
   }
   if (t.dtype.lanes != 1)
@@ -49,7 +64,8 @@ TensorRef read_tensor(const DLTensor& t, const std::string& context, sa_status l
          "tensor is refused: shardadam reads the elements in row-major order)");
   ref.data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
   if (ref.numel > 0 && ref.data == nullptr)
-    fail(SA_ERR_INVALID_ARGUMENT, context, ": data is NULL for a tensor of ", ref.numel, " elements");
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": data is NULL for a tensor of ", ref.numel,
+         " elements");
   const std::size_t align = (t.dtype.bits + 7u) / 8u;
   if (ref.data != nullptr && align > 1 && reinterpret_cast<std::uintptr_t>(ref.data) % align != 0)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": data + byte_offset (", ref.data,

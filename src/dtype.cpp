@@ -1,6 +1,5 @@
 #include "dtype.hpp"
 
-
 namespace sa {
 namespace {
 
@@ -63,14 +62,27 @@ std::string dtype_name(DLDataType dtype) {
   if (auto type = elem_type_of(dtype)) return elem_name(*type);
   const char* base = nullptr;
   switch (dtype.code) {
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLBool: base = "bool"; break;
-    case kDLComplex: base = "complex"; break;
-    default: return "dtype(code=" + std::to_string(dtype.code) + ", bits=" +
-                    std::to_string(dtype.bits) + ", lanes=" + std::to_string(dtype.lanes) + ")";
+    case kDLInt:
+      base = "int";
+      break;
+    case kDLUInt:
+      base = "uint";
+      break;
+    case kDLFloat:
+      base = "float";
+      break;
+    case kDLBfloat:
+      base = "bfloat";
+      break;
+    case kDLBool:
+      base = "bool";
+      break;
+    case kDLComplex:
+      base = "complex";
+      break;
+    default:
+      return "dtype(code=" + std::to_string(dtype.code) + ", bits=" + std::to_string(dtype.bits) +
+             ", lanes=" + std::to_string(dtype.lanes) + ")";
   }
   std::string name = base + std::to_string(dtype.bits);
   if (dtype.lanes != 1) name += "x" + std::to_string(dtype.lanes);

@@ -24,13 +24,13 @@ struct SchemaMirror {
 static_assert(sizeof(SchemaMirror) == sizeof(sa_group_config),
               "sa_group_config has members that src/schema.hpp's SA_GROUP_FIELDS lacks");
 constexpr sa_group_config kInit = SA_GROUP_CONFIG_INIT;
-#define SA_CHECK_FIELD(name, rule, default_value, ...)                                          \
-  static_assert(offsetof(sa_group_config, name) == offsetof(SchemaMirror, name),               \
-                "sa_group_config::" #name " is not where src/schema.hpp puts it");              \
-  static_assert(std::is_same_v<decltype(sa_group_config::name),                                \
-                               schema::Storage<schema::Rule::rule>::type>,                      \
-                "sa_group_config::" #name " has another type than its schema rule");            \
-  static_assert(kInit.name == default_value,                                                    \
+#define SA_CHECK_FIELD(name, rule, default_value, ...)                                            \
+  static_assert(offsetof(sa_group_config, name) == offsetof(SchemaMirror, name),                  \
+                "sa_group_config::" #name " is not where src/schema.hpp puts it");                \
+  static_assert(                                                                                  \
+      std::is_same_v<decltype(sa_group_config::name), schema::Storage<schema::Rule::rule>::type>, \
+      "sa_group_config::" #name " has another type than its schema rule");                        \
+  static_assert(kInit.name == default_value,                                                      \
                 "SA_GROUP_CONFIG_INIT's " #name " is not src/schema.hpp's default");
 SA_GROUP_FIELDS(SA_CHECK_FIELD)
 #undef SA_CHECK_FIELD

@@ -45,11 +45,10 @@ Layout resolve_box(const sa_layout& layout, const Dims& shard_shape, const std::
   out.local_shape = shard_shape;
   for (int32_t d = 0; d < layout.ndim; ++d) {
     const int64_t offset = out.global_offset[d];
-    if (offset < 0 || offset > out.global_shape[d] ||
-        shard_shape[d] > out.global_shape[d] - offset)
-      fail(SA_ERR_INVALID_ARGUMENT, context, ": the box of offset ",
-           format_dims(out.global_offset), " and local shape ", format_dims(shard_shape),
-           " does not fit the global shape ", format_dims(out.global_shape), " (dim ", d, ")");
+    if (offset < 0 || offset > out.global_shape[d] || shard_shape[d] > out.global_shape[d] - offset)
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": the box of offset ", format_dims(out.global_offset),
+           " and local shape ", format_dims(shard_shape), " does not fit the global shape ",
+           format_dims(out.global_shape), " (dim ", d, ")");
   }
   return out;
 }
@@ -88,8 +87,8 @@ Layout resolve_mesh_layout(const sa_layout& in, const std::string& context) {
       case SA_PLACEMENT_SHARD: {
         const int32_t dim = placement.dim < 0 ? placement.dim + layout.ndim : placement.dim;
         if (dim < 0 || dim >= layout.ndim)
-          fail(SA_ERR_INVALID_ARGUMENT, context, ": placements[", m, "] is Shard(",
-               placement.dim, ") but the tensor has ", layout.ndim, " dims");
+          fail(SA_ERR_INVALID_ARGUMENT, context, ": placements[", m, "] is Shard(", placement.dim,
+               ") but the tensor has ", layout.ndim, " dims");
         placement.dim = dim;
         // Nesting left to right: this mesh dim splits what the earlier ones left.
         const Chunk piece = chunk_of(out.local_shape[dim], size, coord);
@@ -135,7 +134,8 @@ Layout resolve_layout(const sa_layout* in, const Dims& shard_shape, const std::s
 
 bool primary_replica(const Layout& layout) {
   for (std::size_t m = 0; m < layout.placements.size(); ++m)
-    if (layout.placements[m].type == SA_PLACEMENT_REPLICATE && layout.mesh_coord[m] != 0) return false;
+    if (layout.placements[m].type == SA_PLACEMENT_REPLICATE && layout.mesh_coord[m] != 0)
+      return false;
   return true;
 }
 

@@ -41,12 +41,11 @@ MasterKind resolve_master(int32_t requested, ElemType param_type, const std::str
       return MasterKind::fp32;
     case SA_MASTER_REMAINDER:
       if (param_type != ElemType::bf16)
-        fail(SA_ERR_UNSUPPORTED, context, ": master SA_MASTER_REMAINDER needs a bfloat16 param, not ",
-             elem_name(param_type));
+        fail(SA_ERR_UNSUPPORTED, context,
+             ": master SA_MASTER_REMAINDER needs a bfloat16 param, not ", elem_name(param_type));
       return MasterKind::remainder;
     default:
-      fail(SA_ERR_INVALID_ARGUMENT, context, ": master is ", requested,
-           ", not an sa_master_kind");
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": master is ", requested, ", not an sa_master_kind");
   }
 }
 
@@ -56,7 +55,8 @@ ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, bool al
   auto type = elem_type_of(requested);
   if (!type || (!allow_f16 && *type == ElemType::f16))
     fail(SA_ERR_UNSUPPORTED, context, ": ", field, " ", dtype_name(requested),
-         " is not supported; use ", allow_f16 ? "float32, bfloat16 or float16" : "float32 or bfloat16");
+         " is not supported; use ",
+         allow_f16 ? "float32, bfloat16 or float16" : "float32 or bfloat16");
   return *type;
 }
 
@@ -64,7 +64,8 @@ ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, bool al
 
 Optimizer::Optimizer(const sa_optimizer_config& config) : config_(config) {
   if (config.num_threads < 0)
-    fail(SA_ERR_INVALID_ARGUMENT, "num_threads is ", config.num_threads, "; use 0 (all) or a count");
+    fail(SA_ERR_INVALID_ARGUMENT, "num_threads is ", config.num_threads,
+         "; use 0 (all) or a count");
   if (config.cpu_simd != 0 && config.cpu_simd != 1)
     fail(SA_ERR_INVALID_ARGUMENT, "cpu_simd is ", config.cpu_simd, "; it must be 0 or 1");
 }
@@ -200,7 +201,8 @@ void Optimizer::allocate_state(Param& p) {
   if (p.amsgrad) p.state.max_exp_avg_sq = backend_->allocate(moment_bytes);
   if (p.master == MasterKind::fp32) {
     p.state.master = backend_->allocate(n * sizeof(float));
-    backend_->widen_to_f32(static_cast<float*>(p.state.master->data()), p.data, p.param_type, p.numel);
+    backend_->widen_to_f32(static_cast<float*>(p.state.master->data()), p.data, p.param_type,
+                           p.numel);
   } else if (p.master == MasterKind::remainder) {
     // A zero remainder restores exactly the bfloat16 value the param holds now.
     p.state.master = backend_->allocate(n * sizeof(int16_t));
@@ -230,7 +232,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
       fail(SA_ERR_INVALID_ARGUMENT, context,
            ": the local shard is read-only (DLPACK_FLAG_BITMASK_READ_ONLY); the step writes it");
   }
-  const DLTensor& tensor = request.versioned ? request.versioned->dl_tensor : request.legacy->dl_tensor;
+  const DLTensor& tensor =
+      request.versioned ? request.versioned->dl_tensor : request.legacy->dl_tensor;
   const TensorRef shard = read_tensor(tensor, context + ": local shard");
   const auto param_type = elem_type_of(shard.dtype);
   if (!param_type)
@@ -246,8 +249,10 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->device = shard.device;
   param->data = shard.data;
   param->param_type = *param_type;
-  param->grad_type = resolve_optional_dtype(options.grad_dtype, *param_type, true, context, "grad_dtype");
-  param->moment_type = resolve_optional_dtype(options.moment_dtype, ElemType::f32, false, context, "moment_dtype");
+  param->grad_type =
+      resolve_optional_dtype(options.grad_dtype, *param_type, true, context, "grad_dtype");
+  param->moment_type =
+      resolve_optional_dtype(options.moment_dtype, ElemType::f32, false, context, "moment_dtype");
   param->master = resolve_master(options.master, *param_type, context);
   param->amsgrad = group.config.amsgrad != 0;
   Backend& backend = backend_for(shard.device, context);
@@ -256,7 +261,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   try {
     allocate_state(*param);
   } catch (const std::bad_alloc&) {
-    fail(SA_ERR_OUT_OF_MEMORY, context, ": cannot allocate the state of ", param->numel, " elements");
+    fail(SA_ERR_OUT_OF_MEMORY, context, ": cannot allocate the state of ", param->numel,
+         " elements");
   }
 
   // An empty shard needs no grad memory, so it counts as bound (as it always has): an
@@ -289,8 +295,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   grad_specs_.push_back(grad_spec_of(*params_.back()));
   ++table_.params_version;
   ++table_.steps_version;
-  params_.back()->owner = request.versioned ? ManagedTensor(request.versioned)
-                                            : ManagedTensor(request.legacy);
+  params_.back()->owner =
+      request.versioned ? ManagedTensor(request.versioned) : ManagedTensor(request.legacy);
   ++groups_[request.group].num_params;
   plan_stale_ = true;
   return index;
@@ -351,8 +357,8 @@ const void* Optimizer::checked_grad(int64_t index, const DLTensor& grad) const {
   if (grad.ndim >= 0 && grad.ndim <= SA_MAX_NDIM && (grad.ndim == 0 || grad.shape != nullptr)) {
     const Dims shape(grad.shape, grad.shape + grad.ndim);
     if (shape != p.layout.local_shape)
-      fail(SA_ERR_MISMATCH, context, " shape ", format_dims(shape), " does not match the local shape ",
-           format_dims(p.layout.local_shape));
+      fail(SA_ERR_MISMATCH, context, " shape ", format_dims(shape),
+           " does not match the local shape ", format_dims(p.layout.local_shape));
   }
   const TensorRef ref = read_tensor(grad, context, SA_ERR_MISMATCH);  // strides, data, alignment
   return ref.data;
@@ -393,6 +399,9 @@ void Optimizer::clear_grad(int64_t index) {
   bind(index, GradBinding::none, nullptr);
 }
 
+// The ABI's "no grad" sentinel, an address made from an integer (written once here).
+const void* const kNoGrad = SA_NO_GRAD;  // NOLINT(performance-no-int-to-ptr)
+
 void Optimizer::set_grad_ptrs(int64_t n, const void* const* ptrs) {
   if (n != num_params())
     fail(SA_ERR_INVALID_ARGUMENT, "n is ", n, " but the optimizer has ", num_params(),
@@ -400,7 +409,7 @@ void Optimizer::set_grad_ptrs(int64_t n, const void* const* ptrs) {
   if (n > 0 && ptrs == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "ptrs is NULL");
   for (int64_t i = 0; i < n; ++i) {
     const Param& p = *params_[i];
-    if (ptrs[i] == SA_NO_GRAD) continue;
+    if (ptrs[i] == kNoGrad) continue;
     const std::size_t align = elem_size(p.grad_type);
     if (ptrs[i] == nullptr && p.numel > 0)
       fail(SA_ERR_INVALID_ARGUMENT, "ptrs[", i, "] (param '", p.name, "', ", p.numel,
@@ -410,8 +419,8 @@ void Optimizer::set_grad_ptrs(int64_t n, const void* const* ptrs) {
            elem_name(p.grad_type), " elements");
   }
   for (int64_t i = 0; i < n; ++i)
-    bind(i, ptrs[i] == SA_NO_GRAD ? GradBinding::none : GradBinding::bound,
-         ptrs[i] == SA_NO_GRAD ? nullptr : ptrs[i]);
+    bind(i, ptrs[i] == kNoGrad ? GradBinding::none : GradBinding::bound,
+         ptrs[i] == kNoGrad ? nullptr : ptrs[i]);
 }
 
 // ---- step ---------------------------------------------------------------------------
@@ -425,8 +434,9 @@ std::vector<const Param*> Optimizer::param_list() const {
 
 void Optimizer::require_usable(const char* action) const {
   if (unusable())
-    fail(SA_ERR_STATE, "the optimizer state is unusable, so ", action, " is refused: ",
-         unusable_reason_, ". A successful sa_optimizer_import of the whole state clears this");
+    fail(SA_ERR_STATE, "the optimizer state is unusable, so ", action,
+         " is refused: ", unusable_reason_,
+         ". A successful sa_optimizer_import of the whole state clears this");
 }
 
 namespace {
@@ -437,14 +447,17 @@ kernels::ClipSpec clip_spec_of(const sa_step_args& args) {
     fail(SA_ERR_INVALID_ARGUMENT, "max_grad_norm is ", args.max_grad_norm,
          "; use 0 (no norm), a positive bound, or INFINITY (measure the norm, never clip)");
   if (args.norm_type != SA_NORM_L2 && args.norm_type != SA_NORM_INF)
-    fail(SA_ERR_INVALID_ARGUMENT, "norm_type is ", args.norm_type, "; use SA_NORM_L2 or SA_NORM_INF");
+    fail(SA_ERR_INVALID_ARGUMENT, "norm_type is ", args.norm_type,
+         "; use SA_NORM_L2 or SA_NORM_INF");
   if (args.max_grad_norm == 0.0) {
     if (args.grad_norm != nullptr || args.host_grad_norm != nullptr)
-      fail(SA_ERR_INVALID_ARGUMENT, "grad_norm or host_grad_norm is set but max_grad_norm is 0, so no "
+      fail(SA_ERR_INVALID_ARGUMENT,
+           "grad_norm or host_grad_norm is set but max_grad_norm is 0, so no "
            "norm is computed; set max_grad_norm (INFINITY to measure without clipping)");
     return {kernels::NormType::none, 0.0};
   }
-  return {args.norm_type == SA_NORM_INF ? kernels::NormType::inf : kernels::NormType::l2, args.max_grad_norm};
+  return {args.norm_type == SA_NORM_INF ? kernels::NormType::inf : kernels::NormType::l2,
+          args.max_grad_norm};
 }
 
 }  // namespace
@@ -454,7 +467,8 @@ void Optimizer::check_comm_fits(const Comm& comm) const {
   const DLDevice device = backend_->device();
   if (device.device_type != kDLCUDA)
     fail(SA_ERR_MISMATCH, "the optimizer's params are on ", device_name(device), " but its ",
-         comm.describe(), " reduces CUDA memory; give a CPU optimizer a host-callback communicator");
+         comm.describe(),
+         " reduces CUDA memory; give a CPU optimizer a host-callback communicator");
   if (device.device_id != comm.device())
     fail(SA_ERR_MISMATCH, "the optimizer's params are on ", device_name(device), " but its ",
          comm.describe(), " is on cuda:", comm.device());
@@ -467,12 +481,14 @@ StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
     if (p->binding == GradBinding::never)
       fail(SA_ERR_STATE, param_context(p->name),
            " was never given a grad; bind one (sa_optimizer_set_grad, sa_optimizer_set_grads, "
-           "sa_optimizer_set_grad_ptrs) or say it has none (sa_optimizer_clear_grad) before stepping "
+           "sa_optimizer_set_grad_ptrs) or say it has none (sa_optimizer_clear_grad) before "
+           "stepping "
            "(nothing was updated)");
   // Only steps that need a global norm or a found-inf consensus communicate; every rank
   // decides this from the same arguments, so the ranks agree on whether to call.
-  Comm* comm = comm_ && (clip.norm != kernels::NormType::none || args.found_inf != nullptr) ? comm_.get()
-                                                                                             : nullptr;
+  Comm* comm = comm_ && (clip.norm != kernels::NormType::none || args.found_inf != nullptr)
+                   ? comm_.get()
+                   : nullptr;
   if (!backend_ && comm != nullptr && comm->reduces_device_memory())
     backend_for(DLDevice{kDLCUDA, comm->device()}, "the communicator");  // joins on its device
   const StepInputs inputs{args.inv_grad_scale, args.found_inf, clip, args.grad_norm, comm};

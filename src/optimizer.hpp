@@ -191,8 +191,8 @@ class Optimizer {
   sa_optimizer_config config_;
   void check_comm_fits(const Comm& comm) const;
 
-  std::unique_ptr<Backend> backend_;  // created by the first param's device
-  std::shared_ptr<Comm> comm_;        // shared with the C handle that made it
+  std::unique_ptr<Backend> backend_;    // created by the first param's device
+  std::shared_ptr<Comm> comm_;          // shared with the C handle that made it
   StepReport host_report_{false, 0.0};  // the last step's, when there was no backend
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
@@ -208,7 +208,7 @@ class Optimizer {
   mutable StepTable table_;
   mutable bool steps_on_device_ = false;
   std::vector<const void*> grad_scratch_;  // set_grads: checked pointers before they are bound
-  std::string unusable_reason_;  // non-empty: see mark_unusable
+  std::string unusable_reason_;            // non-empty: see mark_unusable
 };
 
 // Validates hyperparameters against the schema (src/schema.hpp); `context` starts the

@@ -29,27 +29,27 @@ enum class Rule : int32_t {
 
 // X(name, rule, default, fixed_with_params, doc). `fixed_with_params`: the field cannot
 // change once the group holds a param (the params' state was allocated by it).
-#define SA_GROUP_FIELDS(X)                                                                 \
-  X(lr, nonnegative, 1e-3, false, "learning rate")                                         \
-  X(beta1, unit_interval, 0.9, false, "decay rate of the first moment (exp_avg)")          \
-  X(beta2, unit_interval, 0.999, false, "decay rate of the second moment (exp_avg_sq)")    \
-  X(eps, nonnegative, 1e-8, false, "added to the denominator")                             \
-  X(weight_decay, nonnegative, 1e-2, false,                                                \
-    "weight decay: decoupled (AdamW) or an L2 term on the grad (Adam)")                    \
-  X(decoupled_weight_decay, flag, 1, false,                                                \
-    "1: AdamW (decay the param); 0: Adam (L2 term on the grad)")                           \
-  X(bias_correction, flag, 1, false, "1: divide the moments by 1 - beta^t")                \
-  X(maximize, flag, 0, false, "1: ascend instead of descend")                              \
-  X(amsgrad, flag, 0, true,                                                                \
-    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "        \
+#define SA_GROUP_FIELDS(X)                                                              \
+  X(lr, nonnegative, 1e-3, false, "learning rate")                                      \
+  X(beta1, unit_interval, 0.9, false, "decay rate of the first moment (exp_avg)")       \
+  X(beta2, unit_interval, 0.999, false, "decay rate of the second moment (exp_avg_sq)") \
+  X(eps, nonnegative, 1e-8, false, "added to the denominator")                          \
+  X(weight_decay, nonnegative, 1e-2, false,                                             \
+    "weight decay: decoupled (AdamW) or an L2 term on the grad (Adam)")                 \
+  X(decoupled_weight_decay, flag, 1, false,                                             \
+    "1: AdamW (decay the param); 0: Adam (L2 term on the grad)")                        \
+  X(bias_correction, flag, 1, false, "1: divide the moments by 1 - beta^t")             \
+  X(maximize, flag, 0, false, "1: ascend instead of descend")                           \
+  X(amsgrad, flag, 0, true,                                                             \
+    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "     \
     "denominator")
 
 struct RuleInfo {
-  double min;          // valid: min <= v, and v < max (or v <= max when max_inclusive)
+  double min;  // valid: min <= v, and v < max (or v <= max when max_inclusive)
   double max;
   bool max_inclusive;
-  bool integral;       // stored as int32_t
-  const char* words;   // as error messages say it
+  bool integral;      // stored as int32_t
+  const char* words;  // as error messages say it
 };
 
 constexpr RuleInfo rule_info(Rule rule) {

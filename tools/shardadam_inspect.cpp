@@ -7,6 +7,7 @@
 // It is a client of the C ABI (sa_inspect) like any other: the report is sa_inspect's JSON.
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,8 @@ using nlohmann::json;
 
 std::string dims(const json& d) {
   std::string out = "[";
-  for (std::size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i].get<int64_t>());
+  for (std::size_t i = 0; i < d.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(d[i].get<int64_t>());
   return out + "]";
 }
 
@@ -47,7 +49,8 @@ void print_summary(const json& r) {
       continue;
     }
     std::string meshes;
-    for (const json& m : f["meshes"]) meshes += ", mesh " + dims(m["shape"]) + " coord " + dims(m["coord"]);
+    for (const json& m : f["meshes"])
+      meshes += ", mesh " + dims(m["shape"]) + " coord " + dims(m["coord"]);
     std::printf("header ok, checksums %s (%s, %zu tensors%s)\n",
                 f["checksums"].get<std::string>().c_str(), f["library"].get<std::string>().c_str(),
                 f["tensors"].get<std::size_t>(), meshes.c_str());
@@ -63,8 +66,8 @@ void print_summary(const json& r) {
     if (f["header"] != "ok") continue;
     for (std::size_t g = 0; g < f["groups"].size(); ++g) {
       const json& c = f["groups"][g];
-      std::printf("  group %zu: step %lld, lr %g, betas (%g, %g), eps %g, weight_decay %g%s%s%s\n", g,
-                  static_cast<long long>(c["step"].get<int64_t>()), c["lr"].get<double>(),
+      std::printf("  group %zu: step %lld, lr %g, betas (%g, %g), eps %g, weight_decay %g%s%s%s\n",
+                  g, static_cast<long long>(c["step"].get<int64_t>()), c["lr"].get<double>(),
                   c["beta1"].get<double>(), c["beta2"].get<double>(), c["eps"].get<double>(),
                   c["weight_decay"].get<double>(),
                   c["decoupled_weight_decay"] == 1 ? " (AdamW)" : " (Adam, L2)",
@@ -77,17 +80,20 @@ void print_summary(const json& r) {
     std::string dtypes;
     for (const json& d : t["dtypes"]) dtypes += (dtypes.empty() ? "" : "+") + d.get<std::string>();
     const bool exact = t["coverage"] == "exact";
-    std::printf("  %s: global shape %s, %s, %zu box(es): %s\n", t["name"].get<std::string>().c_str(),
-                dims(t["global_shape"]).c_str(), dtypes.c_str(), t["boxes"].size(),
-                exact ? "covered exactly once" : ("NOT WHOLE (" + t["coverage"].get<std::string>() + ")").c_str());
+    std::printf("  %s: global shape %s, %s, %zu box(es): %s\n",
+                t["name"].get<std::string>().c_str(), dims(t["global_shape"]).c_str(),
+                dtypes.c_str(), t["boxes"].size(),
+                exact ? "covered exactly once"
+                      : ("NOT WHOLE (" + t["coverage"].get<std::string>() + ")").c_str());
     if (exact) continue;
     std::printf("      %s\n", t["detail"].get<std::string>().c_str());
     for (const json& b : t["boxes"])
-      std::printf("      file %d: offset %s shape %s\n", b["file"].get<int>(), dims(b["offset"]).c_str(),
-                  dims(b["shape"]).c_str());
+      std::printf("      file %d: offset %s shape %s\n", b["file"].get<int>(),
+                  dims(b["offset"]).c_str(), dims(b["shape"]).c_str());
   }
-  std::printf("%s\n", r["ok"] == true ? "OK: every file is sound and every tensor is covered exactly once"
-                                      : "PROBLEMS FOUND (see above)");
+  std::printf("%s\n", r["ok"] == true
+                          ? "OK: every file is sound and every tensor is covered exactly once"
+                          : "PROBLEMS FOUND (see above)");
 }
 
 int usage(const char* self) {
@@ -102,9 +108,7 @@ int usage(const char* self) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   bool as_json = false, verify = true;
   std::vector<const char*> paths;
   for (int i = 1; i < argc; ++i) {
@@ -132,8 +136,8 @@ int main(int argc, char** argv) {
     pointers.push_back(&readers[i]);
   }
   char* report = nullptr;
-  if (status == 0 && sa_inspect(static_cast<int32_t>(pointers.size()), pointers.data(), verify ? 1 : 0,
-                                &report) != SA_OK) {
+  if (status == 0 && sa_inspect(static_cast<int32_t>(pointers.size()), pointers.data(),
+                                verify ? 1 : 0, &report) != SA_OK) {
     std::fprintf(stderr, "shardadam-inspect: %s\n", sa_last_error());
     status = 2;
   }
@@ -149,4 +153,15 @@ int main(int argc, char** argv) {
   sa_free(report);
   for (sa_reader& r : readers) sa_reader_release(&r);
   return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // out of host memory, in practice
+    std::fprintf(stderr, "shardadam-inspect: %s\n", e.what());
+    return 2;
+  }
 }

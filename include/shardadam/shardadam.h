@@ -130,16 +130,17 @@ typedef struct sa_placement {
  */
 typedef struct sa_layout {
   size_t struct_size;
-  int32_t ndim;                    /* rank of the global tensor (= rank of the local shard) */
-  const int64_t* global_shape;     /* [ndim] */
-  int32_t mesh_ndim;               /* mesh form: number of mesh dims */
-  const int64_t* mesh_shape;       /* mesh form: [mesh_ndim], each >= 1 */
-  const int64_t* mesh_coord;       /* mesh form: [mesh_ndim], 0 <= coord < size */
-  const sa_placement* placements;  /* mesh form: [mesh_ndim] */
-  const int64_t* global_offset;    /* box form: [ndim]; NULL selects the mesh form */
+  int32_t ndim;                   /* rank of the global tensor (= rank of the local shard) */
+  const int64_t* global_shape;    /* [ndim] */
+  int32_t mesh_ndim;              /* mesh form: number of mesh dims */
+  const int64_t* mesh_shape;      /* mesh form: [mesh_ndim], each >= 1 */
+  const int64_t* mesh_coord;      /* mesh form: [mesh_ndim], 0 <= coord < size */
+  const sa_placement* placements; /* mesh form: [mesh_ndim] */
+  const int64_t* global_offset;   /* box form: [ndim]; NULL selects the mesh form */
 } sa_layout;
 
-#define SA_LAYOUT_INIT {sizeof(sa_layout), 0, NULL, 0, NULL, NULL, NULL, NULL}
+#define SA_LAYOUT_INIT \
+  { sizeof(sa_layout), 0, NULL, 0, NULL, NULL, NULL, NULL }
 
 /**
  * Resolves a mesh-form layout to this rank's box: writes `ndim` entries each to
@@ -162,7 +163,8 @@ typedef struct sa_optimizer_config {
   int32_t cpu_simd;    /* CPU backend: 1 = SIMD when the CPU has FMA (default), 0 = scalar only */
 } sa_optimizer_config;
 
-#define SA_OPTIMIZER_CONFIG_INIT {sizeof(sa_optimizer_config), 0, 1}
+#define SA_OPTIMIZER_CONFIG_INIT \
+  { sizeof(sa_optimizer_config), 0, 1 }
 
 /**
  * Creates an empty optimizer. `config` may be NULL (defaults). The backend (CPU or a
@@ -213,7 +215,8 @@ typedef struct sa_group_config {
 } sa_group_config;
 
 /** torch.optim.AdamW defaults (sa_group_config_default gives the same values). */
-#define SA_GROUP_CONFIG_INIT {sizeof(sa_group_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0}
+#define SA_GROUP_CONFIG_INIT \
+  { sizeof(sa_group_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0 }
 
 /** Fills *out with the defaults of SA_GROUP_CONFIG_INIT, for bindings that do not compile
  *  C macros (out->struct_size must be set: fields past it are not written). */
@@ -233,19 +236,20 @@ typedef enum sa_field_type {
  */
 typedef struct sa_field_info {
   size_t struct_size;
-  const char* name;       /* the member's name, also its key in shard files ("lr") */
-  int32_t type;           /* an sa_field_type */
-  size_t offset;          /* offsetof(sa_group_config, <name>) */
-  double default_value;   /* its value in SA_GROUP_CONFIG_INIT */
+  const char* name;     /* the member's name, also its key in shard files ("lr") */
+  int32_t type;         /* an sa_field_type */
+  size_t offset;        /* offsetof(sa_group_config, <name>) */
+  double default_value; /* its value in SA_GROUP_CONFIG_INIT */
   double min;
   double max;
   int32_t max_inclusive;
   int32_t fixed_with_params; /* 1: cannot change once the group holds a param (SA_ERR_STATE) */
-  const char* rule;       /* the valid values in the words of the error messages: "in [0, 1)" */
-  const char* doc;        /* what the field does */
+  const char* rule;          /* the valid values in the words of the error messages: "in [0, 1)" */
+  const char* doc;           /* what the field does */
 } sa_field_info;
 
-#define SA_FIELD_INFO_INIT {sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL}
+#define SA_FIELD_INFO_INIT \
+  { sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL }
 
 /** The number of fields of sa_group_config (struct_size aside) this library knows. */
 SA_API int32_t sa_group_config_num_fields(void);
@@ -307,7 +311,8 @@ typedef struct sa_param_options {
   int32_t master;          /* an sa_master_kind */
 } sa_param_options;
 
-#define SA_PARAM_OPTIONS_INIT {sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO}
+#define SA_PARAM_OPTIONS_INIT \
+  { sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO }
 
 /**
  * Registers a local shard as a param of `group` under a unique `name` (the fully
@@ -330,22 +335,20 @@ typedef struct sa_param_options {
  */
 SA_API sa_status sa_optimizer_add_param(sa_optimizer* opt, const char* name, int32_t group,
                                         DLManagedTensorVersioned* local_shard,
-                                        const sa_layout* layout,
-                                        const sa_param_options* options, int64_t* param);
+                                        const sa_layout* layout, const sa_param_options* options,
+                                        int64_t* param);
 
 /** As sa_optimizer_add_param, for producers of the pre-1.0 DLManagedTensor. */
-SA_API sa_status sa_optimizer_add_param_legacy(sa_optimizer* opt, const char* name,
-                                               int32_t group, DLManagedTensor* local_shard,
+SA_API sa_status sa_optimizer_add_param_legacy(sa_optimizer* opt, const char* name, int32_t group,
+                                               DLManagedTensor* local_shard,
                                                const sa_layout* layout,
-                                               const sa_param_options* options,
-                                               int64_t* param);
+                                               const sa_param_options* options, int64_t* param);
 
 /** Number of params. */
 SA_API int64_t sa_optimizer_num_params(const sa_optimizer* opt);
 
 /** Finds a param by name; SA_ERR_INVALID_ARGUMENT if there is none. */
-SA_API sa_status sa_optimizer_find_param(const sa_optimizer* opt, const char* name,
-                                         int64_t* param);
+SA_API sa_status sa_optimizer_find_param(const sa_optimizer* opt, const char* name, int64_t* param);
 
 /** What shardadam knows about a param. Pointers belong to the optimizer and stay valid
  *  until it is destroyed. */
@@ -361,12 +364,16 @@ typedef struct sa_param_info {
   DLDataType param_dtype;
   DLDataType grad_dtype;
   DLDataType moment_dtype;
-  int32_t master;               /* resolved sa_master_kind (never AUTO) */
+  int32_t master; /* resolved sa_master_kind (never AUTO) */
   DLDevice device;
 } sa_param_info;
 
-#define SA_PARAM_INFO_INIT \
-  {sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, {kDLCPU, 0}}
+#define SA_PARAM_INFO_INIT                                                                        \
+  {                                                                                               \
+    sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, { \
+      kDLCPU, 0                                                                                   \
+    }                                                                                             \
+  }
 
 /** Fills *out (out->struct_size must be set: use SA_PARAM_INFO_INIT). */
 SA_API sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param,
@@ -436,8 +443,7 @@ SA_API sa_status sa_optimizer_clear_grad(sa_optimizer* opt, int64_t param);
  * aligned to the grad's element size; SA_NO_GRAD marks a param as having no grad.
  * All-or-nothing: on error no binding changes.
  */
-SA_API sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n,
-                                            const void* const* ptrs);
+SA_API sa_status sa_optimizer_set_grad_ptrs(sa_optimizer* opt, int64_t n, const void* const* ptrs);
 
 /* ---- step -------------------------------------------------------------------------- */
 
@@ -482,7 +488,8 @@ typedef enum sa_norm_type {
   SA_NORM_INF = 1 /* the largest absolute grad element */
 } sa_norm_type;
 
-#define SA_STEP_ARGS_INIT {sizeof(sa_step_args), NULL, NULL, NULL, 0.0, SA_NORM_L2, NULL, NULL}
+#define SA_STEP_ARGS_INIT \
+  { sizeof(sa_step_args), NULL, NULL, NULL, 0.0, SA_NORM_L2, NULL, NULL }
 
 /**
  * Runs one optimizer step over every param that has a grad, advancing its step count and
@@ -562,7 +569,8 @@ typedef struct sa_host_comm {
   void (*release)(void* ctx);
 } sa_host_comm;
 
-#define SA_HOST_COMM_INIT {sizeof(sa_host_comm), NULL, NULL, NULL}
+#define SA_HOST_COMM_INIT \
+  { sizeof(sa_host_comm), NULL, NULL, NULL }
 
 /** Creates a communicator from host callbacks. The table is copied; ctx is kept. */
 SA_API sa_status sa_comm_create_host(const sa_host_comm* callbacks, sa_comm** out);
@@ -668,8 +676,10 @@ typedef struct sa_reader {
   const char* name;
 } sa_reader;
 
-#define SA_WRITER_INIT {sizeof(sa_writer), NULL, NULL, NULL, NULL}
-#define SA_READER_INIT {sizeof(sa_reader), NULL, 0, NULL, NULL, NULL}
+#define SA_WRITER_INIT \
+  { sizeof(sa_writer), NULL, NULL, NULL, NULL }
+#define SA_READER_INIT \
+  { sizeof(sa_reader), NULL, 0, NULL, NULL, NULL }
 
 /** A writer to `path`: bytes go to a temporary file beside it, "<path>.tmp.<pid>.<n>"
  *  (created now: SA_ERR_IO, naming it, if that fails). Commit fsyncs it, renames it over
@@ -734,7 +744,8 @@ typedef struct sa_import_options {
   int32_t restore_groups;
 } sa_import_options;
 
-#define SA_IMPORT_OPTIONS_INIT {sizeof(sa_import_options), 0, 0, 0, 1}
+#define SA_IMPORT_OPTIONS_INIT \
+  { sizeof(sa_import_options), 0, 0, 0, 1 }
 
 /**
  * Loads state from `n` shard files (written by any number of ranks with any layout)

@@ -263,8 +263,9 @@ inline std::vector<const sa_reader*> reader_list(const std::vector<Reader>& read
 inline std::string inspect(const std::vector<Reader>& readers, bool verify_data = true) {
   const std::vector<const sa_reader*> list = detail::reader_list(readers);
   char* report = nullptr;
-  detail::check(sa_inspect(static_cast<int32_t>(list.size()), list.data(), verify_data ? 1 : 0, &report),
-                nullptr);
+  detail::check(
+      sa_inspect(static_cast<int32_t>(list.size()), list.data(), verify_data ? 1 : 0, &report),
+      nullptr);
   std::string out(report != nullptr ? report : "");
   sa_free(report);
   return out;
@@ -505,7 +506,8 @@ class Optimizer {
   // -- step --
 
   // sa_optimizer_step(): one step over every param. `args` NULL: no loss scale, no
-  // found-inf flag, no clipping (set args.max_grad_norm to clip). The CPU backend ignores `stream` and returns when the step is done.
+  // found-inf flag, no clipping (set args.max_grad_norm to clip). The CPU backend ignores `stream`
+  // and returns when the step is done.
   void step(const sa_step_args* args = nullptr, void* stream = nullptr) {
     detail::check(sa_optimizer_step(handle_, args, stream), handle_);
   }
@@ -521,9 +523,12 @@ class Optimizer {
 
   // sa_optimizer_import(): loads the shard files of every rank of a checkpoint into this
   // optimizer's layout (start `options` from default_import_options()).
-  void import_state(const std::vector<Reader>& readers, const sa_import_options& options = default_import_options()) {
+  void import_state(const std::vector<Reader>& readers,
+                    const sa_import_options& options = default_import_options()) {
     const std::vector<const sa_reader*> list = detail::reader_list(readers);
-    detail::check(sa_optimizer_import(handle_, static_cast<int32_t>(list.size()), list.data(), &options), handle_);
+    detail::check(
+        sa_optimizer_import(handle_, static_cast<int32_t>(list.size()), list.data(), &options),
+        handle_);
   }
   // sa_optimizer_import() from files.
   void import_state(const std::vector<std::string>& paths,
@@ -536,7 +541,9 @@ class Optimizer {
 
   // sa_optimizer_set_comm(): the communicator of later steps (the optimizer keeps a
   // reference, so `comm` may be destroyed first).
-  void set_comm(const Comm& comm) { detail::check(sa_optimizer_set_comm(handle_, comm.get()), handle_); }
+  void set_comm(const Comm& comm) {
+    detail::check(sa_optimizer_set_comm(handle_, comm.get()), handle_);
+  }
   // sa_optimizer_set_comm(opt, NULL): steps become rank-local again.
   void clear_comm() { detail::check(sa_optimizer_set_comm(handle_, nullptr), handle_); }
 

@@ -48,7 +48,8 @@ int64_t SumSquaresWholeVectors(const T* p, int64_t n, double* sum) {
   auto a0 = hn::Zero(dd), a1 = hn::Zero(dd), a2 = hn::Zero(dd), a3 = hn::Zero(dd);
   int64_t i = 0;
   for (; i + 4 * lanes <= n; i += 4 * lanes) {
-    const auto x0 = widen(i), x1 = widen(i + lanes), x2 = widen(i + 2 * lanes), x3 = widen(i + 3 * lanes);
+    const auto x0 = widen(i), x1 = widen(i + lanes), x2 = widen(i + 2 * lanes),
+               x3 = widen(i + 3 * lanes);
     a0 = hn::MulAdd(x0, x0, a0);
     a1 = hn::MulAdd(x1, x1, a1);
     a2 = hn::MulAdd(x2, x2, a2);
@@ -62,7 +63,9 @@ int64_t SumSquaresWholeVectors(const T* p, int64_t n, double* sum) {
   return i;
 }
 
-int64_t SumSquaresF32(const float* p, int64_t n, double* sum) { return SumSquaresWholeVectors(p, n, sum); }
+int64_t SumSquaresF32(const float* p, int64_t n, double* sum) {
+  return SumSquaresWholeVectors(p, n, sum);
+}
 int64_t SumSquaresBf16(const uint16_t* p, int64_t n, double* sum) {
   return SumSquaresWholeVectors(reinterpret_cast<const hwy::bfloat16_t*>(p), n, sum);
 }
@@ -123,22 +126,26 @@ double grad_norm_partial(NormType norm, ElemType type, const void* grad, int64_t
   const auto* bits = static_cast<const uint16_t*>(grad);
   double simd_sum = 0.0;
   if (simd && norm == NormType::l2 && begin < end) {
-    if (type == ElemType::f32) begin += HWY_DYNAMIC_DISPATCH(SumSquaresF32)(f + begin, end - begin, &simd_sum);
+    if (type == ElemType::f32)
+      begin += HWY_DYNAMIC_DISPATCH(SumSquaresF32)(f + begin, end - begin, &simd_sum);
     if (type == ElemType::bf16)
       begin += HWY_DYNAMIC_DISPATCH(SumSquaresBf16)(bits + begin, end - begin, &simd_sum);
   }
   double rest = 0.0;
   switch (type) {
     case ElemType::f32:
-      rest = scalar_partial(norm, [f](int64_t i) { return static_cast<double>(f[i]); }, begin, end);
+      rest = scalar_partial(
+          norm, [f](int64_t i) { return static_cast<double>(f[i]); }, begin, end);
       break;
     case ElemType::bf16:
-      rest = scalar_partial(norm, [bits](int64_t i) { return static_cast<double>(bf16_to_float(bits[i])); },
-                            begin, end);
+      rest = scalar_partial(
+          norm, [bits](int64_t i) { return static_cast<double>(bf16_to_float(bits[i])); }, begin,
+          end);
       break;
     case ElemType::f16:
-      rest = scalar_partial(norm, [bits](int64_t i) { return static_cast<double>(half_to_float(bits[i])); },
-                            begin, end);
+      rest = scalar_partial(
+          norm, [bits](int64_t i) { return static_cast<double>(half_to_float(bits[i])); }, begin,
+          end);
       break;
   }
   return norm == NormType::inf ? rest : simd_sum + rest;

@@ -49,15 +49,21 @@ struct Master;
 template <ElemType P>
 struct Master<P, MasterKind::none> {  // P is f32: the param is the value
   template <class A>
-  __device__ static float load(const A& a, int64_t i) { return Storage<P>::load(a.param, i); }
+  __device__ static float load(const A& a, int64_t i) {
+    return Storage<P>::load(a.param, i);
+  }
   template <class A>
-  __device__ static void store(const A& a, int64_t i, float x) { Storage<P>::store(a.param, i, x); }
+  __device__ static void store(const A& a, int64_t i, float x) {
+    Storage<P>::store(a.param, i, x);
+  }
 };
 
 template <ElemType P>
 struct Master<P, MasterKind::fp32> {
   template <class A>
-  __device__ static float load(const A& a, int64_t i) { return static_cast<const float*>(a.master)[i]; }
+  __device__ static float load(const A& a, int64_t i) {
+    return static_cast<const float*>(a.master)[i];
+  }
   template <class A>
   __device__ static void store(const A& a, int64_t i, float x) {
     static_cast<float*>(a.master)[i] = x;
@@ -183,16 +189,21 @@ cudaError_t launch_typed(const DeviceBucket& bucket, const DeviceStep& step, cud
 
 // Runtime Variant -> template instantiation, one level per field.
 template <ElemType P, ElemType G, ElemType M, MasterKind K>
-cudaError_t dispatch_amsgrad(const Variant& v, const DeviceBucket& b, const DeviceStep& s, cudaStream_t st) {
-  return v.amsgrad ? launch_typed<P, G, M, K, true>(b, s, st) : launch_typed<P, G, M, K, false>(b, s, st);
+cudaError_t dispatch_amsgrad(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
+                             cudaStream_t st) {
+  return v.amsgrad ? launch_typed<P, G, M, K, true>(b, s, st)
+                   : launch_typed<P, G, M, K, false>(b, s, st);
 }
 
 template <ElemType P, ElemType G, ElemType M>
-cudaError_t dispatch_master(const Variant& v, const DeviceBucket& b, const DeviceStep& s, cudaStream_t st) {
+cudaError_t dispatch_master(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
+                            cudaStream_t st) {
   if (P == ElemType::f32) {
-    if (v.master == MasterKind::none) return dispatch_amsgrad<P, G, M, MasterKind::none>(v, b, s, st);
+    if (v.master == MasterKind::none)
+      return dispatch_amsgrad<P, G, M, MasterKind::none>(v, b, s, st);
   } else {
-    if (v.master == MasterKind::fp32) return dispatch_amsgrad<P, G, M, MasterKind::fp32>(v, b, s, st);
+    if (v.master == MasterKind::fp32)
+      return dispatch_amsgrad<P, G, M, MasterKind::fp32>(v, b, s, st);
     if (P == ElemType::bf16 && v.master == MasterKind::remainder)
       return dispatch_amsgrad<P, G, M, MasterKind::remainder>(v, b, s, st);
   }
@@ -200,18 +211,23 @@ cudaError_t dispatch_master(const Variant& v, const DeviceBucket& b, const Devic
 }
 
 template <ElemType P, ElemType G>
-cudaError_t dispatch_moment(const Variant& v, const DeviceBucket& b, const DeviceStep& s, cudaStream_t st) {
+cudaError_t dispatch_moment(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
+                            cudaStream_t st) {
   if (v.moment == ElemType::bf16) return dispatch_master<P, G, ElemType::bf16>(v, b, s, st);
   if (v.moment == ElemType::f32) return dispatch_master<P, G, ElemType::f32>(v, b, s, st);
   return cudaErrorInvalidValue;
 }
 
 template <ElemType P>
-cudaError_t dispatch_grad(const Variant& v, const DeviceBucket& b, const DeviceStep& s, cudaStream_t st) {
+cudaError_t dispatch_grad(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
+                          cudaStream_t st) {
   switch (v.grad) {
-    case ElemType::f32: return dispatch_moment<P, ElemType::f32>(v, b, s, st);
-    case ElemType::bf16: return dispatch_moment<P, ElemType::bf16>(v, b, s, st);
-    case ElemType::f16: return dispatch_moment<P, ElemType::f16>(v, b, s, st);
+    case ElemType::f32:
+      return dispatch_moment<P, ElemType::f32>(v, b, s, st);
+    case ElemType::bf16:
+      return dispatch_moment<P, ElemType::bf16>(v, b, s, st);
+    case ElemType::f16:
+      return dispatch_moment<P, ElemType::f16>(v, b, s, st);
   }
   return cudaErrorInvalidValue;
 }
@@ -248,15 +264,18 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
                                cudaStream_t st) {
   if (b.num_chunks == 0) return cudaSuccess;
   switch (v.param) {
-    case ElemType::f32: return dispatch_grad<ElemType::f32>(v, b, s, st);
-    case ElemType::bf16: return dispatch_grad<ElemType::bf16>(v, b, s, st);
-    case ElemType::f16: return dispatch_grad<ElemType::f16>(v, b, s, st);
+    case ElemType::f32:
+      return dispatch_grad<ElemType::f32>(v, b, s, st);
+    case ElemType::bf16:
+      return dispatch_grad<ElemType::bf16>(v, b, s, st);
+    case ElemType::f16:
+      return dispatch_grad<ElemType::f16>(v, b, s, st);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs, GroupCoeffs* out,
-                                     cudaStream_t stream) {
+cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs,
+                                     GroupCoeffs* out, cudaStream_t stream) {
   // One thread per group and per param, at least one: the verdict is written even when
   // there are neither.
   const int32_t threads = std::max(1, std::max(tables.num_groups, tables.num_params));
@@ -270,13 +289,16 @@ cudaError_t launch_widen_to_f32(float* dst, const void* src, ElemType type, int6
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
   switch (type) {
     case ElemType::f32:
-      widen_kernel<ElemType::f32><<<blocks, 256, 0, stream>>>(dst, static_cast<const float*>(src), n);
+      widen_kernel<ElemType::f32>
+          <<<blocks, 256, 0, stream>>>(dst, static_cast<const float*>(src), n);
       break;
     case ElemType::bf16:
-      widen_kernel<ElemType::bf16><<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
+      widen_kernel<ElemType::bf16>
+          <<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
       break;
     case ElemType::f16:
-      widen_kernel<ElemType::f16><<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
+      widen_kernel<ElemType::f16>
+          <<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
       break;
   }
   return cudaGetLastError();

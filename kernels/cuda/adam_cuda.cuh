@@ -39,7 +39,10 @@ __device__ __forceinline__ int32_t slot_of_chunk(const DeviceBucket& bucket, int
   int32_t lo = 0, hi = bucket.num_slots - 1;
   while (lo < hi) {
     const int32_t mid = (lo + hi + 1) / 2;
-    if (bucket.chunk_offsets[mid] <= chunk) lo = mid; else hi = mid - 1;
+    if (bucket.chunk_offsets[mid] <= chunk)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -49,7 +52,7 @@ __device__ __forceinline__ int32_t slot_of_chunk(const DeviceBucket& bucket, int
 struct StepVerdict {
   int32_t skip;  // nonzero: every Adam block returns at once
   int32_t unused;
-  double norm;   // the global norm of the unscaled grads; NaN when not computed
+  double norm;  // the global norm of the unscaled grads; NaN when not computed
 };
 
 // Per-step inputs of the Adam kernels, in device memory.
@@ -70,15 +73,15 @@ struct FoldInputs {
   const float* found_inf;       // nullable; read only when `stats` is NULL
   const double* stats;          // nullable: the reduced step stats (step_control.h)
   ClipSpec clip;
-  StepVerdict* verdict;         // written every step
-  float* norm_out;              // nullable: the caller's copy of the norm
+  StepVerdict* verdict;  // written every step
+  float* norm_out;       // nullable: the caller's copy of the norm
 };
 
 // The groups and params the fold kernel reads (and whose step counts it advances), all
 // in device memory.
 struct FoldTables {
-  const AdamHyper* hyper;     // [num_groups]
-  int64_t* group_steps;       // [num_groups]
+  const AdamHyper* hyper;  // [num_groups]
+  int64_t* group_steps;    // [num_groups]
   int32_t num_groups;
   const int32_t* param_group;   // [num_params]
   const uint8_t* param_active;  // [num_params]: 1 = has a grad at this step
@@ -90,8 +93,8 @@ struct FoldTables {
 // next step count into out[param] on the device (capturable: reads the step counts from
 // device memory and advances the groups' and the active params' unless the step is
 // skipped).
-cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs, GroupCoeffs* out,
-                                     cudaStream_t stream);
+cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs,
+                                     GroupCoeffs* out, cudaStream_t stream);
 
 // Partial gradient norms of a bucket: partials[c] for each chunk c (0 for shards that do
 // not count, in_norm == 0). `grad` is the bucket's grad dtype.

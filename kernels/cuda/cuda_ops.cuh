@@ -11,7 +11,9 @@ namespace kernels {
 
 struct CudaOps {
   __device__ __forceinline__ float mul(float a, float b) const { return __fmul_rn(a, b); }
-  __device__ __forceinline__ float fma(float a, float b, float c) const { return __fmaf_rn(a, b, c); }
+  __device__ __forceinline__ float fma(float a, float b, float c) const {
+    return __fmaf_rn(a, b, c);
+  }
   __device__ __forceinline__ float sqrt(float a) const { return __fsqrt_rn(a); }
   __device__ __forceinline__ float div(float a, float b) const { return __fdiv_rn(a, b); }
   __device__ __forceinline__ float max(float a, float b) const { return a > b ? a : b; }

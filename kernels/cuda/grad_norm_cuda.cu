@@ -91,7 +91,8 @@ template <NormType N>
 __global__ void __launch_bounds__(kFinishThreads)
     norm_finish_kernel(const double* partials, int64_t n, const float* found_inf, double* stats) {
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += kFinishThreads) acc = Accumulate<N>::combine(acc, partials[i]);
+  for (int64_t i = threadIdx.x; i < n; i += kFinishThreads)
+    acc = Accumulate<N>::combine(acc, partials[i]);
   acc = block_combine<N, kFinishThreads>(acc);
   if (threadIdx.x == 0) {
     stats[kStatNorm] = acc;
@@ -104,9 +105,11 @@ cudaError_t launch_partials(NormType norm, const DeviceBucket& bucket, double* p
                             cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(bucket.num_chunks);
   if (norm == NormType::inf)
-    norm_partials_kernel<G, NormType::inf><<<blocks, kCudaBlockThreads, 0, stream>>>(bucket, partials);
+    norm_partials_kernel<G, NormType::inf>
+        <<<blocks, kCudaBlockThreads, 0, stream>>>(bucket, partials);
   else
-    norm_partials_kernel<G, NormType::l2><<<blocks, kCudaBlockThreads, 0, stream>>>(bucket, partials);
+    norm_partials_kernel<G, NormType::l2>
+        <<<blocks, kCudaBlockThreads, 0, stream>>>(bucket, partials);
   return cudaGetLastError();
 }
 
@@ -116,9 +119,12 @@ cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const Device
                                       double* partials, cudaStream_t stream) {
   if (bucket.num_chunks == 0) return cudaSuccess;
   switch (grad) {
-    case ElemType::f32: return launch_partials<ElemType::f32>(norm, bucket, partials, stream);
-    case ElemType::bf16: return launch_partials<ElemType::bf16>(norm, bucket, partials, stream);
-    case ElemType::f16: return launch_partials<ElemType::f16>(norm, bucket, partials, stream);
+    case ElemType::f32:
+      return launch_partials<ElemType::f32>(norm, bucket, partials, stream);
+    case ElemType::bf16:
+      return launch_partials<ElemType::bf16>(norm, bucket, partials, stream);
+    case ElemType::f16:
+      return launch_partials<ElemType::f16>(norm, bucket, partials, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -126,9 +132,11 @@ cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const Device
 cudaError_t launch_grad_norm_finish(NormType norm, const double* partials, int64_t n,
                                     const float* found_inf, double* stats, cudaStream_t stream) {
   if (norm == NormType::inf)
-    norm_finish_kernel<NormType::inf><<<1, kFinishThreads, 0, stream>>>(partials, n, found_inf, stats);
+    norm_finish_kernel<NormType::inf>
+        <<<1, kFinishThreads, 0, stream>>>(partials, n, found_inf, stats);
   else
-    norm_finish_kernel<NormType::l2><<<1, kFinishThreads, 0, stream>>>(partials, n, found_inf, stats);
+    norm_finish_kernel<NormType::l2>
+        <<<1, kFinishThreads, 0, stream>>>(partials, n, found_inf, stats);
   return cudaGetLastError();
 }
 

@@ -26,8 +26,14 @@ struct Storage<ElemType::f32> {
   __device__ static void load_vec(const float* p, int64_t i, float (&x)[kVec]) {
     const float4 a = reinterpret_cast<const float4*>(p + i)[0];
     const float4 b = reinterpret_cast<const float4*>(p + i)[1];
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-    x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+    x[0] = a.x;
+    x[1] = a.y;
+    x[2] = a.z;
+    x[3] = a.w;
+    x[4] = b.x;
+    x[5] = b.y;
+    x[6] = b.z;
+    x[7] = b.w;
   }
   __device__ static void store_vec(float* p, int64_t i, const float (&x)[kVec]) {
     reinterpret_cast<float4*>(p + i)[0] = make_float4(x[0], x[1], x[2], x[3]);

@@ -1,9 +1,9 @@
 // src/backends/cpu_backend.cpp — the CPU backend: host memory, and a step that spreads
 // fixed-size chunks of all shards of all buckets over one thread pool.
 #include <algorithm>
-#include <map>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 #include <thread>
 #include <utility>
@@ -28,7 +28,8 @@ class HostBuffer final : public Buffer {
   explicit HostBuffer(std::size_t bytes) : bytes_(bytes) {
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, rounded);
-    if (data_ == nullptr) fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes of host memory");
+    if (data_ == nullptr)
+      fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes of host memory");
     std::memset(data_, 0, rounded);
   }
   ~HostBuffer() override { std::free(data_); }
@@ -46,7 +47,8 @@ class StagingBuffer final : public Buffer {
   explicit StagingBuffer(std::size_t bytes) : bytes_(bytes) {
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, rounded);
-    if (data_ == nullptr) fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes of staging memory");
+    if (data_ == nullptr)
+      fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate ", bytes, " bytes of staging memory");
   }
   ~StagingBuffer() override { std::free(data_); }
   StagingBuffer(const StagingBuffer&) = delete;
@@ -84,9 +86,15 @@ class CpuBackend final : public Backend {
     const auto* bits = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) {
       switch (type) {
-        case kernels::ElemType::f32: dst[i] = static_cast<const float*>(src)[i]; break;
-        case kernels::ElemType::bf16: dst[i] = kernels::bf16_to_float(bits[i]); break;
-        case kernels::ElemType::f16: dst[i] = kernels::half_to_float(bits[i]); break;
+        case kernels::ElemType::f32:
+          dst[i] = static_cast<const float*>(src)[i];
+          break;
+        case kernels::ElemType::bf16:
+          dst[i] = kernels::bf16_to_float(bits[i]);
+          break;
+        case kernels::ElemType::f16:
+          dst[i] = kernels::half_to_float(bits[i]);
+          break;
       }
     }
   }
@@ -142,7 +150,6 @@ class CpuBackend final : public Backend {
 
   void read_steps(StepTable&) override {}  // the host's counts are the truth
 
-
   bool host_memory() const override { return true; }
 
   std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
@@ -174,7 +181,7 @@ class CpuBackend final : public Backend {
   std::vector<kernels::GroupCoeffs> coeffs_;
   std::vector<int32_t> coeff_of_param_;
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
-  std::vector<double> partials_;              // one norm partial per work item
+  std::vector<double> partials_;  // one norm partial per work item
   StepReport report_{false, 0.0};
 
   // Calls body(i) for every work item i, spread over the pool by task.
@@ -195,10 +202,12 @@ class CpuBackend final : public Backend {
       if (!table.param_active[i]) continue;
       const std::pair<int32_t, int64_t> key{table.param_group[i], table.param_steps[i] + 1};
       if (key != last_key) {  // a run of equal keys costs one compare
-        const auto [it, added] = coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
+        const auto [it, added] =
+            coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
         if (added) {
           kernels::GroupCoeffs c{};
-          c.l2 = kernels::fold_coefficients(table.hyper[key.first], key.second, grad_multiplier, c.c);
+          c.l2 =
+              kernels::fold_coefficients(table.hyper[key.first], key.second, grad_multiplier, c.c);
           coeffs_.push_back(c);
         }
         last = it->second;
@@ -216,9 +225,10 @@ class CpuBackend final : public Backend {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
-      partials_[i] = slot.in_norm && slot.grad != nullptr ? kernels::grad_norm_partial(norm, bucket.variant.grad, slot.grad,
-                                                               item.begin, item.end, simd_)
-                                  : 0.0;
+      partials_[i] = slot.in_norm && slot.grad != nullptr
+                         ? kernels::grad_norm_partial(norm, bucket.variant.grad, slot.grad,
+                                                      item.begin, item.end, simd_)
+                         : 0.0;
     });
     double total = 0.0;
     for (double partial : partials_)
@@ -235,9 +245,9 @@ kernels::StepDecision decide_on_host(const StepInputs& inputs, double local_norm
   double stats[kernels::kNumStats] = {local_norm, local_inf ? 1.0 : 0.0};
   const bool reduce = inputs.clip.norm != kernels::NormType::none || inputs.comm != nullptr;
   if (inputs.comm != nullptr)
-    inputs.comm->all_reduce(stats, kernels::kNumStats,
-                            inputs.clip.norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum,
-                            nullptr);
+    inputs.comm->all_reduce(
+        stats, kernels::kNumStats,
+        inputs.clip.norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum, nullptr);
   const kernels::StepDecision d =
       kernels::decide_step(inputs.clip, reduce ? stats : nullptr, local_inf, inv_grad_scale);
   if (inputs.grad_norm_out != nullptr) *inputs.grad_norm_out = static_cast<float>(d.norm);

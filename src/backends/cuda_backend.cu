@@ -26,8 +26,8 @@ namespace {
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
-    fail(status == cudaErrorMemoryAllocation ? SA_ERR_OUT_OF_MEMORY : SA_ERR_DEVICE, what,
-         ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+    fail(status == cudaErrorMemoryAllocation ? SA_ERR_OUT_OF_MEMORY : SA_ERR_DEVICE, what, ": ",
+         cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
 }
 
 // Makes `device` current for the scope of a call and restores the caller's device.
@@ -79,7 +79,8 @@ class DeviceBuffer final : public Buffer {
 class PinnedBuffer final : public Buffer {
  public:
   explicit PinnedBuffer(std::size_t bytes) : bytes_(bytes) {
-    check_cuda(cudaMallocHost(&data_, std::max<std::size_t>(bytes, 1)), "cudaMallocHost of staging memory");
+    check_cuda(cudaMallocHost(&data_, std::max<std::size_t>(bytes, 1)),
+               "cudaMallocHost of staging memory");
   }
   ~PinnedBuffer() override { cudaFreeHost(data_); }
   PinnedBuffer(const PinnedBuffer&) = delete;
@@ -120,9 +121,11 @@ class StagingRing {
       check_cuda(cudaMallocHost(&s.host, bytes), "cudaMallocHost of upload staging");
       s.capacity = bytes;
     }
-    if (!s.event) check_cuda(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming), "cudaEventCreate");
+    if (!s.event)
+      check_cuda(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming), "cudaEventCreate");
     std::memcpy(s.host, src, bytes);
-    check_cuda(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync upload");
+    check_cuda(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync upload");
     check_cuda(cudaEventRecord(s.event, stream), "cudaEventRecord");
   }
 
@@ -174,14 +177,16 @@ class CudaBackend final : public Backend {
         offsets[s + 1] = offsets[s] + (bucket.slots[s].numel + kernels::kCudaChunkElems - 1) /
                                           kernels::kCudaChunkElems;
       if (offsets.back() > 0x7FFFFFFF)
-        fail(SA_ERR_UNSUPPORTED, "a bucket of ", bucket.numel, " elements needs more than 2^31 chunks");
+        fail(SA_ERR_UNSUPPORTED, "a bucket of ", bucket.numel,
+             " elements needs more than 2^31 chunks");
       t.slots = allocate(bucket.slots.size() * sizeof(kernels::TensorSlot));
       t.chunk_offsets = allocate(offsets.size() * sizeof(int64_t));
-      check_cuda(cudaMemcpy(t.slots->data(), bucket.slots.data(),
-                            bucket.slots.size() * sizeof(kernels::TensorSlot), cudaMemcpyHostToDevice),
-                 "plan upload");
-      check_cuda(cudaMemcpy(t.chunk_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t),
-                            cudaMemcpyHostToDevice),
+      check_cuda(
+          cudaMemcpy(t.slots->data(), bucket.slots.data(),
+                     bucket.slots.size() * sizeof(kernels::TensorSlot), cudaMemcpyHostToDevice),
+          "plan upload");
+      check_cuda(cudaMemcpy(t.chunk_offsets->data(), offsets.data(),
+                            offsets.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
                  "plan upload");
       t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
                 static_cast<const int64_t*>(t.chunk_offsets->data()),
@@ -191,8 +196,9 @@ class CudaBackend final : public Backend {
     }
     int64_t total_chunks = 0;
     for (const DeviceTables& t : tables) total_chunks += t.view.num_chunks;
-    auto scratch = allocate(sizeof(kernels::StepVerdict) +
-                            (kernels::kNumStats + static_cast<std::size_t>(total_chunks)) * sizeof(double));
+    auto scratch =
+        allocate(sizeof(kernels::StepVerdict) +
+                 (kernels::kNumStats + static_cast<std::size_t>(total_chunks)) * sizeof(double));
     tables_ = std::move(tables);
     scratch_ = std::move(scratch);
   }
@@ -203,7 +209,8 @@ class CudaBackend final : public Backend {
     // A copy recorded into a graph would replay stale staging memory forever: uploads
     // must happen before capture (sa_optimizer_flush), never inside it.
     if (needs_upload(plan, table) && capturing(stream))
-      fail(SA_ERR_STATE, "grad bindings, hyperparameters or step counts changed since the last "
+      fail(SA_ERR_STATE,
+           "grad bindings, hyperparameters or step counts changed since the last "
            "step; call sa_optimizer_flush on the stream before capturing a step");
     upload_groups(table, stream);
     upload_changed_grads(plan, stream);
@@ -216,12 +223,9 @@ class CudaBackend final : public Backend {
     auto stream = static_cast<cudaStream_t>(stream_handle);
     const bool with_stats = inputs.clip.norm != kernels::NormType::none || inputs.comm != nullptr;
     if (with_stats) reduce_stats(plan, inputs, stream);
-    const kernels::FoldInputs fold{inputs.inv_grad_scale,
-                                   inputs.found_inf,
-                                   with_stats ? stats() : nullptr,
-                                   inputs.clip,
-                                   verdict(),
-                                   inputs.grad_norm_out};
+    const kernels::FoldInputs fold{
+        inputs.inv_grad_scale, inputs.found_inf, with_stats ? stats() : nullptr,
+        inputs.clip,           verdict(),        inputs.grad_norm_out};
     const kernels::FoldTables fold_tables{static_cast<const kernels::AdamHyper*>(hyper_->data()),
                                           static_cast<int64_t*>(steps_->data()),
                                           static_cast<int32_t>(table.hyper.size()),
@@ -229,13 +233,15 @@ class CudaBackend final : public Backend {
                                           static_cast<const uint8_t*>(param_active_->data()),
                                           static_cast<int64_t*>(param_steps_->data()),
                                           static_cast<int32_t>(table.param_steps.size())};
-    check_cuda(kernels::launch_fold_coefficients(fold_tables, fold,
-                                                 static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
+    check_cuda(kernels::launch_fold_coefficients(
+                   fold_tables, fold, static_cast<kernels::GroupCoeffs*>(coeffs_->data()), stream),
                "coefficient launch");
-    const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()), verdict()};
+    const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
+                                   verdict()};
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
-      check_cuda(kernels::launch_adam_bucket(plan.buckets[b].variant, tables_[b].view, step, stream),
-                 "Adam kernel launch");
+      check_cuda(
+          kernels::launch_adam_bucket(plan.buckets[b].variant, tables_[b].view, step, stream),
+          "Adam kernel launch");
     // A captured step advances the device counts once per replay, and a found_inf flag
     // or a norm is read only by the device: then the host's counts must be read back.
     if (capturing(stream) || inputs.found_inf != nullptr || with_stats)
@@ -248,7 +254,8 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     kernels::StepVerdict v{};
     check_cuda(cudaDeviceSynchronize(), "reading the step's verdict");
-    check_cuda(cudaMemcpy(&v, verdict(), sizeof v, cudaMemcpyDeviceToHost), "reading the step's verdict");
+    check_cuda(cudaMemcpy(&v, verdict(), sizeof v, cudaMemcpyDeviceToHost),
+               "reading the step's verdict");
     return {v.skip != 0, v.norm};
   }
 
@@ -261,11 +268,12 @@ class CudaBackend final : public Backend {
     const std::size_t groups = std::min(table.steps.size(), uploaded_groups_);
     const std::size_t params = std::min(table.param_steps.size(), uploaded_params_);
     if (groups > 0)
-      check_cuda(cudaMemcpy(table.steps.data(), steps_->data(), groups * sizeof(int64_t), cudaMemcpyDeviceToHost),
+      check_cuda(cudaMemcpy(table.steps.data(), steps_->data(), groups * sizeof(int64_t),
+                            cudaMemcpyDeviceToHost),
                  "reading step counts");
     if (params > 0)
-      check_cuda(cudaMemcpy(table.param_steps.data(), param_steps_->data(), params * sizeof(int64_t),
-                            cudaMemcpyDeviceToHost),
+      check_cuda(cudaMemcpy(table.param_steps.data(), param_steps_->data(),
+                            params * sizeof(int64_t), cudaMemcpyDeviceToHost),
                  "reading step counts");
   }
 
@@ -303,9 +311,9 @@ class CudaBackend final : public Backend {
   }
 
   bool needs_upload(const Plan& plan, const StepTable& table) const {
-    if (!hyper_ || uploaded_groups_ != table.hyper.size() || uploaded_params_ != table.param_steps.size() ||
-        hyper_version_ != table.hyper_version || steps_version_ != table.steps_version ||
-        params_version_ != table.params_version)
+    if (!hyper_ || uploaded_groups_ != table.hyper.size() ||
+        uploaded_params_ != table.param_steps.size() || hyper_version_ != table.hyper_version ||
+        steps_version_ != table.steps_version || params_version_ != table.params_version)
       return true;
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
       for (std::size_t s = 0; s < plan.buckets[b].slots.size(); ++s)
@@ -330,17 +338,21 @@ class CudaBackend final : public Backend {
       hyper_version_ = steps_version_ = params_version_ = ~uint64_t{0};
     }
     if (hyper_version_ != table.hyper_version) {
-      staging_.upload(hyper_->data(), table.hyper.data(), groups * sizeof(kernels::AdamHyper), stream);
+      staging_.upload(hyper_->data(), table.hyper.data(), groups * sizeof(kernels::AdamHyper),
+                      stream);
       hyper_version_ = table.hyper_version;
     }
     if (steps_version_ != table.steps_version) {
       staging_.upload(steps_->data(), table.steps.data(), groups * sizeof(int64_t), stream);
-      staging_.upload(param_steps_->data(), table.param_steps.data(), params * sizeof(int64_t), stream);
+      staging_.upload(param_steps_->data(), table.param_steps.data(), params * sizeof(int64_t),
+                      stream);
       steps_version_ = table.steps_version;
     }
     if (params_version_ != table.params_version) {
-      staging_.upload(param_group_->data(), table.param_group.data(), params * sizeof(int32_t), stream);
-      staging_.upload(param_active_->data(), table.param_active.data(), params * sizeof(uint8_t), stream);
+      staging_.upload(param_group_->data(), table.param_group.data(), params * sizeof(int32_t),
+                      stream);
+      staging_.upload(param_active_->data(), table.param_active.data(), params * sizeof(uint8_t),
+                      stream);
       params_version_ = table.params_version;
     }
   }
@@ -359,16 +371,19 @@ class CudaBackend final : public Backend {
         }
       }
       if (changed)
-        staging_.upload(tables_[b].slots->data(), slots.data(), slots.size() * sizeof(kernels::TensorSlot),
-                        stream);
+        staging_.upload(tables_[b].slots->data(), slots.data(),
+                        slots.size() * sizeof(kernels::TensorSlot), stream);
     }
   }
 
   // Device scratch of a step: the verdict, then the stats (kNumStats doubles), then the
   // per-chunk norm partials of every bucket.
-  kernels::StepVerdict* verdict() const { return static_cast<kernels::StepVerdict*>(scratch_->data()); }
+  kernels::StepVerdict* verdict() const {
+    return static_cast<kernels::StepVerdict*>(scratch_->data());
+  }
   double* stats() const {
-    return reinterpret_cast<double*>(static_cast<char*>(scratch_->data()) + sizeof(kernels::StepVerdict));
+    return reinterpret_cast<double*>(static_cast<char*>(scratch_->data()) +
+                                     sizeof(kernels::StepVerdict));
   }
   double* partials() const { return stats() + kernels::kNumStats; }
 
@@ -380,14 +395,16 @@ class CudaBackend final : public Backend {
     int64_t num_partials = 0;
     if (norm != kernels::NormType::none) {
       for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-        check_cuda(kernels::launch_grad_norm_partials(plan.buckets[b].variant.grad, norm, tables_[b].view,
-                                                      partials() + num_partials, stream),
-                   "gradient norm launch");
+        check_cuda(
+            kernels::launch_grad_norm_partials(plan.buckets[b].variant.grad, norm, tables_[b].view,
+                                               partials() + num_partials, stream),
+            "gradient norm launch");
         num_partials += tables_[b].view.num_chunks;
       }
     }
-    check_cuda(kernels::launch_grad_norm_finish(norm == kernels::NormType::inf ? norm : kernels::NormType::l2,
-                                                partials(), num_partials, inputs.found_inf, stats(), stream),
+    check_cuda(kernels::launch_grad_norm_finish(
+                   norm == kernels::NormType::inf ? norm : kernels::NormType::l2, partials(),
+                   num_partials, inputs.found_inf, stats(), stream),
                "gradient norm launch");
     if (inputs.comm == nullptr) return;
     const ReduceOp op = norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum;
@@ -396,11 +413,14 @@ class CudaBackend final : public Backend {
       return;
     }
     if (capturing(stream))
-      fail(SA_ERR_STATE, "a step with a host-callback communicator cannot be captured in a CUDA graph "
+      fail(SA_ERR_STATE,
+           "a step with a host-callback communicator cannot be captured in a CUDA graph "
            "(the host must read the stats); use an NCCL communicator");
-    if (!host_stats_) host_stats_ = std::make_shared<PinnedBuffer>(kernels::kNumStats * sizeof(double));
+    if (!host_stats_)
+      host_stats_ = std::make_shared<PinnedBuffer>(kernels::kNumStats * sizeof(double));
     auto* host = static_cast<double*>(host_stats_->data());
-    check_cuda(cudaMemcpyAsync(host, stats(), kernels::kNumStats * sizeof(double), cudaMemcpyDeviceToHost, stream),
+    check_cuda(cudaMemcpyAsync(host, stats(), kernels::kNumStats * sizeof(double),
+                               cudaMemcpyDeviceToHost, stream),
                "reading the step stats");
     check_cuda(cudaStreamSynchronize(stream), "reading the step stats");
     inputs.comm->all_reduce(host, kernels::kNumStats, op, nullptr);
@@ -423,6 +443,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
 
 }  // namespace sa

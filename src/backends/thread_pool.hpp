@@ -25,7 +25,8 @@ class ThreadPool {
   // included), and returns when all are done. `body` must not throw. No allocation.
   template <class Body>
   void parallel_for(int64_t n, const Body& body) {
-    run(n, [](const void* ctx, int64_t i) { (*static_cast<const Body*>(ctx))(i); }, &body);
+    run(
+        n, [](const void* ctx, int64_t i) { (*static_cast<const Body*>(ctx))(i); }, &body);
   }
 
  private:

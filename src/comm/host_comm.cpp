@@ -1,6 +1,6 @@
 // src/comm/host_comm.cpp — a communicator made of the caller's host callbacks.
-#include "comm.hpp"
 #include "../errors.hpp"
+#include "comm.hpp"
 
 namespace sa {
 namespace {

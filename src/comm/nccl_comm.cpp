@@ -1,8 +1,8 @@
 // src/comm/nccl_comm.cpp — an NCCL communicator, owned (made from a unique id) or borrowed
 // (the caller's ncclComm_t). Built only with SHARDADAM_WITH_NCCL; otherwise every entry
 // point says so.
-#include "comm.hpp"
 #include "../errors.hpp"
+#include "comm.hpp"
 
 #ifdef SHARDADAM_WITH_NCCL
 #include <cuda_runtime.h>
@@ -95,7 +95,8 @@ std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id& id, int32_t nranks
                                      int32_t device) {
   if (nranks < 1) fail(SA_ERR_INVALID_ARGUMENT, "nranks is ", nranks, "; it must be >= 1");
   if (rank < 0 || rank >= nranks)
-    fail(SA_ERR_INVALID_ARGUMENT, "rank is ", rank, " but nranks is ", nranks, "; use 0..", nranks - 1);
+    fail(SA_ERR_INVALID_ARGUMENT, "rank is ", rank, " but nranks is ", nranks, "; use 0..",
+         nranks - 1);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (device < 0 || device >= devices)
@@ -123,14 +124,17 @@ std::shared_ptr<Comm> wrap_nccl_comm(void* nccl_comm) {
 
 namespace {
 [[noreturn]] void no_nccl() {
-  fail(SA_ERR_UNSUPPORTED, "this build of shardadam has no NCCL (see sa_build_info()); "
+  fail(SA_ERR_UNSUPPORTED,
+       "this build of shardadam has no NCCL (see sa_build_info()); "
        "use a host-callback communicator (sa_comm_create_host)");
 }
 }  // namespace
 
 bool nccl_available() { return false; }
 void nccl_unique_id(sa_nccl_unique_id&) { no_nccl(); }
-std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id&, int32_t, int32_t, int32_t) { no_nccl(); }
+std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id&, int32_t, int32_t, int32_t) {
+  no_nccl();
+}
 std::shared_ptr<Comm> wrap_nccl_comm(void*) { no_nccl(); }
 
 #endif

@@ -29,7 +29,8 @@ BlobWriter::BlobWriter(const sa_writer* writer) {
   if (writer == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "writer is NULL");
   const sa_writer defaults = SA_WRITER_INIT;
   writer_ = read_options(writer, defaults, "writer");
-  if (writer_.write == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "writer->write is NULL (released writer?)");
+  if (writer_.write == nullptr)
+    fail(SA_ERR_INVALID_ARGUMENT, "writer->write is NULL (released writer?)");
 }
 
 void BlobWriter::write(const void* data, std::size_t bytes) {

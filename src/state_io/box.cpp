@@ -11,7 +11,8 @@ namespace {
 
 bool overlaps(const Box& a, const Box& b) {
   for (std::size_t d = 0; d < a.offset.size(); ++d)
-    if (std::max(a.offset[d], b.offset[d]) >= std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]))
+    if (std::max(a.offset[d], b.offset[d]) >=
+        std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]))
       return false;
   return true;
 }
@@ -48,8 +49,8 @@ Dims find_gap(const Box& target, const std::vector<const Box*>& parts) {
       inside_target = inside_target && point[d] < target.offset[d] + target.shape[d] &&
                       point[d] >= target.offset[d];
     }
-    if (inside_target && std::none_of(parts.begin(), parts.end(),
-                                      [&](const Box* p) { return contains(*p, point); }))
+    if (inside_target &&
+        std::none_of(parts.begin(), parts.end(), [&](const Box* p) { return contains(*p, point); }))
       return point;
     std::size_t d = ndim;
     while (d > 0) {
@@ -111,7 +112,9 @@ Coverage check_coverage(const Box& target, const std::vector<Box>& parts) {
     }
   }
   auto begin_of = [&](std::size_t i) { return ndim == 0 ? 0 : parts[i].offset[sweep]; };
-  auto end_of = [&](std::size_t i) { return ndim == 0 ? 1 : parts[i].offset[sweep] + parts[i].shape[sweep]; };
+  auto end_of = [&](std::size_t i) {
+    return ndim == 0 ? 1 : parts[i].offset[sweep] + parts[i].shape[sweep];
+  };
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return begin_of(a) < begin_of(b); });
   std::vector<std::size_t> active;
@@ -156,8 +159,8 @@ std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>&
   if (c.overlap) {
     Box both;
     intersect(parts[c.first], parts[c.second], both);
-    return concat(name(c.first), " (", describe_box(parts[c.first]), ") and ", name(c.second),
-                  " (", describe_box(parts[c.second]), ") both hold the elements at ",
+    return concat(name(c.first), " (", describe_box(parts[c.first]), ") and ", name(c.second), " (",
+                  describe_box(parts[c.second]), ") both hold the elements at ",
                   describe_box(both));
   }
   int64_t volume = 0;

@@ -49,7 +49,7 @@ inline uint64_t load_le64(const unsigned char* p) {
 // The instruction computes the reflected CRC-32C register update without the initial
 // and final inversion, exactly as the table path's loop does.
 __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const void* data,
-                                                       std::size_t bytes) {
+                                                        std::size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;
   while (bytes > 0 && (reinterpret_cast<std::uintptr_t>(p) & 7u) != 0) {
@@ -117,7 +117,8 @@ void crc32c_blocks(const void* data, std::size_t bytes, std::size_t block_bytes,
   // A thread costs ~50 us to start; a MiB takes ~0.5 ms to checksum.
   constexpr std::size_t kBytesPerThread = std::size_t{1} << 20;
   const std::size_t hardware = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t threads = std::min({hardware, blocks, std::max<std::size_t>(1, bytes / kBytesPerThread), std::size_t{16}});
+  const std::size_t threads = std::min(
+      {hardware, blocks, std::max<std::size_t>(1, bytes / kBytesPerThread), std::size_t{16}});
   if (threads <= 1) return run(0, blocks);
   std::vector<std::thread> workers;
   std::size_t next = 0;

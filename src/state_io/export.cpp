@@ -32,7 +32,8 @@ std::vector<WriterMesh> meshes_of(const std::vector<std::unique_ptr<Param>>& par
 class HostChunks {
  public:
   HostChunks(Backend* backend, uint64_t largest, uint64_t limit) : backend_(backend) {
-    chunk_ = std::max<uint64_t>(kChecksumBlockBytes, limit / kChecksumBlockBytes * kChecksumBlockBytes);
+    chunk_ =
+        std::max<uint64_t>(kChecksumBlockBytes, limit / kChecksumBlockBytes * kChecksumBlockBytes);
     if (backend_ != nullptr && !backend_->host_memory() && largest > 0)
       staging_ = backend_->allocate_staging(static_cast<std::size_t>(std::min(chunk_, largest)));
   }
@@ -60,7 +61,8 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
 
   ShardHeader header;
-  header.library = concat("shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH);
+  header.library =
+      concat("shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH);
   for (int32_t g = 0; g < opt.num_groups(); ++g)
     header.groups.push_back({opt.group(g, "group").config, opt.get_step(g)});
   header.meshes = meshes_of(opt.params());

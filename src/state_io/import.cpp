@@ -68,7 +68,8 @@ struct Settings {
 
 Settings settings_of(const sa_import_options& o) {
   auto flag = [](int32_t v, const char* name) {
-    if (v != 0 && v != 1) fail(SA_ERR_INVALID_ARGUMENT, "options->", name, " is ", v, "; it must be 0 or 1");
+    if (v != 0 && v != 1)
+      fail(SA_ERR_INVALID_ARGUMENT, "options->", name, " is ", v, "; it must be 0 or 1");
     return v == 1;
   };
   return {o.staging_bytes == 0 ? kDefaultStagingBytes : o.staging_bytes,
@@ -85,7 +86,8 @@ std::string key_list(const std::set<std::string>& keys) {
 // Every rank writes the groups, so every file of one checkpoint holds the same ones;
 // files that disagree come from different checkpoints, whether or not the groups are
 // restored.
-void check_groups_agree(const std::vector<ShardHeader>& headers, const std::vector<BlobReader>& readers) {
+void check_groups_agree(const std::vector<ShardHeader>& headers,
+                        const std::vector<BlobReader>& readers) {
   for (std::size_t f = 1; f < headers.size(); ++f) {
     const std::string difference = describe_group_difference(headers[0].groups, readers[0].name(),
                                                              headers[f].groups, readers[f].name());
@@ -134,7 +136,8 @@ class Importer {
     for (const BlobReader& r : readers_) headers_.push_back(read_shard_header(r));
     check_groups_agree(headers_, readers_);
     for (std::size_t f = 0; f < headers_.size(); ++f)
-      for (const SavedTensor& t : headers_[f].tensors) saved_[t.param].keys[t.key].push_back({f, &t});
+      for (const SavedTensor& t : headers_[f].tensors)
+        saved_[t.param].keys[t.key].push_back({f, &t});
 
     // Only the params imported are checked against the files (tiling, shapes, keys):
     // those allow_unexpected ignores are never read, so a broken set of their boxes
@@ -162,8 +165,9 @@ class Importer {
     if (settings_.restore_groups && !headers_.empty()) {
       const auto& groups = headers_[0].groups;
       if (static_cast<int64_t>(groups.size()) != opt_.num_groups())
-        fail(SA_ERR_MISMATCH, "the shard files hold ", groups.size(), " groups but this optimizer has ",
-             opt_.num_groups(), "; create the same groups in the same order (or pass restore_groups = 0)");
+        fail(SA_ERR_MISMATCH, "the shard files hold ", groups.size(),
+             " groups but this optimizer has ", opt_.num_groups(),
+             "; create the same groups in the same order (or pass restore_groups = 0)");
       for (std::size_t g = 0; g < groups.size(); ++g) {
         try {
           opt_.check_group_replacement(static_cast<int32_t>(g), groups[g].config);
@@ -208,9 +212,9 @@ class Importer {
       for (const SavedRef& ref : refs) {
         const SavedTensor& t = *ref.tensor;
         if (t.global_shape != p.layout.global_shape)
-          fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it with global shape ",
-               format_dims(t.global_shape), " but this param's global shape is ",
-               format_dims(p.layout.global_shape));
+          fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(),
+               " holds it with global shape ", format_dims(t.global_shape),
+               " but this param's global shape is ", format_dims(p.layout.global_shape));
         if (!same_dtype(t.dtype, s.dtype) && !is_moment_key(s.key))
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
                safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
@@ -248,11 +252,13 @@ class Importer {
     for (const auto& [key, refs] : entry->second.keys) {
       for (const SavedRef& ref : refs) {
         const ShardHeader& h = headers_[ref.file];
-        if (h.version < 2 && static_cast<std::size_t>(p.group) >= h.groups.size()) continue;  // reported by plan()
+        if (h.version < 2 && static_cast<std::size_t>(p.group) >= h.groups.size())
+          continue;  // reported by plan()
         const int64_t s = h.version >= 2 ? h.param_steps.at(p.name) : h.groups[p.group].step;
         if (step >= 0 && s != step)
-          fail(SA_ERR_MISMATCH, "param '", p.name, "': ", readers_[step_file].name(), " says its step count is ",
-               step, " but ", readers_[ref.file].name(), " says ", s, "; are they from different checkpoints?");
+          fail(SA_ERR_MISMATCH, "param '", p.name, "': ", readers_[step_file].name(),
+               " says its step count is ", step, " but ", readers_[ref.file].name(), " says ", s,
+               "; are they from different checkpoints?");
         step = s;
         step_file = ref.file;
       }
@@ -265,7 +271,8 @@ class Importer {
   // The checksum blocks each piece's runs touch, cut into chunks of at most `limit` bytes
   // of whole blocks; in blob order, so that file readers read forward.
   void plan_chunks() {
-    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(pieces_.size());  // blocks [a, b)
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(
+        pieces_.size());  // blocks [a, b)
     uint64_t total = 0, largest_block = 0;
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       const Piece& piece = pieces_[i];
@@ -293,7 +300,8 @@ class Importer {
       for (const auto& [a, b] : ranges[i])
         for (uint64_t first = a; first < b; first += per_chunk) {
           const uint64_t begin = first * block;
-          const uint64_t end = std::min(std::min(b, first + per_chunk) * block, pieces_[i].saved->bytes);
+          const uint64_t end =
+              std::min(std::min(b, first + per_chunk) * block, pieces_[i].saved->bytes);
           chunks_.push_back({i, begin, end - begin});
         }
     }
@@ -319,12 +327,13 @@ class Importer {
     const ShardHeader& header = headers_[piece.file];
     const BlobReader& reader = readers_[piece.file];
     const std::string what = concat("tensor '", t.name(), "'");
-    reader.read(header.data_section + t.data_begin + c.begin, dst, static_cast<std::size_t>(c.bytes),
-                what.c_str());
+    reader.read(header.data_section + t.data_begin + c.begin, dst,
+                static_cast<std::size_t>(c.bytes), what.c_str());
     const uint64_t first = c.begin / header.block_bytes;
     std::vector<uint32_t>& crcs = crc_scratch_;
     crcs.resize(static_cast<std::size_t>(block_count(c.bytes, header.block_bytes)));
-    crc32c_blocks(dst, static_cast<std::size_t>(c.bytes), static_cast<std::size_t>(header.block_bytes), crcs.data());
+    crc32c_blocks(dst, static_cast<std::size_t>(c.bytes),
+                  static_cast<std::size_t>(header.block_bytes), crcs.data());
     for (std::size_t i = 0; i < crcs.size(); ++i) {
       const uint64_t at = i * header.block_bytes;
       const uint64_t n = std::min(header.block_bytes, c.bytes - at);
@@ -334,7 +343,8 @@ class Importer {
         fail(status, reader.name(), ": tensor '", t.name(), "': block ", block, " (bytes ",
              c.begin + at, " to ", c.begin + at + n, " of its data) has checksum ", crc,
              " but the header says ", t.crc32c[block],
-             status == SA_ERR_FORMAT ? ": the file is corrupt" : ": the blob changed during the import");
+             status == SA_ERR_FORMAT ? ": the file is corrupt"
+                                     : ": the blob changed during the import");
     }
   }
 
@@ -380,7 +390,8 @@ class Importer {
         opt_.set_group(static_cast<int32_t>(g), groups[g].config);
         opt_.set_step(static_cast<int32_t>(g), groups[g].step);
       }
-      for (const auto& [index, step] : restored_steps_) steps[static_cast<std::size_t>(index)] = step;
+      for (const auto& [index, step] : restored_steps_)
+        steps[static_cast<std::size_t>(index)] = step;
       opt_.set_param_steps(0, opt_.num_params(), steps.data());
     }
     // A param skipped by allow_missing keeps whatever state it had: if an earlier import
@@ -411,7 +422,8 @@ class Importer {
     const int64_t end = static_cast<int64_t>((c.begin + c.bytes) / src_size);
     auto* dst_base = static_cast<unsigned char*>(piece.dst);
     while (!cursor.done() && cursor.src() < end) {
-      if (cursor.src() < first) fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
+      if (cursor.src() < first)
+        fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
       const int64_t n = std::min(cursor.remaining(), end - cursor.src());
       const unsigned char* src = data + static_cast<uint64_t>(cursor.src() - first) * src_size;
       unsigned char* dst = dst_base + static_cast<uint64_t>(cursor.dst()) * dst_size;

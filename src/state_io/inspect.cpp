@@ -28,8 +28,8 @@ constexpr std::size_t kMaxListedBadBlocks = 10;
 void verify_file(const BlobReader& reader, const ShardHeader& header, ordered_json& report) {
   uint64_t largest = 0;
   for (const SavedTensor& t : header.tensors) largest = std::max(largest, t.bytes);
-  const uint64_t chunk =
-      std::max<uint64_t>(header.block_bytes, kDefaultStagingBytes / header.block_bytes * header.block_bytes);
+  const uint64_t chunk = std::max<uint64_t>(
+      header.block_bytes, kDefaultStagingBytes / header.block_bytes * header.block_bytes);
   std::vector<unsigned char> staging(static_cast<std::size_t>(std::min(chunk, largest)));
   ordered_json bad = ordered_json::array();
   uint64_t bad_count = 0;
@@ -37,16 +37,20 @@ void verify_file(const BlobReader& reader, const ShardHeader& header, ordered_js
   for (const SavedTensor& t : header.tensors) {
     for (uint64_t at = 0; at < t.bytes; at += chunk) {
       const uint64_t n = std::min(chunk, t.bytes - at);
-      reader.read(header.data_section + t.data_begin + at, staging.data(), static_cast<std::size_t>(n),
-                  "tensor data");
+      reader.read(header.data_section + t.data_begin + at, staging.data(),
+                  static_cast<std::size_t>(n), "tensor data");
       crcs.resize(static_cast<std::size_t>(block_count(n, header.block_bytes)));
-      crc32c_blocks(staging.data(), static_cast<std::size_t>(n), static_cast<std::size_t>(header.block_bytes), crcs.data());
+      crc32c_blocks(staging.data(), static_cast<std::size_t>(n),
+                    static_cast<std::size_t>(header.block_bytes), crcs.data());
       for (std::size_t i = 0; i < crcs.size(); ++i) {
         const uint64_t block = at / header.block_bytes + i;
         const uint32_t crc = crcs[i];
         if (crc == t.crc32c[block]) continue;
         if (++bad_count <= kMaxListedBadBlocks)
-          bad.push_back({{"tensor", t.name()}, {"block", block}, {"stored", t.crc32c[block]}, {"computed", crc}});
+          bad.push_back({{"tensor", t.name()},
+                         {"block", block},
+                         {"stored", t.crc32c[block]},
+                         {"computed", crc}});
       }
     }
   }
@@ -79,7 +83,8 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
       file["header"] = "ok";
       file["library"] = h.library;
       ordered_json meshes = ordered_json::array();
-      for (const WriterMesh& m : h.meshes) meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
+      for (const WriterMesh& m : h.meshes)
+        meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
       file["meshes"] = meshes;
       ordered_json groups = ordered_json::array();
       for (const SavedGroup& g : h.groups) groups.push_back(group_to_json<ordered_json>(g));
@@ -147,13 +152,11 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
     const GlobalTensor& g = named.second;  // not a structured binding: lambdas capture it
     ordered_json boxes = ordered_json::array();
     for (std::size_t i = 0; i < g.boxes.size(); ++i)
-      boxes.push_back({{"file", g.files[i]}, {"offset", g.boxes[i].offset}, {"shape", g.boxes[i].shape}});
-    ordered_json entry = {{"name", name},
-                          {"param", g.param},
-                          {"key", g.key},
-                          {"global_shape", g.global_shapes[0]},
-                          {"dtypes", g.dtypes},
-                          {"boxes", boxes}};
+      boxes.push_back(
+          {{"file", g.files[i]}, {"offset", g.boxes[i].offset}, {"shape", g.boxes[i].shape}});
+    ordered_json entry = {{"name", name},       {"param", g.param},
+                          {"key", g.key},       {"global_shape", g.global_shapes[0]},
+                          {"dtypes", g.dtypes}, {"boxes", boxes}};
     const Tiling tiling = check_tiling(g.boxes, g.global_shapes,
                                        [&](std::size_t i) { return concat("file ", g.files[i]); });
     entry["coverage"] = tiling_kind_name(tiling.kind);

@@ -48,7 +48,9 @@ int file_write(void* ctx, const void* data, std::size_t bytes) {
 
 int fsync_directory_of(const std::string& path) {
   const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return 1;
   const int rc = ::fsync(fd);
@@ -142,7 +144,8 @@ sa_writer make_file_writer(const char* path) {
   w->path = path;
   w->temp = concat(path, ".tmp.", ::getpid(), ".", g_temp_counter.fetch_add(1));
   w->fd = ::open(w->temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (w->fd < 0) fail(SA_ERR_IO, "cannot create '", w->temp, "' (beside '", path, "'): ", errno_text());
+  if (w->fd < 0)
+    fail(SA_ERR_IO, "cannot create '", w->temp, "' (beside '", path, "'): ", errno_text());
   sa_writer out = SA_WRITER_INIT;
   out.ctx = w.release();
   out.write = file_write;
@@ -161,7 +164,8 @@ sa_writer make_memory_writer() {
 
 void memory_writer_data(const sa_writer& writer, const void** data, std::size_t* size) {
   if (writer.write != memory_write || writer.ctx == nullptr)
-    fail(SA_ERR_INVALID_ARGUMENT, "writer is not a memory writer made by sa_memory_writer (or was released)");
+    fail(SA_ERR_INVALID_ARGUMENT,
+         "writer is not a memory writer made by sa_memory_writer (or was released)");
   const auto* buffer = static_cast<const std::vector<unsigned char>*>(writer.ctx);
   *data = buffer->data();
   *size = buffer->size();
@@ -173,7 +177,7 @@ sa_reader make_file_reader(const char* path) {
   r->path = path;
   r->fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (r->fd < 0) fail(SA_ERR_IO, "cannot open '", path, "': ", errno_text());
-  struct stat st{};
+  struct stat st {};
   if (::fstat(r->fd, &st) != 0) {
     const std::string why = errno_text();
     ::close(r->fd);

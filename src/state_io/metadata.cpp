@@ -98,7 +98,8 @@ class FieldReader {
     int64_t value = 0;
     if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(INT64_MAX)) fail(SA_ERR_FORMAT, blob_, ": ", what, " is too large");
+      if (u > static_cast<uint64_t>(INT64_MAX))
+        fail(SA_ERR_FORMAT, blob_, ": ", what, " is too large");
       value = static_cast<int64_t>(u);
     } else if (v.is_number_integer()) {
       value = v.get<int64_t>();
@@ -113,10 +114,11 @@ class FieldReader {
   Dims dims(const json& object, const char* key, const std::string& where) const {
     const json& v = member(object, key, where);
     if (!v.is_array() || v.size() > SA_MAX_NDIM)
-      fail(SA_ERR_FORMAT, blob_, ": ", where, ".", key, " is not an array of at most ",
-           SA_MAX_NDIM, " integers");
+      fail(SA_ERR_FORMAT, blob_, ": ", where, ".", key, " is not an array of at most ", SA_MAX_NDIM,
+           " integers");
     Dims out;
-    for (const json& d : v) out.push_back(integer_value(d, concat(where, ".", key, " entry"), 0, INT64_MAX));
+    for (const json& d : v)
+      out.push_back(integer_value(d, concat(where, ".", key, " entry"), 0, INT64_MAX));
     return out;
   }
 
@@ -127,7 +129,8 @@ class FieldReader {
 };
 
 std::vector<SavedGroup> parse_groups(const json& groups, const FieldReader& in) {
-  if (!groups.is_array()) fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"groups\" is not an array");
+  if (!groups.is_array())
+    fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"groups\" is not an array");
   std::vector<SavedGroup> out;
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const json& g = groups[i];
@@ -143,7 +146,8 @@ std::vector<SavedGroup> parse_groups(const json& groups, const FieldReader& in) 
   return out;
 }
 
-std::vector<WriterMesh> parse_meshes(const json& writer, const FieldReader& in, std::string& library) {
+std::vector<WriterMesh> parse_meshes(const json& writer, const FieldReader& in,
+                                     std::string& library) {
   const json& lib = in.member(writer, "library", "writer");
   if (!lib.is_string()) fail(SA_ERR_FORMAT, in.blob(), ": writer.library is not a string");
   library = lib.get<std::string>();
@@ -163,13 +167,12 @@ std::vector<WriterMesh> parse_meshes(const json& writer, const FieldReader& in, 
   return out;
 }
 
-SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, uint64_t block_bytes,
-                               const FieldReader& in) {
+SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors,
+                               uint64_t block_bytes, const FieldReader& in) {
   SavedTensor s;
   const std::size_t slash = t.name.rfind('/');
   if (slash == std::string::npos || slash == 0)
-    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name,
-         "' is not named \"<param>/<state key>\"");
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' is not named \"<param>/<state key>\"");
   s.param = t.name.substr(0, slash);
   s.key = t.name.substr(slash + 1);
   if (!is_state_key(s.key))
@@ -178,7 +181,9 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, 
   if (!key_accepts_dtype(s.key, t.dtype))
     fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' is stored as ", t.dtype_name, "; ",
          s.key, " is stored as ",
-         is_moment_key(s.key) ? "F32 or BF16" : s.key == "master" ? "F32" : "I16");
+         is_moment_key(s.key) ? "F32 or BF16"
+         : s.key == "master"  ? "F32"
+                              : "I16");
   s.dtype = t.dtype;
   s.shape = t.shape;
   s.data_begin = t.begin;
@@ -186,7 +191,8 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, 
 
   const auto entry = tensors.find(t.name);
   if (entry == tensors.end())
-    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' has no entry in __metadata__ \"tensors\"");
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name,
+         "' has no entry in __metadata__ \"tensors\"");
   const std::string where = concat("tensors['", t.name, "']");
   s.global_shape = in.dims(*entry, "global_shape", where);
   s.global_offset = in.dims(*entry, "global_offset", where);
@@ -195,10 +201,11 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, 
          " and global_offset ", format_dims(s.global_offset), " but the tensor has shape ",
          format_dims(s.shape));
   for (std::size_t d = 0; d < s.shape.size(); ++d)
-    if (s.global_offset[d] > s.global_shape[d] || s.shape[d] > s.global_shape[d] - s.global_offset[d])
-      fail(SA_ERR_FORMAT, in.blob(), ": ", where, ": the box of offset ", format_dims(s.global_offset),
-           " and shape ", format_dims(s.shape), " does not fit the global shape ",
-           format_dims(s.global_shape));
+    if (s.global_offset[d] > s.global_shape[d] ||
+        s.shape[d] > s.global_shape[d] - s.global_offset[d])
+      fail(SA_ERR_FORMAT, in.blob(), ": ", where, ": the box of offset ",
+           format_dims(s.global_offset), " and shape ", format_dims(s.shape),
+           " does not fit the global shape ", format_dims(s.global_shape));
 
   const json& crcs = in.member(*entry, "crc32c", where);
   const uint64_t blocks = block_count(s.bytes, block_bytes);
@@ -207,27 +214,32 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors, 
          " checksums (one per block of ", block_bytes, " bytes of its ", s.bytes, " bytes)");
   s.crc32c.reserve(crcs.size());
   for (const json& c : crcs)
-    s.crc32c.push_back(static_cast<uint32_t>(in.integer_value(c, where + ".crc32c entry", 0, UINT32_MAX)));
+    s.crc32c.push_back(
+        static_cast<uint32_t>(in.integer_value(c, where + ".crc32c entry", 0, UINT32_MAX)));
   return s;
 }
 
 // "params": {"<param>": {"step": N}, ...}, one entry for exactly the params the file holds
 // tensors of.
-std::map<std::string, int64_t> parse_param_steps(const json& params, const std::vector<SavedTensor>& tensors,
+std::map<std::string, int64_t> parse_param_steps(const json& params,
+                                                 const std::vector<SavedTensor>& tensors,
                                                  const FieldReader& in) {
-  if (!params.is_object()) fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"params\" is not an object");
+  if (!params.is_object())
+    fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"params\" is not an object");
   std::map<std::string, int64_t> steps;
   for (const auto& [name, entry] : params.items())
     steps[name] = in.integer(entry, "step", concat("params['", name, "']"), 0, INT64_MAX);
   std::set<std::string> held;
   for (const SavedTensor& t : tensors) {
     if (!steps.count(t.param))
-      fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name(), "' has no entry for its param in __metadata__ \"params\"");
+      fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name(),
+           "' has no entry for its param in __metadata__ \"params\"");
     held.insert(t.param);
   }
   for (const auto& entry : steps)
     if (!held.count(entry.first))
-      fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"params\" names '", entry.first, "', which has no tensor");
+      fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"params\" names '", entry.first,
+           "', which has no tensor");
   return steps;
 }
 
@@ -253,7 +265,8 @@ std::string encode_shard_header(const ShardHeader& header) {
   std::map<std::string, std::string> metadata;
   metadata[kKeyFormat] = kShardFormat;
   metadata[kKeyVersion] = std::to_string(kShardFormatVersion);
-  metadata[kKeyChecksum] = json{{"algorithm", "crc32c"}, {"block_bytes", header.block_bytes}}.dump();
+  metadata[kKeyChecksum] =
+      json{{"algorithm", "crc32c"}, {"block_bytes", header.block_bytes}}.dump();
 
   json groups = json::array();
   for (const SavedGroup& g : header.groups) {
@@ -262,7 +275,8 @@ std::string encode_shard_header(const ShardHeader& header) {
   metadata[kKeyGroups] = groups.dump();
 
   json meshes = json::array();
-  for (const WriterMesh& m : header.meshes) meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
+  for (const WriterMesh& m : header.meshes)
+    meshes.push_back({{"shape", m.shape}, {"coord", m.coord}});
   metadata[kKeyWriter] = json{{"library", header.library}, {"meshes", meshes}}.dump();
 
   json params = json::object();
@@ -271,9 +285,8 @@ std::string encode_shard_header(const ShardHeader& header) {
   json tensors = json::object();
   std::vector<SafetensorsTensor> entries;
   for (const SavedTensor& t : header.tensors) {
-    tensors[t.name()] = {{"global_shape", t.global_shape},
-                         {"global_offset", t.global_offset},
-                         {"crc32c", t.crc32c}};
+    tensors[t.name()] = {
+        {"global_shape", t.global_shape}, {"global_offset", t.global_offset}, {"crc32c", t.crc32c}};
     entries.push_back({t.name(), safetensors_name(t.dtype), t.dtype, t.shape, t.data_begin,
                        t.data_begin + t.bytes});
   }
@@ -281,8 +294,10 @@ std::string encode_shard_header(const ShardHeader& header) {
     metadata[kKeyTensors] = tensors.dump();
     metadata[kKeyParams] = params.dump();
   } catch (const json::exception& e) {
-    fail(SA_ERR_UNSUPPORTED, "a param name is not valid UTF-8, which a safetensors (JSON) header "
-         "cannot hold (", e.what(), ")");
+    fail(SA_ERR_UNSUPPORTED,
+         "a param name is not valid UTF-8, which a safetensors (JSON) header "
+         "cannot hold (",
+         e.what(), ")");
   }
   // Names are valid UTF-8 from here on (the dump above would have thrown), so the
   // canonical dump cannot throw.
@@ -294,7 +309,8 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
   const SafetensorsHeader st = parse_safetensors_header(text, blob_size, blob);
   const auto format = st.metadata.find(kKeyFormat);
   if (format == st.metadata.end() || format->second != kShardFormat)
-    fail(SA_ERR_FORMAT, blob, ": a safetensors file, but not a shardadam shard file (its __metadata__ ",
+    fail(SA_ERR_FORMAT, blob,
+         ": a safetensors file, but not a shardadam shard file (its __metadata__ ",
          st.has_metadata ? "has no \"format\": \"shardadam\"" : "is missing", ")");
   // The checksum first: a flipped bit in the version must read as corruption, not as a
   // file from a newer shardadam.
@@ -317,8 +333,8 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
     const bool newer = version_number > kShardFormatVersion;
     fail(newer ? SA_ERR_UNSUPPORTED : SA_ERR_FORMAT, blob, ": shard file format version '",
          version->second, "'; this library (shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR,
-         ".", SA_VERSION_PATCH, ") reads versions ", kOldestShardFormatVersion, " to ", kShardFormatVersion,
-         newer ? " (the file is from a newer shardadam)" : "");
+         ".", SA_VERSION_PATCH, ") reads versions ", kOldestShardFormatVersion, " to ",
+         kShardFormatVersion, newer ? " (the file is from a newer shardadam)" : "");
   }
 
   const FieldReader in(blob);
@@ -327,22 +343,26 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
   const json checksum = in.parse(st.metadata, kKeyChecksum);
   const json& algorithm = in.member(checksum, "algorithm", "checksum");
   if (algorithm != "crc32c")
-    fail(SA_ERR_FORMAT, blob, ": checksum.algorithm is ", algorithm.dump(), "; shardadam uses \"crc32c\"");
-  h.block_bytes = static_cast<uint64_t>(in.integer(checksum, "block_bytes", "checksum", 64, int64_t{1} << 30));
+    fail(SA_ERR_FORMAT, blob, ": checksum.algorithm is ", algorithm.dump(),
+         "; shardadam uses \"crc32c\"");
+  h.block_bytes =
+      static_cast<uint64_t>(in.integer(checksum, "block_bytes", "checksum", 64, int64_t{1} << 30));
   if (h.block_bytes % 8 != 0)
     fail(SA_ERR_FORMAT, blob, ": checksum.block_bytes ", h.block_bytes, " is not a multiple of 8");
   h.groups = parse_groups(in.parse(st.metadata, kKeyGroups), in);
   h.meshes = parse_meshes(in.parse(st.metadata, kKeyWriter), in, h.library);
 
   const json tensors = in.parse(st.metadata, kKeyTensors);
-  if (!tensors.is_object()) fail(SA_ERR_FORMAT, blob, ": __metadata__ \"tensors\" is not an object");
+  if (!tensors.is_object())
+    fail(SA_ERR_FORMAT, blob, ": __metadata__ \"tensors\" is not an object");
   if (tensors.size() != st.tensors.size())
     fail(SA_ERR_FORMAT, blob, ": __metadata__ \"tensors\" describes ", tensors.size(),
          " tensors but the header holds ", st.tensors.size());
   for (const SafetensorsTensor& t : st.tensors)
     h.tensors.push_back(parse_saved_tensor(t, tensors, h.block_bytes, in));
   h.version = version_number;
-  if (h.version >= 2) h.param_steps = parse_param_steps(in.parse(st.metadata, kKeyParams), h.tensors, in);
+  if (h.version >= 2)
+    h.param_steps = parse_param_steps(in.parse(st.metadata, kKeyParams), h.tensors, in);
   return h;
 }
 

@@ -18,7 +18,8 @@ RunCursor::RunCursor(const Box& box, const Box& from, const Box& to)
   dst_strides_ = row_major_strides(to.shape);
   // The run spans dims [outer_, ndim): every dim after outer_ is full in all three boxes.
   outer_ = ndim == 0 ? 0 : ndim - 1;
-  while (outer_ > 0 && box.shape[outer_] == from.shape[outer_] && box.shape[outer_] == to.shape[outer_])
+  while (outer_ > 0 && box.shape[outer_] == from.shape[outer_] &&
+         box.shape[outer_] == to.shape[outer_])
     --outer_;
   run_ = 1;
   for (std::size_t d = outer_; d < ndim; ++d) run_ *= box.shape[d];

@@ -53,7 +53,8 @@ json parse_json_strict(std::string_view text, const std::string& blob) {
 }
 
 uint64_t unsigned_of(const json& v, const std::string& what, const std::string& blob) {
-  if (!v.is_number_unsigned()) fail(SA_ERR_FORMAT, blob, ": ", what, " is ", v.dump(), ", not an integer >= 0");
+  if (!v.is_number_unsigned())
+    fail(SA_ERR_FORMAT, blob, ": ", what, " is ", v.dump(), ", not an integer >= 0");
   return v.get<uint64_t>();
 }
 
@@ -81,7 +82,8 @@ SafetensorsTensor parse_tensor(const std::string& name, const json& entry, uint6
     fail(SA_ERR_FORMAT, blob, ": ", where, " has ", shape->size(), " dims; at most ", SA_MAX_NDIM);
   for (const json& d : *shape) {
     const uint64_t size = unsigned_of(d, where + ": a shape entry", blob);
-    if (size > static_cast<uint64_t>(INT64_MAX)) fail(SA_ERR_FORMAT, blob, ": ", where, ": shape entry ", size, " is too large");
+    if (size > static_cast<uint64_t>(INT64_MAX))
+      fail(SA_ERR_FORMAT, blob, ": ", where, ": shape entry ", size, " is too large");
     t.shape.push_back(static_cast<int64_t>(size));
   }
 
@@ -186,14 +188,17 @@ std::string encode_safetensors_header(const std::map<std::string, std::string>& 
   root["__metadata__"] = metadata;
   for (const SafetensorsTensor& t : tensors) {
     if (root.contains(t.name)) fail(SA_ERR_INTERNAL, "tensor '", t.name, "' is listed twice");
-    root[t.name] = {{"dtype", t.dtype_name}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    root[t.name] = {
+        {"dtype", t.dtype_name}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
   }
   std::string text;
   try {
     text = root.dump();
   } catch (const nlohmann::ordered_json::exception& e) {
-    fail(SA_ERR_UNSUPPORTED, "a param name is not valid UTF-8, which a safetensors (JSON) header "
-         "cannot hold (", e.what(), ")");
+    fail(SA_ERR_UNSUPPORTED,
+         "a param name is not valid UTF-8, which a safetensors (JSON) header "
+         "cannot hold (",
+         e.what(), ")");
   }
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   if (text.size() > kMaxHeaderBytes)

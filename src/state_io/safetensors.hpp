@@ -35,7 +35,7 @@ struct SafetensorsHeader {
   uint64_t data_bytes = 0;    // its length: blob size - data_section
   bool has_metadata = false;
   std::map<std::string, std::string> metadata;  // "__metadata__"
-  std::vector<SafetensorsTensor> tensors;      // sorted by data offset
+  std::vector<SafetensorsTensor> tensors;       // sorted by data offset
 };
 
 // The header length N from the first 8 bytes; SA_ERR_FORMAT unless 2 <= N <= the

@@ -24,9 +24,9 @@
 
 #include <shardadam/shardadam.h>
 
-static PyObject* s_grad;          /* "grad" */
-static PyObject* s_local_tensor;  /* "_local_tensor" */
-static PyObject* s_to_local;      /* "to_local" */
+static PyObject* s_grad;         /* "grad" */
+static PyObject* s_local_tensor; /* "_local_tensor" */
+static PyObject* s_to_local;     /* "to_local" */
 
 /* The sa_optimizer* of a SWIG handle object (its int() is the address). */
 static sa_optimizer* optimizer_of(PyObject* handle) {
@@ -34,7 +34,8 @@ static sa_optimizer* optimizer_of(PyObject* handle) {
   if (!address) return NULL;
   void* pointer = PyLong_AsVoidPtr(address);
   Py_DECREF(address);
-  if (!pointer && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the optimizer handle is NULL");
+  if (!pointer && !PyErr_Occurred())
+    PyErr_SetString(PyExc_ValueError, "the optimizer handle is NULL");
   return (sa_optimizer*)pointer;
 }
 
@@ -44,7 +45,8 @@ static const DLTensor* capsule_dltensor(PyObject* capsule) {
   if (PyCapsule_IsValid(capsule, "dltensor"))
     return &((DLManagedTensor*)PyCapsule_GetPointer(capsule, "dltensor"))->dl_tensor;
   if (PyCapsule_IsValid(capsule, "dltensor_versioned"))
-    return &((DLManagedTensorVersioned*)PyCapsule_GetPointer(capsule, "dltensor_versioned"))->dl_tensor;
+    return &((DLManagedTensorVersioned*)PyCapsule_GetPointer(capsule, "dltensor_versioned"))
+                ->dl_tensor;
   PyErr_SetString(PyExc_TypeError, "to_dlpack did not return an unconsumed DLPack capsule");
   return NULL;
 }
@@ -55,9 +57,9 @@ static const DLTensor* capsule_dltensor(PyObject* capsule) {
  * lives as long as the process (the protocol's promise). */
 #if DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 2
 #define SA_HAVE_EXCHANGE_API 1
-static PyTypeObject* s_api_type;  /* strong reference, or NULL */
+static PyTypeObject* s_api_type; /* strong reference, or NULL */
 static const DLPackExchangeAPI* s_api;
-static PyObject* s_exchange_api;  /* "__dlpack_c_exchange_api__" */
+static PyObject* s_exchange_api; /* "__dlpack_c_exchange_api__" */
 
 static const DLPackExchangeAPI* exchange_api_of(PyTypeObject* type) {
   if (type == s_api_type) return s_api;
@@ -65,11 +67,12 @@ static const DLPackExchangeAPI* exchange_api_of(PyTypeObject* type) {
   PyObject* capsule = PyObject_GetAttr((PyObject*)type, s_exchange_api);
   if (capsule && PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
     api = (const DLPackExchangeAPI*)PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
-    if (api && (api->header.version.major != DLPACK_MAJOR_VERSION || !api->dltensor_from_py_object_no_sync))
+    if (api && (api->header.version.major != DLPACK_MAJOR_VERSION ||
+                !api->dltensor_from_py_object_no_sync))
       api = NULL;
   }
   Py_XDECREF(capsule);
-  PyErr_Clear();  /* no table: to_dlpack describes the grads of this type */
+  PyErr_Clear(); /* no table: to_dlpack describes the grads of this type */
   Py_INCREF(type);
   Py_XSETREF(s_api_type, type);
   s_api = api;
@@ -87,7 +90,7 @@ static PyObject* local_of(PyObject* grad, PyObject* dtensor_type) {
   PyObject* local = PyObject_GetAttr(grad, s_local_tensor);
   if (local && local != Py_None) return local;
   Py_XDECREF(local);
-  PyErr_Clear();  /* a DTensor without the private attribute: its public accessor */
+  PyErr_Clear(); /* a DTensor without the private attribute: its public accessor */
   return PyObject_CallMethodNoArgs(grad, s_to_local);
 }
 
@@ -100,44 +103,46 @@ static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
   Py_XDECREF(type);
   Py_XDECREF(traceback);
   PyObject* name = PySequence_GetItem(names, i);
-  PyObject* message = name ? PyUnicode_FromFormat("param %R: %s: %S", name, what, value ? value : Py_None) : NULL;
+  PyObject* message =
+      name ? PyUnicode_FromFormat("param %R: %s: %S", name, what, value ? value : Py_None) : NULL;
   Py_XDECREF(name);
   PyObject* error = message ? PyObject_CallOneArg(PyExc_TypeError, message) : NULL;
   Py_XDECREF(message);
-  if (!error) {  /* no better message: keep the original */
+  if (!error) { /* no better message: keep the original */
     PyErr_Clear();
     if (value) PyErr_SetObject((PyObject*)Py_TYPE(value), value);
     Py_XDECREF(value);
     return;
   }
-  if (value) PyException_SetCause(error, value);  /* steals value */
+  if (value) PyException_SetCause(error, value); /* steals value */
   PyErr_SetObject(PyExc_TypeError, error);
   Py_DECREF(error);
 }
 
-PyDoc_STRVAR(bind_param_grads_doc,
-"bind_param_grads(handle, params, names, dtensor_type, to_dlpack) -> (status, count)\n"
-"\n"
-"Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
-"the library: dtype, device, shape, C-contiguous strides, alignment). params[i] is the\n"
-"torch param of native param i; its `.grad` is read (an instance of dtensor_type gives its\n"
-"local tensor) and described afresh: through the DLPack C exchange API of its type where\n"
-"the type has one (`__dlpack_c_exchange_api__`), else by to_dlpack\n"
-"(torch.utils.dlpack.to_dlpack). A None grad is\n"
-"bound as \"no grad\" (the step skips the param). names[i] names param i in errors.\n"
-"\n"
-"When no param has a grad, nothing is bound and (0, 0) is returned. Otherwise the result\n"
-"is (status of sa_optimizer_set_grads, number of params with a grad); on a failing status\n"
-"nothing was bound and sa_optimizer_last_error(handle) says which param failed and why. A\n"
-"grad that to_dlpack cannot describe raises TypeError naming the param; nothing is bound\n"
-"then either. No reference to the grads is kept: the caller steps while the params still\n"
-"hold them, then unbinds them (unbind_grads), so that zero_grad() frees their memory.");
+PyDoc_STRVAR(
+    bind_param_grads_doc,
+    "bind_param_grads(handle, params, names, dtensor_type, to_dlpack) -> (status, count)\n"
+    "\n"
+    "Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
+    "the library: dtype, device, shape, C-contiguous strides, alignment). params[i] is the\n"
+    "torch param of native param i; its `.grad` is read (an instance of dtensor_type gives its\n"
+    "local tensor) and described afresh: through the DLPack C exchange API of its type where\n"
+    "the type has one (`__dlpack_c_exchange_api__`), else by to_dlpack\n"
+    "(torch.utils.dlpack.to_dlpack). A None grad is\n"
+    "bound as \"no grad\" (the step skips the param). names[i] names param i in errors.\n"
+    "\n"
+    "When no param has a grad, nothing is bound and (0, 0) is returned. Otherwise the result\n"
+    "is (status of sa_optimizer_set_grads, number of params with a grad); on a failing status\n"
+    "nothing was bound and sa_optimizer_last_error(handle) says which param failed and why. A\n"
+    "grad that to_dlpack cannot describe raises TypeError naming the param; nothing is bound\n"
+    "then either. No reference to the grads is kept: the caller steps while the params still\n"
+    "hold them, then unbinds them (unbind_grads), so that zero_grad() frees their memory.");
 
 static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   (void)self;
   PyObject *handle, *params, *names, *dtensor_type, *to_dlpack;
-  if (!PyArg_ParseTuple(args, "OO!OOO:bind_param_grads", &handle, &PyList_Type, &params, &names, &dtensor_type,
-                        &to_dlpack))
+  if (!PyArg_ParseTuple(args, "OO!OOO:bind_param_grads", &handle, &PyList_Type, &params, &names,
+                        &dtensor_type, &to_dlpack))
     return NULL;
   if (dtensor_type != Py_None && !PyType_Check(dtensor_type)) {
     PyErr_SetString(PyExc_TypeError, "bind_param_grads: dtensor_type must be a type or None");
@@ -147,10 +152,10 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   if (!opt) return NULL;
   const Py_ssize_t n = PyList_GET_SIZE(params);
   const size_t slots = (size_t)(n > 0 ? n : 1);
-  PyObject** locals = (PyObject**)calloc(slots, sizeof(PyObject*));     /* the tensors described */
-  PyObject** capsules = (PyObject**)calloc(slots, sizeof(PyObject*));   /* to_dlpack's, where used */
+  PyObject** locals = (PyObject**)calloc(slots, sizeof(PyObject*));   /* the tensors described */
+  PyObject** capsules = (PyObject**)calloc(slots, sizeof(PyObject*)); /* to_dlpack's, where used */
   const DLTensor** grads = (const DLTensor**)calloc(slots, sizeof(DLTensor*));
-  DLTensor* described = (DLTensor*)malloc(slots * sizeof(DLTensor));    /* the exchange API's */
+  DLTensor* described = (DLTensor*)malloc(slots * sizeof(DLTensor)); /* the exchange API's */
   PyObject* result = NULL;
   Py_ssize_t count = 0;
   if (!locals || !capsules || !grads || !described) {
@@ -208,7 +213,7 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   }
 done:
   if (capsules) {
-    for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(capsules[i]);  /* unconsumed: runs the deleter */
+    for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(capsules[i]); /* unconsumed: runs the deleter */
   }
   if (locals) {
     for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(locals[i]);
@@ -220,12 +225,13 @@ done:
   return result;
 }
 
-PyDoc_STRVAR(unbind_grads_doc,
-"unbind_grads(handle) -> status\n"
-"\n"
-"Marks every param of the optimizer as having no grad (sa_optimizer_set_grads with NULL\n"
-"entries), so that no binding outlives the grads it points to: a step before the next\n"
-"bind_param_grads skips every param instead of reading freed memory.");
+PyDoc_STRVAR(
+    unbind_grads_doc,
+    "unbind_grads(handle) -> status\n"
+    "\n"
+    "Marks every param of the optimizer as having no grad (sa_optimizer_set_grads with NULL\n"
+    "entries), so that no binding outlives the grads it points to: a step before the next\n"
+    "bind_param_grads skips every param instead of reading freed memory.");
 
 static PyObject* unbind_grads(PyObject* self, PyObject* handle) {
   (void)self;
@@ -246,9 +252,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "shardadam._grad_intake",
-    "Native helper of shardadam.torch.FusedAdam: all grads of a step bound in one checked C call.", -1, methods,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "shardadam._grad_intake",
+    "Native helper of shardadam.torch.FusedAdam: all grads of a step bound in one checked C call.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__grad_intake(void) {
