@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "../kernels/cpu/adam_cpu.h"
 #include "api_support.hpp"
@@ -303,6 +304,19 @@ sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* s
 
 sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream) {
   return with_optimizer(opt, "sa_optimizer_flush", [&] { opt->core.flush(stream); });
+}
+
+sa_status sa_optimizer_state_keys(const sa_optimizer* opt, int64_t param, const char** keys,
+                                  int32_t capacity, int32_t* count) {
+  return with_optimizer(opt, "sa_optimizer_state_keys", [&] {
+    require(count != nullptr, "count is NULL");
+    require(capacity >= 0, "capacity is negative");
+    require(keys != nullptr || capacity == 0, "keys is NULL but capacity is not 0");
+    const std::vector<sa::NamedState> states = sa::named_states(opt->core.param(param, "param"));
+    for (std::size_t i = 0; i < states.size() && i < static_cast<std::size_t>(capacity); ++i)
+      keys[i] = states[i].key;
+    *count = static_cast<int32_t>(states.size());
+  });
 }
 
 sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,

@@ -194,19 +194,15 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
 }
 
 void Optimizer::allocate_state(Param& p) {
-  const std::size_t n = static_cast<std::size_t>(p.numel);
-  const std::size_t moment_bytes = n * elem_size(p.moment_type);
-  p.state.exp_avg = backend_->allocate(moment_bytes);
-  p.state.exp_avg_sq = backend_->allocate(moment_bytes);
-  if (p.amsgrad) p.state.max_exp_avg_sq = backend_->allocate(moment_bytes);
-  if (p.master == MasterKind::fp32) {
-    p.state.master = backend_->allocate(n * sizeof(float));
-    backend_->widen_to_f32(static_cast<float*>(p.state.master->data()), p.data, p.param_type,
-                           p.numel);
-  } else if (p.master == MasterKind::remainder) {
-    // A zero remainder restores exactly the bfloat16 value the param holds now.
-    p.state.master = backend_->allocate(n * sizeof(int16_t));
-  }
+  // Zeroed: moments start at 0, and a zero remainder restores exactly the bfloat16 value
+  // the param holds now.
+  for (const StateKindInfo& k : kStateKinds)
+    if (has_state(p, k.kind))
+      p.state[k.kind] = backend_->allocate(static_cast<std::size_t>(p.numel) *
+                                           dtype_size(state_dtype(p, k.kind)));
+  if (has_state(p, StateKind::master))
+    backend_->widen_to_f32(static_cast<float*>(p.state[StateKind::master]->data()), p.data,
+                           p.param_type, p.numel);
 }
 
 int64_t Optimizer::add_param(const ParamRequest& request) {
@@ -540,14 +536,37 @@ void Optimizer::flush(void* stream) {
 
 // ---- state --------------------------------------------------------------------------
 
+bool has_state(const Param& p, StateKind kind) {
+  switch (kind) {
+    case StateKind::exp_avg:
+    case StateKind::exp_avg_sq:
+      return true;
+    case StateKind::max_exp_avg_sq:
+      return p.amsgrad;
+    case StateKind::master:
+      return p.master == MasterKind::fp32;
+    case StateKind::remainder:
+      return p.master == MasterKind::remainder;
+  }
+  return false;
+}
+
+DLDataType state_dtype(const Param& p, StateKind kind) {
+  switch (state_kind_info(kind).storage) {
+    case StateStorage::moment:
+      return dl_dtype_of(p.moment_type);
+    case StateStorage::f32:
+      return dl_dtype_of(ElemType::f32);
+    case StateStorage::i16:
+      return kInt16;
+  }
+  return {};
+}
+
 std::vector<NamedState> named_states(const Param& p) {
-  const DLDataType moment = dl_dtype_of(p.moment_type);
-  std::vector<NamedState> states = {{"exp_avg", p.state.exp_avg, moment},
-                                    {"exp_avg_sq", p.state.exp_avg_sq, moment}};
-  if (p.amsgrad) states.push_back({"max_exp_avg_sq", p.state.max_exp_avg_sq, moment});
-  if (p.master == MasterKind::fp32)
-    states.push_back({"master", p.state.master, dl_dtype_of(ElemType::f32)});
-  if (p.master == MasterKind::remainder) states.push_back({"remainder", p.state.master, kInt16});
+  std::vector<NamedState> states;
+  for (const StateKindInfo& k : kStateKinds)
+    if (has_state(p, k.kind)) states.push_back({k.key, p.state[k.kind], state_dtype(p, k.kind)});
   return states;
 }
 

@@ -15,6 +15,7 @@
 #include "layout.hpp"
 #include "plan.hpp"
 #include "shardadam/shardadam.h"
+#include "state_kinds.hpp"
 
 namespace sa {
 
@@ -26,13 +27,17 @@ struct Group {
   int64_t num_params = 0;
 };
 
-// Optimizer state of one param, in backend memory. Buffers are shared so that state
-// views stay valid after the optimizer is gone.
+// Optimizer state of one param, in backend memory: a buffer per kind it has (see
+// has_state), none for the others. Buffers are shared so that state views stay valid
+// after the optimizer is gone.
 struct ParamState {
-  std::shared_ptr<Buffer> exp_avg;
-  std::shared_ptr<Buffer> exp_avg_sq;
-  std::shared_ptr<Buffer> max_exp_avg_sq;  // amsgrad only
-  std::shared_ptr<Buffer> master;          // fp32 master or int16 remainder
+  std::shared_ptr<Buffer> buffers[kNumStateKinds];
+  const std::shared_ptr<Buffer>& operator[](StateKind kind) const {
+    return buffers[static_cast<std::size_t>(kind)];
+  }
+  std::shared_ptr<Buffer>& operator[](StateKind kind) {
+    return buffers[static_cast<std::size_t>(kind)];
+  }
 };
 
 // One state of a param as export and import see it: its key ("exp_avg", ...), its
@@ -52,9 +57,15 @@ enum class GradBinding : uint8_t {
   bound   // Param::grad holds the grad's data (NULL for an empty param)
 };
 
-// The states a param has, in the canonical key order exp_avg, exp_avg_sq,
-// max_exp_avg_sq (amsgrad), master (fp32 master) or remainder (int16). The one place that
-// spells which keys exist.
+// Whether a param has a state of this kind: the rule of each row of kStateKinds
+// (state_kinds.hpp), written once.
+bool has_state(const Param& p, StateKind kind);
+
+// The dtype the param keeps a state of this kind in.
+DLDataType state_dtype(const Param& p, StateKind kind);
+
+// The states a param has, in kStateKinds' order: exp_avg, exp_avg_sq, max_exp_avg_sq
+// (amsgrad), master (fp32 master) or remainder (int16).
 std::vector<NamedState> named_states(const Param& p);
 
 struct Param {

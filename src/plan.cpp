@@ -14,15 +14,15 @@ const void* step_grad(const Param& p) { return p.binding == GradBinding::bound ?
 
 kernels::TensorSlot slot_of(const Param& p, int64_t index) {
   auto data_or_null = [](const std::shared_ptr<Buffer>& b) { return b ? b->data() : nullptr; };
-  return {p.data,
-          step_grad(p),
-          data_or_null(p.state.master),
-          data_or_null(p.state.exp_avg),
-          data_or_null(p.state.exp_avg_sq),
-          data_or_null(p.state.max_exp_avg_sq),
-          p.numel,
-          static_cast<int32_t>(index),
-          primary_replica(p.layout) ? 1 : 0};
+  return {
+      p.data, step_grad(p),
+      // The kernels' master slot holds the fp32 master or the int16 remainder (Variant
+      // says which).
+      data_or_null(
+          p.state[has_state(p, StateKind::remainder) ? StateKind::remainder : StateKind::master]),
+      data_or_null(p.state[StateKind::exp_avg]), data_or_null(p.state[StateKind::exp_avg_sq]),
+      data_or_null(p.state[StateKind::max_exp_avg_sq]), p.numel, static_cast<int32_t>(index),
+      primary_replica(p.layout) ? 1 : 0};
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // torch.optim.AdamW's, and the valid values it states are the ones the library enforces.
 // References: the struct as the C compiler lays it out, torch's documented AdamW defaults,
 // and the statuses of sa_optimizer_add_group / sa_optimizer_set_group.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstddef>
@@ -171,4 +172,61 @@ TEST_CASE("the table queries check their arguments and honour an older caller's 
   const auto* after = reinterpret_cast<const unsigned char*>(&older.config) + offsetof(sa_group_config, eps);
   for (std::size_t i = 0; i < sizeof(sa_group_config) - offsetof(sa_group_config, eps); ++i)
     CHECK(after[i] == 0xAB);
+}
+
+TEST_CASE("sa_optimizer_state_keys lists the states a param has, each one a view", "[schema]") {
+  struct Case {
+    DLDataType param_dtype;
+    int32_t master;
+    int32_t amsgrad;
+    std::vector<std::string> keys;
+  };
+  const Case cases[] = {
+      {kFloat32, SA_MASTER_AUTO, 0, {"exp_avg", "exp_avg_sq"}},
+      {kFloat32, SA_MASTER_AUTO, 1, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}},
+      {kBfloat16, SA_MASTER_AUTO, 0, {"exp_avg", "exp_avg_sq", "master"}},
+      {kBfloat16, SA_MASTER_REMAINDER, 1, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "remainder"}},
+  };
+  const char* const every_key[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master",
+                                   "remainder"};
+  for (const Case& c : cases) {
+    OptimizerPtr opt = make_optimizer();
+    sa_group_config group = SA_GROUP_CONFIG_INIT;
+    group.amsgrad = c.amsgrad;
+    int32_t g = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, &g));
+    HostTensor t({5}, c.param_dtype);
+    const sa_param_options options = param_options(kDefaultDtype, kDefaultDtype, c.master);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr,
+                                                    &options, nullptr));
+    int32_t count = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_state_keys(opt.get(), 0, nullptr, 0, &count));
+    REQUIRE(count == static_cast<int32_t>(c.keys.size()));
+    std::vector<const char*> keys(8, nullptr);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_state_keys(opt.get(), 0, keys.data(), 8, &count));
+    for (int32_t i = 0; i < count; ++i) CHECK(std::string(keys[i]) == c.keys[i]);
+    CHECK(keys[count] == nullptr);  // nothing written past count
+    // A short array gets the first ones.
+    keys.assign(8, nullptr);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_state_keys(opt.get(), 0, keys.data(), 1, &count));
+    CHECK(std::string(keys[0]) == "exp_avg");
+    CHECK(keys[1] == nullptr);
+    // Exactly the listed keys have views.
+    for (const char* key : every_key) {
+      DLManagedTensorVersioned* view = nullptr;
+      const bool listed = std::find(c.keys.begin(), c.keys.end(), key) != c.keys.end();
+      INFO(key);
+      CHECK((sa_optimizer_state_view(opt.get(), 0, key, &view) == SA_OK) == listed);
+      if (view) view->deleter(view);
+    }
+  }
+  OptimizerPtr opt = make_optimizer();
+  int32_t count = 0;
+  const char* key = nullptr;
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_keys(opt.get(), 0, &key, 1, &count),
+                 "param 0 does not exist");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_keys(opt.get(), 0, nullptr, 1, &count), "keys is NULL");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_keys(opt.get(), 0, &key, 1, nullptr), "count is NULL");
 }

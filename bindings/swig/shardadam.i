@@ -529,6 +529,7 @@ static int sa_py_read_address(PyObject* obj, void** out) {
 %ignore sa_nccl_unique_id;     /* travels as its 128 bytes */
 %ignore sa_host_comm;          /* C callbacks: host_comm_create below makes one from a callable */
 %ignore sa_comm_create_host;
+%ignore sa_optimizer_state_keys;       /* an array of strings: state_keys_get below */
 %ignore sa_optimizer_get_param_steps;  /* int64_t arrays: param_steps_get/_set below */
 %ignore sa_optimizer_set_param_steps;
 
@@ -581,6 +582,31 @@ SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 
 /* ---- additions for the Python package ------------------------------------------------ */
 %inline %{
+/** sa_optimizer_state_keys of a param: (status, tuple of str), the tuple None when the
+ *  status is not SA_OK. */
+PyObject* state_keys_get(const sa_optimizer* opt, int64_t param) {
+  const char* keys[16];
+  int32_t count = 0;
+  const sa_status status = sa_optimizer_state_keys(opt, param, keys, 16, &count);
+  PyObject* tuple = NULL;
+  if (status == SA_OK) {
+    if (count > 16) {
+      PyErr_Format(PyExc_RuntimeError, "state_keys_get: the param has %d states, more than 16", (int)count);
+      return NULL;
+    }
+    tuple = PyTuple_New(count);
+    for (int32_t i = 0; tuple && i < count; ++i) {
+      PyObject* key = PyUnicode_InternFromString(keys[i]);
+      if (!key) Py_CLEAR(tuple); else PyTuple_SET_ITEM(tuple, i, key);
+    }
+    if (!tuple) return NULL;
+  } else {
+    tuple = Py_None;
+    Py_INCREF(tuple);
+  }
+  return Py_BuildValue("(iN)", (int)status, tuple);
+}
+
 /** sa_optimizer_get_param_steps over every param: (status, list of int), the list None
  *  when the status is not SA_OK. */
 PyObject* param_steps_get(const sa_optimizer* opt) {

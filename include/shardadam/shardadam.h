@@ -630,6 +630,15 @@ SA_API sa_status sa_optimizer_set_comm(sa_optimizer* opt, sa_comm* comm);
 SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,
                                          DLManagedTensorVersioned** out);
 
+/**
+ * The keys of the states a param has, in the order shard files and views list them
+ * (exp_avg, exp_avg_sq, then max_exp_avg_sq in an amsgrad group, then master or remainder
+ * by its master kind): *count receives their number, and the first min(capacity, count)
+ * go to keys[] as static strings. keys may be NULL when capacity is 0 (asking the count).
+ */
+SA_API sa_status sa_optimizer_state_keys(const sa_optimizer* opt, int64_t param, const char** keys,
+                                         int32_t capacity, int32_t* count);
+
 /* ------------------------------------------------------------------------------------ */
 /* State export and import (shard files)                                                 */
 /* ------------------------------------------------------------------------------------ */

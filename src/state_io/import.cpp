@@ -215,7 +215,8 @@ class Importer {
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(),
                " holds it with global shape ", format_dims(t.global_shape),
                " but this param's global shape is ", format_dims(p.layout.global_shape));
-        if (!same_dtype(t.dtype, s.dtype) && !is_moment_key(s.key))
+        if (!same_dtype(t.dtype, s.dtype) &&
+            find_state_kind(s.key)->storage != StateStorage::moment)  // moments convert
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
                safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
         saved_boxes.push_back({t.global_offset, t.shape});

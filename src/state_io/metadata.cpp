@@ -8,6 +8,7 @@
 
 #include "../dtype.hpp"
 #include "../errors.hpp"
+#include "../state_kinds.hpp"
 #include "crc32c.hpp"
 #include "group_json.hpp"
 #include "json_error.hpp"
@@ -175,15 +176,13 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors,
     fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' is not named \"<param>/<state key>\"");
   s.param = t.name.substr(0, slash);
   s.key = t.name.substr(slash + 1);
-  if (!is_state_key(s.key))
+  const StateKindInfo* kind = find_state_kind(s.key);
+  if (kind == nullptr)
     fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' has state key '", s.key,
-         "'; shard files hold exp_avg, exp_avg_sq, max_exp_avg_sq, master and remainder");
-  if (!key_accepts_dtype(s.key, t.dtype))
+         "'; shard files hold ", all_state_keys());
+  if (!storage_accepts(kind->storage, t.dtype))
     fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' is stored as ", t.dtype_name, "; ",
-         s.key, " is stored as ",
-         is_moment_key(s.key) ? "F32 or BF16"
-         : s.key == "master"  ? "F32"
-                              : "I16");
+         s.key, " is stored as ", storage_file_dtypes(kind->storage));
   s.dtype = t.dtype;
   s.shape = t.shape;
   s.data_begin = t.begin;
@@ -244,22 +243,6 @@ std::map<std::string, int64_t> parse_param_steps(const json& params,
 }
 
 }  // namespace
-
-bool is_moment_key(const std::string& key) {
-  return key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq";
-}
-
-bool is_state_key(const std::string& key) {
-  return is_moment_key(key) || key == "master" || key == "remainder";
-}
-
-bool key_accepts_dtype(const std::string& key, DLDataType dtype) {
-  const DLDataType f32{kDLFloat, 32, 1}, bf16{kDLBfloat, 16, 1};
-  if (is_moment_key(key)) return same_dtype(dtype, f32) || same_dtype(dtype, bf16);
-  if (key == "master") return same_dtype(dtype, f32);
-  if (key == "remainder") return same_dtype(dtype, kInt16);
-  return false;
-}
 
 std::string encode_shard_header(const ShardHeader& header) {
   std::map<std::string, std::string> metadata;

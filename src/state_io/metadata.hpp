@@ -29,11 +29,6 @@ inline constexpr int kOldestShardFormatVersion = 1;
 // at most one block more than it needs at each end.
 inline constexpr uint64_t kChecksumBlockBytes = uint64_t{1} << 20;
 
-// exp_avg, exp_avg_sq, max_exp_avg_sq: moments, stored as F32 or BF16, and convertible
-// into each other on import. master: F32. remainder: I16.
-bool is_moment_key(const std::string& key);
-bool is_state_key(const std::string& key);
-bool key_accepts_dtype(const std::string& key, DLDataType dtype);
 
 struct SavedGroup {
   sa_group_config config;

@@ -204,7 +204,6 @@ class Optimizer(OwnsHandle):
         self._group_count = 0       # groups are made on demand: a list of them here would be a cycle
         self._device = None         # DLPack device of the params, once one is added
         self._grad_refs = {}        # param index -> grad object whose memory is bound
-        self._amsgrad_of = {}       # group index -> amsgrad, for groups that hold a param
         self._step_refs = ()        # scale tensors the last (asynchronous) step reads
         self._host_scalars = (ctypes.c_float(), ctypes.c_float())  # numbers given to step on the CPU
         self._host_grad_norm = ctypes.c_double()  # receives the norm when step(return_norm=True)
@@ -557,28 +556,12 @@ class Optimizer(OwnsHandle):
         return State(self, index, self._names[index], key)
 
     def state_keys(self, param):
-        """The state keys a param has, e.g. ``("exp_avg", "exp_avg_sq", "master")``."""
+        """The state keys a param has, e.g. ``("exp_avg", "exp_avg_sq", "master")``, as the
+        library lists them (``sa_optimizer_state_keys``)."""
         handle = self._handle_or_raise()
-        # The raw info, not a ParamInfo: FusedAdam asks this for every param it registers.
-        status, info = _C.sa_optimizer_param_info(handle, self.param_index(param))
+        status, keys = _C.state_keys_get(handle, self.param_index(param))
         check(status, handle)
-        keys = ["exp_avg", "exp_avg_sq"]
-        if self._group_amsgrad(info["group"]):
-            keys.append("max_exp_avg_sq")
-        if info["master"] == _C.SA_MASTER_FP32:
-            keys.append("master")
-        elif info["master"] == _C.SA_MASTER_REMAINDER:
-            keys.append("remainder")
-        return tuple(keys)
-
-    def _group_amsgrad(self, group):
-        """Whether a group that holds a param keeps max_exp_avg_sq. Fixed from its first param
-        on (sa_optimizer_set_group refuses to change it), so it is read from the library once:
-        a group config costs more than the rest of a state_keys call."""
-        amsgrad = self._amsgrad_of.get(group)
-        if amsgrad is None:
-            amsgrad = self._amsgrad_of[group] = Group(self, group).amsgrad
-        return amsgrad
+        return keys
 
     def _state_capsule(self, index, key):
         handle = self._handle_or_raise()

@@ -1,0 +1,67 @@
+// src/state_kinds.hpp — the one table of the kinds of optimizer state a param can have:
+// each one's key (in state views, shard files and the bindings), how it is stored, and
+// which params have it. Allocation, the named states that views, export and import walk,
+// the shard files' key and dtype checks, and the C ABI's sa_optimizer_state_key derive
+// from it.
+//
+// A new kind is a row here, its rule in has_state(), its slot in the kernels' TensorSlot
+// (plan.cpp) and what the kernels do with it.
+#ifndef SHARDADAM_SRC_STATE_KINDS_HPP_
+#define SHARDADAM_SRC_STATE_KINDS_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+namespace sa {
+
+enum class StateKind : uint8_t { exp_avg, exp_avg_sq, max_exp_avg_sq, master, remainder };
+
+// How a state is stored.
+enum class StateStorage : uint8_t {
+  moment,  // the param's moment dtype (float32 or bfloat16); files may hold either
+  f32,     // float32
+  i16      // int16
+};
+
+struct StateKindInfo {
+  StateKind kind;
+  const char* key;
+  StateStorage storage;
+  const char* doc;
+};
+
+// In canonical order: the order of named states, views and shard-file tensors.
+inline constexpr StateKindInfo kStateKinds[] = {
+    {StateKind::exp_avg, "exp_avg", StateStorage::moment, "first moment"},
+    {StateKind::exp_avg_sq, "exp_avg_sq", StateStorage::moment, "second moment"},
+    {StateKind::max_exp_avg_sq, "max_exp_avg_sq", StateStorage::moment,
+     "running maximum of exp_avg_sq (amsgrad groups)"},
+    {StateKind::master, "master", StateStorage::f32,
+     "float32 master copy of a 16-bit param (master kind fp32)"},
+    {StateKind::remainder, "remainder", StateStorage::i16,
+     "int16 low half of the float32 value of a bfloat16 param (master kind remainder)"},
+};
+inline constexpr std::size_t kNumStateKinds = sizeof(kStateKinds) / sizeof(kStateKinds[0]);
+
+inline const StateKindInfo& state_kind_info(StateKind kind) {
+  return kStateKinds[static_cast<std::size_t>(kind)];
+}
+
+// The kind of a key, or nullptr for a key that names no state.
+const StateKindInfo* find_state_kind(const std::string& key);
+
+// Whether a file may hold a state of this kind stored as `dtype`.
+bool storage_accepts(StateStorage storage, DLDataType dtype);
+
+// The dtypes a file may hold it as, in safetensors names: "F32 or BF16".
+const char* storage_file_dtypes(StateStorage storage);
+
+// "exp_avg, exp_avg_sq, max_exp_avg_sq, master and remainder".
+std::string all_state_keys();
+
+}  // namespace sa
+
+#endif  // SHARDADAM_SRC_STATE_KINDS_HPP_
