@@ -29,7 +29,6 @@ inline constexpr int kOldestShardFormatVersion = 1;
 // at most one block more than it needs at each end.
 inline constexpr uint64_t kChecksumBlockBytes = uint64_t{1} << 20;
 
-
 struct SavedGroup {
   sa_group_config config;
   int64_t step;
