@@ -12,6 +12,9 @@ Three measurements, each printed with torch's number and the ratio:
 2. construction of the optimizer over 100,000 params.
 3. steady step() at 100,000 tiny params, grads in stable tensors (refilled in place).
 
+Each has a floor line beside it: what reading the grads alone costs in Python (torch's
+attribute access, no shardadam), the least any per-step reader of `.grad` pays.
+
 On CUDA the host time is the call alone (no synchronization inside the timed region; the
 device is synchronized before each call). On the CPU the step's arithmetic runs inside the
 call, so the params are tiny (16 elements) to keep the host's share visible; the intake
@@ -85,7 +88,13 @@ def dtensor_step(device, n, numel, repeat):
     for opt, params in ((ours, ours_params), (reference, torch_params)):  # warm-up: plans, lazy state
         fresh_grads(params)()
         opt.step()
+    def read_fresh_grads():  # what any consumer of fresh DTensor grads pays first, torch's own code
+        with torch._C.DisableTorchFunctionSubclass():
+            for p in ours_params:
+                p.grad._local_tensor
+
     results = {
+        "floor": median_call_ms(read_fresh_grads, device, repeat, fresh_grads(ours_params)),
         "ours": median_call_ms(ours.step, device, repeat, fresh_grads(ours_params)),
         "torch": median_call_ms(reference.step, device, repeat, fresh_grads(torch_params)),
         # FusedAdam's intake as step() runs it (bind_param_grads with subclass torch-function
@@ -128,7 +137,13 @@ def steady_step(device, n, repeat):
     reference = torch.optim.AdamW(torch_params, fused=device.type == "cuda")
     ours.step()
     reference.step()
-    return median_call_ms(ours.step, device, repeat), median_call_ms(reference.step, device, repeat)
+
+    def read_grads():  # the floor: reading every .grad once, in a Python loop
+        for p in ours_params:
+            p.grad
+
+    return (median_call_ms(ours.step, device, repeat), median_call_ms(reference.step, device, repeat),
+            median_call_ms(read_grads, device, repeat))
 
 
 def main():
@@ -156,16 +171,19 @@ def main():
     rows.append(("  of which: the native step (C, grads bound)", d["native"], None, ""))
     rows.append(("  of which: the rest (Python: step wrappers, hyperparameters)", d["ours"] - d["intake"] - d["native"],
                  None, ""))
+    rows.append(("  floor: torch reading the fresh grads (p.grad._local_tensor)", d["floor"], None, ""))
+    dtensor_rows = len(rows)
 
     m = args.many_params
     ours_s, torch_s = construction(device, m, 1 if args.quick else 3)
     rows.append((f"construction, {m} params", ours_s * 1e3, torch_s * 1e3, "<= 1000 ms"))
-    ours_ms, torch_ms = steady_step(device, m, max(3, repeat // 3))
+    ours_ms, torch_ms, floor_ms = steady_step(device, m, max(3, repeat // 3))
     rows.append((f"steady step, {m} params of 16 elements", ours_ms, torch_ms, "<= 10 ms"))
+    rows.append(("  floor: reading every p.grad once in Python", floor_ms, None, ""))
 
     print(f"{'measurement':58s} {'FusedAdam ms':>13s} {'torch ms':>10s} {'ours/torch':>10s} {'per param us':>12s}  target")
-    for label, ours_v, torch_v, target in rows:
-        count = n if "DTensor" in label or "of which" in label else m
+    for i, (label, ours_v, torch_v, target) in enumerate(rows):
+        count = n if i < dtensor_rows else m
         ratio = f"{ours_v / torch_v:10.3f}" if torch_v else f"{'':10s}"
         torch_text = f"{torch_v:10.3f}" if torch_v is not None else f"{'':10s}"
         print(f"{label:58s} {ours_v:13.3f} {torch_text} {ratio} {ours_v * 1e3 / count:12.3f}  {target}")
