@@ -81,8 +81,9 @@ def dtensor_step(device, n, numel, repeat):
 
     def fresh_grads(params):
         def give():  # new DTensor grads around the same local buffers: what the timed call reads is new
+            # With the param's placements, as FSDP2's grads carry their param's spec.
             for p, g in zip(params, locals_):
-                p.grad = DTensor.from_local(g, mesh, [Shard(0)], run_check=False)
+                p.grad = DTensor.from_local(g, mesh, p.placements, run_check=False)
         return give
 
     for opt, params in ((ours, ours_params), (reference, torch_params)):  # warm-up: plans, lazy state

@@ -13,8 +13,10 @@ from .layout import Mesh, Replicate, Shard
 
 try:
     from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Replicate as _TorchReplicate
+    from torch.distributed.tensor import Shard as _TorchShard
 except ImportError:  # torch built without distributed
-    DTensor = None
+    DTensor = _TorchReplicate = _TorchShard = None
 
 from . import _torch_state_dict  # noqa: E402 (it reads this module's helpers at call time)
 
@@ -278,6 +280,8 @@ class FusedAdam(torch.optim.Optimizer):
         self._entries = []
         self._entry_of = {}
         self._params = []
+        self._placements = []      # per param: its DTensor placements tuple (None: a plain tensor)
+        self._seen_placements = []  # per param: grad placements last found equal to those (a cache)
         self._names = []           # native param index -> name (for the errors of the grad intake)
         self._pushed = []
         self._scalars = None       # device buffer: [1 / grad_scale, found_inf]
@@ -340,6 +344,8 @@ class FusedAdam(torch.optim.Optimizer):
         self._entries.append(entry)
         self._entry_of[param] = entry
         self._params.append(param)
+        self._placements.append(param._spec.placements if mesh is not None else None)
+        self._seen_placements.append(None)
         self._names.append(name)
         if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
             self.state = _torch_state_dict.LazyStates(self, self.state)
@@ -432,14 +438,28 @@ class FusedAdam(torch.optim.Optimizer):
     def _bind_grads(self):
         """Binds every param's current grad (None: "no grad", the step skips the param) in
         one checked native call; a grad the kernel could not read as it is (dtype, device,
-        shape, strides) raises, naming the param, and nothing is bound. Returns the number
-        of params with a grad (0: nothing was bound)."""
+        shape, strides) raises, naming the param, and nothing is bound. A DTensor grad placed
+        otherwise than its param (a Partial grad of tensor parallelism, another Shard dim) is
+        first redistributed to the param's placements, on every rank, as torch's optimizers'
+        DTensor arithmetic does; the redistributed grad replaces ``p.grad``. Returns the
+        number of params with a grad (0: nothing was bound)."""
         handle = self.native._handle_or_raise()
-        # `.grad` of a tensor-subclass param (a DTensor) goes through __torch_function__
-        # dispatch, ~0.3 us per param, to reach the same getter; DTensor's __torch_function__
-        # is torch's disabled one, so turning subclass dispatch off reads the same grads.
-        with _no_subclass_torch_function():
-            status, count = _grad_intake.bind_param_grads(handle, self._params, self._names, DTensor, to_dlpack)
+        for attempt in range(2):
+            # `.grad` of a tensor-subclass param (a DTensor) goes through __torch_function__
+            # dispatch, ~0.3 us per param, to reach the same getter; DTensor's __torch_function__
+            # is torch's disabled one, so turning subclass dispatch off reads the same grads.
+            with _no_subclass_torch_function():
+                status, count, misplaced = _grad_intake.bind_param_grads(
+                    handle, self._params, self._names, DTensor, to_dlpack, self._placements,
+                    self._seen_placements, _TorchShard, _TorchReplicate)
+            if not misplaced:
+                break
+            if attempt:
+                raise RuntimeError(f"FusedAdam: the grads of params {[self._names[i] for i in misplaced]} are still "
+                                   "placed otherwise than their params after redistribution")
+            for i in misplaced:
+                param = self._params[i]
+                param.grad = param.grad.redistribute(param.device_mesh, param.placements)
         check(status, handle)
         return count
 
@@ -476,6 +496,7 @@ class FusedAdam(torch.optim.Optimizer):
         steps = [group.step for group in old_native.param_groups]
         param_steps = _torch_state_dict.param_steps(self)
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
+        self._placements, self._seen_placements = [], []
         self.state.clear()  # old_states holds the old entries; the new ones are made on first read
         self._names = []
         with _cyclic_gc_paused():

@@ -27,6 +27,9 @@
 static PyObject* s_grad;         /* "grad" */
 static PyObject* s_local_tensor; /* "_local_tensor" */
 static PyObject* s_to_local;     /* "to_local" */
+static PyObject* s_spec;         /* "_spec" */
+static PyObject* s_placements;   /* "placements" */
+static PyObject* s_dim;          /* "dim" */
 
 /* The sa_optimizer* of a SWIG handle object (its int() is the address). */
 static sa_optimizer* optimizer_of(PyObject* handle) {
@@ -94,6 +97,51 @@ static PyObject* local_of(PyObject* grad, PyObject* dtensor_type) {
   return PyObject_CallMethodNoArgs(grad, s_to_local);
 }
 
+/* Whether two placements are the same, 1 or 0 (-1 with an exception set). Cheap where
+ * it can be: the same object, Replicate against Replicate, Shard against Shard by their
+ * dims (exact types: a _StridedShard is not a Shard); anything else compares with ==. */
+static int same_placement(PyObject* a, PyObject* b, PyObject* shard_type,
+                          PyObject* replicate_type) {
+  if (a == b) return 1;
+  if (Py_TYPE(a) != Py_TYPE(b)) return PyObject_RichCompareBool(a, b, Py_EQ);
+  if ((PyObject*)Py_TYPE(a) == replicate_type) return 1;
+  if ((PyObject*)Py_TYPE(a) == shard_type) {
+    PyObject* da = PyObject_GetAttr(a, s_dim);
+    PyObject* db = da ? PyObject_GetAttr(b, s_dim) : NULL;
+    const int same = db ? PyObject_RichCompareBool(da, db, Py_EQ) : -1;
+    Py_XDECREF(da);
+    Py_XDECREF(db);
+    return same;
+  }
+  return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* Whether a DTensor grad is placed as its param (whose placements tuple is `expected`):
+ * 1 or 0, -1 with an exception set. Fast when the grad's placements tuple is the param's
+ * (FSDP2's grads share their param's spec) or the one last found equal to it, which
+ * `*seen` keeps (a Shard's dim costs ~0.2 us to read). */
+static int placed_as(PyObject* grad, PyObject* expected, PyObject** seen, PyObject* shard_type,
+                     PyObject* replicate_type) {
+  PyObject* spec = PyObject_GetAttr(grad, s_spec);
+  PyObject* got = spec ? PyObject_GetAttr(spec, s_placements) : NULL;
+  Py_XDECREF(spec);
+  if (!got) return -1;
+  int same = got == expected || got == *seen;
+  if (!same && PyTuple_Check(got) && PyTuple_Check(expected) &&
+      PyTuple_GET_SIZE(got) == PyTuple_GET_SIZE(expected)) {
+    same = 1;
+    for (Py_ssize_t d = 0; same == 1 && d < PyTuple_GET_SIZE(got); ++d)
+      same = same_placement(PyTuple_GET_ITEM(got, d), PyTuple_GET_ITEM(expected, d), shard_type,
+                            replicate_type);
+    if (same == 1) {
+      Py_INCREF(got);
+      Py_SETREF(*seen, got);
+    }
+  }
+  Py_DECREF(got);
+  return same;
+}
+
 /* Replaces the pending exception by a TypeError naming the param, caused by the original. */
 static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
   PyObject *type, *value, *traceback;
@@ -121,7 +169,8 @@ static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
 
 PyDoc_STRVAR(
     bind_param_grads_doc,
-    "bind_param_grads(handle, params, names, dtensor_type, to_dlpack) -> (status, count)\n"
+    "bind_param_grads(handle, params, names, dtensor_type, to_dlpack, placements,\n"
+    "                 seen_placements, shard_type, replicate_type) -> (status, count, misplaced)\n"
     "\n"
     "Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
     "the library: dtype, device, shape, C-contiguous strides, alignment). params[i] is the\n"
@@ -131,8 +180,17 @@ PyDoc_STRVAR(
     "(torch.utils.dlpack.to_dlpack). A None grad is\n"
     "bound as \"no grad\" (the step skips the param). names[i] names param i in errors.\n"
     "\n"
-    "When no param has a grad, nothing is bound and (0, 0) is returned. Otherwise the result\n"
-    "is (status of sa_optimizer_set_grads, number of params with a grad); on a failing status\n"
+    "placements[i] is the placements tuple of DTensor param i (None for a plain param): a\n"
+    "DTensor grad placed otherwise (a Partial grad of tensor parallelism, another Shard dim)\n"
+    "is not bound; misplaced lists such params (None when there are none), and when there\n"
+    "are any nothing is bound: the caller redistributes their grads and calls again.\n"
+    "seen_placements[i] (None at first) is a cache this call keeps: the last grad placements\n"
+    "tuple found equal to param i's.\n"
+    "shard_type and replicate_type are DTensor's Shard and Replicate (compared cheaply).\n"
+    "\n"
+    "When no param has a grad, nothing is bound and (0, 0, None) is returned. Otherwise the\n"
+    "result is (status of sa_optimizer_set_grads, number of params with a grad, None); on a\n"
+    "failing status\n"
     "nothing was bound and sa_optimizer_last_error(handle) says which param failed and why. A\n"
     "grad that to_dlpack cannot describe raises TypeError naming the param; nothing is bound\n"
     "then either. No reference to the grads is kept: the caller steps while the params still\n"
@@ -140,10 +198,18 @@ PyDoc_STRVAR(
 
 static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   (void)self;
-  PyObject *handle, *params, *names, *dtensor_type, *to_dlpack;
-  if (!PyArg_ParseTuple(args, "OO!OOO:bind_param_grads", &handle, &PyList_Type, &params, &names,
-                        &dtensor_type, &to_dlpack))
+  PyObject *handle, *params, *names, *dtensor_type, *to_dlpack, *placements, *seen_placements,
+      *shard_type, *replicate_type;
+  if (!PyArg_ParseTuple(args, "OO!OOOO!O!OO:bind_param_grads", &handle, &PyList_Type, &params,
+                        &names, &dtensor_type, &to_dlpack, &PyList_Type, &placements, &PyList_Type,
+                        &seen_placements, &shard_type, &replicate_type))
     return NULL;
+  if (PyList_GET_SIZE(placements) != PyList_GET_SIZE(params) ||
+      PyList_GET_SIZE(seen_placements) != PyList_GET_SIZE(params)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "bind_param_grads: one placements and one seen_placements entry per param");
+    return NULL;
+  }
   if (dtensor_type != Py_None && !PyType_Check(dtensor_type)) {
     PyErr_SetString(PyExc_TypeError, "bind_param_grads: dtensor_type must be a type or None");
     return NULL;
@@ -157,6 +223,7 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   const DLTensor** grads = (const DLTensor**)calloc(slots, sizeof(DLTensor*));
   DLTensor* described = (DLTensor*)malloc(slots * sizeof(DLTensor)); /* the exchange API's */
   PyObject* result = NULL;
+  PyObject* misplaced = NULL; /* indices of misplaced DTensor grads, made at the first */
   Py_ssize_t count = 0;
   if (!locals || !capsules || !grads || !described) {
     PyErr_NoMemory();
@@ -173,6 +240,27 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
       Py_DECREF(grad);
       continue;
     }
+    PyObject* expected = PyList_GET_ITEM(placements, i);
+    if (expected != Py_None && dtensor_type != Py_None &&
+        PyObject_TypeCheck(grad, (PyTypeObject*)dtensor_type)) {
+      PyObject** seen = &PyList_GET_ITEM(seen_placements, i);
+      const int same = placed_as(grad, expected, seen, shard_type, replicate_type);
+      if (same != 1) {
+        Py_DECREF(grad);
+        if (same < 0) {
+          blame_param(names, i, "cannot read the placements of its DTensor grad");
+          goto done;
+        }
+        PyObject* index = PyLong_FromSsize_t(i);
+        if (!misplaced) misplaced = PyList_New(0);
+        if (!index || !misplaced || PyList_Append(misplaced, index) < 0) {
+          Py_XDECREF(index);
+          goto done;
+        }
+        Py_DECREF(index);
+        continue;
+      }
+    }
     locals[i] = local_of(grad, dtensor_type);
     Py_DECREF(grad);
     if (!locals[i]) {
@@ -180,6 +268,10 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
       goto done;
     }
     ++count;
+  }
+  if (misplaced) {
+    result = Py_BuildValue("(inO)", (int)SA_OK, (Py_ssize_t)0, misplaced);
+    goto done;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (!locals[i]) continue;
@@ -206,12 +298,13 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
     }
   }
   if (count == 0) {
-    result = Py_BuildValue("(in)", (int)SA_OK, (Py_ssize_t)0);
+    result = Py_BuildValue("(inO)", (int)SA_OK, (Py_ssize_t)0, Py_None);
   } else {
     const sa_status status = sa_optimizer_set_grads(opt, (int64_t)n, grads);
-    result = Py_BuildValue("(in)", (int)status, count);
+    result = Py_BuildValue("(inO)", (int)status, count, Py_None);
   }
 done:
+  Py_XDECREF(misplaced);
   if (capsules) {
     for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(capsules[i]); /* unconsumed: runs the deleter */
   }
@@ -267,7 +360,10 @@ PyMODINIT_FUNC PyInit__grad_intake(void) {
   s_grad = PyUnicode_InternFromString("grad");
   s_local_tensor = PyUnicode_InternFromString("_local_tensor");
   s_to_local = PyUnicode_InternFromString("to_local");
-  if (!s_grad || !s_local_tensor || !s_to_local) return NULL;
+  s_spec = PyUnicode_InternFromString("_spec");
+  s_placements = PyUnicode_InternFromString("placements");
+  s_dim = PyUnicode_InternFromString("dim");
+  if (!s_grad || !s_local_tensor || !s_to_local || !s_spec || !s_placements || !s_dim) return NULL;
 #ifdef SA_HAVE_EXCHANGE_API
   s_exchange_api = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
   if (!s_exchange_api) return NULL;

@@ -355,6 +355,63 @@ def _gloo_clip_checks(rank, world, norm_type):
     assert ours.native.comm is not None and ours.native.comm.kind == "host"
 
 
+def _gloo_placement_rank(rank, world, port):
+    """One rank of test_grads_placed_otherwise_than_their_params_are_redistributed."""
+    import gc
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        _gloo_placement_checks(rank, world)
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _gloo_placement_checks(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(11)
+    # A replicated param whose grad arrives Partial (tensor parallelism before its
+    # reduction: its local tensor is a partial sum of the same shape), and a Shard(0) param
+    # whose grad arrives Shard(1).
+    full = {"norm": torch.randn(6, generator=gen), "square": torch.randn(4, 4, generator=gen)}
+    placement = {"norm": [Replicate()], "square": [Shard(0)]}
+    params = {name: torch.nn.Parameter(distribute_tensor(value.clone(), mesh, placement[name]))
+              for name, value in full.items()}
+    reference = {name: torch.nn.Parameter(value.double()) for name, value in full.items()}
+    ours = FusedAdam(list(params.items()), **HYPER)
+    torch_opt = torch.optim.AdamW(reference.values(), **HYPER, foreach=False)
+    for step in range(3):
+        partials = [torch.randn(6, generator=gen) for _ in range(world)]  # every rank draws all
+        square = torch.randn(4, 4, generator=gen)
+        params["norm"].grad = DTensor.from_local(partials[rank].clone(), mesh, [Partial()], run_check=False)
+        params["square"].grad = distribute_tensor(square.clone(), mesh, [Shard(1)])
+        reference["norm"].grad = sum(partials).double()
+        reference["square"].grad = square.double()
+        torch_opt.step()
+        ours.step()
+        for name, param in params.items():
+            torch.testing.assert_close(param.full_tensor().double(), reference[name].detach(), rtol=1e-5,
+                                       atol=2e-6, msg=lambda m: f"rank {rank} step {step} {name}: {m}")
+        assert params["norm"].grad.placements == (Replicate(),)  # the redistributed grad replaced it
+
+
+def test_grads_placed_otherwise_than_their_params_are_redistributed():
+    """2 CPU processes (gloo): a Partial grad of a replicated param is reduced, and a
+    Shard(1) grad of a Shard(0) param resharded, before the step reads them, as torch's
+    optimizers do through DTensor arithmetic. Reading the Partial grad's local tensor as it
+    is would apply a partial sum, silently (its shape is the param's)."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("needs torch.distributed with gloo")
+    mp.spawn(_gloo_placement_rank, args=(2, _free_port()), nprocs=2, join=True)
+
+
 @pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["L2", "inf"])
 def test_two_gloo_ranks_clip_by_the_global_norm(norm_type):
     """2 CPU processes (gloo), DTensor params: FusedAdam's host communicator over
