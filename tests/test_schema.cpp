@@ -190,12 +190,12 @@ TEST_CASE("sa_optimizer_state_keys lists the states a param has, each one a view
   const char* const every_key[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master",
                                    "remainder"};
   for (const Case& c : cases) {
+    HostTensor t({5}, c.param_dtype);  // outlives the optimizer, which owns a view of it
     OptimizerPtr opt = make_optimizer();
     sa_group_config group = SA_GROUP_CONFIG_INIT;
     group.amsgrad = c.amsgrad;
     int32_t g = -1;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, &g));
-    HostTensor t({5}, c.param_dtype);
     const sa_param_options options = param_options(kDefaultDtype, kDefaultDtype, c.master);
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr,
                                                     &options, nullptr));
