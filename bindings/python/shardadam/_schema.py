@@ -59,6 +59,18 @@ def to_python(config):
     return out
 
 
+def coerce(key, value):
+    """A Python-keyed hyperparameter in the type the library stores it as: a tuple of floats
+    for a pair (betas), a bool for a flag, else a float. Range checks are the library's."""
+    names = _PAIRS.get(key)
+    if names:
+        values = tuple(float(v) for v in value)
+        if len(values) != len(names):
+            raise TypeError(f"{key} must be {len(names)} numbers ({', '.join(names)}), got {value!r}")
+        return values
+    return bool(value) if is_flag(key) else float(value)
+
+
 def fill(config, hyperparameters):
     """Writes Python-keyed hyperparameters into an ``sa_group_config``; an unknown key is a
     TypeError (the library validates the values)."""
@@ -66,17 +78,13 @@ def fill(config, hyperparameters):
     if unknown:
         raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {', '.join(KEYS)}")
     for key, value in hyperparameters.items():
+        value = coerce(key, value)
         names = _PAIRS.get(key)
         if names:
-            values = tuple(value)
-            if len(values) != len(names):
-                raise TypeError(f"{key} must be {len(names)} numbers ({', '.join(names)}), got {value!r}")
-            for name, v in zip(names, values):
-                setattr(config, name, float(v))
-        elif is_flag(key):
-            setattr(config, key, int(bool(value)))
+            for name, v in zip(names, value):
+                setattr(config, name, v)
         else:
-            setattr(config, key, float(value))
+            setattr(config, key, int(value) if is_flag(key) else value)
     return config
 
 

@@ -94,16 +94,7 @@ def _hyperparameters(group):
     lr = group["lr"]
     if isinstance(lr, torch.Tensor):
         lr = lr.item()  # a device lr synchronizes here; keep lr a float for a sync-free step
-    out = {}
-    for key in _schema.KEYS:
-        value = lr if key == "lr" else group[key]
-        if key == "betas":
-            out[key] = tuple(float(b) for b in value)
-        elif _schema.is_flag(key):
-            out[key] = bool(value)
-        else:
-            out[key] = float(value)
-    return out
+    return {key: _schema.coerce(key, lr if key == "lr" else group[key]) for key in _schema.KEYS}
 
 
 _no_subclass_torch_function = torch._C.DisableTorchFunctionSubclass

@@ -307,8 +307,10 @@ class _Load:
                 hyperparameters = _fused._hyperparameters(candidate)
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"FusedAdam.load_state_dict: param group {index}: {err!r}") from err
-            current = optimizer.native.param_groups[index].config() if group["params"] else {}
-            for key in current and _schema.fixed_keys():
+            # Fields the group's params' state was allocated by (amsgrad) cannot change.
+            fixed = _schema.fixed_keys() if group["params"] else ()
+            current = optimizer.native.param_groups[index].config() if fixed else {}
+            for key in fixed:
                 if hyperparameters[key] != current[key]:
                     raise ValueError(f"FusedAdam.load_state_dict: param group {index} has {key}="
                                      f"{hyperparameters[key]} in the state dict, {current[key]} in the "
