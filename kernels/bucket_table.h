@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "adam_math.h"
+#include "state_kind.h"
 
 namespace sa {
 namespace kernels {
@@ -14,11 +15,13 @@ namespace kernels {
 // Storage dtypes a kernel reads or writes.
 enum class ElemType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
-// How the full-precision param value is kept (mirrors sa_master_kind, AUTO resolved).
+// How the full-precision param value is kept (mirrors sa_master_kind, AUTO resolved):
+// in the param itself, in the state StateKind::master (float32), or split between the
+// bfloat16 param and the state StateKind::remainder (int16).
 enum class MasterKind : uint8_t { none = 0, fp32 = 1, remainder = 2 };
 
 // The dtype signature of an update: params of one Variant share one bucket and one
-// kernel instantiation.
+// kernel instantiation. The Variants the kernels implement are kernels/variants.h's table.
 struct Variant {
   ElemType param;
   ElemType grad;
@@ -34,17 +37,13 @@ inline bool operator==(const Variant& a, const Variant& b) {
 inline bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
 
 // One shard in a bucket. Pointers are to the first element; element types follow the
-// bucket's Variant. `master` is float* for MasterKind::fp32, int16_t* for remainder,
-// unused otherwise. `max_exp_avg_sq` is used only when the Variant is amsgrad. A NULL
-// `grad` means the param has no grad at this step: the step leaves the shard as it is
-// and the norm does not count it.
+// bucket's Variant (kernels/variants.h says which state each Variant has and how it is
+// stored); a state the Variant does not have is NULL. A NULL `grad` means the param has
+// no grad at this step: the step leaves the shard as it is and the norm does not count it.
 struct TensorSlot {
   void* param;
   const void* grad;
-  void* master;
-  void* exp_avg;
-  void* exp_avg_sq;
-  void* max_exp_avg_sq;
+  void* state[kNumStateKinds];  // by StateKind
   int64_t numel;
   int32_t param_index;  // the param's index: its step count and its coefficients of the step
   int32_t in_norm;      // 1: the gradient norm counts this shard; 0: another replica holds it

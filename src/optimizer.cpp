@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <new>
 
+#include "../kernels/variants.h"
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "options.hpp"
@@ -25,38 +26,70 @@ GradSpec grad_spec_of(const Param& p) {
   return spec;
 }
 
+// "float32, bfloat16 or float16": the distinct dtypes of `types`, in table order.
+template <class Range, class Get>
+std::string dtype_list(const Range& rows, Get get) {
+  std::vector<ElemType> types;
+  for (const auto& row : rows)
+    if (std::find(types.begin(), types.end(), get(row)) == types.end()) types.push_back(get(row));
+  std::string out;
+  for (std::size_t i = 0; i < types.size(); ++i)
+    out += concat(i == 0 ? "" : i + 1 == types.size() ? " or " : ", ", elem_name(types[i]));
+  return out;
+}
+
+const char* master_name(int32_t requested) {
+  switch (requested) {
+    case SA_MASTER_NONE:
+      return "SA_MASTER_NONE";
+    case SA_MASTER_FP32:
+      return "SA_MASTER_FP32";
+    case SA_MASTER_REMAINDER:
+      return "SA_MASTER_REMAINDER";
+  }
+  return "SA_MASTER_AUTO";
+}
+
+// A param's form from kernels::kParamForms: AUTO picks the dtype's first row.
 MasterKind resolve_master(int32_t requested, ElemType param_type, const std::string& context) {
+  MasterKind kind{};
   switch (requested) {
     case SA_MASTER_AUTO:
-      return param_type == ElemType::f32 ? MasterKind::none : MasterKind::fp32;
+      for (const kernels::ParamForm& form : kernels::kParamForms)
+        if (form.param == param_type) return form.master;
+      fail(SA_ERR_INTERNAL, context, ": no param form for ", elem_name(param_type));
     case SA_MASTER_NONE:
-      if (param_type != ElemType::f32)
-        fail(SA_ERR_UNSUPPORTED, context, ": master SA_MASTER_NONE needs a float32 param, not ",
-             elem_name(param_type), "; use SA_MASTER_FP32 (or SA_MASTER_REMAINDER for bfloat16)");
-      return MasterKind::none;
+      kind = MasterKind::none;
+      break;
     case SA_MASTER_FP32:
-      if (param_type == ElemType::f32)
-        fail(SA_ERR_INVALID_ARGUMENT, context,
-             ": master SA_MASTER_FP32 on a float32 param would duplicate it; use SA_MASTER_NONE");
-      return MasterKind::fp32;
+      kind = MasterKind::fp32;
+      break;
     case SA_MASTER_REMAINDER:
-      if (param_type != ElemType::bf16)
-        fail(SA_ERR_UNSUPPORTED, context,
-             ": master SA_MASTER_REMAINDER needs a bfloat16 param, not ", elem_name(param_type));
-      return MasterKind::remainder;
+      kind = MasterKind::remainder;
+      break;
     default:
       fail(SA_ERR_INVALID_ARGUMENT, context, ": master is ", requested, ", not an sa_master_kind");
   }
+  std::vector<kernels::ParamForm> with_kind;
+  for (const kernels::ParamForm& form : kernels::kParamForms) {
+    if (form.master != kind) continue;
+    if (form.param == param_type) return kind;
+    with_kind.push_back(form);
+  }
+  fail(SA_ERR_UNSUPPORTED, context, ": master ", master_name(requested), " needs a ",
+       dtype_list(with_kind, [](const kernels::ParamForm& f) { return f.param; }), " param, not ",
+       elem_name(param_type));
 }
 
-ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, bool allow_f16,
+// An optional dtype option: unset (all zero) is `fallback`, else one of `table`.
+template <std::size_t N>
+ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, const ElemType (&table)[N],
                                 const std::string& context, const char* field) {
   if (requested.bits == 0 && requested.code == 0 && requested.lanes == 0) return fallback;
-  auto type = elem_type_of(requested);
-  if (!type || (!allow_f16 && *type == ElemType::f16))
+  const auto type = elem_type_of(requested);
+  if (!type || !kernels::in_table(table, *type))
     fail(SA_ERR_UNSUPPORTED, context, ": ", field, " ", dtype_name(requested),
-         " is not supported; use ",
-         allow_f16 ? "float32, bfloat16 or float16" : "float32 or bfloat16");
+         " is not supported; use ", dtype_list(table, [](ElemType t) { return t; }));
   return *type;
 }
 
@@ -232,9 +265,12 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
       request.versioned ? request.versioned->dl_tensor : request.legacy->dl_tensor;
   const TensorRef shard = read_tensor(tensor, context + ": local shard");
   const auto param_type = elem_type_of(shard.dtype);
-  if (!param_type)
+  const auto param_dtype = [](const kernels::ParamForm& f) { return f.param; };
+  if (!param_type ||
+      !std::any_of(std::begin(kernels::kParamForms), std::end(kernels::kParamForms),
+                   [&](const kernels::ParamForm& f) { return f.param == *param_type; }))
     fail(SA_ERR_UNSUPPORTED, context, ": param dtype ", dtype_name(shard.dtype),
-         " is not supported; use float32, bfloat16 or float16");
+         " is not supported; use ", dtype_list(kernels::kParamForms, param_dtype));
   const sa_param_options defaults = SA_PARAM_OPTIONS_INIT;
   const sa_param_options options =
       read_options(request.options, defaults, (context + ": options").c_str());
@@ -245,10 +281,10 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->device = shard.device;
   param->data = shard.data;
   param->param_type = *param_type;
-  param->grad_type =
-      resolve_optional_dtype(options.grad_dtype, *param_type, true, context, "grad_dtype");
-  param->moment_type =
-      resolve_optional_dtype(options.moment_dtype, ElemType::f32, false, context, "moment_dtype");
+  param->grad_type = resolve_optional_dtype(options.grad_dtype, *param_type, kernels::kGradTypes,
+                                            context, "grad_dtype");
+  param->moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0],
+                                              kernels::kMomentTypes, context, "moment_dtype");
   param->master = resolve_master(options.master, *param_type, context);
   param->amsgrad = group.config.amsgrad != 0;
   Backend& backend = backend_for(shard.device, context);
@@ -536,19 +572,12 @@ void Optimizer::flush(void* stream) {
 
 // ---- state --------------------------------------------------------------------------
 
+kernels::Variant variant_of(const Param& p) {
+  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad};
+}
+
 bool has_state(const Param& p, StateKind kind) {
-  switch (kind) {
-    case StateKind::exp_avg:
-    case StateKind::exp_avg_sq:
-      return true;
-    case StateKind::max_exp_avg_sq:
-      return p.amsgrad;
-    case StateKind::master:
-      return p.master == MasterKind::fp32;
-    case StateKind::remainder:
-      return p.master == MasterKind::remainder;
-  }
-  return false;
+  return kernels::variant_has_state(variant_of(p), kind);
 }
 
 DLDataType state_dtype(const Param& p, StateKind kind) {

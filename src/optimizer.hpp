@@ -57,8 +57,10 @@ enum class GradBinding : uint8_t {
   bound   // Param::grad holds the grad's data (NULL for an empty param)
 };
 
-// Whether a param has a state of this kind: the rule of each row of kStateKinds
-// (state_kinds.hpp), written once.
+// The Variant of a param's updates (its bucket; kernels/variants.h).
+kernels::Variant variant_of(const Param& p);
+
+// Whether a param has a state of this kind (kernels::variant_has_state of its Variant).
 bool has_state(const Param& p, StateKind kind);
 
 // The dtype the param keeps a state of this kind in.

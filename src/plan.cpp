@@ -5,24 +5,19 @@
 namespace sa {
 namespace {
 
-kernels::Variant variant_of(const Param& p) {
-  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad};
-}
-
 // The grad a step reads: NULL when the param has no grad (the kernels skip the slot).
 const void* step_grad(const Param& p) { return p.binding == GradBinding::bound ? p.grad : nullptr; }
 
 kernels::TensorSlot slot_of(const Param& p, int64_t index) {
-  auto data_or_null = [](const std::shared_ptr<Buffer>& b) { return b ? b->data() : nullptr; };
-  return {
-      p.data, step_grad(p),
-      // The kernels' master slot holds the fp32 master or the int16 remainder (Variant
-      // says which).
-      data_or_null(
-          p.state[has_state(p, StateKind::remainder) ? StateKind::remainder : StateKind::master]),
-      data_or_null(p.state[StateKind::exp_avg]), data_or_null(p.state[StateKind::exp_avg_sq]),
-      data_or_null(p.state[StateKind::max_exp_avg_sq]), p.numel, static_cast<int32_t>(index),
-      primary_replica(p.layout) ? 1 : 0};
+  kernels::TensorSlot slot{p.data,
+                           step_grad(p),
+                           {},
+                           p.numel,
+                           static_cast<int32_t>(index),
+                           primary_replica(p.layout) ? 1 : 0};
+  for (std::size_t k = 0; k < kNumStateKinds; ++k)
+    slot.state[k] = p.state.buffers[k] ? p.state.buffers[k]->data() : nullptr;
+  return slot;
 }
 
 }  // namespace

@@ -4,8 +4,8 @@
 // the shard files' key and dtype checks, and the C ABI's sa_optimizer_state_key derive
 // from it.
 //
-// A new kind is a row here, its rule in has_state(), its slot in the kernels' TensorSlot
-// (plan.cpp) and what the kernels do with it.
+// A new kind is an enumerator in kernels/state_kind.h, a row here, its rule in has_state()
+// and what the kernels do with it (their TensorSlot has a pointer per kind).
 #ifndef SHARDADAM_SRC_STATE_KINDS_HPP_
 #define SHARDADAM_SRC_STATE_KINDS_HPP_
 
@@ -15,9 +15,9 @@
 
 #include <dlpack/dlpack.h>
 
-namespace sa {
+#include "../kernels/state_kind.h"
 
-enum class StateKind : uint8_t { exp_avg, exp_avg_sq, max_exp_avg_sq, master, remainder };
+namespace sa {
 
 // How a state is stored.
 enum class StateStorage : uint8_t {
@@ -44,7 +44,8 @@ inline constexpr StateKindInfo kStateKinds[] = {
     {StateKind::remainder, "remainder", StateStorage::i16,
      "int16 low half of the float32 value of a bfloat16 param (master kind remainder)"},
 };
-inline constexpr std::size_t kNumStateKinds = sizeof(kStateKinds) / sizeof(kStateKinds[0]);
+static_assert(sizeof(kStateKinds) / sizeof(kStateKinds[0]) == kNumStateKinds,
+              "kStateKinds must have a row per StateKind");
 
 inline const StateKindInfo& state_kind_info(StateKind kind) {
   return kStateKinds[static_cast<std::size_t>(kind)];

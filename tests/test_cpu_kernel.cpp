@@ -154,6 +154,20 @@ uint32_t random_elem(Rng& rng, ElemType t) {
   return 0;
 }
 
+// A slot as the core builds one (src/plan.cpp): the states by kind, the master form's
+// array under StateKind::master (fp32) or StateKind::remainder (int16).
+TensorSlot make_slot(void* param, const void* grad, MasterKind master_kind, void* master,
+                     void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq, int64_t numel) {
+  TensorSlot slot{param, grad, {}, numel, 0, 1};
+  auto at = [&](sa::StateKind k) -> void*& { return slot.state[static_cast<size_t>(k)]; };
+  at(sa::StateKind::exp_avg) = exp_avg;
+  at(sa::StateKind::exp_avg_sq) = exp_avg_sq;
+  at(sa::StateKind::max_exp_avg_sq) = max_exp_avg_sq;
+  if (master_kind == MasterKind::fp32) at(sa::StateKind::master) = master;
+  if (master_kind == MasterKind::remainder) at(sa::StateKind::remainder) = master;
+  return slot;
+}
+
 struct Shard {
   Variant variant;
   int64_t numel;
@@ -182,8 +196,8 @@ struct Shard {
   }
 
   TensorSlot slot() {
-    return TensorSlot{param.data(),      grad.data(),           master.data(), exp_avg.data(),
-                      exp_avg_sq.data(), max_exp_avg_sq.data(), numel,         0, 1};
+    return make_slot(param.data(), grad.data(), variant.master, master.data(), exp_avg.data(),
+                     exp_avg_sq.data(), max_exp_avg_sq.data(), numel);
   }
 };
 
@@ -453,8 +467,8 @@ TEST_CASE("SIMD stores of bf16, f16 and remainder params round exactly like adam
         const std::vector<uint16_t> param_in = param, rem_in = rem;
         void* master_ptr =
             master == MasterKind::fp32 ? static_cast<void*>(master_f32.data()) : rem.data();
-        const TensorSlot slot{param.data(), grad.data(), master_ptr, m.data(),
-                              vsq.data(),   nullptr,     n,          0, 1};
+        const TensorSlot slot =
+            make_slot(param.data(), grad.data(), master, master_ptr, m.data(), vsq.data(), nullptr, n);
         adam_cpu_range(v, slot, g, 0, n, /*simd=*/true);
         for (int64_t i = 0; i < n; ++i) {
           if (master == MasterKind::fp32) {
@@ -676,8 +690,8 @@ TEST_CASE("One fp32 step agrees with the Adam formula evaluated in double", "[cp
         const std::vector<float> p0 = p, m0 = m, v0 = v, vmax0 = vmax;
         const Variant variant{ElemType::f32, ElemType::f32, ElemType::f32, MasterKind::none,
                               amsgrad};
-        const TensorSlot slot{p.data(), grad.data(), nullptr, m.data(),
-                              v.data(), vmax.data(), n,       0, 1};
+        const TensorSlot slot = make_slot(p.data(), grad.data(), MasterKind::none, nullptr, m.data(),
+                                          v.data(), vmax.data(), n);
         adam_cpu_range(variant, slot, g, 0, n, simd);
         for (int64_t i = 0; i < n; ++i) {
           double gd = grad[i];

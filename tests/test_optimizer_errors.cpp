@@ -347,9 +347,9 @@ TEST_CASE("storage options that do not fit the param are rejected with what to u
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(bf16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_NONE)),
                  "param 'new'", "SA_MASTER_NONE needs a float32 param, not bfloat16");
-  CHECK_SA_FAILS(f.get(), SA_ERR_INVALID_ARGUMENT,
+  CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(f32, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_FP32)),
-                 "param 'new'", "SA_MASTER_FP32 on a float32 param");
+                 "param 'new'", "SA_MASTER_FP32 needs a bfloat16 or float16 param, not float32");
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(f16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_REMAINDER)),
                  "param 'new'", "SA_MASTER_REMAINDER needs a bfloat16 param, not float16");

@@ -30,7 +30,7 @@
 #include "../adam_math.h"
 #include "../bucket_table.h"
 #include "adam_cpu_simd-inl.h"
-#include "variant_signature.h"
+#include "visit_kernel.h"
 
 // ---- per SIMD target --------------------------------------------------------------------
 
@@ -45,8 +45,9 @@ int64_t UpdateWholeVectorsOfVariant(const Variant& variant, const TensorSlot& sl
                                     const GroupCoeffs& g, int64_t begin, int64_t end) {
 #if HWY_NATIVE_FMA
   int64_t rest_begin = begin;
-  visit_signature(variant, g.l2, [&](auto signature) HWY_ATTR {
-    rest_begin = UpdateWholeVectors<decltype(signature)>(slot, g.c, begin, end);
+  visit_kernel(variant, g.l2, [&](auto signature, auto l2) HWY_ATTR {
+    rest_begin =
+        UpdateWholeVectors<decltype(signature), decltype(l2)::value>(slot, g.c, begin, end);
   });
   return rest_begin;
 #else
@@ -129,7 +130,7 @@ void store_param_value(const TypedSlot<S>& s, int64_t i, float p) {
   }
 }
 
-template <class S>
+template <class S, bool kL2>
 void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int64_t begin,
                          int64_t end) {
   const TypedSlot<S> s(slot);
@@ -138,8 +139,7 @@ void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int
     float m = load_elem<S::kMoment>(s.exp_avg + i);
     float v = load_elem<S::kMoment>(s.exp_avg_sq + i);
     float vmax = S::kAmsgrad ? load_elem<S::kMoment>(s.max_exp_avg_sq + i) : 0.0f;
-    adam_update<S::kL2, S::kAmsgrad>(ScalarOps(), c, load_elem<S::kGrad>(s.grad + i), p, m, v,
-                                     vmax);
+    adam_update<kL2, S::kAmsgrad>(ScalarOps(), c, load_elem<S::kGrad>(s.grad + i), p, m, v, vmax);
     store_param_value(s, i, p);
     store_elem<S::kMoment>(m, s.exp_avg + i);
     store_elem<S::kMoment>(v, s.exp_avg_sq + i);
@@ -160,8 +160,8 @@ void adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupC
       simd ? HWY_DYNAMIC_DISPATCH(UpdateWholeVectorsOfVariant)(variant, slot, g, begin, end)
            : begin;
   if (rest_begin == end) return;
-  visit_signature(variant, g.l2, [&](auto signature) {
-    update_range_scalar<decltype(signature)>(slot, g.c, rest_begin, end);
+  visit_kernel(variant, g.l2, [&](auto signature, auto l2) {
+    update_range_scalar<decltype(signature), decltype(l2)::value>(slot, g.c, rest_begin, end);
   });
 }
 

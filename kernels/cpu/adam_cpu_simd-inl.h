@@ -22,7 +22,7 @@
 
 #include "../adam_math.h"
 #include "../bucket_table.h"
-#include "variant_signature.h"
+#include "visit_kernel.h"
 
 // Without F16C, Highway 1.0's float32 -> float16 demotion on x86 truncates instead of
 // rounding to nearest even, which would break agreement with float_to_half.
@@ -172,7 +172,7 @@ HWY_INLINE void StoreParamValue(const TypedSlot<S>& s, int64_t i, Vec p) {
 // Updates the whole vectors of [begin, end) and returns where the ragged tail (fewer than
 // one vector of elements) begins; the caller runs the scalar path on it. Unaligned loads
 // and stores throughout, so a result never depends on where a range starts.
-template <class S>
+template <class S, bool kL2>
 int64_t UpdateWholeVectors(const TensorSlot& slot, const AdamCoeffs<float>& cf, int64_t begin,
                            int64_t end) {
   const FloatTag df;
@@ -195,7 +195,7 @@ int64_t UpdateWholeVectors(const TensorSlot& slot, const AdamCoeffs<float>& cf, 
     FloatLanes v = LoadLanes<S::kMoment>(s.exp_avg_sq + i);
     FloatLanes vmax = S::kAmsgrad ? LoadLanes<S::kMoment>(s.max_exp_avg_sq + i) : hn::Zero(df);
     const FloatLanes grad = LoadLanes<S::kGrad>(s.grad + i);
-    adam_update<S::kL2, S::kAmsgrad>(HwyOps(), c, grad, p, m, v, vmax);
+    adam_update<kL2, S::kAmsgrad>(HwyOps(), c, grad, p, m, v, vmax);
     StoreParamValue(s, i, p.raw);
     StoreLanes<S::kMoment>(m.raw, s.exp_avg + i);
     StoreLanes<S::kMoment>(v.raw, s.exp_avg_sq + i);

@@ -1,0 +1,194 @@
+// kernels/variants.h — the one table of the updates the kernels implement, and the visitor
+// that turns a runtime Variant into a compile-time Signature. The CPU kernel, the CUDA
+// kernel and the core's checks of add_param's options all read the table below; a new
+// param form, grad dtype or moment storage is a row here plus its loads and stores.
+//
+// Host code only, except TypedSlot (host and device).
+#ifndef SHARDADAM_KERNELS_VARIANTS_H_
+#define SHARDADAM_KERNELS_VARIANTS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <iterator>
+#include <type_traits>
+
+#include "bucket_table.h"
+#include "state_kind.h"
+
+namespace sa {
+namespace kernels {
+
+// ---- the table --------------------------------------------------------------------------
+
+// How a param of a dtype keeps its full-precision value.
+struct ParamForm {
+  ElemType param;
+  MasterKind master;
+};
+
+// The param forms, in the order SA_MASTER_AUTO prefers them for a param dtype: a float32
+// param is its own master; a 16-bit param gets a float32 master unless asked otherwise.
+inline constexpr ParamForm kParamForms[] = {
+    {ElemType::f32, MasterKind::none},
+    {ElemType::bf16, MasterKind::fp32},
+    {ElemType::bf16, MasterKind::remainder},
+    {ElemType::f16, MasterKind::fp32},
+};
+
+// The grad dtypes every param form takes.
+inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemType::f16};
+
+// The moment storages (exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad).
+inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16};
+
+// A Variant is implemented when its (param, master) is a row of kParamForms, its grad is
+// in kGradTypes and its moment in kMomentTypes, with or without amsgrad.
+
+inline constexpr bool operator==(const ParamForm& a, const ParamForm& b) {
+  return a.param == b.param && a.master == b.master;
+}
+
+template <class T, size_t N>
+constexpr bool in_table(const T (&table)[N], T x) {
+  for (size_t i = 0; i < N; ++i)
+    if (table[i] == x) return true;
+  return false;
+}
+
+constexpr bool variant_supported(const Variant& v) {
+  return in_table(kParamForms, ParamForm{v.param, v.master}) && in_table(kGradTypes, v.grad) &&
+         in_table(kMomentTypes, v.moment);
+}
+
+// The state that holds the full-precision value of a param form, if any.
+constexpr bool master_state(MasterKind master, StateKind* kind) {
+  if (master == MasterKind::none) return false;
+  *kind = master == MasterKind::fp32 ? StateKind::master : StateKind::remainder;
+  return true;
+}
+
+// Whether params of a Variant have a state of this kind (the slot's state[kind] is
+// non-NULL): both moments always, max_exp_avg_sq with amsgrad, and the master state of
+// their param form.
+constexpr bool variant_has_state(const Variant& v, StateKind kind) {
+  switch (kind) {
+    case StateKind::exp_avg:
+    case StateKind::exp_avg_sq:
+      return true;
+    case StateKind::max_exp_avg_sq:
+      return v.amsgrad;
+    case StateKind::master:
+    case StateKind::remainder: {
+      StateKind held = StateKind::exp_avg;
+      return master_state(v.master, &held) && held == kind;
+    }
+  }
+  return false;
+}
+
+// ---- compile-time signatures ------------------------------------------------------------
+
+// How one element of a tensor of type T is stored: float32 as float, the 16-bit types as
+// their bits.
+template <ElemType T>
+using StorageOf = std::conditional_t<T == ElemType::f32, float, uint16_t>;
+
+// What the master state of a param form holds: the fp32 value, or the int16 remainder.
+template <MasterKind K>
+using MasterStorageOf = std::conditional_t<K == MasterKind::remainder, int16_t, float>;
+
+// One Variant with its dtypes as template arguments.
+template <ElemType kParamType, ElemType kGradType, ElemType kMomentType, MasterKind kMasterKind,
+          bool kWithAmsgrad>
+struct Signature {
+  static constexpr ElemType kParam = kParamType;
+  static constexpr ElemType kGrad = kGradType;
+  static constexpr ElemType kMoment = kMomentType;
+  static constexpr MasterKind kMaster = kMasterKind;
+  static constexpr bool kAmsgrad = kWithAmsgrad;
+};
+
+// A TensorSlot's pointers with the element types of Signature S.
+template <class S>
+struct TypedSlot {
+  StorageOf<S::kParam>* param;
+  const StorageOf<S::kGrad>* grad;
+  MasterStorageOf<S::kMaster>* master;  // the master state; unused with MasterKind::none
+  StorageOf<S::kMoment>* exp_avg;
+  StorageOf<S::kMoment>* exp_avg_sq;
+  StorageOf<S::kMoment>* max_exp_avg_sq;  // used only when S::kAmsgrad
+
+  SA_HD explicit TypedSlot(const TensorSlot& s)
+      : param(static_cast<StorageOf<S::kParam>*>(s.param)),
+        grad(static_cast<const StorageOf<S::kGrad>*>(s.grad)),
+        master(static_cast<MasterStorageOf<S::kMaster>*>(
+            s.state[static_cast<size_t>(S::kMaster == MasterKind::remainder ? StateKind::remainder
+                                                                            : StateKind::master)])),
+        exp_avg(static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(StateKind::exp_avg)])),
+        exp_avg_sq(
+            static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(StateKind::exp_avg_sq)])),
+        max_exp_avg_sq(static_cast<StorageOf<S::kMoment>*>(
+            s.state[static_cast<size_t>(StateKind::max_exp_avg_sq)])) {}
+};
+
+namespace detail {
+
+template <ElemType P, MasterKind K, ElemType G, ElemType M, class Fn>
+bool visit_amsgrad(const Variant& v, Fn& fn) {
+  if (v.amsgrad) {
+    fn(Signature<P, G, M, K, true>{});
+  } else {
+    fn(Signature<P, G, M, K, false>{});
+  }
+  return true;
+}
+
+template <ElemType P, MasterKind K, ElemType G, size_t I, class Fn>
+bool visit_moment(const Variant& v, Fn& fn) {
+  if constexpr (I == std::size(kMomentTypes)) {
+    return false;
+  } else {
+    constexpr ElemType kMoment = kMomentTypes[I];
+    if (v.moment == kMoment) return visit_amsgrad<P, K, G, kMoment>(v, fn);
+    return visit_moment<P, K, G, I + 1>(v, fn);
+  }
+}
+
+template <ElemType P, MasterKind K, size_t I, class Fn>
+bool visit_grad(const Variant& v, Fn& fn) {
+  if constexpr (I == std::size(kGradTypes)) {
+    return false;
+  } else {
+    constexpr ElemType kGrad = kGradTypes[I];
+    if (v.grad == kGrad) return visit_moment<P, K, kGrad, 0>(v, fn);
+    return visit_grad<P, K, I + 1>(v, fn);
+  }
+}
+
+template <size_t I, class Fn>
+bool visit_form(const Variant& v, Fn& fn) {
+  if constexpr (I == std::size(kParamForms)) {
+    return false;
+  } else {
+    constexpr ParamForm kForm = kParamForms[I];
+    if (v.param == kForm.param && v.master == kForm.master)
+      return visit_grad<kForm.param, kForm.master, 0>(v, fn);
+    return visit_form<I + 1>(v, fn);
+  }
+}
+
+}  // namespace detail
+
+// Calls fn(Signature<...>{}) for the Signature of `v` and returns true, or returns false
+// (calling nothing) when the table has no such Variant. The core builds only supported
+// Variants, so false is a bug in shardadam.
+template <class Fn>
+bool visit_variant(const Variant& v, Fn&& fn) {
+  return detail::visit_form<0>(v, fn);
+}
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_VARIANTS_H_
