@@ -122,12 +122,12 @@ struct TypedSlot {
   SA_HD explicit TypedSlot(const TensorSlot& s)
       : param(static_cast<StorageOf<S::kParam>*>(s.param)),
         grad(static_cast<const StorageOf<S::kGrad>*>(s.grad)),
-        master(static_cast<MasterStorageOf<S::kMaster>*>(
-            s.state[static_cast<size_t>(S::kMaster == MasterKind::remainder ? StateKind::remainder
-                                                                            : StateKind::master)])),
-        exp_avg(static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(StateKind::exp_avg)])),
-        exp_avg_sq(
-            static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(StateKind::exp_avg_sq)])),
+        master(static_cast<MasterStorageOf<S::kMaster>*>(s.state[static_cast<size_t>(
+            S::kMaster == MasterKind::remainder ? StateKind::remainder : StateKind::master)])),
+        exp_avg(
+            static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(StateKind::exp_avg)])),
+        exp_avg_sq(static_cast<StorageOf<S::kMoment>*>(
+            s.state[static_cast<size_t>(StateKind::exp_avg_sq)])),
         max_exp_avg_sq(static_cast<StorageOf<S::kMoment>*>(
             s.state[static_cast<size_t>(StateKind::max_exp_avg_sq)])) {}
 };

@@ -8,6 +8,7 @@
 
 #include "../kernels/cpu/adam_cpu.h"
 #include "api_support.hpp"
+#include "backends/cuda_module.hpp"
 #include "comm/comm.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
@@ -50,15 +51,11 @@ extern "C" {
 int sa_version(void) { return SA_VERSION_NUMBER; }
 
 const char* sa_build_info(void) {
-#ifdef SHARDADAM_WITH_CUDA
-  const char* cuda = "; cuda: backend built (device memory, one launch per bucket)";
-#else
-  const char* cuda = "; cuda: not built";
-#endif
   static const std::string info =
       sa::concat("shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
-                 "; cpu: highway (", sa::kernels::adam_cpu_simd_target(), " dispatched)", cuda,
-                 sa::nccl_available() ? "; nccl: built" : "; nccl: not built");
+                 "; cpu: highway (", sa::kernels::adam_cpu_simd_target(),
+                 " dispatched); cuda: ", sa::cuda_module_status(),
+                 sa::nccl_available() ? "; nccl: built" : "; nccl: not available");
   return info.c_str();
 }
 

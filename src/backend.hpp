@@ -141,10 +141,6 @@ struct CpuBackendOptions {
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 
-#ifdef SHARDADAM_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int device);
-#endif
-
 }  // namespace sa
 
 #endif  // SHARDADAM_SRC_BACKEND_HPP_

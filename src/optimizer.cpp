@@ -5,6 +5,7 @@
 #include <new>
 
 #include "../kernels/variants.h"
+#include "backends/cuda_module.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "options.hpp"
@@ -208,18 +209,18 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
              device.device_id, "; host tensors must have device_id 0");
       backend_ = make_cpu_backend({config_.num_threads, config_.cpu_simd != 0});
       return *backend_;
-    case kDLCUDA:
-#ifdef SHARDADAM_WITH_CUDA
+    case kDLCUDA: {
+      const CudaModule* cuda = cuda_module();
+      if (cuda == nullptr)
+        fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
+             " but this library has no CUDA backend (cuda: ", cuda_module_status(), ")");
       try {
-        backend_ = make_cuda_backend(device.device_id);
+        backend_ = cuda->make_backend(device.device_id);
       } catch (const Error& e) {
         fail(e.status(), context, ": cannot use ", device_name(device), ": ", e.what());
       }
       return *backend_;
-#else
-      fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
-           " but this build of shardadam has no CUDA backend (see sa_build_info())");
-#endif
+    }
     default:
       fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
            "; shardadam supports cpu (and cuda where built with it)");

@@ -1,7 +1,8 @@
-# check_exports.cmake — the library exports only sa_* symbols and carries the soname of
-# its major version.
+# check_exports.cmake — the library exports only sa_* symbols, carries the soname of its
+# major version and needs neither the CUDA runtime nor NCCL (the CUDA backend module does,
+# and it exports its entry point only).
 #
-#   cmake -DLIB=/path/to/libshardadam.so -P check_exports.cmake
+#   cmake -DLIB=/path/to/libshardadam.so [-DMODULE=/path/to/libshardadam-cuda.so] -P check_exports.cmake
 #
 # Uses binutils: `nm -D --defined-only` lists what the dynamic symbol table defines (the
 # version script's anonymous node shows up as nothing; a leaked C++ symbol, a vendored
@@ -76,6 +77,29 @@ endif()
 set(soname "${CMAKE_MATCH_1}")
 if(NOT soname STREQUAL "libshardadam.so.0")
   message(FATAL_ERROR "check_exports: the SONAME of ${LIB} is '${soname}', expected 'libshardadam.so.0'")
+endif()
+
+# ---- no CUDA at load time: libshardadam-cuda.so carries it ---------------------------------
+string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" needed "${readelf_out}")
+foreach(entry IN LISTS needed)
+  if(entry MATCHES "libcuda|libcudart|libnccl|libnvrtc|libcublas")
+    message(FATAL_ERROR "check_exports: ${LIB} needs a CUDA library at load time (${entry}); "
+      "CUDA belongs in the backend module (src/backends/cuda_module.hpp)")
+  endif()
+endforeach()
+
+if(MODULE)
+  execute_process(COMMAND "${NM_EXECUTABLE}" -D --defined-only "${MODULE}"
+    OUTPUT_VARIABLE module_nm RESULT_VARIABLE module_rc)
+  if(NOT module_rc EQUAL 0)
+    message(FATAL_ERROR "check_exports: nm -D --defined-only ${MODULE} failed (${module_rc})")
+  endif()
+  string(REGEX MATCHALL "[0-9a-fA-F]+[ \t]+[A-Za-z][ \t]+[^ \t\n@]+" module_syms "${module_nm}")
+  list(LENGTH module_syms n_module)
+  if(NOT n_module EQUAL 1 OR NOT module_nm MATCHES " T sa_cuda_module_v1")
+    message(FATAL_ERROR "check_exports: ${MODULE} must export sa_cuda_module_v1 only; nm said:\n${module_nm}")
+  endif()
+  message(STATUS "check_exports: ${MODULE} exports sa_cuda_module_v1 only")
 endif()
 
 list(JOIN exported ", " exported_text)

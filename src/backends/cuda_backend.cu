@@ -20,6 +20,7 @@
 #include "../backend.hpp"
 #include "../comm/comm.hpp"
 #include "../errors.hpp"
+#include "cuda_module.hpp"
 
 namespace sa {
 namespace {

@@ -39,7 +39,9 @@ class Comm {
 // A communicator made of the caller's callbacks (validated; throws on a bad table).
 std::shared_ptr<Comm> make_host_comm(const sa_host_comm& callbacks);
 
-// NCCL. Without NCCL in the build they throw sa::Error(SA_ERR_UNSUPPORTED).
+// NCCL communicators, from the CUDA backend module (src/backends/module_loader.cpp
+// forwards to it). Without the module, or a module without NCCL, nccl_available() is false
+// and the others throw sa::Error(SA_ERR_UNSUPPORTED) saying why.
 bool nccl_available();
 void nccl_unique_id(sa_nccl_unique_id& out);
 std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id& id, int32_t nranks, int32_t rank,

@@ -1,19 +1,17 @@
 // src/comm/nccl_comm.cpp — an NCCL communicator, owned (made from a unique id) or borrowed
-// (the caller's ncclComm_t). Built only with SHARDADAM_WITH_NCCL; otherwise every entry
-// point says so.
-#include "../errors.hpp"
-#include "comm.hpp"
+// (the caller's ncclComm_t). Part of the CUDA backend module when it is built with NCCL
+// (cuda_module_entry.cpp hands these functions to the core).
+#include "nccl_comm.hpp"
 
-#ifdef SHARDADAM_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <cstring>
-#endif
+
+#include "../errors.hpp"
 
 namespace sa {
-
-#ifdef SHARDADAM_WITH_NCCL
+namespace nccl {
 namespace {
 
 static_assert(sizeof(ncclUniqueId) == sizeof(sa_nccl_unique_id),
@@ -83,16 +81,14 @@ class DeviceScope {
 
 }  // namespace
 
-bool nccl_available() { return true; }
-
-void nccl_unique_id(sa_nccl_unique_id& out) {
+void unique_id(sa_nccl_unique_id& out) {
   ncclUniqueId id;
   check_nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
   std::memcpy(out.internal, id.internal, sizeof out.internal);
 }
 
-std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id& id, int32_t nranks, int32_t rank,
-                                     int32_t device) {
+std::shared_ptr<Comm> make_comm(const sa_nccl_unique_id& id, int32_t nranks, int32_t rank,
+                                int32_t device) {
   if (nranks < 1) fail(SA_ERR_INVALID_ARGUMENT, "nranks is ", nranks, "; it must be >= 1");
   if (rank < 0 || rank >= nranks)
     fail(SA_ERR_INVALID_ARGUMENT, "rank is ", rank, " but nranks is ", nranks, "; use 0..",
@@ -115,28 +111,10 @@ std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id& id, int32_t nranks
   }
 }
 
-std::shared_ptr<Comm> wrap_nccl_comm(void* nccl_comm) {
+std::shared_ptr<Comm> wrap_comm(void* nccl_comm) {
   if (nccl_comm == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "nccl_comm is NULL");
   return std::make_shared<NcclComm>(static_cast<ncclComm_t>(nccl_comm), false);
 }
 
-#else  // no NCCL in this build
-
-namespace {
-[[noreturn]] void no_nccl() {
-  fail(SA_ERR_UNSUPPORTED,
-       "this build of shardadam has no NCCL (see sa_build_info()); "
-       "use a host-callback communicator (sa_comm_create_host)");
-}
-}  // namespace
-
-bool nccl_available() { return false; }
-void nccl_unique_id(sa_nccl_unique_id&) { no_nccl(); }
-std::shared_ptr<Comm> make_nccl_comm(const sa_nccl_unique_id&, int32_t, int32_t, int32_t) {
-  no_nccl();
-}
-std::shared_ptr<Comm> wrap_nccl_comm(void*) { no_nccl(); }
-
-#endif
-
+}  // namespace nccl
 }  // namespace sa
