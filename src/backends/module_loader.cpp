@@ -20,6 +20,7 @@ struct Loaded {
   std::string status;
 };
 
+#ifdef SHARDADAM_WITH_CUDA
 // The directory of the shared object that holds this code (libshardadam.so, or the
 // program the core is linked into), with a trailing '/'; "" when unknown.
 std::string own_directory() {
@@ -62,6 +63,8 @@ const CudaModule* open_module(const std::string& path, std::string& status) {
   status = concat("module ", path, " (", module->description, ")");
   return module;
 }
+
+#endif  // SHARDADAM_WITH_CUDA
 
 Loaded load() {
   Loaded loaded;
