@@ -34,8 +34,8 @@ struct CudaModule {
   std::unique_ptr<Backend> (*make_backend)(int device);
   // NCCL, when the module was built with it (else these are NULL).
   void (*nccl_unique_id)(sa_nccl_unique_id& out);
-  std::shared_ptr<Comm> (*make_nccl_comm)(const sa_nccl_unique_id& id, int32_t nranks,
-                                          int32_t rank, int32_t device);
+  std::shared_ptr<Comm> (*make_nccl_comm)(const sa_nccl_unique_id& id, int32_t nranks, int32_t rank,
+                                          int32_t device);
   std::shared_ptr<Comm> (*wrap_nccl_comm)(void* nccl_comm);
 };
 

@@ -21,15 +21,10 @@ int device_count() {
 }
 
 const CudaModule kModule = {
-    kCudaModuleInterface,
-    SA_BUILD_STAMP,
-    "device memory, one launch per bucket",
-    device_count,
-    make_cuda_backend,
+    kCudaModuleInterface, SA_BUILD_STAMP,    "device memory, one launch per bucket",
+    device_count,         make_cuda_backend,
 #ifdef SHARDADAM_WITH_NCCL
-    nccl::unique_id,
-    nccl::make_comm,
-    nccl::wrap_comm,
+    nccl::unique_id,      nccl::make_comm,   nccl::wrap_comm,
 #else
     nullptr,
     nullptr,

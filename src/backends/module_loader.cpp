@@ -99,8 +99,9 @@ const Loaded& loaded() {
 
 [[noreturn]] void no_nccl() {
   if (cuda_module() == nullptr)
-    fail(SA_ERR_UNSUPPORTED, "NCCL communicators need the CUDA backend module (cuda: ",
-         cuda_module_status(), "); use a host-callback communicator (sa_comm_create_host)");
+    fail(SA_ERR_UNSUPPORTED,
+         "NCCL communicators need the CUDA backend module (cuda: ", cuda_module_status(),
+         "); use a host-callback communicator (sa_comm_create_host)");
   fail(SA_ERR_UNSUPPORTED,
        "this build of shardadam has no NCCL (see sa_build_info()); "
        "use a host-callback communicator (sa_comm_create_host)");
