@@ -9,8 +9,18 @@
 
 namespace sa {
 
-enum class StateKind : uint8_t { exp_avg, exp_avg_sq, max_exp_avg_sq, master, remainder };
-constexpr size_t kNumStateKinds = 5;
+enum class StateKind : uint8_t {
+  exp_avg,
+  exp_avg_sq,
+  max_exp_avg_sq,
+  master,
+  remainder,
+  // One float32 per block of kQuant8Block elements: the absmax of a q8 moment's block.
+  exp_avg_absmax,
+  exp_avg_sq_absmax,
+  max_exp_avg_sq_absmax
+};
+constexpr size_t kNumStateKinds = 8;
 
 }  // namespace sa
 

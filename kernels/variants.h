@@ -39,8 +39,9 @@ inline constexpr ParamForm kParamForms[] = {
 // The grad dtypes every param form takes.
 inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemType::f16};
 
-// The moment storages (exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad).
-inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16};
+// The moment storages (exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad). q8: 8-bit
+// blockwise dynamic quantization (kernels/quant8.h; the CPU backend only, for now).
+inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8};
 
 // A Variant is implemented when its (param, master) is a row of kParamForms, its grad is
 // in kGradTypes and its moment in kMomentTypes, with or without amsgrad.
@@ -83,6 +84,11 @@ constexpr bool variant_has_state(const Variant& v, StateKind kind) {
       StateKind held = StateKind::exp_avg;
       return master_state(v.master, &held) && held == kind;
     }
+    case StateKind::exp_avg_absmax:
+    case StateKind::exp_avg_sq_absmax:
+      return v.moment == ElemType::q8;
+    case StateKind::max_exp_avg_sq_absmax:
+      return v.moment == ElemType::q8 && v.amsgrad;
   }
   return false;
 }
@@ -90,9 +96,10 @@ constexpr bool variant_has_state(const Variant& v, StateKind kind) {
 // ---- compile-time signatures ------------------------------------------------------------
 
 // How one element of a tensor of type T is stored: float32 as float, the 16-bit types as
-// their bits.
+// their bits, q8 as its code.
 template <ElemType T>
-using StorageOf = std::conditional_t<T == ElemType::f32, float, uint16_t>;
+using StorageOf = std::conditional_t<T == ElemType::f32, float,
+                                     std::conditional_t<T == ElemType::q8, uint8_t, uint16_t>>;
 
 // What the master state of a param form holds: the fp32 value, or the int16 remainder.
 template <MasterKind K>
@@ -150,8 +157,12 @@ bool visit_moment(const Variant& v, Fn& fn) {
     return false;
   } else {
     constexpr ElemType kMoment = kMomentTypes[I];
-    if (v.moment == kMoment) return visit_amsgrad<P, K, G, kMoment>(v, fn);
-    return visit_moment<P, K, G, I + 1>(v, fn);
+    if constexpr (kMoment == ElemType::q8) {  // a block storage: see visit_variant
+      return visit_moment<P, K, G, I + 1>(v, fn);
+    } else {
+      if (v.moment == kMoment) return visit_amsgrad<P, K, G, kMoment>(v, fn);
+      return visit_moment<P, K, G, I + 1>(v, fn);
+    }
   }
 }
 
@@ -182,7 +193,9 @@ bool visit_form(const Variant& v, Fn& fn) {
 
 // Calls fn(Signature<...>{}) for the Signature of `v` and returns true, or returns false
 // (calling nothing) when the table has no such Variant. The core builds only supported
-// Variants, so false is a bug in shardadam.
+// Variants, so false is a bug in shardadam. Signatures are of element storages only: a
+// block storage (q8) is not visited; a backend runs it a block at a time, decoding into
+// the float32 Variant's update (kernels/cpu/adam_cpu.cpp).
 template <class Fn>
 bool visit_variant(const Variant& v, Fn&& fn) {
   return detail::visit_form<0>(v, fn);

@@ -322,10 +322,9 @@ sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* 
   return with_optimizer(opt, "sa_optimizer_state_view", [&] {
     require(key != nullptr && out != nullptr, "key or out is NULL");
     const sa::Optimizer::StateRef ref = opt->core.state(param, key);
-    const sa::Param& p = opt->core.param(param, "param");
     auto view = std::make_unique<StateView>();
     view->buffer = ref.buffer;
-    view->shape = p.layout.local_shape;
+    view->shape = ref.shape;
     DLManagedTensorVersioned& t = view->tensor;
     t.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
     t.manager_ctx = view.get();

@@ -14,6 +14,7 @@ constexpr DtypeRow kDtypes[] = {
     {ElemType::f32, {kDLFloat, 32, 1}, 4, "float32"},
     {ElemType::bf16, {kDLBfloat, 16, 1}, 2, "bfloat16"},
     {ElemType::f16, {kDLFloat, 16, 1}, 2, "float16"},
+    {ElemType::q8, {kDLUInt, 8, 1}, 1, "uint8"},  // the codes of a q8 moment
 };
 
 const DtypeRow& row_of(ElemType type) {

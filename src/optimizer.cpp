@@ -230,10 +230,13 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
 void Optimizer::allocate_state(Param& p) {
   // Zeroed: moments start at 0, and a zero remainder restores exactly the bfloat16 value
   // the param holds now.
-  for (const StateKindInfo& k : kStateKinds)
-    if (has_state(p, k.kind))
-      p.state[k.kind] = backend_->allocate(static_cast<std::size_t>(p.numel) *
-                                           dtype_size(state_dtype(p, k.kind)));
+  for (const StateKindInfo& k : kStateKinds) {
+    if (!has_state(p, k.kind)) continue;
+    int64_t elems = 1;
+    for (int64_t d : state_shape(p, k.kind)) elems *= d;
+    p.state[k.kind] =
+        backend_->allocate(static_cast<std::size_t>(elems) * dtype_size(state_dtype(p, k.kind)));
+  }
   if (has_state(p, StateKind::master))
     backend_->widen_to_f32(static_cast<float*>(p.state[StateKind::master]->data()), p.data,
                            p.param_type, p.numel);
@@ -287,6 +290,9 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0],
                                               kernels::kMomentTypes, context, "moment_dtype");
   param->master = resolve_master(options.master, *param_type, context);
+  if (param->moment_type == ElemType::q8 && shard.device.device_type != kDLCPU)
+    fail(SA_ERR_UNSUPPORTED, context, ": moment_dtype uint8 (8-bit blockwise moments) runs on ",
+         "the CPU backend only in this version, and the shard is on ", device_name(shard.device));
   param->amsgrad = group.config.amsgrad != 0;
   Backend& backend = backend_for(shard.device, context);
   (void)backend;
@@ -465,6 +471,14 @@ std::vector<const Param*> Optimizer::param_list() const {
   return list;
 }
 
+void Optimizer::require_file_states(const char* action) const {
+  for (const auto& p : params_)
+    if (p->moment_type == ElemType::q8)
+      fail(SA_ERR_UNSUPPORTED, action, " refused: param '", p->name,
+           "' keeps 8-bit moments (moment_dtype uint8), which shard files cannot hold yet; ",
+           "nothing was written or changed");
+}
+
 void Optimizer::require_usable(const char* action) const {
   if (unusable())
     fail(SA_ERR_STATE, "the optimizer state is unusable, so ", action,
@@ -593,10 +607,16 @@ DLDataType state_dtype(const Param& p, StateKind kind) {
   return {};
 }
 
+std::vector<int64_t> state_shape(const Param& p, StateKind kind) {
+  if (!state_kind_info(kind).per_block) return p.layout.local_shape;
+  return {(p.numel + kernels::kQuant8Block - 1) / kernels::kQuant8Block};
+}
+
 std::vector<NamedState> named_states(const Param& p) {
   std::vector<NamedState> states;
   for (const StateKindInfo& k : kStateKinds)
-    if (has_state(p, k.kind)) states.push_back({k.key, p.state[k.kind], state_dtype(p, k.kind)});
+    if (has_state(p, k.kind))
+      states.push_back({k.key, p.state[k.kind], state_dtype(p, k.kind), k.kind});
   return states;
 }
 
@@ -604,7 +624,7 @@ Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) cons
   const Param& p = param(index, "param");
   std::string keys;
   for (const NamedState& s : named_states(p)) {
-    if (key == s.key) return {s.buffer, s.dtype};
+    if (key == s.key) return {s.buffer, s.dtype, state_shape(p, s.kind)};
     keys += keys.empty() ? s.key : concat(", ", s.key);
   }
   fail(SA_ERR_INVALID_ARGUMENT, param_context(p.name), " has no state '", key, "'; it has: ", keys);

@@ -46,6 +46,7 @@ struct NamedState {
   const char* key;
   std::shared_ptr<Buffer> buffer;
   DLDataType dtype;
+  StateKind kind;
 };
 
 struct Param;
@@ -65,6 +66,10 @@ bool has_state(const Param& p, StateKind kind);
 
 // The dtype the param keeps a state of this kind in.
 DLDataType state_dtype(const Param& p, StateKind kind);
+
+// The shape of a param's state of this kind: the param's local shape, or for a per-block
+// state (state_kinds.hpp) [number of kernels::kQuant8Block blocks of the local shard].
+std::vector<int64_t> state_shape(const Param& p, StateKind kind);
 
 // The states a param has, in kStateKinds' order: exp_avg, exp_avg_sq, max_exp_avg_sq
 // (amsgrad), master (fp32 master) or remainder (int16).
@@ -163,6 +168,7 @@ class Optimizer {
   struct StateRef {
     std::shared_ptr<Buffer> buffer;
     DLDataType dtype;
+    std::vector<int64_t> shape;  // state_shape
   };
   StateRef state(int64_t index, const std::string& key) const;
 
@@ -188,6 +194,10 @@ class Optimizer {
   const std::string& unusable_reason() const { return unusable_reason_; }
   // Throws SA_ERR_STATE when unusable; `action` names what was refused ("step").
   void require_usable(const char* action) const;
+
+  // Throws SA_ERR_UNSUPPORTED when a param keeps a state that shard files cannot hold yet
+  // (8-bit moments); `action` names what was refused ("an export").
+  void require_file_states(const char* action) const;
 
  private:
   Backend& backend_for(DLDevice device, const std::string& context);

@@ -30,19 +30,26 @@ struct StateKindInfo {
   StateKind kind;
   const char* key;
   StateStorage storage;
+  bool per_block;  // one element per kernels::kQuant8Block elements of the param, not per element
   const char* doc;
 };
 
 // In canonical order: the order of named states, views and shard-file tensors.
 inline constexpr StateKindInfo kStateKinds[] = {
-    {StateKind::exp_avg, "exp_avg", StateStorage::moment, "first moment"},
-    {StateKind::exp_avg_sq, "exp_avg_sq", StateStorage::moment, "second moment"},
-    {StateKind::max_exp_avg_sq, "max_exp_avg_sq", StateStorage::moment,
+    {StateKind::exp_avg, "exp_avg", StateStorage::moment, false, "first moment"},
+    {StateKind::exp_avg_sq, "exp_avg_sq", StateStorage::moment, false, "second moment"},
+    {StateKind::max_exp_avg_sq, "max_exp_avg_sq", StateStorage::moment, false,
      "running maximum of exp_avg_sq (amsgrad groups)"},
-    {StateKind::master, "master", StateStorage::f32,
+    {StateKind::master, "master", StateStorage::f32, false,
      "float32 master copy of a 16-bit param (master kind fp32)"},
-    {StateKind::remainder, "remainder", StateStorage::i16,
+    {StateKind::remainder, "remainder", StateStorage::i16, false,
      "int16 low half of the float32 value of a bfloat16 param (master kind remainder)"},
+    {StateKind::exp_avg_absmax, "exp_avg_absmax", StateStorage::f32, true,
+     "per-block absmax of an 8-bit exp_avg (moment dtype uint8)"},
+    {StateKind::exp_avg_sq_absmax, "exp_avg_sq_absmax", StateStorage::f32, true,
+     "per-block absmax of an 8-bit exp_avg_sq (moment dtype uint8)"},
+    {StateKind::max_exp_avg_sq_absmax, "max_exp_avg_sq_absmax", StateStorage::f32, true,
+     "per-block absmax of an 8-bit max_exp_avg_sq (moment dtype uint8, amsgrad)"},
 };
 static_assert(sizeof(kStateKinds) / sizeof(kStateKinds[0]) == kNumStateKinds,
               "kStateKinds must have a row per StateKind");

@@ -29,6 +29,7 @@
 
 #include "../adam_math.h"
 #include "../bucket_table.h"
+#include "../quant8.h"
 #include "adam_cpu_simd-inl.h"
 #include "visit_kernel.h"
 
@@ -147,15 +148,71 @@ void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int
   }
 }
 
-}  // namespace
-
 HWY_EXPORT(UpdateWholeVectorsOfVariant);
 HWY_EXPORT(SimdTargetName);
+
+void* state_at(const TensorSlot& slot, StateKind kind) {
+  return slot.state[static_cast<size_t>(kind)];
+}
+
+void*& state_at(TensorSlot& slot, StateKind kind) { return slot.state[static_cast<size_t>(kind)]; }
+
+void* offset(void* p, int64_t elems, int64_t bytes) {
+  return p == nullptr ? nullptr : static_cast<char*>(p) + elems * bytes;
+}
+
+// q8 moments, a block at a time: decode the block's moments into float32, run the float32
+// moment update over it (adam_cpu_range with moment f32: the same element function, SIMD
+// included), and encode them again with the block's new absmax.
+void adam_cpu_range_quant8(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
+                           int64_t begin, int64_t end, bool simd) {
+  assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
+  Variant inner = variant;
+  inner.moment = ElemType::f32;
+  const int64_t master_bytes = variant.master == MasterKind::remainder ? 2 : 4;
+  struct Moment {
+    StateKind codes, absmax;
+    bool is_signed;
+  } const moments[] = {{StateKind::exp_avg, StateKind::exp_avg_absmax, true},
+                       {StateKind::exp_avg_sq, StateKind::exp_avg_sq_absmax, false},
+                       {StateKind::max_exp_avg_sq, StateKind::max_exp_avg_sq_absmax, false}};
+  const int num_moments = variant.amsgrad ? 3 : 2;
+  alignas(64) float values[3][kQuant8Block];
+  for (int64_t block_begin = begin; block_begin < end; block_begin += kQuant8Block) {
+    const int64_t n = end - block_begin < kQuant8Block ? end - block_begin : kQuant8Block;
+    const int64_t block = block_begin / kQuant8Block;
+    TensorSlot inner_slot = slot;
+    inner_slot.param = offset(slot.param, block_begin, elem_bytes(variant.param));
+    inner_slot.grad = offset(const_cast<void*>(slot.grad), block_begin, elem_bytes(variant.grad));
+    for (StateKind k : {StateKind::master, StateKind::remainder})
+      state_at(inner_slot, k) = offset(state_at(slot, k), block_begin, master_bytes);
+    for (int k = 0; k < num_moments; ++k) {
+      const Moment& mo = moments[k];
+      const auto* codes = static_cast<const uint8_t*>(state_at(slot, mo.codes)) + block_begin;
+      const float absmax = static_cast<const float*>(state_at(slot, mo.absmax))[block];
+      quant8_decode_block(quant8_map(mo.is_signed), codes, absmax, n, values[k]);
+      state_at(inner_slot, mo.codes) = values[k];
+      state_at(inner_slot, mo.absmax) = nullptr;
+    }
+    inner_slot.numel = n;
+    adam_cpu_range(inner, inner_slot, g, 0, n, simd);
+    for (int k = 0; k < num_moments; ++k) {
+      const Moment& mo = moments[k];
+      auto* codes = static_cast<uint8_t*>(state_at(slot, mo.codes)) + block_begin;
+      static_cast<float*>(state_at(slot, mo.absmax))[block] =
+          quant8_encode_block(quant8_map(mo.is_signed), values[k], n, codes);
+    }
+  }
+}
+
+}  // namespace
 
 void adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                     int64_t begin, int64_t end, bool simd) {
   assert(0 <= begin && begin <= end && end <= slot.numel);
   if (begin >= end) return;
+  if (variant.moment == ElemType::q8)
+    return adam_cpu_range_quant8(variant, slot, g, begin, end, simd);
   const int64_t rest_begin =
       simd ? HWY_DYNAMIC_DISPATCH(UpdateWholeVectorsOfVariant)(variant, slot, g, begin, end)
            : begin;

@@ -147,6 +147,8 @@ double grad_norm_partial(NormType norm, ElemType type, const void* grad, int64_t
           norm, [bits](int64_t i) { return static_cast<double>(half_to_float(bits[i])); }, begin,
           end);
       break;
+    case ElemType::q8:  // a moment storage, never a grad
+      break;
   }
   return norm == NormType::inf ? rest : simd_sum + rest;
 }

@@ -233,6 +233,8 @@ cudaError_t launch_widen_to_f32(float* dst, const void* src, ElemType type, int6
       widen_kernel<ElemType::f16>
           <<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
       break;
+    case ElemType::q8:  // a moment storage, never a param
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -125,6 +125,8 @@ cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const Device
       return launch_partials<ElemType::bf16>(norm, bucket, partials, stream);
     case ElemType::f16:
       return launch_partials<ElemType::f16>(norm, bucket, partials, stream);
+    case ElemType::q8:  // a moment storage, never a grad
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -20,7 +20,8 @@ namespace {
 
 // Elements per unit of work. Big enough that scheduling costs nothing (~1 MiB of traffic
 // for fp32), small enough that a few large shards still spread over every thread.
-constexpr int64_t kChunkElems = 32768;
+constexpr int64_t kChunkElems = 32768;  // a multiple of kernels::kQuant8Block
+static_assert(kChunkElems % kernels::kQuant8Block == 0, "work items start on q8 block boundaries");
 
 // 64-byte aligned (one cache line, any SIMD width) zeroed host memory.
 class HostBuffer final : public Buffer {
@@ -94,6 +95,8 @@ class CpuBackend final : public Backend {
           break;
         case kernels::ElemType::f16:
           dst[i] = kernels::half_to_float(bits[i]);
+          break;
+        case kernels::ElemType::q8:  // a moment storage, never a param
           break;
       }
     }

@@ -57,6 +57,7 @@ class HostChunks {
 void export_state(Optimizer& opt, const sa_writer* writer_table) {
   BlobWriter writer(writer_table);
   opt.require_usable("an export");
+  opt.require_file_states("an export");
   Backend* backend = opt.backend();
   if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
 

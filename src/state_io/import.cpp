@@ -466,6 +466,7 @@ class Importer {
 
 void import_state(Optimizer& opt, const std::vector<BlobReader>& readers,
                   const sa_import_options& options) {
+  opt.require_file_states("an import");
   Importer(opt, readers, settings_of(options)).run();
 }
 

@@ -31,6 +31,7 @@ DTYPES = {
     "bfloat16": (4, 16, 1),
     "int16": (0, 16, 1),
     "uint16": (1, 16, 1),
+    "uint8": (1, 8, 1),  # 8-bit blockwise moments (moment_dtype)
 }
 
 _DEVICE_NAMES = {KDL_CPU: "cpu", KDL_CUDA: "cuda", KDL_CUDA_HOST: "cuda_host", KDL_ROCM: "rocm",

@@ -1,0 +1,337 @@
+// tests/test_quant8.cpp — 8-bit blockwise moments (moment_dtype uint8, ElemType::q8):
+//  - the codec (kernels/quant8.h) picks a nearest code-book entry, checked in float64;
+//  - the CPU kernel's SIMD and scalar paths, and any split of a shard on block
+//    boundaries, give the same bits;
+//  - through the C ABI: the states and their shapes, a first step against float64, a few
+//    steps against float32 moments, and the refusals (CUDA shards, shard files, a uint8
+//    param) that leave nothing changed.
+// bitsandbytes, the independent reference for codes and steps, is used by
+// bindings/python/tests/test_quant8_bitsandbytes.py.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../kernels/cpu/adam_cpu.h"
+#include "../kernels/quant8.h"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+
+using sa::StateKind;
+using sa::kernels::bits_float;
+using sa::kernels::ElemType;
+using sa::kernels::kQuant8Block;
+using sa::kernels::MasterKind;
+using sa::kernels::quant8_decode;
+using sa::kernels::quant8_encode_block;
+using sa::kernels::quant8_map;
+using sa::kernels::TensorSlot;
+using sa::kernels::Variant;
+
+constexpr DLDataType kUint8 = {kDLUInt, 8, 1};
+
+double map_value(const uint32_t* map, int c) { return static_cast<double>(bits_float(map[c])); }
+
+std::vector<float> random_block(std::mt19937_64& rng, int64_t n, double scale, bool is_signed) {
+  std::normal_distribution<double> normal;
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (auto& v : x) {
+    const double g = normal(rng) * scale;
+    v = static_cast<float>(is_signed ? g : std::fabs(g));
+  }
+  return x;
+}
+
+TEST_CASE("quant8: the code books are sorted, hold 0 and 1, and the unsigned one is >= 0",
+          "[quant8]") {
+  for (bool is_signed : {true, false}) {
+    const uint32_t* map = quant8_map(is_signed);
+    for (int c = 0; c + 1 < 256; ++c) CHECK(map_value(map, c) <= map_value(map, c + 1));
+    CHECK(map_value(map, 255) == 1.0);
+    CHECK(std::count_if(map, map + 256, [](uint32_t b) { return bits_float(b) == 0.0f; }) >= 1);
+    if (!is_signed) CHECK(map_value(map, 0) >= 0.0);
+    if (is_signed) CHECK(map_value(map, 0) < -0.99);
+  }
+}
+
+TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is a nearest entry",
+          "[quant8]") {
+  std::mt19937_64 rng(7);
+  for (bool is_signed : {true, false}) {
+    const uint32_t* map = quant8_map(is_signed);
+    for (double scale : {1e-30, 1e-8, 1e-3, 1.0, 1e6}) {
+      for (int64_t n : {int64_t{1}, int64_t{17}, kQuant8Block}) {
+        std::vector<float> x = random_block(rng, n, scale, is_signed);
+        uint8_t codes[kQuant8Block];
+        const float absmax = quant8_encode_block(map, x.data(), n, codes);
+        float largest = 0.0f;
+        for (float v : x) largest = std::max(largest, std::fabs(v));
+        REQUIRE(absmax == largest);
+        for (int64_t i = 0; i < n; ++i) {
+          const double scaled = static_cast<double>(x[i]) / absmax;
+          const int c = codes[i];
+          const double err = std::fabs(map_value(map, c) - scaled);
+          // No other entry is nearer (by more than the float rounding of x / absmax).
+          for (int other : {c - 1, c + 1}) {
+            if (other < 0 || other > 255) continue;
+            INFO("x " << x[i] << " absmax " << absmax << " code " << c << " other " << other);
+            CHECK(err <= std::fabs(map_value(map, other) - scaled) + 1e-7);
+          }
+          // And it decodes within half the wider neighbouring gap of the map, times absmax.
+          const double gap =
+              std::max(c < 255 ? map_value(map, c + 1) - map_value(map, c) : 0.0,
+                       c > 0 ? map_value(map, c) - map_value(map, c - 1) : 0.0);
+          CHECK(std::fabs(quant8_decode(map, codes[i], absmax) - x[i]) <=
+                (0.5 * gap + 1e-6) * absmax);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("quant8: an all-zero block decodes to zeros; a NaN makes the whole block NaN",
+          "[quant8]") {
+  const uint32_t* map = quant8_map(true);
+  std::vector<float> x(40, 0.0f);
+  uint8_t codes[40];
+  float absmax = quant8_encode_block(map, x.data(), 40, codes);
+  CHECK(absmax == 0.0f);
+  for (int i = 0; i < 40; ++i) CHECK(quant8_decode(map, codes[i], absmax) == 0.0f);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[7] = 5.0f;
+  absmax = quant8_encode_block(map, x.data(), 40, codes);
+  CHECK(std::isnan(absmax));
+  for (int i = 0; i < 40; ++i) CHECK(std::isnan(quant8_decode(map, codes[i], absmax)));
+}
+
+// One shard's arrays for the kernel: an f32 or bf16 param (with an fp32 master), random
+// codes and absmax values.
+struct Q8Shard {
+  Variant variant;
+  int64_t n;
+  std::vector<float> param, grad, master;
+  std::vector<uint16_t> param16;
+  std::vector<uint8_t> codes[3];
+  std::vector<float> absmax[3];
+
+  Q8Shard(const Variant& v, int64_t numel, std::mt19937_64& rng) : variant(v), n(numel) {
+    std::normal_distribution<float> normal;
+    const int64_t blocks = (n + kQuant8Block - 1) / kQuant8Block;
+    param.resize(n);
+    grad.resize(n);
+    for (auto& p : param) p = normal(rng);
+    for (auto& g : grad) g = normal(rng) * 0.1f;
+    if (v.param == ElemType::bf16) {
+      master = param;
+      for (float f : param) param16.push_back(sa::kernels::float_to_bf16(f));
+    }
+    for (int k = 0; k < 3; ++k) {
+      codes[k].resize(n);
+      for (auto& c : codes[k]) c = static_cast<uint8_t>(rng() & 0xFF);
+      absmax[k].resize(blocks);
+      for (auto& a : absmax[k]) a = std::fabs(normal(rng)) * (k == 0 ? 0.1f : 0.01f);
+    }
+  }
+
+  TensorSlot slot() {
+    TensorSlot s{v_param(), grad.data(), {}, n, 0, 1};
+    auto at = [&](StateKind k) -> void*& { return s.state[static_cast<std::size_t>(k)]; };
+    if (variant.master == MasterKind::fp32) at(StateKind::master) = master.data();
+    const StateKind code_kinds[] = {StateKind::exp_avg, StateKind::exp_avg_sq,
+                                    StateKind::max_exp_avg_sq};
+    const StateKind absmax_kinds[] = {StateKind::exp_avg_absmax, StateKind::exp_avg_sq_absmax,
+                                      StateKind::max_exp_avg_sq_absmax};
+    for (int k = 0; k < (variant.amsgrad ? 3 : 2); ++k) {
+      at(code_kinds[k]) = codes[k].data();
+      at(absmax_kinds[k]) = absmax[k].data();
+    }
+    return s;
+  }
+  void* v_param() {
+    return variant.param == ElemType::bf16 ? static_cast<void*>(param16.data()) : param.data();
+  }
+  bool operator==(const Q8Shard& o) const {
+    auto same_floats = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    for (int k = 0; k < 3; ++k)
+      if (codes[k] != o.codes[k] || !same_floats(absmax[k], o.absmax[k])) return false;
+    return same_floats(param, o.param) && param16 == o.param16 && same_floats(master, o.master);
+  }
+};
+
+TEST_CASE("q8 moments: SIMD and scalar paths, and any split on block boundaries, agree bitwise",
+          "[quant8][kernel]") {
+  sa::kernels::GroupCoeffs g{};
+  const sa::kernels::AdamHyper h{1e-3, 0.9, 0.999, 1e-8, 0.01, true, true, false};
+  g.l2 = sa::kernels::fold_coefficients(h, 3, 1.0, g.c);
+  for (const ElemType param : {ElemType::f32, ElemType::bf16}) {
+    for (const bool amsgrad : {false, true}) {
+      const Variant v{param, ElemType::f32, ElemType::q8,
+                      param == ElemType::f32 ? MasterKind::none : MasterKind::fp32, amsgrad};
+      const int64_t n = 3 * kQuant8Block + 77;
+      std::mt19937_64 rng(11);
+      const Q8Shard start(v, n, rng);
+      Q8Shard scalar = start, simd = start, pieces = start;
+      sa::kernels::adam_cpu_range(v, scalar.slot(), g, 0, n, false);
+      sa::kernels::adam_cpu_range(v, simd.slot(), g, 0, n, true);
+      const int64_t cuts[] = {0, kQuant8Block, 3 * kQuant8Block, n};
+      for (int k = 0; k < 3; ++k)
+        sa::kernels::adam_cpu_range(v, pieces.slot(), g, cuts[k], cuts[k + 1], true);
+      INFO("param " << static_cast<int>(param) << " amsgrad " << amsgrad);
+      CHECK(scalar == simd);
+      CHECK(simd == pieces);
+      CHECK_FALSE(simd == start);  // the step changed something
+    }
+  }
+}
+
+// ---- through the C ABI ------------------------------------------------------------------
+
+struct Q8Fixture {
+  HostTensor p8{{3, 200}, kFloat32};   // 600 elements: blocks of 256, 256, 88
+  HostTensor p32{{3, 200}, kFloat32};  // the same training with float32 moments
+  HostTensor grad{{3, 200}, kFloat32};
+  OptimizerPtr opt = make_optimizer();
+  sa_group_config config = SA_GROUP_CONFIG_INIT;
+
+  Q8Fixture() {
+    config.lr = 1e-2;
+    config.weight_decay = 0.01;
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < p8.numel(); ++i) p8.as<float>()[i] = p32.as<float>()[i] = normal(rng);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
+    const sa_param_options q8 = param_options(kDefaultDtype, kUint8, SA_MASTER_AUTO);
+    REQUIRE_SA_OK(opt.get(),
+                  sa_optimizer_add_param(opt.get(), "q8", 0, p8.versioned(), nullptr, &q8, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f32", 0, p32.versioned(), nullptr,
+                                                    nullptr, nullptr));
+  }
+  void step(std::mt19937_64& rng) {
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < grad.numel(); ++i) grad.as<float>()[i] = normal(rng) * 0.1f;
+    const DLTensor g = grad.dl();
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 1, &g));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+  }
+};
+
+TEST_CASE("q8 moments through the C ABI: uint8 codes of the param's shape, a float32 absmax "
+          "per block",
+          "[quant8]") {
+  Q8Fixture f;
+  std::mt19937_64 rng(9);
+  f.step(rng);
+  const StateView m = state_view(f.opt.get(), 0, "exp_avg");
+  const StateView m_absmax = state_view(f.opt.get(), 0, "exp_avg_absmax");
+  const StateView v_absmax = state_view(f.opt.get(), 0, "exp_avg_sq_absmax");
+  REQUIRE(same_dtype(m.view->dl_tensor.dtype, kUint8));
+  REQUIRE(m.view->dl_tensor.ndim == 2);
+  CHECK(m.view->dl_tensor.shape[0] == 3);
+  CHECK(m.view->dl_tensor.shape[1] == 200);
+  REQUIRE(same_dtype(m_absmax.view->dl_tensor.dtype, kFloat32));
+  REQUIRE(m_absmax.view->dl_tensor.ndim == 1);
+  CHECK(m_absmax.view->dl_tensor.shape[0] == 3);  // ceil(600 / 256)
+  CHECK(v_absmax.numel() == 3);
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_view(f.opt.get(), 1, "exp_avg_absmax", nullptr), "NULL");
+
+  // Step 1 from zero moments: exp_avg = (1 - beta1) g, so each block's absmax is
+  // (1 - beta1) max |g| and every element decodes to within one map gap of (1 - beta1) g.
+  const uint32_t* map = quant8_map(true);
+  const auto* codes = static_cast<const uint8_t*>(m.data());
+  for (int64_t b = 0; b < 3; ++b) {
+    const int64_t begin = b * kQuant8Block, end = std::min<int64_t>(begin + kQuant8Block, 600);
+    double largest = 0.0;
+    for (int64_t i = begin; i < end; ++i)
+      largest = std::max(largest, std::fabs(0.1 * f.grad.as<float>()[i]));
+    CHECK(m_absmax.get(b) == Approx(largest).epsilon(1e-6));
+    for (int64_t i = begin; i < end; ++i) {
+      const double want = (1.0 - 0.9) * f.grad.as<float>()[i];
+      const double got = quant8_decode(map, codes[i], static_cast<float>(m_absmax.get(b)));
+      CHECK(std::fabs(got - want) <= 0.04 * m_absmax.get(b));  // the widest gap is ~0.07
+    }
+  }
+}
+
+TEST_CASE("q8 moments train like float32 moments, to within the quantization error",
+          "[quant8]") {
+  Q8Fixture f;
+  std::mt19937_64 rng(10);
+  const int steps = 20;
+  for (int s = 0; s < steps; ++s) f.step(rng);
+  // Each step moves a param by at most about lr; 8-bit moments change the direction by a
+  // few percent of that.
+  double worst = 0.0, moved = 0.0;
+  std::mt19937_64 rng0(5);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < f.p8.numel(); ++i) {
+    const double start = normal(rng0);
+    worst = std::max(worst, std::fabs(static_cast<double>(f.p8.as<float>()[i]) -
+                                      f.p32.as<float>()[i]));
+    moved = std::max(moved, std::fabs(static_cast<double>(f.p32.as<float>()[i]) - start));
+  }
+  INFO("largest difference " << worst << ", largest move " << moved);
+  CHECK(moved > 0.5 * f.config.lr * steps);
+  CHECK(worst < 0.05 * f.config.lr * steps);
+  CHECK(worst > 0.0);  // 8-bit moments are not float32 moments
+}
+
+TEST_CASE("q8 moments: CUDA shards, shard files and uint8 params are refused, changing nothing",
+          "[quant8][errors]") {
+  Q8Fixture f;
+  std::mt19937_64 rng(3);
+  f.step(rng);
+  const std::vector<float> before(f.p8.as<float>(), f.p8.as<float>() + f.p8.numel());
+
+  sa_writer writer = SA_WRITER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED, sa_optimizer_export(f.opt.get(), &writer),
+                 "an export refused", "param 'q8'", "8-bit moments");
+  const void* data = nullptr;
+  size_t size = 1;
+  REQUIRE_SA_OK(nullptr, sa_memory_writer_data(&writer, &data, &size));
+  CHECK(size == 0);  // nothing was written
+  sa_writer_release(&writer);
+  const unsigned char blob[8] = {};
+  sa_reader reader = SA_READER_INIT;
+  REQUIRE_SA_OK(nullptr, sa_memory_reader(blob, sizeof blob, &reader));
+  const sa_reader* readers[] = {&reader};
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_import(f.opt.get(), 1, readers, nullptr), "an import refused",
+                 "8-bit moments");
+  sa_reader_release(&reader);
+
+  HostTensor cuda({4}, kFloat32);
+  cuda.set_device(DLDevice{kDLCUDA, 0});
+  const sa_param_options q8 = param_options(kDefaultDtype, kUint8, SA_MASTER_AUTO);
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(f.opt.get(), "c", 0, cuda.versioned(), nullptr, &q8, nullptr),
+                 "param 'c'", "moment_dtype uint8", "CPU backend only", "cuda:0");
+  HostTensor u8({4}, kUint8);
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),
+                 "param dtype uint8 is not supported; use float32, bfloat16 or float16");
+  const sa_param_options u8_grad = param_options(kUint8, kDefaultDtype, SA_MASTER_AUTO);
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(f.opt.get(), "g", 0, f.grad.versioned(), nullptr, &u8_grad,
+                                        nullptr),
+                 "grad_dtype uint8 is not supported; use float32, bfloat16 or float16");
+  CHECK(sa_optimizer_num_params(f.opt.get()) == 2);
+  CHECK(memcmp(before.data(), f.p8.as<float>(), before.size() * sizeof(float)) == 0);
+  f.step(rng);  // still trains
+}
+
+}  // namespace
