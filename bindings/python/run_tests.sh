@@ -26,7 +26,7 @@ python3 -m venv "$venv"
 # libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
 # bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
 if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
-  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning "bitsandbytes==0.50.*"
 fi
 # -Werror for the SWIG wrapper as for the library. The CUDA parts only where a GPU can run
 # them (AUTO: when a toolkit is found): without one, scripts/test's build/ has compiled them

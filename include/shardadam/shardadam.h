@@ -307,7 +307,17 @@ typedef enum sa_master_kind {
 typedef struct sa_param_options {
   size_t struct_size;
   DLDataType grad_dtype;   /* float32, bfloat16 or float16; default: the param's dtype */
-  DLDataType moment_dtype; /* float32 (default) or bfloat16: exp_avg, exp_avg_sq, max_exp_avg_sq */
+  /* float32 (default), bfloat16, or uint8: exp_avg, exp_avg_sq, max_exp_avg_sq. uint8 is 8-bit
+   * blockwise dynamic quantization, the scheme and code books of bitsandbytes' 8-bit
+   * optimizers: each block of 256 elements of the local shard (the last one may be
+   * shorter) keeps a float32 absmax, and each element the byte of the nearest entry of a
+   * 256-value map (signed for exp_avg, unsigned for the others) of x / absmax; the states
+   * "exp_avg_absmax", "exp_avg_sq_absmax" (and "max_exp_avg_sq_absmax") hold the absmax
+   * values, one per block. The update decodes a block, updates it in float32, and encodes
+   * it again with its new absmax. In this version uint8 moments run on the CPU backend only
+   * (a CUDA shard is SA_ERR_UNSUPPORTED) and shard files cannot hold them (export and import
+   * are SA_ERR_UNSUPPORTED). */
+  DLDataType moment_dtype;
   int32_t master;          /* an sa_master_kind */
 } sa_param_options;
 
@@ -620,9 +630,11 @@ SA_API sa_status sa_optimizer_set_comm(sa_optimizer* opt, sa_comm* comm);
 
 /**
  * A zero-copy view of one state of a param. `key` is one of "exp_avg", "exp_avg_sq",
- * "max_exp_avg_sq" (amsgrad), "master" (SA_MASTER_FP32) or "remainder"
- * (SA_MASTER_REMAINDER). The view has the param's local shape and the state's storage
- * dtype, and is writable: writes change the optimizer's state.
+ * "max_exp_avg_sq" (amsgrad), "master" (SA_MASTER_FP32), "remainder"
+ * (SA_MASTER_REMAINDER), or with uint8 moments "exp_avg_absmax", "exp_avg_sq_absmax",
+ * "max_exp_avg_sq_absmax" (sa_optimizer_state_keys lists a param's keys). The view has the
+ * param's local shape (an absmax state: [number of 256-element blocks]) and the state's
+ * storage dtype, and is writable: writes change the optimizer's state.
  *
  * Ownership: the caller owns *out and must call (*out)->deleter(*out). The memory it
  * points to stays valid until then, even if the optimizer is destroyed first.
