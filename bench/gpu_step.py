@@ -56,6 +56,7 @@ class SaOptimizerConfig(C.Structure):
 
 SA_MASTER_FP32 = 2
 BF16 = DLDataType(4, 16, 1)
+UINT8 = DLDataType(1, 8, 1)  # moment_dtype: 8-bit blockwise moments
 
 _capsule_ptr = C.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = C.c_void_p
@@ -73,7 +74,7 @@ class SaStepArgs(C.Structure):
 class Shardadam:
     """One shardadam optimizer over a list of CUDA tensors (all in group 0)."""
 
-    def __init__(self, lib, params, master=False, max_grad_norm=0.0):
+    def __init__(self, lib, params, master=False, max_grad_norm=0.0, moment=None):
         self.lib = lib
         # max_grad_norm > 0: clip the L2 norm of all grads inside the step (no communicator).
         self.args = SaStepArgs(C.sizeof(SaStepArgs), None, None, None, max_grad_norm, 0, None, None)
@@ -83,7 +84,7 @@ class Shardadam:
         group = SaGroupConfig(C.sizeof(SaGroupConfig), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0)
         self._ok(lib.sa_optimizer_add_group(self.opt, C.byref(group), None))
         opts = SaParamOptions(C.sizeof(SaParamOptions), BF16 if master else DLDataType(0, 0, 0),
-                              DLDataType(0, 0, 0), SA_MASTER_FP32 if master else 0)
+                              moment or DLDataType(0, 0, 0), SA_MASTER_FP32 if master else 0)
         for i, p in enumerate(params):
             capsule = p.__dlpack__(max_version=(1, 0))
             ptr = _capsule_ptr(capsule, b"dltensor_versioned")
@@ -223,14 +224,23 @@ def main():
     steps = 5 if args.quick else args.steps
     rows = []
 
-    def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True, clip=False):
+    def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True, clip=False,
+                 moment8=False):
         params = [torch.randn(n, device=dev).to(dtype) for n in sizes]
         grads = [torch.randn(n, device=dev).to(dtype) for n in sizes]
         elems = sum(sizes)
         bytes_per_step = 28 * elems  # fp32: r p,g,m,v w p,m,v; bf16+master: r g2,M4,m,v w p2,M4,m,v
+        if moment8:  # r p4,g4,m1,v1 w p4,m1,v1, and a float32 absmax per 256 elements read and written
+            bytes_per_step = 16 * elems + sum(8 * ((n + 255) // 256) for n in sizes)
         if clip:
             bytes_per_step += 4 * elems  # one more read of the fp32 grads, for the norm
-        sa = Shardadam(lib, params, master=master, max_grad_norm=1.0 if clip else 0.0)
+        free_before = torch.cuda.mem_get_info()[0]
+        sa = Shardadam(lib, params, master=master, max_grad_norm=1.0 if clip else 0.0,
+                       moment=UINT8 if moment8 else None)
+        if moment8:  # everything the optimizer allocated (state, tables), seen by the driver
+            taken = free_before - torch.cuda.mem_get_info()[0]
+            print(f"{name}: shardadam device memory {taken / elems:.3f} bytes per param "
+                  f"(moments and their absmax: {(2 * elems + sum(8 * ((n + 255) // 256) for n in sizes)) / elems:.3f})")
         sa.bind(grads)
         r = measure(f"{name}: shardadam", sa.step, bytes_per_step, steps)
         # Fresh pointer list every step (two grad sets alternating).
@@ -245,6 +255,8 @@ def main():
         r["elems"], r["shards"] = elems, len(sizes)
         rows.append(r)
         sa.close()
+        if moment8 and not args.only_shardadam:
+            bnb_baseline(name, params, grads, bytes_per_step, r)
         if torch_baseline and not args.only_shardadam:
             tparams = params
             if dtensor:
@@ -271,6 +283,28 @@ def main():
         del params, grads, grads_b
         torch.cuda.empty_cache()
 
+    def bnb_baseline(name, params, grads, bytes_per_step, ours):
+        # bitsandbytes' AdamW8bit on the same tensors: 8-bit blockwise moments for every
+        # tensor (min_8bit_size=1), the non-empty ones only (it aborts the process on an
+        # empty tensor).
+        try:
+            import bitsandbytes as bnb
+        except ImportError as e:
+            print(f"{name}: bitsandbytes baseline not run ({e})")
+            return
+        tparams = [torch.nn.Parameter(p.clone()) for p in params if p.numel()]
+        for p, g in zip(tparams, [g for g in grads if g.numel()]):
+            p.grad = g
+        opt = bnb.optim.AdamW8bit(tparams, lr=1e-3, weight_decay=1e-2, min_8bit_size=1)
+        t = measure(f"{name}: bitsandbytes AdamW8bit", opt.step, bytes_per_step, steps)
+        t["elems"], t["shards"] = sum(p.numel() for p in tparams), len(tparams)
+        t["vs"] = ours
+        rows.append(t)
+        state = sum(v.numel() * v.element_size() for s in opt.state.values() for k, v in s.items()
+                    if torch.is_tensor(v) and k in ("state1", "state2", "absmax1", "absmax2"))
+        print(f"{name}: bitsandbytes moment state {state / t['elems']:.3f} bytes per param")
+        del opt, tparams
+
     def distribute_like(g, p):
         from torch.distributed.tensor import DTensor
         return DTensor.from_local(g, p.device_mesh, p.placements, run_check=False)
@@ -288,6 +322,8 @@ def main():
         dist.destroy_process_group()
     run_pair("(d) bf16 + fp32 master", sizes, torch.bfloat16, True, torch_baseline=False)
     run_pair("(e) 1516 fp32 shards, L2 clip", sizes, torch.float32, False, clip=True)
+    run_pair("(f) 1516 fp32 shards, 8-bit moments", sizes, torch.float32, False, torch_baseline=False,
+             moment8=True)
 
     print()
     hdr = (f"{'config':48s} {'elements':>11s} {'kernel ms':>9s} {'host ms':>8s} {'host ms':>8s}"
@@ -302,7 +338,7 @@ def main():
         print(f"{r['label']:48s} {r['elems']:11,d} {r['kernel_ms']:9.3f} {r['host_ms']:8.3f} {fresh}"
               f" {r['wall_ms']:8.3f} {r['gbps']:7.0f} {r['gbps'] / copy:6.1%} "
               f"{r['wall_ms'] / r['kernel_ms']:9.3f} {vs:>8s}")
-    print("\nvs torch = torch wall time / shardadam wall time on the same tensors.")
+    print("\nvs torch = the baseline's (torch's or bitsandbytes') wall time / shardadam's on the same tensors.")
 
 
 if __name__ == "__main__":

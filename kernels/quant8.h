@@ -22,10 +22,13 @@
 namespace sa {
 namespace kernels {
 
-// The code book of a moment: signed for exp_avg, unsigned for the second moments.
-SA_HD const uint32_t* quant8_map(bool is_signed) {
+#if !defined(__CUDACC__)
+// The code book of a moment: signed for exp_avg, unsigned for the second moments. (CUDA
+// kernels read their copy in shared memory: kernels/cuda/adam_cuda.cu.)
+inline const uint32_t* quant8_map(bool is_signed) {
   return is_signed ? kQuant8SignedMap : kQuant8UnsignedMap;
 }
+#endif
 
 SA_HD float quant8_decode(const uint32_t* map, uint8_t code, float absmax) {
   return bits_float(map[code]) * absmax;

@@ -290,9 +290,6 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0],
                                               kernels::kMomentTypes, context, "moment_dtype");
   param->master = resolve_master(options.master, *param_type, context);
-  if (param->moment_type == ElemType::q8 && shard.device.device_type != kDLCPU)
-    fail(SA_ERR_UNSUPPORTED, context, ": moment_dtype uint8 (8-bit blockwise moments) runs on ",
-         "the CPU backend only in this version, and the shard is on ", device_name(shard.device));
   param->amsgrad = group.config.amsgrad != 0;
   Backend& backend = backend_for(shard.device, context);
   (void)backend;

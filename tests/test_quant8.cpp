@@ -3,8 +3,8 @@
 //  - the CPU kernel's SIMD and scalar paths, and any split of a shard on block
 //    boundaries, give the same bits;
 //  - through the C ABI: the states and their shapes, a first step against float64, a few
-//    steps against float32 moments, and the refusals (CUDA shards, shard files, a uint8
-//    param) that leave nothing changed.
+//    steps against float32 moments, and the refusals (shard files, a uint8 param or grad)
+//    that leave nothing changed. (tests/gpu: CUDA equals this CPU kernel bit for bit.)
 // bitsandbytes, the independent reference for codes and steps, is used by
 // bindings/python/tests/test_quant8_bitsandbytes.py.
 #include <math.h>
@@ -37,8 +37,6 @@ using sa::kernels::quant8_encode_block;
 using sa::kernels::quant8_map;
 using sa::kernels::TensorSlot;
 using sa::kernels::Variant;
-
-constexpr DLDataType kUint8 = {kDLUInt, 8, 1};
 
 double map_value(const uint32_t* map, int c) { return static_cast<double>(bits_float(map[c])); }
 
@@ -289,7 +287,7 @@ TEST_CASE("q8 moments train like float32 moments, to within the quantization err
   CHECK(worst > 0.0);  // 8-bit moments are not float32 moments
 }
 
-TEST_CASE("q8 moments: CUDA shards, shard files and uint8 params are refused, changing nothing",
+TEST_CASE("q8 moments: shard files and uint8 params are refused, changing nothing",
           "[quant8][errors]") {
   Q8Fixture f;
   std::mt19937_64 rng(3);
@@ -314,12 +312,6 @@ TEST_CASE("q8 moments: CUDA shards, shard files and uint8 params are refused, ch
                  "8-bit moments");
   sa_reader_release(&reader);
 
-  HostTensor cuda({4}, kFloat32);
-  cuda.set_device(DLDevice{kDLCUDA, 0});
-  const sa_param_options q8 = param_options(kDefaultDtype, kUint8, SA_MASTER_AUTO);
-  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(f.opt.get(), "c", 0, cuda.versioned(), nullptr, &q8, nullptr),
-                 "param 'c'", "moment_dtype uint8", "CPU backend only", "cuda:0");
   HostTensor u8({4}, kUint8);
   CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
                  sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),

@@ -306,7 +306,7 @@ typedef enum sa_master_kind {
  */
 typedef struct sa_param_options {
   size_t struct_size;
-  DLDataType grad_dtype;   /* float32, bfloat16 or float16; default: the param's dtype */
+  DLDataType grad_dtype; /* float32, bfloat16 or float16; default: the param's dtype */
   /* float32 (default), bfloat16, or uint8: exp_avg, exp_avg_sq, max_exp_avg_sq. uint8 is 8-bit
    * blockwise dynamic quantization, the scheme and code books of bitsandbytes' 8-bit
    * optimizers: each block of 256 elements of the local shard (the last one may be
@@ -318,7 +318,7 @@ typedef struct sa_param_options {
    * (a CUDA shard is SA_ERR_UNSUPPORTED) and shard files cannot hold them (export and import
    * are SA_ERR_UNSUPPORTED). */
   DLDataType moment_dtype;
-  int32_t master;          /* an sa_master_kind */
+  int32_t master; /* an sa_master_kind */
 } sa_param_options;
 
 #define SA_PARAM_OPTIONS_INIT \

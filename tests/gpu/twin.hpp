@@ -185,15 +185,13 @@ struct Twin {
       CHECK(dev_params[i]->download() == host_params[i]->raw_bytes());
       sa_param_info info = SA_PARAM_INFO_INIT;
       REQUIRE_SA_OK(cpu.get(), sa_optimizer_param_info(cpu.get(), static_cast<int64_t>(i), &info));
-      std::vector<const char*> keys = {"exp_avg", "exp_avg_sq"};
-      if (info.master == SA_MASTER_FP32) keys.push_back("master");
-      if (info.master == SA_MASTER_REMAINDER) keys.push_back("remainder");
-      int32_t amsgrad_group = 0;
-      sa_group_config g = SA_GROUP_CONFIG_INIT;
-      REQUIRE_SA_OK(cpu.get(), sa_optimizer_get_group(cpu.get(), info.group, &g));
-      amsgrad_group = g.amsgrad;
-      if (amsgrad_group) keys.push_back("max_exp_avg_sq");
-      for (const char* key : keys) {
+      // Every state the param has, as the library lists them.
+      const char* key_list[16] = {};
+      int32_t num_keys = 0;
+      REQUIRE_SA_OK(cpu.get(), sa_optimizer_state_keys(cpu.get(), static_cast<int64_t>(i), key_list,
+                                                       16, &num_keys));
+      REQUIRE(num_keys >= 2);
+      for (const char* key : std::vector<const char*>(key_list, key_list + num_keys)) {
         INFO("state " << key);
         const StateView c = state_view(cpu.get(), static_cast<int64_t>(i), key);
         const StateView d = state_view(gpu.get(), static_cast<int64_t>(i), key);
@@ -253,6 +251,9 @@ inline const VariantSpec kVariants[] = {
     {"bf16 + remainder, amsgrad, f16 grads", kBfloat16, kFloat16, kFloat32, SA_MASTER_REMAINDER, true},
     {"f16 + fp32 master, amsgrad", kFloat16, kFloat16, kFloat32, SA_MASTER_FP32, true},
     {"f16 + fp32 master, bf16 moments", kFloat16, kFloat32, kBfloat16, SA_MASTER_FP32, false},
+    {"fp32, 8-bit moments", kFloat32, kFloat32, kUint8, SA_MASTER_NONE, false},
+    {"bf16 + fp32 master, 8-bit moments, amsgrad", kBfloat16, kBfloat16, kUint8, SA_MASTER_FP32, true},
+    {"bf16 + remainder, 8-bit moments, f16 grads", kBfloat16, kFloat16, kUint8, SA_MASTER_REMAINDER, false},
 };
 
 }  // namespace sa_test
