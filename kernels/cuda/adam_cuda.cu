@@ -166,17 +166,11 @@ __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
 }
 
 // ---- q8 moments ---------------------------------------------------------------------------
-// A warp per block of kQuant8Block elements, 8 elements per lane 32 apart (so each load
-// and store of the warp is 32 consecutive elements): decode the
+// A warp per block of kQuant8Block elements, 8 consecutive elements per lane: decode the
 // block's moments, update each element as the float32-moment Signature S does, take the
 // new absmax over the warp, encode. The same functions of quant8.h as the CPU, so the
 // same bits.
 static_assert(kQuant8Block == 32 * 8, "a warp of 8 elements per lane covers a q8 block");
-
-// Element j of a lane in its warp's block.
-__device__ __forceinline__ int64_t quant8_elem(int64_t block, int lane, int j) {
-  return block * kQuant8Block + j * 32 + lane;
-}
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
 __device__ __forceinline__ float absmax_combine(float a, float b) {
@@ -194,6 +188,7 @@ __device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
   constexpr StateKind kAbsmax[] = {StateKind::exp_avg_absmax, StateKind::exp_avg_sq_absmax,
                                    StateKind::max_exp_avg_sq_absmax};
   const TypedSlot<S> a(slot);  // param, grad and master; the moments are read below
+  const int64_t first = block * kQuant8Block + lane * kPerLane;
   float mom[3][kPerLane];
 #pragma unroll
   for (int k = 0; k < kMoments; ++k) {
@@ -201,14 +196,13 @@ __device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
     const float absmax = static_cast<const float*>(slot.state[static_cast<int>(kAbsmax[k])])[block];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
-      mom[k][j] =
-          quant8_elem(block, lane, j) < slot.numel
-              ? quant8_decode(maps[k == 0 ? 0 : 1], codes[quant8_elem(block, lane, j)], absmax)
-              : 0.0f;
+      mom[k][j] = first + j < slot.numel
+                      ? quant8_decode(maps[k == 0 ? 0 : 1], codes[first + j], absmax)
+                      : 0.0f;
   }
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
-    const int64_t i = quant8_elem(block, lane, j);
+    const int64_t i = first + j;
     if (i >= slot.numel) break;
     float p = Master<S::kParam, S::kMaster>::load(a, i);
     float vmax = S::kAmsgrad ? mom[2][j] : 0.0f;
@@ -222,16 +216,15 @@ __device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
     float absmax = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
-      if (quant8_elem(block, lane, j) < slot.numel)
-        absmax = absmax_combine(absmax, fabsf(mom[k][j]));
+      if (first + j < slot.numel) absmax = absmax_combine(absmax, fabsf(mom[k][j]));
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
       absmax = absmax_combine(absmax, __shfl_xor_sync(0xFFFFFFFFu, absmax, offset));
     auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(kCodes[k])]);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
-      if (quant8_elem(block, lane, j) < slot.numel)
-        codes[quant8_elem(block, lane, j)] = quant8_encode(maps[k == 0 ? 0 : 1], mom[k][j], absmax);
+      if (first + j < slot.numel)
+        codes[first + j] = quant8_encode(maps[k == 0 ? 0 : 1], mom[k][j], absmax);
     if (lane == 0) static_cast<float*>(slot.state[static_cast<int>(kAbsmax[k])])[block] = absmax;
   }
 }
