@@ -40,7 +40,7 @@ inline constexpr ParamForm kParamForms[] = {
 inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemType::f16};
 
 // The moment storages (exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad). q8: 8-bit
-// blockwise dynamic quantization (kernels/quant8.h; the CPU backend only, for now).
+// blockwise dynamic quantization (kernels/quant8.h), a block storage (see visit_variant).
 inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8};
 
 // A Variant is implemented when its (param, master) is a row of kParamForms, its grad is

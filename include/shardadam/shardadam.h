@@ -314,9 +314,9 @@ typedef struct sa_param_options {
    * 256-value map (signed for exp_avg, unsigned for the others) of x / absmax; the states
    * "exp_avg_absmax", "exp_avg_sq_absmax" (and "max_exp_avg_sq_absmax") hold the absmax
    * values, one per block. The update decodes a block, updates it in float32, and encodes
-   * it again with its new absmax. In this version uint8 moments run on the CPU backend only
-   * (a CUDA shard is SA_ERR_UNSUPPORTED) and shard files cannot hold them (export and import
-   * are SA_ERR_UNSUPPORTED). */
+   * it again with its new absmax; the CPU and CUDA backends compute the same bits. In this
+   * version shard files cannot hold uint8 moments: sa_optimizer_export and
+   * sa_optimizer_import refuse an optimizer that has them (SA_ERR_UNSUPPORTED). */
   DLDataType moment_dtype;
   int32_t master; /* an sa_master_kind */
 } sa_param_options;
