@@ -45,28 +45,54 @@ SA_HD float quant8_absmax(const float* x, int64_t n) {
   return m;
 }
 
-// The code of x in a block whose absmax is `absmax`.
-SA_HD uint8_t quant8_encode(const uint32_t* map, float x, float absmax) {
-  const float inv = 1.0f / (absmax > 1e-38f ? absmax : 1e-38f);
-  float scaled = x * inv;
-  scaled = scaled < -1.0f ? -1.0f : scaled > 1.0f ? 1.0f : scaled;
-  // The number of midpoints (map[j] + map[j + 1]) / 2, j in [0, 255), below `scaled`.
-  int lo = 0, hi = 255;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    const float bound = (bits_float(map[mid]) + bits_float(map[mid + 1])) * 0.5f;
-    if (bound < scaled)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return static_cast<uint8_t>(lo);
+// x / absmax as the search compares it: times the rounded inverse, clamped to [-1, 1].
+SA_HD float quant8_inverse(float absmax) { return 1.0f / (absmax > 1e-38f ? absmax : 1e-38f); }
+
+SA_HD float quant8_scaled(float x, float inverse) {
+  const float scaled = x * inverse;
+  return scaled < -1.0f ? -1.0f : scaled > 1.0f ? 1.0f : scaled;
 }
 
-// One block: x[0, n) -> codes[0, n) and its absmax.
+// One step of the code search: the number of midpoints (map[j] + map[j + 1]) / 2,
+// j in [0, 255), below `scaled` (they ascend with j) is found in steps of 128, 64, ..., 1,
+// each adding its size when the midpoint it tests lies below. Fixed steps and no
+// data-dependent branch: a mispredicted branch per step cost ~130 ns per element on x86,
+// and it diverges on a GPU.
+SA_HD int quant8_search_step(const uint32_t* map, int below, int step, float scaled) {
+  const int j = below + step - 1;  // at most 254
+  const float bound = (bits_float(map[j]) + bits_float(map[j + 1])) * 0.5f;
+  return below + (bound < scaled ? step : 0);
+}
+
+// The code of x in a block whose absmax is `absmax`.
+SA_HD uint8_t quant8_encode(const uint32_t* map, float x, float absmax) {
+  const float scaled = quant8_scaled(x, quant8_inverse(absmax));
+  int below = 0;
+  for (int step = 128; step >= 1; step /= 2) below = quant8_search_step(map, below, step, scaled);
+  return static_cast<uint8_t>(below);
+}
+
+// One block: x[0, n) -> codes[0, n) and its absmax. Eight searches run side by side (they
+// are chains of dependent loads; interleaved, the CPU overlaps them), each exactly
+// quant8_encode's.
 SA_HD float quant8_encode_block(const uint32_t* map, const float* x, int64_t n, uint8_t* codes) {
+  constexpr int kLanes = 8;
   const float absmax = quant8_absmax(x, n);
-  for (int64_t i = 0; i < n; ++i) codes[i] = quant8_encode(map, x[i], absmax);
+  const float inverse = quant8_inverse(absmax);
+  const int64_t whole = n / kLanes * kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    float scaled[kLanes];
+    int below[kLanes];
+    for (int e = 0; e < kLanes; ++e) {
+      scaled[e] = quant8_scaled(x[i + e], inverse);
+      below[e] = 0;
+    }
+    for (int step = 128; step >= 1; step /= 2)
+      for (int e = 0; e < kLanes; ++e)
+        below[e] = quant8_search_step(map, below[e], step, scaled[e]);
+    for (int e = 0; e < kLanes; ++e) codes[i + e] = static_cast<uint8_t>(below[e]);
+  }
+  for (int64_t i = whole; i < n; ++i) codes[i] = quant8_encode(map, x[i], absmax);
   return absmax;
 }
 
