@@ -17,19 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "c_check.h"
 #include "shardadam/shardadam.h"
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                            \
-      fprintf(stderr, "\n");                                                   \
-      ++g_failures;                                                            \
-    }                                                                          \
-  } while (0)
 
 static void no_delete(DLManagedTensorVersioned* self) { (void)self; }
 
