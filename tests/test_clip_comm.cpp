@@ -599,8 +599,11 @@ TEST_CASE("communicator handles: bad arguments, info, and lifetime", "[comm][err
     CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_nccl(&id, 2, 2, 0, &comm), "rank is 2");
     CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_wrap_nccl(nullptr, &comm), "NULL");
   } else {
-    CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_nccl_unique_id_create(&id), "no NCCL");
-    CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_comm_create_nccl(&id, 1, 0, 0, &comm), "no NCCL");
+    // No CUDA module, or one without NCCL: either way the message says so and what to use.
+    CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_nccl_unique_id_create(&id), "NCCL",
+                   "sa_comm_create_host");
+    CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_comm_create_nccl(&id, 1, 0, 0, &comm), "NCCL",
+                   "sa_comm_create_host");
   }
   CHECK(comm == nullptr);
 }

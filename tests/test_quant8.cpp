@@ -160,7 +160,8 @@ struct Q8Shard {
   }
   bool operator==(const Q8Shard& o) const {
     auto same_floats = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      return a.size() == b.size() &&
+             (a.empty() || memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     };
     for (int k = 0; k < 3; ++k)
       if (codes[k] != o.codes[k] || !same_floats(absmax[k], o.absmax[k])) return false;

@@ -12,60 +12,15 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "../quant8.h"
 #include "../variants.h"
 #include "adam_cuda.cuh"
 #include "cuda_ops.cuh"
+#include "master.cuh"
 #include "storage.cuh"
 
 namespace sa {
 namespace kernels {
 namespace {
-
-// Full-precision param value: load and store, per master kind.
-template <ElemType P, MasterKind K>
-struct Master;
-
-template <ElemType P>
-struct Master<P, MasterKind::none> {  // P is f32: the param is the value
-  template <class A>
-  __device__ static float load(const A& a, int64_t i) {
-    return Storage<P>::load(a.param, i);
-  }
-  template <class A>
-  __device__ static void store(const A& a, int64_t i, float x) {
-    Storage<P>::store(a.param, i, x);
-  }
-};
-
-template <ElemType P>
-struct Master<P, MasterKind::fp32> {
-  template <class A>
-  __device__ static float load(const A& a, int64_t i) {
-    return a.master[i];
-  }
-  template <class A>
-  __device__ static void store(const A& a, int64_t i, float x) {
-    a.master[i] = x;
-    Storage<P>::store(a.param, i, x);
-  }
-};
-
-template <ElemType P>
-struct Master<P, MasterKind::remainder> {  // P is bf16
-  template <class A>
-  __device__ static float load(const A& a, int64_t i) {
-    return join_remainder(a.param[i], a.master[i]);
-  }
-  template <class A>
-  __device__ static void store(const A& a, int64_t i, float x) {
-    uint16_t hi;
-    int16_t rem;
-    split_remainder(x, hi, rem);
-    a.param[i] = hi;
-    a.master[i] = rem;
-  }
-};
 
 template <class S, bool kL2>
 __device__ __forceinline__ void update_scalar(const TypedSlot<S>& a, int64_t i,
@@ -165,106 +120,6 @@ __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
     update_range<S, false>(slot, begin, end, g.c);
 }
 
-// ---- q8 moments ---------------------------------------------------------------------------
-// A warp per block of kQuant8Block elements, 8 consecutive elements per lane: decode the
-// block's moments, update each element as the float32-moment Signature S does, take the
-// new absmax over the warp, encode. The same functions of quant8.h as the CPU, so the
-// same bits.
-static_assert(kQuant8Block == 32 * 8, "a warp of 8 elements per lane covers a q8 block");
-static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
-
-__device__ __forceinline__ float absmax_combine(float a, float b) {
-  return (b > a || b != b) ? b : a;  // quant8_absmax's rule: the max, NaN wins
-}
-
-template <class S, bool kL2>
-__device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
-                                    const AdamCoeffs<float>& c, const uint32_t (*maps)[256],
-                                    int lane) {
-  constexpr int kPerLane = 8;
-  constexpr int kMoments = S::kAmsgrad ? 3 : 2;
-  constexpr StateKind kCodes[] = {StateKind::exp_avg, StateKind::exp_avg_sq,
-                                  StateKind::max_exp_avg_sq};
-  constexpr StateKind kAbsmax[] = {StateKind::exp_avg_absmax, StateKind::exp_avg_sq_absmax,
-                                   StateKind::max_exp_avg_sq_absmax};
-  const TypedSlot<S> a(slot);  // param, grad and master; the moments are read below
-  const int64_t first = block * kQuant8Block + lane * kPerLane;
-  float mom[3][kPerLane];
-#pragma unroll
-  for (int k = 0; k < kMoments; ++k) {
-    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(kCodes[k])]);
-    const float absmax = static_cast<const float*>(slot.state[static_cast<int>(kAbsmax[k])])[block];
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      mom[k][j] = first + j < slot.numel
-                      ? quant8_decode(maps[k == 0 ? 0 : 1], codes[first + j], absmax)
-                      : 0.0f;
-  }
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t i = first + j;
-    if (i >= slot.numel) break;
-    float p = Master<S::kParam, S::kMaster>::load(a, i);
-    float vmax = S::kAmsgrad ? mom[2][j] : 0.0f;
-    adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, Storage<S::kGrad>::load(a.grad, i), p, mom[0][j],
-                                  mom[1][j], vmax);
-    if (S::kAmsgrad) mom[2][j] = vmax;
-    Master<S::kParam, S::kMaster>::store(a, i, p);
-  }
-#pragma unroll
-  for (int k = 0; k < kMoments; ++k) {
-    float absmax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (first + j < slot.numel) absmax = absmax_combine(absmax, fabsf(mom[k][j]));
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      absmax = absmax_combine(absmax, __shfl_xor_sync(0xFFFFFFFFu, absmax, offset));
-    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(kCodes[k])]);
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (first + j < slot.numel)
-        codes[first + j] = quant8_encode(maps[k == 0 ? 0 : 1], mom[k][j], absmax);
-    if (lane == 0) static_cast<float*>(slot.state[static_cast<int>(kAbsmax[k])])[block] = absmax;
-  }
-}
-
-// S: the float32-moment Signature of the bucket's q8 Variant.
-template <class S>
-__global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
-    adam_bucket_kernel_quant8(DeviceBucket bucket, DeviceStep step) {
-  if (step.verdict->skip) return;
-  __shared__ uint32_t maps[2][256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    maps[0][i] = kQuant8SignedMap[i];
-    maps[1][i] = kQuant8UnsignedMap[i];
-  }
-  __syncthreads();
-  const int64_t chunk = blockIdx.x;
-  const int32_t lo = slot_of_chunk(bucket, chunk);
-  const TensorSlot slot = bucket.slots[lo];
-  if (slot.grad == nullptr) return;  // the param has no grad at this step
-  const GroupCoeffs g = step.coeffs[slot.param_index];
-  const int64_t begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
-  const int64_t end = min(begin + kCudaChunkElems, slot.numel);
-  const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  for (int64_t b = begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
-       b * kQuant8Block < end; b += warps) {
-    if (g.l2)
-      update_quant8_block<S, true>(slot, b, g.c, maps, lane);
-    else
-      update_quant8_block<S, false>(slot, b, g.c, maps, lane);
-  }
-}
-
-template <class S>
-cudaError_t launch_typed_quant8(const DeviceBucket& bucket, const DeviceStep& step,
-                                cudaStream_t stream) {
-  adam_bucket_kernel_quant8<S>
-      <<<static_cast<unsigned>(bucket.num_chunks), kCudaBlockThreads, 0, stream>>>(bucket, step);
-  return cudaGetLastError();
-}
-
 template <class S>
 cudaError_t launch_typed(const DeviceBucket& bucket, const DeviceStep& step, cudaStream_t stream) {
   adam_bucket_kernel<S>
@@ -304,13 +159,8 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
                                cudaStream_t st) {
   if (b.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
-  if (v.moment == ElemType::q8) {  // a block storage: the float32 Variant's update, per block
-    Variant inner = v;
-    inner.moment = ElemType::f32;
-    visit_variant(
-        inner, [&](auto signature) { err = launch_typed_quant8<decltype(signature)>(b, s, st); });
-    return err;
-  }
+  if (v.moment == ElemType::q8)
+    return launch_adam_bucket_quant8(v, b, s, st);  // adam_quant8_cuda.cu
   visit_variant(v, [&](auto signature) { err = launch_typed<decltype(signature)>(b, s, st); });
   return err;
 }

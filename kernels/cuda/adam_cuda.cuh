@@ -67,6 +67,10 @@ struct DeviceStep {
 cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucket,
                                const DeviceStep& step, cudaStream_t stream);
 
+// The same for a Variant with q8 moments (adam_quant8_cuda.cu; launch_adam_bucket calls it).
+cudaError_t launch_adam_bucket_quant8(const Variant& variant, const DeviceBucket& bucket,
+                                      const DeviceStep& step, cudaStream_t stream);
+
 // The fold kernel's inputs besides the groups. All pointers are device memory.
 struct FoldInputs {
   const float* inv_grad_scale;  // nullable: 1

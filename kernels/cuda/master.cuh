@@ -1,0 +1,64 @@
+// kernels/cuda/master.cuh — a param's full-precision value in CUDA kernels: where it is
+// loaded from and stored to, per master kind (the param itself, an fp32 master beside it,
+// or the bfloat16 param joined with its int16 remainder). `A` is a TypedSlot.
+#ifndef SHARDADAM_KERNELS_CUDA_MASTER_CUH_
+#define SHARDADAM_KERNELS_CUDA_MASTER_CUH_
+
+#include <stdint.h>
+
+#include "../adam_math.h"
+#include "../bucket_table.h"
+#include "storage.cuh"
+
+namespace sa {
+namespace kernels {
+
+// Full-precision param value: load and store, per master kind.
+template <ElemType P, MasterKind K>
+struct Master;
+
+template <ElemType P>
+struct Master<P, MasterKind::none> {  // P is f32: the param is the value
+  template <class A>
+  __device__ static float load(const A& a, int64_t i) {
+    return Storage<P>::load(a.param, i);
+  }
+  template <class A>
+  __device__ static void store(const A& a, int64_t i, float x) {
+    Storage<P>::store(a.param, i, x);
+  }
+};
+
+template <ElemType P>
+struct Master<P, MasterKind::fp32> {
+  template <class A>
+  __device__ static float load(const A& a, int64_t i) {
+    return a.master[i];
+  }
+  template <class A>
+  __device__ static void store(const A& a, int64_t i, float x) {
+    a.master[i] = x;
+    Storage<P>::store(a.param, i, x);
+  }
+};
+
+template <ElemType P>
+struct Master<P, MasterKind::remainder> {  // P is bf16
+  template <class A>
+  __device__ static float load(const A& a, int64_t i) {
+    return join_remainder(a.param[i], a.master[i]);
+  }
+  template <class A>
+  __device__ static void store(const A& a, int64_t i, float x) {
+    uint16_t hi;
+    int16_t rem;
+    split_remainder(x, hi, rem);
+    a.param[i] = hi;
+    a.master[i] = rem;
+  }
+};
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_CUDA_MASTER_CUH_
