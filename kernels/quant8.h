@@ -18,9 +18,23 @@
 #include "adam_math.h"
 #include "bucket_table.h"
 #include "quant8_maps.h"
+#include "state_kind.h"
 
 namespace sa {
 namespace kernels {
+
+// The q8 moments of a slot, k = 0, 1, 2 (the third with amsgrad only): the state holding
+// the codes, the state holding the block absmax values, and whether the signed map codes
+// it. Written once here for the CPU and CUDA kernels.
+SA_HD constexpr StateKind quant8_codes(int k) {
+  return k == 0 ? StateKind::exp_avg : k == 1 ? StateKind::exp_avg_sq : StateKind::max_exp_avg_sq;
+}
+SA_HD constexpr StateKind quant8_absmax_state(int k) {
+  return k == 0   ? StateKind::exp_avg_absmax
+         : k == 1 ? StateKind::exp_avg_sq_absmax
+                  : StateKind::max_exp_avg_sq_absmax;
+}
+SA_HD constexpr bool quant8_signed(int k) { return k == 0; }
 
 #if !defined(__CUDACC__)
 // The code book of a moment: signed for exp_avg, unsigned for the second moments. (CUDA

@@ -170,12 +170,6 @@ void adam_cpu_range_quant8(const Variant& variant, const TensorSlot& slot, const
   Variant inner = variant;
   inner.moment = ElemType::f32;
   const int64_t master_bytes = variant.master == MasterKind::remainder ? 2 : 4;
-  struct Moment {
-    StateKind codes, absmax;
-    bool is_signed;
-  } const moments[] = {{StateKind::exp_avg, StateKind::exp_avg_absmax, true},
-                       {StateKind::exp_avg_sq, StateKind::exp_avg_sq_absmax, false},
-                       {StateKind::max_exp_avg_sq, StateKind::max_exp_avg_sq_absmax, false}};
   const int num_moments = variant.amsgrad ? 3 : 2;
   alignas(64) float values[3][kQuant8Block];
   for (int64_t block_begin = begin; block_begin < end; block_begin += kQuant8Block) {
@@ -187,20 +181,19 @@ void adam_cpu_range_quant8(const Variant& variant, const TensorSlot& slot, const
     for (StateKind k : {StateKind::master, StateKind::remainder})
       state_at(inner_slot, k) = offset(state_at(slot, k), block_begin, master_bytes);
     for (int k = 0; k < num_moments; ++k) {
-      const Moment& mo = moments[k];
-      const auto* codes = static_cast<const uint8_t*>(state_at(slot, mo.codes)) + block_begin;
-      const float absmax = static_cast<const float*>(state_at(slot, mo.absmax))[block];
-      quant8_decode_block(quant8_map(mo.is_signed), codes, absmax, n, values[k]);
-      state_at(inner_slot, mo.codes) = values[k];
-      state_at(inner_slot, mo.absmax) = nullptr;
+      const auto* codes =
+          static_cast<const uint8_t*>(state_at(slot, quant8_codes(k))) + block_begin;
+      const float absmax = static_cast<const float*>(state_at(slot, quant8_absmax_state(k)))[block];
+      quant8_decode_block(quant8_map(quant8_signed(k)), codes, absmax, n, values[k]);
+      state_at(inner_slot, quant8_codes(k)) = values[k];
+      state_at(inner_slot, quant8_absmax_state(k)) = nullptr;
     }
     inner_slot.numel = n;
     adam_cpu_range(inner, inner_slot, g, 0, n, simd);
     for (int k = 0; k < num_moments; ++k) {
-      const Moment& mo = moments[k];
-      auto* codes = static_cast<uint8_t*>(state_at(slot, mo.codes)) + block_begin;
-      static_cast<float*>(state_at(slot, mo.absmax))[block] =
-          quant8_encode_block(quant8_map(mo.is_signed), values[k], n, codes);
+      auto* codes = static_cast<uint8_t*>(state_at(slot, quant8_codes(k))) + block_begin;
+      static_cast<float*>(state_at(slot, quant8_absmax_state(k)))[block] =
+          quant8_encode_block(quant8_map(quant8_signed(k)), values[k], n, codes);
     }
   }
 }

@@ -106,18 +106,12 @@ __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
 template <class S>
 __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
     adam_bucket_kernel(DeviceBucket bucket, DeviceStep step) {
-  if (step.verdict->skip) return;
-  const int64_t chunk = blockIdx.x;
-  const int32_t lo = slot_of_chunk(bucket, chunk);
-  const TensorSlot slot = bucket.slots[lo];
-  if (slot.grad == nullptr) return;  // the param has no grad at this step
-  const GroupCoeffs g = step.coeffs[slot.param_index];
-  const int64_t begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
-  const int64_t end = min(begin + kCudaChunkElems, slot.numel);
-  if (g.l2)
-    update_range<S, true>(slot, begin, end, g.c);
+  ChunkWork w;
+  if (step.verdict->skip || !chunk_work(bucket, step, w)) return;
+  if (w.coeffs.l2)
+    update_range<S, true>(w.slot, w.begin, w.end, w.coeffs.c);
   else
-    update_range<S, false>(slot, begin, end, g.c);
+    update_range<S, false>(w.slot, w.begin, w.end, w.coeffs.c);
 }
 
 template <class S>

@@ -62,6 +62,28 @@ struct DeviceStep {
   const StepVerdict* verdict;
 };
 
+// What the thread block of chunk blockIdx.x updates in a bucket launch: its slot, the
+// elements [begin, end) of the slot, and the slot's param's coefficients.
+struct ChunkWork {
+  TensorSlot slot;
+  GroupCoeffs coeffs;
+  int64_t begin;
+  int64_t end;
+};
+
+// The block's ChunkWork, or false when its param has no grad at this step.
+__device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const DeviceStep& step,
+                                           ChunkWork& work) {
+  const int64_t chunk = blockIdx.x;
+  const int32_t lo = slot_of_chunk(bucket, chunk);
+  work.slot = bucket.slots[lo];
+  if (work.slot.grad == nullptr) return false;
+  work.coeffs = step.coeffs[work.slot.param_index];
+  work.begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
+  work.end = min(work.begin + kCudaChunkElems, work.slot.numel);
+  return true;
+}
+
 // One launch updates every chunk of every slot of the bucket. Enqueues on `stream`
 // only; returns the launch error (cudaSuccess when the launch was accepted).
 cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucket,

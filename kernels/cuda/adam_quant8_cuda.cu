@@ -34,21 +34,18 @@ __device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
                                     int lane) {
   constexpr int kPerLane = 8;
   constexpr int kMoments = S::kAmsgrad ? 3 : 2;
-  constexpr StateKind kCodes[] = {StateKind::exp_avg, StateKind::exp_avg_sq,
-                                  StateKind::max_exp_avg_sq};
-  constexpr StateKind kAbsmax[] = {StateKind::exp_avg_absmax, StateKind::exp_avg_sq_absmax,
-                                   StateKind::max_exp_avg_sq_absmax};
   const TypedSlot<S> a(slot);  // param, grad and master; the moments are read below
   const int64_t first = block * kQuant8Block + lane * kPerLane;
   float mom[3][kPerLane];
 #pragma unroll
   for (int k = 0; k < kMoments; ++k) {
-    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(kCodes[k])]);
-    const float absmax = static_cast<const float*>(slot.state[static_cast<int>(kAbsmax[k])])[block];
+    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]);
+    const float absmax =
+        static_cast<const float*>(slot.state[static_cast<int>(quant8_absmax_state(k))])[block];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
       mom[k][j] = first + j < slot.numel
-                      ? quant8_decode(maps[k == 0 ? 0 : 1], codes[first + j], absmax)
+                      ? quant8_decode(maps[quant8_signed(k) ? 0 : 1], codes[first + j], absmax)
                       : 0.0f;
   }
 #pragma unroll
@@ -71,12 +68,13 @@ __device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
       absmax = absmax_combine(absmax, __shfl_xor_sync(0xFFFFFFFFu, absmax, offset));
-    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(kCodes[k])]);
+    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
       if (first + j < slot.numel)
-        codes[first + j] = quant8_encode(maps[k == 0 ? 0 : 1], mom[k][j], absmax);
-    if (lane == 0) static_cast<float*>(slot.state[static_cast<int>(kAbsmax[k])])[block] = absmax;
+        codes[first + j] = quant8_encode(maps[quant8_signed(k) ? 0 : 1], mom[k][j], absmax);
+    if (lane == 0)
+      static_cast<float*>(slot.state[static_cast<int>(quant8_absmax_state(k))])[block] = absmax;
   }
 }
 
@@ -91,20 +89,15 @@ __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
     maps[1][i] = kQuant8UnsignedMap[i];
   }
   __syncthreads();
-  const int64_t chunk = blockIdx.x;
-  const int32_t lo = slot_of_chunk(bucket, chunk);
-  const TensorSlot slot = bucket.slots[lo];
-  if (slot.grad == nullptr) return;  // the param has no grad at this step
-  const GroupCoeffs g = step.coeffs[slot.param_index];
-  const int64_t begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
-  const int64_t end = min(begin + kCudaChunkElems, slot.numel);
+  ChunkWork w;
+  if (!chunk_work(bucket, step, w)) return;
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  for (int64_t b = begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
-       b * kQuant8Block < end; b += warps) {
-    if (g.l2)
-      update_quant8_block<S, true>(slot, b, g.c, maps, lane);
+  for (int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
+       b * kQuant8Block < w.end; b += warps) {
+    if (w.coeffs.l2)
+      update_quant8_block<S, true>(w.slot, b, w.coeffs.c, maps, lane);
     else
-      update_quant8_block<S, false>(slot, b, g.c, maps, lane);
+      update_quant8_block<S, false>(w.slot, b, w.coeffs.c, maps, lane);
   }
 }
 
