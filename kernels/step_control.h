@@ -1,6 +1,6 @@
 // kernels/step_control.h — how one step decides whether to run and by how much to scale the
 // grads: from the found-inf flag and the gradient norm, both possibly reduced across ranks.
-// The host (CPU backend) and the device (the CUDA fold kernel) call the same function, so
+// The host (CPU backend) and the device (the CUDA fold kernel) call the same functions, so
 // a clipped step scales the grads by the same float on every backend and every rank.
 #ifndef SHARDADAM_KERNELS_STEP_CONTROL_H_
 #define SHARDADAM_KERNELS_STEP_CONTROL_H_
@@ -57,6 +57,57 @@ SA_HD StepDecision decide_step(const ClipSpec& spec, const double* stats, bool f
   const double clip = spec.max_norm / (d.norm + kClipEpsilon);
   if (clip < 1.0) d.grad_multiplier *= clip;
   return d;
+}
+
+// ---- the fold: a step's decision, coefficients and step counts ------------------------
+// Every backend has a fold primitive (the CUDA fold kernel, the CPU backend's host loop)
+// that reads the tables below, decides the step with fold_decide, and unless it is skipped
+// advances the counts and folds each active param's coefficients. All pointers are in the
+// backend's memory (host memory for the CPU backend).
+
+// What the fold decided, where the backend keeps it: the Adam launches read `skip`, the
+// core reads both back only when asked (sa_step_args.skipped / host_grad_norm).
+struct StepVerdict {
+  int32_t skip;  // nonzero: every Adam update returns at once
+  int32_t unused;
+  double norm;  // the global norm of the unscaled grads; NaN when not computed
+};
+
+// The fold's per-step inputs.
+struct FoldInputs {
+  const float* inv_grad_scale;  // nullable: 1
+  const float* found_inf;       // nullable; read only when `stats` is NULL
+  const double* stats;          // nullable: the reduced step stats (kNumStats doubles)
+  ClipSpec clip;
+  StepVerdict* verdict;  // written every step
+  float* norm_out;       // nullable: the caller's copy of the norm
+};
+
+// The groups and params the fold reads, and the step counts it advances: the counts'
+// one home (the core never keeps a second copy).
+struct FoldTables {
+  const AdamHyper* hyper;  // [num_groups]
+  int64_t* group_steps;    // [num_groups]
+  int32_t num_groups;
+  const int32_t* param_group;   // [num_params]
+  const uint8_t* param_active;  // [num_params]: 1 = has a grad at this step
+  int64_t* param_steps;         // [num_params]
+  int32_t num_params;
+};
+
+// The decision every fold starts with: from the reduced stats when there are any, else
+// from this rank's found_inf flag. Does not write anything.
+SA_HD StepDecision fold_decide(const FoldInputs& in) {
+  const bool local_inf = in.stats == nullptr && in.found_inf != nullptr && *in.found_inf != 0.0f;
+  const float inv_grad_scale = in.inv_grad_scale != nullptr ? *in.inv_grad_scale : 1.0f;
+  return decide_step(in.clip, in.stats, local_inf, inv_grad_scale);
+}
+
+// Writes a decision where the core and the Adam launches read it.
+SA_HD void fold_publish(const FoldInputs& in, const StepDecision& d) {
+  in.verdict->skip = d.skip ? 1 : 0;
+  in.verdict->norm = d.norm;
+  if (in.norm_out != nullptr) *in.norm_out = static_cast<float>(d.norm);
 }
 
 }  // namespace kernels

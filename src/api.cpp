@@ -3,6 +3,7 @@
 // No optimizer logic lives here.
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -288,12 +289,11 @@ sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* s
   return with_optimizer(opt, "sa_optimizer_step", [&] {
     const sa_step_args defaults = SA_STEP_ARGS_INIT;
     const sa_step_args a = sa::read_options(args, defaults, "args");
-    const sa::StepOutcome outcome = opt->core.step(a, stream);
+    const std::optional<bool> skipped = opt->core.step(a, stream);
     if (a.skipped == nullptr && a.host_grad_norm == nullptr) return;
     // Only ask the backend (which may synchronize) when the host cannot know.
-    const bool known = outcome != sa::StepOutcome::decided_on_device && a.host_grad_norm == nullptr;
-    const sa::StepReport report =
-        known ? sa::StepReport{outcome == sa::StepOutcome::skipped, 0.0} : opt->core.last_report();
+    const bool known = skipped.has_value() && a.host_grad_norm == nullptr;
+    const sa::StepReport report = known ? sa::StepReport{*skipped, 0.0} : opt->core.last_report();
     if (a.skipped) *a.skipped = report.skipped ? 1 : 0;
     if (a.host_grad_norm) *a.host_grad_norm = report.norm;
   });

@@ -108,16 +108,11 @@ Optimizer::Optimizer(const sa_optimizer_config& config) : config_(config) {
 
 int32_t Optimizer::add_group(const sa_group_config& config) {
   check_group_config(config, concat("group ", groups_.size()));
-  refresh_steps();
   groups_.reserve(groups_.size() + 1);
-  table_.hyper.reserve(groups_.size() + 1);
-  table_.steps.reserve(groups_.size() + 1);
-  // No throw past this point: the three vectors grow together.
+  stepper_.reserve_group();
+  // No throw past this point: both have room.
   groups_.push_back(Group{config, 0});
-  table_.hyper.push_back(hyper_of(config));
-  table_.steps.push_back(0);
-  ++table_.hyper_version;
-  ++table_.steps_version;
+  stepper_.add_group(hyper_of(config));
   return static_cast<int32_t>(groups_.size() - 1);
 }
 
@@ -137,8 +132,7 @@ void Optimizer::check_group_replacement(int32_t index, const sa_group_config& co
 void Optimizer::set_group(int32_t index, const sa_group_config& config) {
   check_group_replacement(index, config);
   groups_[index].config = config;
-  table_.hyper[index] = hyper_of(config);
-  ++table_.hyper_version;
+  stepper_.set_hyper(index, hyper_of(config));
 }
 
 void Optimizer::set_lr(int32_t index, double lr) {
@@ -147,26 +141,15 @@ void Optimizer::set_lr(int32_t index, double lr) {
   set_group(index, config);
 }
 
-void Optimizer::refresh_steps() const {
-  if (!steps_on_device_) return;
-  backend_->read_steps(table_);
-  steps_on_device_ = false;
-}
-
 int64_t Optimizer::get_step(int32_t index) const {
   group(index, "group");
-  refresh_steps();
-  return table_.steps[index];
+  return stepper_.group_step(index);
 }
 
 void Optimizer::set_step(int32_t index, int64_t step) {
   group(index, "group");
   if (step < 0) fail(SA_ERR_INVALID_ARGUMENT, "group ", index, ": step ", step, " is negative");
-  refresh_steps();
-  table_.steps[index] = step;
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (table_.param_group[i] == index) table_.param_steps[i] = step;
-  ++table_.steps_version;
+  stepper_.set_group_step(index, step);
 }
 
 void Optimizer::check_param_range(int64_t first, int64_t n, const char* what) const {
@@ -177,8 +160,7 @@ void Optimizer::check_param_range(int64_t first, int64_t n, const char* what) co
 
 void Optimizer::get_param_steps(int64_t first, int64_t n, int64_t* steps) const {
   check_param_range(first, n, "params");
-  refresh_steps();
-  std::copy_n(table_.param_steps.begin() + first, n, steps);
+  stepper_.get_param_steps(first, n, steps);
 }
 
 void Optimizer::set_param_steps(int64_t first, int64_t n, const int64_t* steps) {
@@ -187,9 +169,7 @@ void Optimizer::set_param_steps(int64_t first, int64_t n, const int64_t* steps) 
     if (steps[i] < 0)
       fail(SA_ERR_INVALID_ARGUMENT, "steps[", i, "] (param '", params_[first + i]->name, "') is ",
            steps[i], "; a step count is >= 0");
-  refresh_steps();
-  std::copy_n(steps, n, table_.param_steps.begin() + first);
-  ++table_.steps_version;
+  stepper_.set_param_steps(first, n, steps);
 }
 
 // ---- params -------------------------------------------------------------------------
@@ -207,24 +187,28 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
       if (device.device_id != 0)
         fail(SA_ERR_INVALID_ARGUMENT, context, ": the shard is on cpu with device_id ",
              device.device_id, "; host tensors must have device_id 0");
-      backend_ = make_cpu_backend({config_.num_threads, config_.cpu_simd != 0});
-      return *backend_;
+      return attach(make_cpu_backend({config_.num_threads, config_.cpu_simd != 0}));
     case kDLCUDA: {
       const CudaModule* cuda = cuda_module();
       if (cuda == nullptr)
         fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
              " but this library has no CUDA backend (cuda: ", cuda_module_status(), ")");
       try {
-        backend_ = cuda->make_backend(device.device_id);
+        return attach(cuda->make_backend(device.device_id));
       } catch (const Error& e) {
         fail(e.status(), context, ": cannot use ", device_name(device), ": ", e.what());
       }
-      return *backend_;
     }
     default:
       fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
            "; shardadam supports cpu (and cuda where built with it)");
   }
+}
+
+Backend& Optimizer::attach(std::unique_ptr<Backend> backend) {
+  stepper_.attach(*backend);  // all or nothing
+  backend_ = std::move(backend);
+  return *backend_;
 }
 
 void Optimizer::allocate_state(Param& p) {
@@ -304,16 +288,11 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   // An empty shard needs no grad memory, so it counts as bound (as it always has): an
   // engine need not bind grads of params it holds no elements of.
   param->binding = param->numel == 0 ? GradBinding::bound : GradBinding::never;
-  refresh_steps();
   // Room for one more, growing geometrically: an exact reserve would copy the tables at
   // every add (quadratic over 100k params).
-  const auto make_room = [](auto& v) {
-    if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(16, 2 * v.capacity()));
-  };
-  make_room(table_.param_group);
-  make_room(table_.param_steps);
-  make_room(table_.param_active);
-  make_room(grad_specs_);
+  if (grad_specs_.size() == grad_specs_.capacity())
+    grad_specs_.reserve(std::max<std::size_t>(16, 2 * grad_specs_.capacity()));
+  stepper_.reserve_param();
 
   // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
   const int64_t index = num_params();
@@ -325,12 +304,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
     throw;
   }
   // No throw past this point: capacity was reserved above.
-  table_.param_group.push_back(request.group);
-  table_.param_steps.push_back(0);
-  table_.param_active.push_back(params_.back()->binding == GradBinding::bound ? 1 : 0);
+  stepper_.add_param(request.group, params_.back()->binding == GradBinding::bound);
   grad_specs_.push_back(grad_spec_of(*params_.back()));
-  ++table_.params_version;
-  ++table_.steps_version;
   params_.back()->owner =
       request.versioned ? ManagedTensor(request.versioned) : ManagedTensor(request.legacy);
   ++groups_[request.group].num_params;
@@ -404,11 +379,7 @@ void Optimizer::bind(int64_t index, GradBinding binding, const void* grad) {
   Param& p = *params_[index];
   p.binding = binding;
   p.grad = grad;
-  const uint8_t active = binding == GradBinding::bound ? 1 : 0;
-  if (table_.param_active[index] != active) {
-    table_.param_active[index] = active;
-    ++table_.params_version;
-  }
+  stepper_.set_active(index, binding == GradBinding::bound);
   grads_stale_ = true;
 }
 
@@ -518,7 +489,7 @@ void Optimizer::check_comm_fits(const Comm& comm) const {
          comm.describe(), " is on cuda:", comm.device());
 }
 
-StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
+std::optional<bool> Optimizer::step(const sa_step_args& args, void* stream) {
   require_usable("the step");
   const kernels::ClipSpec clip = clip_spec_of(args);
   for (const auto& p : params_)
@@ -536,36 +507,19 @@ StepOutcome Optimizer::step(const sa_step_args& args, void* stream) {
   if (!backend_ && comm != nullptr && comm->reduces_device_memory())
     backend_for(DLDevice{kDLCUDA, comm->device()}, "the communicator");  // joins on its device
   const StepInputs inputs{args.inv_grad_scale, args.found_inf, clip, args.grad_norm, comm};
-  if (!backend_) {  // no params, so no device: the inputs are host floats
-    const kernels::StepDecision d = decide_on_host(inputs, 0.0);
-    host_report_ = {d.skip, d.norm};
-    if (d.skip) return StepOutcome::skipped;
-    refresh_steps();
-    table_.advance();
-    return StepOutcome::stepped;
+  if (backend_) {
+    if (comm != nullptr) check_comm_fits(*comm);
+    update_plan();
   }
-  if (comm != nullptr) check_comm_fits(*comm);
-  update_plan();
-  const StepOutcome outcome = backend_->run(plan_, table_, inputs, stream);
-  switch (outcome) {
-    case StepOutcome::stepped:
-      table_.advance();  // the device (if any) advanced its own copy
-      break;
-    case StepOutcome::skipped:
-      break;
-    case StepOutcome::decided_on_device:
-      steps_on_device_ = true;
-      break;
-  }
-  return outcome;
+  return stepper_.step(plan_, inputs, stream);
 }
 
-StepReport Optimizer::last_report() { return backend_ ? backend_->read_report() : host_report_; }
+StepReport Optimizer::last_report() const { return stepper_.last_report(); }
 
 void Optimizer::update_plan() {
   if (plan_stale_) {
     Plan plan = build_plan(param_list());
-    backend_->prepare(plan);
+    backend_->prepare(plan, num_params());
     plan_ = std::move(plan);
     plan_stale_ = false;
     grads_stale_ = false;
@@ -579,7 +533,7 @@ void Optimizer::flush(void* stream) {
   require_usable("the flush");
   if (!backend_) return;
   update_plan();
-  backend_->flush(plan_, table_, stream);
+  stepper_.flush(plan_, stream);
 }
 
 // ---- state --------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "plan.hpp"
 #include "shardadam/shardadam.h"
 #include "state_kinds.hpp"
+#include "stepper.hpp"
 
 namespace sa {
 
@@ -151,11 +153,12 @@ class Optimizer {
 
   // One step over all params, as sa_optimizer_step documents it (args validated here).
   // The float pointers of `args` point into backend memory (host memory when the
-  // optimizer has no params and no device communicator).
-  StepOutcome step(const sa_step_args& args, void* stream);
+  // optimizer has no params and no device communicator). Returns whether the step was
+  // skipped when the host knows without waiting for the device (Stepper::step).
+  std::optional<bool> step(const sa_step_args& args, void* stream);
 
   // How the last step went: skipped or not, and the norm (may synchronize).
-  StepReport last_report();
+  StepReport last_report() const;
 
   // The communicator of later steps (nullptr: none).
   void set_comm(std::shared_ptr<Comm> comm) { comm_ = std::move(comm); }
@@ -203,7 +206,8 @@ class Optimizer {
   Backend& backend_for(DLDevice device, const std::string& context);
   void allocate_state(Param& param);
   std::vector<const Param*> param_list() const;
-  void refresh_steps() const;
+  // Makes `backend` the optimizer's and moves the step counts into its memory.
+  Backend& attach(std::unique_ptr<Backend> backend);
   void update_plan();
   void check_param_range(int64_t first, int64_t n, const char* what) const;
   // The grad's data pointer if `grad` is what the kernel of param `index` reads, else
@@ -214,9 +218,8 @@ class Optimizer {
   sa_optimizer_config config_;
   void check_comm_fits(const Comm& comm) const;
 
-  std::unique_ptr<Backend> backend_;    // created by the first param's device
-  std::shared_ptr<Comm> comm_;          // shared with the C handle that made it
-  StepReport host_report_{false, 0.0};  // the last step's, when there was no backend
+  std::unique_ptr<Backend> backend_;  // created by the first param's device
+  std::shared_ptr<Comm> comm_;        // shared with the C handle that made it
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
   std::vector<GradSpec> grad_specs_;            // per param, what its grads must be
@@ -224,12 +227,9 @@ class Optimizer {
   Plan plan_;
   bool plan_stale_ = true;   // params changed since the plan was built
   bool grads_stale_ = true;  // grad bindings changed since the plan last saw them
-  // Hyperparameters, params' groups and grad presence, and step counts as the kernels read
-  // them. The step counts are a cache when a device backend decided the last step
-  // (found_inf on the device, graph replay): refresh_steps() reads them back before they
-  // are used or changed.
-  mutable StepTable table_;
-  mutable bool steps_on_device_ = false;
+  // Hyperparameters, params' groups and grad presence as the fold reads them, the step
+  // counts, and the step itself.
+  Stepper stepper_;
   std::vector<const void*> grad_scratch_;  // set_grads: checked pointers before they are bound
   std::string unusable_reason_;            // non-empty: see mark_unusable
 };

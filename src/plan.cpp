@@ -32,7 +32,7 @@ Plan build_plan(const std::vector<const Param*>& params) {
     for (auto& b : plan.buckets)
       if (b.variant == variant) bucket = &b;
     if (bucket == nullptr) {
-      plan.buckets.push_back(Bucket{variant, {}, {}, 0});
+      plan.buckets.push_back(Bucket{variant, {}, {}, 0, false});
       bucket = &plan.buckets.back();
     }
     bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));
@@ -43,9 +43,14 @@ Plan build_plan(const std::vector<const Param*>& params) {
 }
 
 void rebind_grads(Plan& plan, const std::vector<const Param*>& params) {
-  for (auto& bucket : plan.buckets)
-    for (std::size_t s = 0; s < bucket.slots.size(); ++s)
-      bucket.slots[s].grad = step_grad(*params[bucket.param_of_slot[s]]);
+  for (auto& bucket : plan.buckets) {
+    for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+      const void* grad = step_grad(*params[bucket.param_of_slot[s]]);
+      if (bucket.slots[s].grad == grad) continue;
+      bucket.slots[s].grad = grad;
+      bucket.grads_moved = true;
+    }
+  }
 }
 
 }  // namespace sa

@@ -17,6 +17,7 @@ struct Bucket {
   std::vector<kernels::TensorSlot> slots;
   std::vector<int64_t> param_of_slot;  // slot i updates param param_of_slot[i]
   int64_t numel = 0;
+  bool grads_moved = false;  // a grad pointer changed since the backend saw the slots
 };
 
 struct Plan {
@@ -27,7 +28,8 @@ struct Plan {
 // and cannot overrun anything). Grad pointers are taken from the params as they are.
 Plan build_plan(const std::vector<const Param*>& params);
 
-// Copies every param's current grad pointer into its slot.
+// Copies every param's current grad pointer into its slot, marking the buckets where one
+// moved.
 void rebind_grads(Plan& plan, const std::vector<const Param*>& params);
 
 }  // namespace sa

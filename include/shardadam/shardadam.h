@@ -281,12 +281,14 @@ SA_API sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr
 /** The group's step count: the number of steps the optimizer took and did not skip
  *  (found_inf, a non-finite norm), whether or not the group's params had grads. Bias
  *  correction uses each param's own count (sa_optimizer_get_param_steps). On CUDA the
- *  counts live on the device; reading one after a found_inf step or a graph replay
- *  synchronizes. */
+ *  counts live on the device only (the steps advance them there); reading one
+ *  synchronizes the device. */
 SA_API sa_status sa_optimizer_get_step(const sa_optimizer* opt, int32_t group, int64_t* step);
 
 /** Sets the group's step count and the step count of every param in it (e.g. when
- *  resuming from another optimizer's state). */
+ *  resuming from another optimizer's state). On CUDA it writes the device's counts at
+ *  once, synchronizing the device, so the next step (a graph replay too) counts from
+ *  `step` without a flush. */
 SA_API sa_status sa_optimizer_set_step(sa_optimizer* opt, int32_t group, int64_t step);
 
 /* ---- params ------------------------------------------------------------------------ */
@@ -396,9 +398,10 @@ SA_API sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param,
  * without tokens, layers frozen for a while) are corrected as torch corrects them.
  *
  * get: copies the counts of params [first, first + n) into steps[0..n). On CUDA this
- *   synchronizes when the device decided the last step (found_inf, a norm, a graph replay).
+ *   synchronizes the device, where the counts live.
  * set: replaces them (all checked first: the range, every count >= 0; nothing changes
- *   on error). Group step counts are left as they are.
+ *   on error). Group step counts are left as they are. On CUDA it writes the device's
+ *   counts at once, synchronizing the device.
  */
 SA_API sa_status sa_optimizer_get_param_steps(const sa_optimizer* opt, int64_t first, int64_t n,
                                               int64_t* steps);
@@ -528,15 +531,16 @@ typedef enum sa_norm_type {
  *
  * CUDA graphs: run one step outside capture first (it builds the plan), then capture
  * sa_optimizer_step on a capturing stream. Before each replay, after changing lr or
- * other hyperparameters, grad bindings or step counts, call sa_optimizer_flush on the
- * replay stream; a captured step refuses to record uploads (SA_ERR_STATE).
+ * other hyperparameters or grad bindings, call sa_optimizer_flush on the replay stream; a
+ * captured step refuses to record uploads (SA_ERR_STATE).
  */
 SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream);
 
 /**
  * Enqueues on `stream` the upload of whatever changed on the host since the last step:
- * grad bindings, hyperparameters, step counts (sa_optimizer_step does this first). Needed
- * only before replaying a captured step. The CPU backend has nothing to upload.
+ * grad bindings and hyperparameters (sa_optimizer_step does this first; step counts need
+ * none, they live on the device). Needed only before replaying a captured step. The CPU
+ * backend has nothing to upload.
  */
 SA_API sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream);
 

@@ -122,15 +122,9 @@ cudaError_t launch_typed(const DeviceBucket& bucket, const DeviceStep& step, cud
 }
 
 __global__ void fold_kernel(FoldTables t, FoldInputs in, GroupCoeffs* out) {
-  const bool local_inf = in.stats == nullptr && in.found_inf != nullptr && *in.found_inf != 0.0f;
-  const float inv_grad_scale = in.inv_grad_scale != nullptr ? *in.inv_grad_scale : 1.0f;
-  const StepDecision d = decide_step(in.clip, in.stats, local_inf, inv_grad_scale);
+  const StepDecision d = fold_decide(in);
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i == 0) {
-    in.verdict->skip = d.skip ? 1 : 0;
-    in.verdict->norm = d.norm;
-    if (in.norm_out != nullptr) *in.norm_out = static_cast<float>(d.norm);
-  }
+  if (i == 0) fold_publish(in, d);
   if (d.skip) return;
   if (i < t.num_groups) ++t.group_steps[i];
   if (i < t.num_params && t.param_active[i]) {

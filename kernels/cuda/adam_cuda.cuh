@@ -47,14 +47,6 @@ __device__ __forceinline__ int32_t slot_of_chunk(const DeviceBucket& bucket, int
   return lo;
 }
 
-// What the fold kernel decided for a step, in device memory: the Adam kernels read
-// `skip`; the host reads both back only when asked (sa_step_args.skipped / host_grad_norm).
-struct StepVerdict {
-  int32_t skip;  // nonzero: every Adam block returns at once
-  int32_t unused;
-  double norm;  // the global norm of the unscaled grads; NaN when not computed
-};
-
 // Per-step inputs of the Adam kernels, in device memory.
 struct DeviceStep {
   const GroupCoeffs* coeffs;  // per param (TensorSlot::param_index), folded with the grad
@@ -92,28 +84,6 @@ cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucke
 // The same for a Variant with q8 moments (adam_quant8_cuda.cu; launch_adam_bucket calls it).
 cudaError_t launch_adam_bucket_quant8(const Variant& variant, const DeviceBucket& bucket,
                                       const DeviceStep& step, cudaStream_t stream);
-
-// The fold kernel's inputs besides the groups. All pointers are device memory.
-struct FoldInputs {
-  const float* inv_grad_scale;  // nullable: 1
-  const float* found_inf;       // nullable; read only when `stats` is NULL
-  const double* stats;          // nullable: the reduced step stats (step_control.h)
-  ClipSpec clip;
-  StepVerdict* verdict;  // written every step
-  float* norm_out;       // nullable: the caller's copy of the norm
-};
-
-// The groups and params the fold kernel reads (and whose step counts it advances), all
-// in device memory.
-struct FoldTables {
-  const AdamHyper* hyper;  // [num_groups]
-  int64_t* group_steps;    // [num_groups]
-  int32_t num_groups;
-  const int32_t* param_group;   // [num_params]
-  const uint8_t* param_active;  // [num_params]: 1 = has a grad at this step
-  int64_t* param_steps;         // [num_params]
-  int32_t num_params;
-};
 
 // Decides the step (decide_step) and folds each active param's hyperparameters at its
 // next step count into out[param] on the device (capturable: reads the step counts from

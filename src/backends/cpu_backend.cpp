@@ -11,7 +11,6 @@
 #include "../../kernels/cpu/adam_cpu.h"
 #include "../../kernels/cpu/grad_norm_cpu.h"
 #include "../backend.hpp"
-#include "../comm/comm.hpp"
 #include "../errors.hpp"
 #include "thread_pool.hpp"
 
@@ -79,9 +78,34 @@ class CpuBackend final : public Backend {
 
   DLDevice device() const override { return DLDevice{kDLCPU, 0}; }
 
-  std::shared_ptr<Buffer> allocate(std::size_t bytes) override {
-    return std::make_shared<HostBuffer>(bytes);
+  // ---- memory and copies: host memory, so copies are memcpy and nothing waits ---------------
+
+  bool host_memory() const override { return true; }
+
+  std::shared_ptr<Buffer> allocate(std::size_t bytes) override { return make_host_buffer(bytes); }
+
+  std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
+    return std::make_shared<StagingBuffer>(bytes);
   }
+
+  void copy_to_host(void* host, const void* src, std::size_t bytes) override {
+    if (bytes != 0) std::memcpy(host, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host, std::size_t bytes) override {
+    if (bytes != 0) std::memcpy(dst, host, bytes);
+  }
+  void upload(void* dst, const void* host, std::size_t bytes, void*) override {
+    copy_from_host(dst, host, bytes);
+  }
+  void download(void* staging, const void* src, std::size_t bytes, void*) override {
+    copy_to_host(staging, src, bytes);
+  }
+
+  void synchronize() override {}  // every launch returns when it is done
+  void synchronize_stream(void*) override {}
+  bool capturing(void*) override { return false; }
+
+  // ---- launches ----------------------------------------------------------------------------
 
   void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) override {
     const auto* bits = static_cast<const uint16_t*>(src);
@@ -104,7 +128,7 @@ class CpuBackend final : public Backend {
 
   // The work list covers every element of every slot exactly once, in chunks that never
   // straddle two slots.
-  void prepare(const Plan& plan) override {
+  void prepare(const Plan& plan, int64_t num_params) override {
     work_.clear();
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const auto& slots = plan.buckets[b].slots;
@@ -114,6 +138,7 @@ class CpuBackend final : public Backend {
                            std::min(begin + kChunkElems, slots[s].numel)});
     }
     partials_.assign(work_.size(), 0.0);
+    coeff_of_param_.resize(static_cast<std::size_t>(num_params));
     // Tasks: runs of consecutive work items holding about kChunkElems elements (one item
     // each for large shards).
     task_begin_.clear();
@@ -128,14 +153,47 @@ class CpuBackend final : public Backend {
     task_begin_.push_back(static_cast<int64_t>(work_.size()));
   }
 
-  StepOutcome run(const Plan& plan, const StepTable& table, const StepInputs& inputs,
-                  void*) override {
-    const double norm =
-        inputs.clip.norm != kernels::NormType::none ? local_norm(plan, inputs.clip.norm) : 0.0;
-    const kernels::StepDecision d = decide_on_host(inputs, norm);
-    report_ = {d.skip, d.norm};
-    if (d.skip) return StepOutcome::skipped;
-    fold_param_coefficients(table, d.grad_multiplier);
+  void upload_slots(const Plan&, std::size_t, void*) override {}  // runs read the plan itself
+
+  void launch_stats(const Plan& plan, kernels::NormType norm, const float* found_inf, double* stats,
+                    void*) override {
+    stats[kernels::kStatNorm] = norm != kernels::NormType::none ? local_norm(plan, norm) : 0.0;
+    stats[kernels::kStatFoundInf] = found_inf != nullptr && *found_inf != 0.0f ? 1.0 : 0.0;
+  }
+
+  // The coefficients of a step: one entry per distinct (group, next step count) of the
+  // active params, and which entry each param uses. Params nearly always share a few
+  // counts, so this folds a handful of entries, not one per param.
+  void launch_fold(const kernels::FoldTables& t, const kernels::FoldInputs& in, void*) override {
+    const kernels::StepDecision d = kernels::fold_decide(in);
+    kernels::fold_publish(in, d);
+    if (d.skip) return;
+    for (int32_t g = 0; g < t.num_groups; ++g) ++t.group_steps[g];
+    coeffs_.clear();
+    coeff_index_.clear();
+    std::pair<int32_t, int64_t> last_key{-1, 0};  // no group is -1
+    int32_t last = -1;
+    for (int32_t i = 0; i < t.num_params; ++i) {
+      if (!t.param_active[i]) continue;
+      const std::pair<int32_t, int64_t> key{t.param_group[i], t.param_steps[i] + 1};
+      if (key != last_key) {  // a run of equal keys costs one compare
+        const auto [it, added] =
+            coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
+        if (added) {
+          kernels::GroupCoeffs c{};
+          c.l2 = kernels::fold_coefficients(t.hyper[key.first], key.second, d.grad_multiplier, c.c);
+          coeffs_.push_back(c);
+        }
+        last = it->second;
+        last_key = key;
+      }
+      coeff_of_param_[i] = last;
+      t.param_steps[i] = key.second;
+    }
+  }
+
+  void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void*) override {
+    if (verdict->skip) return;
     for_each_work_item([&](int64_t i) {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
@@ -144,28 +202,6 @@ class CpuBackend final : public Backend {
       kernels::adam_cpu_range(bucket.variant, slot, coeffs_[coeff_of_param_[slot.param_index]],
                               item.begin, item.end, simd_);
     });
-    return StepOutcome::stepped;
-  }
-
-  StepReport read_report() override { return report_; }
-
-  void flush(const Plan&, const StepTable&, void*) override {}  // reads the host tables directly
-
-  void read_steps(StepTable&) override {}  // the host's counts are the truth
-
-  bool host_memory() const override { return true; }
-
-  std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
-    return std::make_shared<StagingBuffer>(bytes);
-  }
-
-  void synchronize() override {}  // run() returns when the step is done
-
-  void copy_to_host(void* host, const void* src, std::size_t bytes) override {
-    if (bytes != 0) std::memcpy(host, src, bytes);
-  }
-  void copy_from_host(void* dst, const void* host, std::size_t bytes) override {
-    if (bytes != 0) std::memcpy(dst, host, bytes);
   }
 
  private:
@@ -178,14 +214,11 @@ class CpuBackend final : public Backend {
   // was ~15% of FusedAdam's step); the items and their order are unchanged, so the
   // results are bitwise the same.
   std::vector<int64_t> task_begin_{0};
-  // The coefficients of a step, one entry per distinct (group, next step count) of the
-  // active params, and which entry each param uses. Params nearly always share a few
-  // counts, so this folds a handful of entries, not one per param; reused every step.
+  // The last fold's coefficients (see launch_fold); reused every step.
   std::vector<kernels::GroupCoeffs> coeffs_;
   std::vector<int32_t> coeff_of_param_;
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;  // one norm partial per work item
-  StepReport report_{false, 0.0};
 
   // Calls body(i) for every work item i, spread over the pool by task.
   template <class Body>
@@ -193,31 +226,6 @@ class CpuBackend final : public Backend {
     pool_.parallel_for(static_cast<int64_t>(task_begin_.size()) - 1, [&](int64_t t) {
       for (int64_t i = task_begin_[t]; i < task_begin_[t + 1]; ++i) body(i);
     });
-  }
-
-  void fold_param_coefficients(const StepTable& table, double grad_multiplier) {
-    coeffs_.clear();
-    coeff_index_.clear();
-    coeff_of_param_.resize(table.param_steps.size());
-    std::pair<int32_t, int64_t> last_key{-1, 0};  // no group is -1
-    int32_t last = -1;
-    for (std::size_t i = 0; i < table.param_steps.size(); ++i) {
-      if (!table.param_active[i]) continue;
-      const std::pair<int32_t, int64_t> key{table.param_group[i], table.param_steps[i] + 1};
-      if (key != last_key) {  // a run of equal keys costs one compare
-        const auto [it, added] =
-            coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
-        if (added) {
-          kernels::GroupCoeffs c{};
-          c.l2 =
-              kernels::fold_coefficients(table.hyper[key.first], key.second, grad_multiplier, c.c);
-          coeffs_.push_back(c);
-        }
-        last = it->second;
-        last_key = key;
-      }
-      coeff_of_param_[i] = last;
-    }
   }
 
   // This rank's partial norm (step_control.h's kStatNorm) over the shards it counts:
@@ -242,19 +250,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-kernels::StepDecision decide_on_host(const StepInputs& inputs, double local_norm) {
-  const bool local_inf = inputs.found_inf != nullptr && *inputs.found_inf != 0.0f;
-  const float inv_grad_scale = inputs.inv_grad_scale ? *inputs.inv_grad_scale : 1.0f;
-  double stats[kernels::kNumStats] = {local_norm, local_inf ? 1.0 : 0.0};
-  const bool reduce = inputs.clip.norm != kernels::NormType::none || inputs.comm != nullptr;
-  if (inputs.comm != nullptr)
-    inputs.comm->all_reduce(
-        stats, kernels::kNumStats,
-        inputs.clip.norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum, nullptr);
-  const kernels::StepDecision d =
-      kernels::decide_step(inputs.clip, reduce ? stats : nullptr, local_inf, inv_grad_scale);
-  if (inputs.grad_norm_out != nullptr) *inputs.grad_norm_out = static_cast<float>(d.norm);
-  return d;
+std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes) {
+  return std::make_shared<HostBuffer>(bytes);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {

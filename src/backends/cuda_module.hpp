@@ -19,7 +19,7 @@
 namespace sa {
 
 // Bumped when CudaModule changes shape.
-constexpr uint32_t kCudaModuleInterface = 1;
+constexpr uint32_t kCudaModuleInterface = 2;
 
 // The module's file name, and the C symbol of its entry point.
 #define SA_CUDA_MODULE_FILE "libshardadam-cuda.so"

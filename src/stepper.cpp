@@ -1,0 +1,295 @@
+// src/stepper.cpp — a step, once for every backend (see stepper.hpp).
+#include "stepper.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/comm.hpp"
+#include "errors.hpp"
+
+namespace sa {
+namespace {
+
+constexpr std::size_t kScratchBytes =
+    sizeof(kernels::StepVerdict) + kernels::kNumStats * sizeof(double);
+
+// The reduction of the step stats: a max for the inf norm, else a sum (step_control.h).
+ReduceOp stats_op(kernels::NormType norm) {
+  return norm == kernels::NormType::inf ? ReduceOp::max : ReduceOp::sum;
+}
+
+}  // namespace
+
+Stepper::Stepper() : scratch_(make_host_buffer(kScratchBytes)) {
+  static_cast<kernels::StepVerdict*>(scratch_->data())->norm = 0.0;  // no step yet
+}
+
+std::shared_ptr<Buffer> Stepper::allocate(std::size_t bytes) const {
+  return backend_ ? backend_->allocate(bytes) : make_host_buffer(bytes);
+}
+
+kernels::StepVerdict* Stepper::verdict() const {
+  return static_cast<kernels::StepVerdict*>(scratch_->data());
+}
+
+double* Stepper::stats() const {
+  return reinterpret_cast<double*>(static_cast<char*>(scratch_->data()) +
+                                   sizeof(kernels::StepVerdict));
+}
+
+// ---- tables -------------------------------------------------------------------------------
+
+namespace {
+
+// Room for one more, growing geometrically: an exact reserve would copy the tables at
+// every add (quadratic over 100k params).
+template <class Vector>
+void make_room(Vector& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(16, 2 * v.capacity()));
+}
+
+}  // namespace
+
+void Stepper::reserve_group() {
+  make_room(hyper_);
+  reserve_counts(group_steps_, hyper_.size(), hyper_.size() + 1);
+}
+
+void Stepper::add_group(const kernels::AdamHyper& hyper) noexcept {
+  hyper_.push_back(hyper);  // its count is 0: counts are zeroed past the used ones
+  ++hyper_version_;
+}
+
+void Stepper::set_hyper(int32_t group, const kernels::AdamHyper& hyper) {
+  hyper_[group] = hyper;
+  ++hyper_version_;
+}
+
+void Stepper::reserve_param() {
+  make_room(param_group_);
+  make_room(param_active_);
+  reserve_counts(param_steps_, param_group_.size(), param_group_.size() + 1);
+}
+
+void Stepper::add_param(int32_t group, bool active) noexcept {
+  param_group_.push_back(group);
+  param_active_.push_back(active ? 1 : 0);
+  ++params_version_;
+}
+
+void Stepper::set_active(int64_t param, bool active) {
+  const uint8_t value = active ? 1 : 0;
+  if (param_active_[param] == value) return;
+  param_active_[param] = value;
+  ++params_version_;
+}
+
+// ---- step counts --------------------------------------------------------------------------
+
+void Stepper::read_counts(const Array& array, int64_t first, int64_t n, int64_t* out) const {
+  if (n == 0) return;
+  const auto* at = static_cast<const int64_t*>(array.buffer->data()) + first;
+  const auto bytes = static_cast<std::size_t>(n) * sizeof(int64_t);
+  if (backend_ == nullptr) {
+    std::memcpy(out, at, bytes);
+    return;
+  }
+  backend_->synchronize();  // a step in flight may still advance them
+  backend_->copy_to_host(out, at, bytes);
+}
+
+void Stepper::write_counts(Array& array, int64_t first, int64_t n, const int64_t* in) {
+  if (n == 0) return;
+  auto* at = static_cast<int64_t*>(array.buffer->data()) + first;
+  const auto bytes = static_cast<std::size_t>(n) * sizeof(int64_t);
+  if (backend_ == nullptr) {
+    std::memcpy(at, in, bytes);
+    return;
+  }
+  backend_->synchronize();
+  backend_->copy_from_host(at, in, bytes);
+}
+
+void Stepper::reserve_counts(Array& array, std::size_t used, std::size_t needed) {
+  if (needed <= array.capacity) return;
+  const std::size_t capacity = std::max<std::size_t>({needed, 2 * array.capacity, 16});
+  std::vector<int64_t> kept(used);
+  if (used > 0) read_counts(array, 0, static_cast<int64_t>(used), kept.data());
+  Array grown{allocate(capacity * sizeof(int64_t)), capacity};
+  write_counts(grown, 0, static_cast<int64_t>(used), kept.data());
+  array = std::move(grown);
+}
+
+int64_t Stepper::group_step(int32_t group) const {
+  int64_t step = 0;
+  read_counts(group_steps_, group, 1, &step);
+  return step;
+}
+
+void Stepper::set_group_step(int32_t group, int64_t step) {
+  std::vector<int64_t> steps(param_group_.size());
+  get_param_steps(0, num_params(), steps.data());
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (param_group_[i] == group) steps[i] = step;
+  set_param_steps(0, num_params(), steps.data());
+  write_counts(group_steps_, group, 1, &step);
+}
+
+void Stepper::get_param_steps(int64_t first, int64_t n, int64_t* steps) const {
+  read_counts(param_steps_, first, n, steps);
+}
+
+void Stepper::set_param_steps(int64_t first, int64_t n, const int64_t* steps) {
+  write_counts(param_steps_, first, n, steps);
+}
+
+// ---- steps --------------------------------------------------------------------------------
+
+void Stepper::attach(Backend& backend) {
+  std::vector<int64_t> groups(hyper_.size()), params(param_group_.size());
+  get_param_steps(0, num_params(), params.data());
+  read_counts(group_steps_, 0, num_groups(), groups.data());
+  Stepper moved;  // built in full before anything of *this changes
+  moved.backend_ = &backend;
+  moved.scratch_ = backend.allocate(kScratchBytes);
+  moved.reserve_counts(moved.group_steps_, 0, std::max(group_steps_.capacity, std::size_t{1}));
+  moved.reserve_counts(moved.param_steps_, 0, std::max(param_steps_.capacity, std::size_t{1}));
+  moved.write_counts(moved.group_steps_, 0, num_groups(), groups.data());
+  moved.write_counts(moved.param_steps_, 0, num_params(), params.data());
+  backend_ = &backend;
+  scratch_ = std::move(moved.scratch_);
+  group_steps_ = std::move(moved.group_steps_);
+  param_steps_ = std::move(moved.param_steps_);
+  hyper_copy_ = param_group_copy_ = param_active_copy_ = nullptr;
+  copied_groups_ = copied_params_ = 0;
+}
+
+bool Stepper::tables_stale() const {
+  return !hyper_copy_ || copied_groups_ != hyper_.size() || copied_params_ != param_group_.size() ||
+         copied_hyper_version_ != hyper_version_ || copied_params_version_ != params_version_;
+}
+
+// Hyperparameters and which params have grads change rarely (lr schedules: every step, a
+// few bytes per group); each goes up only when its version moved. The copies are
+// reallocated (and all uploaded) when groups or params were added.
+void Stepper::upload_tables(void* stream) {
+  const std::size_t groups = hyper_.size(), params = param_group_.size();
+  if (!hyper_copy_ || copied_groups_ != groups || copied_params_ != params) {
+    auto hyper = allocate(std::max<std::size_t>(groups, 1) * sizeof(kernels::AdamHyper));
+    auto param_group = allocate(std::max<std::size_t>(params, 1) * sizeof(int32_t));
+    auto param_active = allocate(std::max<std::size_t>(params, 1) * sizeof(uint8_t));
+    hyper_copy_ = std::move(hyper);
+    param_group_copy_ = std::move(param_group);
+    param_active_copy_ = std::move(param_active);
+    copied_groups_ = groups;
+    copied_params_ = params;
+    copied_hyper_version_ = copied_params_version_ = ~uint64_t{0};
+  }
+  if (copied_hyper_version_ != hyper_version_) {
+    backend_->upload(hyper_copy_->data(), hyper_.data(), groups * sizeof(kernels::AdamHyper),
+                     stream);
+    copied_hyper_version_ = hyper_version_;
+  }
+  if (copied_params_version_ != params_version_) {
+    backend_->upload(param_group_copy_->data(), param_group_.data(), params * sizeof(int32_t),
+                     stream);
+    backend_->upload(param_active_copy_->data(), param_active_.data(), params * sizeof(uint8_t),
+                     stream);
+    copied_params_version_ = params_version_;
+  }
+}
+
+void Stepper::flush(Plan& plan, void* stream) {
+  if (backend_ == nullptr) return;
+  const bool tables = tables_stale();
+  bool slots = false;
+  for (const Bucket& b : plan.buckets) slots = slots || b.grads_moved;
+  // A copy recorded into a graph would replay stale staging memory forever: uploads must
+  // happen before capture (sa_optimizer_flush), never inside it.
+  if ((tables || slots) && backend_->capturing(stream))
+    fail(SA_ERR_STATE,
+         "grad bindings or hyperparameters changed since the last step; call "
+         "sa_optimizer_flush on the stream before capturing a step");
+  if (tables) upload_tables(stream);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    if (!plan.buckets[b].grads_moved) continue;
+    backend_->upload_slots(plan, b, stream);
+    plan.buckets[b].grads_moved = false;
+  }
+}
+
+// The stats reduced across ranks: NCCL on the stream; a host communicator on host memory,
+// which on a device backend needs the stream drained (and so cannot be captured).
+void Stepper::reduce_stats(Comm& comm, kernels::NormType norm, void* stream) {
+  const std::size_t bytes = kernels::kNumStats * sizeof(double);
+  if (comm.reduces_device_memory() || backend_->host_memory()) {
+    comm.all_reduce(stats(), kernels::kNumStats, stats_op(norm),
+                    comm.reduces_device_memory() ? stream : nullptr);
+    return;
+  }
+  if (backend_->capturing(stream))
+    fail(SA_ERR_STATE,
+         "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
+         "host must read the stats); use an NCCL communicator");
+  if (!host_stats_) host_stats_ = backend_->allocate_staging(bytes);
+  auto* host = static_cast<double*>(host_stats_->data());
+  backend_->download(host, stats(), bytes, stream);
+  backend_->synchronize_stream(stream);
+  comm.all_reduce(host, kernels::kNumStats, stats_op(norm), nullptr);
+  backend_->upload(stats(), host, bytes, stream);
+}
+
+// No params, so no device: the inputs are host floats and only the groups count.
+std::optional<bool> Stepper::step_without_backend(const StepInputs& in) {
+  const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
+  double* s = stats();
+  s[kernels::kStatNorm] = 0.0;
+  s[kernels::kStatFoundInf] = in.found_inf != nullptr && *in.found_inf != 0.0f ? 1.0 : 0.0;
+  if (in.comm != nullptr)
+    in.comm->all_reduce(s, kernels::kNumStats, stats_op(in.clip.norm), nullptr);
+  const kernels::FoldInputs fold{in.inv_grad_scale, in.found_inf, with_stats ? s : nullptr,
+                                 in.clip,           verdict(),    in.grad_norm_out};
+  const kernels::StepDecision d = kernels::fold_decide(fold);
+  kernels::fold_publish(fold, d);
+  if (!d.skip)
+    for (int32_t g = 0; g < num_groups(); ++g)
+      ++static_cast<int64_t*>(group_steps_.buffer->data())[g];
+  return d.skip;
+}
+
+std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream) {
+  if (backend_ == nullptr) return step_without_backend(in);
+  flush(plan, stream);
+  const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
+  if (with_stats) {
+    backend_->launch_stats(plan, in.clip.norm, in.found_inf, stats(), stream);
+    if (in.comm != nullptr) reduce_stats(*in.comm, in.clip.norm, stream);
+  }
+  const kernels::FoldTables tables{static_cast<const kernels::AdamHyper*>(hyper_copy_->data()),
+                                   static_cast<int64_t*>(group_steps_.buffer->data()),
+                                   num_groups(),
+                                   static_cast<const int32_t*>(param_group_copy_->data()),
+                                   static_cast<const uint8_t*>(param_active_copy_->data()),
+                                   static_cast<int64_t*>(param_steps_.buffer->data()),
+                                   num_params()};
+  const kernels::FoldInputs fold{in.inv_grad_scale, in.found_inf, with_stats ? stats() : nullptr,
+                                 in.clip,           verdict(),    in.grad_norm_out};
+  backend_->launch_fold(tables, fold, stream);
+  backend_->launch_adam(plan, verdict(), stream);
+  if (backend_->host_memory()) return verdict()->skip != 0;
+  if (in.found_inf == nullptr && !with_stats) return false;  // nothing could skip it
+  return std::nullopt;
+}
+
+StepReport Stepper::last_report() const {
+  kernels::StepVerdict v{};
+  if (backend_ == nullptr || backend_->host_memory()) {
+    v = *verdict();
+  } else {
+    backend_->synchronize();
+    backend_->copy_to_host(&v, verdict(), sizeof v);
+  }
+  return {v.skip != 0, v.norm};
+}
+
+}  // namespace sa
