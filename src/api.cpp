@@ -178,6 +178,43 @@ sa_status sa_optimizer_set_group(sa_optimizer* opt, int32_t group, const sa_grou
   });
 }
 
+namespace {
+
+void require_fields(int32_t n, const void* names, const void* values) {
+  require(n >= 0, "n is negative");
+  require(n == 0 || names != nullptr, "names is NULL");
+  require(n == 0 || values != nullptr, "values is NULL");
+}
+
+}  // namespace
+
+sa_status sa_optimizer_add_group_fields(sa_optimizer* opt, int32_t n, const char* const* names,
+                                        const double* values, int32_t* group) {
+  return with_optimizer(opt, "sa_optimizer_add_group_fields", [&] {
+    require_fields(n, names, values);
+    const int32_t index =
+        opt->core.add_group(sa::with_fields(sa::schema::default_group_config(), n, names, values));
+    if (group) *group = index;
+  });
+}
+
+sa_status sa_optimizer_set_group_fields(sa_optimizer* opt, int32_t group, int32_t n,
+                                        const char* const* names, const double* values) {
+  return with_optimizer(opt, "sa_optimizer_set_group_fields", [&] {
+    require_fields(n, names, values);
+    const sa_group_config current = opt->core.group(group, "group").config;
+    opt->core.set_group(group, sa::with_fields(current, n, names, values));
+  });
+}
+
+sa_status sa_optimizer_get_group_fields(const sa_optimizer* opt, int32_t group, int32_t n,
+                                        const char* const* names, double* values) {
+  return with_optimizer(opt, "sa_optimizer_get_group_fields", [&] {
+    require_fields(n, names, values);
+    sa::get_fields(opt->core.group(group, "group").config, n, names, values);
+  });
+}
+
 sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr) {
   return with_optimizer(opt, "sa_optimizer_set_lr", [&] { opt->core.set_lr(group, lr); });
 }

@@ -1,7 +1,10 @@
 // src/group_config.cpp — group hyperparameters: validation (from the schema's table), and
 // their kernel-side form (folded into coefficients by kernels/adam_math.h's
 // fold_coefficients).
+#include <cstring>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "../kernels/adam_math.h"
 
@@ -53,6 +56,54 @@ void check_group_change(const sa_group_config& current, const sa_group_config& n
     if (f.fixed_with_params && schema::get(current, f) != schema::get(next, f))
       fail(SA_ERR_STATE, context, ": ", f.name, " cannot change once the group holds params (",
            num_params, " now); the params' state was allocated by it");
+}
+
+namespace {
+
+const schema::GroupField& field_named(const char* name, const char* what, int32_t i) {
+  if (name == nullptr) fail(SA_ERR_INVALID_ARGUMENT, what, "[", i, "] is NULL");
+  for (const schema::GroupField& f : schema::kGroupFields)
+    if (std::strcmp(f.name, name) == 0) return f;
+  std::string known;
+  for (const schema::GroupField& f : schema::kGroupFields)
+    known += known.empty() ? f.name : concat(", ", f.name);
+  fail(SA_ERR_INVALID_ARGUMENT, what, "[", i, "] is '", name,
+       "', which is not a group hyperparameter; known: ", known);
+}
+
+// The fields `names` names, each once.
+std::vector<const schema::GroupField*> fields_named(int32_t n, const char* const* names) {
+  std::vector<const schema::GroupField*> fields;
+  for (int32_t i = 0; i < n; ++i) {
+    const schema::GroupField& f = field_named(names[i], "names", i);
+    for (int32_t j = 0; j < i; ++j)
+      if (fields[j] == &f)
+        fail(SA_ERR_INVALID_ARGUMENT, "names[", j, "] and names[", i, "] are both '", f.name, "'");
+    fields.push_back(&f);
+  }
+  return fields;
+}
+
+}  // namespace
+
+sa_group_config with_fields(const sa_group_config& base, int32_t n, const char* const* names,
+                            const double* values) {
+  sa_group_config c = base;
+  const std::vector<const schema::GroupField*> fields = fields_named(n, names);
+  for (int32_t i = 0; i < n; ++i) {
+    const schema::GroupField& f = *fields[i];
+    // A flag is stored as int32_t: refuse what the conversion would change (0.5, NaN).
+    if (schema::rule_info(f.rule).integral && !(values[i] == 0.0 || values[i] == 1.0))
+      fail(SA_ERR_INVALID_ARGUMENT, f.name, " is ", values[i], "; it must be ",
+           schema::rule_info(f.rule).words);
+    schema::set(c, f, values[i]);
+  }
+  return c;
+}
+
+void get_fields(const sa_group_config& c, int32_t n, const char* const* names, double* values) {
+  const std::vector<const schema::GroupField*> fields = fields_named(n, names);
+  for (int32_t i = 0; i < n; ++i) values[i] = schema::get(c, *fields[i]);
 }
 
 kernels::AdamHyper hyper_of(const sa_group_config& c) {

@@ -242,6 +242,14 @@ void check_group_config(const sa_group_config& config, const std::string& contex
 void check_group_change(const sa_group_config& current, const sa_group_config& next,
                         int64_t num_params, const std::string& context);
 
+// `base` with the n fields `names` names set to `values` (unchecked but for the names
+// and the flags' 0 or 1: check_group_config validates the result).
+sa_group_config with_fields(const sa_group_config& base, int32_t n, const char* const* names,
+                            const double* values);
+
+// values[i] = the field names[i] of `config`.
+void get_fields(const sa_group_config& config, int32_t n, const char* const* names, double* values);
+
 // The hyperparameters of a validated config, as the kernels take them.
 kernels::AdamHyper hyper_of(const sa_group_config& config);
 

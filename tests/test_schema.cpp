@@ -230,3 +230,101 @@ TEST_CASE("sa_optimizer_state_keys lists the states a param has, each one a view
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_state_keys(opt.get(), 0, &key, 1, nullptr), "count is NULL");
 }
+
+// The by-name calls against the struct calls, which the C compiler lays out: a binding
+// that uses only names gets exactly what a C caller gets with the struct.
+TEST_CASE("group fields by name: add, set and get agree with the struct calls", "[schema]") {
+  OptimizerPtr opt = make_optimizer();
+  const char* const names[] = {"lr", "amsgrad", "beta2"};
+  const double values[] = {0.25, 1.0, 0.5};
+  int32_t g = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group_fields(opt.get(), 3, names, values, &g));
+  CHECK(g == 0);
+  sa_group_config want = SA_GROUP_CONFIG_INIT;  // the defaults, but for the named three
+  want.lr = 0.25;
+  want.amsgrad = 1;
+  want.beta2 = 0.5;
+  sa_group_config got = SA_GROUP_CONFIG_INIT;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group(opt.get(), 0, &got));
+  CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+
+  // n == 0: the defaults.
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group_fields(opt.get(), 0, nullptr, nullptr, &g));
+  const sa_group_config defaults = SA_GROUP_CONFIG_INIT;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group(opt.get(), 1, &got));
+  CHECK(std::memcmp(&got, &defaults, sizeof got) == 0);
+
+  // set replaces the named fields only.
+  const char* const set_names[] = {"weight_decay", "maximize"};
+  const double set_values[] = {0.0, 1.0};
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_group_fields(opt.get(), 0, 2, set_names, set_values));
+  want.weight_decay = 0.0;
+  want.maximize = 1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group(opt.get(), 0, &got));
+  CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+
+  // get reads every field the table lists, in any order.
+  std::vector<const char*> all;
+  for (const sa_field_info& f : fields()) all.push_back(f.name);
+  std::reverse(all.begin(), all.end());
+  std::vector<double> read(all.size(), -1.0);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group_fields(opt.get(), 0,
+                                                          static_cast<int32_t>(all.size()),
+                                                          all.data(), read.data()));
+  const double expected[] = {1.0, 1.0, 1.0, 1.0, 0.0, 1e-8, 0.5, 0.9, 0.25};  // amsgrad .. lr
+  REQUIRE(read.size() == std::size(expected));
+  for (std::size_t i = 0; i < read.size(); ++i) {
+    INFO(all[i]);
+    CHECK(read[i] == expected[i]);
+  }
+}
+
+TEST_CASE("group fields by name refuse unknown, repeated and non-flag values, changing nothing",
+          "[schema]") {
+  HostTensor t({5}, kFloat32);  // outlives the optimizer, which owns a view of it
+  OptimizerPtr opt = make_optimizer();
+  int32_t g = -1;
+  const char* const unknown[] = {"lr", "betas"};
+  const double values[] = {0.1, 0.5};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), 2, unknown, values, &g),
+                 "names[1] is 'betas'", "known: lr, beta1, beta2, eps");
+  const char* const twice[] = {"eps", "eps"};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), 2, twice, values, &g),
+                 "names[0] and names[1] are both 'eps'");
+  const char* const flag[] = {"amsgrad"};
+  const double half[] = {0.5};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), 1, flag, half, &g), "amsgrad is 0.5",
+                 "0 or 1");
+  const char* const beta[] = {"beta1"};
+  const double one[] = {1.0};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), 1, beta, one, &g), "beta1 is 1",
+                 "in [0, 1)");
+  const char* const null_name[] = {nullptr};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), 1, null_name, one, &g), "names[0] is NULL");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), 1, nullptr, one, &g), "names is NULL");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_group_fields(opt.get(), -1, unknown, values, &g), "n is negative");
+  CHECK(sa_optimizer_num_groups(opt.get()) == 0);
+
+  // set: a bad entry anywhere leaves the group as it was; amsgrad is fixed once it has params.
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group_fields(opt.get(), 0, nullptr, nullptr, &g));
+  const char* const lr_then_bad[] = {"lr", "beta9"};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_group_fields(opt.get(), g, 2, lr_then_bad, values), "'beta9'");
+  double lr = -1.0;
+  const char* const lr_name[] = {"lr"};
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group_fields(opt.get(), g, 1, lr_name, &lr));
+  CHECK(lr == 1e-3);
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_get_group_fields(opt.get(), 7, 1, lr_name, &lr), "group 7");
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE,
+                 sa_optimizer_set_group_fields(opt.get(), g, 1, flag, one), "amsgrad cannot change");
+}

@@ -275,6 +275,30 @@ SA_API sa_status sa_optimizer_get_group(const sa_optimizer* opt, int32_t group,
 SA_API sa_status sa_optimizer_set_group(sa_optimizer* opt, int32_t group,
                                         const sa_group_config* config);
 
+/**
+ * Group hyperparameters by name, for bindings, which then need no copy of
+ * sa_group_config's layout or defaults: names[i] is a field's name (as
+ * sa_group_config_field lists them: "lr", "beta1", ..., "amsgrad"), values[i] its value
+ * (a flag as 0 or 1).
+ *
+ * add: appends a group with the defaults (SA_GROUP_CONFIG_INIT) but for the n named
+ *   fields, checked as sa_optimizer_add_group checks a config; *group (if not NULL)
+ *   receives its index.
+ * set: replaces the n named fields of `group` and keeps the others, as
+ *   sa_optimizer_set_group does.
+ * get: reads the n named fields of `group` into values[0..n).
+ * An unknown name, a name given twice, or a flag other than 0 or 1 is
+ * SA_ERR_INVALID_ARGUMENT (the message lists the known names). Nothing changes on error.
+ * n may be 0 (names and values may then be NULL).
+ */
+SA_API sa_status sa_optimizer_add_group_fields(sa_optimizer* opt, int32_t n,
+                                               const char* const* names, const double* values,
+                                               int32_t* group);
+SA_API sa_status sa_optimizer_set_group_fields(sa_optimizer* opt, int32_t group, int32_t n,
+                                               const char* const* names, const double* values);
+SA_API sa_status sa_optimizer_get_group_fields(const sa_optimizer* opt, int32_t group, int32_t n,
+                                               const char* const* names, double* values);
+
 /** Sets only the learning rate of a group (what an LR scheduler needs each step). */
 SA_API sa_status sa_optimizer_set_lr(sa_optimizer* opt, int32_t group, double lr);
 
