@@ -43,13 +43,6 @@ class SaParamOptions(C.Structure):
                 ("moment_dtype", DLDataType), ("master", C.c_int32)]
 
 
-class SaGroupConfig(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("lr", C.c_double), ("beta1", C.c_double),
-                ("beta2", C.c_double), ("eps", C.c_double), ("weight_decay", C.c_double),
-                ("decoupled_weight_decay", C.c_int32), ("bias_correction", C.c_int32),
-                ("maximize", C.c_int32), ("amsgrad", C.c_int32)]
-
-
 class SaOptimizerConfig(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("num_threads", C.c_int32), ("cpu_simd", C.c_int32)]
 
@@ -81,8 +74,8 @@ class Shardadam:
         self.opt = C.c_void_p()
         cfg = SaOptimizerConfig(C.sizeof(SaOptimizerConfig), 0, 1)
         self._ok(lib.sa_optimizer_create(C.byref(cfg), C.byref(self.opt)), None)
-        group = SaGroupConfig(C.sizeof(SaGroupConfig), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0)
-        self._ok(lib.sa_optimizer_add_group(self.opt, C.byref(group), None))
+        # The library's defaults, which are torch.optim.AdamW's (the baseline's).
+        self._ok(lib.sa_optimizer_add_group_fields(self.opt, 0, None, None, None))
         opts = SaParamOptions(C.sizeof(SaParamOptions), BF16 if master else DLDataType(0, 0, 0),
                               moment or DLDataType(0, 0, 0), SA_MASTER_FP32 if master else 0)
         for i, p in enumerate(params):
@@ -115,7 +108,7 @@ def load_lib(path):
     lib = C.CDLL(path)
     lib.sa_optimizer_last_error.restype = C.c_char_p
     lib.sa_build_info.restype = C.c_char_p
-    for name in ["sa_optimizer_create", "sa_optimizer_add_group", "sa_optimizer_add_param",
+    for name in ["sa_optimizer_create", "sa_optimizer_add_group_fields", "sa_optimizer_add_param",
                  "sa_optimizer_set_grad_ptrs", "sa_optimizer_step"]:
         getattr(lib, name).restype = C.c_int
     return lib

@@ -66,12 +66,17 @@ void print_summary(const json& r) {
     if (f["header"] != "ok") continue;
     for (std::size_t g = 0; g < f["groups"].size(); ++g) {
       const json& c = f["groups"][g];
-      std::printf("  group %zu: step %lld, lr %g, betas (%g, %g), eps %g, weight_decay %g%s%s%s\n",
-                  g, static_cast<long long>(c["step"].get<int64_t>()), c["lr"].get<double>(),
-                  c["beta1"].get<double>(), c["beta2"].get<double>(), c["eps"].get<double>(),
-                  c["weight_decay"].get<double>(),
-                  c["decoupled_weight_decay"] == 1 ? " (AdamW)" : " (Adam, L2)",
-                  c["amsgrad"] == 1 ? ", amsgrad" : "", c["maximize"] == 1 ? ", maximize" : "");
+      // Every hyperparameter the library knows, in its table's order and spelling.
+      std::string fields;
+      for (int32_t i = 0; i < sa_group_config_num_fields(); ++i) {
+        sa_field_info info = SA_FIELD_INFO_INIT;
+        if (sa_group_config_field(i, &info) != SA_OK || !c.contains(info.name)) continue;
+        char value[64];
+        std::snprintf(value, sizeof value, ", %s %g", info.name, c[info.name].get<double>());
+        fields += value;
+      }
+      std::printf("  group %zu: step %lld%s\n", g, static_cast<long long>(c["step"].get<int64_t>()),
+                  fields.c_str());
     }
     break;  // the groups of one file; "groups:" above says whether the others agree
   }

@@ -142,19 +142,6 @@ struct SaOptimizerConfig
     cpu_simd::Int32
 end
 
-struct SaGroupConfig
-    struct_size::Csize_t
-    lr::Float64
-    beta1::Float64
-    beta2::Float64
-    eps::Float64
-    weight_decay::Float64
-    decoupled_weight_decay::Int32
-    bias_correction::Int32
-    maximize::Int32
-    amsgrad::Int32
-end
-
 struct SaParamOptions
     struct_size::Csize_t
     grad_dtype::DLDataType
@@ -366,22 +353,22 @@ function Base.close(opt::Optimizer)
 end
 
 """
-    add_group!(opt; lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2,
-               decoupled_weight_decay = true, bias_correction = true, maximize = false,
-               amsgrad = false) -> Int
+    add_group!(opt; hyperparameters...) -> Int
 
-Appends a param group (defaults: torch.optim.AdamW's, as `SA_GROUP_CONFIG_INIT`) and
-returns its 0-based index.
+Appends a param group and returns its 0-based index. Keywords are the library's field
+names (`lr`, `beta1`, `beta2`, `eps`, `weight_decay`, `decoupled_weight_decay`,
+`bias_correction`, `maximize`, `amsgrad`: whatever `sa_group_config_field` lists), a flag
+as a `Bool`; fields not given keep the library's defaults (`SA_GROUP_CONFIG_INIT`,
+torch.optim.AdamW's). The library checks the names and values
+(`sa_optimizer_add_group_fields`), so this module spells none of them.
 """
-function add_group!(opt::Optimizer; lr::Real = 1e-3, beta1::Real = 0.9, beta2::Real = 0.999,
-                    eps::Real = 1e-8, weight_decay::Real = 1e-2,
-                    decoupled_weight_decay::Bool = true, bias_correction::Bool = true,
-                    maximize::Bool = false, amsgrad::Bool = false)
-    config = Ref(SaGroupConfig(sizeof(SaGroupConfig), lr, beta1, beta2, eps, weight_decay,
-        decoupled_weight_decay, bias_correction, maximize, amsgrad))
+function add_group!(opt::Optimizer; hyperparameters...)
+    names = [String(k) for k in keys(hyperparameters)]
+    vals = Float64[Float64(v) for v in values(hyperparameters)]
     group = Ref{Int32}(-1)
-    _check(opt, ccall(_fn(:sa_optimizer_add_group), Cint,
-        (Ptr{Cvoid}, Ptr{SaGroupConfig}, Ptr{Int32}), _handle(opt), config, group))
+    _check(opt, ccall(_fn(:sa_optimizer_add_group_fields), Cint,
+        (Ptr{Cvoid}, Int32, Ptr{Cstring}, Ptr{Float64}, Ptr{Int32}),
+        _handle(opt), length(names), names, vals, group))
     return Int(group[])
 end
 
