@@ -52,11 +52,11 @@ extern "C" {
 int sa_version(void) { return SA_VERSION_NUMBER; }
 
 const char* sa_build_info(void) {
-  static const std::string info =
-      sa::concat("shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
-                 "; cpu: highway (", sa::kernels::adam_cpu_simd_target(),
-                 " dispatched); cuda: ", sa::cuda_module_status(),
-                 sa::nccl_available() ? "; nccl: built" : "; nccl: not available");
+  static const std::string info = sa::concat(
+      "shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
+      "; cpu: highway (", sa::kernels::adam_cpu_simd_target(),
+      " dispatched); cuda: ", sa::cuda_module_status(),
+      sa::nccl_available() ? "; nccl: built (loaded on first use)" : "; nccl: not available");
   return info.c_str();
 }
 

@@ -54,8 +54,9 @@ void check_group_change(const sa_group_config& current, const sa_group_config& n
   if (num_params == 0) return;
   for (const schema::GroupField& f : schema::kGroupFields)
     if (f.fixed_with_params && schema::get(current, f) != schema::get(next, f))
-      fail(SA_ERR_STATE, context, ": ", f.name, " cannot change once the group holds params (",
-           num_params, " now); the params' state was allocated by it");
+      fail(SA_ERR_STATE, context, ": ", f.name,
+           " cannot change once the group holds params (it holds ", num_params,
+           "); the params' state was allocated by it");
 }
 
 namespace {

@@ -100,6 +100,21 @@ if(MODULE)
     message(FATAL_ERROR "check_exports: ${MODULE} must export sa_cuda_module_v1 only; nm said:\n${module_nm}")
   endif()
   message(STATUS "check_exports: ${MODULE} exports sa_cuda_module_v1 only")
+  # NCCL is loaded when a communicator needs it (src/comm/nccl_comm.cpp), so the module
+  # loads on GPU machines without NCCL.
+  execute_process(COMMAND "${READELF_EXECUTABLE}" -d "${MODULE}"
+    OUTPUT_VARIABLE module_readelf RESULT_VARIABLE module_readelf_rc)
+  if(NOT module_readelf_rc EQUAL 0)
+    message(FATAL_ERROR "check_exports: readelf -d ${MODULE} failed (${module_readelf_rc})")
+  endif()
+  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" module_needed "${module_readelf}")
+  foreach(entry IN LISTS module_needed)
+    if(entry MATCHES "libnccl|libcudart")
+      message(FATAL_ERROR "check_exports: ${MODULE} needs ${entry} at load time; NCCL is "
+        "loaded on first use and cudart is linked statically")
+    endif()
+  endforeach()
+  message(STATUS "check_exports: ${MODULE} needs neither libnccl nor libcudart at load time")
 endif()
 
 list(JOIN exported ", " exported_text)

@@ -11,6 +11,9 @@
  *                                 NCCL are SA_ERR_UNSUPPORTED, and the text says why
  *   test_backend_module foreign   $SHARDADAM_CUDA_MODULE names a library that is no module
  *   test_backend_module not_built a build without CUDA
+ *   test_backend_module no_nccl   a build with NCCL, but $SHARDADAM_NCCL_LIBRARY names no
+ *                                 file: the module still loads (NCCL is loaded on first
+ *                                 use, not linked), and only a communicator fails, saying why
  *
  * CPU optimizers work in every case. Needs no GPU.
  */
@@ -67,7 +70,7 @@ static sa_status nccl_zero_ranks(char* text, size_t text_size) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: %s found|missing|foreign|not_built\n", argv[0]);
+    fprintf(stderr, "usage: %s found|missing|foreign|not_built|no_nccl\n", argv[0]);
     return 2;
   }
   const char* mode = argv[1];
@@ -79,7 +82,16 @@ int main(int argc, char** argv) {
   /* The CPU backend never needs the module. */
   CHECK(add_shard(kDLCPU, data, text, sizeof text) == SA_OK, "cpu shard: %s", text);
 
-  if (strcmp(mode, "found") == 0) {
+  if (strcmp(mode, "no_nccl") == 0) {
+    CHECK(strstr(info, "cuda: module ") != NULL, "build info '%s': the module did not load", info);
+    sa_nccl_unique_id id;
+    const sa_status status = sa_nccl_unique_id_create(&id);
+    snprintf(text, sizeof text, "%s", status == SA_OK ? "" : sa_last_error());
+    CHECK(status == SA_ERR_UNSUPPORTED && strstr(text, "SHARDADAM_NCCL_LIBRARY") != NULL &&
+              strstr(text, "no-such-nccl.so") != NULL,
+          "unique id without NCCL: %s: %s", sa_status_string(status), text);
+    printf("  unique id: %s\n", text);
+  } else if (strcmp(mode, "found") == 0) {
     CHECK(strstr(info, "cuda: module ") != NULL && strstr(info, "libshardadam-cuda.so") != NULL,
           "build info '%s' does not name the module", info);
     /* Thrown inside the module, caught in the library. */

@@ -660,7 +660,7 @@ TEST_CASE(
   c.amsgrad = 1;
   c.lr = 0.25;  // must not be applied either
   CHECK_SA_FAILS(f.get(), SA_ERR_STATE, sa_optimizer_set_group(f.get(), 0, &c), "group 0",
-                 "amsgrad cannot change once the group holds params (2 now)");
+                 "amsgrad cannot change once the group holds params (it holds 2)");
   CHECK(difference(before, f.snap()) == "");
 
   int32_t empty_group = -1;

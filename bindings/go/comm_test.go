@@ -167,7 +167,7 @@ func clipCoefficient(norm, maxNorm float64) float64 {
 
 func commHP() GroupConfig {
 	hp := DefaultGroupConfig()
-	hp.LR = 1e-2
+	hp["lr"] = 1e-2
 	return hp
 }
 

@@ -28,7 +28,7 @@ type trio struct {
 func newTrio(t *testing.T) *trio {
 	t.Helper()
 	f := &trio{opt: newOptimizer(t), hp: DefaultGroupConfig(), rng: rand.New(rand.NewSource(31))}
-	f.hp.LR = 1e-2
+	f.hp["lr"] = 1e-2
 	mustAddGroup(t, f.opt, f.hp)
 	for i, shape := range [][]int64{{5, 4}, {7}, {3}} {
 		init := randomValues(f.rng, product(shape))

@@ -11,6 +11,11 @@
 // States are copied out by State. Save and Load write and read shard files (one per rank;
 // any set of them loads onto any layout).
 //
+// A group's hyperparameters are a GroupConfig, a map from the library's field names to
+// values, e.g. GroupConfig{"lr": 1e-2} (the fields it leaves out keep their defaults).
+// GroupFields describes each field (default, valid values, doc) from the library's own
+// table, so this package spells none of them and gets every field the library adds.
+//
 // A step can clip the grads by their global norm (StepArgs.MaxGradNorm). Each rank's
 // optimizer holds its own shards, so the ranks agree on the norm through a Comm given to
 // SetComm: NCCL for CUDA params, or a Go function over the caller's own transport
@@ -110,116 +115,12 @@ func (o *Optimizer) lock(op string) error {
 	return nil
 }
 
-// ---- groups ------------------------------------------------------------------------
-
-// GroupConfig holds the hyperparameters of a param group (sa_group_config; see
-// shardadam.h for the update formula). Start from DefaultGroupConfig.
-type GroupConfig struct {
-	LR                   float64 // >= 0
-	Beta1                float64 // in [0, 1)
-	Beta2                float64 // in [0, 1)
-	Eps                  float64 // >= 0
-	WeightDecay          float64 // >= 0
-	DecoupledWeightDecay bool    // true: AdamW (decay the param); false: Adam (L2 on the grad)
-	BiasCorrection       bool    // divide by 1 - beta^t
-	Maximize             bool    // ascend instead of descend
-	AMSGrad              bool    // keep max_exp_avg_sq and use it in the denominator
-}
-
-// DefaultGroupConfig returns the library's defaults (SA_GROUP_CONFIG_INIT), which are
-// torch.optim.AdamW's: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2.
-func DefaultGroupConfig() GroupConfig {
-	values, flags := make([]float64, 5), make([]int64, 4)
-	capi.Sago_default_group(values, flags)
-	return unpackGroup(values, flags)
-}
-
-func unpackGroup(values []float64, flags []int64) GroupConfig {
-	return GroupConfig{
-		LR: values[0], Beta1: values[1], Beta2: values[2], Eps: values[3], WeightDecay: values[4],
-		DecoupledWeightDecay: flags[0] != 0, BiasCorrection: flags[1] != 0,
-		Maximize: flags[2] != 0, AMSGrad: flags[3] != 0,
-	}
-}
-
+// flag is a bool as the C helpers take it.
 func flag(b bool) int {
 	if b {
 		return 1
 	}
 	return 0
-}
-
-// AddGroup appends a group and returns its index (0, 1, ...). Groups are positional:
-// create the same groups in the same order on every rank.
-func (o *Optimizer) AddGroup(cfg GroupConfig) (int, error) {
-	if err := o.lock("shardadam.AddGroup"); err != nil {
-		return -1, err
-	}
-	defer o.mu.Unlock()
-	group := []int{-1}
-	status := capi.Sago_add_group(o.handle, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay,
-		flag(cfg.DecoupledWeightDecay), flag(cfg.BiasCorrection), flag(cfg.Maximize),
-		flag(cfg.AMSGrad), group, o.errbuf)
-	if err := resultError(status, o.errbuf); err != nil {
-		return -1, err
-	}
-	return group[0], nil
-}
-
-// Group returns the hyperparameters of a group.
-func (o *Optimizer) Group(group int) (GroupConfig, error) {
-	if err := o.lock("shardadam.Group"); err != nil {
-		return GroupConfig{}, err
-	}
-	defer o.mu.Unlock()
-	values, flags := make([]float64, 5), make([]int64, 4)
-	if err := resultError(capi.Sago_get_group(o.handle, group, values, flags, o.errbuf), o.errbuf); err != nil {
-		return GroupConfig{}, err
-	}
-	return unpackGroup(values, flags), nil
-}
-
-// SetGroup replaces the hyperparameters of a group (all checked first; nothing changes on
-// error). AMSGrad cannot change once the group holds a param.
-func (o *Optimizer) SetGroup(group int, cfg GroupConfig) error {
-	if err := o.lock("shardadam.SetGroup"); err != nil {
-		return err
-	}
-	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_group(o.handle, group, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps,
-		cfg.WeightDecay, flag(cfg.DecoupledWeightDecay), flag(cfg.BiasCorrection),
-		flag(cfg.Maximize), flag(cfg.AMSGrad), o.errbuf), o.errbuf)
-}
-
-// SetLR sets the learning rate of a group (what an LR schedule changes each step).
-func (o *Optimizer) SetLR(group int, lr float64) error {
-	if err := o.lock("shardadam.SetLR"); err != nil {
-		return err
-	}
-	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_lr(o.handle, group, lr, o.errbuf), o.errbuf)
-}
-
-// StepCount returns a group's step count: the steps taken and not skipped.
-func (o *Optimizer) StepCount(group int) (int64, error) {
-	if err := o.lock("shardadam.StepCount"); err != nil {
-		return 0, err
-	}
-	defer o.mu.Unlock()
-	step := []int64{0}
-	if err := resultError(capi.Sago_get_step(o.handle, group, step, o.errbuf), o.errbuf); err != nil {
-		return 0, err
-	}
-	return step[0], nil
-}
-
-// SetStepCount sets a group's step count and those of its params (e.g. when resuming).
-func (o *Optimizer) SetStepCount(group int, step int64) error {
-	if err := o.lock("shardadam.SetStepCount"); err != nil {
-		return err
-	}
-	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_step(o.handle, group, step, o.errbuf), o.errbuf)
 }
 
 // ---- params ------------------------------------------------------------------------
@@ -765,12 +666,9 @@ func (o *Optimizer) Load(paths []string, opts *LoadOptions) error {
 	if opts == nil {
 		opts = &LoadOptions{}
 	}
-	var joined []byte
-	for _, p := range paths {
-		if strings.IndexByte(p, 0) >= 0 {
-			return bindingError(StatusInvalidArgument, "%s: path %q contains a NUL byte", op, p)
-		}
-		joined = append(append(joined, p...), 0)
+	joined, err := packStrings(op, "path", paths)
+	if err != nil {
+		return err
 	}
 	if err := o.lock(op); err != nil {
 		return err
@@ -779,4 +677,17 @@ func (o *Optimizer) Load(paths []string, opts *LoadOptions) error {
 	status := capi.Sago_load(o.handle, joined, flag(opts.AllowMissing), flag(opts.AllowUnexpected),
 		flag(!opts.KeepGroups), opts.StagingBytes, o.errbuf)
 	return resultError(status, o.errbuf)
+}
+
+// packStrings lays out a list of strings as the C helpers take one: each string followed by
+// a NUL byte. A string holding a NUL byte would read as two: an error naming it as `what`.
+func packStrings(op, what string, list []string) ([]byte, error) {
+	var packed []byte
+	for _, s := range list {
+		if strings.IndexByte(s, 0) >= 0 {
+			return nil, bindingError(StatusInvalidArgument, "%s: %s %q contains a NUL byte", op, what, s)
+		}
+		packed = append(append(packed, s...), 0)
+	}
+	return packed, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -25,33 +26,36 @@ func newRefState(init []float32) *refState {
 	return r
 }
 
-// step applies one Adam/AdamW step (PyTorch semantics) at step count t.
+// step applies one Adam/AdamW step (PyTorch semantics) at step count t. hp must name
+// every field the update reads (start from DefaultGroupConfig): a missing one would read
+// as 0 here while the library uses its default.
 func (r *refState) step(grad []float32, hp GroupConfig, t int, invGradScale float64) {
+	lr, beta1, beta2, eps, decay := hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]
 	bc1, bc2 := 1.0, 1.0
-	if hp.BiasCorrection {
-		bc1 = 1 - math.Pow(hp.Beta1, float64(t))
-		bc2 = 1 - math.Pow(hp.Beta2, float64(t))
+	if hp["bias_correction"] != 0 {
+		bc1 = 1 - math.Pow(beta1, float64(t))
+		bc2 = 1 - math.Pow(beta2, float64(t))
 	}
 	for i := range r.p {
 		g := float64(grad[i]) * invGradScale
-		if hp.Maximize {
+		if hp["maximize"] != 0 {
 			g = -g
 		}
-		if hp.WeightDecay != 0 {
-			if hp.DecoupledWeightDecay {
-				r.p[i] *= 1 - hp.LR*hp.WeightDecay
+		if decay != 0 {
+			if hp["decoupled_weight_decay"] != 0 {
+				r.p[i] *= 1 - lr*decay
 			} else {
-				g += hp.WeightDecay * r.p[i]
+				g += decay * r.p[i]
 			}
 		}
-		r.m[i] = hp.Beta1*r.m[i] + (1-hp.Beta1)*g
-		r.v[i] = hp.Beta2*r.v[i] + (1-hp.Beta2)*g*g
+		r.m[i] = beta1*r.m[i] + (1-beta1)*g
+		r.v[i] = beta2*r.v[i] + (1-beta2)*g*g
 		v := r.v[i]
-		if hp.AMSGrad {
+		if hp["amsgrad"] != 0 {
 			r.vmax[i] = math.Max(r.vmax[i], r.v[i])
 			v = r.vmax[i]
 		}
-		r.p[i] -= (hp.LR / bc1) * r.m[i] / (math.Sqrt(v)/math.Sqrt(bc2) + hp.Eps)
+		r.p[i] -= (lr / bc1) * r.m[i] / (math.Sqrt(v)/math.Sqrt(bc2) + eps)
 	}
 }
 
@@ -134,11 +138,181 @@ func TestVersionAndBuildInfoComeFromTheLoadedLibrary(t *testing.T) {
 	}
 }
 
+// torchAdamW is torch.optim.AdamW's documented defaults, in sa_group_config's member
+// order, with the flags whose values AdamW implies (decoupled decay, bias correction).
+var torchAdamW = []struct {
+	name  string
+	flag  bool
+	value float64
+}{
+	{"lr", false, 1e-3}, {"beta1", false, 0.9}, {"beta2", false, 0.999}, {"eps", false, 1e-8},
+	{"weight_decay", false, 1e-2}, {"decoupled_weight_decay", true, 1},
+	{"bias_correction", true, 1}, {"maximize", true, 0}, {"amsgrad", true, 0},
+}
+
 func TestDefaultGroupConfigIsTorchAdamW(t *testing.T) {
-	want := GroupConfig{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 1e-2,
-		DecoupledWeightDecay: true, BiasCorrection: true}
-	if got := DefaultGroupConfig(); got != want {
-		t.Errorf("DefaultGroupConfig() = %+v, want %+v", got, want)
+	got := DefaultGroupConfig()
+	for _, want := range torchAdamW {
+		if v, ok := got[want.name]; !ok || v != want.value {
+			t.Errorf("DefaultGroupConfig()[%q] = %v (present %v), want torch's %v", want.name, v, ok, want.value)
+		}
+	}
+	// A new group holds exactly these values, whatever fields the library has.
+	opt := newOptimizer(t)
+	g := mustAddGroup(t, opt, nil)
+	if cfg, err := opt.Group(g); err != nil || !reflect.DeepEqual(cfg, got) {
+		t.Errorf("Group of AddGroup(nil) = %v, %v; want DefaultGroupConfig() %v", cfg, err, got)
+	}
+}
+
+// The fields are the library's table (sa_group_config_field): torch's nine in
+// sa_group_config's member order (a later field can only be appended), each with the
+// type, default and rule shardadam.h states, and only amsgrad fixed once a param exists.
+func TestGroupFieldsListTheLibrarysFieldsInStructOrder(t *testing.T) {
+	fields := GroupFields()
+	if len(fields) < len(torchAdamW) {
+		t.Fatalf("GroupFields() has %d fields, want at least %d: %+v", len(fields), len(torchAdamW), fields)
+	}
+	for i, want := range torchAdamW {
+		f := fields[i]
+		if f.Name != want.name || f.Flag != want.flag || f.Default != want.value {
+			t.Errorf("GroupFields()[%d] = %q (flag %v, default %v), want %q (flag %v, default %v)",
+				i, f.Name, f.Flag, f.Default, want.name, want.flag, want.value)
+		}
+		if f.FixedWithParams != (want.name == "amsgrad") {
+			t.Errorf("%s: FixedWithParams = %v", f.Name, f.FixedWithParams)
+		}
+	}
+	for _, f := range fields {
+		if f.Rule == "" || f.Doc == "" {
+			t.Errorf("%s: rule %q, doc %q: want both from the library", f.Name, f.Rule, f.Doc)
+		}
+		if f.Flag && (f.Min != 0 || f.Max != 1 || !f.MaxInclusive || f.Rule != "0 or 1") {
+			t.Errorf("%s: a flag with range [%v, %v] (inclusive %v), rule %q", f.Name, f.Min, f.Max, f.MaxInclusive, f.Rule)
+		}
+		if beyond := f.Default > f.Max || (f.Default == f.Max && !f.MaxInclusive); f.Default < f.Min || beyond {
+			t.Errorf("%s: default %v outside its own range (%s)", f.Name, f.Default, f.Rule)
+		}
+	}
+	fields[0].Name = "changed" // the caller's copy
+	if GroupFields()[0].Name != torchAdamW[0].name {
+		t.Errorf("changing the result of GroupFields changed the table")
+	}
+}
+
+// A config names only the fields it changes: AddGroup takes the defaults for the others,
+// SetGroup keeps the group's values.
+func TestGroupConfigsNameOnlyTheFieldsTheyChange(t *testing.T) {
+	opt := newOptimizer(t)
+	g := mustAddGroup(t, opt, GroupConfig{"lr": 0.5, "maximize": 1})
+	want := DefaultGroupConfig()
+	want["lr"], want["maximize"] = 0.5, 1
+	if got, err := opt.Group(g); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("Group after AddGroup(lr, maximize) = %v, %v; want %v", got, err, want)
+	}
+	if err := opt.SetGroup(g, GroupConfig{"beta1": 0.5, "weight_decay": 0}); err != nil {
+		t.Fatalf("SetGroup(beta1, weight_decay): %v", err)
+	}
+	want["beta1"], want["weight_decay"] = 0.5, 0
+	if got, err := opt.Group(g); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("Group after SetGroup(beta1, weight_decay) = %v, %v; want %v", got, err, want)
+	}
+}
+
+// another returns a valid value of f other than its default, by the table's range.
+func another(f FieldInfo) float64 {
+	switch {
+	case f.Flag:
+		return 1 - f.Default
+	case f.Default != f.Min:
+		return f.Min
+	case math.IsInf(f.Max, 1):
+		return f.Min + 1
+	}
+	return (f.Min + f.Max) / 2
+}
+
+// A field the table marks FixedWithParams may change while its group is empty and is
+// refused with StatusState, naming it, once the group holds a param.
+func TestFixedFieldsCannotChangeOnceTheGroupHoldsAParam(t *testing.T) {
+	opt := newOptimizer(t)
+	g := mustAddGroup(t, opt, nil)
+	for _, f := range GroupFields() {
+		if !f.FixedWithParams {
+			continue
+		}
+		if err := opt.SetGroup(g, GroupConfig{f.Name: another(f)}); err != nil {
+			t.Fatalf("SetGroup(%s) of an empty group: %v", f.Name, err)
+		}
+		if err := opt.SetGroup(g, GroupConfig{f.Name: f.Default}); err != nil {
+			t.Fatalf("SetGroup(%s) back: %v", f.Name, err)
+		}
+	}
+	if _, err := opt.AddParam("w", g, []int64{2}, []float32{1, 2}, nil); err != nil {
+		t.Fatalf("AddParam: %v", err)
+	}
+	for _, f := range GroupFields() {
+		err := opt.SetGroup(g, GroupConfig{f.Name: another(f)})
+		if !f.FixedWithParams {
+			if err != nil {
+				t.Errorf("SetGroup(%s) of a group with a param: %v", f.Name, err)
+			}
+			continue
+		}
+		if e := asError(t, err); e.Status != StatusState || !strings.Contains(e.Message, f.Name) {
+			t.Errorf("SetGroup(%s) of a group with a param: %v, want StatusState naming it", f.Name, err)
+		}
+	}
+}
+
+// Names and values are checked by the library, not the binding: an unknown name, a flag
+// other than 0 or 1 or a value outside a field's range is StatusInvalidArgument naming it
+// (and, for a name, the known ones), and nothing changes.
+func TestBadGroupFieldsAreRefusedByNameAndChangeNothing(t *testing.T) {
+	opt := newOptimizer(t)
+	g := mustAddGroup(t, opt, nil)
+	before, err := opt.Group(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		cfg  GroupConfig
+		want []string // what the message must say
+	}{
+		{GroupConfig{"momentum": 0.9}, []string{"momentum", "lr", "amsgrad"}},
+		{GroupConfig{"lr": 0.1, "nesterov": 1}, []string{"nesterov"}},
+		{GroupConfig{"amsgrad": 2}, []string{"amsgrad"}},
+		{GroupConfig{"beta1": 1.5}, []string{"beta1"}},
+		{GroupConfig{"eps": math.NaN()}, []string{"eps"}},
+	}
+	for _, c := range cases {
+		_, addErr := opt.AddGroup(c.cfg)
+		setErr := opt.SetGroup(g, c.cfg)
+		for what, err := range map[string]error{"AddGroup": addErr, "SetGroup": setErr} {
+			e := asError(t, err)
+			if e.Status != StatusInvalidArgument {
+				t.Errorf("%s(%v): status %s, want StatusInvalidArgument", what, c.cfg, e.Status)
+			}
+			for _, word := range c.want {
+				if !strings.Contains(e.Message, word) {
+					t.Errorf("%s(%v): message %q does not name %q", what, c.cfg, e.Message, word)
+				}
+			}
+		}
+	}
+	// The same bad config gives the same message every time (map order does not leak).
+	bad := GroupConfig{"lr": -1, "beta1": -1, "eps": -1, "weight_decay": -1}
+	_, first := opt.AddGroup(bad)
+	for i := 0; i < 20; i++ {
+		if _, err := opt.AddGroup(bad); err.Error() != first.Error() {
+			t.Fatalf("AddGroup(%v): %q, then %q", bad, first, err)
+		}
+	}
+	if after, err := opt.Group(g); err != nil || !reflect.DeepEqual(after, before) {
+		t.Errorf("Group after refused SetGroups = %v, %v; want it unchanged, %v", after, err, before)
+	}
+	if _, err := opt.Group(1); err == nil {
+		t.Errorf("a refused AddGroup added a group")
 	}
 }
 
@@ -168,9 +342,9 @@ func TestAdamStepsMatchFloat64Reference(t *testing.T) {
 	opt := newOptimizer(t)
 
 	adamw := DefaultGroupConfig()
-	adamw.LR = 1e-2
-	adam := GroupConfig{LR: 5e-3, Beta1: 0.8, Beta2: 0.99, Eps: 1e-6, WeightDecay: 0.1,
-		BiasCorrection: true, AMSGrad: true, Maximize: true}
+	adamw["lr"] = 1e-2
+	adam := GroupConfig{"lr": 5e-3, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.1,
+		"decoupled_weight_decay": 0, "bias_correction": 1, "amsgrad": 1, "maximize": 1}
 	groups := []GroupConfig{adamw, adam}
 	for _, hp := range groups {
 		mustAddGroup(t, opt, hp)
@@ -210,8 +384,8 @@ func TestAdamStepsMatchFloat64Reference(t *testing.T) {
 	const steps = 5
 	for step := 1; step <= steps; step++ {
 		if step == 3 { // an LR schedule changes group 0 between steps
-			groups[0].LR = 3e-3
-			if err := opt.SetLR(0, groups[0].LR); err != nil {
+			groups[0]["lr"] = 3e-3
+			if err := opt.SetLR(0, groups[0]["lr"]); err != nil {
 				t.Fatalf("SetLR: %v", err)
 			}
 		}
@@ -254,8 +428,10 @@ func TestAdamStepsMatchFloat64Reference(t *testing.T) {
 			t.Errorf("StepCount(%d) = %d, %v; want %d", g, n, err, steps)
 		}
 	}
-	if got, err := opt.Group(0); err != nil || got != groups[0] {
-		t.Errorf("Group(0) = %+v, %v; want %+v", got, err, groups[0])
+	for g, want := range groups {
+		if got, err := opt.Group(g); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("Group(%d) = %v, %v; want %v", g, got, err, want)
+		}
 	}
 }
 
@@ -273,7 +449,7 @@ func TestBFloat16ParamFollowsItsMasterWeights(t *testing.T) {
 	rng := rand.New(rand.NewSource(11))
 	opt := newOptimizer(t)
 	hp := DefaultGroupConfig()
-	hp.LR = 1e-2
+	hp["lr"] = 1e-2
 	mustAddGroup(t, opt, hp)
 
 	const n = 33
@@ -324,7 +500,7 @@ func TestRemainderRestoresTheFloat32Value(t *testing.T) {
 	rng := rand.New(rand.NewSource(5))
 	opt := newOptimizer(t)
 	hp := DefaultGroupConfig()
-	hp.LR = 1e-2
+	hp["lr"] = 1e-2
 	mustAddGroup(t, opt, hp)
 	const n = 17
 	init := make([]uint16, n)
@@ -404,13 +580,11 @@ func TestLossScaleAndFoundInf(t *testing.T) {
 
 func TestErrorsCarryStatusAndMessageNamingTheParam(t *testing.T) {
 	opt := newOptimizer(t)
-	bad := DefaultGroupConfig()
-	bad.Beta1 = 1.5
-	_, err := opt.AddGroup(bad)
+	_, err := opt.AddGroup(GroupConfig{"beta1": 1.5})
 	if e := asError(t, err); e.Status != StatusInvalidArgument || !strings.Contains(e.Message, "beta1") {
 		t.Errorf("AddGroup(beta1 1.5): %v", err)
 	}
-	mustAddGroup(t, opt, DefaultGroupConfig())
+	mustAddGroup(t, opt, nil)
 
 	w, err := opt.AddParam("layers.0.w", 0, []int64{2, 3}, make([]float32, 6),
 		&ParamOptions{GradDType: BFloat16})
@@ -542,7 +716,7 @@ func TestSaveOnTwoRanksLoadOnOne(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
 	dir := t.TempDir()
 	hp := DefaultGroupConfig()
-	hp.LR = 1e-2
+	hp["lr"] = 1e-2
 	global := []int64{5, 3}
 	paths := make([]string, 2)
 	saved := map[string][]float32{} // "<param>/<key>" -> the ranks' states, in global order
@@ -594,9 +768,7 @@ func TestSaveOnTwoRanksLoadOnOne(t *testing.T) {
 	}
 
 	whole := newOptimizer(t)
-	other := hp
-	other.LR = 0.5
-	mustAddGroup(t, whole, other)
+	mustAddGroup(t, whole, GroupConfig{"lr": 0.5})
 	w, err := whole.AddParam("w", 0, global, make([]float32, product(global)), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -643,7 +815,7 @@ func TestSaveOnTwoRanksLoadOnOne(t *testing.T) {
 	if n, err := whole.StepCount(0); err != nil || n != 3 {
 		t.Errorf("StepCount after Load = %d, %v; want 3", n, err)
 	}
-	if g, err := whole.Group(0); err != nil || g.LR != hp.LR {
-		t.Errorf("Group(0).LR after Load = %v, %v; want %v", g.LR, err, hp.LR)
+	if g, err := whole.Group(0); err != nil || !reflect.DeepEqual(g, hp) {
+		t.Errorf("Group(0) after Load = %v, %v; want the saved %v", g, err, hp)
 	}
 }

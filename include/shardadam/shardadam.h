@@ -620,7 +620,9 @@ typedef struct sa_nccl_unique_id {
 } sa_nccl_unique_id;
 
 /** Makes a new NCCL unique id (ncclGetUniqueId). SA_ERR_UNSUPPORTED when this build has
- *  no NCCL (see sa_build_info()). */
+ *  no NCCL (see sa_build_info()) or NCCL cannot be loaded: the CUDA module loads
+ *  libnccl.so.2 (or $SHARDADAM_NCCL_LIBRARY) the first time an NCCL call needs it, so a
+ *  machine without NCCL runs everything else. */
 SA_API sa_status sa_nccl_unique_id_create(sa_nccl_unique_id* out);
 
 /**

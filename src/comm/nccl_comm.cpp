@@ -1,12 +1,19 @@
 // src/comm/nccl_comm.cpp — an NCCL communicator, owned (made from a unique id) or borrowed
 // (the caller's ncclComm_t). Part of the CUDA backend module when it is built with NCCL
 // (cuda_module_entry.cpp hands these functions to the core).
+//
+// NCCL is loaded on first use (dlopen of libnccl.so.2, or $SHARDADAM_NCCL_LIBRARY), not
+// linked: the module then loads on a GPU machine without NCCL, and only a communicator
+// needs it. A process that loaded NCCL already (torch does) shares that copy.
 #include "nccl_comm.hpp"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "../errors.hpp"
 
@@ -17,22 +24,67 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == sizeof(sa_nccl_unique_id),
               "sa_nccl_unique_id must hold an ncclUniqueId");
 
+// The NCCL functions this file calls, with nccl.h's types.
+#define SA_NCCL_FUNCTIONS(X) \
+  X(ncclGetLastError)        \
+  X(ncclGetErrorString)      \
+  X(ncclGetUniqueId)         \
+  X(ncclCommInitRank)        \
+  X(ncclCommDestroy)         \
+  X(ncclCommCount)           \
+  X(ncclCommUserRank)        \
+  X(ncclCommCuDevice)        \
+  X(ncclAllReduce)
+
+struct NcclApi {
+#define SA_NCCL_MEMBER(name) decltype(&::name) name;  // NOLINT(bugprone-macro-parentheses)
+  SA_NCCL_FUNCTIONS(SA_NCCL_MEMBER)
+#undef SA_NCCL_MEMBER
+};
+
+NcclApi load_nccl() {
+  const char* path = std::getenv("SHARDADAM_NCCL_LIBRARY");
+  const char* file = path != nullptr && path[0] != '\0' ? path : "libnccl.so.2";
+  void* lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);  // kept for the life of the process
+  if (lib == nullptr)
+    fail(SA_ERR_UNSUPPORTED, "NCCL communicators need NCCL, which could not be loaded (", dlerror(),
+         "); install NCCL, or set SHARDADAM_NCCL_LIBRARY to its libnccl.so.2");
+  NcclApi api{};
+#define SA_NCCL_RESOLVE(name)                                                  \
+  api.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));           \
+  if (api.name == nullptr)                                                     \
+    fail(SA_ERR_UNSUPPORTED, "the NCCL loaded from ", file, " has no ", #name, \
+         "; shardadam needs "                                                  \
+         "NCCL ",                                                              \
+         NCCL_MAJOR, ".", NCCL_MINOR, " or newer");
+  SA_NCCL_FUNCTIONS(SA_NCCL_RESOLVE)
+#undef SA_NCCL_RESOLVE
+  return api;
+}
+
+// Loaded once, on first use (a failed load is tried again at the next use).
+const NcclApi& nccl() {
+  static const NcclApi api = load_nccl();
+  return api;
+}
+
 void check_nccl(ncclResult_t result, ncclComm_t comm, const char* what) {
   if (result == ncclSuccess) return;
-  const char* detail = comm != nullptr ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  fail(SA_ERR_COMM, what, ": ", ncclGetErrorString(result),
+  const char* detail =
+      comm != nullptr ? nccl().ncclGetLastError(comm) : nccl().ncclGetLastError(nullptr);
+  fail(SA_ERR_COMM, what, ": ", nccl().ncclGetErrorString(result),
        (detail != nullptr && detail[0] != '\0') ? concat(" (", detail, ")") : std::string());
 }
 
 class NcclComm final : public Comm {
  public:
   NcclComm(ncclComm_t comm, bool owned) : comm_(comm), owned_(owned) {
-    check_nccl(ncclCommCount(comm_, &nranks_), comm_, "ncclCommCount");
-    check_nccl(ncclCommUserRank(comm_, &rank_), comm_, "ncclCommUserRank");
-    check_nccl(ncclCommCuDevice(comm_, &device_), comm_, "ncclCommCuDevice");
+    check_nccl(nccl().ncclCommCount(comm_, &nranks_), comm_, "ncclCommCount");
+    check_nccl(nccl().ncclCommUserRank(comm_, &rank_), comm_, "ncclCommUserRank");
+    check_nccl(nccl().ncclCommCuDevice(comm_, &device_), comm_, "ncclCommCuDevice");
   }
   ~NcclComm() override {
-    if (owned_) ncclCommDestroy(comm_);
+    if (owned_) nccl().ncclCommDestroy(comm_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -46,9 +98,9 @@ class NcclComm final : public Comm {
   int32_t nranks() const override { return nranks_; }
 
   void all_reduce(double* values, int32_t count, ReduceOp op, void* stream) override {
-    check_nccl(ncclAllReduce(values, values, static_cast<size_t>(count), ncclFloat64,
-                             op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
-                             static_cast<cudaStream_t>(stream)),
+    check_nccl(nccl().ncclAllReduce(values, values, static_cast<size_t>(count), ncclFloat64,
+                                    op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
+                                    static_cast<cudaStream_t>(stream)),
                comm_, "ncclAllReduce");
   }
 
@@ -83,7 +135,7 @@ class DeviceScope {
 
 void unique_id(sa_nccl_unique_id& out) {
   ncclUniqueId id;
-  check_nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+  check_nccl(nccl().ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
   std::memcpy(out.internal, id.internal, sizeof out.internal);
 }
 
@@ -102,11 +154,11 @@ std::shared_ptr<Comm> make_comm(const sa_nccl_unique_id& id, int32_t nranks, int
   ncclUniqueId nccl_id;
   std::memcpy(nccl_id.internal, id.internal, sizeof nccl_id.internal);
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, nranks, nccl_id, rank), nullptr, "ncclCommInitRank");
+  check_nccl(nccl().ncclCommInitRank(&comm, nranks, nccl_id, rank), nullptr, "ncclCommInitRank");
   try {
     return std::make_shared<NcclComm>(comm, true);
   } catch (...) {
-    ncclCommDestroy(comm);
+    nccl().ncclCommDestroy(comm);
     throw;
   }
 }

@@ -32,9 +32,8 @@ func main() {
 		target[i] = float32(rng.NormFloat64())
 	}
 
-	hp := shardadam.DefaultGroupConfig()
-	hp.LR = 0.1
-	hp.WeightDecay = 0
+	// The fields it does not name keep the library's defaults (torch.optim.AdamW's).
+	hp := shardadam.GroupConfig{"lr": 0.1, "weight_decay": 0}
 	ranks := make([]rank, 2)
 	for r := range ranks {
 		layout := shardadam.Layout{GlobalShape: global, MeshShape: []int64{2},

@@ -158,17 +158,6 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     );
     fact("SA_OPTIMIZER_CONFIG_INIT.cpu_simd", config.cpu_simd as i64);
 
-    size!(sa_group_config);
-    offset!(sa_group_config, struct_size);
-    offset!(sa_group_config, lr);
-    offset!(sa_group_config, beta1);
-    offset!(sa_group_config, beta2);
-    offset!(sa_group_config, eps);
-    offset!(sa_group_config, weight_decay);
-    offset!(sa_group_config, decoupled_weight_decay);
-    offset!(sa_group_config, bias_correction);
-    offset!(sa_group_config, maximize);
-    offset!(sa_group_config, amsgrad);
     size!(sa_field_info);
     offset!(sa_field_info, struct_size);
     offset!(sa_field_info, name);
@@ -183,18 +172,12 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_field_info, doc);
     constant!(SA_FIELD_DOUBLE);
     constant!(SA_FIELD_FLAG);
-    let group = sa_group_config::default();
-    fact("SA_GROUP_CONFIG_INIT.struct_size", group.struct_size as i64);
+    let field = sa_field_info::default();
+    fact("SA_FIELD_INFO_INIT.struct_size", field.struct_size as i64);
     fact(
-        "SA_GROUP_CONFIG_INIT.decoupled_weight_decay",
-        group.decoupled_weight_decay as i64,
+        "SA_FIELD_INFO_INIT.null_pointers",
+        (field.name.is_null() && field.rule.is_null() && field.doc.is_null()) as i64,
     );
-    fact(
-        "SA_GROUP_CONFIG_INIT.bias_correction",
-        group.bias_correction as i64,
-    );
-    fact("SA_GROUP_CONFIG_INIT.maximize", group.maximize as i64);
-    fact("SA_GROUP_CONFIG_INIT.amsgrad", group.amsgrad as i64);
 
     size!(sa_param_options);
     offset!(sa_param_options, struct_size);
@@ -268,7 +251,10 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_host_comm, all_reduce);
     offset!(sa_host_comm, release);
     let host_comm = sa_host_comm::default();
-    fact("SA_HOST_COMM_INIT.struct_size", host_comm.struct_size as i64);
+    fact(
+        "SA_HOST_COMM_INIT.struct_size",
+        host_comm.struct_size as i64,
+    );
     fact(
         "SA_HOST_COMM_INIT.null_pointers",
         (host_comm.ctx.is_null() && host_comm.all_reduce.is_none() && host_comm.release.is_none())
@@ -337,15 +323,10 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
 }
 
 fn rust_float_facts() -> BTreeMap<String, f64> {
-    let group = sa_group_config::default();
-    [
-        ("SA_GROUP_CONFIG_INIT.lr", group.lr),
-        ("SA_GROUP_CONFIG_INIT.beta1", group.beta1),
-        ("SA_GROUP_CONFIG_INIT.beta2", group.beta2),
-        ("SA_GROUP_CONFIG_INIT.eps", group.eps),
-        ("SA_GROUP_CONFIG_INIT.weight_decay", group.weight_decay),
-        ("SA_STEP_ARGS_INIT.max_grad_norm", sa_step_args::default().max_grad_norm),
-    ]
+    [(
+        "SA_STEP_ARGS_INIT.max_grad_norm",
+        sa_step_args::default().max_grad_norm,
+    )]
     .iter()
     .map(|(name, value)| (name.to_string(), *value))
     .collect()
@@ -417,10 +398,12 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_optimizer_create,
         sa_optimizer_destroy,
         sa_optimizer_last_error,
-        sa_optimizer_add_group,
+        sa_group_config_num_fields,
+        sa_group_config_field,
         sa_optimizer_num_groups,
-        sa_optimizer_get_group,
-        sa_optimizer_set_group,
+        sa_optimizer_add_group_fields,
+        sa_optimizer_set_group_fields,
+        sa_optimizer_get_group_fields,
         sa_optimizer_set_lr,
         sa_optimizer_get_step,
         sa_optimizer_set_step,

@@ -4,7 +4,9 @@
 //! Every item mirrors the C declaration of the same name; read the header for the contract
 //! of each function. A unit test compares every struct size, field offset, constant and
 //! `SA_*_INIT` default below with what a C program compiled against the header reports
-//! (see `build.rs`), so the two cannot drift apart silently.
+//! (see `build.rs`), so the two cannot drift apart silently. One struct is not mirrored:
+//! `sa_group_config`, whose fields grow with every hyperparameter the library learns; it
+//! is opaque here, and groups are read and written by field name (see its doc).
 //!
 //! Linking: `build.rs` links `libshardadam` from `SHARDADAM_LIB_DIR` when that is set, else
 //! from the linker's default search path. Use the safe crate `shardadam` unless you need
@@ -243,53 +245,24 @@ impl Default for sa_optimizer_config {
     }
 }
 
-/// `sa_group_config`: the hyperparameters of a param group.
+/// `sa_group_config`: the hyperparameters of a param group, opaque here.
+///
+/// Its layout and its defaults (`SA_GROUP_CONFIG_INIT`) are deliberately not mirrored: a
+/// hyperparameter added to the library would otherwise need a new field here, a new
+/// default and a new layout check. Bindings read the field table instead
+/// (`sa_group_config_num_fields`, `sa_group_config_field`) and pass values by name
+/// (`sa_optimizer_add_group_fields`, `sa_optimizer_set_group_fields`,
+/// `sa_optimizer_get_group_fields`), so every field the library knows reaches Rust with no
+/// change to this crate.
+///
+/// The C functions that take an `sa_group_config*` (`sa_optimizer_add_group`,
+/// `sa_optimizer_get_group`, `sa_optimizer_set_group`, `sa_group_config_default`) are not
+/// declared: Rust cannot allocate a struct whose size it does not know, so they could only
+/// be called with a pointer made by C code, and the `*_fields` functions do all they do.
+/// The type itself stays: `sa_field_info::offset` is an offset into it.
 #[repr(C)]
-#[derive(Copy, Clone, Debug, PartialEq)]
 pub struct sa_group_config {
-    /// `sizeof(sa_group_config)`.
-    pub struct_size: usize,
-    /// Learning rate, >= 0.
-    pub lr: f64,
-    /// In [0, 1).
-    pub beta1: f64,
-    /// In [0, 1).
-    pub beta2: f64,
-    /// >= 0.
-    pub eps: f64,
-    /// >= 0.
-    pub weight_decay: f64,
-    /// 1: AdamW (decay the param), 0: Adam (L2 on the grad).
-    pub decoupled_weight_decay: i32,
-    /// 1: divide by 1 - beta^t.
-    pub bias_correction: i32,
-    /// 1: ascend instead of descend.
-    pub maximize: i32,
-    /// 1: keep max_exp_avg_sq and use it in the denominator.
-    pub amsgrad: i32,
-}
-
-impl Default for sa_group_config {
-    /// The library's defaults (`sa_group_config_default`, the values of
-    /// `SA_GROUP_CONFIG_INIT`: torch.optim.AdamW's).
-    fn default() -> Self {
-        let mut config = sa_group_config {
-            struct_size: std::mem::size_of::<sa_group_config>(),
-            lr: 0.0,
-            beta1: 0.0,
-            beta2: 0.0,
-            eps: 0.0,
-            weight_decay: 0.0,
-            decoupled_weight_decay: 0,
-            bias_correction: 0,
-            maximize: 0,
-            amsgrad: 0,
-        };
-        // SAFETY: `config` is a valid sa_group_config whose struct_size is its own size.
-        let status = unsafe { sa_group_config_default(&mut config) };
-        assert_eq!(status, SA_OK, "sa_group_config_default failed");
-        config
-    }
+    _private: [u8; 0],
 }
 
 /// `sa_field_type` (a C enum).
@@ -311,7 +284,7 @@ pub struct sa_field_info {
     pub r#type: i32,
     /// `offsetof(sa_group_config, <name>)`.
     pub offset: usize,
-    /// Its value in `SA_GROUP_CONFIG_INIT`.
+    /// Its default (its value in `SA_GROUP_CONFIG_INIT`).
     pub default_value: f64,
     /// Smallest valid value.
     pub min: f64,
@@ -513,7 +486,12 @@ pub struct sa_host_comm {
     pub ctx: *mut c_void,
     /// In-place all-reduce of `count` doubles across ranks; returns 0 on success.
     pub all_reduce: Option<
-        unsafe extern "C" fn(ctx: *mut c_void, values: *mut f64, count: i32, op: sa_reduce_op) -> c_int,
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            values: *mut f64,
+            count: i32,
+            op: sa_reduce_op,
+        ) -> c_int,
     >,
     /// Called once with ctx when the communicator is freed. May be None.
     pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
@@ -666,31 +644,38 @@ extern "C" {
     /// The message of the last failed call on `opt` ("" if none).
     pub fn sa_optimizer_last_error(opt: *const sa_optimizer) -> *const c_char;
 
-    /// Appends a group; `*group` receives its index.
-    pub fn sa_optimizer_add_group(
-        opt: *mut sa_optimizer,
-        config: *const sa_group_config,
-        group: *mut i32,
-    ) -> sa_status;
-    /// Fills `*out` with the default hyperparameters (`out.struct_size` must be set).
-    pub fn sa_group_config_default(out: *mut sa_group_config) -> sa_status;
-    /// The number of fields of `sa_group_config` the library knows.
+    /// The number of fields of `sa_group_config` (`struct_size` aside) the library knows.
     pub fn sa_group_config_num_fields() -> i32;
-    /// Describes field `index` of `sa_group_config` into `*out`.
+    /// Describes field `index` (0 .. `sa_group_config_num_fields()`, in struct order) into
+    /// `*out` (`out.struct_size` must be set: use `sa_field_info::default()`).
     pub fn sa_group_config_field(index: i32, out: *mut sa_field_info) -> sa_status;
     /// Number of groups.
     pub fn sa_optimizer_num_groups(opt: *const sa_optimizer) -> i32;
-    /// Copies a group's hyperparameters into `*out` (`out.struct_size` must be set).
-    pub fn sa_optimizer_get_group(
-        opt: *const sa_optimizer,
-        group: i32,
-        out: *mut sa_group_config,
+    /// Appends a group with the defaults but for the `n` named fields (`names[i]` is a
+    /// field's name as `sa_group_config_field` lists it, `values[i]` its value, a flag as
+    /// 0 or 1); `*group` (if not NULL) receives its index.
+    pub fn sa_optimizer_add_group_fields(
+        opt: *mut sa_optimizer,
+        n: i32,
+        names: *const *const c_char,
+        values: *const f64,
+        group: *mut i32,
     ) -> sa_status;
-    /// Replaces a group's hyperparameters.
-    pub fn sa_optimizer_set_group(
+    /// Replaces the `n` named fields of a group and keeps the others.
+    pub fn sa_optimizer_set_group_fields(
         opt: *mut sa_optimizer,
         group: i32,
-        config: *const sa_group_config,
+        n: i32,
+        names: *const *const c_char,
+        values: *const f64,
+    ) -> sa_status;
+    /// Reads the `n` named fields of a group into `values[0..n)`.
+    pub fn sa_optimizer_get_group_fields(
+        opt: *const sa_optimizer,
+        group: i32,
+        n: i32,
+        names: *const *const c_char,
+        values: *mut f64,
     ) -> sa_status;
     /// Sets a group's learning rate.
     pub fn sa_optimizer_set_lr(opt: *mut sa_optimizer, group: i32, lr: f64) -> sa_status;
@@ -783,7 +768,8 @@ extern "C" {
     pub fn sa_optimizer_flush(opt: *mut sa_optimizer, stream: *mut c_void) -> sa_status;
 
     /// Creates a communicator from host callbacks.
-    pub fn sa_comm_create_host(callbacks: *const sa_host_comm, out: *mut *mut sa_comm) -> sa_status;
+    pub fn sa_comm_create_host(callbacks: *const sa_host_comm, out: *mut *mut sa_comm)
+        -> sa_status;
     /// Makes a new NCCL unique id (`SA_ERR_UNSUPPORTED` without NCCL).
     pub fn sa_nccl_unique_id_create(out: *mut sa_nccl_unique_id) -> sa_status;
     /// Creates an NCCL communicator (collective over `nranks` ranks).

@@ -20,11 +20,8 @@ fn main() -> Result<(), shardadam::Error> {
     let global = [6i64, 4];
     // A deterministic target without a random number crate.
     let target: Vec<f32> = (0..24).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
-    let hp = GroupConfig {
-        lr: 0.1,
-        weight_decay: 0.0,
-        ..GroupConfig::default()
-    };
+    // Fields not named keep the library's defaults (torch.optim.AdamW's).
+    let hp = GroupConfig::new().set("lr", 0.1).set("weight_decay", 0.0);
 
     let mut ranks = Vec::new();
     for r in 0..2 {
@@ -56,6 +53,15 @@ fn main() -> Result<(), shardadam::Error> {
             target: target[start..start + numel].to_vec(),
         });
     }
+
+    // The group as the library holds it: every field it knows, by its name.
+    let fields: Vec<String> = ranks[0]
+        .opt
+        .group(0)?
+        .fields()
+        .map(|(name, value)| format!("{} {:?}", name, value))
+        .collect();
+    println!("group 0: {}", fields.join(", "));
 
     let (mut first_loss, mut loss) = (0.0f64, 0.0f64);
     for step in 1..=60 {

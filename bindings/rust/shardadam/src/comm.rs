@@ -200,7 +200,7 @@ impl Comm {
     /// // A job of one rank: the reduction over all ranks leaves the values as they are.
     /// let comm = Comm::host(|_values: &mut [f64], _op: ReduceOp| Ok::<(), String>(()))?;
     /// let mut opt = Optimizer::new(None)?;
-    /// opt.add_group(&GroupConfig::default())?;
+    /// opt.add_group(&GroupConfig::new())?;
     /// let w = opt.add_param("w", 0, &[2], vec![1.0, 2.0], None)?;
     /// opt.set_grad(w, &[3.0, 4.0])?;
     /// opt.set_comm(&comm)?;

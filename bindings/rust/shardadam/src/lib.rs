@@ -12,6 +12,10 @@
 //! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
 //! any set of them loads onto any layout).
 //!
+//! A group's hyperparameters are a [`GroupConfig`] of named values; [`group_fields`] lists
+//! the names, defaults and valid values the loaded library knows, so this crate spells
+//! none of them.
+//!
 //! A step can clip the gradients by their global norm ([`StepArgs::max_grad_norm`]). Each
 //! rank's optimizer holds its own shards, so the ranks agree on the norm through a
 //! [`Comm`] given to [`Optimizer::set_comm`]: NCCL for CUDA params, or a closure over the
@@ -21,7 +25,7 @@
 //! use shardadam::{GroupConfig, Optimizer};
 //!
 //! let mut opt = Optimizer::new(None)?;
-//! let group = opt.add_group(&GroupConfig { lr: 0.1, ..GroupConfig::default() })?;
+//! let group = opt.add_group(&GroupConfig::new().set("lr", 0.1))?;
 //! let w = opt.add_param("w", group, &[3], vec![1.0, 2.0, 3.0], None)?;
 //! opt.set_grad(w, &[0.5, -0.5, 0.0])?;
 //! opt.step()?;
@@ -441,64 +445,185 @@ pub struct Config {
     pub scalar_only: bool,
 }
 
-/// The hyperparameters of a param group (`sa_group_config`; the update formula is in
-/// shardadam.h). `Default` is the library's `SA_GROUP_CONFIG_INIT`: torch.optim.AdamW's.
-#[derive(Copy, Clone, Debug, PartialEq)]
-pub struct GroupConfig {
-    /// Learning rate, >= 0.
-    pub lr: f64,
-    /// In [0, 1).
-    pub beta1: f64,
-    /// In [0, 1).
-    pub beta2: f64,
-    /// >= 0.
-    pub eps: f64,
-    /// >= 0.
-    pub weight_decay: f64,
-    /// true: AdamW (decay the param); false: Adam (L2 on the grad).
-    pub decoupled_weight_decay: bool,
-    /// Divide by 1 - beta^t.
-    pub bias_correction: bool,
-    /// Ascend instead of descend.
-    pub maximize: bool,
-    /// Keep max_exp_avg_sq and use it in the denominator.
-    pub amsgrad: bool,
+/// What the library says about one group hyperparameter ([`group_fields`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FieldInfo {
+    /// Its name: the key of [`GroupConfig::set`] and [`GroupConfig::get`], and of the
+    /// group in shard files.
+    pub name: String,
+    /// A flag: its values are 0 and 1. Otherwise a real number.
+    pub flag: bool,
+    /// Its value in a group that does not name it.
+    pub default: f64,
+    /// Valid values v: `min <= v`, and `v < max`, or `v <= max` when `max_inclusive`
+    /// (an exclusive infinite `max` means "finite").
+    pub min: f64,
+    /// See `min`.
+    pub max: f64,
+    /// `max` itself is valid.
+    pub max_inclusive: bool,
+    /// It cannot change once the group holds a param ([`Status::State`]): the params'
+    /// state was allocated by it.
+    pub fixed_with_params: bool,
+    /// The valid values in the words of the library's error messages ("in [0, 1)").
+    pub rule: String,
+    /// What it does.
+    pub doc: String,
 }
 
-impl Default for GroupConfig {
-    fn default() -> Self {
-        GroupConfig::from_raw(&sys::sa_group_config::default())
+/// Every group hyperparameter the loaded library knows, in its order
+/// (`sa_group_config_field`). The update they drive is written in shardadam.h.
+///
+/// # Panics
+///
+/// If the library fails to describe a field it counts (a bug in the library).
+pub fn group_fields() -> Vec<FieldInfo> {
+    let n = unsafe { sys::sa_group_config_num_fields() };
+    (0..n)
+        .map(|index| {
+            let mut raw = sys::sa_field_info::default();
+            // Every index below the count is described, so a failure is the library's bug.
+            if let Err(e) =
+                handleless_result(unsafe { sys::sa_group_config_field(index, &mut raw) })
+            {
+                panic!("sa_group_config_field({}) of {}: {}", index, n, e);
+            }
+            // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
+            unsafe {
+                FieldInfo {
+                    name: cstr_to_string(raw.name),
+                    flag: raw.r#type == sys::SA_FIELD_FLAG,
+                    default: raw.default_value,
+                    min: raw.min,
+                    max: raw.max,
+                    max_inclusive: raw.max_inclusive != 0,
+                    fixed_with_params: raw.fixed_with_params != 0,
+                    rule: cstr_to_string(raw.rule),
+                    doc: cstr_to_string(raw.doc),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Hyperparameters of a param group, by name: the names and values of
+/// [`group_fields`] (a flag as 0.0 or 1.0). The wrapper knows no name itself, so every
+/// field the library knows is available, and a name it does not know is the library's
+/// [`Status::InvalidArgument`], whose message lists the known ones.
+///
+/// A config names only what it sets: [`Optimizer::add_group`] gives every other field its
+/// default, [`Optimizer::set_group`] keeps every other field's current value.
+///
+/// ```
+/// use shardadam::{GroupConfig, Optimizer};
+///
+/// let mut opt = Optimizer::new(None)?;
+/// let adam = GroupConfig::new().set("lr", 1e-3).set("decoupled_weight_decay", 0.0);
+/// let group = opt.add_group(&adam)?;
+/// assert_eq!(opt.group(group)?.get("decoupled_weight_decay"), Some(0.0));
+/// # Ok::<(), shardadam::Error>(())
+/// ```
+///
+/// Two configs are equal when they name the same fields with the same values, in any order.
+#[derive(Clone, Debug, Default)]
+pub struct GroupConfig {
+    // In the order first set; each name once (the library refuses a repeated name).
+    fields: Vec<(String, f64)>,
+}
+
+impl PartialEq for GroupConfig {
+    fn eq(&self, other: &GroupConfig) -> bool {
+        self.len() == other.len()
+            && self
+                .fields()
+                .all(|(name, value)| other.get(name) == Some(value))
     }
 }
 
 impl GroupConfig {
-    fn raw(&self) -> sys::sa_group_config {
-        sys::sa_group_config {
-            lr: self.lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            decoupled_weight_decay: self.decoupled_weight_decay as i32,
-            bias_correction: self.bias_correction as i32,
-            maximize: self.maximize as i32,
-            amsgrad: self.amsgrad as i32,
-            ..sys::sa_group_config::default()
+    /// A config that names no field (`Default` is the same).
+    pub fn new() -> Self {
+        GroupConfig::default()
+    }
+
+    /// Every field the library knows, at its default (torch.optim.AdamW's values).
+    pub fn defaults() -> Self {
+        GroupConfig {
+            fields: group_fields()
+                .into_iter()
+                .map(|f| (f.name, f.default))
+                .collect(),
         }
     }
 
-    fn from_raw(raw: &sys::sa_group_config) -> Self {
-        GroupConfig {
-            lr: raw.lr,
-            beta1: raw.beta1,
-            beta2: raw.beta2,
-            eps: raw.eps,
-            weight_decay: raw.weight_decay,
-            decoupled_weight_decay: raw.decoupled_weight_decay != 0,
-            bias_correction: raw.bias_correction != 0,
-            maximize: raw.maximize != 0,
-            amsgrad: raw.amsgrad != 0,
+    /// This config with `name` set to `value`, replacing an earlier value of `name`. The
+    /// library checks the name and the value when the config is used.
+    pub fn set(mut self, name: &str, value: f64) -> Self {
+        match self.fields.iter_mut().find(|(n, _)| n == name) {
+            Some(field) => field.1 = value,
+            None => self.fields.push((name.to_string(), value)),
         }
+        self
+    }
+
+    /// The value this config gives `name`, if it names it.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, value)| *value)
+    }
+
+    /// The named fields and their values, in the order first set.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, f64)> + '_ {
+        self.fields
+            .iter()
+            .map(|(name, value)| (name.as_str(), *value))
+    }
+
+    /// The number of named fields.
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// Whether no field is named.
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
+    /// The names and values as the `*_group_fields` calls take them.
+    fn by_name(&self, op: &str) -> Result<(FieldNames, Vec<f64>)> {
+        let names = FieldNames::new(self.fields().map(|(name, _)| name), op)?;
+        Ok((names, self.fields().map(|(_, value)| value).collect()))
+    }
+}
+
+/// Field names as the NUL-terminated strings the `*_group_fields` calls take.
+struct FieldNames {
+    strings: Vec<CString>,
+    pointers: Vec<*const c_char>,
+}
+
+impl FieldNames {
+    fn new<'a>(names: impl Iterator<Item = &'a str>, op: &str) -> Result<FieldNames> {
+        let strings = names
+            .map(|name| {
+                CString::new(name).map_err(|_| {
+                    invalid(format!("{}: field name {:?} contains a NUL byte", op, name))
+                })
+            })
+            .collect::<Result<Vec<CString>>>()?;
+        // The pointers stay valid while `strings` lives: a CString's bytes do not move.
+        let pointers = strings.iter().map(|s| s.as_ptr()).collect();
+        Ok(FieldNames { strings, pointers })
+    }
+
+    fn len(&self) -> i32 {
+        self.strings.len() as i32
+    }
+
+    fn as_ptr(&self) -> *const *const c_char {
+        self.pointers.as_ptr()
     }
 }
 
@@ -725,28 +850,58 @@ impl Optimizer {
 
     // ---- groups ----
 
-    /// Appends a group and returns its index. Create the same groups in the same order on
-    /// every rank.
+    /// Appends a group and returns its index (`sa_optimizer_add_group_fields`): the fields
+    /// `config` names take its values, the others their defaults. Everything is checked
+    /// first; on error no group is added. Create the same groups in the same order on every
+    /// rank.
     pub fn add_group(&mut self, config: &GroupConfig) -> Result<usize> {
-        let raw = config.raw();
+        let (names, values) = config.by_name("add_group")?;
         let mut group = -1i32;
-        self.check(unsafe { sys::sa_optimizer_add_group(self.raw.as_ptr(), &raw, &mut group) })?;
+        self.check(unsafe {
+            sys::sa_optimizer_add_group_fields(
+                self.raw.as_ptr(),
+                names.len(),
+                names.as_ptr(),
+                values.as_ptr(),
+                &mut group,
+            )
+        })?;
         Ok(group as usize)
     }
 
-    /// The hyperparameters of a group.
+    /// Every hyperparameter of a group, in the order of [`group_fields`]
+    /// (`sa_optimizer_get_group_fields`).
     pub fn group(&self, group: usize) -> Result<GroupConfig> {
-        let mut raw = sys::sa_group_config::default();
+        let fields = group_fields();
+        let names = FieldNames::new(fields.iter().map(|f| f.name.as_str()), "group")?;
+        let mut values = vec![0.0f64; fields.len()];
         self.check(unsafe {
-            sys::sa_optimizer_get_group(self.raw.as_ptr(), group as i32, &mut raw)
+            sys::sa_optimizer_get_group_fields(
+                self.raw.as_ptr(),
+                group as i32,
+                names.len(),
+                names.as_ptr(),
+                values.as_mut_ptr(),
+            )
         })?;
-        Ok(GroupConfig::from_raw(&raw))
+        Ok(GroupConfig {
+            fields: fields.into_iter().map(|f| f.name).zip(values).collect(),
+        })
     }
 
-    /// Replaces a group's hyperparameters (all checked first; nothing changes on error).
+    /// Replaces the fields of a group that `config` names and keeps the others
+    /// (`sa_optimizer_set_group_fields`; all checked first, nothing changes on error).
     pub fn set_group(&mut self, group: usize, config: &GroupConfig) -> Result<()> {
-        let raw = config.raw();
-        self.check(unsafe { sys::sa_optimizer_set_group(self.raw.as_ptr(), group as i32, &raw) })
+        let (names, values) = config.by_name("set_group")?;
+        self.check(unsafe {
+            sys::sa_optimizer_set_group_fields(
+                self.raw.as_ptr(),
+                group as i32,
+                names.len(),
+                names.as_ptr(),
+                values.as_ptr(),
+            )
+        })
     }
 
     /// Sets a group's learning rate.

@@ -5,10 +5,10 @@
 //! reference on the full tensors.
 mod common;
 
-use common::{assert_close, Reference, Rng};
+use common::{assert_close, Hyper, Reference, Rng};
 use shardadam::{
-    Comm, GroupConfig, Layout, NcclUniqueId, NormType, Optimizer, Param, ParamOptions, Placement,
-    ReduceOp, Status, StepArgs, StepReport,
+    Comm, Layout, NcclUniqueId, NormType, Optimizer, Param, ParamOptions, Placement, ReduceOp,
+    Status, StepArgs, StepReport,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -170,10 +170,11 @@ fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
     (max_norm / (norm + 1e-6)).min(1.0)
 }
 
-fn hp() -> GroupConfig {
-    GroupConfig {
+/// Every rank's one group: AdamW at lr 1e-2.
+fn hp() -> Hyper {
+    Hyper {
         lr: 1e-2,
-        ..GroupConfig::default()
+        ..Hyper::ADAMW
     }
 }
 
@@ -192,7 +193,7 @@ impl Rank {
             ..shardadam::Config::default()
         }))
         .unwrap();
-        opt.add_group(&hp()).unwrap();
+        opt.add_group(&hp().config()).unwrap();
         let (mut params, mut boxes) = (Vec::new(), Vec::new());
         for (spec, init) in specs().iter().zip(&problem.init) {
             let layout = layout(spec, rank);
@@ -476,7 +477,7 @@ fn a_nan_grad_or_found_inf_on_one_rank_skips_the_step_on_all_ranks() {
 /// One float32 param of 8 elements with a grad bound, and a communicator.
 fn one_param(comm: &Comm) -> (Optimizer, Param) {
     let mut opt = Optimizer::new(None).unwrap();
-    opt.add_group(&hp()).unwrap();
+    opt.add_group(&hp().config()).unwrap();
     let p = opt
         .add_param("p", 0, &[8], (0..8).map(|i| i as f32 * 0.5).collect(), None)
         .unwrap();

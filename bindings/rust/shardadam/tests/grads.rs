@@ -4,14 +4,14 @@
 //! the independent float64 update of tests/common.
 mod common;
 
-use common::{assert_close, expect_error, Reference, Rng};
+use common::{assert_close, expect_error, Hyper, Reference, Rng};
 use shardadam::{Grad, GroupConfig, Optimizer, Param, Status};
 
 /// Three float32 params of one AdamW group ("emb" [5, 4], "w" [7], "b" [3]) and their
 /// float64 references.
 struct Trio {
     opt: Optimizer,
-    hp: GroupConfig,
+    hp: Hyper,
     params: Vec<Param>,
     refs: Vec<Reference>,
     rng: Rng,
@@ -23,11 +23,12 @@ impl Trio {
     fn new() -> Trio {
         let mut rng = Rng(29);
         let mut opt = Optimizer::new(None).unwrap();
-        let hp = GroupConfig {
+        // The other fields keep the library's defaults, which the reference takes from torch.
+        opt.add_group(&GroupConfig::new().set("lr", 1e-2)).unwrap();
+        let hp = Hyper {
             lr: 1e-2,
-            ..GroupConfig::default()
+            ..Hyper::ADAMW
         };
-        opt.add_group(&hp).unwrap();
         let mut params = Vec::new();
         let mut refs = Vec::new();
         for (name, shape) in NAMES.iter().zip([vec![5i64, 4], vec![7], vec![3]]) {

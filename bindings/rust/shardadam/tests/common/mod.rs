@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: seeded test data, the independent float64
-//! reference of the update in shardadam.h, and the comparison against it.
+//! reference of the update in shardadam.h with its hyperparameters, and the comparison
+//! against it.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use shardadam::{Error, GroupConfig, Layout, Placement, Status};
@@ -26,6 +27,68 @@ impl Rng {
     }
 }
 
+/// A group's hyperparameters as the reference reads them. Written out here, every one, so
+/// the reference never takes a value from the library it checks.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Hyper {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub decoupled_weight_decay: bool,
+    pub bias_correction: bool,
+    pub maximize: bool,
+    pub amsgrad: bool,
+}
+
+impl Hyper {
+    /// torch.optim.AdamW's documented defaults.
+    pub const ADAMW: Hyper = Hyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 1e-2,
+        decoupled_weight_decay: true,
+        bias_correction: true,
+        maximize: false,
+        amsgrad: false,
+    };
+
+    /// The fields by the library's names, flags as 0 or 1.
+    pub fn fields(&self) -> [(&'static str, f64); 9] {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        [
+            ("lr", self.lr),
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("decoupled_weight_decay", flag(self.decoupled_weight_decay)),
+            ("bias_correction", flag(self.bias_correction)),
+            ("maximize", flag(self.maximize)),
+            ("amsgrad", flag(self.amsgrad)),
+        ]
+    }
+
+    /// A config naming every field.
+    pub fn config(&self) -> GroupConfig {
+        self.fields()
+            .iter()
+            .fold(GroupConfig::new(), |config, (name, value)| {
+                config.set(name, *value)
+            })
+    }
+
+    /// Fails unless `config` gives every field this value.
+    pub fn assert_matches(&self, what: &str, config: &GroupConfig) {
+        for (name, value) in self.fields() {
+            assert_eq!(config.get(name), Some(value), "{}: {}", what, name);
+        }
+    }
+}
+
 /// The float64 reference: Adam/AdamW with PyTorch semantics.
 pub struct Reference {
     pub p: Vec<f64>,
@@ -46,7 +109,7 @@ impl Reference {
     }
 
     #[allow(clippy::needless_range_loop)] // five arrays walked in step read best indexed
-    pub fn step(&mut self, grad: &[f32], hp: &GroupConfig, t: i32, inv_grad_scale: f64) {
+    pub fn step(&mut self, grad: &[f32], hp: &Hyper, t: i32, inv_grad_scale: f64) {
         let (bc1, bc2) = if hp.bias_correction {
             (1.0 - hp.beta1.powi(t), 1.0 - hp.beta2.powi(t))
         } else {
