@@ -158,6 +158,29 @@ sa_status sa_group_config_field(int32_t index, sa_field_info* out) {
   });
 }
 
+int32_t sa_step_args_num_fields(void) { return sa::schema::kNumStepFields; }
+
+sa_status sa_step_args_field(int32_t index, sa_field_info* out) {
+  return guarded(nullptr, "sa_step_args_field", [&] {
+    require(out != nullptr, "out is NULL");
+    if (index < 0 || index >= sa::schema::kNumStepFields)
+      sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a field: sa_step_args has ",
+               sa::schema::kNumStepFields, " (0 .. ", sa::schema::kNumStepFields - 1, ")");
+    const sa::schema::StepField& f = sa::schema::kStepFields[index];
+    sa_field_info info = SA_FIELD_INFO_INIT;
+    info.name = f.name;
+    info.type = f.type;
+    info.offset = f.offset;
+    info.default_value = f.default_value;
+    info.min = f.min;
+    info.max = f.max;
+    info.max_inclusive = f.type != SA_FIELD_POINTER;
+    info.rule = f.rule;
+    info.doc = f.doc;
+    sa::write_options(out, info, "out");
+  });
+}
+
 int32_t sa_optimizer_num_groups(const sa_optimizer* opt) {
   return opt ? opt->core.num_groups() : 0;
 }

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <new>
+#include <type_traits>
 
 #include "../kernels/variants.h"
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "options.hpp"
+#include "schema.hpp"
 
 namespace sa {
 namespace {
@@ -457,6 +459,46 @@ void Optimizer::require_usable(const char* action) const {
 namespace {
 
 // The clipping request of a step, validated.
+// shardadam.h spells sa_step_args and SA_STEP_ARGS_INIT for the ABI; they must be the
+// schema's: the same members, in order, with the types and defaults it says.
+template <int32_t type>
+struct StepStorage {
+  using type_t = void*;
+};
+template <>
+struct StepStorage<SA_FIELD_DOUBLE> {
+  using type_t = double;
+};
+template <>
+struct StepStorage<SA_FIELD_INT32> {
+  using type_t = int32_t;
+};
+struct StepArgsMirror {
+  std::size_t struct_size;
+#define SA_MIRROR_MEMBER(name, type, ...) StepStorage<type>::type_t name;
+  SA_STEP_ARGS_FIELDS(SA_MIRROR_MEMBER)
+#undef SA_MIRROR_MEMBER
+};
+static_assert(sizeof(StepArgsMirror) == sizeof(sa_step_args),
+              "sa_step_args has members that src/schema.hpp's SA_STEP_ARGS_FIELDS lacks");
+constexpr sa_step_args kStepInit = SA_STEP_ARGS_INIT;
+template <class T>
+constexpr bool is_default(T value, double default_value) {
+  if constexpr (std::is_pointer_v<T>)
+    return value == nullptr;
+  else
+    return value == static_cast<T>(default_value);
+}
+#define SA_CHECK_STEP_FIELD(name, type, default_value, ...)                           \
+  static_assert(offsetof(sa_step_args, name) == offsetof(StepArgsMirror, name),       \
+                "sa_step_args::" #name " is not where src/schema.hpp puts it");       \
+  static_assert(sizeof(sa_step_args::name) == sizeof(StepStorage<type>::type_t),      \
+                "sa_step_args::" #name " has another type than src/schema.hpp says"); \
+  static_assert(is_default(kStepInit.name, default_value),                            \
+                "SA_STEP_ARGS_INIT's " #name " is not src/schema.hpp's default");
+SA_STEP_ARGS_FIELDS(SA_CHECK_STEP_FIELD)
+#undef SA_CHECK_STEP_FIELD
+
 kernels::ClipSpec clip_spec_of(const sa_step_args& args) {
   if (!(args.max_grad_norm >= 0.0))
     fail(SA_ERR_INVALID_ARGUMENT, "max_grad_norm is ", args.max_grad_norm,

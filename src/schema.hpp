@@ -3,7 +3,8 @@
 // messages (group_config.cpp), a saved group's JSON and its parsing (state_io/), the
 // comparison of two files' groups, the field table of the C ABI that the bindings read
 // (sa_group_config_field), and compile-time checks that sa_group_config and
-// SA_GROUP_CONFIG_INIT (shardadam.h, the ABI's spelling) agree with it.
+// SA_GROUP_CONFIG_INIT (shardadam.h, the ABI's spelling) agree with it. At the end, the
+// same for the step arguments (sa_step_args_field).
 //
 // A new hyperparameter is a row here, a member (and its default) in shardadam.h, and what
 // the kernels do with it (kernels/adam_math.h, hyper_of in group_config.cpp).
@@ -127,6 +128,47 @@ inline sa_group_config default_group_config() {
   for (const GroupField& f : kGroupFields) set(c, f, f.default_value);
   return c;
 }
+
+// ---- the step arguments ----------------------------------------------------------------
+// sa_step_args after struct_size, in order. X(name, type, default, min, max, rule, doc):
+// `type` is an sa_field_type; min and max bound a number (inclusive; 0 for a pointer).
+// The ABI spells the struct and SA_STEP_ARGS_INIT; api.cpp checks them against this at
+// compile time. The step's checks and their messages are in Optimizer::step.
+#define SA_STEP_ARGS_FIELDS(X)                                                             \
+  X(inv_grad_scale, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                  \
+    "const float*, backend memory (host for the CPU backend), optional: every grad is "    \
+    "multiplied by it (the inverse loss scale); NULL means 1")                             \
+  X(found_inf, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                       \
+    "const float*, backend memory, optional: nonzero skips the whole step")                \
+  X(skipped, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                         \
+    "int32_t*, host memory, optional: receives 1 if the step was skipped, else 0")         \
+  X(max_grad_norm, SA_FIELD_DOUBLE, 0.0, 0.0, std::numeric_limits<double>::infinity(),     \
+    ">= 0 (INFINITY too)",                                                                 \
+    "0: no norm; > 0: clip the global gradient norm to it; INFINITY: measure, never clip") \
+  X(norm_type, SA_FIELD_INT32, SA_NORM_L2, SA_NORM_L2, SA_NORM_INF,                        \
+    "SA_NORM_L2 (0) or SA_NORM_INF (1)", "the norm of max_grad_norm")                      \
+  X(grad_norm, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                       \
+    "float*, backend memory, optional: receives the global norm, on the stream")           \
+  X(host_grad_norm, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                  \
+    "double*, host memory, optional: receives the global norm (synchronizes device backends)")
+
+struct StepField {
+  const char* name;
+  int32_t type;  // sa_field_type
+  std::size_t offset;
+  double default_value;
+  double min;
+  double max;
+  const char* rule;
+  const char* doc;
+};
+
+#define SA_SCHEMA_STEP_ROW(name, type, default_value, min, max, rule, doc) \
+  StepField{#name, type, offsetof(sa_step_args, name), default_value, min, max, rule, doc},
+inline constexpr StepField kStepFields[] = {SA_STEP_ARGS_FIELDS(SA_SCHEMA_STEP_ROW)};
+#undef SA_SCHEMA_STEP_ROW
+inline constexpr int32_t kNumStepFields =
+    static_cast<int32_t>(sizeof(kStepFields) / sizeof(kStepFields[0]));
 
 }  // namespace sa::schema
 

@@ -328,3 +328,53 @@ TEST_CASE("group fields by name refuse unknown, repeated and non-flag values, ch
   CHECK_SA_FAILS(opt.get(), SA_ERR_STATE,
                  sa_optimizer_set_group_fields(opt.get(), g, 1, flag, one), "amsgrad cannot change");
 }
+
+// The step arguments' table against the struct as the C compiler lays it out and
+// SA_STEP_ARGS_INIT: a binding that fills sa_step_args by name from it fills the member.
+TEST_CASE("the step-args table names every member of sa_step_args, in order, with its type and default",
+          "[schema]") {
+  struct Expected {
+    const char* name;
+    std::size_t offset;
+    int32_t type;
+  };
+  const Expected expected[] = {
+      {"inv_grad_scale", offsetof(sa_step_args, inv_grad_scale), SA_FIELD_POINTER},
+      {"found_inf", offsetof(sa_step_args, found_inf), SA_FIELD_POINTER},
+      {"skipped", offsetof(sa_step_args, skipped), SA_FIELD_POINTER},
+      {"max_grad_norm", offsetof(sa_step_args, max_grad_norm), SA_FIELD_DOUBLE},
+      {"norm_type", offsetof(sa_step_args, norm_type), SA_FIELD_INT32},
+      {"grad_norm", offsetof(sa_step_args, grad_norm), SA_FIELD_POINTER},
+      {"host_grad_norm", offsetof(sa_step_args, host_grad_norm), SA_FIELD_POINTER},
+  };
+  REQUIRE(sa_step_args_num_fields() == static_cast<int32_t>(std::size(expected)));
+  const sa_step_args init = SA_STEP_ARGS_INIT;
+  for (int32_t i = 0; i < sa_step_args_num_fields(); ++i) {
+    sa_field_info f = SA_FIELD_INFO_INIT;
+    REQUIRE_SA_OK(nullptr, sa_step_args_field(i, &f));
+    INFO(f.name);
+    CHECK(std::string(f.name) == expected[i].name);
+    CHECK(f.offset == expected[i].offset);
+    CHECK(f.type == expected[i].type);
+    CHECK(f.doc != nullptr);
+    CHECK(f.rule != nullptr);
+    const char* at = reinterpret_cast<const char*>(&init) + f.offset;
+    if (f.type == SA_FIELD_POINTER) {
+      void* p = reinterpret_cast<void*>(1);
+      std::memcpy(&p, at, sizeof p);
+      CHECK(p == nullptr);
+    } else if (f.type == SA_FIELD_DOUBLE) {
+      double d = -1.0;
+      std::memcpy(&d, at, sizeof d);
+      CHECK(d == f.default_value);
+    } else {
+      int32_t v = -1;
+      std::memcpy(&v, at, sizeof v);
+      CHECK(v == f.default_value);
+    }
+  }
+  sa_field_info f = SA_FIELD_INFO_INIT;
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_step_args_field(7, &f), "index 7",
+                 "sa_step_args has 7");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_step_args_field(0, nullptr), "out is NULL");
+}

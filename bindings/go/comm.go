@@ -128,7 +128,7 @@ func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, er
 type NCCLUniqueID [128]byte
 
 // NewNCCLUniqueID makes a new NCCL unique id (sa_nccl_unique_id_create). StatusUnsupported
-// when the library was built without NCCL (BuildInfo says "nccl: not built").
+// when the library has no NCCL (BuildInfo says "nccl: not available") or NCCL cannot be loaded.
 func NewNCCLUniqueID() (NCCLUniqueID, error) {
 	var id NCCLUniqueID
 	errbuf := make([]byte, errorBufferBytes)

@@ -580,7 +580,7 @@ func TestBadBoundsAreRefusedByTheLibraryBeforeAnythingChanges(t *testing.T) {
 }
 
 func TestNCCLCommunicatorsCheckTheirArgumentsOrNeedALibraryBuiltWithNCCL(t *testing.T) {
-	if strings.Contains(BuildInfo(), "nccl: not built") {
+	if !strings.Contains(BuildInfo(), "nccl: built") {
 		if _, err := NewNCCLUniqueID(); asError(t, err).Status != StatusUnsupported {
 			t.Fatalf("NewNCCLUniqueID = %v, want StatusUnsupported", err)
 		}

@@ -24,9 +24,9 @@
  *                         global_offset None for the mesh form;
  *       sa_param_options  None, or (grad_dtype, moment_dtype, master) with each dtype None
  *                         or (code, bits, lanes);
- *       sa_step_args      None, or (inv_grad_scale, found_inf, skipped[, max_grad_norm, norm_type,
- *                         grad_norm, host_grad_norm]): the pointers as addresses (int) or None,
- *                         max_grad_norm a float, norm_type an int (SA_NORM_*);
+ *       sa_step_args      None, or a dict by field name (sa_step_args_field lists them): the
+ *                         pointers as addresses (int) or None, doubles as floats, int32s as
+ *                         ints; fields not named keep SA_STEP_ARGS_INIT's values;
  *       sa_nccl_unique_id its 128 bytes (bytes in, bytes out);
  *   - a host communicator is made from a Python callable (host_comm_create below), not from
  *     a table of C function pointers;
@@ -252,6 +252,51 @@ static int sa_py_read_address(PyObject* obj, void** out) {
   *out = obj == Py_None ? NULL : PyLong_AsVoidPtr(obj);
   return !PyErr_Occurred();
 }
+
+/* Fills *args from a dict of sa_step_args field names to values, as the library's table
+ * (sa_step_args_field) says each is stored: a pointer as an address (int) or None, a
+ * double as a float, an int32 as an int. Fields not named keep SA_STEP_ARGS_INIT's value.
+ * An unknown name is a KeyError naming the known ones. */
+static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  if (!PyDict_Check(dict)) {
+    PyErr_SetString(PyExc_TypeError, "args must be None or a dict of sa_step_args fields");
+    return 0;
+  }
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    const char* name = PyUnicode_AsUTF8(key);
+    sa_field_info f = SA_FIELD_INFO_INIT;
+    int32_t i, n = sa_step_args_num_fields(), found = 0;
+    if (name == NULL) return 0;
+    for (i = 0; i < n && !found; ++i)
+      found = sa_step_args_field(i, &f) == SA_OK && strcmp(f.name, name) == 0;
+    if (!found) {
+      PyErr_Format(PyExc_KeyError, "sa_step_args has no field '%s'", name);
+      return 0;
+    }
+    char* at = (char*)args + f.offset;
+    if (f.type == SA_FIELD_POINTER) {
+      void* p;
+      if (!sa_py_read_address(value, &p)) return 0;
+      memcpy(at, &p, sizeof p);
+    } else if (f.type == SA_FIELD_DOUBLE) {
+      const double d = PyFloat_AsDouble(value);
+      if (PyErr_Occurred()) return 0;
+      memcpy(at, &d, sizeof d);
+    } else {
+      const long v = PyLong_AsLong(value);
+      const int32_t i32 = (int32_t)v;
+      if (PyErr_Occurred()) return 0;
+      if ((long)i32 != v) {
+        PyErr_Format(PyExc_OverflowError, "sa_step_args.%s = %ld does not fit an int32", name, v);
+        return 0;
+      }
+      memcpy(at, &i32, sizeof i32);
+    }
+  }
+  return 1;
+}
 %}
 
 /* ---- handles, out-parameters --------------------------------------------------------- */
@@ -333,24 +378,10 @@ static int sa_py_read_address(PyObject* obj, void** out) {
 
 %typemap(in) const sa_step_args* args (sa_step_args storage) {
   const sa_step_args init = SA_STEP_ARGS_INIT;
-  PyObject *inv_grad_scale, *found_inf, *skipped, *grad_norm = Py_None, *host_grad_norm = Py_None;
-  void *inv_grad_scale_ptr, *found_inf_ptr, *skipped_ptr, *grad_norm_ptr, *host_grad_norm_ptr;
   storage = init;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!PyArg_ParseTuple($input, "OOO|diOO;args must be None or (inv_grad_scale, found_inf, skipped[, max_grad_norm, "
-                          "norm_type, grad_norm, host_grad_norm])",
-                          &inv_grad_scale, &found_inf, &skipped, &storage.max_grad_norm, &storage.norm_type,
-                          &grad_norm, &host_grad_norm) ||
-        !sa_py_read_address(inv_grad_scale, &inv_grad_scale_ptr) || !sa_py_read_address(found_inf, &found_inf_ptr) ||
-        !sa_py_read_address(skipped, &skipped_ptr) || !sa_py_read_address(grad_norm, &grad_norm_ptr) ||
-        !sa_py_read_address(host_grad_norm, &host_grad_norm_ptr))
-      SWIG_fail;
-    storage.inv_grad_scale = (const float*)inv_grad_scale_ptr;
-    storage.found_inf = (const float*)found_inf_ptr;
-    storage.skipped = (int32_t*)skipped_ptr;
-    storage.grad_norm = (float*)grad_norm_ptr;
-    storage.host_grad_norm = (double*)host_grad_norm_ptr;
+    if (!sa_py_fill_step_args($input, &storage)) SWIG_fail;
     $1 = &storage;
   }
 }

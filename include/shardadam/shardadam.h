@@ -222,24 +222,27 @@ typedef struct sa_group_config {
  *  C macros (out->struct_size must be set: fields past it are not written). */
 SA_API sa_status sa_group_config_default(sa_group_config* out);
 
-/** How a field of sa_group_config is stored. */
+/** How a field of an option struct (sa_group_config, sa_step_args) is stored. */
 typedef enum sa_field_type {
   SA_FIELD_DOUBLE = 0, /* a double */
-  SA_FIELD_FLAG = 1    /* an int32_t, 0 or 1 */
+  SA_FIELD_FLAG = 1,   /* an int32_t, 0 or 1 */
+  SA_FIELD_INT32 = 2,  /* an int32_t (an enum: its valid values are [min, max]) */
+  SA_FIELD_POINTER = 3 /* a pointer; doc says to what, and in which memory */
 } sa_field_type;
 
 /**
- * One field of sa_group_config as the library defines it: what bindings read to build
- * their own group types (names, defaults, valid values, docs) instead of retyping them.
- * Valid values v: min <= v, and v < max, or v <= max when max_inclusive is 1 (a max of
- * INFINITY, exclusive, means "finite"). The strings are static.
+ * One field of an option struct (sa_group_config, sa_step_args) as the library defines
+ * it: what bindings read to build their own types (names, defaults, valid values, docs)
+ * instead of retyping them. Valid values v: min <= v, and v < max, or v <= max when
+ * max_inclusive is 1 (a max of INFINITY, exclusive, means "finite"; a pointer has none).
+ * The strings are static.
  */
 typedef struct sa_field_info {
   size_t struct_size;
   const char* name;     /* the member's name, also its key in shard files ("lr") */
   int32_t type;         /* an sa_field_type */
-  size_t offset;        /* offsetof(sa_group_config, <name>) */
-  double default_value; /* its value in SA_GROUP_CONFIG_INIT */
+  size_t offset;        /* offsetof(<the struct>, <name>) */
+  double default_value; /* its value in the struct's SA_*_INIT */
   double min;
   double max;
   int32_t max_inclusive;
@@ -527,6 +530,15 @@ typedef enum sa_norm_type {
 
 #define SA_STEP_ARGS_INIT \
   { sizeof(sa_step_args), NULL, NULL, NULL, 0.0, SA_NORM_L2, NULL, NULL }
+
+/** The number of fields of sa_step_args (struct_size aside) this library knows. */
+SA_API int32_t sa_step_args_num_fields(void);
+
+/** Describes field `index` of sa_step_args (0 .. sa_step_args_num_fields() - 1, in struct
+ *  order) into *out, as sa_group_config_field does for groups, so that bindings fill the
+ *  struct by name: its type (SA_FIELD_POINTER, SA_FIELD_DOUBLE, SA_FIELD_INT32), offset,
+ *  default (0 for a pointer: NULL), valid values and doc. fixed_with_params is 0. */
+SA_API sa_status sa_step_args_field(int32_t index, sa_field_info* out);
 
 /**
  * Runs one optimizer step over every param that has a grad, advancing its step count and

@@ -498,19 +498,22 @@ class Optimizer(OwnsHandle):
         host_norm) with the first two as _clip_args gives them. ``skipped``: have the
         library report into ``self._skipped``."""
         handle = self._handle_or_raise()
-        skipped_address = ctypes.addressof(self._skipped) if skipped else None
+        args = {}  # sa_step_args by field name; the fields not named keep their defaults
+        if inv_address is not None:
+            args["inv_grad_scale"] = inv_address
+        if found_address is not None:
+            args["found_inf"] = found_address
+        if skipped:
+            args["skipped"] = ctypes.addressof(self._skipped)
         if clip is not None:
             max_grad_norm, norm_type, norm_address, host_norm = clip
-            args = (inv_address, found_address, skipped_address, max_grad_norm, norm_type, norm_address,
-                    ctypes.addressof(self._host_grad_norm) if host_norm else None)
-        elif inv_address is None and found_address is None and skipped_address is None:
-            args = None
-        else:
-            args = (inv_address, found_address, skipped_address)
+            args.update(max_grad_norm=max_grad_norm, norm_type=norm_type, grad_norm=norm_address)
+            if host_norm:
+                args["host_grad_norm"] = ctypes.addressof(self._host_grad_norm)
         if self._comm is not None:
             self._comm._take_exception()  # a stale one would be blamed on this step
         try:
-            check(_C.sa_optimizer_step(handle, args, self._stream_of(stream)), handle)
+            check(_C.sa_optimizer_step(handle, args or None, self._stream_of(stream)), handle)
         except Error as error:
             raise_step_error(self._comm, error)
 

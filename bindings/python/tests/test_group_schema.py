@@ -87,3 +87,26 @@ def test_fused_adam_takes_the_library_keys_and_refuses_others():
     assert {k: opt.param_groups[0][k] for k in shardadam.group_defaults()} == shardadam.group_defaults()
     with pytest.raises(TypeError, match="unexpected keyword arguments.*'momentum'"):
         FusedAdam([param], momentum=0.9)
+
+
+def test_step_args_travel_by_the_names_of_the_librarys_table():
+    """The SWIG layer fills sa_step_args by name from sa_step_args_field: every name the
+    table lists is accepted, and only those."""
+    names = []
+    for index in range(_C.sa_step_args_num_fields()):
+        status, info = _C.sa_step_args_field(index)
+        assert status == _C.SA_OK
+        names.append(info["name"])
+    assert names == ["inv_grad_scale", "found_inf", "skipped", "max_grad_norm", "norm_type", "grad_norm",
+                     "host_grad_norm"]
+    opt = shardadam.Optimizer()
+    handle = opt._handle_or_raise()
+    with pytest.raises(KeyError, match="sa_step_args has no field 'max_norm'"):
+        _C.sa_optimizer_step(handle, {"max_norm": 1.0}, None)
+    with pytest.raises(TypeError, match="dict of sa_step_args fields"):
+        _C.sa_optimizer_step(handle, (None, None, None), None)
+    # A value reaches the library: its own check of max_grad_norm refuses a negative one.
+    assert _C.sa_optimizer_step(handle, {"max_grad_norm": -1.0}, None) == _C.SA_ERR_INVALID_ARGUMENT
+    assert "max_grad_norm is -1" in _C.sa_optimizer_last_error(handle)
+    assert _C.sa_optimizer_step(handle, {"max_grad_norm": 0.0, "norm_type": _C.SA_NORM_INF}, None) == _C.SA_OK
+    opt.close()

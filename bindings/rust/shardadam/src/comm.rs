@@ -238,7 +238,7 @@ impl Comm {
 
     /// Makes a new NCCL unique id (`sa_nccl_unique_id_create`) on rank 0.
     /// [`Status::Unsupported`] when the library was built without NCCL
-    /// ([`crate::build_info`] says `nccl: not built`).
+    /// ([`crate::build_info`] says `nccl: not available`) or NCCL cannot be loaded.
     pub fn nccl_unique_id() -> Result<NcclUniqueId> {
         let mut raw = sys::sa_nccl_unique_id { internal: [0; 128] };
         handleless_result(unsafe { sys::sa_nccl_unique_id_create(&mut raw) })?;
