@@ -5,6 +5,7 @@
 #include <new>
 #include <type_traits>
 
+#include "../kernels/quant8.h"
 #include "../kernels/variants.h"
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
@@ -441,14 +442,6 @@ std::vector<const Param*> Optimizer::param_list() const {
   return list;
 }
 
-void Optimizer::require_file_states(const char* action) const {
-  for (const auto& p : params_)
-    if (p->moment_type == ElemType::q8)
-      fail(SA_ERR_UNSUPPORTED, action, " refused: param '", p->name,
-           "' keeps 8-bit moments (moment_dtype uint8), which shard files cannot hold yet; ",
-           "nothing was written or changed");
-}
-
 void Optimizer::require_usable(const char* action) const {
   if (unusable())
     fail(SA_ERR_STATE, "the optimizer state is unusable, so ", action,
@@ -611,6 +604,24 @@ std::vector<NamedState> named_states(const Param& p) {
     if (has_state(p, k.kind))
       states.push_back({k.key, p.state[k.kind], state_dtype(p, k.kind), k.kind});
   return states;
+}
+
+std::vector<FileState> file_states(const Param& p) {
+  std::vector<FileState> out;
+  for (const NamedState& s : named_states(p)) {
+    if (state_kind_info(s.kind).per_block) continue;  // derived from the moment's values
+    FileState f{s, s.dtype, nullptr, false};
+    if (p.moment_type == ElemType::q8 && state_kind_info(s.kind).storage == StateStorage::moment) {
+      for (int k = 0; k < 3; ++k) {
+        if (kernels::quant8_codes(k) != s.kind) continue;
+        f.absmax = p.state[kernels::quant8_absmax_state(k)];
+        f.is_signed = kernels::quant8_signed(k);
+      }
+      f.dtype = dl_dtype_of(ElemType::f32);
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
 }
 
 Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) const {

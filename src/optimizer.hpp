@@ -74,8 +74,23 @@ DLDataType state_dtype(const Param& p, StateKind kind);
 std::vector<int64_t> state_shape(const Param& p, StateKind kind);
 
 // The states a param has, in kStateKinds' order: exp_avg, exp_avg_sq, max_exp_avg_sq
-// (amsgrad), master (fp32 master) or remainder (int16).
+// (amsgrad), master (fp32 master) or remainder (int16), and the block absmax values of
+// 8-bit moments.
 std::vector<NamedState> named_states(const Param& p);
+
+// A state as shard files hold it. Files hold no 8-bit codes and no block absmax: an 8-bit
+// moment is saved as the float32 values its codes stand for (map[code] * absmax), so it
+// reshards like any float32 moment, to any layout, and loads into optimizers with other
+// moment dtypes (and theirs into an 8-bit one, which quantizes them by its own blocks).
+struct FileState {
+  NamedState state;                // the state itself (the codes of an 8-bit moment)
+  DLDataType dtype;                // as files hold it
+  std::shared_ptr<Buffer> absmax;  // an 8-bit moment's block absmax values, else null
+  bool is_signed;                  // an 8-bit moment: coded by the signed map
+};
+
+// The states of `p` that shard files hold, in named_states' order.
+std::vector<FileState> file_states(const Param& p);
 
 struct Param {
   std::string name;
@@ -197,10 +212,6 @@ class Optimizer {
   const std::string& unusable_reason() const { return unusable_reason_; }
   // Throws SA_ERR_STATE when unusable; `action` names what was refused ("step").
   void require_usable(const char* action) const;
-
-  // Throws SA_ERR_UNSUPPORTED when a param keeps a state that shard files cannot hold yet
-  // (8-bit moments); `action` names what was refused ("an export").
-  void require_file_states(const char* action) const;
 
  private:
   Backend& backend_for(DLDevice device, const std::string& context);

@@ -3,8 +3,12 @@
 //  - the CPU kernel's SIMD and scalar paths, and any split of a shard on block
 //    boundaries, give the same bits;
 //  - through the C ABI: the states and their shapes, a first step against float64, a few
-//    steps against float32 moments, and the refusals (shard files, a uint8 param or grad)
-//    that leave nothing changed. (tests/gpu: CUDA equals this CPU kernel bit for bit.)
+//    steps against float32 moments, and the refusals (a uint8 param or grad) that leave
+//    nothing changed;
+//  - shard files: 8-bit moments are saved as the float32 values their codes stand for,
+//    load back bit for bit onto the same layout, reshard onto other layouts by
+//    re-quantizing (checked in float64 against nearest codes), and cross with float32
+//    moments both ways. (tests/gpu: CUDA equals this CPU kernel bit for bit.)
 // bitsandbytes, the independent reference for codes and steps, is used by
 // bindings/python/tests/test_quant8_bitsandbytes.py.
 #include <math.h>
@@ -21,6 +25,7 @@
 
 #include "../kernels/cpu/adam_cpu.h"
 #include "../kernels/quant8.h"
+#include "test_state_io_support.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -288,31 +293,11 @@ TEST_CASE("q8 moments train like float32 moments, to within the quantization err
   CHECK(worst > 0.0);  // 8-bit moments are not float32 moments
 }
 
-TEST_CASE("q8 moments: shard files and uint8 params are refused, changing nothing",
-          "[quant8][errors]") {
+TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[quant8][errors]") {
   Q8Fixture f;
   std::mt19937_64 rng(3);
   f.step(rng);
   const std::vector<float> before(f.p8.as<float>(), f.p8.as<float>() + f.p8.numel());
-
-  sa_writer writer = SA_WRITER_INIT;
-  REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
-  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED, sa_optimizer_export(f.opt.get(), &writer),
-                 "an export refused", "param 'q8'", "8-bit moments");
-  const void* data = nullptr;
-  size_t size = 1;
-  REQUIRE_SA_OK(nullptr, sa_memory_writer_data(&writer, &data, &size));
-  CHECK(size == 0);  // nothing was written
-  sa_writer_release(&writer);
-  const unsigned char blob[8] = {};
-  sa_reader reader = SA_READER_INIT;
-  REQUIRE_SA_OK(nullptr, sa_memory_reader(blob, sizeof blob, &reader));
-  const sa_reader* readers[] = {&reader};
-  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_import(f.opt.get(), 1, readers, nullptr), "an import refused",
-                 "8-bit moments");
-  sa_reader_release(&reader);
-
   HostTensor u8({4}, kUint8);
   CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
                  sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),
@@ -325,6 +310,227 @@ TEST_CASE("q8 moments: shard files and uint8 params are refused, changing nothin
   CHECK(sa_optimizer_num_params(f.opt.get()) == 2);
   CHECK(memcmp(before.data(), f.p8.as<float>(), before.size() * sizeof(float)) == 0);
   f.step(rng);  // still trains
+}
+
+// ---- shard files ------------------------------------------------------------------------
+
+// The float32 values a shard file holds for a q8 state, as README.md specifies them:
+// map[code] * absmax, except that in a block of a signed moment where no code is 255 the
+// first element with code 0 holds -absmax.
+std::vector<float> decoded(sa_optimizer* opt, int64_t param, const std::string& key, bool is_signed) {
+  const StateView codes = state_view(opt, param, key.c_str());
+  const StateView absmax = state_view(opt, param, (key + "_absmax").c_str());
+  const uint32_t* map = quant8_map(is_signed);
+  const auto* c = static_cast<const uint8_t*>(codes.data());
+  const auto* a = static_cast<const float*>(absmax.data());
+  std::vector<float> out(static_cast<std::size_t>(codes.numel()));
+  for (int64_t i = 0; i < codes.numel(); ++i)
+    out[static_cast<std::size_t>(i)] = bits_float(map[c[i]]) * a[i / kQuant8Block];
+  for (int64_t begin = 0; is_signed && begin < codes.numel(); begin += kQuant8Block) {
+    const int64_t end = std::min<int64_t>(begin + kQuant8Block, codes.numel());
+    bool has_255 = false;
+    for (int64_t i = begin; i < end; ++i) has_255 = has_255 || c[i] == 255;
+    for (int64_t i = begin; i < end && !has_255 && a[begin / kQuant8Block] > 0.0f; ++i)
+      if (c[i] == 0) {
+        out[static_cast<std::size_t>(i)] = -a[begin / kQuant8Block];
+        break;
+      }
+  }
+  return out;
+}
+
+std::vector<float> floats(const StateView& v) {
+  const auto* p = static_cast<const float*>(v.data());
+  return std::vector<float>(p, p + v.numel());
+}
+
+// Checks that the q8 state `key` of `param` quantizes `x` (its float32 values, in local
+// order) by the param's own blocks: each absmax is its block's largest |x| exactly, and
+// each code a nearest entry of the map to x / absmax, in float64.
+void check_quantizes(sa_optimizer* opt, int64_t param, const std::string& key, bool is_signed,
+                     const std::vector<float>& x) {
+  const StateView codes = state_view(opt, param, key.c_str());
+  const StateView absmax = state_view(opt, param, (key + "_absmax").c_str());
+  REQUIRE(codes.numel() == static_cast<int64_t>(x.size()));
+  const uint32_t* map = quant8_map(is_signed);
+  for (int64_t b = 0; b * kQuant8Block < codes.numel(); ++b) {
+    const int64_t begin = b * kQuant8Block;
+    const int64_t end = std::min<int64_t>(begin + kQuant8Block, codes.numel());
+    float largest = 0.0f;
+    for (int64_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(x[i]));
+    const float a = static_cast<const float*>(absmax.data())[b];
+    INFO(key << " block " << b);
+    CHECK(a == largest);
+    for (int64_t i = begin; i < end; ++i) {
+      const double scaled = a > 0.0f ? static_cast<double>(x[i]) / a : 0.0;
+      const int code = static_cast<const uint8_t*>(codes.data())[i];
+      double nearest = 1e300;
+      for (int c = 0; c < 256; ++c) nearest = std::min(nearest, std::fabs(map_value(map, c) - scaled));
+      CHECK(std::fabs(map_value(map, code) - scaled) <= nearest + 1e-6);
+    }
+  }
+}
+
+// An optimizer of one param `name` of global shape [n] holding [offset, offset + size),
+// its moments in `moment`; `values` holds the param.
+OptimizerPtr one_param(const char* name, int64_t n, int64_t offset, HostTensor& values,
+                       DLDataType moment) {
+  OptimizerPtr opt = make_optimizer();
+  sa_group_config config = SA_GROUP_CONFIG_INIT;
+  config.lr = 1e-2;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
+  sa_layout layout = SA_LAYOUT_INIT;
+  layout.ndim = 1;
+  layout.global_shape = &n;
+  layout.global_offset = &offset;
+  const sa_param_options options = param_options(kDefaultDtype, moment, SA_MASTER_AUTO);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), name, 0, values.versioned(), &layout,
+                                                  &options, nullptr));
+  return opt;
+}
+
+void step_with(sa_optimizer* opt, HostTensor& grad) {
+  const DLTensor g = grad.dl();
+  REQUIRE_SA_OK(opt, sa_optimizer_set_grad(opt, 0, &g));
+  REQUIRE_SA_OK(opt, sa_optimizer_step(opt, nullptr, nullptr));
+}
+
+// The property a same-layout load rests on, over many blocks of both signs and scales: a
+// block's file values (map[code] * absmax, with -absmax for the first code 0 of a signed
+// block without a code 255) quantize again to the same codes and absmax.
+TEST_CASE("quant8: a block's file values quantize back to its codes and absmax", "[quant8]") {
+  std::mt19937_64 rng(13);
+  std::uniform_int_distribution<int> length(1, static_cast<int>(kQuant8Block));
+  int negative_max = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const bool is_signed = trial % 2 == 0;
+    const int64_t n = trial % 5 == 0 ? length(rng) : kQuant8Block;
+    const double scale = std::pow(10.0, -12.0 + 14.0 * (trial % 97) / 96.0);
+    const std::vector<float> x = random_block(rng, n, scale, is_signed);
+    const uint32_t* map = quant8_map(is_signed);
+    std::vector<uint8_t> codes(n), again(n);
+    const float absmax = quant8_encode_block(map, x.data(), n, codes.data());
+    std::vector<float> values(n);
+    for (int64_t i = 0; i < n; ++i) values[i] = quant8_decode(map, codes[i], absmax);
+    if (is_signed && std::find(codes.begin(), codes.end(), 255) == codes.end()) {
+      const auto lowest = std::find(codes.begin(), codes.end(), 0);
+      if (lowest != codes.end() && absmax > 0.0f) {
+        values[lowest - codes.begin()] = -absmax;
+        ++negative_max;
+      }
+    }
+    const float absmax_again = quant8_encode_block(map, values.data(), n, again.data());
+    INFO("trial " << trial << ", n " << n << ", scale " << scale);
+    REQUIRE(absmax_again == absmax);
+    REQUIRE(again == codes);
+  }
+  CHECK(negative_max > 1000);  // the case the rule exists for was exercised
+}
+
+TEST_CASE("q8 moments in shard files: float32 values of the codes, loaded back bit for bit onto "
+          "the same layout",
+          "[quant8][state_io]") {
+  Q8Fixture f;
+  std::mt19937_64 rng(11);
+  for (int s = 0; s < 3; ++s) f.step(rng);
+  const Bytes blob = export_blob(f.opt.get());
+
+  // Into float32 moments: exactly the decoded codes.
+  HostTensor p8_copy({3, 200}, kFloat32), p32_copy({3, 200}, kFloat32);
+  {
+    OptimizerPtr g = make_optimizer();
+    REQUIRE_SA_OK(g.get(), sa_optimizer_add_group(g.get(), &f.config, nullptr));
+    REQUIRE_SA_OK(g.get(), sa_optimizer_add_param(g.get(), "q8", 0, p8_copy.versioned(), nullptr,
+                                                  nullptr, nullptr));
+    REQUIRE_SA_OK(g.get(), sa_optimizer_add_param(g.get(), "f32", 0, p32_copy.versioned(), nullptr,
+                                                  nullptr, nullptr));
+    REQUIRE_SA_OK(g.get(), import_blobs(g.get(), {blob}));
+    CHECK(floats(state_view(g.get(), 0, "exp_avg")) == decoded(f.opt.get(), 0, "exp_avg", true));
+    CHECK(floats(state_view(g.get(), 0, "exp_avg_sq")) ==
+          decoded(f.opt.get(), 0, "exp_avg_sq", false));
+  }
+
+  // Into 8-bit moments of the same layout: the same codes and absmax values, bit for bit,
+  // so training goes on exactly as if it had not stopped. The float32 param "f32" loads
+  // into 8-bit moments too: quantized by its blocks.
+  HostTensor q8_again({3, 200}, kFloat32), f32_as_q8({3, 200}, kFloat32);
+  std::memcpy(q8_again.data(), f.p8.data(), f.p8.bytes());
+  std::memcpy(f32_as_q8.data(), f.p32.data(), f.p32.bytes());
+  OptimizerPtr h = make_optimizer();
+  REQUIRE_SA_OK(h.get(), sa_optimizer_add_group(h.get(), &f.config, nullptr));
+  const sa_param_options q8 = param_options(kDefaultDtype, kUint8, SA_MASTER_AUTO);
+  REQUIRE_SA_OK(h.get(), sa_optimizer_add_param(h.get(), "q8", 0, q8_again.versioned(), nullptr,
+                                                &q8, nullptr));
+  REQUIRE_SA_OK(h.get(), sa_optimizer_add_param(h.get(), "f32", 0, f32_as_q8.versioned(), nullptr,
+                                                &q8, nullptr));
+  REQUIRE_SA_OK(h.get(), import_blobs(h.get(), {blob}));
+  for (const char* key : {"exp_avg", "exp_avg_absmax", "exp_avg_sq", "exp_avg_sq_absmax"}) {
+    INFO(key);
+    const StateView a = state_view(f.opt.get(), 0, key), b = state_view(h.get(), 0, key);
+    REQUIRE(a.numel() == b.numel());
+    const std::size_t bytes = static_cast<std::size_t>(a.numel()) *
+                              (key == std::string("exp_avg") || key == std::string("exp_avg_sq") ? 1 : 4);
+    CHECK(std::memcmp(a.data(), b.data(), bytes) == 0);
+  }
+  check_quantizes(h.get(), 1, "exp_avg", true, floats(state_view(f.opt.get(), 1, "exp_avg")));
+  check_quantizes(h.get(), 1, "exp_avg_sq", false, floats(state_view(f.opt.get(), 1, "exp_avg_sq")));
+  int64_t steps[2] = {0, 0};
+  REQUIRE_SA_OK(h.get(), sa_optimizer_get_param_steps(h.get(), 0, 2, steps));
+  CHECK(steps[0] == 3);
+  // One more step on both, with the same grad: the same param bits.
+  for (int64_t i = 0; i < f.grad.numel(); ++i) f.grad.as<float>()[i] = 0.05f * static_cast<float>(i % 7);
+  const DLTensor g = f.grad.dl();
+  for (sa_optimizer* opt : {f.opt.get(), h.get()}) {
+    REQUIRE_SA_OK(opt, sa_optimizer_set_grad(opt, 0, &g));
+    REQUIRE_SA_OK(opt, sa_optimizer_set_grad(opt, 1, &g));
+    REQUIRE_SA_OK(opt, sa_optimizer_step(opt, nullptr, nullptr));
+  }
+  CHECK(std::memcmp(f.p8.data(), q8_again.data(), f.p8.bytes()) == 0);
+}
+
+TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new blocks",
+          "[quant8][state_io]") {
+  const int64_t n = 1000;
+  const int64_t from[3][2] = {{0, 300}, {300, 400}, {700, 300}};  // offset, size
+  const int64_t to[2][2] = {{0, 500}, {500, 500}};
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal;
+  std::vector<std::unique_ptr<HostTensor>> params, grads;
+  std::vector<OptimizerPtr> sources;
+  std::vector<float> global_m(n), global_v(n);
+  std::vector<Bytes> blobs;
+  for (const auto& box : from) {
+    params.push_back(std::make_unique<HostTensor>(std::vector<int64_t>{box[1]}, kFloat32));
+    grads.push_back(std::make_unique<HostTensor>(std::vector<int64_t>{box[1]}, kFloat32));
+    for (int64_t i = 0; i < box[1]; ++i) params.back()->as<float>()[i] = normal(rng);
+    sources.push_back(one_param("w", n, box[0], *params.back(), kUint8));
+    for (int s = 0; s < 2; ++s) {
+      for (int64_t i = 0; i < box[1]; ++i)
+        grads.back()->as<float>()[i] = normal(rng) * (i % 100 == 0 ? 1.0f : 0.01f);
+      step_with(sources.back().get(), *grads.back());
+    }
+    const std::vector<float> m = decoded(sources.back().get(), 0, "exp_avg", true);
+    const std::vector<float> v = decoded(sources.back().get(), 0, "exp_avg_sq", false);
+    std::copy(m.begin(), m.end(), global_m.begin() + box[0]);
+    std::copy(v.begin(), v.end(), global_v.begin() + box[0]);
+    blobs.push_back(export_blob(sources.back().get()));
+  }
+  for (const auto& box : to) {
+    INFO("destination [" << box[0] << ", " << box[0] + box[1] << ")");
+    HostTensor p({box[1]}, kFloat32);
+    OptimizerPtr dst = one_param("w", n, box[0], p, kUint8);
+    REQUIRE_SA_OK(dst.get(), import_blobs(dst.get(), blobs));
+    check_quantizes(dst.get(), 0, "exp_avg", true,
+                    std::vector<float>(global_m.begin() + box[0], global_m.begin() + box[0] + box[1]));
+    check_quantizes(dst.get(), 0, "exp_avg_sq", false,
+                    std::vector<float>(global_v.begin() + box[0], global_v.begin() + box[0] + box[1]));
+    // And onto float32 moments: the saved values themselves.
+    HostTensor p32({box[1]}, kFloat32);
+    OptimizerPtr dst32 = one_param("w", n, box[0], p32, kDefaultDtype);
+    REQUIRE_SA_OK(dst32.get(), import_blobs(dst32.get(), blobs));
+    CHECK(floats(state_view(dst32.get(), 0, "exp_avg")) ==
+          std::vector<float>(global_m.begin() + box[0], global_m.begin() + box[0] + box[1]));
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "../kernels/quant8.h"
 #include "test_state_io_support.hpp"
 
 namespace {
@@ -239,4 +240,72 @@ TEST_CASE("an import into the optimizer that wrote the file restores the saved s
   CHECK(snapshot(rank.opt(), prob) == saved);
   // And the same bytes come out again.
   CHECK(rank.export_blob() == blob);
+}
+
+// Every storage variant with 8-bit moments, loaded from float32 and bfloat16 moments saved
+// on another layout: each moment is the saved values quantized by the local shard's own
+// blocks (absmax: the block's largest |x| exactly; codes: nearest entries of bitsandbytes'
+// maps to x / absmax), checked in float64.
+TEST_CASE("float32 and bfloat16 moments load into 8-bit moments on another layout, quantized by "
+          "the local blocks",
+          "[state_io][quant8]") {
+  std::vector<GlobalParam> eight = io_params();
+  for (auto& p : eight) p.moment_dtype = kUint8;
+  const Problem q8(eight);
+  const Problem& prob = io_problem();
+  const std::vector<Bytes> blobs = train_and_save(mesh_scenario("Shard(0) over 3", {3}, {shard(0)}));
+  auto ranks = make_ranks(q8, mesh_scenario("Shard(1) over 2", {2}, {shard(1)}),
+                          param_values(expected_at_save()));
+  int64_t blocks_checked = 0;
+  for (auto& rank : ranks) {
+    REQUIRE_SA_OK(rank->opt(), import_blobs(rank->opt(), blobs));
+    for (std::size_t k = 0; k < prob.params.size(); ++k) {
+      const GlobalParam& saved = prob.params[k];
+      const Box& box = rank->box(k);
+      const std::size_t n = static_cast<std::size_t>(numel_of(box.shape));
+      INFO("param '" << saved.name << "'");
+      for (const char* key : state_keys(saved)) {
+        const std::string name = key;
+        if (name == "master" || name == "remainder") continue;
+        INFO("state " << key);
+        const Bytes raw = bytes_of_box(expected_at_save()[k].states.at(key), saved.shape, box,
+                                       state_elem_size(key, saved));
+        std::vector<double> x(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (same_dtype(saved.moment_dtype, kFloat32)) {
+            float f;
+            std::memcpy(&f, &raw[4 * i], 4);
+            x[i] = f;
+          } else {
+            uint16_t h;
+            std::memcpy(&h, &raw[2 * i], 2);
+            const uint32_t bits = static_cast<uint32_t>(h) << 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            x[i] = f;
+          }
+        }
+        const Bytes codes = rank->state_bytes(k, key);
+        const Bytes absmax_bytes = rank->state_bytes(k, (name + "_absmax").c_str());
+        REQUIRE(codes.size() == n);
+        const uint32_t* map = sa::kernels::quant8_map(name == "exp_avg");
+        for (std::size_t b = 0; b * 256 < n; ++b, ++blocks_checked) {
+          float a;
+          std::memcpy(&a, &absmax_bytes[4 * b], 4);
+          double largest = 0.0;
+          for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i)
+            largest = std::max(largest, std::fabs(x[i]));
+          CHECK(static_cast<double>(a) == largest);
+          for (std::size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i) {
+            const double scaled = a > 0.0f ? x[i] / a : 0.0;
+            double nearest = 1e300;
+            for (int c = 0; c < 256; ++c)
+              nearest = std::min(nearest, std::fabs(sa::kernels::bits_float(map[c]) - scaled));
+            CHECK(std::fabs(sa::kernels::bits_float(map[codes[i]]) - scaled) <= nearest + 1e-6);
+          }
+        }
+      }
+    }
+  }
+  CHECK(blocks_checked > 100);
 }

@@ -65,6 +65,11 @@ inline std::vector<const char*> state_keys(const GlobalParam& p) {
   if (io_groups()[static_cast<std::size_t>(p.group)].amsgrad) keys.push_back("max_exp_avg_sq");
   if (p.master == SA_MASTER_FP32) keys.push_back("master");
   if (p.master == SA_MASTER_REMAINDER) keys.push_back("remainder");
+  if (same_dtype(p.moment_dtype, kUint8)) {  // 8-bit moments: their block absmax values too
+    const std::size_t moments = keys.size() >= 3 && std::string(keys[2]) == "max_exp_avg_sq" ? 3 : 2;
+    const char* absmax[] = {"exp_avg_absmax", "exp_avg_sq_absmax", "max_exp_avg_sq_absmax"};
+    for (std::size_t k = 0; k < moments; ++k) keys.push_back(absmax[k]);
+  }
   return keys;
 }
 

@@ -343,9 +343,11 @@ typedef struct sa_param_options {
    * 256-value map (signed for exp_avg, unsigned for the others) of x / absmax; the states
    * "exp_avg_absmax", "exp_avg_sq_absmax" (and "max_exp_avg_sq_absmax") hold the absmax
    * values, one per block. The update decodes a block, updates it in float32, and encodes
-   * it again with its new absmax; the CPU and CUDA backends compute the same bits. In this
-   * version shard files cannot hold uint8 moments: sa_optimizer_export and
-   * sa_optimizer_import refuse an optimizer that has them (SA_ERR_UNSUPPORTED). */
+   * it again with its new absmax; the CPU and CUDA backends compute the same bits. Shard
+   * files hold uint8 moments as float32 values (map[code] * absmax; README.md: shard
+   * files), so they reshard to any layout and cross with float32/bfloat16 moments; an
+   * import quantizes them by the local shard's blocks, and onto the same layout restores
+   * the codes and absmax bit for bit. */
   DLDataType moment_dtype;
   int32_t master; /* an sa_master_kind */
 } sa_param_options;

@@ -1,10 +1,13 @@
 // src/state_io/export.cpp — one rank's state as a shard file. The header (which holds
 // every block's checksum) precedes the data and the writer only appends, so the state is
 // streamed twice: once to checksum it, once to write it. Device state goes through one
-// bounded staging buffer both times; host state is read in place.
+// bounded staging buffer both times; host state is read in place. 8-bit moments are
+// decoded to float32 on the way (file_states).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
+#include "../../kernels/quant8.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "crc32c.hpp"
@@ -52,12 +55,77 @@ class HostChunks {
   std::shared_ptr<Buffer> staging_;
 };
 
+// A tensor's data as the file holds it: backend memory as it is, or an 8-bit moment
+// decoded to float32 (map[code] * absmax, the values the kernels compute with).
+struct Source {
+  const void* data;    // backend memory (an 8-bit moment: its codes); null when empty
+  const void* absmax;  // an 8-bit moment: its block absmax values, else null
+  bool is_signed;
+};
+
+// Decodes chunks of 8-bit moments into host memory. A chunk starts at a multiple of the
+// checksum block, hence of kQuant8Block elements, so it holds whole blocks.
+class Decoder {
+ public:
+  Decoder(Backend* backend, uint64_t chunk_bytes)
+      : backend_(backend), elems_(static_cast<std::size_t>(chunk_bytes / sizeof(float))) {}
+
+  const unsigned char* view(const Source& s, uint64_t offset, uint64_t bytes) {
+    const int64_t first = static_cast<int64_t>(offset / sizeof(float));
+    const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
+    const int64_t block = kernels::kQuant8Block;
+    if (first % block != 0) fail(SA_ERR_INTERNAL, "an 8-bit chunk starts inside a block");
+    const int64_t blocks = (n + block - 1) / block;
+    if (out_.empty()) {  // first use: host memory for one chunk
+      out_.resize(elems_);
+      codes_.resize(elems_);
+      absmax_.resize(elems_ / static_cast<std::size_t>(block) + 1);
+    }
+    const auto* codes = static_cast<const uint8_t*>(s.data) + first;
+    const auto* absmax = static_cast<const float*>(s.absmax) + first / block;
+    if (!backend_->host_memory()) {
+      backend_->copy_to_host(codes_.data(), codes, static_cast<std::size_t>(n));
+      backend_->copy_to_host(absmax_.data(), absmax,
+                             static_cast<std::size_t>(blocks) * sizeof(float));
+      codes = codes_.data();
+      absmax = absmax_.data();
+    }
+    const uint32_t* map = kernels::quant8_map(s.is_signed);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t m = std::min(block, n - b * block);
+      kernels::quant8_decode_block(map, codes + b * block, absmax[b], m, out_.data() + b * block);
+      if (s.is_signed)
+        restore_negative_absmax(codes + b * block, m, absmax[b], out_.data() + b * block);
+    }
+    return reinterpret_cast<const unsigned char*>(out_.data());
+  }
+
+  // The signed map holds +1 but not -1 (bitsandbytes' dynamic map): a block whose largest
+  // magnitude was a negative element coded it as the map's lowest entry (code 0), which
+  // decodes to less than the absmax. Written as -absmax (the value it had when it was
+  // quantized), the block's absmax comes back exactly when a load quantizes the values
+  // again, and with it every code: a same-layout load is bit for bit. A block where some
+  // code is 255 (+1) decodes to its absmax already.
+  static void restore_negative_absmax(const uint8_t* codes, int64_t n, float absmax, float* x) {
+    if (!(absmax > 0.0f) || absmax == INFINITY) return;
+    if (std::find(codes, codes + n, uint8_t{255}) != codes + n) return;
+    const uint8_t* lowest = std::find(codes, codes + n, uint8_t{0});
+    if (lowest != codes + n) x[lowest - codes] = -absmax;
+  }
+
+ private:
+  Backend* backend_;
+  std::size_t elems_;
+  std::vector<float> out_;
+  std::vector<uint8_t> codes_;
+  std::vector<float> absmax_;
+};
+
 }  // namespace
 
 void export_state(Optimizer& opt, const sa_writer* writer_table) {
   BlobWriter writer(writer_table);
   opt.require_usable("an export");
-  opt.require_file_states("an export");
   Backend* backend = opt.backend();
   if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
 
@@ -72,21 +140,23 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   opt.get_param_steps(0, opt.num_params(), param_steps.data());
 
   std::vector<SavedTensor> tensors;
-  std::vector<const void*> sources;
+  std::vector<Source> sources;
   for (std::size_t i = 0; i < opt.params().size(); ++i) {
     const auto& p = opt.params()[i];
     if (!primary_replica(p->layout)) continue;
     header.param_steps[p->name] = param_steps[i];
-    for (const NamedState& s : named_states(*p)) {
+    for (const FileState& f : file_states(*p)) {
       SavedTensor t;
       t.param = p->name;
-      t.key = s.key;
-      t.dtype = s.dtype;
+      t.key = f.state.key;
+      t.dtype = f.dtype;
       t.shape = p->layout.local_shape;
       t.global_shape = p->layout.global_shape;
       t.global_offset = p->layout.global_offset;
-      t.bytes = static_cast<uint64_t>(p->numel) * dtype_size(s.dtype);
-      sources.push_back(s.buffer && t.bytes > 0 ? s.buffer->data() : nullptr);
+      t.bytes = static_cast<uint64_t>(p->numel) * dtype_size(f.dtype);
+      const bool data = f.state.buffer && t.bytes > 0;
+      sources.push_back({data ? f.state.buffer->data() : nullptr,
+                         data && f.absmax ? f.absmax->data() : nullptr, f.is_signed});
       tensors.push_back(std::move(t));
     }
   }
@@ -108,11 +178,15 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   }
 
   HostChunks chunks(backend, largest, kDefaultStagingBytes);
+  Decoder decoder(backend, chunks.chunk());
   auto stream = [&](std::size_t i, auto&& consume) {
     const SavedTensor& t = tensors[i];
+    const Source& source = sources[i];
     for (uint64_t offset = 0; offset < t.bytes; offset += chunks.chunk()) {
       const uint64_t n = std::min(chunks.chunk(), t.bytes - offset);
-      consume(offset, chunks.view(sources[i], offset, n), n);
+      consume(offset,
+              source.absmax ? decoder.view(source, offset, n) : chunks.view(source.data, offset, n),
+              n);
     }
   };
 

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <new>
 #include <set>
 #include <unordered_map>
 
 #include "../../kernels/adam_math.h"
+#include "../../kernels/quant8.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "box.hpp"
@@ -45,12 +47,21 @@ struct SavedParam {
 struct Piece {
   std::size_t file;
   const SavedTensor* saved;
-  Box box;   // the intersection, in global coordinates
-  Box from;  // the saved tensor's box
-  Box to;    // the local state's box
-  void* dst;
-  DLDataType dst_dtype;
-  std::string what;  // "param 'w' state exp_avg", for messages
+  Box box;               // the intersection, in global coordinates
+  Box from;              // the saved tensor's box
+  Box to;                // the local state's box
+  void* dst;             // backend memory, or null for an 8-bit moment (see `landing`)
+  DLDataType dst_dtype;  // as the file state is held (float32 for an 8-bit moment)
+  std::string what;      // "param 'w' state exp_avg", for messages
+  int landing;           // an 8-bit moment: its Landing, else -1
+};
+
+// An 8-bit moment lands as float32 values in host memory, then is quantized by this
+// param's own blocks (the files' came from other shards) into its codes and absmax.
+struct Landing {
+  FileState state;
+  int64_t numel;
+  std::vector<float> values;  // allocated in phase 3, before any state changes
 };
 
 // Whole checksum blocks of one piece's saved tensor, read at once.
@@ -194,9 +205,9 @@ class Importer {
     SavedParam& saved = entry->second;
     saved.matched = true;
 
-    const std::vector<NamedState> states = named_states(p);
+    const std::vector<FileState> states = file_states(p);
     std::set<std::string> local_keys, saved_keys;
-    for (const NamedState& s : states) local_keys.insert(s.key);
+    for (const FileState& f : states) local_keys.insert(f.state.key);
     for (const auto& [key, refs] : saved.keys) saved_keys.insert(key);
     if (local_keys != saved_keys)
       fail(SA_ERR_MISMATCH, "param '", p.name, "': the shard files hold the states ",
@@ -204,8 +215,14 @@ class Importer {
            " (its master kind or its group's amsgrad differs from the saved one)");
 
     const Box local{p.layout.global_offset, p.layout.local_shape};
-    for (const NamedState& s : states) {
+    for (const FileState& f : states) {
+      const NamedState& s = f.state;
       const std::string what = concat("param '", p.name, "' state ", s.key);
+      int landing = -1;
+      if (f.absmax && p.numel > 0) {
+        landing = static_cast<int>(landings_.size());
+        landings_.push_back({f, p.numel, {}});
+      }
       const std::vector<SavedRef>& refs = saved.keys.at(s.key);
       std::vector<Box> saved_boxes;
       std::vector<Dims> global_shapes;
@@ -215,10 +232,10 @@ class Importer {
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(),
                " holds it with global shape ", format_dims(t.global_shape),
                " but this param's global shape is ", format_dims(p.layout.global_shape));
-        if (!same_dtype(t.dtype, s.dtype) &&
+        if (!same_dtype(t.dtype, f.dtype) &&
             find_state_kind(s.key)->storage != StateStorage::moment)  // moments convert
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
-               safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
+               safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(f.dtype));
         saved_boxes.push_back({t.global_offset, t.shape});
         global_shapes.push_back(t.global_shape);
       }
@@ -236,8 +253,8 @@ class Importer {
         Box shared;
         if (!intersect(local, saved_boxes[i], shared)) continue;
         pieces_.push_back({refs[i].file, refs[i].tensor, shared, saved_boxes[i], local,
-                           s.buffer->data(), s.dtype, what});
-        converts_ = converts_ || !same_dtype(refs[i].tensor->dtype, s.dtype);
+                           landing >= 0 ? nullptr : s.buffer->data(), f.dtype, what, landing});
+        converts_ = converts_ || !same_dtype(refs[i].tensor->dtype, f.dtype);
       }
     }
   }
@@ -370,10 +387,19 @@ class Importer {
       for (const Piece& p : pieces_) cursors.emplace_back(p.box, p.from, p.to);
       std::shared_ptr<Buffer> bounce;
       if (converts_ && !backend->host_memory()) bounce = backend->allocate_staging(kBounceBytes);
+      std::vector<uint8_t> codes;
+      std::vector<float> absmax;
+      try {
+        for (Landing& l : landings_) l.values.resize(static_cast<std::size_t>(l.numel));
+      } catch (const std::bad_alloc&) {
+        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the host memory that 8-bit moments land in ",
+             "(4 bytes per element of each); nothing was changed");
+      }
       backend->synchronize();  // no step in flight may still use the state
       opt_.mark_unusable("an import failed while it was copying state");
       try {
         copy_chunks(*backend, cursors, bounce.get());
+        for (const Landing& l : landings_) quantize(*backend, l, codes, absmax);
       } catch (const Error& e) {
         opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
         fail(e.status() == SA_ERR_FORMAT ? SA_ERR_IO : e.status(), e.what(),
@@ -404,6 +430,23 @@ class Importer {
     }
   }
 
+  // An 8-bit moment's landed float32 values, quantized by this param's blocks (as a step
+  // quantizes them: kernels/quant8.h), into its codes and block absmax values.
+  static void quantize(Backend& backend, const Landing& l, std::vector<uint8_t>& codes,
+                       std::vector<float>& absmax) {
+    const int64_t block = kernels::kQuant8Block;
+    const int64_t blocks = (l.numel + block - 1) / block;
+    codes.resize(static_cast<std::size_t>(l.numel));
+    absmax.resize(static_cast<std::size_t>(blocks));
+    const uint32_t* map = kernels::quant8_map(l.state.is_signed);
+    for (int64_t b = 0; b < blocks; ++b)
+      absmax[static_cast<std::size_t>(b)] = kernels::quant8_encode_block(
+          map, l.values.data() + b * block, std::min(block, l.numel - b * block),
+          codes.data() + b * block);
+    backend.copy_from_host(l.state.state.buffer->data(), codes.data(), codes.size());
+    backend.copy_from_host(l.state.absmax->data(), absmax.data(), absmax.size() * sizeof(float));
+  }
+
   void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce) {
     auto* base = static_cast<unsigned char*>(staging_->data());
     for (const Chunk& c : chunks_) {
@@ -415,13 +458,18 @@ class Importer {
 
   // Copies the part of a piece's runs that lies in chunk `c` (held at `data`) into state.
   void scatter(const Chunk& c, const unsigned char* data, RunCursor& cursor, Backend& backend,
-               Buffer* bounce) const {
+               Buffer* bounce) {
     const Piece& piece = pieces_[c.piece];
     const DLDataType from = piece.saved->dtype;
     const uint64_t src_size = dtype_size(from), dst_size = dtype_size(piece.dst_dtype);
     const int64_t first = static_cast<int64_t>(c.begin / src_size);
     const int64_t end = static_cast<int64_t>((c.begin + c.bytes) / src_size);
-    auto* dst_base = static_cast<unsigned char*>(piece.dst);
+    // An 8-bit moment lands in host memory (see Landing); everything else goes to state.
+    const bool landing = piece.landing >= 0;
+    const bool host = landing || backend.host_memory();
+    auto* dst_base = landing ? reinterpret_cast<unsigned char*>(
+                                   landings_[static_cast<std::size_t>(piece.landing)].values.data())
+                             : static_cast<unsigned char*>(piece.dst);
     while (!cursor.done() && cursor.src() < end) {
       if (cursor.src() < first)
         fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
@@ -429,8 +477,11 @@ class Importer {
       const unsigned char* src = data + static_cast<uint64_t>(cursor.src() - first) * src_size;
       unsigned char* dst = dst_base + static_cast<uint64_t>(cursor.dst()) * dst_size;
       if (same_dtype(from, piece.dst_dtype)) {
-        backend.copy_from_host(dst, src, static_cast<std::size_t>(n) * dst_size);
-      } else if (backend.host_memory()) {
+        if (landing)
+          std::memcpy(dst, src, static_cast<std::size_t>(n) * dst_size);
+        else
+          backend.copy_from_host(dst, src, static_cast<std::size_t>(n) * dst_size);
+      } else if (host) {
         convert(src, from, dst, n);
       } else {
         const int64_t step = static_cast<int64_t>(kBounceBytes / std::max(src_size, dst_size));
@@ -452,6 +503,7 @@ class Importer {
   std::vector<ShardHeader> headers_;
   std::unordered_map<std::string, SavedParam> saved_;
   std::vector<Piece> pieces_;
+  std::vector<Landing> landings_;
   std::vector<Chunk> chunks_;
   bool converts_ = false;
   bool cached_ = false;
@@ -466,7 +518,6 @@ class Importer {
 
 void import_state(Optimizer& opt, const std::vector<BlobReader>& readers,
                   const sa_import_options& options) {
-  opt.require_file_states("an import");
   Importer(opt, readers, settings_of(options)).run();
 }
 

@@ -152,6 +152,22 @@ TEST_CASE("CUDA shard files: the same bytes as the CPU's, and imports into anoth
     REQUIRE_SA_OK(gpu[r]->opt(), import_blobs(gpu[r]->opt(), blobs));
     check_same(other, *gpu[r], *cpu[r]);
   }
+
+  // Into 8-bit moments (the saved float32 values land on the host, are quantized by each
+  // shard's blocks and go up), then out again: the GPU's codes, absmax values and files
+  // equal the CPU's.
+  std::vector<GlobalParam> eight = io_params();
+  for (auto& p : eight) p.moment_dtype = kUint8;
+  const Problem q8(eight);
+  auto cpu8 = make_ranks(q8, load, values);
+  auto gpu8 = make_gpu_ranks(q8, load, values);
+  for (std::size_t r = 0; r < gpu8.size(); ++r) {
+    INFO("8-bit import, rank " << r);
+    REQUIRE_SA_OK(cpu8[r]->opt(), import_blobs(cpu8[r]->opt(), blobs));
+    REQUIRE_SA_OK(gpu8[r]->opt(), import_blobs(gpu8[r]->opt(), blobs));
+    check_same(q8, *gpu8[r], *cpu8[r]);
+    CHECK(export_blob(gpu8[r]->opt()) == cpu8[r]->export_blob());
+  }
 }
 
 TEST_CASE("CUDA export and import of ~1 GiB of state: throughput (printed)", "[gpu][state_io][bench]") {

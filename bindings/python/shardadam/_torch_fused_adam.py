@@ -234,8 +234,8 @@ class FusedAdam(torch.optim.Optimizer):
         grad_dtype: dtype of the grads (default: the param's).
         moment_dtype: ``torch.float32`` (default), ``torch.bfloat16``, or ``torch.uint8``: 8-bit
             blockwise moments as bitsandbytes' ``AdamW8bit`` keeps them (codes of its dynamic
-            maps, a float32 absmax per 256 elements, states ``exp_avg_absmax`` ...); not in
-            shard files yet.
+            maps, a float32 absmax per 256 elements, states ``exp_avg_absmax`` ...); shard
+            files hold them as float32 values, which reshard and load into any moment dtype.
         num_threads: CPU params: worker threads (0: one per hardware thread).
         max_grad_norm: clip to this global norm (None: no clipping; ``math.inf``: compute
             ``self.grad_norm`` without clipping). May be changed between steps.

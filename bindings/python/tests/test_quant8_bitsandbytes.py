@@ -122,11 +122,36 @@ def test_8bit_moments_are_a_quarter_of_float32_moments():
     assert bytes32 == 8 * p32.numel()
 
 
-def test_cuda_params_and_shard_files_are_refused_with_the_reason(tmp_path):
-    p = torch.zeros(300)
-    opt = fused([p])
-    p.grad = torch.ones_like(p)
-    opt.step()
-    with pytest.raises(shardadam.Unsupported, match="8-bit moments"):
-        opt.save_shard_file(str(tmp_path / "rank0.safetensors"))
-    assert not list(tmp_path.iterdir())
+def test_shard_files_hold_what_bitsandbytes_decodes_and_load_back_bit_for_bit(tmp_path):
+    """A shard file read by the real safetensors package holds bitsandbytes'
+    dequantize_blockwise of the codes and absmax (but for the one element per signed block
+    that README.md says holds -absmax), and a load into 8-bit moments restores both."""
+    st = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(2)
+    n = 3 * BLOCK + 40
+    p = torch.randn(n)
+    opt = fused([p], lr=1e-3)
+    for _ in range(3):
+        p.grad = torch.randn(n) * 0.01
+        opt.step()
+    path = tmp_path / "rank0.safetensors"
+    opt.save_shard_file(path)
+    saved = st.load_file(str(path))
+    for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
+        codes = opt.state[p][key].reshape(-1)
+        absmax = opt.state[p][key + "_absmax"]
+        want = F.dequantize_blockwise(codes, absmax=absmax, code=F.create_dynamic_map(signed=signed),
+                                      blocksize=BLOCK).reshape(-1).clone()
+        if signed:
+            for b in range(math.ceil(n / BLOCK)):
+                block = codes[b * BLOCK:(b + 1) * BLOCK]
+                if float(absmax[b]) > 0 and not bool((block == 255).any()) and bool((block == 0).any()):
+                    want[b * BLOCK + int((block == 0).nonzero()[0])] = -absmax[b]
+        got = saved[f"params.0/{key}"]
+        assert got.dtype == torch.float32 and got.shape == (n,)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    q = p.clone()
+    again = fused([q], lr=1e-3)
+    again.load_shard_files([path])
+    for key in ("exp_avg", "exp_avg_absmax", "exp_avg_sq", "exp_avg_sq_absmax"):
+        assert torch.equal(again.state[q][key], opt.state[p][key]), key
