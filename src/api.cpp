@@ -47,6 +47,24 @@ sa_status sa::api::record(const sa_optimizer* opt, const char* fn, sa_status sta
   return status;
 }
 
+namespace {
+
+// The keys of the states `states_of()` gives into keys[0..capacity), their count into
+// *count; the arguments are checked first.
+template <class StatesOf, class Key>
+void list_keys(const StatesOf& states_of, const Key& key_of, const char** keys, int32_t capacity,
+               int32_t* count) {
+  require(count != nullptr, "count is NULL");
+  require(capacity >= 0, "capacity is negative");
+  require(keys != nullptr || capacity == 0, "keys is NULL but capacity is not 0");
+  const auto states = states_of();
+  for (std::size_t i = 0; i < states.size() && i < static_cast<std::size_t>(capacity); ++i)
+    keys[i] = key_of(states[i]);
+  *count = static_cast<int32_t>(states.size());
+}
+
+}  // namespace
+
 extern "C" {
 
 int sa_version(void) { return SA_VERSION_NUMBER; }
@@ -363,16 +381,37 @@ sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream) {
   return with_optimizer(opt, "sa_optimizer_flush", [&] { opt->core.flush(stream); });
 }
 
+sa_status sa_optimizer_get_moment_values(const sa_optimizer* opt, int64_t param, const char* key,
+                                         const DLTensor* out) {
+  return with_optimizer(opt, "sa_optimizer_get_moment_values", [&] {
+    require(key != nullptr, "key is NULL");
+    require(out != nullptr, "out is NULL");
+    opt->core.get_moment_values(param, key, *out);
+  });
+}
+
+sa_status sa_optimizer_set_moment_values(sa_optimizer* opt, int64_t param, const char* key,
+                                         const DLTensor* values) {
+  return with_optimizer(opt, "sa_optimizer_set_moment_values", [&] {
+    require(key != nullptr, "key is NULL");
+    require(values != nullptr, "values is NULL");
+    opt->core.set_moment_values(param, key, *values);
+  });
+}
+
 sa_status sa_optimizer_state_keys(const sa_optimizer* opt, int64_t param, const char** keys,
                                   int32_t capacity, int32_t* count) {
   return with_optimizer(opt, "sa_optimizer_state_keys", [&] {
-    require(count != nullptr, "count is NULL");
-    require(capacity >= 0, "capacity is negative");
-    require(keys != nullptr || capacity == 0, "keys is NULL but capacity is not 0");
-    const std::vector<sa::NamedState> states = sa::named_states(opt->core.param(param, "param"));
-    for (std::size_t i = 0; i < states.size() && i < static_cast<std::size_t>(capacity); ++i)
-      keys[i] = states[i].key;
-    *count = static_cast<int32_t>(states.size());
+    list_keys([&] { return sa::named_states(opt->core.param(param, "param")); },
+              [](const sa::NamedState& s) { return s.key; }, keys, capacity, count);
+  });
+}
+
+sa_status sa_optimizer_checkpoint_keys(const sa_optimizer* opt, int64_t param, const char** keys,
+                                       int32_t capacity, int32_t* count) {
+  return with_optimizer(opt, "sa_optimizer_checkpoint_keys", [&] {
+    list_keys([&] { return sa::file_states(opt->core.param(param, "param")); },
+              [](const sa::FileState& f) { return f.state.key; }, keys, capacity, count);
   });
 }
 

@@ -10,6 +10,7 @@
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "moment_values.hpp"
 #include "options.hpp"
 #include "schema.hpp"
 
@@ -622,6 +623,50 @@ std::vector<FileState> file_states(const Param& p) {
     out.push_back(std::move(f));
   }
   return out;
+}
+
+namespace {
+
+// The moment `key` of `p` and the host float32 array of `values`, or the error that says
+// why not.
+std::pair<FileState, float*> moment_and_values(const Param& p, const std::string& key,
+                                               const DLTensor& values, const char* what) {
+  const std::string context = concat("param '", p.name, "': ", what);
+  std::string moments;
+  for (const FileState& f : file_states(p)) {
+    if (state_kind_info(f.state.kind).storage != StateStorage::moment) continue;
+    if (key == f.state.key) {
+      const TensorRef t = read_tensor(values, context);
+      if (!same_dtype(t.dtype, dl_dtype_of(ElemType::f32)))
+        fail(SA_ERR_INVALID_ARGUMENT, context, " is ", dtype_name(t.dtype), "; it must be float32");
+      if (t.device.device_type != kDLCPU)
+        fail(SA_ERR_INVALID_ARGUMENT, context, " is on ", device_name(t.device),
+             "; it must be in host memory (cpu)");
+      if (t.shape != p.layout.local_shape)
+        fail(SA_ERR_INVALID_ARGUMENT, context, " has shape ", format_dims(t.shape),
+             "; it must have the local shape ", format_dims(p.layout.local_shape));
+      return {f, static_cast<float*>(t.data)};
+    }
+    moments += moments.empty() ? f.state.key : concat(", ", f.state.key);
+  }
+  fail(SA_ERR_INVALID_ARGUMENT, "param '", p.name, "' has no moment '", key,
+       "'; it has: ", moments);
+}
+
+}  // namespace
+
+void Optimizer::get_moment_values(int64_t index, const std::string& key,
+                                  const DLTensor& values) const {
+  const Param& p = param(index, "param");
+  const auto [f, out] = moment_and_values(p, key, values, "out");
+  read_moment_values(*backend_, p, f, out);
+}
+
+void Optimizer::set_moment_values(int64_t index, const std::string& key, const DLTensor& values) {
+  require_usable("setting a moment");
+  const Param& p = param(index, "param");
+  const auto [f, in] = moment_and_values(p, key, values, "values");
+  write_moment_values(*backend_, p, f, in);
 }
 
 Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) const {

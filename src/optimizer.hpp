@@ -190,6 +190,12 @@ class Optimizer {
   };
   StateRef state(int64_t index, const std::string& key) const;
 
+  // A moment of param `index` (exp_avg, exp_avg_sq, max_exp_avg_sq) as float32 values
+  // (moment_values.hpp), to or from `values`: a float32 host tensor of the local shape.
+  // Everything is checked before anything changes; both synchronize a device backend.
+  void get_moment_values(int64_t index, const std::string& key, const DLTensor& values) const;
+  void set_moment_values(int64_t index, const std::string& key, const DLTensor& values);
+
   DLDevice device() const;
 
   // ---- what state export/import (src/state_io) needs ----------------------------------

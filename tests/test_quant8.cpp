@@ -534,3 +534,69 @@ TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new 
 }
 
 }  // namespace
+
+namespace {
+
+TEST_CASE("moment values: an 8-bit moment read as float32 and written back is unchanged; float32 "
+          "values are quantized by the local blocks",
+          "[quant8]") {
+  Q8Fixture f;
+  std::mt19937_64 rng(14);
+  for (int s = 0; s < 3; ++s) f.step(rng);
+  for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+    INFO(key);
+    const bool is_signed = std::string(key) == "exp_avg";
+    HostTensor values({3, 200}, kFloat32);
+    DLTensor t = values.dl();
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_get_moment_values(f.opt.get(), 0, key, &t));
+    const std::vector<float> got(values.as<float>(), values.as<float>() + values.numel());
+    CHECK(got == decoded(f.opt.get(), 0, key, is_signed));
+    const std::vector<uint8_t> codes_before = [&] {
+      const StateView v = state_view(f.opt.get(), 0, key);
+      const auto* c = static_cast<const uint8_t*>(v.data());
+      return std::vector<uint8_t>(c, c + v.numel());
+    }();
+    const std::vector<float> absmax_before =
+        floats(state_view(f.opt.get(), 0, (std::string(key) + "_absmax").c_str()));
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_moment_values(f.opt.get(), 0, key, &t));
+    const StateView after = state_view(f.opt.get(), 0, key);
+    CHECK(std::memcmp(after.data(), codes_before.data(), codes_before.size()) == 0);
+    CHECK(floats(state_view(f.opt.get(), 0, (std::string(key) + "_absmax").c_str())) ==
+          absmax_before);
+    // The float32 moments of param 1, written into the 8-bit param 0.
+    HostTensor f32({3, 200}, kFloat32);
+    DLTensor u = f32.dl();
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_get_moment_values(f.opt.get(), 1, key, &u));
+    CHECK(std::vector<float>(f32.as<float>(), f32.as<float>() + f32.numel()) ==
+          floats(state_view(f.opt.get(), 1, key)));
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_moment_values(f.opt.get(), 0, key, &u));
+    check_quantizes(f.opt.get(), 0, key, is_signed,
+                    std::vector<float>(f32.as<float>(), f32.as<float>() + f32.numel()));
+  }
+  // What checkpoints hold: the moments, not their block absmax values.
+  const char* keys[8] = {};
+  int32_t count = -1;
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_checkpoint_keys(f.opt.get(), 0, keys, 8, &count));
+  REQUIRE(count == 2);
+  CHECK(std::string(keys[0]) == "exp_avg");
+  CHECK(std::string(keys[1]) == "exp_avg_sq");
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_state_keys(f.opt.get(), 0, keys, 8, &count));
+  CHECK(count == 4);
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_checkpoint_keys(f.opt.get(), 0, keys, 8, nullptr), "count is NULL");
+  HostTensor wrong_shape({600}, kFloat32), wrong_dtype({3, 200}, kBfloat16);
+  DLTensor a = wrong_shape.dl(), b = wrong_dtype.dl();
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_moment_values(f.opt.get(), 0, "exp_avg", &a), "shape [600]",
+                 "local shape [3, 200]");
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_get_moment_values(f.opt.get(), 0, "exp_avg", &b), "bfloat16",
+                 "float32");
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_get_moment_values(f.opt.get(), 0, "exp_avg_absmax", &a),
+                 "no moment 'exp_avg_absmax'", "exp_avg, exp_avg_sq");
+  CHECK_SA_FAILS(f.opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_get_moment_values(f.opt.get(), 0, "exp_avg", nullptr), "out is NULL");
+}
+
+}  // namespace

@@ -336,6 +336,11 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
   $1 = sa_py_capsule_dltensor($input);
   if (!$1) SWIG_exception_fail(SWIG_TypeError, "grad must be an unconsumed DLPack capsule ('dltensor_versioned' or 'dltensor')");
 }
+/* sa_optimizer_get_moment_values / set_moment_values: the caller's float32 host tensor. */
+%typemap(in) const DLTensor* out, const DLTensor* values {
+  $1 = sa_py_capsule_dltensor($input);
+  if (!$1) SWIG_exception_fail(SWIG_TypeError, "$1_name must be an unconsumed DLPack capsule ('dltensor_versioned' or 'dltensor')");
+}
 
 %typemap(in, numinputs=0) DLManagedTensorVersioned** out (DLManagedTensorVersioned* view = NULL) { $1 = &view; }
 %typemap(argout) DLManagedTensorVersioned** out {
@@ -560,7 +565,8 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
 %ignore sa_nccl_unique_id;     /* travels as its 128 bytes */
 %ignore sa_host_comm;          /* C callbacks: host_comm_create below makes one from a callable */
 %ignore sa_comm_create_host;
-%ignore sa_optimizer_state_keys;       /* an array of strings: state_keys_get below */
+%ignore sa_optimizer_state_keys;       /* arrays of strings: state_keys_get below */
+%ignore sa_optimizer_checkpoint_keys;
 %ignore sa_optimizer_get_param_steps;  /* int64_t arrays: param_steps_get/_set below */
 %ignore sa_optimizer_set_param_steps;
 
@@ -613,12 +619,13 @@ SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 
 /* ---- additions for the Python package ------------------------------------------------ */
 %inline %{
-/** sa_optimizer_state_keys of a param: (status, tuple of str), the tuple None when the
- *  status is not SA_OK. */
-PyObject* state_keys_get(const sa_optimizer* opt, int64_t param) {
+/** sa_optimizer_state_keys (or, with checkpoint set, sa_optimizer_checkpoint_keys) of a
+ *  param: (status, tuple of str), the tuple None when the status is not SA_OK. */
+PyObject* state_keys_get(const sa_optimizer* opt, int64_t param, int checkpoint) {
   const char* keys[16];
   int32_t count = 0;
-  const sa_status status = sa_optimizer_state_keys(opt, param, keys, 16, &count);
+  const sa_status status = checkpoint ? sa_optimizer_checkpoint_keys(opt, param, keys, 16, &count)
+                                      : sa_optimizer_state_keys(opt, param, keys, 16, &count);
   PyObject* tuple = NULL;
   if (status == SA_OK) {
     if (count > 16) {

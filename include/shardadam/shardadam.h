@@ -692,8 +692,33 @@ SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const
  * by its master kind): *count receives their number, and the first min(capacity, count)
  * go to keys[] as static strings. keys may be NULL when capacity is 0 (asking the count).
  */
+/**
+ * A moment of a param ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") as float32 values,
+ * whatever its storage: float32 as is, bfloat16 widened, 8-bit codes decoded as shard
+ * files hold them (README.md: 8-bit moments). For state dicts that hold float32 moments
+ * (the torch face's, which torch's AdamW and DCP resharding read).
+ *
+ * get: writes the values into `out`. set: stores `values` in the moment's dtype
+ *   (bfloat16: rounded to nearest even; 8-bit: quantized by the local shard's blocks, as
+ *   a step quantizes, so a get then a set leaves an 8-bit moment bit for bit as it was).
+ * The tensor: float32, C-contiguous, in host memory (kDLCPU), of the param's local shape;
+ * it is read or written during the call only. Both synchronize a device backend. Nothing
+ * changes on error; set refuses an unusable optimizer (see sa_optimizer_import).
+ */
+SA_API sa_status sa_optimizer_get_moment_values(const sa_optimizer* opt, int64_t param,
+                                                const char* key, const DLTensor* out);
+SA_API sa_status sa_optimizer_set_moment_values(sa_optimizer* opt, int64_t param, const char* key,
+                                                const DLTensor* values);
+
 SA_API sa_status sa_optimizer_state_keys(const sa_optimizer* opt, int64_t param, const char** keys,
                                          int32_t capacity, int32_t* count);
+
+/** The keys of a param's states that checkpoints hold (shard files; the torch face's state
+ *  dicts), as sa_optimizer_state_keys gives them: every state but the per-block data of
+ *  8-bit moments (their "*_absmax" states), which a load derives from the moment's
+ *  values (sa_optimizer_get_moment_values). */
+SA_API sa_status sa_optimizer_checkpoint_keys(const sa_optimizer* opt, int64_t param,
+                                              const char** keys, int32_t capacity, int32_t* count);
 
 /* ------------------------------------------------------------------------------------ */
 /* State export and import (shard files)                                                 */

@@ -4,12 +4,12 @@
 // bounded staging buffer both times; host state is read in place. 8-bit moments are
 // decoded to float32 on the way (file_states).
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 
 #include "../../kernels/quant8.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
+#include "../moment_values.hpp"
 #include "crc32c.hpp"
 #include "metadata.hpp"
 #include "state_io.hpp"
@@ -90,27 +90,8 @@ class Decoder {
       codes = codes_.data();
       absmax = absmax_.data();
     }
-    const uint32_t* map = kernels::quant8_map(s.is_signed);
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t m = std::min(block, n - b * block);
-      kernels::quant8_decode_block(map, codes + b * block, absmax[b], m, out_.data() + b * block);
-      if (s.is_signed)
-        restore_negative_absmax(codes + b * block, m, absmax[b], out_.data() + b * block);
-    }
+    quant8_values(codes, absmax, n, s.is_signed, out_.data());  // the one rule (moment_values)
     return reinterpret_cast<const unsigned char*>(out_.data());
-  }
-
-  // The signed map holds +1 but not -1 (bitsandbytes' dynamic map): a block whose largest
-  // magnitude was a negative element coded it as the map's lowest entry (code 0), which
-  // decodes to less than the absmax. Written as -absmax (the value it had when it was
-  // quantized), the block's absmax comes back exactly when a load quantizes the values
-  // again, and with it every code: a same-layout load is bit for bit. A block where some
-  // code is 255 (+1) decodes to its absmax already.
-  static void restore_negative_absmax(const uint8_t* codes, int64_t n, float absmax, float* x) {
-    if (!(absmax > 0.0f) || absmax == INFINITY) return;
-    if (std::find(codes, codes + n, uint8_t{255}) != codes + n) return;
-    const uint8_t* lowest = std::find(codes, codes + n, uint8_t{0});
-    if (lowest != codes + n) x[lowest - codes] = -absmax;
   }
 
  private:

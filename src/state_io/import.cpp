@@ -19,6 +19,7 @@
 #include "../../kernels/quant8.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
+#include "../moment_values.hpp"
 #include "box.hpp"
 #include "crc32c.hpp"
 #include "group_json.hpp"
@@ -434,15 +435,10 @@ class Importer {
   // quantizes them: kernels/quant8.h), into its codes and block absmax values.
   static void quantize(Backend& backend, const Landing& l, std::vector<uint8_t>& codes,
                        std::vector<float>& absmax) {
-    const int64_t block = kernels::kQuant8Block;
-    const int64_t blocks = (l.numel + block - 1) / block;
+    const int64_t blocks = (l.numel + kernels::kQuant8Block - 1) / kernels::kQuant8Block;
     codes.resize(static_cast<std::size_t>(l.numel));
     absmax.resize(static_cast<std::size_t>(blocks));
-    const uint32_t* map = kernels::quant8_map(l.state.is_signed);
-    for (int64_t b = 0; b < blocks; ++b)
-      absmax[static_cast<std::size_t>(b)] = kernels::quant8_encode_block(
-          map, l.values.data() + b * block, std::min(block, l.numel - b * block),
-          codes.data() + b * block);
+    quant8_from_values(l.values.data(), l.numel, l.state.is_signed, codes.data(), absmax.data());
     backend.copy_from_host(l.state.state.buffer->data(), codes.data(), codes.size());
     backend.copy_from_host(l.state.absmax->data(), absmax.data(), absmax.size() * sizeof(float));
   }

@@ -560,11 +560,40 @@ class Optimizer(OwnsHandle):
         index = self.param_index(param)
         return State(self, index, self._names[index], key)
 
+    def moment_values(self, param, key, out):
+        """Writes a moment of a param (by name or index; ``key``: ``"exp_avg"``,
+        ``"exp_avg_sq"``, ``"max_exp_avg_sq"``) as float32 values into ``out``, a C-contiguous
+        float32 host array or tensor of the local shape (any DLPack producer): float32
+        moments as they are, bfloat16 ones widened, 8-bit ones decoded as shard files hold
+        them (``sa_optimizer_get_moment_values``). Returns ``out``."""
+        handle = self._handle_or_raise()
+        check(_C.sa_optimizer_get_moment_values(handle, self.param_index(param), key, to_capsule(out, None)),
+              handle)
+        return out
+
+    def set_moment_values(self, param, key, values):
+        """Sets a moment from float32 values (host memory, the local shape), stored in the
+        moment's dtype: 8-bit moments are quantized by the local shard's blocks, so
+        ``set_moment_values(p, k, moment_values(p, k, buf))`` changes nothing
+        (``sa_optimizer_set_moment_values``)."""
+        handle = self._handle_or_raise()
+        check(_C.sa_optimizer_set_moment_values(handle, self.param_index(param), key, to_capsule(values, None)),
+              handle)
+
     def state_keys(self, param):
         """The state keys a param has, e.g. ``("exp_avg", "exp_avg_sq", "master")``, as the
         library lists them (``sa_optimizer_state_keys``)."""
         handle = self._handle_or_raise()
-        status, keys = _C.state_keys_get(handle, self.param_index(param))
+        status, keys = _C.state_keys_get(handle, self.param_index(param), 0)
+        check(status, handle)
+        return keys
+
+    def checkpoint_keys(self, param):
+        """The state keys checkpoints hold for a param (``sa_optimizer_checkpoint_keys``):
+        :meth:`state_keys` but for the block absmax states of 8-bit moments, which a load
+        derives from the moments' values."""
+        handle = self._handle_or_raise()
+        status, keys = _C.state_keys_get(handle, self.param_index(param), 1)
         check(status, handle)
         return keys
 

@@ -235,7 +235,8 @@ class FusedAdam(torch.optim.Optimizer):
         moment_dtype: ``torch.float32`` (default), ``torch.bfloat16``, or ``torch.uint8``: 8-bit
             blockwise moments as bitsandbytes' ``AdamW8bit`` keeps them (codes of its dynamic
             maps, a float32 absmax per 256 elements, states ``exp_avg_absmax`` ...); shard
-            files hold them as float32 values, which reshard and load into any moment dtype.
+            files and ``state_dict()`` hold them as float32 values (no absmax), which reshard
+            (DCP too), load into any moment dtype, and load back bit for bit.
         num_threads: CPU params: worker threads (0: one per hardware thread).
         max_grad_norm: clip to this global norm (None: no clipping; ``math.inf``: compute
             ``self.grad_norm`` without clipping). May be changed between steps.

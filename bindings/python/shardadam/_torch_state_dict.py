@@ -73,7 +73,9 @@ def state_views(optimizer, entry):
     views = {}
     for key in native.state_keys(entry.index):
         local = torch.from_dlpack(native.state(entry.index, key))
-        if entry.mesh is not None:
+        # A state of another shape than the param's (the per-block absmax of an 8-bit
+        # moment) is this rank's own: no DTensor describes it.
+        if entry.mesh is not None and tuple(local.shape) == tuple(entry.local_shape):
             param = entry.param
             views[key] = DTensor.from_local(local, entry.mesh, entry.placements, run_check=False,
                                             shape=param.shape, stride=param.stride())
@@ -210,6 +212,7 @@ def state_dict(optimizer):
     AdamW's strict DCP load accepts, and a FusedAdam template accepts AdamW checkpoints."""
     _refresh_step_tensors(optimizer)
     saved = torch.optim.Optimizer.state_dict(optimizer)
+    _moments_as_values(optimizer, saved["state"])
     implementation = _torch_implementation_keys(optimizer)
     default_bias_correction = _default_of("bias_correction")
     for group in saved["param_groups"]:
@@ -218,6 +221,71 @@ def state_dict(optimizer):
         if group.get("bias_correction") == default_bias_correction:
             del group["bias_correction"]
     return saved
+
+
+# ---- 8-bit moments -------------------------------------------------------------------------------
+# A state dict holds 8-bit moments as the float32 values their codes stand for, of the
+# param's shape (DTensors for DTensor params), and not their per-block absmax: so
+# torch.optim.AdamW reads it, DCP reshards it like any float32 moment, and a load
+# quantizes it by the local shard's blocks (as shard files do; README.md).
+
+def _quantized(optimizer, entry):
+    """(the keys of the entry's 8-bit moments, the keys checkpoints hold), or (empty, None)
+    for an entry with none."""
+    state = optimizer.state[entry.param]
+    codes = {key for key, value in state.items()
+             if key != "step" and _fused._local_tensor(value).dtype == torch.uint8}
+    if not codes:
+        return codes, None
+    return codes, set(optimizer.native.checkpoint_keys(entry.index))
+
+
+def _moment_values(optimizer, entry, key):
+    """An 8-bit moment as float32 values on the param's device, as the state dict holds it."""
+    values = torch.empty(tuple(entry.local_shape), dtype=torch.float32)
+    optimizer.native.moment_values(entry.index, key, values)
+    values = values.to(_fused._local_tensor(entry.param).device)
+    if entry.mesh is None:
+        return values
+    param = entry.param
+    return DTensor.from_local(values, entry.mesh, entry.placements, run_check=False, shape=param.shape,
+                              stride=param.stride())
+
+
+def _moments_as_values(optimizer, packed):
+    """Rewrites the packed states (by index, in param_groups order) of entries with 8-bit
+    moments: values for codes, no absmax."""
+    index = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = packed.get(index)
+            index += 1
+            if not state:
+                continue
+            entry = optimizer._entry_of[param]
+            codes, kept = _quantized(optimizer, entry)
+            if kept is None:
+                continue
+            state = packed[index - 1] = dict(state)  # packed shares optimizer.state's dicts
+            for key in [k for k in state if k != "step"]:
+                if key not in kept:
+                    del state[key]
+                elif key in codes:
+                    state[key] = _moment_values(optimizer, entry, key)
+
+
+_FLOAT32_MOMENT = torch.empty((), dtype=torch.float32)  # what an 8-bit moment takes in a load
+
+
+def _loadable_states(optimizer, entry):
+    """The states a state dict gives an entry, each with the tensor it is checked against:
+    every state but an 8-bit moment's absmax, an 8-bit moment as float32."""
+    current = optimizer.state[entry.param]
+    codes, kept = _quantized(optimizer, entry)
+    if kept is None:
+        return current, codes
+    return {key: (_FLOAT32_MOMENT if key in codes else value) for key, value in current.items()
+            if key == "step" or key in kept}, codes
 
 
 # ---- load_state_dict: validation -----------------------------------------------------------------
@@ -339,7 +407,7 @@ class _Load:
         if not isinstance(saved, Mapping):
             raise TypeError(f"FusedAdam.load_state_dict: the state of {_where(entry, None)} is a "
                             f"{type(saved).__name__}; expected a dict")
-        current = optimizer.state[entry.param]
+        current, _ = _loadable_states(optimizer, entry)
         unknown = [key for key in saved if key != "step" and key not in current]
         if unknown:
             raise KeyError(f"FusedAdam.load_state_dict: {_where(entry, None)} has no state {unknown[0]!r} (it has "
@@ -367,11 +435,16 @@ def load_state_dict(optimizer, state_dict):
     steps = [0] * len(optimizer._entries)
     with torch.no_grad():
         for entry, saved, step in plan.states:
-            current = optimizer.state[entry.param]
+            current, codes = _loadable_states(optimizer, entry)
             for key, target in current.items():
                 if key == "step":
                     continue
-                if saved is not None and key in saved:
+                if key in codes:  # quantized by the local blocks, with its absmax
+                    values = torch.zeros(tuple(entry.local_shape), dtype=torch.float32)
+                    if saved is not None and key in saved:
+                        values = _local_source(entry, values, saved[key]).to("cpu", torch.float32).contiguous()
+                    optimizer.native.set_moment_values(entry.index, key, values)
+                elif saved is not None and key in saved:
                     _copy_state(entry, target, saved[key])
                 elif key == "master":  # the param is the truth
                     _fused._local_tensor(target).copy_(_fused._local_tensor(entry.param))
@@ -390,17 +463,21 @@ def load_state_dict(optimizer, state_dict):
         hook(optimizer)
 
 
-def _copy_state(entry, target, value):
-    target_local = _fused._local_tensor(target)
+def _local_source(entry, target_local, value):
+    """This rank's part of a saved state: the DTensor's local shard on the same layout, else
+    the local box of the whole tensor (gathered, collectively, from a DTensor)."""
     if DTensor is not None and isinstance(value, DTensor):
         if entry.mesh is not None and value.device_mesh == entry.mesh and tuple(value.placements) == entry.placements:
-            source = value.to_local()
-        else:  # another layout: gather (collective) and take this rank's box
-            source = _box_of(entry, value.full_tensor())
-    elif tuple(value.shape) == tuple(target_local.shape):
-        source = value
-    else:
-        source = _box_of(entry, value)
+            return value.to_local()
+        return _box_of(entry, value.full_tensor())  # another layout
+    if tuple(value.shape) == tuple(target_local.shape):
+        return value
+    return _box_of(entry, value)
+
+
+def _copy_state(entry, target, value):
+    target_local = _fused._local_tensor(target)
+    source = _local_source(entry, target_local, value)
     if source.data_ptr() != target_local.data_ptr() or source.numel() == 0:
         target_local.copy_(source)
 

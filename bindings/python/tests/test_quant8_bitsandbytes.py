@@ -155,3 +155,62 @@ def test_shard_files_hold_what_bitsandbytes_decodes_and_load_back_bit_for_bit(tm
     again.load_shard_files([path])
     for key in ("exp_avg", "exp_avg_absmax", "exp_avg_sq", "exp_avg_sq_absmax"):
         assert torch.equal(again.state[q][key], opt.state[p][key]), key
+
+
+def test_state_dicts_hold_float32_moments_that_adamw_reads_and_8bit_loads_back():
+    """state_dict() holds an 8-bit moment as the float32 values its codes stand for (what
+    bitsandbytes decodes, with the shard files' rule for a negative absmax), no absmax; a
+    FusedAdam(uint8) loads it back bit for bit, torch's AdamW takes it as its moments, and
+    an AdamW state dict loads into 8-bit moments quantized by the local blocks."""
+    torch.manual_seed(3)
+    n = 3 * BLOCK + 40
+    p = torch.nn.Parameter(torch.randn(n))
+    opt = fused([p], lr=1e-3)
+    for _ in range(3):
+        p.grad = torch.randn(n) * 0.01
+        opt.step()
+    sd = opt.state_dict()
+    state = sd["state"][0]
+    assert sorted(state) == ["exp_avg", "exp_avg_sq", "step"]
+    for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
+        codes, absmax = opt.state[p][key].reshape(-1), opt.state[p][key + "_absmax"]
+        want = F.dequantize_blockwise(codes, absmax=absmax, code=F.create_dynamic_map(signed=signed),
+                                      blocksize=BLOCK).reshape(-1).clone()
+        if signed:
+            for b in range(math.ceil(n / BLOCK)):
+                block = codes[b * BLOCK:(b + 1) * BLOCK]
+                if float(absmax[b]) > 0 and not bool((block == 255).any()) and bool((block == 0).any()):
+                    want[b * BLOCK + int((block == 0).nonzero()[0])] = -absmax[b]
+        assert state[key].dtype == torch.float32
+        torch.testing.assert_close(state[key], want, rtol=0, atol=0)
+    assert opt.state[p]["exp_avg"].dtype == torch.uint8  # the optimizer's own state is untouched
+
+    q = torch.nn.Parameter(p.detach().clone())
+    again = fused([q], lr=1e-3)
+    again.load_state_dict(sd)
+    for key in ("exp_avg", "exp_avg_absmax", "exp_avg_sq", "exp_avg_sq_absmax"):
+        assert torch.equal(again.state[q][key], opt.state[p][key]), key
+
+    adamw = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone())], lr=1e-3)
+    adamw.load_state_dict(sd)
+    assert torch.equal(adamw.state_dict()["state"][0]["exp_avg"], state["exp_avg"])
+
+    # AdamW's float32 moments into 8-bit ones: each block's absmax is its largest |m|, each
+    # code a nearest entry to m / absmax (in float64).
+    ref = torch.nn.Parameter(torch.randn(n))
+    torch_opt = torch.optim.AdamW([ref], lr=1e-3)
+    ref.grad = torch.randn(n)
+    torch_opt.step()
+    r = torch.nn.Parameter(ref.detach().clone())
+    eight = fused([r], lr=1e-3)
+    eight.load_state_dict(torch_opt.state_dict())
+    m = torch_opt.state[ref]["exp_avg"].double()
+    absmax = eight.state[r]["exp_avg_absmax"].double()
+    blocks = m.reshape(-1)
+    largest = torch.stack([blocks[b * BLOCK:(b + 1) * BLOCK].abs().max() for b in range(math.ceil(n / BLOCK))])
+    assert torch.equal(absmax, largest)
+    book = F.create_dynamic_map(signed=True).double()
+    scaled = blocks / absmax.repeat_interleave(BLOCK)[:n]
+    err = (book[eight.state[r]["exp_avg"].reshape(-1).long()] - scaled).abs()
+    nearest = (book.view(1, -1) - scaled.view(-1, 1)).abs().min(dim=1).values
+    assert bool((err <= nearest + 1e-6).all())
