@@ -49,6 +49,13 @@ sa_status sa::api::record(const sa_optimizer* opt, const char* fn, sa_status sta
 
 namespace {
 
+// Refuses an index outside a field table of n fields of `what`.
+void check_field_index(int32_t index, int32_t n, const char* what) {
+  if (index < 0 || index >= n)
+    sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a field: ", what, " has ", n,
+             " (0 .. ", n - 1, ")");
+}
+
 // The keys of the states `states_of()` gives into keys[0..capacity), their count into
 // *count; the arguments are checked first.
 template <class StatesOf, class Key>
@@ -156,9 +163,7 @@ int32_t sa_group_config_num_fields(void) { return sa::schema::kNumGroupFields; }
 sa_status sa_group_config_field(int32_t index, sa_field_info* out) {
   return guarded(nullptr, "sa_group_config_field", [&] {
     require(out != nullptr, "out is NULL");
-    if (index < 0 || index >= sa::schema::kNumGroupFields)
-      sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a field: sa_group_config has ",
-               sa::schema::kNumGroupFields, " (0 .. ", sa::schema::kNumGroupFields - 1, ")");
+    check_field_index(index, sa::schema::kNumGroupFields, "sa_group_config");
     const sa::schema::GroupField& f = sa::schema::kGroupFields[index];
     const sa::schema::RuleInfo rule = sa::schema::rule_info(f.rule);
     sa_field_info info = SA_FIELD_INFO_INIT;
@@ -181,9 +186,7 @@ int32_t sa_step_args_num_fields(void) { return sa::schema::kNumStepFields; }
 sa_status sa_step_args_field(int32_t index, sa_field_info* out) {
   return guarded(nullptr, "sa_step_args_field", [&] {
     require(out != nullptr, "out is NULL");
-    if (index < 0 || index >= sa::schema::kNumStepFields)
-      sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a field: sa_step_args has ",
-               sa::schema::kNumStepFields, " (0 .. ", sa::schema::kNumStepFields - 1, ")");
+    check_field_index(index, sa::schema::kNumStepFields, "sa_step_args");
     const sa::schema::StepField& f = sa::schema::kStepFields[index];
     sa_field_info info = SA_FIELD_INFO_INIT;
     info.name = f.name;

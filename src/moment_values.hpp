@@ -36,8 +36,7 @@ void read_moment_values(Backend& backend, const Param& p, const FileState& f, fl
 // Stores p.numel float32 values (host memory) into the moment `f` of `p`, in its dtype
 // (bfloat16: rounded to nearest even). Synchronizes the backend; throws
 // SA_ERR_OUT_OF_MEMORY before changing anything when it cannot stage the values.
-void write_moment_values(Backend& backend, const Param& p, const FileState& f,
-                         const float* values);
+void write_moment_values(Backend& backend, const Param& p, const FileState& f, const float* values);
 
 }  // namespace sa
 

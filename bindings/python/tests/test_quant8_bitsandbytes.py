@@ -15,6 +15,21 @@ from shardadam.torch import FusedAdam  # noqa: E402
 BLOCK = 256
 
 
+def checkpoint_values(codes, absmax, signed):
+    """What checkpoints hold for an 8-bit moment (README.md): bitsandbytes'
+    dequantize_blockwise of its codes and absmax, except that in a signed block with no code
+    255 the first element of code 0 holds -absmax."""
+    n = codes.numel()
+    values = F.dequantize_blockwise(codes, absmax=absmax, code=F.create_dynamic_map(signed=signed),
+                                    blocksize=BLOCK).reshape(-1).clone()
+    if signed:
+        for b in range(math.ceil(n / BLOCK)):
+            block = codes[b * BLOCK:(b + 1) * BLOCK]
+            if float(absmax[b]) > 0 and not bool((block == 255).any()) and bool((block == 0).any()):
+                values[b * BLOCK + int((block == 0).nonzero()[0])] = -absmax[b]
+    return values
+
+
 def fused(params, **kw):
     return FusedAdam(params, moment_dtype=torch.uint8, num_threads=1, **kw)
 
@@ -140,13 +155,7 @@ def test_shard_files_hold_what_bitsandbytes_decodes_and_load_back_bit_for_bit(tm
     for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
         codes = opt.state[p][key].reshape(-1)
         absmax = opt.state[p][key + "_absmax"]
-        want = F.dequantize_blockwise(codes, absmax=absmax, code=F.create_dynamic_map(signed=signed),
-                                      blocksize=BLOCK).reshape(-1).clone()
-        if signed:
-            for b in range(math.ceil(n / BLOCK)):
-                block = codes[b * BLOCK:(b + 1) * BLOCK]
-                if float(absmax[b]) > 0 and not bool((block == 255).any()) and bool((block == 0).any()):
-                    want[b * BLOCK + int((block == 0).nonzero()[0])] = -absmax[b]
+        want = checkpoint_values(codes, absmax, signed)
         got = saved[f"params.0/{key}"]
         assert got.dtype == torch.float32 and got.shape == (n,)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -174,13 +183,7 @@ def test_state_dicts_hold_float32_moments_that_adamw_reads_and_8bit_loads_back()
     assert sorted(state) == ["exp_avg", "exp_avg_sq", "step"]
     for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
         codes, absmax = opt.state[p][key].reshape(-1), opt.state[p][key + "_absmax"]
-        want = F.dequantize_blockwise(codes, absmax=absmax, code=F.create_dynamic_map(signed=signed),
-                                      blocksize=BLOCK).reshape(-1).clone()
-        if signed:
-            for b in range(math.ceil(n / BLOCK)):
-                block = codes[b * BLOCK:(b + 1) * BLOCK]
-                if float(absmax[b]) > 0 and not bool((block == 255).any()) and bool((block == 0).any()):
-                    want[b * BLOCK + int((block == 0).nonzero()[0])] = -absmax[b]
+        want = checkpoint_values(codes, absmax, signed)
         assert state[key].dtype == torch.float32
         torch.testing.assert_close(state[key], want, rtol=0, atol=0)
     assert opt.state[p]["exp_avg"].dtype == torch.uint8  # the optimizer's own state is untouched
