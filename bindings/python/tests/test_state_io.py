@@ -107,3 +107,39 @@ def test_load_errors_raise_their_class(tmp_path, rng):
         with pytest.raises(shardadam.Error, match="'w'"):
             opt.load(other)  # w is missing from the file
         opt.load(other, allow_missing=True, allow_unexpected=True)
+
+
+def test_moments_as_float32_values_through_numpy():
+    """moment_values / set_moment_values on numpy arrays (real DLPack), for float32 and 8-bit
+    moments: float32 ones are the state itself; an 8-bit one written back from its values is
+    unchanged, and checkpoint_keys leaves out its block absmax."""
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    opt = shardadam.Optimizer(lr=1e-2, num_threads=1)
+    w32 = rng.standard_normal(700).astype(np.float32)
+    w8 = w32.copy()
+    opt.add_param("f32", w32)
+    opt.add_param("q8", w8, moment_dtype="uint8")
+    for _ in range(2):
+        g = rng.standard_normal(700).astype(np.float32)
+        opt.set_grads([g, g.copy()])
+        opt.step()
+    assert opt.checkpoint_keys("q8") == ("exp_avg", "exp_avg_sq")
+    assert "exp_avg_absmax" in opt.state_keys("q8")
+    out = np.empty(700, dtype=np.float32)
+    opt.moment_values("f32", "exp_avg", out)
+    assert np.array_equal(out, np.from_dlpack(opt.state("f32", "exp_avg")))
+    codes = np.from_dlpack(opt.state("q8", "exp_avg")).copy()
+    absmax = np.from_dlpack(opt.state("q8", "exp_avg_absmax")).copy()
+    values = opt.moment_values("q8", "exp_avg", np.empty(700, dtype=np.float32))
+    # Within one code step of the float32 optimizer's moment (the two trained alike).
+    assert np.max(np.abs(values - out)) <= 0.1 * float(absmax.max())
+    opt.set_moment_values("q8", "exp_avg", values)
+    assert np.array_equal(np.from_dlpack(opt.state("q8", "exp_avg")), codes)
+    assert np.array_equal(np.from_dlpack(opt.state("q8", "exp_avg_absmax")), absmax)
+    with pytest.raises(shardadam.InvalidArgument, match="local shape"):
+        opt.set_moment_values("q8", "exp_avg", np.zeros(699, dtype=np.float32))
+    with pytest.raises(shardadam.InvalidArgument, match="no moment 'master'"):
+        opt.moment_values("q8", "master", out)
+    opt.close()
