@@ -53,8 +53,7 @@ std::vector<T> host_vector(int64_t n) {
 
 }  // namespace
 
-void read_moment_values(Backend& backend, const Param& p, const FileState& f, float* out) {
-  const int64_t n = p.numel;
+void read_moment_values(Backend& backend, const FileState& f, int64_t n, float* out) {
   if (n == 0) return;
   backend.synchronize();  // a step in flight may still write the moment
   const void* data = f.state.buffer->data();
@@ -73,9 +72,7 @@ void read_moment_values(Backend& backend, const Param& p, const FileState& f, fl
   }
 }
 
-void write_moment_values(Backend& backend, const Param& p, const FileState& f,
-                         const float* values) {
-  const int64_t n = p.numel;
+void write_moment_values(Backend& backend, const FileState& f, int64_t n, const float* values) {
   if (n == 0) return;
   void* data = f.state.buffer->data();
   if (f.absmax) {

@@ -29,14 +29,15 @@ void quant8_values(const uint8_t* codes, const float* absmax, int64_t n, bool is
 void quant8_from_values(const float* values, int64_t n, bool is_signed, uint8_t* codes,
                         float* absmax);
 
-// The moment `f` of `p` (a FileState whose state is a moment) as p.numel float32 values
-// in host memory. Synchronizes the backend.
-void read_moment_values(Backend& backend, const Param& p, const FileState& f, float* out);
+// The moment `f` (a FileState whose state is a moment) of a param of n elements as n
+// float32 values in host memory. Synchronizes the backend.
+void read_moment_values(Backend& backend, const FileState& f, int64_t n, float* out);
 
-// Stores p.numel float32 values (host memory) into the moment `f` of `p`, in its dtype
-// (bfloat16: rounded to nearest even). Synchronizes the backend; throws
-// SA_ERR_OUT_OF_MEMORY before changing anything when it cannot stage the values.
-void write_moment_values(Backend& backend, const Param& p, const FileState& f, const float* values);
+// Stores n float32 values (host memory) into the moment `f` of a param of n elements, in
+// its dtype (bfloat16: rounded to nearest even; 8-bit: quant8_from_values). Synchronizes
+// the backend; throws SA_ERR_OUT_OF_MEMORY before changing anything when it cannot stage
+// the values.
+void write_moment_values(Backend& backend, const FileState& f, int64_t n, const float* values);
 
 }  // namespace sa
 

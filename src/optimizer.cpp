@@ -659,14 +659,14 @@ void Optimizer::get_moment_values(int64_t index, const std::string& key,
                                   const DLTensor& values) const {
   const Param& p = param(index, "param");
   const auto [f, out] = moment_and_values(p, key, values, "out");
-  read_moment_values(*backend_, p, f, out);
+  read_moment_values(*backend_, f, p.numel, out);
 }
 
 void Optimizer::set_moment_values(int64_t index, const std::string& key, const DLTensor& values) {
   require_usable("setting a moment");
   const Param& p = param(index, "param");
   const auto [f, in] = moment_and_values(p, key, values, "values");
-  write_moment_values(*backend_, p, f, in);
+  write_moment_values(*backend_, f, p.numel, in);
 }
 
 Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) const {

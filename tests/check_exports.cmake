@@ -79,14 +79,20 @@ if(NOT soname STREQUAL "libshardadam.so.0")
   message(FATAL_ERROR "check_exports: the SONAME of ${LIB} is '${soname}', expected 'libshardadam.so.0'")
 endif()
 
+# Fails when `file` (its `readelf -d` output in `readelf_text`) NEEDs a library matching
+# `pattern` at load time; `why` ends the message.
+function(refuse_needed file readelf_text pattern why)
+  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" needed "${readelf_text}")
+  foreach(entry IN LISTS needed)
+    if(entry MATCHES "${pattern}")
+      message(FATAL_ERROR "check_exports: ${file} needs ${entry} at load time; ${why}")
+    endif()
+  endforeach()
+endfunction()
+
 # ---- no CUDA at load time: libshardadam-cuda.so carries it ---------------------------------
-string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" needed "${readelf_out}")
-foreach(entry IN LISTS needed)
-  if(entry MATCHES "libcuda|libcudart|libnccl|libnvrtc|libcublas")
-    message(FATAL_ERROR "check_exports: ${LIB} needs a CUDA library at load time (${entry}); "
-      "CUDA belongs in the backend module (src/backends/cuda_module.hpp)")
-  endif()
-endforeach()
+refuse_needed("${LIB}" "${readelf_out}" "libcuda|libcudart|libnccl|libnvrtc|libcublas"
+  "CUDA belongs in the backend module (src/backends/cuda_module.hpp)")
 
 if(MODULE)
   execute_process(COMMAND "${NM_EXECUTABLE}" -D --defined-only "${MODULE}"
@@ -107,13 +113,8 @@ if(MODULE)
   if(NOT module_readelf_rc EQUAL 0)
     message(FATAL_ERROR "check_exports: readelf -d ${MODULE} failed (${module_readelf_rc})")
   endif()
-  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" module_needed "${module_readelf}")
-  foreach(entry IN LISTS module_needed)
-    if(entry MATCHES "libnccl|libcudart")
-      message(FATAL_ERROR "check_exports: ${MODULE} needs ${entry} at load time; NCCL is "
-        "loaded on first use and cudart is linked statically")
-    endif()
-  endforeach()
+  refuse_needed("${MODULE}" "${module_readelf}" "libnccl|libcudart"
+    "NCCL is loaded on first use and cudart is linked statically")
   message(STATUS "check_exports: ${MODULE} needs neither libnccl nor libcudart at load time")
 endif()
 

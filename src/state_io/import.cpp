@@ -16,7 +16,6 @@
 #include <unordered_map>
 
 #include "../../kernels/adam_math.h"
-#include "../../kernels/quant8.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../moment_values.hpp"
@@ -388,8 +387,6 @@ class Importer {
       for (const Piece& p : pieces_) cursors.emplace_back(p.box, p.from, p.to);
       std::shared_ptr<Buffer> bounce;
       if (converts_ && !backend->host_memory()) bounce = backend->allocate_staging(kBounceBytes);
-      std::vector<uint8_t> codes;
-      std::vector<float> absmax;
       try {
         for (Landing& l : landings_) l.values.resize(static_cast<std::size_t>(l.numel));
       } catch (const std::bad_alloc&) {
@@ -400,7 +397,8 @@ class Importer {
       opt_.mark_unusable("an import failed while it was copying state");
       try {
         copy_chunks(*backend, cursors, bounce.get());
-        for (const Landing& l : landings_) quantize(*backend, l, codes, absmax);
+        for (const Landing& l : landings_)  // quantized by this param's blocks, then up
+          write_moment_values(*backend, l.state, l.numel, l.values.data());
       } catch (const Error& e) {
         opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
         fail(e.status() == SA_ERR_FORMAT ? SA_ERR_IO : e.status(), e.what(),
@@ -429,18 +427,6 @@ class Importer {
     } else {
       opt_.mark_unusable(previous_reason);
     }
-  }
-
-  // An 8-bit moment's landed float32 values, quantized by this param's blocks (as a step
-  // quantizes them: kernels/quant8.h), into its codes and block absmax values.
-  static void quantize(Backend& backend, const Landing& l, std::vector<uint8_t>& codes,
-                       std::vector<float>& absmax) {
-    const int64_t blocks = (l.numel + kernels::kQuant8Block - 1) / kernels::kQuant8Block;
-    codes.resize(static_cast<std::size_t>(l.numel));
-    absmax.resize(static_cast<std::size_t>(blocks));
-    quant8_from_values(l.values.data(), l.numel, l.state.is_signed, codes.data(), absmax.data());
-    backend.copy_from_host(l.state.state.buffer->data(), codes.data(), codes.size());
-    backend.copy_from_host(l.state.absmax->data(), absmax.data(), absmax.size() * sizeof(float));
   }
 
   void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce) {
