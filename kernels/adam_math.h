@@ -1,6 +1,7 @@
-// kernels/adam_math.h — the one per-element Adam/AdamW update, and the dtype conversions
-// around it. Every backend (CPU scalar, CPU SIMD, CUDA) calls adam_update() with its own
-// arithmetic `Ops`; nothing else in shardadam spells the formula.
+// kernels/adam_math.h — the one per-element Adam/AdamW update, and the split of a float32
+// into a bfloat16 param and its int16 remainder. Every backend (CPU scalar, CPU SIMD,
+// CUDA) calls adam_update() with its own arithmetic `Ops`; nothing else in shardadam
+// spells the formula. The dtype conversions are kernels/elem_type.h's.
 //
 // Bitwise agreement across backends rests on three rules kept here:
 //  1. Every multiply-add is an explicit fma (Ops::fma); there is no bare a*b+c that a
@@ -15,13 +16,8 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-#if defined(__CUDACC__)
-#define SA_HD __host__ __device__ __forceinline__
-#else
-#define SA_HD inline __attribute__((always_inline))
-#endif
+#include "elem_type.h"  // SA_HD, float_bits / bits_float and the dtype conversions
 
 namespace sa {
 namespace kernels {
@@ -111,70 +107,6 @@ SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p, V& 
   }
   const V denom = ops.fma(ops.sqrt(v_used), c.inv_sqrt_bias_correction2, c.eps);
   p = ops.fma(c.neg_step_size, ops.div(m, denom), p);
-}
-
-// ---- scalar dtype conversions ---------------------------------------------------------
-// Bit-level and portable, so host and device round identically. SIMD code implements
-// the same rules lane-wise and is tested against these.
-
-SA_HD uint32_t float_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-SA_HD float bits_float(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-SA_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
-
-// Round to nearest, ties to even; NaN stays a (quiet) NaN.
-SA_HD uint16_t float_to_bf16(float f) {
-  const uint32_t x = float_bits(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-
-SA_HD float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t mant = h & 0x3FFu;
-  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (mant << 13));  // inf / NaN
-  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
-  if (mant == 0) return bits_float(sign);  // signed zero
-  // Subnormal half: normalize into a float32 normal.
-  uint32_t e = 113u;
-  while ((mant & 0x400u) == 0) {
-    mant <<= 1;
-    --e;
-  }
-  return bits_float(sign | (e << 23) | ((mant & 0x3FFu) << 13));
-}
-
-// Round to nearest, ties to even, overflow to infinity; NaN stays a (quiet) NaN.
-SA_HD uint16_t float_to_half(float f) {
-  const uint32_t x = float_bits(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));
-  if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: inf
-  if (ax >= 0x38800000u) {                                              // normal half
-    const uint32_t r = ax - 0x38000000u;                                // rebias exponent
-    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
-  }
-  if (ax < 0x33000000u) return sign;  // below half the smallest subnormal: zero
-  // Subnormal half: the value in units of 2^-24 is mant >> shift, rounded to even.
-  const uint32_t e = ax >> 23;
-  const uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u;
-  const uint32_t shift = 126u - e;  // 14..24
-  uint32_t q = mant >> shift;
-  const uint32_t rest = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1u);
-  if (rest > half || (rest == half && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
 }
 
 // bfloat16 param + int16 remainder ("split fp32"): the fp32 value x is stored as

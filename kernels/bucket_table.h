@@ -7,22 +7,15 @@
 #include <stdint.h>
 
 #include "adam_math.h"
+#include "elem_type.h"
 #include "state_kind.h"
 
 namespace sa {
 namespace kernels {
 
-// Storage dtypes a kernel reads or writes. q8 is a moment storage only: 8-bit codes of
-// blockwise dynamic quantization (kernels/quant8.h), a float32 absmax per block.
-enum class ElemType : uint8_t { f32 = 0, bf16 = 1, f16 = 2, q8 = 3 };
-
 // Elements per block of q8 storage: blocks start every kQuant8Block elements of the local
 // shard (the last one may be shorter), so a backend splits a shard's work only there.
 constexpr int64_t kQuant8Block = 256;
-
-constexpr int64_t elem_bytes(ElemType t) {
-  return t == ElemType::f32 ? 4 : t == ElemType::q8 ? 1 : 2;
-}
 
 // How the full-precision param value is kept (mirrors sa_master_kind, AUTO resolved):
 // in the param itself, in the state StateKind::master (float32), or split between the

@@ -95,12 +95,6 @@ constexpr bool variant_has_state(const Variant& v, StateKind kind) {
 
 // ---- compile-time signatures ------------------------------------------------------------
 
-// How one element of a tensor of type T is stored: float32 as float, the 16-bit types as
-// their bits, q8 as its code.
-template <ElemType T>
-using StorageOf = std::conditional_t<T == ElemType::f32, float,
-                                     std::conditional_t<T == ElemType::q8, uint8_t, uint16_t>>;
-
 // What the master state of a param form holds: the fp32 value, or the int16 remainder.
 template <MasterKind K>
 using MasterStorageOf = std::conditional_t<K == MasterKind::remainder, int16_t, float>;

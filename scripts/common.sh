@@ -21,7 +21,7 @@ SA_PIP_TEST_PACKAGES=(safetensors numpy ml-dtypes pytest)
 SA_PIP_TARGET="$SA_ROOT/.deps/python"  # where the DLPack wheel goes if Python has none
 SA_CMAKE_ARGS=()                        # extra configure args found by sa_install_deps
 
-sa_log() { printf '\n== %s\n' "$*"; }
+sa_log() { printf '\n== [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }  # with the time: CI logs show where it goes
 
 # Runs a command as root (directly when root already, else through sudo).
 sa_as_root() {

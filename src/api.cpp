@@ -181,6 +181,26 @@ sa_status sa_group_config_field(int32_t index, sa_field_info* out) {
   });
 }
 
+int32_t sa_num_dtypes(void) { return sa::num_dtypes(); }
+
+sa_status sa_dtype(int32_t index, sa_dtype_info* out) {
+  return guarded(nullptr, "sa_dtype", [&] {
+    require(out != nullptr, "out is NULL");
+    const int32_t n = sa::num_dtypes();
+    if (index < 0 || index >= n)
+      sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a dtype: the library has ", n,
+               " (0 .. ", n - 1, ")");
+    const sa::DtypeDescription d = sa::describe_dtype(index);
+    sa_dtype_info info = SA_DTYPE_INFO_INIT;
+    info.name = d.name;
+    info.dtype = d.dtype;
+    info.roles = static_cast<int32_t>(d.roles);
+    info.safetensors_name = d.safetensors_name;
+    info.doc = d.doc;
+    sa::write_options(out, info, "out");
+  });
+}
+
 int32_t sa_step_args_num_fields(void) { return sa::schema::kNumStepFields; }
 
 sa_status sa_step_args_field(int32_t index, sa_field_info* out) {

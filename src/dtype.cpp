@@ -1,66 +1,97 @@
 #include "dtype.hpp"
 
+#include <cstring>
+#include <vector>
+
+#include "../kernels/variants.h"
+#include "errors.hpp"
+#include "shardadam/shardadam.h"
+
 namespace sa {
 namespace {
 
 struct DtypeRow {
-  ElemType type;
   DLDataType dl;
-  std::size_t size;
   const char* name;
+  const char* safetensors;  // nullptr: shard files never hold it
+  const char* doc;
 };
 
-constexpr DtypeRow kDtypes[] = {
-    {ElemType::f32, {kDLFloat, 32, 1}, 4, "float32"},
-    {ElemType::bf16, {kDLBfloat, 16, 1}, 2, "bfloat16"},
-    {ElemType::f16, {kDLFloat, 16, 1}, 2, "float16"},
-    {ElemType::q8, {kDLUInt, 8, 1}, 1, "uint8"},  // the codes of a q8 moment
+// SA_ELEM_TYPES' rows, by ElemType.
+constexpr DtypeRow kElemRows[] = {
+#define SA_DTYPE_ROW(name, storage, code, bits, text, st_name, block, doc) \
+  {{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1}, text, st_name, doc},
+    SA_ELEM_TYPES(SA_DTYPE_ROW)
+#undef SA_DTYPE_ROW
 };
+static_assert(std::size(kElemRows) == kernels::kNumElemTypes, "a row per ElemType");
 
-const DtypeRow& row_of(ElemType type) {
-  for (const auto& row : kDtypes)
-    if (row.type == type) return row;
-  return kDtypes[0];  // unreachable: every ElemType has a row
+// The table's codes are dlpack.h's (elem_type.h spells them as numbers: kernels do not
+// include dlpack.h).
+static_assert(kDLFloat == 2 && kDLBfloat == 4 && kDLUInt == 1, "DLPack's type codes");
+
+// A state dtype that is not an element dtype: the remainder's.
+constexpr DtypeRow kInt16Row = {kInt16, "int16", "I16",
+                                "the int16 low half of a float32 (state \"remainder\")"};
+
+const DtypeRow& row_of(ElemType type) { return kElemRows[static_cast<std::size_t>(type)]; }
+
+// Every dtype the library stores, in the C ABI's order: SA_ELEM_TYPES', then int16.
+constexpr int32_t kNumDtypes = kernels::kNumElemTypes + 1;
+const DtypeRow& public_row(int32_t index) {
+  return index < kernels::kNumElemTypes ? kElemRows[index] : kInt16Row;
 }
-
-struct SafetensorsRow {
-  const char* name;
-  DLDataType dl;
-};
-
-constexpr SafetensorsRow kSafetensorsDtypes[] = {
-    {"F32", {kDLFloat, 32, 1}},
-    {"BF16", {kDLBfloat, 16, 1}},
-    {"F16", {kDLFloat, 16, 1}},
-    {"I16", kInt16},
-};
 
 }  // namespace
 
-std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name) {
-  for (const auto& row : kSafetensorsDtypes)
-    if (name == row.name) return row.dl;
-  return std::nullopt;
-}
+int32_t num_dtypes() { return kNumDtypes; }
 
-const char* safetensors_name(DLDataType dtype) {
-  for (const auto& row : kSafetensorsDtypes)
-    if (same_dtype(row.dl, dtype)) return row.name;
-  return nullptr;
+DtypeDescription describe_dtype(int32_t index) {
+  const DtypeRow& row = public_row(index);
+  const std::optional<ElemType> type = elem_type_of(row.dl);
+  const uint32_t roles =
+      type ? elem_roles(*type) : static_cast<uint32_t>(SA_DTYPE_STATE | SA_DTYPE_FILE);
+  return {row.name, row.dl, roles, row.safetensors, row.doc};
 }
 
 std::optional<ElemType> elem_type_of(DLDataType dtype) {
-  for (const auto& row : kDtypes)
-    if (same_dtype(row.dl, dtype)) return row.type;
+  for (int i = 0; i < kernels::kNumElemTypes; ++i)
+    if (same_dtype(kElemRows[i].dl, dtype)) return static_cast<ElemType>(i);
   return std::nullopt;
 }
 
 DLDataType dl_dtype_of(ElemType type) { return row_of(type).dl; }
-std::size_t elem_size(ElemType type) { return row_of(type).size; }
+std::size_t elem_size(ElemType type) { return static_cast<std::size_t>(kernels::elem_bytes(type)); }
 const char* elem_name(ElemType type) { return row_of(type).name; }
 
+uint32_t elem_roles(ElemType type) {
+  using kernels::in_table;
+  uint32_t roles = SA_DTYPE_STATE;  // a param's dtype is its master's (NONE), a moment's its state
+  for (const kernels::ParamForm& form : kernels::kParamForms)
+    if (form.param == type) roles |= SA_DTYPE_PARAM;
+  if (in_table(kernels::kGradTypes, type)) roles |= SA_DTYPE_GRAD;
+  if (in_table(kernels::kMomentTypes, type)) roles |= SA_DTYPE_MOMENT;
+  if (row_of(type).safetensors != nullptr) roles |= SA_DTYPE_FILE;
+  return roles;
+}
+
+std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name) {
+  for (int32_t i = 0; i < kNumDtypes; ++i) {
+    const DtypeRow& row = public_row(i);
+    if (row.safetensors != nullptr && name == row.safetensors) return row.dl;
+  }
+  return std::nullopt;
+}
+
+const char* safetensors_name(DLDataType dtype) {
+  for (int32_t i = 0; i < kNumDtypes; ++i)
+    if (same_dtype(public_row(i).dl, dtype)) return public_row(i).safetensors;
+  return nullptr;
+}
+
 std::string dtype_name(DLDataType dtype) {
-  if (auto type = elem_type_of(dtype)) return elem_name(*type);
+  for (int32_t i = 0; i < kNumDtypes; ++i)
+    if (same_dtype(public_row(i).dl, dtype)) return public_row(i).name;
   const char* base = nullptr;
   switch (dtype.code) {
     case kDLInt:
@@ -88,6 +119,56 @@ std::string dtype_name(DLDataType dtype) {
   std::string name = base + std::to_string(dtype.bits);
   if (dtype.lanes != 1) name += "x" + std::to_string(dtype.lanes);
   return name;
+}
+
+// ---- conversions ------------------------------------------------------------------------
+
+namespace {
+
+// Element i of an unaligned array of T's storage.
+template <ElemType T>
+kernels::StorageOf<T> read_elem(const void* base, int64_t i) {
+  kernels::StorageOf<T> x;
+  std::memcpy(&x, static_cast<const unsigned char*>(base) + i * sizeof x, sizeof x);
+  return x;
+}
+
+template <ElemType T>
+void write_elem(void* base, int64_t i, kernels::StorageOf<T> x) {
+  std::memcpy(static_cast<unsigned char*>(base) + i * sizeof x, &x, sizeof x);
+}
+
+[[noreturn]] void not_an_element_dtype(ElemType type) {
+  fail(SA_ERR_INTERNAL, elem_name(type), " is a block storage, not converted by element");
+}
+
+}  // namespace
+
+void decode_to_f32(ElemType from, const void* src, int64_t n, float* dst) {
+  const bool visited = kernels::visit_elem_type(from, [&](auto tag) {
+    constexpr ElemType kFrom = decltype(tag)::value;
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = kernels::Codec<kFrom>::decode(read_elem<kFrom>(src, i));
+  });
+  if (!visited) not_an_element_dtype(from);
+}
+
+void encode_from_f32(ElemType to, const float* src, int64_t n, void* dst) {
+  const bool visited = kernels::visit_elem_type(to, [&](auto tag) {
+    constexpr ElemType kTo = decltype(tag)::value;
+    for (int64_t i = 0; i < n; ++i) write_elem<kTo>(dst, i, kernels::Codec<kTo>::encode(src[i]));
+  });
+  if (!visited) not_an_element_dtype(to);
+}
+
+void convert_elems(ElemType from, const void* src, ElemType to, void* dst, int64_t n) {
+  constexpr int64_t kChunk = 1024;
+  float values[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    decode_to_f32(from, static_cast<const unsigned char*>(src) + i * elem_size(from), m, values);
+    encode_from_f32(to, values, m, static_cast<unsigned char*>(dst) + i * elem_size(to));
+  }
 }
 
 }  // namespace sa

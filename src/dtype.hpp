@@ -1,9 +1,12 @@
-// src/dtype.hpp — the one table of storage dtypes: DLPack code/bits, kernel ElemType,
-// printable name and element size.
+// src/dtype.hpp — the core's view of the storage dtypes, derived from the one table of
+// them (kernels/elem_type.h's SA_ELEM_TYPES): DLPack dtypes, printable and safetensors
+// names, sizes, the roles a dtype may play (kernels/variants.h's tables), and the
+// conversions of element dtypes to and from float32 with the kernels' Codecs.
 #ifndef SHARDADAM_SRC_DTYPE_HPP_
 #define SHARDADAM_SRC_DTYPE_HPP_
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -25,6 +28,22 @@ DLDataType dl_dtype_of(ElemType type);
 std::size_t elem_size(ElemType type);
 const char* elem_name(ElemType type);
 
+// What a dtype may be, as a bit set of the C ABI's sa_dtype_role (kernels/variants.h's
+// tables say which params, grads and moments the kernels implement).
+uint32_t elem_roles(ElemType type);
+
+// Every dtype the library stores (SA_ELEM_TYPES' rows, then int16), as the C ABI's
+// sa_dtype describes them.
+struct DtypeDescription {
+  const char* name;
+  DLDataType dtype;
+  uint32_t roles;
+  const char* safetensors_name;  // nullptr: shard files never hold it
+  const char* doc;
+};
+int32_t num_dtypes();
+DtypeDescription describe_dtype(int32_t index);  // index in [0, num_dtypes())
+
 // "float32", "bfloat16", "int64", "uint8", "float32x4", ... for any DLPack dtype: used in
 // error messages, so it must name even the dtypes we reject.
 std::string dtype_name(DLDataType dtype);
@@ -33,9 +52,23 @@ inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
+// ---- conversions ------------------------------------------------------------------------
+// Element dtypes only (not block storages: is_block_storage); the kernels' rounding, bit
+// for bit. `src` and `dst` need no alignment.
+
+// dst[i] = the float32 value of element i of src.
+void decode_to_f32(ElemType from, const void* src, int64_t n, float* dst);
+
+// Element i of dst = src[i] rounded to `to`.
+void encode_from_f32(ElemType to, const float* src, int64_t n, void* dst);
+
+// Element i of dst (of `to`) = element i of src (of `from`) through float32.
+void convert_elems(ElemType from, const void* src, ElemType to, void* dst, int64_t n);
+
 // ---- shard files ------------------------------------------------------------------------
-// The dtypes a shard file (safetensors) may hold, by their safetensors names: F32, BF16,
-// F16 and I16 (the remainder). A name outside this table is refused on reading.
+// The dtypes a shard file (safetensors) may hold, by their safetensors names: those of
+// SA_ELEM_TYPES that have one (F32, BF16, F16) and I16 (the remainder). A name outside
+// this table is refused on reading.
 
 // The DLPack dtype of a safetensors dtype name, or nothing for a name not in the table.
 std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name);

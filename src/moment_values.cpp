@@ -51,6 +51,13 @@ std::vector<T> host_vector(int64_t n) {
   }
 }
 
+// The element dtype a moment that is not 8-bit is stored in.
+ElemType moment_type(const FileState& f) {
+  const std::optional<ElemType> type = elem_type_of(f.state.dtype);
+  if (!type) fail(SA_ERR_INTERNAL, "a moment of dtype ", dtype_name(f.state.dtype));
+  return *type;
+}
+
 }  // namespace
 
 void read_moment_values(Backend& backend, const FileState& f, int64_t n, float* out) {
@@ -63,10 +70,11 @@ void read_moment_values(Backend& backend, const FileState& f, int64_t n, float* 
     backend.copy_to_host(codes.data(), data, codes.size());
     backend.copy_to_host(absmax.data(), f.absmax->data(), absmax.size() * sizeof(float));
     quant8_values(codes.data(), absmax.data(), n, f.is_signed, out);
-  } else if (same_dtype(f.state.dtype, dl_dtype_of(ElemType::bf16))) {
-    std::vector<uint16_t> bits = host_vector<uint16_t>(n);
-    backend.copy_to_host(bits.data(), data, bits.size() * sizeof(uint16_t));
-    for (int64_t i = 0; i < n; ++i) out[i] = kernels::bf16_to_float(bits[i]);
+  } else if (const ElemType type = moment_type(f); type != ElemType::f32) {
+    std::vector<unsigned char> stored =
+        host_vector<unsigned char>(n * static_cast<int64_t>(elem_size(type)));
+    backend.copy_to_host(stored.data(), data, stored.size());
+    decode_to_f32(type, stored.data(), n, out);
   } else {
     backend.copy_to_host(out, data, static_cast<std::size_t>(n) * sizeof(float));
   }
@@ -82,11 +90,12 @@ void write_moment_values(Backend& backend, const FileState& f, int64_t n, const 
     backend.synchronize();
     backend.copy_from_host(data, codes.data(), codes.size());
     backend.copy_from_host(f.absmax->data(), absmax.data(), absmax.size() * sizeof(float));
-  } else if (same_dtype(f.state.dtype, dl_dtype_of(ElemType::bf16))) {
-    std::vector<uint16_t> bits = host_vector<uint16_t>(n);
-    for (int64_t i = 0; i < n; ++i) bits[i] = kernels::float_to_bf16(values[i]);
+  } else if (const ElemType type = moment_type(f); type != ElemType::f32) {
+    std::vector<unsigned char> stored =
+        host_vector<unsigned char>(n * static_cast<int64_t>(elem_size(type)));
+    encode_from_f32(type, values, n, stored.data());
     backend.synchronize();
-    backend.copy_from_host(data, bits.data(), bits.size() * sizeof(uint16_t));
+    backend.copy_from_host(data, stored.data(), stored.size());
   } else {
     backend.synchronize();
     backend.copy_from_host(data, values, static_cast<std::size_t>(n) * sizeof(float));

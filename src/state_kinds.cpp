@@ -1,7 +1,12 @@
 #include "state_kinds.hpp"
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "shardadam/shardadam.h"
 
 namespace sa {
 
@@ -24,9 +29,10 @@ const StateKindInfo* find_state_kind(const std::string& key) {
 
 bool storage_accepts(StateStorage storage, DLDataType dtype) {
   switch (storage) {
-    case StateStorage::moment:
-      return same_dtype(dtype, dl_dtype_of(ElemType::f32)) ||
-             same_dtype(dtype, dl_dtype_of(ElemType::bf16));
+    case StateStorage::moment: {  // a moment element dtype (files hold block storages as float32)
+      const std::optional<ElemType> type = elem_type_of(dtype);
+      return type && (elem_roles(*type) & SA_DTYPE_MOMENT) && !kernels::is_block_storage(*type);
+    }
     case StateStorage::f32:
       return same_dtype(dtype, dl_dtype_of(ElemType::f32));
     case StateStorage::i16:
@@ -37,8 +43,21 @@ bool storage_accepts(StateStorage storage, DLDataType dtype) {
 
 const char* storage_file_dtypes(StateStorage storage) {
   switch (storage) {
-    case StateStorage::moment:
-      return "F32 or BF16";
+    case StateStorage::moment: {  // "F32 or BF16": the element moment dtypes of storage_accepts
+      static const std::string names = [] {
+        std::vector<std::string> found;
+        for (int i = 0; i < kernels::kNumElemTypes; ++i) {
+          const DLDataType dtype = dl_dtype_of(static_cast<ElemType>(i));
+          if (storage_accepts(StateStorage::moment, dtype))
+            found.emplace_back(safetensors_name(dtype));
+        }
+        std::string out;
+        for (std::size_t k = 0; k < found.size(); ++k)
+          out += (k == 0 ? "" : k + 1 == found.size() ? " or " : ", ") + found[k];
+        return out;
+      }();
+      return names.c_str();
+    }
     case StateStorage::f32:
       return "F32";
     case StateStorage::i16:

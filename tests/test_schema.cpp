@@ -378,3 +378,70 @@ TEST_CASE("the step-args table names every member of sa_step_args, in order, wit
                  "sa_step_args has 7");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_step_args_field(0, nullptr), "out is NULL");
 }
+
+// The dtype table (sa_num_dtypes, sa_dtype) against dlpack.h's codes and the safetensors
+// format's names, and its roles against what add_param accepts: a binding that maps its
+// dtypes by this table gets exactly the dtypes the library takes.
+TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its roles",
+          "[schema][dtype]") {
+  struct Expected {
+    const char* name;
+    DLDataType dtype;
+    int32_t roles;
+    const char* safetensors_name;  // nullptr: none
+  };
+  const int32_t all = SA_DTYPE_PARAM | SA_DTYPE_GRAD | SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_FILE;
+  const Expected expected[] = {
+      {"float32", {kDLFloat, 32, 1}, all, "F32"},
+      {"bfloat16", {kDLBfloat, 16, 1}, all, "BF16"},
+      {"float16", {kDLFloat, 16, 1}, all & ~SA_DTYPE_MOMENT, "F16"},
+      {"uint8", {kDLUInt, 8, 1}, SA_DTYPE_MOMENT | SA_DTYPE_STATE, nullptr},
+      {"int16", {kDLInt, 16, 1}, SA_DTYPE_STATE | SA_DTYPE_FILE, "I16"},
+  };
+  REQUIRE(sa_num_dtypes() == static_cast<int32_t>(std::size(expected)));
+  for (int32_t i = 0; i < sa_num_dtypes(); ++i) {
+    sa_dtype_info info = SA_DTYPE_INFO_INIT;
+    REQUIRE_SA_OK(nullptr, sa_dtype(i, &info));
+    const Expected& e = expected[i];
+    INFO(e.name);
+    CHECK(std::string(info.name) == e.name);
+    CHECK(same_dtype(info.dtype, e.dtype));
+    CHECK(info.roles == e.roles);
+    if (e.safetensors_name == nullptr) {
+      CHECK(info.safetensors_name == nullptr);
+    } else {
+      REQUIRE(info.safetensors_name != nullptr);
+      CHECK(std::string(info.safetensors_name) == e.safetensors_name);
+    }
+    CHECK(std::strlen(info.doc) > 0);
+  }
+  sa_dtype_info info = SA_DTYPE_INFO_INIT;
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(sa_num_dtypes(), &info), "sa_dtype",
+                 "index 5 is not a dtype: the library has 5 (0 .. 4)");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(-1, &info), "index -1");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(0, nullptr), "out is NULL");
+  info.struct_size = sizeof(sa_dtype_info) + 8;
+  CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_dtype(0, &info), "struct_size");
+}
+
+TEST_CASE("the dtype table's param, grad and moment roles are what add_param accepts",
+          "[schema][dtype]") {
+  for (int32_t i = 0; i < sa_num_dtypes(); ++i) {
+    sa_dtype_info info = SA_DTYPE_INFO_INIT;
+    REQUIRE_SA_OK(nullptr, sa_dtype(i, &info));
+    INFO(info.name);
+    const auto adds = [&](DLDataType param, DLDataType grad, DLDataType moment) {
+      HostTensor t({300}, param);  // outlives the optimizer
+      OptimizerPtr opt = make_optimizer();
+      int32_t g = -1;
+      const sa_group_config group = SA_GROUP_CONFIG_INIT;
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, &g));
+      const sa_param_options options = param_options(grad, moment, SA_MASTER_AUTO);
+      return sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr, &options,
+                                    nullptr) == SA_OK;
+    };
+    CHECK(adds(info.dtype, kDefaultDtype, kDefaultDtype) == ((info.roles & SA_DTYPE_PARAM) != 0));
+    CHECK(adds(kFloat32, info.dtype, kDefaultDtype) == ((info.roles & SA_DTYPE_GRAD) != 0));
+    CHECK(adds(kFloat32, kDefaultDtype, info.dtype) == ((info.roles & SA_DTYPE_MOMENT) != 0));
+  }
+}

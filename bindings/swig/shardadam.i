@@ -33,6 +33,7 @@
  *       sa_param_info     returned as a dict;
  *       sa_field_info     returned as a dict (name, type, offset, default, min, max,
  *                         max_inclusive, fixed_with_params, rule, doc);
+ *       sa_dtype_info     returned as a dict (name, dtype, roles, safetensors_name, doc);
  *       void* stream      an address (int) or None;
  *   - structs of plain fields (sa_optimizer_config, sa_group_config, sa_import_options) and
  *     the writer/reader handles are classes whose constructors apply the SA_*_INIT macros.
@@ -440,6 +441,26 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
   %append_output(dict);
 }
 
+%typemap(in, numinputs=0) sa_dtype_info* out (sa_dtype_info info) {
+  const sa_dtype_info init = SA_DTYPE_INFO_INIT;
+  info = init;
+  $1 = &info;
+}
+%typemap(argout) sa_dtype_info* out {
+  PyObject* dict = Py_None;
+  if (result == SA_OK) {
+    const sa_dtype_info* d = &info$argnum;
+    PyObject* dtype = sa_py_dtype_tuple(d->dtype);
+    if (!dtype) SWIG_fail;
+    dict = Py_BuildValue("{s:s,s:N,s:i,s:z,s:s}", "name", d->name, "dtype", dtype, "roles",
+                         d->roles, "safetensors_name", d->safetensors_name, "doc", d->doc);
+    if (!dict) SWIG_fail;
+  } else {
+    Py_INCREF(Py_None);
+  }
+  %append_output(dict);
+}
+
 /* Grads of all params in one checked call: one unconsumed DLPack capsule (either kind) or
  * None ("this param has no grad") per param, borrowed for the call. */
 %typemap(in) (int64_t n, const DLTensor* const* grads) (PyObject* seq = NULL, const DLTensor** list = NULL) {
@@ -558,6 +579,7 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
 %ignore sa_param_options;
 %ignore sa_param_info;
 %ignore sa_field_info;
+%ignore sa_dtype_info;
 %ignore sa_step_args;
 %ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
 %ignore sa_writer_release;     /* called by the destructors below */

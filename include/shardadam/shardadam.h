@@ -320,6 +320,39 @@ SA_API sa_status sa_optimizer_set_step(sa_optimizer* opt, int32_t group, int64_t
 
 /* ---- params ------------------------------------------------------------------------ */
 
+/** What a dtype may be (bits of sa_dtype_info.roles). */
+typedef enum sa_dtype_role {
+  SA_DTYPE_PARAM = 1,  /* a param's dtype (sa_optimizer_add_param) */
+  SA_DTYPE_GRAD = 2,   /* sa_param_options.grad_dtype */
+  SA_DTYPE_MOMENT = 4, /* sa_param_options.moment_dtype */
+  SA_DTYPE_STATE = 8,  /* some state is stored in it (state views, sa_optimizer_state_info) */
+  SA_DTYPE_FILE = 16   /* shard files hold tensors of it (safetensors_name is not NULL) */
+} sa_dtype_role;
+
+/**
+ * One dtype the library stores, as it defines it: what bindings read to map their own
+ * dtypes (numpy's, torch's, a language's enum) by name instead of retyping DLPack codes.
+ * The strings are static.
+ */
+typedef struct sa_dtype_info {
+  size_t struct_size;
+  const char* name;             /* as messages spell it, and as bindings name it: "bfloat16" */
+  DLDataType dtype;             /* its DLPack dtype */
+  int32_t roles;                /* sa_dtype_role bits */
+  const char* safetensors_name; /* "BF16"; NULL when shard files never hold it */
+  const char* doc;              /* what it is */
+} sa_dtype_info;
+
+#define SA_DTYPE_INFO_INIT \
+  { sizeof(sa_dtype_info), NULL, {0, 0, 0}, 0, NULL, NULL }
+
+/** The number of dtypes this library stores (params, grads, moments and other state). */
+SA_API int32_t sa_num_dtypes(void);
+
+/** Describes dtype `index` (0 .. sa_num_dtypes() - 1) into *out (out->struct_size must be
+ *  set: use SA_DTYPE_INFO_INIT). */
+SA_API sa_status sa_dtype(int32_t index, sa_dtype_info* out);
+
 /** How a param keeps its full-precision value. */
 typedef enum sa_master_kind {
   SA_MASTER_AUTO = 0,     /* NONE for float32 params, FP32 for bfloat16/float16 params */

@@ -87,24 +87,12 @@ struct ScalarOps {
 
 template <ElemType T>
 float load_elem(const StorageOf<T>* p) {
-  if constexpr (T == ElemType::f32) {
-    return *p;
-  } else if constexpr (T == ElemType::bf16) {
-    return bf16_to_float(*p);
-  } else {
-    return half_to_float(*p);
-  }
+  return Codec<T>::decode(*p);
 }
 
 template <ElemType T>
 void store_elem(float f, StorageOf<T>* p) {
-  if constexpr (T == ElemType::f32) {
-    *p = f;
-  } else if constexpr (T == ElemType::bf16) {
-    *p = float_to_bf16(f);
-  } else {
-    *p = float_to_half(f);
-  }
+  *p = Codec<T>::encode(f);
 }
 
 // The full-precision value of param i, wherever it is kept.

@@ -102,9 +102,13 @@ HWY_INLINE Vec LoadLanes(const StorageOf<T>* p) {
     return hn::LoadU(df, p);
   } else if constexpr (T == ElemType::bf16) {
     return hn::BitCast(df, hn::ShiftLeft<16>(WidenBits(p)));  // bf16_to_float: exact
-  } else {
+  } else if constexpr (T == ElemType::f16) {
     // half_to_float: exact (F16C / NEON / SVE convert every half, subnormals included).
     return hn::PromoteTo(df, hn::BitCast(F16Tag(), hn::LoadU(U16Tag(), p)));
+  } else {  // a dtype without a lane-wise load: its Codec, one lane at a time
+    HWY_ALIGN float lanes[hn::MaxLanes(df)];
+    for (size_t k = 0; k < hn::Lanes(df); ++k) lanes[k] = Codec<T>::decode(p[k]);
+    return hn::Load(df, lanes);
   }
 }
 
@@ -114,11 +118,16 @@ HWY_INLINE void StoreLanes(Vec f, StorageOf<T>* p) {
     hn::StoreU(f, FloatTag(), p);
   } else if constexpr (T == ElemType::bf16) {
     hn::StoreU(hn::TruncateTo(U16Tag(), RoundToBf16Bits(f)), U16Tag(), p);
-  } else {
+  } else if constexpr (T == ElemType::f16) {
     // float_to_half: the conversion instructions round to nearest even (the rounding mode
     // is encoded in the instruction on x86, not read from MXCSR), overflow to infinity and
     // quiet a NaN keeping its top payload bits, which is float_to_half's rule.
     hn::StoreU(hn::BitCast(U16Tag(), hn::DemoteTo(F16Tag(), f)), U16Tag(), p);
+  } else {  // a dtype without a lane-wise store: its Codec, one lane at a time
+    const FloatTag df;
+    HWY_ALIGN float lanes[hn::MaxLanes(df)];
+    hn::Store(f, df, lanes);
+    for (size_t k = 0; k < hn::Lanes(df); ++k) p[k] = Codec<T>::encode(lanes[k]);
   }
 }
 

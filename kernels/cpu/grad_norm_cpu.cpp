@@ -132,24 +132,13 @@ double grad_norm_partial(NormType norm, ElemType type, const void* grad, int64_t
       begin += HWY_DYNAMIC_DISPATCH(SumSquaresBf16)(bits + begin, end - begin, &simd_sum);
   }
   double rest = 0.0;
-  switch (type) {
-    case ElemType::f32:
-      rest = scalar_partial(
-          norm, [f](int64_t i) { return static_cast<double>(f[i]); }, begin, end);
-      break;
-    case ElemType::bf16:
-      rest = scalar_partial(
-          norm, [bits](int64_t i) { return static_cast<double>(bf16_to_float(bits[i])); }, begin,
-          end);
-      break;
-    case ElemType::f16:
-      rest = scalar_partial(
-          norm, [bits](int64_t i) { return static_cast<double>(half_to_float(bits[i])); }, begin,
-          end);
-      break;
-    case ElemType::q8:  // a moment storage, never a grad
-      break;
-  }
+  visit_elem_type(type, [&](auto tag) {  // a block storage is a moment's, never a grad's
+    constexpr ElemType kType = decltype(tag)::value;
+    const auto* p = static_cast<const StorageOf<kType>*>(grad);
+    rest = scalar_partial(
+        norm, [p](int64_t i) { return static_cast<double>(Codec<kType>::decode(p[i])); }, begin,
+        end);
+  });
   return norm == NormType::inf ? rest : simd_sum + rest;
 }
 

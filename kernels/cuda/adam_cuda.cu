@@ -166,22 +166,12 @@ cudaError_t launch_widen_to_f32(float* dst, const void* src, ElemType type, int6
                                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
-  switch (type) {
-    case ElemType::f32:
-      widen_kernel<ElemType::f32>
-          <<<blocks, 256, 0, stream>>>(dst, static_cast<const float*>(src), n);
-      break;
-    case ElemType::bf16:
-      widen_kernel<ElemType::bf16>
-          <<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
-      break;
-    case ElemType::f16:
-      widen_kernel<ElemType::f16>
-          <<<blocks, 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
-      break;
-    case ElemType::q8:  // a moment storage, never a param
-      return cudaErrorInvalidValue;
-  }
+  const bool element_dtype = visit_elem_type(type, [&](auto tag) {
+    constexpr ElemType kType = decltype(tag)::value;
+    widen_kernel<kType>
+        <<<blocks, 256, 0, stream>>>(dst, static_cast<const StorageOf<kType>*>(src), n);
+  });
+  if (!element_dtype) return cudaErrorInvalidValue;  // a block storage, never a param's
   return cudaGetLastError();
 }
 

@@ -118,17 +118,11 @@ cudaError_t launch_partials(NormType norm, const DeviceBucket& bucket, double* p
 cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const DeviceBucket& bucket,
                                       double* partials, cudaStream_t stream) {
   if (bucket.num_chunks == 0) return cudaSuccess;
-  switch (grad) {
-    case ElemType::f32:
-      return launch_partials<ElemType::f32>(norm, bucket, partials, stream);
-    case ElemType::bf16:
-      return launch_partials<ElemType::bf16>(norm, bucket, partials, stream);
-    case ElemType::f16:
-      return launch_partials<ElemType::f16>(norm, bucket, partials, stream);
-    case ElemType::q8:  // a moment storage, never a grad
-      break;
-  }
-  return cudaErrorInvalidValue;
+  cudaError_t err = cudaErrorInvalidValue;  // a block storage is a moment's, never a grad's
+  visit_elem_type(grad, [&](auto tag) {
+    err = launch_partials<decltype(tag)::value>(norm, bucket, partials, stream);
+  });
+  return err;
 }
 
 cudaError_t launch_grad_norm_finish(NormType norm, const double* partials, int64_t n,

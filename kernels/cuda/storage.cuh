@@ -1,6 +1,6 @@
 // kernels/cuda/storage.cuh — loads and stores of the storage dtypes in CUDA kernels, one
-// element or kVec at a time (16 bytes of a 16-bit array). Conversions are adam_math.h's
-// bit-level ones, so rounding equals the CPU's bit for bit (NaN payloads included).
+// element or kVec at a time (16 bytes of a 16-bit array). Conversions are elem_type.h's
+// bit-level Codecs, so rounding equals the CPU's bit for bit (NaN payloads included).
 #ifndef SHARDADAM_KERNELS_CUDA_STORAGE_CUH_
 #define SHARDADAM_KERNELS_CUDA_STORAGE_CUH_
 
@@ -14,9 +14,22 @@ namespace kernels {
 
 constexpr int kVec = 8;  // elements per thread per iteration: 16 bytes of a 16-bit array
 
-// Storage access per element type.
+// Storage access per element type: by default an element at a time through the dtype's
+// Codec (kernels/elem_type.h); the dtypes below have vector loads and stores.
 template <ElemType T>
-struct Storage;
+struct Storage {
+  using type = StorageOf<T>;
+  __device__ static float load(const type* p, int64_t i) { return Codec<T>::decode(p[i]); }
+  __device__ static void store(type* p, int64_t i, float x) { p[i] = Codec<T>::encode(x); }
+  __device__ static void load_vec(const type* p, int64_t i, float (&x)[kVec]) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) x[k] = Codec<T>::decode(p[i + k]);
+  }
+  __device__ static void store_vec(type* p, int64_t i, const float (&x)[kVec]) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) p[i + k] = Codec<T>::encode(x[k]);
+  }
+};
 
 template <>
 struct Storage<ElemType::f32> {
@@ -42,8 +55,11 @@ struct Storage<ElemType::f32> {
 };
 
 // 16-bit storage: a uint4 carries 8 elements.
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+template <ElemType T>
 struct Storage16 {
+  static_assert(sizeof(StorageOf<T>) == 2, "a 16-bit dtype");
+  __device__ static float ToFloat(uint16_t h) { return Codec<T>::decode(h); }
+  __device__ static uint16_t FromFloat(float f) { return Codec<T>::encode(f); }
   using type = uint16_t;
   __device__ static float load(const uint16_t* p, int64_t i) { return ToFloat(p[i]); }
   __device__ static void store(uint16_t* p, int64_t i, float x) { p[i] = FromFloat(x); }
@@ -67,9 +83,9 @@ struct Storage16 {
 };
 
 template <>
-struct Storage<ElemType::bf16> : Storage16<bf16_to_float, float_to_bf16> {};
+struct Storage<ElemType::bf16> : Storage16<ElemType::bf16> {};
 template <>
-struct Storage<ElemType::f16> : Storage16<half_to_float, float_to_half> {};
+struct Storage<ElemType::f16> : Storage16<ElemType::f16> {};
 
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;

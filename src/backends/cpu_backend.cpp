@@ -11,6 +11,7 @@
 #include "../../kernels/cpu/adam_cpu.h"
 #include "../../kernels/cpu/grad_norm_cpu.h"
 #include "../backend.hpp"
+#include "../dtype.hpp"
 #include "../errors.hpp"
 #include "thread_pool.hpp"
 
@@ -108,22 +109,7 @@ class CpuBackend final : public Backend {
   // ---- launches ----------------------------------------------------------------------------
 
   void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) override {
-    const auto* bits = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) {
-      switch (type) {
-        case kernels::ElemType::f32:
-          dst[i] = static_cast<const float*>(src)[i];
-          break;
-        case kernels::ElemType::bf16:
-          dst[i] = kernels::bf16_to_float(bits[i]);
-          break;
-        case kernels::ElemType::f16:
-          dst[i] = kernels::half_to_float(bits[i]);
-          break;
-        case kernels::ElemType::q8:  // a moment storage, never a param
-          break;
-      }
-    }
+    decode_to_f32(type, src, n, dst);
   }
 
   // The work list covers every element of every slot exactly once, in chunks that never

@@ -108,25 +108,14 @@ void check_groups_agree(const std::vector<ShardHeader>& headers,
   }
 }
 
-// Moments convert between float32 and bfloat16 (the only pair plan() lets through), with
-// adam_math.h's conversions: the same rounding as the kernels' bfloat16 stores.
-void convert(const unsigned char* src, DLDataType from, unsigned char* dst, int64_t n) {
-  const DLDataType f32{kDLFloat, 32, 1};
-  if (same_dtype(from, f32)) {  // float32 -> bfloat16, round to nearest even
-    for (int64_t i = 0; i < n; ++i) {
-      float f;
-      std::memcpy(&f, src + 4 * i, 4);
-      const uint16_t h = kernels::float_to_bf16(f);
-      std::memcpy(dst + 2 * i, &h, 2);
-    }
-  } else {  // bfloat16 -> float32, exact
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      const float f = kernels::bf16_to_float(h);
-      std::memcpy(dst + 4 * i, &f, 4);
-    }
-  }
+// Moments convert between their element dtypes (float32 and bfloat16 today: the pairs
+// plan() lets through) with the kernels' rounding (dtype.hpp's convert_elems).
+void convert(const unsigned char* src, DLDataType from, unsigned char* dst, DLDataType to,
+             int64_t n) {
+  const std::optional<ElemType> from_type = elem_type_of(from), to_type = elem_type_of(to);
+  if (!from_type || !to_type)
+    fail(SA_ERR_INTERNAL, "a conversion from ", dtype_name(from), " to ", dtype_name(to));
+  convert_elems(*from_type, src, *to_type, dst, n);
 }
 
 class Importer {
@@ -464,13 +453,13 @@ class Importer {
         else
           backend.copy_from_host(dst, src, static_cast<std::size_t>(n) * dst_size);
       } else if (host) {
-        convert(src, from, dst, n);
+        convert(src, from, dst, piece.dst_dtype, n);
       } else {
         const int64_t step = static_cast<int64_t>(kBounceBytes / std::max(src_size, dst_size));
         auto* tmp = static_cast<unsigned char*>(bounce->data());
         for (int64_t i = 0; i < n; i += step) {
           const int64_t m = std::min(step, n - i);
-          convert(src + static_cast<uint64_t>(i) * src_size, from, tmp, m);
+          convert(src + static_cast<uint64_t>(i) * src_size, from, tmp, piece.dst_dtype, m);
           backend.copy_from_host(dst + static_cast<uint64_t>(i) * dst_size, tmp,
                                  static_cast<std::size_t>(m) * dst_size);
         }

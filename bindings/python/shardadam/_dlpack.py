@@ -13,6 +13,7 @@ is relabelled bfloat16; :meth:`State.numpy` does the reverse.
 import math
 
 from . import _shardadam as _C
+from ._errors import check
 
 # DLDeviceType values (dlpack.h).
 KDL_CPU = 1
@@ -23,16 +24,36 @@ KDL_CUDA_MANAGED = 13
 _HOST_DEVICES = (KDL_CPU, KDL_CUDA_HOST, KDL_CUDA_MANAGED)
 _STREAM_DEVICES = (KDL_CUDA, KDL_ROCM)
 
-# DLDataTypeCode values (dlpack.h) and the dtypes shardadam uses.
+# DLDataTypeCode values (dlpack.h), to name dtypes the library does not store.
 _CODE_NAMES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
-DTYPES = {
-    "float32": (2, 32, 1),
-    "float16": (2, 16, 1),
-    "bfloat16": (4, 16, 1),
-    "int16": (0, 16, 1),
-    "uint16": (1, 16, 1),
-    "uint8": (1, 8, 1),  # 8-bit blockwise moments (moment_dtype)
-}
+
+
+def _library_dtypes():
+    table = {}
+    for index in range(_C.sa_num_dtypes()):
+        status, info = _C.sa_dtype(index)
+        check(status)
+        info["dtype"] = tuple(info["dtype"])
+        table[info["name"]] = info
+    return table
+
+
+#: The dtypes the library stores, read from it (``sa_dtype``): name -> dict with ``dtype``
+#: (code, bits, lanes), ``roles`` (``SA_DTYPE_*`` bits), ``safetensors_name`` and ``doc``.
+DTYPE_INFO = _library_dtypes()
+#: Name -> DLPack dtype tuple: the library's dtypes, and uint16, this package's own (the
+#: numpy view of bfloat16 bits, see :meth:`State.numpy`).
+DTYPES = {name: info["dtype"] for name, info in DTYPE_INFO.items()}
+DTYPES["uint16"] = (1, 16, 1)
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def dtypes():
+    """The library's table of the dtypes it stores (``sa_dtype``): one dict per dtype with
+    its ``name``, ``dtype`` (DLPack code, bits, lanes), ``roles`` (bits of ``SA_DTYPE_PARAM``,
+    ``SA_DTYPE_GRAD``, ``SA_DTYPE_MOMENT``, ``SA_DTYPE_STATE``, ``SA_DTYPE_FILE``),
+    ``safetensors_name`` (None when shard files never hold it) and ``doc``."""
+    return [dict(info) for info in DTYPE_INFO.values()]
 
 _DEVICE_NAMES = {KDL_CPU: "cpu", KDL_CUDA: "cuda", KDL_CUDA_HOST: "cuda_host", KDL_ROCM: "rocm",
                  KDL_CUDA_MANAGED: "cuda_managed"}
@@ -40,6 +61,9 @@ _DEVICE_NAMES = {KDL_CPU: "cpu", KDL_CUDA: "cuda", KDL_CUDA_HOST: "cuda_host", K
 
 def dtype_name(dtype):
     """The name of a DLPack dtype tuple ``(code, bits, lanes)``, e.g. ``"bfloat16"``."""
+    dtype = tuple(dtype)
+    if dtype in _NAMES:
+        return _NAMES[dtype]
     code, bits, lanes = dtype
     if code == 6:
         name = "bool"

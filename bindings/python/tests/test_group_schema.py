@@ -6,6 +6,7 @@ import inspect
 import math
 import re
 
+import numpy as np
 import pytest
 
 import shardadam
@@ -110,3 +111,42 @@ def test_step_args_travel_by_the_names_of_the_librarys_table():
     assert "max_grad_norm is -1" in _C.sa_optimizer_last_error(handle)
     assert _C.sa_optimizer_step(handle, {"max_grad_norm": 0.0, "norm_type": _C.SA_NORM_INF}, None) == _C.SA_OK
     opt.close()
+
+
+def test_dtype_table_matches_numpy_and_the_add_param_checks():
+    """The library's dtype table (shardadam.dtypes(), read from sa_dtype) against numpy's and
+    ml_dtypes' own dtypes, and its param/moment roles against what add_param accepts."""
+    import ml_dtypes
+
+    kind_codes = {"f": 2, "u": 1, "i": 0}  # numpy kinds -> dlpack.h's DLDataTypeCode
+    table = {d["name"]: d for d in shardadam.dtypes()}
+    assert set(table) == {"float32", "bfloat16", "float16", "uint8", "int16"}
+    for name, d in table.items():
+        code, bits, lanes = d["dtype"]
+        if name == "bfloat16":
+            assert code == 4 and bits == np.dtype(ml_dtypes.bfloat16).itemsize * 8
+        else:
+            assert (code, bits) == (kind_codes[np.dtype(name).kind], np.dtype(name).itemsize * 8)
+        assert lanes == 1
+        assert d["doc"]
+    assert table["uint8"]["safetensors_name"] is None
+    assert [table[n]["safetensors_name"] for n in ("float32", "bfloat16", "float16", "int16")] == [
+        "F32", "BF16", "F16", "I16"]
+
+    param_role, moment_role = 1, 4  # SA_DTYPE_PARAM, SA_DTYPE_MOMENT
+    for name, d in table.items():
+        np_dtype = ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+        opt = shardadam.Optimizer()
+        try:
+            opt.add_param("p", np.zeros(300, np_dtype))
+            added = True
+        except (shardadam.InvalidArgument, shardadam.Unsupported):
+            added = False
+        assert added == bool(d["roles"] & param_role), name
+        opt = shardadam.Optimizer()
+        try:
+            opt.add_param("p", np.zeros(300, np.float32), moment_dtype=name)
+            added = True
+        except (shardadam.InvalidArgument, shardadam.Unsupported):
+            added = False
+        assert added == bool(d["roles"] & moment_role), name

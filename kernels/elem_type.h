@@ -1,0 +1,203 @@
+// kernels/elem_type.h — the one table of the storage dtypes: for each, how an element is
+// stored, its DLPack code, its names, and (for an element storage) the conversion of one
+// element to and from float. Everything that maps or converts a dtype derives from it:
+// the core's dtype table (src/dtype.cpp: DLPack dtypes, names, safetensors names, sizes,
+// the C ABI's sa_dtype_info that the bindings read), the kernels' loads and stores, the
+// widening of a param and the grad norm on both backends (visit_elem_type), and the
+// conversions of moments in state io.
+//
+// A new element dtype is a row of SA_ELEM_TYPES, its Codec below, and its place in
+// kernels/variants.h's tables (which params, grads and moments may use it). Faster loads
+// (kernels/cpu/adam_cpu_simd-inl.h's LoadLanes, kernels/cuda/storage.cuh) are optional:
+// without them a kernel converts the dtype an element at a time, with the same Codec.
+//
+// Host and device code; no DLPack dependency (codes are dlpack.h's DLDataTypeCode values,
+// checked against it in src/dtype.cpp).
+#ifndef SHARDADAM_KERNELS_ELEM_TYPE_H_
+#define SHARDADAM_KERNELS_ELEM_TYPE_H_
+
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+#ifndef SA_HD
+#if defined(__CUDACC__)
+#define SA_HD __host__ __device__ __forceinline__
+#else
+#define SA_HD inline __attribute__((always_inline))
+#endif
+#endif
+
+namespace sa {
+namespace kernels {
+
+// X(name, storage C type, DLPack type code, bits, printable name, safetensors name or
+//   nullptr when shard files never hold it, block: 1 when the dtype is the codes of a
+//   block-quantized storage, which has no per-element Codec, doc)
+#define SA_ELEM_TYPES(X)                                                                  \
+  X(f32, float, 2 /* kDLFloat */, 32, "float32", "F32", 0, "IEEE binary32")               \
+  X(bf16, uint16_t, 4 /* kDLBfloat */, 16, "bfloat16", "BF16", 0,                         \
+    "bfloat16: the high half of a float32 (round to nearest even)")                       \
+  X(f16, uint16_t, 2 /* kDLFloat */, 16, "float16", "F16", 0, "IEEE binary16")            \
+  X(q8, uint8_t, 1 /* kDLUInt */, 8, "uint8", nullptr, 1,                                 \
+    "8-bit blockwise dynamic quantization (moments only): a code per element, a float32 " \
+    "absmax per block of 256; shard files hold the values as float32")
+
+enum class ElemType : uint8_t {
+#define SA_ELEM_ENUMERATOR(name, storage, code, bits, text, st_name, block, doc) name,
+  SA_ELEM_TYPES(SA_ELEM_ENUMERATOR)
+#undef SA_ELEM_ENUMERATOR
+};
+
+// NOLINTNEXTLINE(bugprone-macro-parentheses): a term of the sum below
+#define SA_ELEM_COUNT(name, storage, code, bits, text, st_name, block, doc) 1 +
+constexpr int kNumElemTypes = SA_ELEM_TYPES(SA_ELEM_COUNT) 0;
+#undef SA_ELEM_COUNT
+
+// How one element of type T is stored (float32 as float, 16-bit types as their bits, q8
+// as its code).
+template <ElemType T>
+struct ElemStorage;
+#define SA_ELEM_STORAGE(name, storage, code, bits, text, st_name, block, doc)  \
+  template <>                                                                  \
+  struct ElemStorage<ElemType::name> {                                         \
+    using type = storage;                                                      \
+    static_assert(sizeof(storage) * 8 == (bits), "storage and bits disagree"); \
+  };
+SA_ELEM_TYPES(SA_ELEM_STORAGE)
+#undef SA_ELEM_STORAGE
+
+template <ElemType T>
+using StorageOf = typename ElemStorage<T>::type;
+
+// Bytes per element of t, and whether elements of t are codes of a block storage (no
+// per-element Codec): sums over the table's rows, of which one matches.
+// NOLINTBEGIN(bugprone-macro-parentheses): terms of the sums below
+#define SA_ELEM_BYTES(name, storage, code, bits, text, st_name, block, doc) \
+  (t == ElemType::name ? (bits) / 8 : 0) +
+#define SA_ELEM_BLOCK(name, storage, code, bits, text, st_name, block, doc) \
+  (t == ElemType::name && (block) != 0) +
+// NOLINTEND(bugprone-macro-parentheses)
+constexpr int64_t elem_bytes(ElemType t) { return SA_ELEM_TYPES(SA_ELEM_BYTES) 0; }
+constexpr bool is_block_storage(ElemType t) { return (SA_ELEM_TYPES(SA_ELEM_BLOCK) 0) != 0; }
+#undef SA_ELEM_BYTES
+#undef SA_ELEM_BLOCK
+
+// ---- scalar conversions -----------------------------------------------------------------
+// Bit-level and portable, so host and device round identically. SIMD code implements
+// the same rules lane-wise and is tested against these.
+
+SA_HD uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+SA_HD float bits_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+SA_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest, ties to even; NaN stays a (quiet) NaN.
+SA_HD uint16_t float_to_bf16(float f) {
+  const uint32_t x = float_bits(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+SA_HD float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (mant << 13));  // inf / NaN
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return bits_float(sign);  // signed zero
+  // Subnormal half: normalize into a float32 normal.
+  uint32_t e = 113u;
+  while ((mant & 0x400u) == 0) {
+    mant <<= 1;
+    --e;
+  }
+  return bits_float(sign | (e << 23) | ((mant & 0x3FFu) << 13));
+}
+
+// Round to nearest, ties to even, overflow to infinity; NaN stays a (quiet) NaN.
+SA_HD uint16_t float_to_half(float f) {
+  const uint32_t x = float_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));
+  if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: inf
+  if (ax >= 0x38800000u) {                                              // normal half
+    const uint32_t r = ax - 0x38000000u;                                // rebias exponent
+    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+  }
+  if (ax < 0x33000000u) return sign;  // below half the smallest subnormal: zero
+  // Subnormal half: the value in units of 2^-24 is mant >> shift, rounded to even.
+  const uint32_t e = ax >> 23;
+  const uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u;
+  const uint32_t shift = 126u - e;  // 14..24
+  uint32_t q = mant >> shift;
+  const uint32_t rest = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+// ---- per-element codecs -----------------------------------------------------------------
+// Codec<T>::decode(storage) -> float (exact for every dtype here) and
+// Codec<T>::encode(float) -> storage (the dtype's rounding). Block storages have none.
+
+template <ElemType T>
+struct Codec;
+
+template <>
+struct Codec<ElemType::f32> {
+  static SA_HD float decode(float x) { return x; }
+  static SA_HD float encode(float f) { return f; }
+};
+
+template <>
+struct Codec<ElemType::bf16> {
+  static SA_HD float decode(uint16_t h) { return bf16_to_float(h); }
+  static SA_HD uint16_t encode(float f) { return float_to_bf16(f); }
+};
+
+template <>
+struct Codec<ElemType::f16> {
+  static SA_HD float decode(uint16_t h) { return half_to_float(h); }
+  static SA_HD uint16_t encode(float f) { return float_to_half(f); }
+};
+
+// The dtype T as a type, for generic lambdas: fn(ElemTag<ElemType::bf16>{}).
+template <ElemType T>
+using ElemTag = std::integral_constant<ElemType, T>;
+
+// Calls fn(ElemTag<t>{}) for an element dtype t (one with a Codec) and returns true;
+// returns false, calling nothing, for a block storage. The one dispatch from a runtime
+// dtype to its compile-time loads (widening, grad norms, moment conversions).
+template <class Fn>
+bool visit_elem_type(ElemType t, Fn&& fn) {
+  switch (t) {
+#define SA_ELEM_VISIT(name, storage, code, bits, text, st_name, block, doc) \
+  case ElemType::name:                                                      \
+    if constexpr (!(block)) {                                               \
+      fn(ElemTag<ElemType::name>{});                                        \
+      return true;                                                          \
+    } else {                                                                \
+      return false;                                                         \
+    }
+    SA_ELEM_TYPES(SA_ELEM_VISIT)
+#undef SA_ELEM_VISIT
+  }
+  return false;
+}
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_ELEM_TYPE_H_
