@@ -67,23 +67,52 @@ SA_HD float quant8_scaled(float x, float inverse) {
   return scaled < -1.0f ? -1.0f : scaled > 1.0f ? 1.0f : scaled;
 }
 
-// One step of the code search: the number of midpoints (map[j] + map[j + 1]) / 2,
-// j in [0, 255), below `scaled` (they ascend with j) is found in steps of 128, 64, ..., 1,
-// each adding its size when the midpoint it tests lies below. Fixed steps and no
-// data-dependent branch: a mispredicted branch per step cost ~130 ns per element on x86,
-// and it diverges on a GPU.
+// The midpoint (map[j] + map[j + 1]) / 2 between codes j and j + 1, j in [0, 255): a
+// scaled value above it is nearer code j + 1 (a tie goes to the lower code).
+SA_HD float quant8_midpoint(const uint32_t* map, int j) {
+  return (bits_float(map[j]) + bits_float(map[j + 1])) * 0.5f;
+}
+
+// One step of the code search: the number of midpoints below `scaled` (they ascend with
+// j) is found in steps of 128, 64, ..., 1, each adding its size when the midpoint it tests
+// lies below. Fixed steps and no data-dependent branch: a mispredicted branch per step
+// cost ~130 ns per element on x86, and it diverges on a GPU.
 SA_HD int quant8_search_step(const uint32_t* map, int below, int step, float scaled) {
   const int j = below + step - 1;  // at most 254
-  const float bound = (bits_float(map[j]) + bits_float(map[j + 1])) * 0.5f;
-  return below + (bound < scaled ? step : 0);
+  return below + (quant8_midpoint(map, j) < scaled ? step : 0);
+}
+
+// The code of a scaled value (quant8_scaled): the number of midpoints below it.
+SA_HD uint8_t quant8_search(const uint32_t* map, float scaled) {
+  int below = 0;
+  for (int step = 128; step >= 1; step /= 2) below = quant8_search_step(map, below, step, scaled);
+  return static_cast<uint8_t>(below);
 }
 
 // The code of x in a block whose absmax is `absmax`.
 SA_HD uint8_t quant8_encode(const uint32_t* map, float x, float absmax) {
-  const float scaled = quant8_scaled(x, quant8_inverse(absmax));
-  int below = 0;
-  for (int step = 128; step >= 1; step /= 2) below = quant8_search_step(map, below, step, scaled);
-  return static_cast<uint8_t>(below);
+  return quant8_search(map, quant8_scaled(x, quant8_inverse(absmax)));
+}
+
+// quant8_search as a tree in breadth-first (Eytzinger) order, for the CUDA kernel: node i
+// in [1, 256) holds the midpoint the search tests at its level, for the codes below it.
+// quant8_search_tree visits i -> 2i + (node < scaled) eight times and the code is
+// i - 256: the same comparisons of the same midpoints, so the same code. The nodes of one
+// level are contiguous, so lanes that test different nodes of an early level read
+// different shared-memory banks (in quant8_search's order every midpoint the first three
+// steps test sits in the same bank).
+SA_HD float quant8_tree_node(const uint32_t* map, int i) {
+  int level = 0;  // i in [2^level, 2^(level + 1))
+  while ((2 << level) <= i) ++level;
+  const int step = 128 >> level;
+  const int below = (i - (1 << level)) * 2 * step;
+  return quant8_midpoint(map, below + step - 1);
+}
+
+SA_HD uint8_t quant8_search_tree(const float* tree, float scaled) {
+  int i = 1;
+  for (int level = 0; level < 8; ++level) i = 2 * i + (tree[i] < scaled ? 1 : 0);
+  return static_cast<uint8_t>(i - 256);
 }
 
 // One block: x[0, n) -> codes[0, n) and its absmax. Eight searches run side by side (they

@@ -28,21 +28,26 @@ enum class Rule : int32_t {
   flag            // int32_t, 0 or 1
 };
 
-// X(name, rule, default, fixed_with_params, doc). `fixed_with_params`: the field cannot
-// change once the group holds a param (the params' state was allocated by it).
-#define SA_GROUP_FIELDS(X)                                                              \
-  X(lr, nonnegative, 1e-3, false, "learning rate")                                      \
-  X(beta1, unit_interval, 0.9, false, "decay rate of the first moment (exp_avg)")       \
-  X(beta2, unit_interval, 0.999, false, "decay rate of the second moment (exp_avg_sq)") \
-  X(eps, nonnegative, 1e-8, false, "added to the denominator")                          \
-  X(weight_decay, nonnegative, 1e-2, false,                                             \
-    "weight decay: decoupled (AdamW) or an L2 term on the grad (Adam)")                 \
-  X(decoupled_weight_decay, flag, 1, false,                                             \
-    "1: AdamW (decay the param); 0: Adam (L2 term on the grad)")                        \
-  X(bias_correction, flag, 1, false, "1: divide the moments by 1 - beta^t")             \
-  X(maximize, flag, 0, false, "1: ascend instead of descend")                           \
-  X(amsgrad, flag, 0, true,                                                             \
-    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "     \
+// X(name, rule, default, fixed_with_params, since, doc). `fixed_with_params`: the field
+// cannot change once the group holds a param (the params' state was allocated by it).
+// `since`: the first shard-file format version (state_io/metadata.hpp) whose files hold
+// the field. Files of an older version lack it and load with its default, so a field added
+// later must default to the value under which the update is what it was before the field
+// existed (and it bumps kShardFormatVersion, so that older libraries refuse its files
+// instead of ignoring it).
+#define SA_GROUP_FIELDS(X)                                                                 \
+  X(lr, nonnegative, 1e-3, false, 1, "learning rate")                                      \
+  X(beta1, unit_interval, 0.9, false, 1, "decay rate of the first moment (exp_avg)")       \
+  X(beta2, unit_interval, 0.999, false, 1, "decay rate of the second moment (exp_avg_sq)") \
+  X(eps, nonnegative, 1e-8, false, 1, "added to the denominator")                          \
+  X(weight_decay, nonnegative, 1e-2, false, 1,                                             \
+    "weight decay: decoupled (AdamW) or an L2 term on the grad (Adam)")                    \
+  X(decoupled_weight_decay, flag, 1, false, 1,                                             \
+    "1: AdamW (decay the param); 0: Adam (L2 term on the grad)")                           \
+  X(bias_correction, flag, 1, false, 1, "1: divide the moments by 1 - beta^t")             \
+  X(maximize, flag, 0, false, 1, "1: ascend instead of descend")                           \
+  X(amsgrad, flag, 0, true, 1,                                                             \
+    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "        \
     "denominator")
 
 struct RuleInfo {
@@ -86,11 +91,12 @@ struct GroupField {
   std::size_t offset;  // in sa_group_config
   double default_value;
   bool fixed_with_params;
+  int since;  // the first shard-file format version that holds it
   const char* doc;
 };
 
-#define SA_SCHEMA_GROUP_ROW(name, rule, default_value, fixed, doc) \
-  GroupField{#name, Rule::rule, offsetof(sa_group_config, name), default_value, fixed, doc},
+#define SA_SCHEMA_GROUP_ROW(name, rule, default_value, fixed, since, doc) \
+  GroupField{#name, Rule::rule, offsetof(sa_group_config, name), default_value, fixed, since, doc},
 inline constexpr GroupField kGroupFields[] = {SA_GROUP_FIELDS(SA_SCHEMA_GROUP_ROW)};
 #undef SA_SCHEMA_GROUP_ROW
 inline constexpr int32_t kNumGroupFields =

@@ -67,6 +67,39 @@ TEST_CASE("quant8: the code books are sorted, hold 0 and 1, and the unsigned one
   }
 }
 
+// The CUDA kernel searches a breadth-first tree of the midpoints (quant8_search_tree);
+// the CPU searches by steps (quant8_search). They must give the same code for every
+// scaled value: at, just below and just above every midpoint and every map entry, at the
+// ends, for NaN, and at random points of [-1, 1].
+TEST_CASE("quant8: the tree search gives quant8_search's code for every value", "[quant8]") {
+  for (const bool is_signed : {true, false}) {
+    const uint32_t* map = sa::kernels::quant8_map(is_signed);
+    float tree[256] = {};
+    for (int i = 1; i < 256; ++i) tree[i] = sa::kernels::quant8_tree_node(map, i);
+    std::vector<float> values = {-1.0f, 1.0f, 0.0f, -0.0f, std::nanf("")};
+    for (int j = 0; j < 256; ++j) {
+      const float entry = sa::kernels::bits_float(map[j]);
+      for (const float x : {entry, std::nextafter(entry, -2.0f), std::nextafter(entry, 2.0f)})
+        values.push_back(x);
+      if (j == 255) continue;
+      const float mid = sa::kernels::quant8_midpoint(map, j);
+      for (const float x : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f)})
+        values.push_back(x);
+    }
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int k = 0; k < 100000; ++k) values.push_back(uniform(rng));
+    int mismatches = 0;
+    for (const float x : values) {
+      const float scaled = sa::kernels::quant8_scaled(x, 1.0f);
+      if (sa::kernels::quant8_search_tree(tree, scaled) != sa::kernels::quant8_search(map, scaled))
+        ++mismatches;
+    }
+    INFO((is_signed ? "signed" : "unsigned") << " map, " << values.size() << " values");
+    CHECK(mismatches == 0);
+  }
+}
+
 TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is a nearest entry",
           "[quant8]") {
   std::mt19937_64 rng(7);

@@ -7,6 +7,7 @@
 #include "src/errors.hpp"
 #include "src/state_io/box.hpp"
 #include "src/state_io/crc32c.hpp"
+#include "src/state_io/metadata.hpp"
 #include "src/state_io/runs.hpp"
 #include "src/state_io/safetensors.hpp"
 #include "test_support.hpp"
@@ -357,4 +358,34 @@ TEST_CASE("a Shard(0) reshard is one run per saved shard", "[state_io][runs]") {
   CHECK(c.remaining() == 2 * 37);
   c.advance(2 * 37);
   CHECK(c.done());
+}
+
+// schema.hpp's rule for a hyperparameter added later: a file older than the field's
+// `since` lacks it and loads with its default; a file of a version that holds it must have
+// it. The field here is made up (a row as a later version would add it), since every field
+// of today's table is in every format version.
+TEST_CASE("a group field added in a later format version loads older files with its default",
+          "[state_io][metadata]") {
+  const sa::schema::GroupField future = {"lr_scale", sa::schema::Rule::nonnegative,
+                                         offsetof(sa_group_config, lr), 0.25, false, 3,
+                                         "a field of format version 3"};
+  const nlohmann::json without = {{"lr", 0.1}, {"step", 4}};
+  const nlohmann::json with = {{"lr", 0.1}, {"lr_scale", 2.5}, {"step", 4}};
+  CHECK(sa::saved_group_field(without, future, 2, "old.safetensors", "groups[0]") == 0.25);
+  CHECK(sa::saved_group_field(with, future, 2, "old.safetensors", "groups[0]") == 2.5);
+  CHECK(sa::saved_group_field(with, future, 3, "new.safetensors", "groups[0]") == 2.5);
+  CHECK_FORMAT_ERROR(sa::saved_group_field(without, future, 3, "new.safetensors", "groups[0]"),
+                     "new.safetensors: groups[0] has no \"lr_scale\"");
+  const nlohmann::json text = {{"lr_scale", "2.5"}};
+  CHECK_FORMAT_ERROR(sa::saved_group_field(text, future, 2, "old.safetensors", "groups[1]"),
+                     "groups[1].lr_scale is not a number");
+  // Today's fields are in every version: a group without one is refused at any version.
+  const nlohmann::json empty = nlohmann::json::object();
+  for (const sa::schema::GroupField& f : sa::schema::kGroupFields) {
+    INFO(f.name);
+    CHECK(f.since == sa::kOldestShardFormatVersion);
+    CHECK_FORMAT_ERROR(
+        sa::saved_group_field(empty, f, sa::kOldestShardFormatVersion, "a.safetensors", "g"),
+        "has no");
+  }
 }

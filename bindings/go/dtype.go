@@ -1,71 +1,142 @@
 package shardadam
 
-import "math"
+import (
+	"math"
+	"sort"
+	"strings"
+	"sync"
 
-// DType is an element type of a param, grad or state. The zero value, DTypeDefault,
-// stands for "the library's default" in ParamOptions.
-type DType int
-
-// The dtypes shardadam stores. 16-bit values cross the Go API as their raw bits ([]uint16).
-const (
-	DTypeDefault DType = iota // in ParamOptions: let the library choose
-	Float32                   // IEEE binary32
-	BFloat16                  // bfloat16 (the high half of a float32)
-	Float16                   // IEEE binary16
-	Int16                     // the "remainder" state of SA_MASTER_REMAINDER
+	"github.com/shardadam/shardadam/bindings/go/internal/capi"
 )
 
-// DLPack type codes (dlpack.h): kDLInt, kDLFloat, kDLBfloat.
+// DType is an element type of a param, grad or state, by the library's name for it
+// ("float32"; DTypes lists what the loaded library stores). The zero value, DTypeDefault,
+// stands for "the library's default" in ParamOptions. The constants below name the dtypes
+// this package has typed accessors for; DType("name") names any other the library lists.
+type DType string
+
+// The dtypes this package's accessors use. 16-bit values cross the Go API as their raw
+// bits ([]uint16).
 const (
-	dlInt    = 0
-	dlFloat  = 2
-	dlBfloat = 4
+	DTypeDefault DType = ""         // in ParamOptions: let the library choose
+	Float32      DType = "float32"  // IEEE binary32
+	BFloat16     DType = "bfloat16" // bfloat16 (the high half of a float32)
+	Float16      DType = "float16"  // IEEE binary16
+	Uint8        DType = "uint8"    // MomentDType: 8-bit blockwise moments
+	Int16        DType = "int16"    // the "remainder" state of MasterRemainder
 )
+
+// The roles of a dtype (DTypeInfo.Roles, sa_dtype_role bits).
+const (
+	RoleParam  = 1  // a param's dtype
+	RoleGrad   = 2  // ParamOptions.GradDType
+	RoleMoment = 4  // ParamOptions.MomentDType
+	RoleState  = 8  // some state is stored in it
+	RoleFile   = 16 // shard files hold tensors of it
+)
+
+// DTypeInfo describes one dtype as the library defines it (sa_dtype_info).
+type DTypeInfo struct {
+	Name            DType
+	Code, Bits      int // its DLPack type code and bits (one lane)
+	Roles           int // Role* bits
+	SafetensorsName string
+	Doc             string
+}
+
+var dtypeTable struct {
+	once   sync.Once
+	byName map[DType]DTypeInfo
+	list   []DTypeInfo
+}
+
+// DTypes returns every dtype the loaded library stores (the table is read once).
+func DTypes() []DTypeInfo {
+	loadDTypes()
+	return append([]DTypeInfo(nil), dtypeTable.list...)
+}
+
+func loadDTypes() {
+	dtypeTable.once.Do(func() {
+		dtypeTable.list = readDTypes()
+		dtypeTable.byName = make(map[DType]DTypeInfo, len(dtypeTable.list))
+		for _, d := range dtypeTable.list {
+			dtypeTable.byName[d.Name] = d
+		}
+	})
+}
+
+// readDTypes reads the library's dtype table. It cannot fail for the indices the library
+// itself counts, so a failure is a broken library: a panic with its message.
+func readDTypes() []DTypeInfo {
+	errbuf := make([]byte, errorBufferBytes)
+	list := make([]DTypeInfo, capi.Sa_num_dtypes())
+	for i := range list {
+		info := make([]int64, 5)
+		var text []byte
+		for { // the first call says how many bytes the strings need, the second copies them
+			if err := resultError(capi.Sago_dtype(i, info, text, errbuf), errbuf); err != nil {
+				panic("shardadam: reading the library's dtype table: " + err.Error())
+			}
+			if int64(len(text)) >= info[4] {
+				break
+			}
+			text = make([]byte, info[4])
+		}
+		strs := strings.Split(string(text[:info[4]]), "\x00") // name, safetensors name, doc, ""
+		list[i] = DTypeInfo{Name: DType(strs[0]), Code: int(info[0]), Bits: int(info[1]),
+			Roles: int(info[3]), SafetensorsName: strs[1], Doc: strs[2]}
+	}
+	return list
+}
 
 // String returns the dtype's name, as the library's messages spell it.
 func (d DType) String() string {
-	switch d {
-	case DTypeDefault:
+	if d == DTypeDefault {
 		return "default"
-	case Float32:
-		return "float32"
-	case BFloat16:
-		return "bfloat16"
-	case Float16:
-		return "float16"
-	case Int16:
-		return "int16"
 	}
-	return "invalid dtype"
+	return string(d)
 }
 
-// dlpack returns the DLPack code and bits of d; (0, 0) for DTypeDefault.
-func (d DType) dlpack() (code, bits int) {
-	switch d {
-	case Float32:
-		return dlFloat, 32
-	case BFloat16:
-		return dlBfloat, 16
-	case Float16:
-		return dlFloat, 16
-	case Int16:
-		return dlInt, 16
+// dlpack returns the DLPack code and bits of d from the library's table: (0, 0) for
+// DTypeDefault, and ok false for a name the library does not store.
+func (d DType) dlpack() (code, bits int, ok bool) {
+	if d == DTypeDefault {
+		return 0, 0, true
 	}
-	return 0, 0
+	loadDTypes()
+	info, found := dtypeTable.byName[d]
+	return info.Code, info.Bits, found
 }
 
-// size returns the bytes of one element of d (0 for DTypeDefault).
+// size returns the bytes of one element of d (0 for DTypeDefault or an unknown name).
 func (d DType) size() int64 {
-	_, bits := d.dlpack()
+	_, bits, _ := d.dlpack()
 	return int64(bits / 8)
 }
 
-// dtypeFromDLPack maps a DLPack code and bit count back to a DType (DTypeDefault if none).
+// checkDTypes returns an error naming the first of dtypes the library does not store.
+func checkDTypes(op string, dtypes ...DType) error {
+	for _, d := range dtypes {
+		if _, _, ok := d.dlpack(); !ok {
+			names := make([]string, 0, len(dtypeTable.list))
+			for _, info := range dtypeTable.list {
+				names = append(names, string(info.Name))
+			}
+			sort.Strings(names)
+			return bindingError(StatusInvalidArgument, "%s: unknown dtype %q; the library stores %s", op, string(d), strings.Join(names, ", "))
+		}
+	}
+	return nil
+}
+
+// dtypeFromDLPack maps a DLPack code and bit count back to the library's name for it
+// (DTypeDefault if none).
 func dtypeFromDLPack(code, bits int64) DType {
-	for _, d := range []DType{Float32, BFloat16, Float16, Int16} {
-		c, b := d.dlpack()
-		if int64(c) == code && int64(b) == bits {
-			return d
+	loadDTypes()
+	for _, d := range dtypeTable.list {
+		if int64(d.Code) == code && int64(d.Bits) == bits {
+			return d.Name
 		}
 	}
 	return DTypeDefault

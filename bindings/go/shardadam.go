@@ -140,7 +140,7 @@ const (
 type ParamOptions struct {
 	Layout      *Layout    // where the shard sits in its global tensor; nil: not sharded
 	GradDType   DType      // Float32, BFloat16 or Float16; DTypeDefault: the param's dtype
-	MomentDType DType      // Float32 (DTypeDefault) or BFloat16
+	MomentDType DType      // Float32 (DTypeDefault), BFloat16 or Uint8 (8-bit blockwise)
 	Master      MasterKind // how the full-precision value is kept
 }
 
@@ -232,6 +232,9 @@ func (o *Optimizer) addParam(op, name string, group int, dtype DType, shape []in
 	if count != numel {
 		return nil, bindingError(StatusInvalidArgument, "%s: param '%s': init has %d values, shape %v needs %d", op, name, count, shape, numel)
 	}
+	if err := checkDTypes(op, dtype, opts.GradDType, opts.MomentDType); err != nil {
+		return nil, err
+	}
 	if err := o.lock(op); err != nil {
 		return nil, err
 	}
@@ -254,9 +257,9 @@ func (o *Optimizer) addParam(op, name string, group int, dtype DType, shape []in
 			boxForm = 1
 		}
 	}
-	paramCode, paramBits := dtype.dlpack()
-	gradCode, gradBits := opts.GradDType.dlpack()
-	momentCode, momentBits := opts.MomentDType.dlpack()
+	paramCode, paramBits, _ := dtype.dlpack()
+	gradCode, gradBits, _ := opts.GradDType.dlpack()
+	momentCode, momentBits, _ := opts.MomentDType.dlpack()
 	index := []int64{-1}
 	status := capi.Sago_add_param(o.handle, name, group, paramCode, paramBits, uintptr(data), shape,
 		hasLayout, l.GlobalShape, l.MeshShape, l.MeshCoord, l.placementPairs(), boxForm,
@@ -354,7 +357,7 @@ func (o *Optimizer) SetGrads(grads []Grad) error {
 			if err := o.stageGrad(op, p, count); err != nil {
 				return err
 			}
-			code, bits := dtype.dlpack()
+			code, bits, _ := dtype.dlpack()
 			copy(entries[5*i:], []int64{1, int64(code), int64(bits), int64(uintptr(p.grad)), int64(len(p.Shape))})
 			shapes = append(shapes, p.Shape...)
 		}
@@ -396,7 +399,7 @@ func (o *Optimizer) setGrad(op string, p *Param, g Grad) error {
 	if err := o.stageGrad(op, p, count); err != nil {
 		return err
 	}
-	code, bits := dtype.dlpack()
+	code, bits, _ := dtype.dlpack()
 	// Bind first (the library validates), copy after: a refused grad changes nothing.
 	status := capi.Sago_set_grad(o.handle, p.Index, code, bits, uintptr(p.grad), p.Shape, o.errbuf)
 	if err := resultError(status, o.errbuf); err != nil {

@@ -39,9 +39,8 @@ __device__ __forceinline__ void update_scalar(const TypedSlot<S>& a, int64_t i,
   if (kAmsgrad) Storage<M>::store(a.max_exp_avg_sq, i, vmax);
 }
 
-// kVec consecutive elements with 16-byte accesses to the moment, grad and fp32 arrays.
-// The full-precision param goes through Master (its arrays are touched once per
-// element; for fp32 masters the compiler vectorizes the contiguous float accesses).
+// kVec consecutive elements with 16-byte accesses to the moment, grad, param and master
+// arrays (a remainder master an element at a time: Master).
 template <class S, bool kL2>
 __device__ __forceinline__ void update_vec(const TypedSlot<S>& a, int64_t i,
                                            const AdamCoeffs<float>& c) {
@@ -53,28 +52,13 @@ __device__ __forceinline__ void update_vec(const TypedSlot<S>& a, int64_t i,
   Storage<M>::load_vec(a.exp_avg, i, m);
   Storage<M>::load_vec(a.exp_avg_sq, i, v);
   if (kAmsgrad) Storage<M>::load_vec(a.max_exp_avg_sq, i, vmax);
-  if constexpr (K == MasterKind::fp32) {
-    Storage<ElemType::f32>::load_vec(a.master, i, p);
-  } else if constexpr (K == MasterKind::none) {
-    Storage<P>::load_vec(a.param, i, p);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) p[k] = Master<P, K>::load(a, i + k);
-  }
+  Master<P, K>::load_vec(a, i, p);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     if (!kAmsgrad) vmax[k] = 0.0f;
     adam_update<kL2, kAmsgrad>(CudaOps{}, c, g[k], p[k], m[k], v[k], vmax[k]);
   }
-  if constexpr (K == MasterKind::fp32) {
-    Storage<ElemType::f32>::store_vec(a.master, i, p);
-    Storage<P>::store_vec(a.param, i, p);
-  } else if constexpr (K == MasterKind::none) {
-    Storage<P>::store_vec(a.param, i, p);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) Master<P, K>::store(a, i + k, p[k]);
-  }
+  Master<P, K>::store_vec(a, i, p);
   Storage<M>::store_vec(a.exp_avg, i, m);
   Storage<M>::store_vec(a.exp_avg_sq, i, v);
   if (kAmsgrad) Storage<M>::store_vec(a.max_exp_avg_sq, i, vmax);
@@ -86,11 +70,9 @@ __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
   const TypedSlot<S> a(slot);
   // 16-byte accesses need every array of the slot aligned to kVec elements.
   constexpr uintptr_t kMomentVec = kVec * sizeof(StorageOf<S::kMoment>);
-  const bool vec_ok = aligned(a.param, kVec * sizeof(StorageOf<S::kParam>)) &&
-                      aligned(a.grad, kVec * sizeof(StorageOf<S::kGrad>)) &&
+  const bool vec_ok = param_vec_aligned(a, S::kMaster == MasterKind::fp32) &&
                       aligned(a.exp_avg, kMomentVec) && aligned(a.exp_avg_sq, kMomentVec) &&
-                      (!S::kAmsgrad || aligned(a.max_exp_avg_sq, kMomentVec)) &&
-                      (S::kMaster != MasterKind::fp32 || aligned(a.master, kVec * sizeof(float)));
+                      (!S::kAmsgrad || aligned(a.max_exp_avg_sq, kMomentVec));
   int64_t scalar_begin = begin;
   if (vec_ok) {
     const int64_t vec_end = begin + (end - begin) / kVec * kVec;  // begin is a multiple of kVec

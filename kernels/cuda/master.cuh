@@ -13,7 +13,8 @@
 namespace sa {
 namespace kernels {
 
-// Full-precision param value: load and store, per master kind.
+// Full-precision param value: load and store, per master kind, one element or kVec
+// consecutive ones (16-byte accesses where the arrays allow: vec_aligned).
 template <ElemType P, MasterKind K>
 struct Master;
 
@@ -27,6 +28,14 @@ struct Master<P, MasterKind::none> {  // P is f32: the param is the value
   __device__ static void store(const A& a, int64_t i, float x) {
     Storage<P>::store(a.param, i, x);
   }
+  template <class A>
+  __device__ static void load_vec(const A& a, int64_t i, float (&x)[kVec]) {
+    Storage<P>::load_vec(a.param, i, x);
+  }
+  template <class A>
+  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[kVec]) {
+    Storage<P>::store_vec(a.param, i, x);
+  }
 };
 
 template <ElemType P>
@@ -39,6 +48,15 @@ struct Master<P, MasterKind::fp32> {
   __device__ static void store(const A& a, int64_t i, float x) {
     a.master[i] = x;
     Storage<P>::store(a.param, i, x);
+  }
+  template <class A>
+  __device__ static void load_vec(const A& a, int64_t i, float (&x)[kVec]) {
+    Storage<ElemType::f32>::load_vec(a.master, i, x);
+  }
+  template <class A>
+  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[kVec]) {
+    Storage<ElemType::f32>::store_vec(a.master, i, x);
+    Storage<P>::store_vec(a.param, i, x);
   }
 };
 
@@ -56,7 +74,25 @@ struct Master<P, MasterKind::remainder> {  // P is bf16
     a.param[i] = hi;
     a.master[i] = rem;
   }
+  template <class A>
+  __device__ static void load_vec(const A& a, int64_t i, float (&x)[kVec]) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) x[k] = load(a, i + k);
+  }
+  template <class A>
+  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[kVec]) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) store(a, i + k, x[k]);
+  }
 };
+
+// Whether a TypedSlot's param, grad and master arrays allow Master's and Storage's kVec
+// accesses (16 bytes of a 16-bit array; the moments are checked by their users).
+template <class A>
+__device__ __forceinline__ bool param_vec_aligned(const A& a, bool has_fp32_master) {
+  return aligned(a.param, kVec * sizeof(*a.param)) && aligned(a.grad, kVec * sizeof(*a.grad)) &&
+         (!has_fp32_master || aligned(a.master, kVec * sizeof(float)));
+}
 
 }  // namespace kernels
 }  // namespace sa

@@ -129,7 +129,15 @@ class FieldReader {
   std::string blob_;
 };
 
-std::vector<SavedGroup> parse_groups(const json& groups, const FieldReader& in) {
+double field_value(const json& g, const schema::GroupField& f, int version, const FieldReader& in,
+                   const std::string& where) {
+  if (version < f.since && g.is_object() && !g.contains(f.name)) return f.default_value;
+  return schema::rule_info(f.rule).integral
+             ? static_cast<double>(in.integer(g, f.name, where, INT32_MIN, INT32_MAX))
+             : in.number(g, f.name, where);
+}
+
+std::vector<SavedGroup> parse_groups(const json& groups, int version, const FieldReader& in) {
   if (!groups.is_array())
     fail(SA_ERR_FORMAT, in.blob(), ": __metadata__ \"groups\" is not an array");
   std::vector<SavedGroup> out;
@@ -138,10 +146,7 @@ std::vector<SavedGroup> parse_groups(const json& groups, const FieldReader& in) 
     const std::string where = concat("groups[", i, "]");
     sa_group_config c = schema::default_group_config();
     for (const schema::GroupField& f : schema::kGroupFields)
-      schema::set(c, f,
-                  schema::rule_info(f.rule).integral
-                      ? static_cast<double>(in.integer(g, f.name, where, INT32_MIN, INT32_MAX))
-                      : in.number(g, f.name, where));
+      schema::set(c, f, field_value(g, f, version, in, where));
     out.push_back({c, in.integer(g, "step", where, 0, INT64_MAX)});
   }
   return out;
@@ -288,6 +293,11 @@ std::string encode_shard_header(const ShardHeader& header) {
   return encode_safetensors_header(metadata, entries);
 }
 
+double saved_group_field(const json& group, const schema::GroupField& f, int version,
+                         const std::string& blob, const std::string& where) {
+  return field_value(group, f, version, FieldReader(blob), where);
+}
+
 ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const std::string& blob) {
   const SafetensorsHeader st = parse_safetensors_header(text, blob_size, blob);
   const auto format = st.metadata.find(kKeyFormat);
@@ -332,7 +342,7 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
       static_cast<uint64_t>(in.integer(checksum, "block_bytes", "checksum", 64, int64_t{1} << 30));
   if (h.block_bytes % 8 != 0)
     fail(SA_ERR_FORMAT, blob, ": checksum.block_bytes ", h.block_bytes, " is not a multiple of 8");
-  h.groups = parse_groups(in.parse(st.metadata, kKeyGroups), in);
+  h.groups = parse_groups(in.parse(st.metadata, kKeyGroups), version_number, in);
   h.meshes = parse_meshes(in.parse(st.metadata, kKeyWriter), in, h.library);
 
   const json tensors = in.parse(st.metadata, kKeyTensors);

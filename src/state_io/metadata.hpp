@@ -11,8 +11,10 @@
 #include <vector>
 
 #include <dlpack/dlpack.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include "../layout.hpp"
+#include "../schema.hpp"
 #include "blob.hpp"
 #include "safetensors.hpp"
 #include "shardadam/shardadam.h"
@@ -80,6 +82,14 @@ std::string header_checksum(const std::map<std::string, std::string>& metadata,
 // The header bytes (length prefix, JSON, padding) of a shard file holding `header`'s
 // tensors at their data_begin offsets; data_section is not read.
 std::string encode_shard_header(const ShardHeader& header);
+
+// The value of group field `f` in `group`, a saved group of a file of format `version`
+// (where: "groups[0]", for messages): its default when the file predates the field
+// (version < f.since: schema.hpp's rule for fields added later), else the value the file
+// holds, which must be there and valid JSON of the field's kind (SA_ERR_FORMAT naming
+// `blob` and where otherwise).
+double saved_group_field(const nlohmann::json& group, const schema::GroupField& f, int version,
+                         const std::string& blob, const std::string& where);
 
 // Parses the JSON text of a blob's header (the N bytes after the length prefix) and
 // checks everything a shard file promises: safetensors structure (safetensors.hpp),

@@ -25,6 +25,7 @@ int main(void) {
   sa_layout layout = SA_LAYOUT_INIT;
   sa_optimizer_config config = SA_OPTIMIZER_CONFIG_INIT;
   sa_field_info field = SA_FIELD_INFO_INIT;
+  sa_dtype_info dtype_info = SA_DTYPE_INFO_INIT;
   sa_param_options options = SA_PARAM_OPTIONS_INIT;
   sa_param_info info = SA_PARAM_INFO_INIT;
   sa_step_args args = SA_STEP_ARGS_INIT;
@@ -136,6 +137,21 @@ int main(void) {
   OFFSET(sa_field_info, fixed_with_params);
   OFFSET(sa_field_info, rule);
   OFFSET(sa_field_info, doc);
+  SIZE(sa_dtype_info);
+  OFFSET(sa_dtype_info, struct_size);
+  OFFSET(sa_dtype_info, name);
+  OFFSET(sa_dtype_info, dtype);
+  OFFSET(sa_dtype_info, roles);
+  OFFSET(sa_dtype_info, safetensors_name);
+  OFFSET(sa_dtype_info, doc);
+  CONSTANT(SA_DTYPE_PARAM);
+  CONSTANT(SA_DTYPE_GRAD);
+  CONSTANT(SA_DTYPE_MOMENT);
+  CONSTANT(SA_DTYPE_STATE);
+  CONSTANT(SA_DTYPE_FILE);
+  FACT("SA_DTYPE_INFO_INIT.struct_size", dtype_info.struct_size);
+  FACT("SA_DTYPE_INFO_INIT.null_pointers", dtype_info.name == NULL &&
+       dtype_info.safetensors_name == NULL && dtype_info.doc == NULL && dtype_info.dtype.bits == 0);
   CONSTANT(SA_FIELD_DOUBLE);
   CONSTANT(SA_FIELD_FLAG);
   FACT("SA_FIELD_INFO_INIT.struct_size", field.struct_size);

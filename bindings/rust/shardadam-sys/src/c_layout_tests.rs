@@ -170,6 +170,30 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_field_info, fixed_with_params);
     offset!(sa_field_info, rule);
     offset!(sa_field_info, doc);
+    size!(sa_dtype_info);
+    offset!(sa_dtype_info, struct_size);
+    offset!(sa_dtype_info, name);
+    offset!(sa_dtype_info, dtype);
+    offset!(sa_dtype_info, roles);
+    offset!(sa_dtype_info, safetensors_name);
+    offset!(sa_dtype_info, doc);
+    constant!(SA_DTYPE_PARAM);
+    constant!(SA_DTYPE_GRAD);
+    constant!(SA_DTYPE_MOMENT);
+    constant!(SA_DTYPE_STATE);
+    constant!(SA_DTYPE_FILE);
+    let dtype_info = sa_dtype_info::default();
+    fact(
+        "SA_DTYPE_INFO_INIT.struct_size",
+        dtype_info.struct_size as i64,
+    );
+    fact(
+        "SA_DTYPE_INFO_INIT.null_pointers",
+        (dtype_info.name.is_null()
+            && dtype_info.safetensors_name.is_null()
+            && dtype_info.doc.is_null()
+            && dtype_info.dtype.bits == 0) as i64,
+    );
     constant!(SA_FIELD_DOUBLE);
     constant!(SA_FIELD_FLAG);
     let field = sa_field_info::default();
@@ -400,6 +424,8 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_optimizer_last_error,
         sa_group_config_num_fields,
         sa_group_config_field,
+        sa_num_dtypes,
+        sa_dtype,
         sa_optimizer_num_groups,
         sa_optimizer_add_group_fields,
         sa_optimizer_set_group_fields,

@@ -272,6 +272,55 @@ pub const SA_FIELD_DOUBLE: sa_field_type = 0;
 /// `SA_FIELD_FLAG`: an int32_t, 0 or 1.
 pub const SA_FIELD_FLAG: sa_field_type = 1;
 
+/// `sa_dtype_role`: bits of `sa_dtype_info::roles`.
+pub type sa_dtype_role = i32;
+/// `SA_DTYPE_PARAM`: a param's dtype.
+pub const SA_DTYPE_PARAM: sa_dtype_role = 1;
+/// `SA_DTYPE_GRAD`: `sa_param_options::grad_dtype`.
+pub const SA_DTYPE_GRAD: sa_dtype_role = 2;
+/// `SA_DTYPE_MOMENT`: `sa_param_options::moment_dtype`.
+pub const SA_DTYPE_MOMENT: sa_dtype_role = 4;
+/// `SA_DTYPE_STATE`: some state is stored in it.
+pub const SA_DTYPE_STATE: sa_dtype_role = 8;
+/// `SA_DTYPE_FILE`: shard files hold tensors of it.
+pub const SA_DTYPE_FILE: sa_dtype_role = 16;
+
+/// `sa_dtype_info`: one dtype the library stores, as it defines it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sa_dtype_info {
+    /// Size of this struct.
+    pub struct_size: usize,
+    /// Its name, as messages spell it (static): "bfloat16".
+    pub name: *const c_char,
+    /// Its DLPack dtype.
+    pub dtype: DLDataType,
+    /// `sa_dtype_role` bits.
+    pub roles: i32,
+    /// Its safetensors name (static), or null when shard files never hold it.
+    pub safetensors_name: *const c_char,
+    /// What it is (static).
+    pub doc: *const c_char,
+}
+
+impl Default for sa_dtype_info {
+    /// `SA_DTYPE_INFO_INIT`.
+    fn default() -> Self {
+        sa_dtype_info {
+            struct_size: std::mem::size_of::<sa_dtype_info>(),
+            name: std::ptr::null(),
+            dtype: DLDataType {
+                code: 0,
+                bits: 0,
+                lanes: 0,
+            },
+            roles: 0,
+            safetensors_name: std::ptr::null(),
+            doc: std::ptr::null(),
+        }
+    }
+}
+
 /// `sa_field_info`: one field of `sa_group_config` as the library defines it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -643,6 +692,12 @@ extern "C" {
     pub fn sa_optimizer_destroy(opt: *mut sa_optimizer);
     /// The message of the last failed call on `opt` ("" if none).
     pub fn sa_optimizer_last_error(opt: *const sa_optimizer) -> *const c_char;
+
+    /// The number of dtypes the library stores.
+    pub fn sa_num_dtypes() -> i32;
+    /// Describes dtype `index` (0 .. `sa_num_dtypes()`) into `*out` (`out.struct_size`
+    /// must be set: use `sa_dtype_info::default()`).
+    pub fn sa_dtype(index: i32, out: *mut sa_dtype_info) -> sa_status;
 
     /// The number of fields of `sa_group_config` (`struct_size` aside) the library knows.
     pub fn sa_group_config_num_fields() -> i32;

@@ -177,7 +177,9 @@ fn handleless_result(code: sys::sa_status) -> Result<()> {
 
 // ---- dtypes, layouts, options --------------------------------------------------------------
 
-/// An element type of a param, grad or state.
+/// An element type of a param, grad or state: the dtypes this wrapper has typed
+/// accessors for, each by the library's name for it ([`DType::name`]). Their DLPack codes
+/// come from the library's table ([`dtypes`]), not from this crate.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     /// IEEE binary32.
@@ -186,35 +188,98 @@ pub enum DType {
     BFloat16,
     /// IEEE binary16, as raw `u16` bits.
     Float16,
+    /// 8-bit blockwise moments (`ParamOptions::moment_dtype`).
+    Uint8,
     /// The `int16` remainder state.
     Int16,
 }
 
+/// One dtype the library stores, as it defines it (`sa_dtype_info`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DTypeInfo {
+    /// Its name, as the library's messages spell it ("bfloat16").
+    pub name: String,
+    /// Its DLPack dtype.
+    pub dtype: sys::DLDataType,
+    /// `sys::SA_DTYPE_*` role bits: what it may be (param, grad, moment, state, file).
+    pub roles: i32,
+    /// Its safetensors name ("BF16"), `None` when shard files never hold it.
+    pub safetensors_name: Option<String>,
+    /// What it is.
+    pub doc: String,
+}
+
+/// Every dtype the loaded library stores (`sa_num_dtypes`, `sa_dtype`), read once.
+pub fn dtypes() -> Vec<DTypeInfo> {
+    dtype_table().to_vec()
+}
+
+fn dtype_table() -> &'static [DTypeInfo] {
+    static TABLE: std::sync::OnceLock<Vec<DTypeInfo>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let n = unsafe { sys::sa_num_dtypes() };
+        (0..n)
+            .map(|index| {
+                let mut raw = sys::sa_dtype_info::default();
+                // Every index below the count is described, so a failure is the library's bug.
+                if let Err(e) = handleless_result(unsafe { sys::sa_dtype(index, &mut raw) }) {
+                    panic!("sa_dtype({}) of {}: {}", index, n, e);
+                }
+                // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
+                unsafe {
+                    DTypeInfo {
+                        name: cstr_to_string(raw.name),
+                        dtype: raw.dtype,
+                        roles: raw.roles,
+                        safetensors_name: if raw.safetensors_name.is_null() {
+                            None
+                        } else {
+                            Some(cstr_to_string(raw.safetensors_name))
+                        },
+                        doc: cstr_to_string(raw.doc),
+                    }
+                }
+            })
+            .collect()
+    })
+}
+
 impl DType {
-    fn dlpack(self) -> sys::DLDataType {
-        let (code, bits) = match self {
-            DType::Float32 => (sys::kDLFloat, 32),
-            DType::BFloat16 => (sys::kDLBfloat, 16),
-            DType::Float16 => (sys::kDLFloat, 16),
-            DType::Int16 => (sys::kDLInt, 16),
-        };
-        sys::DLDataType {
-            code,
-            bits,
-            lanes: 1,
+    const ALL: [DType; 5] = [
+        DType::Float32,
+        DType::BFloat16,
+        DType::Float16,
+        DType::Uint8,
+        DType::Int16,
+    ];
+
+    /// The library's name for the dtype ("float32").
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Float32 => "float32",
+            DType::BFloat16 => "bfloat16",
+            DType::Float16 => "float16",
+            DType::Uint8 => "uint8",
+            DType::Int16 => "int16",
         }
     }
 
+    /// Its DLPack dtype, from the library's table; an error when the loaded library does
+    /// not store it.
+    fn dlpack(self) -> Result<sys::DLDataType> {
+        dtype_table()
+            .iter()
+            .find(|d| d.name == self.name())
+            .map(|d| d.dtype)
+            .ok_or_else(|| Error {
+                status: Status::Unsupported,
+                message: format!("the loaded library does not store dtype {}", self.name()),
+            })
+    }
+
     fn from_dlpack(dtype: sys::DLDataType) -> Option<DType> {
-        [
-            DType::Float32,
-            DType::BFloat16,
-            DType::Float16,
-            DType::Int16,
-        ]
-        .iter()
-        .copied()
-        .find(|d| d.dlpack() == dtype)
+        let info = dtype_table().iter().find(|d| d.dtype == dtype)?;
+        DType::ALL.iter().copied().find(|d| d.name() == info.name)
     }
 }
 
@@ -1001,6 +1066,12 @@ impl Optimizer {
             )));
         }
 
+        // Every dtype before the shard is boxed: nothing below may fail before the library
+        // takes it (or gives it back).
+        let param_dtype = dtype.dlpack()?;
+        let grad_dtype = options.grad_dtype.map(DType::dlpack).transpose()?;
+        let moment_dtype = options.moment_dtype.map(DType::dlpack).transpose()?;
+
         let shard = Box::into_raw(Box::new(Shard {
             managed: sys::DLManagedTensorVersioned {
                 version: sys::DLPackVersion { major: 1, minor: 0 },
@@ -1014,7 +1085,7 @@ impl Optimizer {
                         device_id: 0,
                     },
                     ndim: shape.len() as i32,
-                    dtype: dtype.dlpack(),
+                    dtype: param_dtype,
                     shape: ptr::null_mut(),
                     strides: ptr::null_mut(),
                     byte_offset: 0,
@@ -1030,11 +1101,11 @@ impl Optimizer {
         }
 
         let mut raw_options = sys::sa_param_options::default();
-        if let Some(d) = options.grad_dtype {
-            raw_options.grad_dtype = d.dlpack();
+        if let Some(d) = grad_dtype {
+            raw_options.grad_dtype = d;
         }
-        if let Some(d) = options.moment_dtype {
-            raw_options.moment_dtype = d.dlpack();
+        if let Some(d) = moment_dtype {
+            raw_options.moment_dtype = d;
         }
         raw_options.master = match options.master {
             Master::Auto => sys::SA_MASTER_AUTO,
@@ -1223,7 +1294,7 @@ impl Optimizer {
                 device_id: 0,
             },
             ndim: slot.shape.len() as i32,
-            dtype: grad.dtype().dlpack(),
+            dtype: grad.dtype().dlpack()?,
             // The library reads the shape during the call and never writes it.
             shape: slot.shape.as_ptr() as *mut i64,
             strides: ptr::null_mut(),
