@@ -52,7 +52,7 @@ run() {  # run <name> <timeout s> <command...>: logs to $OUT/<name>.log, keeps t
 gpu=bindings/python/tests/gpu
 for what in $SUITE; do
   case $what in
-    pytest) run pytest 300 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests" ;;
+    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests" ;;
     fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
     reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
     clients) run clients 420 bash -c "rc=0; for s in hf_trainer lightning_trainer fsdp2_dcp; do python3 bindings/python/tests/clients/\$s.py --device cuda || rc=1; done; exit \$rc" ;;
