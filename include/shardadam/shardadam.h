@@ -364,7 +364,8 @@ typedef enum sa_master_kind {
 
 /**
  * Per-param storage choices, fixed when the param is added. A zeroed dtype (bits == 0)
- * means the default.
+ * means the default. sa_dtype lists the dtypes each field takes (roles SA_DTYPE_GRAD,
+ * SA_DTYPE_MOMENT; a param's own dtype: SA_DTYPE_PARAM).
  */
 typedef struct sa_param_options {
   size_t struct_size;
