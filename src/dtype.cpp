@@ -48,9 +48,8 @@ int32_t num_dtypes() { return kNumDtypes; }
 
 DtypeDescription describe_dtype(int32_t index) {
   const DtypeRow& row = public_row(index);
-  const std::optional<ElemType> type = elem_type_of(row.dl);
-  const uint32_t roles =
-      type ? elem_roles(*type) : static_cast<uint32_t>(SA_DTYPE_STATE | SA_DTYPE_FILE);
+  const uint32_t roles = index < kernels::kNumElemTypes ? elem_roles(static_cast<ElemType>(index))
+                                                        : SA_DTYPE_STATE | SA_DTYPE_FILE;
   return {row.name, row.dl, roles, row.safetensors, row.doc};
 }
 

@@ -35,6 +35,18 @@ template <class... Parts>
   throw Error(status, concat(parts...));
 }
 
+// "a", "a or b", "a, b or c" (last_word " and " for "a, b and c"): a list in a message.
+template <class Seq>
+std::string words_list(const Seq& items, const char* last_word = " or ") {
+  std::string out;
+  std::size_t i = 0;
+  for (const auto& item : items) {
+    out += concat(i == 0 ? "" : i + 1 == items.size() ? last_word : ", ", item);
+    ++i;
+  }
+  return out;
+}
+
 // Writes "[a, b, c]" for a shape or coordinate.
 template <class Seq>
 std::string format_dims(const Seq& dims) {

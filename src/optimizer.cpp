@@ -35,12 +35,13 @@ GradSpec grad_spec_of(const Param& p) {
 template <class Range, class Get>
 std::string dtype_list(const Range& rows, Get get) {
   std::vector<ElemType> types;
+  std::vector<const char*> names;
   for (const auto& row : rows)
-    if (std::find(types.begin(), types.end(), get(row)) == types.end()) types.push_back(get(row));
-  std::string out;
-  for (std::size_t i = 0; i < types.size(); ++i)
-    out += concat(i == 0 ? "" : i + 1 == types.size() ? " or " : ", ", elem_name(types[i]));
-  return out;
+    if (std::find(types.begin(), types.end(), get(row)) == types.end()) {
+      types.push_back(get(row));
+      names.push_back(elem_name(get(row)));
+    }
+  return words_list(names);
 }
 
 const char* master_name(int32_t requested) {

@@ -1,7 +1,6 @@
 #include "state_kinds.hpp"
 
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "dtype.hpp"
@@ -45,16 +44,13 @@ const char* storage_file_dtypes(StateStorage storage) {
   switch (storage) {
     case StateStorage::moment: {  // "F32 or BF16": the element moment dtypes of storage_accepts
       static const std::string names = [] {
-        std::vector<std::string> found;
+        std::vector<const char*> found;
         for (int i = 0; i < kernels::kNumElemTypes; ++i) {
           const DLDataType dtype = dl_dtype_of(static_cast<ElemType>(i));
           if (storage_accepts(StateStorage::moment, dtype))
-            found.emplace_back(safetensors_name(dtype));
+            found.push_back(safetensors_name(dtype));
         }
-        std::string out;
-        for (std::size_t k = 0; k < found.size(); ++k)
-          out += (k == 0 ? "" : k + 1 == found.size() ? " or " : ", ") + found[k];
-        return out;
+        return words_list(found);
       }();
       return names.c_str();
     }
@@ -67,10 +63,9 @@ const char* storage_file_dtypes(StateStorage storage) {
 }
 
 std::string all_state_keys() {
-  std::string out;
-  for (std::size_t i = 0; i < kNumStateKinds; ++i)
-    out += concat(i == 0 ? "" : i + 1 == kNumStateKinds ? " and " : ", ", kStateKinds[i].key);
-  return out;
+  std::vector<const char*> keys;
+  for (const StateKindInfo& k : kStateKinds) keys.push_back(k.key);
+  return words_list(keys, " and ");
 }
 
 }  // namespace sa

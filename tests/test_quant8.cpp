@@ -566,10 +566,6 @@ TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new 
   }
 }
 
-}  // namespace
-
-namespace {
-
 TEST_CASE("moment values: an 8-bit moment read as float32 and written back is unchanged; float32 "
           "values are quantized by the local blocks",
           "[quant8]") {

@@ -70,8 +70,8 @@ __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
   const TypedSlot<S> a(slot);
   // 16-byte accesses need every array of the slot aligned to kVec elements.
   constexpr uintptr_t kMomentVec = kVec * sizeof(StorageOf<S::kMoment>);
-  const bool vec_ok = param_vec_aligned(a, S::kMaster == MasterKind::fp32) &&
-                      aligned(a.exp_avg, kMomentVec) && aligned(a.exp_avg_sq, kMomentVec) &&
+  const bool vec_ok = param_vec_aligned(a) && aligned(a.exp_avg, kMomentVec) &&
+                      aligned(a.exp_avg_sq, kMomentVec) &&
                       (!S::kAmsgrad || aligned(a.max_exp_avg_sq, kMomentVec));
   int64_t scalar_begin = begin;
   if (vec_ok) {

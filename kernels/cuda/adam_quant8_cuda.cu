@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
   ChunkWork w;
   if (!chunk_work(bucket, step, w)) return;
   const TypedSlot<S> a(w.slot);
-  bool vec_ok = param_vec_aligned(a, S::kMaster == MasterKind::fp32);
+  bool vec_ok = param_vec_aligned(a);
   for (int k = 0; k < (S::kAmsgrad ? 3 : 2); ++k)
     vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(quant8_codes(k))], kVec);
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;

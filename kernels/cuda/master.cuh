@@ -8,6 +8,7 @@
 
 #include "../adam_math.h"
 #include "../bucket_table.h"
+#include "../variants.h"
 #include "storage.cuh"
 
 namespace sa {
@@ -88,10 +89,10 @@ struct Master<P, MasterKind::remainder> {  // P is bf16
 
 // Whether a TypedSlot's param, grad and master arrays allow Master's and Storage's kVec
 // accesses (16 bytes of a 16-bit array; the moments are checked by their users).
-template <class A>
-__device__ __forceinline__ bool param_vec_aligned(const A& a, bool has_fp32_master) {
+template <class S>
+__device__ __forceinline__ bool param_vec_aligned(const TypedSlot<S>& a) {
   return aligned(a.param, kVec * sizeof(*a.param)) && aligned(a.grad, kVec * sizeof(*a.grad)) &&
-         (!has_fp32_master || aligned(a.master, kVec * sizeof(float)));
+         (S::kMaster != MasterKind::fp32 || aligned(a.master, kVec * sizeof(float)));
 }
 
 }  // namespace kernels
