@@ -206,6 +206,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few steps")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only-shardadam", action="store_true", help="skip torch (kernel tuning)")
+    ap.add_argument("--only", default="abcdef", help="the configurations to run, e.g. 'bf'")
     args = ap.parse_args()
     lib = load_lib(os.path.abspath(args.lib))
     torch.manual_seed(0)
@@ -219,6 +220,8 @@ def main():
 
     def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True, clip=False,
                  moment8=False):
+        if name[1] not in args.only:
+            return
         params = [torch.randn(n, device=dev).to(dtype) for n in sizes]
         grads = [torch.randn(n, device=dev).to(dtype) for n in sizes]
         elems = sum(sizes)
@@ -306,7 +309,7 @@ def main():
     run_pair("(a) 1 x 256M fp32", [big], torch.float32, False)
     sizes = shard_sizes(args.quick)
     run_pair("(b) 1516 fp32 shards", sizes, torch.float32, False)
-    if not args.quick and not args.only_shardadam:
+    if not args.quick and not args.only_shardadam and "c" in args.only:
         import torch.distributed as dist
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29513")

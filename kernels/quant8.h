@@ -36,35 +36,47 @@ SA_HD constexpr StateKind quant8_absmax_state(int k) {
 }
 SA_HD constexpr bool quant8_signed(int k) { return k == 0; }
 
+// The tables of a moment's code book (kernels/quant8_maps.h): signed for exp_avg, unsigned
+// for the second moments. Host copies; CUDA kernels copy theirs to shared memory
+// (kernels/cuda/adam_quant8_cuda.cu).
+struct Quant8Book {
+  const uint32_t* map;     // [256] float32 bits, ascending
+  const uint32_t* mids;    // [256] quant8_midpoint(map, j), and 2 at 255
+  const uint8_t* buckets;  // [kQuant8Buckets] the code of each bucket's lowest value
+};
+
 #if !defined(__CUDACC__)
-// The code book of a moment: signed for exp_avg, unsigned for the second moments. (CUDA
-// kernels read their copy in shared memory: kernels/cuda/adam_cuda.cu.)
-inline const uint32_t* quant8_map(bool is_signed) {
-  return is_signed ? kQuant8SignedMap : kQuant8UnsignedMap;
+inline Quant8Book quant8_book(bool is_signed) {
+  return is_signed ? Quant8Book{kQuant8SignedMap, kQuant8SignedMids, kQuant8SignedBuckets}
+                   : Quant8Book{kQuant8UnsignedMap, kQuant8UnsignedMids, kQuant8UnsignedBuckets};
 }
+inline const uint32_t* quant8_map(bool is_signed) { return quant8_book(is_signed).map; }
 #endif
 
 SA_HD float quant8_decode(const uint32_t* map, uint8_t code, float absmax) {
   return bits_float(map[code]) * absmax;
 }
 
-// The absmax of n values: their largest magnitude, or NaN if one is NaN.
+// The absmax of a block, as the float32 bits of the magnitude: the largest |x|, or if a
+// value is NaN the NaN with the largest payload. The integer maximum of the magnitudes'
+// bits is both (a NaN's bits exceed infinity's), and it does not depend on the order the
+// values are met in: a warp's shuffle tree and the CPU's loop give the same bits.
+SA_HD uint32_t quant8_magnitude_bits(float x) { return float_bits(x) & 0x7FFFFFFFu; }
+SA_HD uint32_t quant8_absmax_combine(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
 SA_HD float quant8_absmax(const float* x, int64_t n) {
-  float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = fabsf(x[i]);
-    if (a > m || a != a) m = a;
-    if (m != m) break;
-  }
-  return m;
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = quant8_absmax_combine(m, quant8_magnitude_bits(x[i]));
+  return bits_float(m);
 }
 
-// x / absmax as the search compares it: times the rounded inverse, clamped to [-1, 1].
+// x / absmax as the search compares it: times the rounded inverse, clamped to [-1, 1]; a
+// NaN becomes -1, whose code (0) is the one the search gives a NaN.
 SA_HD float quant8_inverse(float absmax) { return 1.0f / (absmax > 1e-38f ? absmax : 1e-38f); }
 
 SA_HD float quant8_scaled(float x, float inverse) {
   const float scaled = x * inverse;
-  return scaled < -1.0f ? -1.0f : scaled > 1.0f ? 1.0f : scaled;
+  return scaled > -1.0f ? (scaled < 1.0f ? scaled : 1.0f) : -1.0f;
 }
 
 // The midpoint (map[j] + map[j + 1]) / 2 between codes j and j + 1, j in [0, 255): a
@@ -73,69 +85,52 @@ SA_HD float quant8_midpoint(const uint32_t* map, int j) {
   return (bits_float(map[j]) + bits_float(map[j + 1])) * 0.5f;
 }
 
-// One step of the code search: the number of midpoints below `scaled` (they ascend with
-// j) is found in steps of 128, 64, ..., 1, each adding its size when the midpoint it tests
-// lies below. Fixed steps and no data-dependent branch: a mispredicted branch per step
-// cost ~130 ns per element on x86, and it diverges on a GPU.
-SA_HD int quant8_search_step(const uint32_t* map, int below, int step, float scaled) {
-  const int j = below + step - 1;  // at most 254
-  return below + (quant8_midpoint(map, j) < scaled ? step : 0);
-}
-
-// The code of a scaled value (quant8_scaled): the number of midpoints below it.
+// The code of a scaled value (quant8_scaled), by definition: the number of midpoints below
+// it, found in steps of 128, 64, ..., 1. The reference for quant8_code, and the rule the
+// bucket tables are generated from.
 SA_HD uint8_t quant8_search(const uint32_t* map, float scaled) {
   int below = 0;
-  for (int step = 128; step >= 1; step /= 2) below = quant8_search_step(map, below, step, scaled);
+  for (int step = 128; step >= 1; step /= 2) {
+    const int j = below + step - 1;  // at most 254
+    below += quant8_midpoint(map, j) < scaled ? step : 0;
+  }
   return static_cast<uint8_t>(below);
 }
 
-// The code of x in a block whose absmax is `absmax`.
-SA_HD uint8_t quant8_encode(const uint32_t* map, float x, float absmax) {
-  return quant8_search(map, quant8_scaled(x, quant8_inverse(absmax)));
+// The same code in two table reads (both backends). The buckets cut [-1, 1] by a value's
+// sign and the top 16 bits of its magnitude (magnitudes below 2^-23 share the first), fine
+// enough that no bucket holds two midpoints (tests/test_quant8.cpp checks every bucket).
+// A bucket's table entry is the code c of its lowest value; a value of the bucket has c,
+// or c + 1 if the one midpoint that can lie in the bucket, mids[c], is below it.
+SA_HD int quant8_bucket(float scaled) {
+  const uint32_t bits = float_bits(scaled);
+  uint32_t magnitude = bits & 0x7FFFFFFFu;
+  magnitude = magnitude > kQuant8BucketLow ? magnitude : kQuant8BucketLow;
+  return static_cast<int>((magnitude - kQuant8BucketLow) >> kQuant8BucketShift) +
+         static_cast<int>(bits >> 31) * kQuant8BucketsPerSign;
 }
 
-// quant8_search as a tree in breadth-first (Eytzinger) order, for the CUDA kernel: node i
-// in [1, 256) holds the midpoint the search tests at its level, for the codes below it.
-// quant8_search_tree visits i -> 2i + (node < scaled) eight times and the code is
-// i - 256: the same comparisons of the same midpoints, so the same code. The nodes of one
-// level are contiguous, so lanes that test different nodes of an early level read
-// different shared-memory banks (in quant8_search's order every midpoint the first three
-// steps test sits in the same bank).
-SA_HD float quant8_tree_node(const uint32_t* map, int i) {
-  int level = 0;  // i in [2^level, 2^(level + 1))
-  while ((2 << level) <= i) ++level;
-  const int step = 128 >> level;
-  const int below = (i - (1 << level)) * 2 * step;
-  return quant8_midpoint(map, below + step - 1);
+// The lowest value of bucket i: its smallest magnitude for a positive bucket, minus its
+// largest for a negative one (scaled values stop at 1).
+SA_HD float quant8_bucket_low(int i) {
+  const uint32_t k = static_cast<uint32_t>(i % kQuant8BucketsPerSign);
+  if (i < kQuant8BucketsPerSign)
+    return k == 0 ? 0.0f : bits_float(kQuant8BucketLow + (k << kQuant8BucketShift));
+  const uint32_t top = kQuant8BucketLow + ((k + 1) << kQuant8BucketShift) - 1;
+  return -bits_float(top < 0x3F800000u ? top : 0x3F800000u);
 }
 
-SA_HD uint8_t quant8_search_tree(const float* tree, float scaled) {
-  int i = 1;
-  for (int level = 0; level < 8; ++level) i = 2 * i + (tree[i] < scaled ? 1 : 0);
-  return static_cast<uint8_t>(i - 256);
+SA_HD uint8_t quant8_code(const uint8_t* buckets, const uint32_t* mids, float scaled) {
+  const int low = buckets[quant8_bucket(scaled)];
+  return static_cast<uint8_t>(low + (bits_float(mids[low]) < scaled ? 1 : 0));
 }
 
-// One block: x[0, n) -> codes[0, n) and its absmax. Eight searches run side by side (they
-// are chains of dependent loads; interleaved, the CPU overlaps them), each exactly
-// quant8_encode's.
-SA_HD float quant8_encode_block(const uint32_t* map, const float* x, int64_t n, uint8_t* codes) {
-  constexpr int kLanes = 8;
+// One block: x[0, n) -> codes[0, n) and its absmax.
+SA_HD float quant8_encode_block(const Quant8Book& book, const float* x, int64_t n, uint8_t* codes) {
   const float absmax = quant8_absmax(x, n);
   const float inverse = quant8_inverse(absmax);
-  const int64_t whole = n / kLanes * kLanes;
-  for (int64_t i = 0; i < whole; i += kLanes) {
-    float scaled[kLanes];
-    int below[kLanes];
-    for (int e = 0; e < kLanes; ++e) {
-      scaled[e] = quant8_scaled(x[i + e], inverse);
-      below[e] = 0;
-    }
-    for (int step = 128; step >= 1; step /= 2)
-      for (int e = 0; e < kLanes; ++e)
-        below[e] = quant8_search_step(map, below[e], step, scaled[e]);
-    for (int e = 0; e < kLanes; ++e) codes[i + e] = static_cast<uint8_t>(below[e]);
-  }
-  for (int64_t i = whole; i < n; ++i) codes[i] = quant8_encode(map, x[i], absmax);
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = quant8_code(book.buckets, book.mids, quant8_scaled(x[i], inverse));
   return absmax;
 }
 

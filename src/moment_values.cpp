@@ -31,9 +31,9 @@ void quant8_values(const uint8_t* codes, const float* absmax, int64_t n, bool is
 void quant8_from_values(const float* values, int64_t n, bool is_signed, uint8_t* codes,
                         float* absmax) {
   const int64_t block = kernels::kQuant8Block;
-  const uint32_t* map = kernels::quant8_map(is_signed);
+  const kernels::Quant8Book book = kernels::quant8_book(is_signed);
   for (int64_t b = 0; b * block < n; ++b)
-    absmax[b] = kernels::quant8_encode_block(map, values + b * block,
+    absmax[b] = kernels::quant8_encode_block(book, values + b * block,
                                              std::min(block, n - b * block), codes + b * block);
 }
 

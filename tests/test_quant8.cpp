@@ -67,36 +67,70 @@ TEST_CASE("quant8: the code books are sorted, hold 0 and 1, and the unsigned one
   }
 }
 
-// The CUDA kernel searches a breadth-first tree of the midpoints (quant8_search_tree);
-// the CPU searches by steps (quant8_search). They must give the same code for every
-// scaled value: at, just below and just above every midpoint and every map entry, at the
-// ends, for NaN, and at random points of [-1, 1].
-TEST_CASE("quant8: the tree search gives quant8_search's code for every value", "[quant8]") {
+// quant8_code reads the generated tables (kernels/quant8_maps.h); quant8_search is the
+// definition. The tables must be the code book's midpoints and each bucket's code by the
+// search, no bucket may hold two midpoints, and the two must then agree on every value:
+// at, just below and just above every midpoint, map entry and bucket edge, at the ends,
+// for NaN and signed zeros, and at random points of [-1, 1].
+TEST_CASE("quant8: the bucket tables are the code book's midpoints and each bucket's code",
+          "[quant8]") {
+  using namespace sa::kernels;
   for (const bool is_signed : {true, false}) {
-    const uint32_t* map = sa::kernels::quant8_map(is_signed);
-    float tree[256] = {};
-    for (int i = 1; i < 256; ++i) tree[i] = sa::kernels::quant8_tree_node(map, i);
-    std::vector<float> values = {-1.0f, 1.0f, 0.0f, -0.0f, std::nanf("")};
-    for (int j = 0; j < 256; ++j) {
-      const float entry = sa::kernels::bits_float(map[j]);
-      for (const float x : {entry, std::nextafter(entry, -2.0f), std::nextafter(entry, 2.0f)})
-        values.push_back(x);
-      if (j == 255) continue;
-      const float mid = sa::kernels::quant8_midpoint(map, j);
-      for (const float x : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f)})
-        values.push_back(x);
+    const Quant8Book book = quant8_book(is_signed);
+    INFO((is_signed ? "signed" : "unsigned") << " map");
+    for (int j = 0; j < 255; ++j) REQUIRE(book.mids[j] == float_bits(quant8_midpoint(book.map, j)));
+    REQUIRE(bits_float(book.mids[255]) > 1.0f);
+    int wrong = 0, misplaced = 0;
+    for (int i = 0; i < kQuant8Buckets; ++i) {
+      const float low = quant8_bucket_low(i);
+      if (book.buckets[i] != quant8_search(book.map, low)) ++wrong;
+      const float below = std::nextafter(low, -2.0f);  // outside the bucket, or below -1
+      if (quant8_bucket(low) != i || (below >= -1.0f && quant8_bucket(below) == i)) ++misplaced;
     }
+    CHECK(wrong == 0);
+    CHECK(misplaced == 0);
+    std::vector<int> midpoints_in(kQuant8Buckets, 0);
+    for (int j = 0; j < 255; ++j) ++midpoints_in[quant8_bucket(quant8_midpoint(book.map, j))];
+    CHECK(*std::max_element(midpoints_in.begin(), midpoints_in.end()) <= 1);
+  }
+}
+
+TEST_CASE("quant8: the bucket search gives quant8_search's code for every value", "[quant8]") {
+  using namespace sa::kernels;
+  for (const bool is_signed : {true, false}) {
+    const Quant8Book book = quant8_book(is_signed);
+    std::vector<float> values = {-1.0f, 1.0f, 0.0f, -0.0f, 1e-30f, -1e-30f, 1e-45f};
+    const auto around = [&](float x) {
+      float lo = x, hi = x;
+      values.push_back(x);
+      for (int k = 0; k < 3; ++k) {
+        values.push_back(lo = std::nextafter(lo, -2.0f));
+        values.push_back(hi = std::nextafter(hi, 2.0f));
+      }
+    };
+    for (int j = 0; j < 256; ++j) {
+      around(bits_float(book.map[j]));
+      if (j < 255) around(quant8_midpoint(book.map, j));
+    }
+    for (int i = 0; i < kQuant8Buckets; ++i) around(quant8_bucket_low(i));
     std::mt19937 rng(5);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    for (int k = 0; k < 100000; ++k) values.push_back(uniform(rng));
+    std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
+    for (int k = 0; k < 100000; ++k) {
+      values.push_back(uniform(rng));
+      values.push_back(std::copysign(std::pow(2.0f, exponent(rng)), uniform(rng)));
+    }
     int mismatches = 0;
     for (const float x : values) {
-      const float scaled = sa::kernels::quant8_scaled(x, 1.0f);
-      if (sa::kernels::quant8_search_tree(tree, scaled) != sa::kernels::quant8_search(map, scaled))
+      const float scaled = quant8_scaled(x, 1.0f);
+      if (quant8_code(book.buckets, book.mids, scaled) != quant8_search(book.map, scaled))
         ++mismatches;
     }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
     INFO((is_signed ? "signed" : "unsigned") << " map, " << values.size() << " values");
     CHECK(mismatches == 0);
+    CHECK(quant8_code(book.buckets, book.mids, quant8_scaled(nan, 1.0f)) ==
+          quant8_search(book.map, nan));
   }
 }
 
@@ -109,7 +143,8 @@ TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is
       for (int64_t n : {int64_t{1}, int64_t{17}, kQuant8Block}) {
         std::vector<float> x = random_block(rng, n, scale, is_signed);
         uint8_t codes[kQuant8Block];
-        const float absmax = quant8_encode_block(map, x.data(), n, codes);
+        const float absmax =
+            quant8_encode_block(sa::kernels::quant8_book(is_signed), x.data(), n, codes);
         float largest = 0.0f;
         for (float v : x) largest = std::max(largest, std::fabs(v));
         REQUIRE(absmax == largest);
@@ -124,9 +159,8 @@ TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is
             CHECK(err <= std::fabs(map_value(map, other) - scaled) + 1e-7);
           }
           // And it decodes within half the wider neighbouring gap of the map, times absmax.
-          const double gap =
-              std::max(c < 255 ? map_value(map, c + 1) - map_value(map, c) : 0.0,
-                       c > 0 ? map_value(map, c) - map_value(map, c - 1) : 0.0);
+          const double gap = std::max(c < 255 ? map_value(map, c + 1) - map_value(map, c) : 0.0,
+                                      c > 0 ? map_value(map, c) - map_value(map, c - 1) : 0.0);
           CHECK(std::fabs(quant8_decode(map, codes[i], absmax) - x[i]) <=
                 (0.5 * gap + 1e-6) * absmax);
         }
@@ -140,12 +174,12 @@ TEST_CASE("quant8: an all-zero block decodes to zeros; a NaN makes the whole blo
   const uint32_t* map = quant8_map(true);
   std::vector<float> x(40, 0.0f);
   uint8_t codes[40];
-  float absmax = quant8_encode_block(map, x.data(), 40, codes);
+  float absmax = quant8_encode_block(sa::kernels::quant8_book(true), x.data(), 40, codes);
   CHECK(absmax == 0.0f);
   for (int i = 0; i < 40; ++i) CHECK(quant8_decode(map, codes[i], absmax) == 0.0f);
   x[3] = std::numeric_limits<float>::quiet_NaN();
   x[7] = 5.0f;
-  absmax = quant8_encode_block(map, x.data(), 40, codes);
+  absmax = quant8_encode_block(sa::kernels::quant8_book(true), x.data(), 40, codes);
   CHECK(std::isnan(absmax));
   for (int i = 0; i < 40; ++i) CHECK(std::isnan(quant8_decode(map, codes[i], absmax)));
 }
@@ -250,8 +284,8 @@ struct Q8Fixture {
     for (int64_t i = 0; i < p8.numel(); ++i) p8.as<float>()[i] = p32.as<float>()[i] = normal(rng);
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
     const sa_param_options q8 = param_options(kDefaultDtype, kUint8, SA_MASTER_AUTO);
-    REQUIRE_SA_OK(opt.get(),
-                  sa_optimizer_add_param(opt.get(), "q8", 0, p8.versioned(), nullptr, &q8, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "q8", 0, p8.versioned(), nullptr,
+                                                    &q8, nullptr));
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "f32", 0, p32.versioned(), nullptr,
                                                     nullptr, nullptr));
   }
@@ -265,9 +299,10 @@ struct Q8Fixture {
   }
 };
 
-TEST_CASE("q8 moments through the C ABI: uint8 codes of the param's shape, a float32 absmax "
-          "per block",
-          "[quant8]") {
+TEST_CASE(
+    "q8 moments through the C ABI: uint8 codes of the param's shape, a float32 absmax "
+    "per block",
+    "[quant8]") {
   Q8Fixture f;
   std::mt19937_64 rng(9);
   f.step(rng);
@@ -303,8 +338,7 @@ TEST_CASE("q8 moments through the C ABI: uint8 codes of the param's shape, a flo
   }
 }
 
-TEST_CASE("q8 moments train like float32 moments, to within the quantization error",
-          "[quant8]") {
+TEST_CASE("q8 moments train like float32 moments, to within the quantization error", "[quant8]") {
   Q8Fixture f;
   std::mt19937_64 rng(10);
   const int steps = 20;
@@ -316,8 +350,8 @@ TEST_CASE("q8 moments train like float32 moments, to within the quantization err
   std::normal_distribution<float> normal;
   for (int64_t i = 0; i < f.p8.numel(); ++i) {
     const double start = normal(rng0);
-    worst = std::max(worst, std::fabs(static_cast<double>(f.p8.as<float>()[i]) -
-                                      f.p32.as<float>()[i]));
+    worst =
+        std::max(worst, std::fabs(static_cast<double>(f.p8.as<float>()[i]) - f.p32.as<float>()[i]));
     moved = std::max(moved, std::fabs(static_cast<double>(f.p32.as<float>()[i]) - start));
   }
   INFO("largest difference " << worst << ", largest move " << moved);
@@ -332,14 +366,15 @@ TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[
   f.step(rng);
   const std::vector<float> before(f.p8.as<float>(), f.p8.as<float>() + f.p8.numel());
   HostTensor u8({4}, kUint8);
-  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),
-                 "param dtype uint8 is not supported; use float32, bfloat16 or float16");
+  CHECK_SA_FAILS(
+      f.opt.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),
+      "param dtype uint8 is not supported; use float32, bfloat16 or float16");
   const sa_param_options u8_grad = param_options(kUint8, kDefaultDtype, SA_MASTER_AUTO);
-  CHECK_SA_FAILS(f.opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(f.opt.get(), "g", 0, f.grad.versioned(), nullptr, &u8_grad,
-                                        nullptr),
-                 "grad_dtype uint8 is not supported; use float32, bfloat16 or float16");
+  CHECK_SA_FAILS(
+      f.opt.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(f.opt.get(), "g", 0, f.grad.versioned(), nullptr, &u8_grad, nullptr),
+      "grad_dtype uint8 is not supported; use float32, bfloat16 or float16");
   CHECK(sa_optimizer_num_params(f.opt.get()) == 2);
   CHECK(memcmp(before.data(), f.p8.as<float>(), before.size() * sizeof(float)) == 0);
   f.step(rng);  // still trains
@@ -350,7 +385,8 @@ TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[
 // The float32 values a shard file holds for a q8 state, as README.md specifies them:
 // map[code] * absmax, except that in a block of a signed moment where no code is 255 the
 // first element with code 0 holds -absmax.
-std::vector<float> decoded(sa_optimizer* opt, int64_t param, const std::string& key, bool is_signed) {
+std::vector<float> decoded(sa_optimizer* opt, int64_t param, const std::string& key,
+                           bool is_signed) {
   const StateView codes = state_view(opt, param, key.c_str());
   const StateView absmax = state_view(opt, param, (key + "_absmax").c_str());
   const uint32_t* map = quant8_map(is_signed);
@@ -398,7 +434,8 @@ void check_quantizes(sa_optimizer* opt, int64_t param, const std::string& key, b
       const double scaled = a > 0.0f ? static_cast<double>(x[i]) / a : 0.0;
       const int code = static_cast<const uint8_t*>(codes.data())[i];
       double nearest = 1e300;
-      for (int c = 0; c < 256; ++c) nearest = std::min(nearest, std::fabs(map_value(map, c) - scaled));
+      for (int c = 0; c < 256; ++c)
+        nearest = std::min(nearest, std::fabs(map_value(map, c) - scaled));
       CHECK(std::fabs(map_value(map, code) - scaled) <= nearest + 1e-6);
     }
   }
@@ -442,7 +479,8 @@ TEST_CASE("quant8: a block's file values quantize back to its codes and absmax",
     const std::vector<float> x = random_block(rng, n, scale, is_signed);
     const uint32_t* map = quant8_map(is_signed);
     std::vector<uint8_t> codes(n), again(n);
-    const float absmax = quant8_encode_block(map, x.data(), n, codes.data());
+    const float absmax =
+        quant8_encode_block(sa::kernels::quant8_book(is_signed), x.data(), n, codes.data());
     std::vector<float> values(n);
     for (int64_t i = 0; i < n; ++i) values[i] = quant8_decode(map, codes[i], absmax);
     if (is_signed && std::find(codes.begin(), codes.end(), 255) == codes.end()) {
@@ -452,7 +490,8 @@ TEST_CASE("quant8: a block's file values quantize back to its codes and absmax",
         ++negative_max;
       }
     }
-    const float absmax_again = quant8_encode_block(map, values.data(), n, again.data());
+    const float absmax_again =
+        quant8_encode_block(sa::kernels::quant8_book(is_signed), values.data(), n, again.data());
     INFO("trial " << trial << ", n " << n << ", scale " << scale);
     REQUIRE(absmax_again == absmax);
     REQUIRE(again == codes);
@@ -460,9 +499,10 @@ TEST_CASE("quant8: a block's file values quantize back to its codes and absmax",
   CHECK(negative_max > 1000);  // the case the rule exists for was exercised
 }
 
-TEST_CASE("q8 moments in shard files: float32 values of the codes, loaded back bit for bit onto "
-          "the same layout",
-          "[quant8][state_io]") {
+TEST_CASE(
+    "q8 moments in shard files: float32 values of the codes, loaded back bit for bit onto "
+    "the same layout",
+    "[quant8][state_io]") {
   Q8Fixture f;
   std::mt19937_64 rng(11);
   for (int s = 0; s < 3; ++s) f.step(rng);
@@ -501,17 +541,20 @@ TEST_CASE("q8 moments in shard files: float32 values of the codes, loaded back b
     INFO(key);
     const StateView a = state_view(f.opt.get(), 0, key), b = state_view(h.get(), 0, key);
     REQUIRE(a.numel() == b.numel());
-    const std::size_t bytes = static_cast<std::size_t>(a.numel()) *
-                              (key == std::string("exp_avg") || key == std::string("exp_avg_sq") ? 1 : 4);
+    const std::size_t bytes =
+        static_cast<std::size_t>(a.numel()) *
+        (key == std::string("exp_avg") || key == std::string("exp_avg_sq") ? 1 : 4);
     CHECK(std::memcmp(a.data(), b.data(), bytes) == 0);
   }
   check_quantizes(h.get(), 1, "exp_avg", true, floats(state_view(f.opt.get(), 1, "exp_avg")));
-  check_quantizes(h.get(), 1, "exp_avg_sq", false, floats(state_view(f.opt.get(), 1, "exp_avg_sq")));
+  check_quantizes(h.get(), 1, "exp_avg_sq", false,
+                  floats(state_view(f.opt.get(), 1, "exp_avg_sq")));
   int64_t steps[2] = {0, 0};
   REQUIRE_SA_OK(h.get(), sa_optimizer_get_param_steps(h.get(), 0, 2, steps));
   CHECK(steps[0] == 3);
   // One more step on both, with the same grad: the same param bits.
-  for (int64_t i = 0; i < f.grad.numel(); ++i) f.grad.as<float>()[i] = 0.05f * static_cast<float>(i % 7);
+  for (int64_t i = 0; i < f.grad.numel(); ++i)
+    f.grad.as<float>()[i] = 0.05f * static_cast<float>(i % 7);
   const DLTensor g = f.grad.dl();
   for (sa_optimizer* opt : {f.opt.get(), h.get()}) {
     REQUIRE_SA_OK(opt, sa_optimizer_set_grad(opt, 0, &g));
@@ -553,10 +596,12 @@ TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new 
     HostTensor p({box[1]}, kFloat32);
     OptimizerPtr dst = one_param("w", n, box[0], p, kUint8);
     REQUIRE_SA_OK(dst.get(), import_blobs(dst.get(), blobs));
-    check_quantizes(dst.get(), 0, "exp_avg", true,
-                    std::vector<float>(global_m.begin() + box[0], global_m.begin() + box[0] + box[1]));
-    check_quantizes(dst.get(), 0, "exp_avg_sq", false,
-                    std::vector<float>(global_v.begin() + box[0], global_v.begin() + box[0] + box[1]));
+    check_quantizes(
+        dst.get(), 0, "exp_avg", true,
+        std::vector<float>(global_m.begin() + box[0], global_m.begin() + box[0] + box[1]));
+    check_quantizes(
+        dst.get(), 0, "exp_avg_sq", false,
+        std::vector<float>(global_v.begin() + box[0], global_v.begin() + box[0] + box[1]));
     // And onto float32 moments: the saved values themselves.
     HostTensor p32({box[1]}, kFloat32);
     OptimizerPtr dst32 = one_param("w", n, box[0], p32, kDefaultDtype);
@@ -566,9 +611,10 @@ TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new 
   }
 }
 
-TEST_CASE("moment values: an 8-bit moment read as float32 and written back is unchanged; float32 "
-          "values are quantized by the local blocks",
-          "[quant8]") {
+TEST_CASE(
+    "moment values: an 8-bit moment read as float32 and written back is unchanged; float32 "
+    "values are quantized by the local blocks",
+    "[quant8]") {
   Q8Fixture f;
   std::mt19937_64 rng(14);
   for (int s = 0; s < 3; ++s) f.step(rng);

@@ -181,7 +181,7 @@ void adam_cpu_range_quant8(const Variant& variant, const TensorSlot& slot, const
     for (int k = 0; k < num_moments; ++k) {
       auto* codes = static_cast<uint8_t*>(state_at(slot, quant8_codes(k))) + block_begin;
       static_cast<float*>(state_at(slot, quant8_absmax_state(k)))[block] =
-          quant8_encode_block(quant8_map(quant8_signed(k)), values[k], n, codes);
+          quant8_encode_block(quant8_book(quant8_signed(k)), values[k], n, codes);
     }
   }
 }

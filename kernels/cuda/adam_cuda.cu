@@ -89,7 +89,7 @@ template <class S>
 __global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
     adam_bucket_kernel(DeviceBucket bucket, DeviceStep step) {
   ChunkWork w;
-  if (step.verdict->skip || !chunk_work(bucket, step, w)) return;
+  if (step.verdict->skip || !chunk_work(bucket, step, blockIdx.x, w)) return;
   if (w.coeffs.l2)
     update_range<S, true>(w.slot, w.begin, w.end, w.coeffs.c);
   else

@@ -54,7 +54,7 @@ struct DeviceStep {
   const StepVerdict* verdict;
 };
 
-// What the thread block of chunk blockIdx.x updates in a bucket launch: its slot, the
+// What the thread block that takes chunk `chunk` updates in a bucket launch: its slot, the
 // elements [begin, end) of the slot, and the slot's param's coefficients.
 struct ChunkWork {
   TensorSlot slot;
@@ -63,10 +63,9 @@ struct ChunkWork {
   int64_t end;
 };
 
-// The block's ChunkWork, or false when its param has no grad at this step.
+// The chunk's ChunkWork, or false when its param has no grad at this step.
 __device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const DeviceStep& step,
-                                           ChunkWork& work) {
-  const int64_t chunk = blockIdx.x;
+                                           int64_t chunk, ChunkWork& work) {
   const int32_t lo = slot_of_chunk(bucket, chunk);
   work.slot = bucket.slots[lo];
   if (work.slot.grad == nullptr) return false;

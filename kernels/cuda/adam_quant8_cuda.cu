@@ -4,6 +4,7 @@
 // Variant's, between a decode and an encode of each 256-element block.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../quant8.h"
@@ -17,163 +18,231 @@ namespace sa {
 namespace kernels {
 namespace {
 
-// A warp per block of kQuant8Block elements, 8 consecutive elements per lane: decode the
-// block's moments, update each element as the float32-moment Signature S does, take the
-// new absmax over the warp, encode. The same functions of quant8.h as the CPU, so the
-// same bits. A lane whose 8 elements are all in the shard moves them in 16-byte (param,
-// grad, master) and 8-byte (codes) accesses where the arrays allow, so a warp reads and
-// writes whole contiguous runs; the last, partial lanes of a shard go an element at a time.
-static_assert(kQuant8Block == 32 * kVec, "a warp of kVec elements per lane covers a q8 block");
+// A warp per block of kQuant8Block elements, 8 per lane: decode the block's moments,
+// update each element as the float32-moment Signature S does, take the new absmax over the
+// warp, encode. The same functions of quant8.h as the CPU, so the same bits (the absmax
+// does not depend on the order its values are met in). A block whose 256 elements are all
+// in the shard, with arrays that allow it, moves a lane's runs of 4 in 16-byte (float32),
+// 8-byte (16-bit) and 4-byte (codes) accesses; the shard's last, partial block and
+// unaligned arrays go an element at a time (kWhole false).
+//
+// The grid is persistent (kQ8BlocksPerSm thread blocks per multiprocessor, each taking
+// every gridDim.x-th chunk), so each thread block copies the 16 KB of code-book tables
+// into shared memory once per launch, not once per chunk.
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
-// The code books and their search trees (quant8_tree_node), in shared memory.
+// Tuning knob (bench/cuda_tuning.md): resident thread blocks per multiprocessor, the
+// register budget they leave (65536 / (256 * 3) = 85, so 80 per thread) and the grid size.
+#ifndef SA_CUDA_Q8_BLOCKS_PER_SM
+#define SA_CUDA_Q8_BLOCKS_PER_SM 3
+#endif
+constexpr int kQ8BlocksPerSm = SA_CUDA_Q8_BLOCKS_PER_SM;
+
+// The two code books' tables (Quant8Book), in shared memory: [0] signed (exp_avg),
+// [1] unsigned.
 struct Quant8Tables {
-  uint32_t maps[2][256];  // [0] signed (exp_avg), [1] unsigned
-  float trees[2][256];    // node 0 unused
+  uint32_t map[2][256];
+  uint32_t mids[2][256];
+  uint8_t buckets[2][kQuant8Buckets];
 };
 
-__device__ __forceinline__ float absmax_combine(float a, float b) {
-  return (b > a || b != b) ? b : a;  // quant8_absmax's rule: the max, NaN wins
-}
-
-__device__ __forceinline__ void load_codes(const uint8_t* codes, int64_t first, int n, bool whole,
-                                           uint8_t (&c)[kVec]) {
-  if (whole) {
-    const uint2 w = *reinterpret_cast<const uint2*>(codes + first);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      c[j] = static_cast<uint8_t>(w.x >> (8 * j));
-      c[4 + j] = static_cast<uint8_t>(w.y >> (8 * j));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) c[j] = j < n ? codes[first + j] : 0;
+__device__ void load_tables(Quant8Tables& t) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    t.map[0][i] = kQuant8SignedMap[i];
+    t.map[1][i] = kQuant8UnsignedMap[i];
+    t.mids[0][i] = kQuant8SignedMids[i];
+    t.mids[1][i] = kQuant8UnsignedMids[i];
+  }
+  for (int i = threadIdx.x; i < kQuant8Buckets; i += blockDim.x) {
+    t.buckets[0][i] = kQuant8SignedBuckets[i];
+    t.buckets[1][i] = kQuant8UnsignedBuckets[i];
   }
 }
 
-__device__ __forceinline__ void store_codes(uint8_t* codes, int64_t first, int n, bool whole,
-                                            const uint8_t (&c)[kVec]) {
-  if (whole) {
-    uint2 w = make_uint2(0, 0);
+// A lane's elements of a q8 block: two runs of kRun, at lane * kRun in each half of the
+// block, so that each access of a warp covers one contiguous run of the block (512 bytes
+// of a float32 array, 128 of the codes).
+constexpr int kRun = kVec / 2;
+constexpr int kRuns = 2;
+static_assert(kQuant8Block == kRuns * 32 * kRun, "two runs of kRun per lane cover a block");
+
+template <bool kWhole>
+__device__ __forceinline__ void load_codes(const uint8_t* codes, int64_t first, int n,
+                                           uint8_t (&c)[kRun]) {
+  if (kWhole) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + first);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w.x |= static_cast<uint32_t>(c[j]) << (8 * j);
-      w.y |= static_cast<uint32_t>(c[4 + j]) << (8 * j);
-    }
-    *reinterpret_cast<uint2*>(codes + first) = w;
+    for (int j = 0; j < kRun; ++j) c[j] = static_cast<uint8_t>(w >> (8 * j));
   } else {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
+    for (int j = 0; j < kRun; ++j) c[j] = j < n ? codes[first + j] : 0;
+  }
+}
+
+template <bool kWhole>
+__device__ __forceinline__ void store_codes(uint8_t* codes, int64_t first, int n,
+                                            const uint8_t (&c)[kRun]) {
+  if (kWhole) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) w |= static_cast<uint32_t>(c[j]) << (8 * j);
+    *reinterpret_cast<uint32_t*>(codes + first) = w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRun; ++j)
       if (j < n) codes[first + j] = c[j];
   }
 }
 
-template <class S, bool kL2>
-__device__ void update_quant8_block(const TensorSlot& slot, int64_t block,
-                                    const AdamCoeffs<float>& c, const Quant8Tables& t, bool vec_ok,
-                                    int lane) {
-  constexpr int kMoments = S::kAmsgrad ? 3 : 2;
+// The param (full precision) and grad of one run.
+template <class S, bool kWhole>
+__device__ __forceinline__ void load_run(const TypedSlot<S>& a, int64_t first, int n,
+                                         float (&p)[kRun], float (&g)[kRun]) {
   using P = Master<S::kParam, S::kMaster>;
-  const TypedSlot<S> a(slot);  // param, grad and master; the moments are read below
-  const int64_t first = block * kQuant8Block + lane * kVec;
-  const int64_t left = slot.numel - first;  // elements of this lane's 8 in the shard
-  const int n = left >= kVec ? kVec : left > 0 ? static_cast<int>(left) : 0;
-  const bool whole = vec_ok && n == kVec;
-  float mom[3][kVec];
+  if (kWhole) {
+    P::load_vec(a, first, p);
+    Storage<S::kGrad>::load_vec(a.grad, first, g);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) {
+      p[j] = j < n ? P::load(a, first + j) : 0.0f;
+      g[j] = j < n ? Storage<S::kGrad>::load(a.grad, first + j) : 0.0f;
+    }
+  }
+}
+
+template <class S, bool kWhole>
+__device__ __forceinline__ void store_run(const TypedSlot<S>& a, int64_t first, int n,
+                                          const float (&p)[kRun]) {
+  using P = Master<S::kParam, S::kMaster>;
+  if (kWhole) {
+    P::store_vec(a, first, p);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRun; ++j)
+      if (j < n) P::store(a, first + j, p[j]);
+  }
+}
+
+template <class S, bool kL2, bool kWhole>
+__device__ __forceinline__ void update_quant8_block(const TypedSlot<S>& a, const TensorSlot& slot,
+                                                    int64_t block, const AdamCoeffs<float>& c,
+                                                    const Quant8Tables& t, int lane) {
+  constexpr int kMoments = S::kAmsgrad ? 3 : 2;
+  int64_t first[kRuns];  // the lane's runs: [first, first + n) of the shard
+  int n[kRuns];
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) {
+    first[r] = block * kQuant8Block + r * (kQuant8Block / kRuns) + lane * kRun;
+    const int64_t left = slot.numel - first[r];
+    n[r] = kWhole || left >= kRun ? kRun : left > 0 ? static_cast<int>(left) : 0;
+  }
+  float mom[kMoments][kRuns][kRun];
 #pragma unroll
   for (int k = 0; k < kMoments; ++k) {
     const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]);
     const float absmax =
         static_cast<const float*>(slot.state[static_cast<int>(quant8_absmax_state(k))])[block];
-    uint8_t code[kVec];
-    load_codes(codes, first, n, whole, code);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      mom[k][j] = j < n ? quant8_decode(t.maps[quant8_signed(k) ? 0 : 1], code[j], absmax) : 0.0f;
-  }
-  float p[kVec], g[kVec];
-  if (whole) {
-    P::load_vec(a, first, p);
-    Storage<S::kGrad>::load_vec(a.grad, first, g);
-  } else {
+    for (int r = 0; r < kRuns; ++r) {
+      uint8_t code[kRun];
+      load_codes<kWhole>(codes, first[r], n[r], code);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      p[j] = j < n ? P::load(a, first + j) : 0.0f;
-      g[j] = j < n ? Storage<S::kGrad>::load(a.grad, first + j) : 0.0f;
+      for (int j = 0; j < kRun; ++j)
+        mom[k][r][j] =
+            j < n[r] ? quant8_decode(t.map[quant8_signed(k) ? 0 : 1], code[j], absmax) : 0.0f;
     }
   }
+  // Every load of the block is issued before the first update waits on one (measured: 3%
+  // faster than a run at a time, which needs fewer registers; bench/cuda_tuning.md).
+  float p[kRuns][kRun], g[kRuns][kRun];
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    float vmax = S::kAmsgrad ? mom[2][j] : 0.0f;
-    adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, g[j], p[j], mom[0][j], mom[1][j], vmax);
-    if (S::kAmsgrad) mom[2][j] = vmax;
-  }
-  if (whole) {
-    P::store_vec(a, first, p);
-  } else {
+  for (int r = 0; r < kRuns; ++r) load_run<S, kWhole>(a, first[r], n[r], p[r], g[r]);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      if (j < n) P::store(a, first + j, p[j]);
+  for (int r = 0; r < kRuns; ++r) {
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) {
+      float vmax = S::kAmsgrad ? mom[kMoments - 1][r][j] : 0.0f;
+      adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, g[r][j], p[r][j], mom[0][r][j], mom[1][r][j],
+                                    vmax);
+      if (S::kAmsgrad) mom[kMoments - 1][r][j] = vmax;
+    }
+    store_run<S, kWhole>(a, first[r], n[r], p[r]);
   }
 #pragma unroll
   for (int k = 0; k < kMoments; ++k) {
-    float absmax = 0.0f;
+    uint32_t bits = 0;  // the absmax's bits (quant8_absmax): over the lane, then the warp
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      if (j < n) absmax = absmax_combine(absmax, fabsf(mom[k][j]));
+    for (int r = 0; r < kRuns; ++r)
+#pragma unroll
+      for (int j = 0; j < kRun; ++j)
+        if (j < n[r]) bits = quant8_absmax_combine(bits, quant8_magnitude_bits(mom[k][r][j]));
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
-      absmax = absmax_combine(absmax, __shfl_xor_sync(0xFFFFFFFFu, absmax, offset));
+      bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+    const float absmax = bits_float(bits);
     const float inverse = quant8_inverse(absmax);
-    const float* tree = t.trees[quant8_signed(k) ? 0 : 1];
-    uint8_t code[kVec];
+    const int book = quant8_signed(k) ? 0 : 1;
+    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      code[j] = quant8_search_tree(tree, quant8_scaled(mom[k][j], inverse));
-    store_codes(static_cast<uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]), first, n,
-                whole, code);
+    for (int r = 0; r < kRuns; ++r) {
+      uint8_t code[kRun];
+#pragma unroll
+      for (int j = 0; j < kRun; ++j)
+        code[j] = quant8_code(t.buckets[book], t.mids[book], quant8_scaled(mom[k][r][j], inverse));
+      store_codes<kWhole>(codes, first[r], n[r], code);
+    }
     if (lane == 0)
       static_cast<float*>(slot.state[static_cast<int>(quant8_absmax_state(k))])[block] = absmax;
   }
 }
 
-// S: the float32-moment Signature of the bucket's q8 Variant.
-template <class S>
-__global__ void __launch_bounds__(kCudaBlockThreads, SA_CUDA_MIN_BLOCKS_PER_SM)
-    adam_bucket_kernel_quant8(DeviceBucket bucket, DeviceStep step) {
-  if (step.verdict->skip) return;
-  __shared__ Quant8Tables tables;
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    tables.maps[0][i] = kQuant8SignedMap[i];
-    tables.maps[1][i] = kQuant8UnsignedMap[i];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    tables.trees[0][i] = i == 0 ? 0.0f : quant8_tree_node(tables.maps[0], i);
-    tables.trees[1][i] = i == 0 ? 0.0f : quant8_tree_node(tables.maps[1], i);
-  }
-  __syncthreads();
-  ChunkWork w;
-  if (!chunk_work(bucket, step, w)) return;
+// The q8 blocks of one chunk, a warp per block.
+template <class S, bool kL2>
+__device__ void update_quant8_chunk(const ChunkWork& w, const Quant8Tables& t) {
   const TypedSlot<S> a(w.slot);
   bool vec_ok = param_vec_aligned(a);
   for (int k = 0; k < (S::kAmsgrad ? 3 : 2); ++k)
-    vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(quant8_codes(k))], kVec);
+    vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(quant8_codes(k))], kRun);
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
        b * kQuant8Block < w.end; b += warps) {
-    if (w.coeffs.l2)
-      update_quant8_block<S, true>(w.slot, b, w.coeffs.c, tables, vec_ok, lane);
+    if (vec_ok && (b + 1) * kQuant8Block <= w.slot.numel)
+      update_quant8_block<S, kL2, true>(a, w.slot, b, w.coeffs.c, t, lane);
     else
-      update_quant8_block<S, false>(w.slot, b, w.coeffs.c, tables, vec_ok, lane);
+      update_quant8_block<S, kL2, false>(a, w.slot, b, w.coeffs.c, t, lane);
+  }
+}
+
+// S: the float32-moment Signature of the bucket's q8 Variant.
+template <class S>
+__global__ void __launch_bounds__(kCudaBlockThreads, kQ8BlocksPerSm)
+    adam_bucket_kernel_quant8(DeviceBucket bucket, DeviceStep step) {
+  if (step.verdict->skip) return;
+  __shared__ Quant8Tables tables;
+  load_tables(tables);
+  __syncthreads();
+  for (int64_t chunk = blockIdx.x; chunk < bucket.num_chunks; chunk += gridDim.x) {
+    ChunkWork w;
+    if (!chunk_work(bucket, step, chunk, w)) continue;
+    if (w.coeffs.l2)
+      update_quant8_chunk<S, true>(w, tables);
+    else
+      update_quant8_chunk<S, false>(w, tables);
   }
 }
 
 template <class S>
 cudaError_t launch_typed_quant8(const DeviceBucket& bucket, const DeviceStep& step,
                                 cudaStream_t stream) {
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = std::min<int64_t>(bucket.num_chunks, int64_t{sms} * kQ8BlocksPerSm);
   adam_bucket_kernel_quant8<S>
-      <<<static_cast<unsigned>(bucket.num_chunks), kCudaBlockThreads, 0, stream>>>(bucket, step);
+      <<<static_cast<unsigned>(grid), kCudaBlockThreads, 0, stream>>>(bucket, step);
   return cudaGetLastError();
 }
 

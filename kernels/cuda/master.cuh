@@ -14,8 +14,8 @@
 namespace sa {
 namespace kernels {
 
-// Full-precision param value: load and store, per master kind, one element or kVec
-// consecutive ones (16-byte accesses where the arrays allow: vec_aligned).
+// Full-precision param value: load and store, per master kind, one element or N (kVec or
+// 4) consecutive ones (vector accesses where the arrays allow: param_vec_aligned).
 template <ElemType P, MasterKind K>
 struct Master;
 
@@ -29,12 +29,12 @@ struct Master<P, MasterKind::none> {  // P is f32: the param is the value
   __device__ static void store(const A& a, int64_t i, float x) {
     Storage<P>::store(a.param, i, x);
   }
-  template <class A>
-  __device__ static void load_vec(const A& a, int64_t i, float (&x)[kVec]) {
+  template <class A, int N>
+  __device__ static void load_vec(const A& a, int64_t i, float (&x)[N]) {
     Storage<P>::load_vec(a.param, i, x);
   }
-  template <class A>
-  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[kVec]) {
+  template <class A, int N>
+  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[N]) {
     Storage<P>::store_vec(a.param, i, x);
   }
 };
@@ -50,12 +50,12 @@ struct Master<P, MasterKind::fp32> {
     a.master[i] = x;
     Storage<P>::store(a.param, i, x);
   }
-  template <class A>
-  __device__ static void load_vec(const A& a, int64_t i, float (&x)[kVec]) {
+  template <class A, int N>
+  __device__ static void load_vec(const A& a, int64_t i, float (&x)[N]) {
     Storage<ElemType::f32>::load_vec(a.master, i, x);
   }
-  template <class A>
-  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[kVec]) {
+  template <class A, int N>
+  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[N]) {
     Storage<ElemType::f32>::store_vec(a.master, i, x);
     Storage<P>::store_vec(a.param, i, x);
   }
@@ -75,15 +75,15 @@ struct Master<P, MasterKind::remainder> {  // P is bf16
     a.param[i] = hi;
     a.master[i] = rem;
   }
-  template <class A>
-  __device__ static void load_vec(const A& a, int64_t i, float (&x)[kVec]) {
+  template <class A, int N>
+  __device__ static void load_vec(const A& a, int64_t i, float (&x)[N]) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) x[k] = load(a, i + k);
+    for (int k = 0; k < N; ++k) x[k] = load(a, i + k);
   }
-  template <class A>
-  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[kVec]) {
+  template <class A, int N>
+  __device__ static void store_vec(const A& a, int64_t i, const float (&x)[N]) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) store(a, i + k, x[k]);
+    for (int k = 0; k < N; ++k) store(a, i + k, x[k]);
   }
 };
 

@@ -49,6 +49,28 @@ TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 step
   }
 }
 
+// The 8-bit kernel's grid is persistent (a few thread blocks per multiprocessor, each
+// taking every gridDim.x-th chunk): a bucket of many more chunks than the grid has thread
+// blocks, with a partial last q8 block, must equal the CPU everywhere.
+TEST_CASE("8-bit moments over more chunks than the kernel's grid equal the CPU bit for bit",
+          "[gpu]") {
+  for (const VariantSpec& v : kVariants) {
+    if (v.moment.code != kUint8.code || v.moment.bits != kUint8.bits) continue;
+    DYNAMIC_SECTION(v.label) {
+      Rng rng(0x0881);
+      Twin t;
+      t.add_groups(v.amsgrad);
+      t.add("big", 0, v, {(int64_t{9} << 20) + 77}, 0, rng);  // 577 chunks of 16384 elements
+      t.add("small", 1, v, {300}, 0, rng);
+      for (int step = 0; step < 3; ++step) {
+        t.bind_new_grads(rng, false, /*through_ptrs=*/true);
+        t.step_both(1.0f, 0.0f, nullptr);
+      }
+      t.require_identical();
+    }
+  }
+}
+
 TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", "[gpu][large]") {
   const int64_t n = (int64_t{1} << 31) + 1001;
   const int64_t probe = 4096;  // random values at both ends; zeros (which stay 0) between
