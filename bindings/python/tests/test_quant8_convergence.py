@@ -53,13 +53,18 @@ def batches(seed):
         yield tokens[:, :-1], tokens[:, 1:]
 
 
-def train(make_optimizer, seed=0):
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: the GPU runs were not made"))]
+
+
+def train(make_optimizer, device, seed=0):
     """The mean loss over the run, and the mean of its last 20 steps."""
     torch.manual_seed(seed)
-    model = TinyTransformer()
+    model = TinyTransformer().to(device)
     opt = make_optimizer(model)
     losses = []
     for inputs, targets in batches(seed + 1):
+        inputs, targets = inputs.to(device), targets.to(device)
         loss = torch.nn.functional.cross_entropy(model(inputs).reshape(-1, VOCAB), targets.reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -73,28 +78,33 @@ def fused(moment_dtype):
                                    moment_dtype=moment_dtype, num_threads=2)
 
 
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def float32_run():
-    return train(fused(torch.float32))
+def float32_run(device):
+    return train(fused(torch.float32), device)
 
 
 def assert_close(run, reference):
     assert abs(run[0] - reference[0]) <= 0.01 * reference[0], (run, reference)
 
 
-def test_the_float32_run_learns_the_task_as_torch_adamw_does(float32_run):
+def test_the_float32_run_learns_the_task_as_torch_adamw_does(float32_run, device):
     assert float32_run[1] < 0.25 * math.log(VOCAB), float32_run
-    assert_close(train(lambda model: torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)),
-                 float32_run)
+    assert_close(train(lambda model: torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01),
+                       device), float32_run)
 
 
-def test_8bit_moments_converge_like_float32_moments(float32_run):
-    assert_close(train(fused(torch.uint8)), float32_run)
+def test_8bit_moments_converge_like_float32_moments(float32_run, device):
+    assert_close(train(fused(torch.uint8), device), float32_run)
 
 
-def test_bitsandbytes_adamw8bit_converges_alike(float32_run):
+def test_bitsandbytes_adamw8bit_converges_alike(float32_run, device):
     bnb = pytest.importorskip("bitsandbytes")
     # min_8bit_size=0: every param 8-bit, as FusedAdam's uint8 moments are.
     assert_close(train(lambda model: bnb.optim.AdamW8bit(model.parameters(), lr=LR,
-                                                         weight_decay=0.01, min_8bit_size=0)),
-                 float32_run)
+                                                         weight_decay=0.01, min_8bit_size=0),
+                       device), float32_run)

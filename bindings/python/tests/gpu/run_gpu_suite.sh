@@ -3,7 +3,7 @@
 # CUDA GPUs and torch but no package registry (the lent H200 machines): installs the
 # package from this checkout, then runs what is named in $SUITE (default: all of them):
 #
-#   pytest     bindings/python/tests (the torch GPU tests included)
+#   pytest     bindings/python/tests (the torch GPU tests included; $PYTEST_K: only those pytest -k selects)
 #   fsdp2      fsdp2_train.py on 2 ranks: FusedAdam vs AdamW(fused) under FSDP2, DCP 2 -> 1
 #   reshard    reshard_fsdp2.py: FSDP2 save on N ranks, load on M (N = all GPUs, M = N / 2)
 #   dcpswitch  dcp_switch_optimizer.py: DCP checkpoints AdamW <-> FusedAdam, 2 GPUs -> 1 and 1 -> 2
@@ -52,7 +52,7 @@ run() {  # run <name> <timeout s> <command...>: logs to $OUT/<name>.log, keeps t
 gpu=bindings/python/tests/gpu
 for what in $SUITE; do
   case $what in
-    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests" ;;
+    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests ${PYTEST_K:+-k '$PYTEST_K'}" ;;
     fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
     reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
     clients) run clients 420 bash -c "rc=0; for s in hf_trainer lightning_trainer fsdp2_dcp; do python3 bindings/python/tests/clients/\$s.py --device cuda || rc=1; done; exit \$rc" ;;
