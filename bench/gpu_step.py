@@ -50,6 +50,7 @@ class SaOptimizerConfig(C.Structure):
 SA_MASTER_FP32 = 2
 BF16 = DLDataType(4, 16, 1)
 UINT8 = DLDataType(1, 8, 1)  # moment_dtype: 8-bit blockwise moments
+FLOAT8 = DLDataType(10, 8, 1)  # moment_dtype: float8 e4m3fn moments with a scale per block
 
 _capsule_ptr = C.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = C.c_void_p
@@ -206,7 +207,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few steps")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only-shardadam", action="store_true", help="skip torch (kernel tuning)")
-    ap.add_argument("--only", default="abcdef", help="the configurations to run, e.g. 'bf'")
+    ap.add_argument("--only", default="abcdefg", help="the configurations to run, e.g. 'bf'")
     args = ap.parse_args()
     lib = load_lib(os.path.abspath(args.lib))
     torch.manual_seed(0)
@@ -219,7 +220,7 @@ def main():
     rows = []
 
     def run_pair(name, sizes, dtype, master, dtensor=False, torch_baseline=True, clip=False,
-                 moment8=False):
+                 moment8=None):
         if name[1] not in args.only:
             return
         params = [torch.randn(n, device=dev).to(dtype) for n in sizes]
@@ -232,7 +233,7 @@ def main():
             bytes_per_step += 4 * elems  # one more read of the fp32 grads, for the norm
         free_before = torch.cuda.mem_get_info()[0]
         sa = Shardadam(lib, params, master=master, max_grad_norm=1.0 if clip else 0.0,
-                       moment=UINT8 if moment8 else None)
+                       moment=moment8)
         if moment8:  # everything the optimizer allocated (state, tables), seen by the driver
             taken = free_before - torch.cuda.mem_get_info()[0]
             print(f"{name}: shardadam device memory {taken / elems:.3f} bytes per param "
@@ -251,7 +252,7 @@ def main():
         r["elems"], r["shards"] = elems, len(sizes)
         rows.append(r)
         sa.close()
-        if moment8 and not args.only_shardadam:
+        if moment8 is UINT8 and not args.only_shardadam:
             bnb_baseline(name, params, grads, bytes_per_step, r)
         if torch_baseline and not args.only_shardadam:
             tparams = params
@@ -319,7 +320,9 @@ def main():
     run_pair("(d) bf16 + fp32 master", sizes, torch.bfloat16, True, torch_baseline=False)
     run_pair("(e) 1516 fp32 shards, L2 clip", sizes, torch.float32, False, clip=True)
     run_pair("(f) 1516 fp32 shards, 8-bit moments", sizes, torch.float32, False, torch_baseline=False,
-             moment8=True)
+             moment8=UINT8)
+    run_pair("(g) 1516 fp32 shards, float8 moments", sizes, torch.float32, False, torch_baseline=False,
+             moment8=FLOAT8)
 
     print()
     hdr = (f"{'config':48s} {'elements':>11s} {'kernel ms':>9s} {'host ms':>8s} {'host ms':>8s}"

@@ -7,7 +7,8 @@
 // conversions of moments in state io.
 //
 // A new element dtype is a row of SA_ELEM_TYPES, its Codec below, and its place in
-// kernels/variants.h's tables (which params, grads and moments may use it). Faster loads
+// kernels/variants.h's tables (which params, grads and moments may use it). A moment of a
+// block dtype (form 1 or 2) also needs a BlockCodec (kernels/block_moment.h). Faster loads
 // (kernels/cpu/adam_cpu_simd-inl.h's LoadLanes, kernels/cuda/storage.cuh) are optional:
 // without them a kernel converts the dtype an element at a time, with the same Codec.
 //
@@ -33,8 +34,15 @@ namespace sa {
 namespace kernels {
 
 // X(name, storage C type, DLPack type code, bits, printable name, safetensors name or
-//   nullptr when shard files never hold it, block: 1 when the dtype is the codes of a
-//   block-quantized storage, which has no per-element Codec, doc)
+//   nullptr when shard files never hold it, form (below), doc)
+//
+// form 0: an element dtype (a Codec converts each element; a moment of it is stored
+//         element by element);
+// form 1: codes of a block storage, no Codec (q8: indices into a code book);
+// form 2: an element dtype whose moments are stored in blocks: each element scaled by its
+//         block's absmax, then converted by the Codec (f8e4m3).
+// A moment of form 1 or 2 keeps a float32 absmax per block of kQuant8Block elements (the
+// states *_absmax) and is updated a block at a time (kernels/block_moment.h).
 #define SA_ELEM_TYPES(X)                                                                  \
   X(f32, float, 2 /* kDLFloat */, 32, "float32", "F32", 0, "IEEE binary32")               \
   X(bf16, uint16_t, 4 /* kDLBfloat */, 16, "bfloat16", "BF16", 0,                         \
@@ -42,16 +50,21 @@ namespace kernels {
   X(f16, uint16_t, 2 /* kDLFloat */, 16, "float16", "F16", 0, "IEEE binary16")            \
   X(q8, uint8_t, 1 /* kDLUInt */, 8, "uint8", nullptr, 1,                                 \
     "8-bit blockwise dynamic quantization (moments only): a code per element, a float32 " \
-    "absmax per block of 256; shard files hold the values as float32")
+    "absmax per block of 256; shard files hold the values as float32")                    \
+  X(f8e4m3, uint8_t, 10 /* kDLFloat8_e4m3fn */, 8, "float8_e4m3fn", nullptr, 2,           \
+    "float8 e4m3fn (no infinities; saturating round to nearest even). As moments: "       \
+    "each element divided by its block's scale (a float32 absmax per 256 elements, "      \
+    "scale = max(absmax, 1e-12) / 448, torchao's AdamWFp8); shard files hold the "        \
+    "values as float32")
 
 enum class ElemType : uint8_t {
-#define SA_ELEM_ENUMERATOR(name, storage, code, bits, text, st_name, block, doc) name,
+#define SA_ELEM_ENUMERATOR(name, storage, code, bits, text, st_name, form, doc) name,
   SA_ELEM_TYPES(SA_ELEM_ENUMERATOR)
 #undef SA_ELEM_ENUMERATOR
 };
 
 // NOLINTNEXTLINE(bugprone-macro-parentheses): a term of the sum below
-#define SA_ELEM_COUNT(name, storage, code, bits, text, st_name, block, doc) 1 +
+#define SA_ELEM_COUNT(name, storage, code, bits, text, st_name, form, doc) 1 +
 constexpr int kNumElemTypes = SA_ELEM_TYPES(SA_ELEM_COUNT) 0;
 #undef SA_ELEM_COUNT
 
@@ -59,7 +72,7 @@ constexpr int kNumElemTypes = SA_ELEM_TYPES(SA_ELEM_COUNT) 0;
 // as its code).
 template <ElemType T>
 struct ElemStorage;
-#define SA_ELEM_STORAGE(name, storage, code, bits, text, st_name, block, doc)  \
+#define SA_ELEM_STORAGE(name, storage, code, bits, text, st_name, form, doc)   \
   template <>                                                                  \
   struct ElemStorage<ElemType::name> {                                         \
     using type = storage;                                                      \
@@ -71,18 +84,22 @@ SA_ELEM_TYPES(SA_ELEM_STORAGE)
 template <ElemType T>
 using StorageOf = typename ElemStorage<T>::type;
 
-// Bytes per element of t, and whether elements of t are codes of a block storage (no
-// per-element Codec): sums over the table's rows, of which one matches.
+// Bytes per element of t; whether a moment of t is stored in blocks (form 1 or 2); whether
+// t has a per-element Codec (form 0 or 2): sums over the table's rows, of which one matches.
 // NOLINTBEGIN(bugprone-macro-parentheses): terms of the sums below
-#define SA_ELEM_BYTES(name, storage, code, bits, text, st_name, block, doc) \
+#define SA_ELEM_BYTES(name, storage, code, bits, text, st_name, form, doc) \
   (t == ElemType::name ? (bits) / 8 : 0) +
-#define SA_ELEM_BLOCK(name, storage, code, bits, text, st_name, block, doc) \
-  (t == ElemType::name && (block) != 0) +
+#define SA_ELEM_BLOCK(name, storage, code, bits, text, st_name, form, doc) \
+  (t == ElemType::name && (form) != 0) +
+#define SA_ELEM_CODEC(name, storage, code, bits, text, st_name, form, doc) \
+  (t == ElemType::name && (form) != 1) +
 // NOLINTEND(bugprone-macro-parentheses)
 constexpr int64_t elem_bytes(ElemType t) { return SA_ELEM_TYPES(SA_ELEM_BYTES) 0; }
 constexpr bool is_block_storage(ElemType t) { return (SA_ELEM_TYPES(SA_ELEM_BLOCK) 0) != 0; }
+constexpr bool has_codec(ElemType t) { return (SA_ELEM_TYPES(SA_ELEM_CODEC) 0) != 0; }
 #undef SA_ELEM_BYTES
 #undef SA_ELEM_BLOCK
+#undef SA_ELEM_CODEC
 
 // ---- scalar conversions -----------------------------------------------------------------
 // Bit-level and portable, so host and device round identically. SIMD code implements
@@ -148,9 +165,40 @@ SA_HD uint16_t float_to_half(float f) {
   return static_cast<uint16_t>(sign | q);
 }
 
+// float8 e4m3fn (OCP FP8: 4 exponent bits of bias 7, 3 mantissa bits, no infinities, NaN
+// = S.1111.111, largest 448, subnormals down to 2^-9). Exact.
+SA_HD float e4m3fn_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 3) & 0xFu;
+  const uint32_t mant = b & 0x7u;
+  if (exp == 0xFu && mant == 0x7u) return bits_float(sign | 0x7FC00000u);  // NaN
+  if (exp != 0) return bits_float(sign | ((exp + 120u) << 23) | (mant << 20));
+  return bits_float(sign | float_bits(static_cast<float>(mant) * 0.001953125f));  // m * 2^-9
+}
+
+// Round to nearest, ties to even; a magnitude beyond the largest (448) saturates to it,
+// infinities included; NaN stays NaN.
+SA_HD uint8_t float_to_e4m3fn(float f) {
+  const uint32_t x = float_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
+  if (ax >= 0x43E80000u) return static_cast<uint8_t>(sign | 0x7Eu);  // >= 464: saturate to 448
+  if (ax >= 0x3C800000u) {                                           // >= 2^-6: normal
+    const uint32_t r = (ax + 0x7FFFFu + ((ax >> 20) & 1u)) >> 20;    // 3 mantissa bits, to even
+    return static_cast<uint8_t>(sign | (r - (120u << 3)));           // rebias 127 -> 7
+  }
+  // Subnormal (or zero): the value in units of 2^-9, rounded to the nearest even integer
+  // (0..8; 8 is the smallest normal, code 0x08). Adding and taking away 2^23 rounds a
+  // float in [0, 2^23) to an integer, ties to even.
+  const float units = bits_float(ax) * 512.0f;
+  const float rounded = (units + 8388608.0f) - 8388608.0f;
+  return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded));
+}
+
 // ---- per-element codecs -----------------------------------------------------------------
 // Codec<T>::decode(storage) -> float (exact for every dtype here) and
-// Codec<T>::encode(float) -> storage (the dtype's rounding). Block storages have none.
+// Codec<T>::encode(float) -> storage (the dtype's rounding). Form-1 dtypes (q8) have none.
 
 template <ElemType T>
 struct Codec;
@@ -173,23 +221,29 @@ struct Codec<ElemType::f16> {
   static SA_HD uint16_t encode(float f) { return float_to_half(f); }
 };
 
+template <>
+struct Codec<ElemType::f8e4m3> {
+  static SA_HD float decode(uint8_t b) { return e4m3fn_to_float(b); }
+  static SA_HD uint8_t encode(float f) { return float_to_e4m3fn(f); }
+};
+
 // The dtype T as a type, for generic lambdas: fn(ElemTag<ElemType::bf16>{}).
 template <ElemType T>
 using ElemTag = std::integral_constant<ElemType, T>;
 
-// Calls fn(ElemTag<t>{}) for an element dtype t (one with a Codec) and returns true;
-// returns false, calling nothing, for a block storage. The one dispatch from a runtime
-// dtype to its compile-time loads (widening, grad norms, moment conversions).
+// Calls fn(ElemTag<t>{}) for a dtype t with a Codec and returns true; returns false,
+// calling nothing, for one without (q8). The one dispatch from a runtime dtype to its
+// compile-time loads (widening, grad norms, moment conversions).
 template <class Fn>
 bool visit_elem_type(ElemType t, Fn&& fn) {
   switch (t) {
-#define SA_ELEM_VISIT(name, storage, code, bits, text, st_name, block, doc) \
-  case ElemType::name:                                                      \
-    if constexpr (!(block)) {                                               \
-      fn(ElemTag<ElemType::name>{});                                        \
-      return true;                                                          \
-    } else {                                                                \
-      return false;                                                         \
+#define SA_ELEM_VISIT(name, storage, code, bits, text, st_name, form, doc) \
+  case ElemType::name:                                                     \
+    if constexpr ((form) != 1) {                                           \
+      fn(ElemTag<ElemType::name>{});                                       \
+      return true;                                                         \
+    } else {                                                               \
+      return false;                                                        \
     }
     SA_ELEM_TYPES(SA_ELEM_VISIT)
 #undef SA_ELEM_VISIT

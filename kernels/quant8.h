@@ -18,27 +18,13 @@
 #include "adam_math.h"
 #include "bucket_table.h"
 #include "quant8_maps.h"
-#include "state_kind.h"
 
 namespace sa {
 namespace kernels {
 
-// The q8 moments of a slot, k = 0, 1, 2 (the third with amsgrad only): the state holding
-// the codes, the state holding the block absmax values, and whether the signed map codes
-// it. Written once here for the CPU and CUDA kernels.
-SA_HD constexpr StateKind quant8_codes(int k) {
-  return k == 0 ? StateKind::exp_avg : k == 1 ? StateKind::exp_avg_sq : StateKind::max_exp_avg_sq;
-}
-SA_HD constexpr StateKind quant8_absmax_state(int k) {
-  return k == 0   ? StateKind::exp_avg_absmax
-         : k == 1 ? StateKind::exp_avg_sq_absmax
-                  : StateKind::max_exp_avg_sq_absmax;
-}
-SA_HD constexpr bool quant8_signed(int k) { return k == 0; }
-
 // The tables of a moment's code book (kernels/quant8_maps.h): signed for exp_avg, unsigned
 // for the second moments. Host copies; CUDA kernels copy theirs to shared memory
-// (kernels/cuda/adam_quant8_cuda.cu).
+// (kernels/cuda/adam_block_cuda.cu).
 struct Quant8Book {
   const uint32_t* map;     // [256] float32 bits, ascending
   const uint32_t* mids;    // [256] quant8_midpoint(map, j), and 2 at 255
@@ -123,20 +109,6 @@ SA_HD float quant8_bucket_low(int i) {
 SA_HD uint8_t quant8_code(const uint8_t* buckets, const uint32_t* mids, float scaled) {
   const int low = buckets[quant8_bucket(scaled)];
   return static_cast<uint8_t>(low + (bits_float(mids[low]) < scaled ? 1 : 0));
-}
-
-// One block: x[0, n) -> codes[0, n) and its absmax.
-SA_HD float quant8_encode_block(const Quant8Book& book, const float* x, int64_t n, uint8_t* codes) {
-  const float absmax = quant8_absmax(x, n);
-  const float inverse = quant8_inverse(absmax);
-  for (int64_t i = 0; i < n; ++i)
-    codes[i] = quant8_code(book.buckets, book.mids, quant8_scaled(x[i], inverse));
-  return absmax;
-}
-
-SA_HD void quant8_decode_block(const uint32_t* map, const uint8_t* codes, float absmax, int64_t n,
-                               float* x) {
-  for (int64_t i = 0; i < n; ++i) x[i] = quant8_decode(map, codes[i], absmax);
 }
 
 }  // namespace kernels

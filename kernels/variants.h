@@ -39,9 +39,11 @@ inline constexpr ParamForm kParamForms[] = {
 // The grad dtypes every param form takes.
 inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemType::f16};
 
-// The moment storages (exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad). q8: 8-bit
-// blockwise dynamic quantization (kernels/quant8.h), a block storage (see visit_variant).
-inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8};
+// The moment storages (exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad). q8 (8-bit
+// blockwise dynamic quantization) and f8e4m3 (float8 with a scale per block) are block
+// storages (kernels/block_moment.h; see visit_variant).
+inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8,
+                                            ElemType::f8e4m3};
 
 // A Variant is implemented when its (param, master) is a row of kParamForms, its grad is
 // in kGradTypes and its moment in kMomentTypes, with or without amsgrad.
@@ -86,9 +88,9 @@ constexpr bool variant_has_state(const Variant& v, StateKind kind) {
     }
     case StateKind::exp_avg_absmax:
     case StateKind::exp_avg_sq_absmax:
-      return v.moment == ElemType::q8;
+      return is_block_storage(v.moment);
     case StateKind::max_exp_avg_sq_absmax:
-      return v.moment == ElemType::q8 && v.amsgrad;
+      return is_block_storage(v.moment) && v.amsgrad;
   }
   return false;
 }
@@ -151,7 +153,7 @@ bool visit_moment(const Variant& v, Fn& fn) {
     return false;
   } else {
     constexpr ElemType kMoment = kMomentTypes[I];
-    if constexpr (kMoment == ElemType::q8) {  // a block storage: see visit_variant
+    if constexpr (is_block_storage(kMoment)) {  // see visit_variant
       return visit_moment<P, K, G, I + 1>(v, fn);
     } else {
       if (v.moment == kMoment) return visit_amsgrad<P, K, G, kMoment>(v, fn);
@@ -187,9 +189,9 @@ bool visit_form(const Variant& v, Fn& fn) {
 
 // Calls fn(Signature<...>{}) for the Signature of `v` and returns true, or returns false
 // (calling nothing) when the table has no such Variant. The core builds only supported
-// Variants, so false is a bug in shardadam. Signatures are of element storages only: a
-// block storage (q8) is not visited; a backend runs it a block at a time, decoding into
-// the float32 Variant's update (kernels/cpu/adam_cpu.cpp).
+// Variants, so false is a bug in shardadam. Signatures are of element moment storages
+// only: a block storage (q8, f8e4m3) is not visited; a backend runs it a block at a time,
+// decoding into the float32 Variant's update (kernels/block_moment.h).
 template <class Fn>
 bool visit_variant(const Variant& v, Fn&& fn) {
   return detail::visit_form<0>(v, fn);

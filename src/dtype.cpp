@@ -19,7 +19,7 @@ struct DtypeRow {
 
 // SA_ELEM_TYPES' rows, by ElemType.
 constexpr DtypeRow kElemRows[] = {
-#define SA_DTYPE_ROW(name, storage, code, bits, text, st_name, block, doc) \
+#define SA_DTYPE_ROW(name, storage, code, bits, text, st_name, form, doc) \
   {{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1}, text, st_name, doc},
     SA_ELEM_TYPES(SA_DTYPE_ROW)
 #undef SA_DTYPE_ROW
@@ -28,7 +28,8 @@ static_assert(std::size(kElemRows) == kernels::kNumElemTypes, "a row per ElemTyp
 
 // The table's codes are dlpack.h's (elem_type.h spells them as numbers: kernels do not
 // include dlpack.h).
-static_assert(kDLFloat == 2 && kDLBfloat == 4 && kDLUInt == 1, "DLPack's type codes");
+static_assert(kDLFloat == 2 && kDLBfloat == 4 && kDLUInt == 1 && kDLFloat8_e4m3fn == 10,
+              "DLPack's type codes");
 
 // A state dtype that is not an element dtype: the remainder's.
 constexpr DtypeRow kInt16Row = {kInt16, "int16", "I16",
@@ -69,7 +70,8 @@ uint32_t elem_roles(ElemType type) {
   for (const kernels::ParamForm& form : kernels::kParamForms)
     if (form.param == type) roles |= SA_DTYPE_PARAM;
   if (in_table(kernels::kGradTypes, type)) roles |= SA_DTYPE_GRAD;
-  if (in_table(kernels::kMomentTypes, type)) roles |= SA_DTYPE_MOMENT;
+  if (in_table(kernels::kMomentTypes, type))
+    roles |= SA_DTYPE_MOMENT | (kernels::is_block_storage(type) ? SA_DTYPE_BLOCK_MOMENT : 0);
   if (row_of(type).safetensors != nullptr) roles |= SA_DTYPE_FILE;
   return roles;
 }

@@ -5,7 +5,7 @@
 #include <new>
 #include <type_traits>
 
-#include "../kernels/quant8.h"
+#include "../kernels/block_moment.h"
 #include "../kernels/variants.h"
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
@@ -612,12 +612,13 @@ std::vector<FileState> file_states(const Param& p) {
   std::vector<FileState> out;
   for (const NamedState& s : named_states(p)) {
     if (state_kind_info(s.kind).per_block) continue;  // derived from the moment's values
-    FileState f{s, s.dtype, nullptr, false};
-    if (p.moment_type == ElemType::q8 && state_kind_info(s.kind).storage == StateStorage::moment) {
+    FileState f{s, s.dtype, nullptr, false, p.moment_type};
+    if (kernels::is_block_storage(p.moment_type) &&
+        state_kind_info(s.kind).storage == StateStorage::moment) {
       for (int k = 0; k < 3; ++k) {
-        if (kernels::quant8_codes(k) != s.kind) continue;
-        f.absmax = p.state[kernels::quant8_absmax_state(k)];
-        f.is_signed = kernels::quant8_signed(k);
+        if (kernels::block_codes_state(k) != s.kind) continue;
+        f.absmax = p.state[kernels::block_absmax_state(k)];
+        f.is_signed = kernels::block_signed(k);
       }
       f.dtype = dl_dtype_of(ElemType::f32);
     }

@@ -83,10 +83,11 @@ std::vector<NamedState> named_states(const Param& p);
 // reshards like any float32 moment, to any layout, and loads into optimizers with other
 // moment dtypes (and theirs into an 8-bit one, which quantizes them by its own blocks).
 struct FileState {
-  NamedState state;                // the state itself (the codes of an 8-bit moment)
+  NamedState state;                // the state itself (the codes of a block moment)
   DLDataType dtype;                // as files hold it
-  std::shared_ptr<Buffer> absmax;  // an 8-bit moment's block absmax values, else null
-  bool is_signed;                  // an 8-bit moment: coded by the signed map
+  std::shared_ptr<Buffer> absmax;  // a block moment's absmax values, else null
+  bool is_signed;                  // a block moment: exp_avg (q8: coded by the signed map)
+  ElemType block;                  // a block moment: its storage (q8, f8e4m3)
 };
 
 // The states of `p` that shard files hold, in named_states' order.

@@ -150,7 +150,8 @@ uint32_t random_elem(Rng& rng, ElemType t) {
       return (rng() % 10 == 0) ? random_bits(rng) & 0xFFFFu : float_to_bf16(f);
     case ElemType::f16:
       return (rng() % 10 == 0) ? random_bits(rng) & 0xFFFFu : float_to_half(f);
-    case ElemType::q8:  // block storage: the q8 tests make their own states
+    case ElemType::q8:  // block storages: tests/test_quant8.cpp makes their own states
+    case ElemType::f8e4m3:
       return random_bits(rng) & 0xFFu;
   }
   return 0;

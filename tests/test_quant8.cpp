@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/block_moment.h"
 #include "../kernels/cpu/adam_cpu.h"
 #include "../kernels/quant8.h"
 #include "test_state_io_support.hpp"
@@ -32,13 +33,17 @@ namespace {
 
 using namespace sa_test;
 
+float encode_q8_block(const sa::kernels::Quant8Book& book, const float* x, int64_t n,
+                      uint8_t* codes) {
+  return sa::kernels::encode_block<sa::kernels::ElemType::q8>(book, x, n, codes);
+}
+
 using sa::StateKind;
 using sa::kernels::bits_float;
 using sa::kernels::ElemType;
 using sa::kernels::kQuant8Block;
 using sa::kernels::MasterKind;
 using sa::kernels::quant8_decode;
-using sa::kernels::quant8_encode_block;
 using sa::kernels::quant8_map;
 using sa::kernels::TensorSlot;
 using sa::kernels::Variant;
@@ -144,7 +149,7 @@ TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is
         std::vector<float> x = random_block(rng, n, scale, is_signed);
         uint8_t codes[kQuant8Block];
         const float absmax =
-            quant8_encode_block(sa::kernels::quant8_book(is_signed), x.data(), n, codes);
+            encode_q8_block(sa::kernels::quant8_book(is_signed), x.data(), n, codes);
         float largest = 0.0f;
         for (float v : x) largest = std::max(largest, std::fabs(v));
         REQUIRE(absmax == largest);
@@ -174,12 +179,12 @@ TEST_CASE("quant8: an all-zero block decodes to zeros; a NaN makes the whole blo
   const uint32_t* map = quant8_map(true);
   std::vector<float> x(40, 0.0f);
   uint8_t codes[40];
-  float absmax = quant8_encode_block(sa::kernels::quant8_book(true), x.data(), 40, codes);
+  float absmax = encode_q8_block(sa::kernels::quant8_book(true), x.data(), 40, codes);
   CHECK(absmax == 0.0f);
   for (int i = 0; i < 40; ++i) CHECK(quant8_decode(map, codes[i], absmax) == 0.0f);
   x[3] = std::numeric_limits<float>::quiet_NaN();
   x[7] = 5.0f;
-  absmax = quant8_encode_block(sa::kernels::quant8_book(true), x.data(), 40, codes);
+  absmax = encode_q8_block(sa::kernels::quant8_book(true), x.data(), 40, codes);
   CHECK(std::isnan(absmax));
   for (int i = 0; i < 40; ++i) CHECK(std::isnan(quant8_decode(map, codes[i], absmax)));
 }
@@ -207,7 +212,13 @@ struct Q8Shard {
     }
     for (int k = 0; k < 3; ++k) {
       codes[k].resize(n);
-      for (auto& c : codes[k]) c = static_cast<uint8_t>(rng() & 0xFF);
+      for (auto& c : codes[k]) {
+        c = static_cast<uint8_t>(rng() & 0xFF);
+        if (v.moment == ElemType::f8e4m3) {  // a finite float8, >= 0 for the second moments
+          if (k > 0) c &= 0x7Fu;
+          if ((c & 0x7Fu) == 0x7Fu) c ^= 0x01u;
+        }
+      }
       absmax[k].resize(blocks);
       for (auto& a : absmax[k]) a = std::fabs(normal(rng)) * (k == 0 ? 0.1f : 0.01f);
     }
@@ -241,30 +252,34 @@ struct Q8Shard {
   }
 };
 
-TEST_CASE("q8 moments: SIMD and scalar paths, and any split on block boundaries, agree bitwise",
-          "[quant8][kernel]") {
+TEST_CASE(
+    "block moments (q8, float8): SIMD and scalar paths, and any split on block boundaries, agree "
+    "bitwise",
+    "[quant8][fp8][kernel]") {
   sa::kernels::GroupCoeffs g{};
   const sa::kernels::AdamHyper h{1e-3, 0.9, 0.999, 1e-8, 0.01, true, true, false};
   g.l2 = sa::kernels::fold_coefficients(h, 3, 1.0, g.c);
-  for (const ElemType param : {ElemType::f32, ElemType::bf16}) {
-    for (const bool amsgrad : {false, true}) {
-      const Variant v{param, ElemType::f32, ElemType::q8,
-                      param == ElemType::f32 ? MasterKind::none : MasterKind::fp32, amsgrad};
-      const int64_t n = 3 * kQuant8Block + 77;
-      std::mt19937_64 rng(11);
-      const Q8Shard start(v, n, rng);
-      Q8Shard scalar = start, simd = start, pieces = start;
-      sa::kernels::adam_cpu_range(v, scalar.slot(), g, 0, n, false);
-      sa::kernels::adam_cpu_range(v, simd.slot(), g, 0, n, true);
-      const int64_t cuts[] = {0, kQuant8Block, 3 * kQuant8Block, n};
-      for (int k = 0; k < 3; ++k)
-        sa::kernels::adam_cpu_range(v, pieces.slot(), g, cuts[k], cuts[k + 1], true);
-      INFO("param " << static_cast<int>(param) << " amsgrad " << amsgrad);
-      CHECK(scalar == simd);
-      CHECK(simd == pieces);
-      CHECK_FALSE(simd == start);  // the step changed something
+  for (const ElemType moment : {ElemType::q8, ElemType::f8e4m3})
+    for (const ElemType param : {ElemType::f32, ElemType::bf16}) {
+      for (const bool amsgrad : {false, true}) {
+        const Variant v{param, ElemType::f32, moment,
+                        param == ElemType::f32 ? MasterKind::none : MasterKind::fp32, amsgrad};
+        const int64_t n = 3 * kQuant8Block + 77;
+        std::mt19937_64 rng(11);
+        const Q8Shard start(v, n, rng);
+        Q8Shard scalar = start, simd = start, pieces = start;
+        sa::kernels::adam_cpu_range(v, scalar.slot(), g, 0, n, false);
+        sa::kernels::adam_cpu_range(v, simd.slot(), g, 0, n, true);
+        const int64_t cuts[] = {0, kQuant8Block, 3 * kQuant8Block, n};
+        for (int k = 0; k < 3; ++k)
+          sa::kernels::adam_cpu_range(v, pieces.slot(), g, cuts[k], cuts[k + 1], true);
+        INFO("moment " << static_cast<int>(moment) << " param " << static_cast<int>(param)
+                       << " amsgrad " << amsgrad);
+        CHECK(scalar == simd);
+        CHECK(simd == pieces);
+        CHECK_FALSE(simd == start);  // the step changed something
+      }
     }
-  }
 }
 
 // ---- through the C ABI ------------------------------------------------------------------
@@ -480,7 +495,7 @@ TEST_CASE("quant8: a block's file values quantize back to its codes and absmax",
     const uint32_t* map = quant8_map(is_signed);
     std::vector<uint8_t> codes(n), again(n);
     const float absmax =
-        quant8_encode_block(sa::kernels::quant8_book(is_signed), x.data(), n, codes.data());
+        encode_q8_block(sa::kernels::quant8_book(is_signed), x.data(), n, codes.data());
     std::vector<float> values(n);
     for (int64_t i = 0; i < n; ++i) values[i] = quant8_decode(map, codes[i], absmax);
     if (is_signed && std::find(codes.begin(), codes.end(), 255) == codes.end()) {
@@ -491,7 +506,7 @@ TEST_CASE("quant8: a block's file values quantize back to its codes and absmax",
       }
     }
     const float absmax_again =
-        quant8_encode_block(sa::kernels::quant8_book(is_signed), values.data(), n, again.data());
+        encode_q8_block(sa::kernels::quant8_book(is_signed), values.data(), n, again.data());
     INFO("trial " << trial << ", n " << n << ", scale " << scale);
     REQUIRE(absmax_again == absmax);
     REQUIRE(again == codes);

@@ -395,7 +395,9 @@ TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its 
       {"float32", {kDLFloat, 32, 1}, all, "F32"},
       {"bfloat16", {kDLBfloat, 16, 1}, all, "BF16"},
       {"float16", {kDLFloat, 16, 1}, all & ~SA_DTYPE_MOMENT, "F16"},
-      {"uint8", {kDLUInt, 8, 1}, SA_DTYPE_MOMENT | SA_DTYPE_STATE, nullptr},
+      {"uint8", {kDLUInt, 8, 1}, SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT, nullptr},
+      {"float8_e4m3fn", {kDLFloat8_e4m3fn, 8, 1},
+       SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT, nullptr},
       {"int16", {kDLInt, 16, 1}, SA_DTYPE_STATE | SA_DTYPE_FILE, "I16"},
   };
   REQUIRE(sa_num_dtypes() == static_cast<int32_t>(std::size(expected)));
@@ -417,7 +419,7 @@ TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its 
   }
   sa_dtype_info info = SA_DTYPE_INFO_INIT;
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(sa_num_dtypes(), &info), "sa_dtype",
-                 "index 5 is not a dtype: the library has 5 (0 .. 4)");
+                 "index 6 is not a dtype: the library has 6 (0 .. 5)");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(-1, &info), "index -1");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(0, nullptr), "out is NULL");
   info.struct_size = sizeof(sa_dtype_info) + 8;

@@ -38,6 +38,7 @@ constexpr DLDataType kFloat64 = {kDLFloat, 64, 1};
 constexpr DLDataType kInt32 = {kDLInt, 32, 1};
 constexpr DLDataType kInt16 = {kDLInt, 16, 1};
 constexpr DLDataType kUint8 = {kDLUInt, 8, 1};  // moment_dtype: 8-bit blockwise moments
+constexpr DLDataType kFloat8E4m3fn = {kDLFloat8_e4m3fn, 8, 1};  // moment_dtype: float8 blocks
 constexpr DLDataType kDefaultDtype = {0, 0, 0};  // "use the default" in sa_param_options
 
 inline bool same_dtype(DLDataType a, DLDataType b) {

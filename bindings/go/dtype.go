@@ -18,12 +18,13 @@ type DType string
 // The dtypes this package's accessors use. 16-bit values cross the Go API as their raw
 // bits ([]uint16).
 const (
-	DTypeDefault DType = ""         // in ParamOptions: let the library choose
-	Float32      DType = "float32"  // IEEE binary32
-	BFloat16     DType = "bfloat16" // bfloat16 (the high half of a float32)
-	Float16      DType = "float16"  // IEEE binary16
-	Uint8        DType = "uint8"    // MomentDType: 8-bit blockwise moments
-	Int16        DType = "int16"    // the "remainder" state of MasterRemainder
+	DTypeDefault DType = ""              // in ParamOptions: let the library choose
+	Float32      DType = "float32"       // IEEE binary32
+	BFloat16     DType = "bfloat16"      // bfloat16 (the high half of a float32)
+	Float16      DType = "float16"       // IEEE binary16
+	Uint8        DType = "uint8"         // MomentDType: 8-bit blockwise moments
+	Float8E4M3FN DType = "float8_e4m3fn" // MomentDType: float8 moments with a scale per block
+	Int16        DType = "int16"         // the "remainder" state of MasterRemainder
 )
 
 // The roles of a dtype (DTypeInfo.Roles, sa_dtype_role bits).
@@ -33,6 +34,9 @@ const (
 	RoleMoment = 4  // ParamOptions.MomentDType
 	RoleState  = 8  // some state is stored in it
 	RoleFile   = 16 // shard files hold tensors of it
+	// RoleBlockMoment: as a moment, stored in blocks (a code per element, a float32 absmax
+	// per 256 elements: states "<moment>_absmax"); shard files hold the values as float32.
+	RoleBlockMoment = 32
 )
 
 // DTypeInfo describes one dtype as the library defines it (sa_dtype_info).

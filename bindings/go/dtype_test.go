@@ -10,7 +10,7 @@ import (
 // DLDataTypeCode: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4) and its roles are what
 // AddParam accepts.
 func TestDTypesAreTheLibrarysWithDLPackCodes(t *testing.T) {
-	want := map[DType][2]int{Float32: {2, 32}, BFloat16: {4, 16}, Float16: {2, 16}, Uint8: {1, 8}, Int16: {0, 16}}
+	want := map[DType][2]int{Float32: {2, 32}, BFloat16: {4, 16}, Float16: {2, 16}, Uint8: {1, 8}, Float8E4M3FN: {10, 8}, Int16: {0, 16}}
 	got := DTypes()
 	if len(got) != len(want) {
 		t.Fatalf("DTypes() has %d dtypes, want %d: %+v", len(got), len(want), got)
@@ -40,7 +40,7 @@ func TestAnUnknownDTypeIsRefusedByName(t *testing.T) {
 	_, err := opt.AddParam("p", 0, []int64{4}, make([]float32, 4), &ParamOptions{MomentDType: "float8"})
 	var e *Error
 	if !errors.As(err, &e) || e.Status != StatusInvalidArgument ||
-		!strings.Contains(err.Error(), `unknown dtype "float8"; the library stores bfloat16, float16, float32, int16, uint8`) {
+		!strings.Contains(err.Error(), `unknown dtype "float8"; the library stores bfloat16, float16, float32, float8_e4m3fn, int16, uint8`) {
 		t.Fatalf("AddParam with moment dtype float8: %v", err)
 	}
 	if n := len(opt.params); n != 0 {

@@ -140,7 +140,7 @@ const (
 type ParamOptions struct {
 	Layout      *Layout    // where the shard sits in its global tensor; nil: not sharded
 	GradDType   DType      // Float32, BFloat16 or Float16; DTypeDefault: the param's dtype
-	MomentDType DType      // Float32 (DTypeDefault), BFloat16 or Uint8 (8-bit blockwise)
+	MomentDType DType      // Float32 (DTypeDefault), BFloat16, Uint8 (8-bit blockwise) or Float8E4M3FN
 	Master      MasterKind // how the full-precision value is kept
 }
 

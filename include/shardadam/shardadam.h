@@ -326,7 +326,11 @@ typedef enum sa_dtype_role {
   SA_DTYPE_GRAD = 2,   /* sa_param_options.grad_dtype */
   SA_DTYPE_MOMENT = 4, /* sa_param_options.moment_dtype */
   SA_DTYPE_STATE = 8,  /* some state is stored in it (state views, sa_optimizer_state_info) */
-  SA_DTYPE_FILE = 16   /* shard files hold tensors of it (safetensors_name is not NULL) */
+  SA_DTYPE_FILE = 16,  /* shard files hold tensors of it (safetensors_name is not NULL) */
+  /* as a moment, stored in blocks: a code per element and a float32 absmax per block of
+   * 256 elements (the states "<moment>_absmax"); shard files and state dicts hold the
+   * values as float32 (uint8, float8_e4m3fn) */
+  SA_DTYPE_BLOCK_MOMENT = 32
 } sa_dtype_role;
 
 /**
@@ -370,18 +374,22 @@ typedef enum sa_master_kind {
 typedef struct sa_param_options {
   size_t struct_size;
   DLDataType grad_dtype; /* float32, bfloat16 or float16; default: the param's dtype */
-  /* float32 (default), bfloat16, or uint8: exp_avg, exp_avg_sq, max_exp_avg_sq. uint8 is 8-bit
-   * blockwise dynamic quantization, the scheme and code books of bitsandbytes' 8-bit
-   * optimizers: each block of 256 elements of the local shard (the last one may be
-   * shorter) keeps a float32 absmax, and each element the byte of the nearest entry of a
-   * 256-value map (signed for exp_avg, unsigned for the others) of x / absmax; the states
-   * "exp_avg_absmax", "exp_avg_sq_absmax" (and "max_exp_avg_sq_absmax") hold the absmax
-   * values, one per block. The update decodes a block, updates it in float32, and encodes
-   * it again with its new absmax; the CPU and CUDA backends compute the same bits. Shard
-   * files hold uint8 moments as float32 values (map[code] * absmax; README.md: shard
-   * files), so they reshard to any layout and cross with float32/bfloat16 moments; an
-   * import quantizes them by the local shard's blocks, and onto the same layout restores
-   * the codes and absmax bit for bit. */
+  /* float32 (default), bfloat16, uint8 or float8_e4m3fn: exp_avg, exp_avg_sq,
+   * max_exp_avg_sq. uint8 and float8_e4m3fn are block storages (SA_DTYPE_BLOCK_MOMENT):
+   * each block of 256 elements of the local shard (the last one may be shorter) keeps a
+   * float32 absmax in the states "exp_avg_absmax", "exp_avg_sq_absmax" (and
+   * "max_exp_avg_sq_absmax"), one per block, and each element a byte:
+   * - uint8: 8-bit blockwise dynamic quantization, the scheme and code books of
+   *   bitsandbytes' 8-bit optimizers: the nearest entry of a 256-value map (signed for
+   *   exp_avg, unsigned for the others) of x / absmax;
+   * - float8_e4m3fn: torchao's AdamWFp8 scheme: x / scale as float8 e4m3fn (round to
+   *   nearest even), scale = max(absmax, 1e-12) / 448.
+   * The update decodes a block, updates it in float32, and encodes it again with its new
+   * absmax; the CPU and CUDA backends compute the same bits. Shard files hold block
+   * moments as float32 values (what the codes stand for; README.md: shard files), so
+   * they reshard to any layout and cross with float32/bfloat16 moments; an import
+   * quantizes them by the local shard's blocks, and onto the same layout restores the
+   * codes and absmax bit for bit. */
   DLDataType moment_dtype;
   int32_t master; /* an sa_master_kind */
 } sa_param_options;

@@ -28,8 +28,8 @@
 #include <cmath>
 
 #include "../adam_math.h"
+#include "../block_moment.h"
 #include "../bucket_table.h"
-#include "../quant8.h"
 #include "adam_cpu_simd-inl.h"
 #include "visit_kernel.h"
 
@@ -149,10 +149,12 @@ void* offset(void* p, int64_t elems, int64_t bytes) {
   return p == nullptr ? nullptr : static_cast<char*>(p) + elems * bytes;
 }
 
-// q8 moments, a block at a time: decode the block's moments into float32, run the float32
-// moment update over it (adam_cpu_range with moment f32: the same element function, SIMD
-// included), and encode them again with the block's new absmax.
-void adam_cpu_range_quant8(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
+// Block moments (kernels/block_moment.h: q8, f8e4m3), a block at a time: decode the
+// block's moments into float32, run the float32 moment update over it (adam_cpu_range with
+// moment f32: the same element function, SIMD included), and encode them again with the
+// block's new absmax.
+template <ElemType T>
+void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                            int64_t begin, int64_t end, bool simd) {
   assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
   Variant inner = variant;
@@ -170,18 +172,18 @@ void adam_cpu_range_quant8(const Variant& variant, const TensorSlot& slot, const
       state_at(inner_slot, k) = offset(state_at(slot, k), block_begin, master_bytes);
     for (int k = 0; k < num_moments; ++k) {
       const auto* codes =
-          static_cast<const uint8_t*>(state_at(slot, quant8_codes(k))) + block_begin;
-      const float absmax = static_cast<const float*>(state_at(slot, quant8_absmax_state(k)))[block];
-      quant8_decode_block(quant8_map(quant8_signed(k)), codes, absmax, n, values[k]);
-      state_at(inner_slot, quant8_codes(k)) = values[k];
-      state_at(inner_slot, quant8_absmax_state(k)) = nullptr;
+          static_cast<const uint8_t*>(state_at(slot, block_codes_state(k))) + block_begin;
+      const float absmax = static_cast<const float*>(state_at(slot, block_absmax_state(k)))[block];
+      decode_block<T>(block_book<T>(block_signed(k)), codes, absmax, n, values[k]);
+      state_at(inner_slot, block_codes_state(k)) = values[k];
+      state_at(inner_slot, block_absmax_state(k)) = nullptr;
     }
     inner_slot.numel = n;
     adam_cpu_range(inner, inner_slot, g, 0, n, simd);
     for (int k = 0; k < num_moments; ++k) {
-      auto* codes = static_cast<uint8_t*>(state_at(slot, quant8_codes(k))) + block_begin;
-      static_cast<float*>(state_at(slot, quant8_absmax_state(k)))[block] =
-          quant8_encode_block(quant8_book(quant8_signed(k)), values[k], n, codes);
+      auto* codes = static_cast<uint8_t*>(state_at(slot, block_codes_state(k))) + block_begin;
+      static_cast<float*>(state_at(slot, block_absmax_state(k)))[block] =
+          encode_block<T>(block_book<T>(block_signed(k)), values[k], n, codes);
     }
   }
 }
@@ -192,8 +194,10 @@ void adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupC
                     int64_t begin, int64_t end, bool simd) {
   assert(0 <= begin && begin <= end && end <= slot.numel);
   if (begin >= end) return;
-  if (variant.moment == ElemType::q8)
-    return adam_cpu_range_quant8(variant, slot, g, begin, end, simd);
+  if (visit_block_storage(variant.moment, [&](auto tag) {
+        adam_cpu_range_blocks<decltype(tag)::value>(variant, slot, g, begin, end, simd);
+      }))
+    return;
   const int64_t rest_begin =
       simd ? HWY_DYNAMIC_DISPATCH(UpdateWholeVectorsOfVariant)(variant, slot, g, begin, end)
            : begin;

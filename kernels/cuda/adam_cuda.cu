@@ -129,8 +129,8 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
                                cudaStream_t st) {
   if (b.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
-  if (v.moment == ElemType::q8)
-    return launch_adam_bucket_quant8(v, b, s, st);  // adam_quant8_cuda.cu
+  if (is_block_storage(v.moment))
+    return launch_adam_bucket_blocks(v, b, s, st);  // adam_block_cuda.cu
   visit_variant(v, [&](auto signature) { err = launch_typed<decltype(signature)>(b, s, st); });
   return err;
 }

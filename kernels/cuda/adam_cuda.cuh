@@ -80,8 +80,9 @@ __device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const Dev
 cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucket,
                                const DeviceStep& step, cudaStream_t stream);
 
-// The same for a Variant with q8 moments (adam_quant8_cuda.cu; launch_adam_bucket calls it).
-cudaError_t launch_adam_bucket_quant8(const Variant& variant, const DeviceBucket& bucket,
+// The same for a Variant with block moments (q8, f8e4m3: adam_block_cuda.cu;
+// launch_adam_bucket calls it).
+cudaError_t launch_adam_bucket_blocks(const Variant& variant, const DeviceBucket& bucket,
                                       const DeviceStep& step, cudaStream_t stream);
 
 // Decides the step (decide_step) and folds each active param's hyperparameters at its

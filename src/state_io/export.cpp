@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "../../kernels/quant8.h"
+#include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../moment_values.hpp"
@@ -59,8 +59,9 @@ class HostChunks {
 // decoded to float32 (map[code] * absmax, the values the kernels compute with).
 struct Source {
   const void* data;    // backend memory (an 8-bit moment: its codes); null when empty
-  const void* absmax;  // an 8-bit moment: its block absmax values, else null
+  const void* absmax;  // a block moment: its block absmax values, else null
   bool is_signed;
+  ElemType block;  // a block moment: its storage
 };
 
 // Decodes chunks of 8-bit moments into host memory. A chunk starts at a multiple of the
@@ -90,7 +91,8 @@ class Decoder {
       codes = codes_.data();
       absmax = absmax_.data();
     }
-    quant8_values(codes, absmax, n, s.is_signed, out_.data());  // the one rule (moment_values)
+    block_values(s.block, s.is_signed, codes, absmax, n,
+                 out_.data());  // the one rule (moment_values)
     return reinterpret_cast<const unsigned char*>(out_.data());
   }
 
@@ -137,7 +139,7 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
       t.bytes = static_cast<uint64_t>(p->numel) * dtype_size(f.dtype);
       const bool data = f.state.buffer && t.bytes > 0;
       sources.push_back({data ? f.state.buffer->data() : nullptr,
-                         data && f.absmax ? f.absmax->data() : nullptr, f.is_signed});
+                         data && f.absmax ? f.absmax->data() : nullptr, f.is_signed, f.block});
       tensors.push_back(std::move(t));
     }
   }

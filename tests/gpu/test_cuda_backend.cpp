@@ -38,7 +38,8 @@ TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 step
       for (int step = 0; step < 24; ++step) {
         t.bind_new_grads(rng, step % 2 == 1, /*through_ptrs=*/step % 3 != 0);
         if (step == 10)
-          for (auto* opt : {t.cpu.get(), t.gpu.get()}) REQUIRE_SA_OK(opt, sa_optimizer_set_lr(opt, 1, 5e-4));
+          for (auto* opt : {t.cpu.get(), t.gpu.get()})
+            REQUIRE_SA_OK(opt, sa_optimizer_set_lr(opt, 1, 5e-4));
         const float inv_scale = step % 4 == 2 ? 0.25f : 1.0f;
         const float found_inf = step == 7 ? 1.0f : 0.0f;
         t.step_both(inv_scale, found_inf, nullptr);
@@ -49,13 +50,13 @@ TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 step
   }
 }
 
-// The 8-bit kernel's grid is persistent (a few thread blocks per multiprocessor, each
+// The block-moment kernel's grid is persistent (a few thread blocks per multiprocessor, each
 // taking every gridDim.x-th chunk): a bucket of many more chunks than the grid has thread
 // blocks, with a partial last q8 block, must equal the CPU everywhere.
-TEST_CASE("8-bit moments over more chunks than the kernel's grid equal the CPU bit for bit",
+TEST_CASE("block moments over more chunks than the kernel's grid equal the CPU bit for bit",
           "[gpu]") {
   for (const VariantSpec& v : kVariants) {
-    if (v.moment.code != kUint8.code || v.moment.bits != kUint8.bits) continue;
+    if (!same_dtype(v.moment, kUint8) && !same_dtype(v.moment, kFloat8E4m3fn)) continue;
     DYNAMIC_SECTION(v.label) {
       Rng rng(0x0881);
       Twin t;
@@ -87,7 +88,8 @@ TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", 
   for (auto* h : {&head_p, &tail_p}) fill_normal(*h, rng, 1.0);
   for (auto* h : {&head_g, &tail_g}) fill_log_uniform(*h, rng, 1e-3, 1.0);
   auto put = [&](DeviceTensor& d, const HostTensor& h, int64_t at) {
-    CUDA_OK(cudaMemcpy(static_cast<float*>(d.data()) + at, h.data(), h.bytes(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(static_cast<float*>(d.data()) + at, h.data(), h.bytes(),
+                       cudaMemcpyHostToDevice));
   };
   put(param, head_p, 0);
   put(param, tail_p, n - probe);
@@ -98,10 +100,14 @@ TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", 
   // elementwise, so the rest of the tensor does not matter to them).
   OptimizerPtr cpu = make_optimizer(2, 1), gpu = make_optimizer();
   const sa_group_config config = group_config(1e-3, 1e-2, 1);
-  for (auto* opt : {cpu.get(), gpu.get()}) REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &config, nullptr));
-  REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_param(gpu.get(), "huge", 0, param.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "head", 0, head_p.versioned(), nullptr, nullptr, nullptr));
-  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "tail", 0, tail_p.versioned(), nullptr, nullptr, nullptr));
+  for (auto* opt : {cpu.get(), gpu.get()})
+    REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &config, nullptr));
+  REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_param(gpu.get(), "huge", 0, param.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "head", 0, head_p.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "tail", 0, tail_p.versioned(), nullptr,
+                                                  nullptr, nullptr));
   const DLTensor g = grad.dl(), hg = head_g.dl(), tg = tail_g.dl();
   REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_grad(gpu.get(), 0, &g));
   REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad(cpu.get(), 0, &hg));
@@ -113,7 +119,8 @@ TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", 
   CUDA_OK(cudaDeviceSynchronize());
   auto range = [&](const void* base, int64_t at) {
     std::vector<unsigned char> out(static_cast<size_t>(probe) * 4);
-    CUDA_OK(cudaMemcpy(out.data(), static_cast<const float*>(base) + at, out.size(), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(out.data(), static_cast<const float*>(base) + at, out.size(),
+                       cudaMemcpyDeviceToHost));
     return out;
   };
   CHECK(range(param.data(), 0) == head_p.raw_bytes());
@@ -123,7 +130,8 @@ TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", 
   const StateView v = state_view(gpu.get(), 0, "exp_avg_sq");
   CHECK(range(v.data(), n - probe) == state_view(cpu.get(), 1, "exp_avg_sq").raw_bytes());
   // The middle stayed exactly zero (no stray writes, nothing skipped or doubled).
-  CHECK(range(param.data(), n / 2) == std::vector<unsigned char>(static_cast<size_t>(probe) * 4, 0));
+  CHECK(range(param.data(), n / 2) ==
+        std::vector<unsigned char>(static_cast<size_t>(probe) * 4, 0));
   gpu.reset();
   cpu.reset();
 }
@@ -167,10 +175,11 @@ TEST_CASE("a captured step replays in a CUDA graph and follows lr changes made b
     // New grad values in the same (captured) buffers, a new lr, then replay.
     for (std::size_t i = 0; i < t.host_grads_a.size(); ++i) {
       fill_log_uniform(*t.host_grads_a[i], rng, 1e-4, 3.0);
-      CUDA_OK(cudaMemcpyAsync(t.dev_grads_a[i]->data(), t.host_grads_a[i]->data(), t.host_grads_a[i]->bytes(),
-                              cudaMemcpyHostToDevice, stream));
+      CUDA_OK(cudaMemcpyAsync(t.dev_grads_a[i]->data(), t.host_grads_a[i]->data(),
+                              t.host_grads_a[i]->bytes(), cudaMemcpyHostToDevice, stream));
     }
-    for (auto* opt : {t.cpu.get(), t.gpu.get()}) REQUIRE_SA_OK(opt, sa_optimizer_set_lr(opt, 1, lr));
+    for (auto* opt : {t.cpu.get(), t.gpu.get()})
+      REQUIRE_SA_OK(opt, sa_optimizer_set_lr(opt, 1, lr));
     REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));  // the host grads are refilled next round
@@ -217,8 +226,7 @@ TEST_CASE("a step count set between graph replays is what the replay advances, w
   cudaStreamDestroy(stream);
 }
 
-TEST_CASE("a found_inf flag in device memory skips the step and leaves the step count",
-          "[gpu]") {
+TEST_CASE("a found_inf flag in device memory skips the step and leaves the step count", "[gpu]") {
   Rng rng(0xF1);
   Twin t;
   t.add_groups(false);
@@ -233,15 +241,17 @@ TEST_CASE("a found_inf flag in device memory skips the step and leaves the step 
   t.require_identical();
 }
 
-TEST_CASE("params without a grad at some steps, and per-param step counts, equal the CPU bit for bit "
-          "(plain, found_inf, clipped and captured steps)",
-          "[gpu][grads]") {
+TEST_CASE(
+    "params without a grad at some steps, and per-param step counts, equal the CPU bit for bit "
+    "(plain, found_inf, clipped and captured steps)",
+    "[gpu][grads]") {
   Rng rng(0x9AD);
   Twin t;
   t.add_groups(false);
   const std::vector<int64_t> sizes = shard_sizes(rng, 24);
   for (std::size_t i = 0; i < sizes.size(); ++i)
-    t.add("p" + std::to_string(i), static_cast<int32_t>(i % 2), kVariants[i % 2 == 0 ? 0 : 3], {sizes[i]}, 0, rng);
+    t.add("p" + std::to_string(i), static_cast<int32_t>(i % 2), kVariants[i % 2 == 0 ? 0 : 3],
+          {sizes[i]}, 0, rng);
   const auto n = static_cast<int64_t>(sizes.size());
   // Counts as a torch state dict may bring them: every param its own.
   std::vector<int64_t> steps(sizes.size());

@@ -5,9 +5,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda_test_support.hpp"
@@ -58,7 +58,8 @@ struct Twin {
     fill_normal(*host_params.back(), rng, 1.0);
     dev_params.push_back(std::make_unique<DeviceTensor>(shape, v.param, offset_elems));
     dev_params.back()->upload(*host_params.back());
-    for (auto* grads : {&host_grads_a, &host_grads_b}) grads->push_back(std::make_unique<HostTensor>(shape, v.grad));
+    for (auto* grads : {&host_grads_a, &host_grads_b})
+      grads->push_back(std::make_unique<HostTensor>(shape, v.grad));
     dev_grads_a.push_back(std::make_unique<DeviceTensor>(shape, v.grad, offset_elems));
     dev_grads_b.push_back(std::make_unique<DeviceTensor>(shape, v.grad, (offset_elems + 3) % 8));
     const sa_param_options options = param_options(v.grad, v.moment, v.master);
@@ -113,7 +114,8 @@ struct Twin {
 
   // One clipped step on both (no found_inf, no loss scale). Returns {cpu norm, gpu norm};
   // checks that the device copy of the norm is the host one rounded to float.
-  std::pair<double, double> step_both_clipped(double max_norm, int32_t norm_type, cudaStream_t stream) {
+  std::pair<double, double> step_both_clipped(double max_norm, int32_t norm_type,
+                                              cudaStream_t stream) {
     DeviceFloat dev_norm;
     dev_norm.set(-1.0f);
     float cpu_norm_f = -1.0f;
@@ -166,11 +168,15 @@ struct Twin {
           got[static_cast<std::size_t>(k)] = copy.get(k);
         }
       }
-      const bool f32_value = info.master == SA_MASTER_FP32 || same_dtype(host_params[i]->dtype(), kFloat32);
+      const bool f32_value =
+          info.master == SA_MASTER_FP32 || same_dtype(host_params[i]->dtype(), kFloat32);
       Worst worst("cuda vs cpu");
       for (int64_t k = 0; k < n; ++k) {
         const double w = want[static_cast<std::size_t>(k)];
-        const double unit = f32_value ? f32_ulp(w) : ulp_at(std::fabs(w), same_dtype(host_params[i]->dtype(), kBfloat16) ? 8 : 11, -14);
+        const double unit =
+            f32_value ? f32_ulp(w)
+                      : ulp_at(std::fabs(w),
+                               same_dtype(host_params[i]->dtype(), kBfloat16) ? 8 : 11, -14);
         worst.add(k, got[static_cast<std::size_t>(k)], w, ulps * unit);
       }
       INFO(worst.describe());
@@ -246,14 +252,21 @@ inline const VariantSpec kVariants[] = {
     {"fp32 amsgrad, bf16 moments", kFloat32, kFloat32, kBfloat16, SA_MASTER_NONE, true},
     {"fp32 params, bf16 grads", kFloat32, kBfloat16, kFloat32, SA_MASTER_NONE, false},
     {"bf16 + fp32 master", kBfloat16, kBfloat16, kFloat32, SA_MASTER_FP32, false},
-    {"bf16 + fp32 master, bf16 moments, fp32 grads", kBfloat16, kFloat32, kBfloat16, SA_MASTER_FP32, false},
+    {"bf16 + fp32 master, bf16 moments, fp32 grads", kBfloat16, kFloat32, kBfloat16, SA_MASTER_FP32,
+     false},
     {"bf16 + int16 remainder", kBfloat16, kBfloat16, kFloat32, SA_MASTER_REMAINDER, false},
-    {"bf16 + remainder, amsgrad, f16 grads", kBfloat16, kFloat16, kFloat32, SA_MASTER_REMAINDER, true},
+    {"bf16 + remainder, amsgrad, f16 grads", kBfloat16, kFloat16, kFloat32, SA_MASTER_REMAINDER,
+     true},
     {"f16 + fp32 master, amsgrad", kFloat16, kFloat16, kFloat32, SA_MASTER_FP32, true},
     {"f16 + fp32 master, bf16 moments", kFloat16, kFloat32, kBfloat16, SA_MASTER_FP32, false},
     {"fp32, 8-bit moments", kFloat32, kFloat32, kUint8, SA_MASTER_NONE, false},
-    {"bf16 + fp32 master, 8-bit moments, amsgrad", kBfloat16, kBfloat16, kUint8, SA_MASTER_FP32, true},
-    {"bf16 + remainder, 8-bit moments, f16 grads", kBfloat16, kFloat16, kUint8, SA_MASTER_REMAINDER, false},
+    {"bf16 + fp32 master, 8-bit moments, amsgrad", kBfloat16, kBfloat16, kUint8, SA_MASTER_FP32,
+     true},
+    {"bf16 + remainder, 8-bit moments, f16 grads", kBfloat16, kFloat16, kUint8, SA_MASTER_REMAINDER,
+     false},
+    {"fp32, float8 moments", kFloat32, kFloat32, kFloat8E4m3fn, SA_MASTER_NONE, false},
+    {"bf16 + fp32 master, float8 moments, amsgrad", kBfloat16, kBfloat16, kFloat8E4m3fn,
+     SA_MASTER_FP32, true},
 };
 
 }  // namespace sa_test

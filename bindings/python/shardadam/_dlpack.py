@@ -46,12 +46,17 @@ DTYPE_INFO = _library_dtypes()
 DTYPES = {name: info["dtype"] for name, info in DTYPE_INFO.items()}
 DTYPES["uint16"] = (1, 16, 1)
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
+#: The names of the dtypes whose moments are stored in blocks (codes and a float32 absmax
+#: per block: ``SA_DTYPE_BLOCK_MOMENT``), e.g. ``uint8``, ``float8_e4m3fn``.
+BLOCK_MOMENT_DTYPES = frozenset(name for name, info in DTYPE_INFO.items()
+                                if info["roles"] & _C.SA_DTYPE_BLOCK_MOMENT)
 
 
 def dtypes():
     """The library's table of the dtypes it stores (``sa_dtype``): one dict per dtype with
     its ``name``, ``dtype`` (DLPack code, bits, lanes), ``roles`` (bits of ``SA_DTYPE_PARAM``,
-    ``SA_DTYPE_GRAD``, ``SA_DTYPE_MOMENT``, ``SA_DTYPE_STATE``, ``SA_DTYPE_FILE``),
+    ``SA_DTYPE_GRAD``, ``SA_DTYPE_MOMENT``, ``SA_DTYPE_STATE``, ``SA_DTYPE_FILE``,
+    ``SA_DTYPE_BLOCK_MOMENT``),
     ``safetensors_name`` (None when shard files never hold it) and ``doc``."""
     return [dict(info) for info in DTYPE_INFO.values()]
 

@@ -291,9 +291,10 @@ class Optimizer(OwnsHandle):
             layout: None (not sharded), a :class:`~shardadam.layout.Mesh` or a
                 :class:`~shardadam.layout.Box`.
             grad_dtype: dtype of its grads (default: the param's).
-            moment_dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"uint8"`` (8-bit
-                blockwise moments, see ``sa_param_options.moment_dtype``; shard files hold them as
-                float32 values).
+            moment_dtype: ``"float32"`` (default), ``"bfloat16"``, or a block storage (see
+                ``sa_param_options.moment_dtype``): ``"uint8"`` (8-bit blockwise moments) or
+                ``"float8_e4m3fn"`` (float8 with a scale per block); shard files hold those
+                as float32 values.
             master: None/``"auto"`` (fp32 master for 16-bit params), ``"none"``, ``"fp32"``
                 or ``"remainder"`` (bfloat16 params: keep the int16 low half of the fp32 value).
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).

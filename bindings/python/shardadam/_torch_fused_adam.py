@@ -232,10 +232,12 @@ class FusedAdam(torch.optim.Optimizer):
         master: for 16-bit params: None (fp32 master weights for bf16/fp16 params), ``"fp32"``,
             ``"remainder"`` (bf16 params: an int16 remainder instead of an fp32 copy).
         grad_dtype: dtype of the grads (default: the param's).
-        moment_dtype: ``torch.float32`` (default), ``torch.bfloat16``, or ``torch.uint8``: 8-bit
+        moment_dtype: ``torch.float32`` (default), ``torch.bfloat16``, ``torch.uint8``: 8-bit
             blockwise moments as bitsandbytes' ``AdamW8bit`` keeps them (codes of its dynamic
-            maps, a float32 absmax per 256 elements, states ``exp_avg_absmax`` ...); shard
-            files and ``state_dict()`` hold them as float32 values (no absmax), which reshard
+            maps, a float32 absmax per 256 elements, states ``exp_avg_absmax`` ...), or
+            ``torch.float8_e4m3fn``: float8 moments with a scale per 256 elements, as
+            torchao's ``AdamWFp8`` keeps them (the same absmax states); shard files and
+            ``state_dict()`` hold block moments as float32 values (no absmax), which reshard
             (DCP too), load into any moment dtype, and load back bit for bit.
         num_threads: CPU params: worker threads (0: one per hardware thread).
         max_grad_norm: clip to this global norm (None: no clipping; ``math.inf``: compute

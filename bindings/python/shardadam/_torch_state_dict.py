@@ -15,6 +15,7 @@ import torch
 
 from . import _schema
 from . import _torch_fused_adam as _fused
+from ._dlpack import BLOCK_MOMENT_DTYPES
 from ._errors import Error
 from ._optimizer import Optimizer
 
@@ -223,25 +224,29 @@ def state_dict(optimizer):
     return saved
 
 
-# ---- 8-bit moments -------------------------------------------------------------------------------
-# A state dict holds 8-bit moments as the float32 values their codes stand for, of the
-# param's shape (DTensors for DTensor params), and not their per-block absmax: so
-# torch.optim.AdamW reads it, DCP reshards it like any float32 moment, and a load
-# quantizes it by the local shard's blocks (as shard files do; README.md).
+# ---- block moments (8-bit, float8) ----------------------------------------------------------------
+# A state dict holds block moments (codes and a per-block absmax: uint8, float8_e4m3fn) as
+# the float32 values their codes stand for, of the param's shape (DTensors for DTensor
+# params), and not their per-block absmax: so torch.optim.AdamW reads it, DCP reshards it
+# like any float32 moment, and a load quantizes it by the local shard's blocks (as shard
+# files do; README.md).
+_BLOCK_MOMENT_DTYPES = frozenset(getattr(torch, name) for name in BLOCK_MOMENT_DTYPES
+                                 if isinstance(getattr(torch, name, None), torch.dtype))
+
 
 def _quantized(optimizer, entry):
-    """(the keys of the entry's 8-bit moments, the keys checkpoints hold), or (empty, None)
+    """(the keys of the entry's block moments, the keys checkpoints hold), or (empty, None)
     for an entry with none."""
     state = optimizer.state[entry.param]
     codes = {key for key, value in state.items()
-             if key != "step" and _fused._local_tensor(value).dtype == torch.uint8}
+             if key != "step" and _fused._local_tensor(value).dtype in _BLOCK_MOMENT_DTYPES}
     if not codes:
         return codes, None
     return codes, set(optimizer.native.checkpoint_keys(entry.index))
 
 
 def _moment_values(optimizer, entry, key):
-    """An 8-bit moment as float32 values on the param's device, as the state dict holds it."""
+    """A block moment as float32 values on the param's device, as the state dict holds it."""
     values = torch.empty(tuple(entry.local_shape), dtype=torch.float32)
     optimizer.native.moment_values(entry.index, key, values)
     values = values.to(_fused._local_tensor(entry.param).device)
@@ -253,7 +258,7 @@ def _moment_values(optimizer, entry, key):
 
 
 def _moments_as_values(optimizer, packed):
-    """Rewrites the packed states (by index, in param_groups order) of entries with 8-bit
+    """Rewrites the packed states (by index, in param_groups order) of entries with block
     moments: values for codes, no absmax."""
     index = 0
     for group in optimizer.param_groups:
@@ -274,12 +279,12 @@ def _moments_as_values(optimizer, packed):
                     state[key] = _moment_values(optimizer, entry, key)
 
 
-_FLOAT32_MOMENT = torch.empty((), dtype=torch.float32)  # what an 8-bit moment takes in a load
+_FLOAT32_MOMENT = torch.empty((), dtype=torch.float32)  # what a block moment takes in a load
 
 
 def _loadable_states(optimizer, entry):
     """The states a state dict gives an entry, each with the tensor it is checked against:
-    every state but an 8-bit moment's absmax, an 8-bit moment as float32."""
+    every state but a block moment's absmax, a block moment as float32."""
     current = optimizer.state[entry.param]
     codes, kept = _quantized(optimizer, entry)
     if kept is None:

@@ -1,6 +1,6 @@
 """8-bit moments train a small transformer as float32 moments do: the same model, data and
 seed trained for 300 steps with FusedAdam's float32 moments, its 8-bit moments
-(moment_dtype=torch.uint8), bitsandbytes' AdamW8bit (the independent peer: the scheme
+(moment_dtype=torch.uint8) and float8 moments (torch.float8_e4m3fn), bitsandbytes' AdamW8bit (the independent peer: the scheme
 shardadam's 8-bit moments follow) and torch.optim.AdamW, on the CPU.
 
 The task is next-token prediction of a fixed random permutation applied to the previous
@@ -100,6 +100,10 @@ def test_the_float32_run_learns_the_task_as_torch_adamw_does(float32_run, device
 
 def test_8bit_moments_converge_like_float32_moments(float32_run, device):
     assert_close(train(fused(torch.uint8), device), float32_run)
+
+
+def test_float8_moments_converge_like_float32_moments(float32_run, device):
+    assert_close(train(fused(torch.float8_e4m3fn), device), float32_run)
 
 
 def test_bitsandbytes_adamw8bit_converges_alike(float32_run, device):

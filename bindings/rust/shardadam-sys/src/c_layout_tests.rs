@@ -182,6 +182,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_DTYPE_MOMENT);
     constant!(SA_DTYPE_STATE);
     constant!(SA_DTYPE_FILE);
+    constant!(SA_DTYPE_BLOCK_MOMENT);
     let dtype_info = sa_dtype_info::default();
     fact(
         "SA_DTYPE_INFO_INIT.struct_size",

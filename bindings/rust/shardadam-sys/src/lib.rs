@@ -284,6 +284,8 @@ pub const SA_DTYPE_MOMENT: sa_dtype_role = 4;
 pub const SA_DTYPE_STATE: sa_dtype_role = 8;
 /// `SA_DTYPE_FILE`: shard files hold tensors of it.
 pub const SA_DTYPE_FILE: sa_dtype_role = 16;
+/// `SA_DTYPE_BLOCK_MOMENT`: as a moment, stored in blocks with a float32 absmax per block.
+pub const SA_DTYPE_BLOCK_MOMENT: sa_dtype_role = 32;
 
 /// `sa_dtype_info`: one dtype the library stores, as it defines it.
 #[repr(C)]

@@ -190,6 +190,8 @@ pub enum DType {
     Float16,
     /// 8-bit blockwise moments (`ParamOptions::moment_dtype`).
     Uint8,
+    /// float8 e4m3fn moments with a scale per block (`ParamOptions::moment_dtype`).
+    Float8E4m3fn,
     /// The `int16` remainder state.
     Int16,
 }
@@ -245,11 +247,12 @@ fn dtype_table() -> &'static [DTypeInfo] {
 }
 
 impl DType {
-    const ALL: [DType; 5] = [
+    const ALL: [DType; 6] = [
         DType::Float32,
         DType::BFloat16,
         DType::Float16,
         DType::Uint8,
+        DType::Float8E4m3fn,
         DType::Int16,
     ];
 
@@ -260,6 +263,7 @@ impl DType {
             DType::BFloat16 => "bfloat16",
             DType::Float16 => "float16",
             DType::Uint8 => "uint8",
+            DType::Float8E4m3fn => "float8_e4m3fn",
             DType::Int16 => "int16",
         }
     }

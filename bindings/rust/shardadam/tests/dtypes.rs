@@ -1,5 +1,5 @@
 //! The dtype table comes from the library (`sa_num_dtypes`, `sa_dtype`): its codes are
-//! DLPack's (dlpack.h's DLDataTypeCode: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, as
+//! DLPack's (dlpack.h's DLDataTypeCode: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLFloat8_e4m3fn 10, as
 //! the DLPack specification numbers them), and its moment role is what add_param accepts.
 use shardadam::{dtypes, DType, Optimizer, ParamOptions};
 use shardadam_sys as sys;
@@ -11,6 +11,7 @@ fn the_dtype_table_is_the_librarys_with_dlpack_codes() {
         ("bfloat16", 4, 16, DType::BFloat16),
         ("float16", 2, 16, DType::Float16),
         ("uint8", 1, 8, DType::Uint8),
+        ("float8_e4m3fn", 10, 8, DType::Float8E4m3fn),
         ("int16", 0, 16, DType::Int16),
     ];
     let table = dtypes();
@@ -38,6 +39,7 @@ fn the_moment_role_is_what_add_param_accepts() {
         DType::BFloat16,
         DType::Float16,
         DType::Uint8,
+        DType::Float8E4m3fn,
         DType::Int16,
     ] {
         let info = dtypes()

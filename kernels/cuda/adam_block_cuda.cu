@@ -1,13 +1,14 @@
-// kernels/cuda/adam_quant8_cuda.cu — the CUDA Adam kernel for q8 (8-bit blockwise) moments,
-// in its own translation unit so that it compiles beside adam_cuda.cu. Tables, chunks and
-// the step's verdict as in adam_cuda.cu; the element update is the float32-moment
-// Variant's, between a decode and an encode of each 256-element block.
+// kernels/cuda/adam_block_cuda.cu — the CUDA Adam kernel for block moments
+// (kernels/block_moment.h: q8, f8e4m3), in its own translation unit so that it compiles
+// beside adam_cuda.cu. Tables, chunks and the step's verdict as in adam_cuda.cu; the element
+// update is the float32-moment Variant's, between a decode and an encode of each
+// 256-element block.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "../quant8.h"
+#include "../block_moment.h"
 #include "../variants.h"
 #include "adam_cuda.cuh"
 #include "cuda_ops.cuh"
@@ -18,16 +19,17 @@ namespace sa {
 namespace kernels {
 namespace {
 
-// A warp per block of kQuant8Block elements, 8 per lane: decode the block's moments,
+// A warp per block of kQuant8Block elements, 8 per lane: decode the block's moments (with
+// BlockCodec<T>, T the bucket's moment storage),
 // update each element as the float32-moment Signature S does, take the new absmax over the
-// warp, encode. The same functions of quant8.h as the CPU, so the same bits (the absmax
+// warp, encode. The same functions of block_moment.h as the CPU, so the same bits (the absmax
 // does not depend on the order its values are met in). A block whose 256 elements are all
 // in the shard, with arrays that allow it, moves a lane's runs of 4 in 16-byte (float32),
 // 8-byte (16-bit) and 4-byte (codes) accesses; the shard's last, partial block and
 // unaligned arrays go an element at a time (kWhole false).
 //
 // The grid is persistent (kQ8BlocksPerSm thread blocks per multiprocessor, each taking
-// every gridDim.x-th chunk), so each thread block copies the 16 KB of code-book tables
+// every gridDim.x-th chunk), so each thread block copies q8's 16 KB of code-book tables
 // into shared memory once per launch, not once per chunk.
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
@@ -38,15 +40,28 @@ static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block bou
 #endif
 constexpr int kQ8BlocksPerSm = SA_CUDA_Q8_BLOCKS_PER_SM;
 
-// The two code books' tables (Quant8Book), in shared memory: [0] signed (exp_avg),
-// [1] unsigned.
-struct Quant8Tables {
+// What a block storage's codes need in shared memory: q8's two code books (Quant8Book),
+// [0] signed (exp_avg), [1] unsigned; nothing for f8e4m3.
+template <ElemType T>
+struct BlockTables {
+  __device__ void load() {}
+  __device__ typename BlockCodec<T>::Book book(bool) const { return {}; }
+};
+
+template <>
+struct BlockTables<ElemType::q8> {
   uint32_t map[2][256];
   uint32_t mids[2][256];
   uint8_t buckets[2][kQuant8Buckets];
+  __device__ void load();
+  __device__ Quant8Book book(bool is_signed) const {
+    const int i = is_signed ? 0 : 1;
+    return {map[i], mids[i], buckets[i]};
+  }
 };
 
-__device__ void load_tables(Quant8Tables& t) {
+__device__ void BlockTables<ElemType::q8>::load() {
+  BlockTables& t = *this;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
     t.map[0][i] = kQuant8SignedMap[i];
     t.map[1][i] = kQuant8UnsignedMap[i];
@@ -124,10 +139,11 @@ __device__ __forceinline__ void store_run(const TypedSlot<S>& a, int64_t first, 
   }
 }
 
-template <class S, bool kL2, bool kWhole>
-__device__ __forceinline__ void update_quant8_block(const TypedSlot<S>& a, const TensorSlot& slot,
-                                                    int64_t block, const AdamCoeffs<float>& c,
-                                                    const Quant8Tables& t, int lane) {
+template <ElemType T, class S, bool kL2, bool kWhole>
+__device__ __forceinline__ void update_block(const TypedSlot<S>& a, const TensorSlot& slot,
+                                             int64_t block, const AdamCoeffs<float>& c,
+                                             const BlockTables<T>& t, int lane) {
+  using Codec = BlockCodec<T>;
   constexpr int kMoments = S::kAmsgrad ? 3 : 2;
   int64_t first[kRuns];  // the lane's runs: [first, first + n) of the shard
   int n[kRuns];
@@ -140,17 +156,18 @@ __device__ __forceinline__ void update_quant8_block(const TypedSlot<S>& a, const
   float mom[kMoments][kRuns][kRun];
 #pragma unroll
   for (int k = 0; k < kMoments; ++k) {
-    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]);
-    const float absmax =
-        static_cast<const float*>(slot.state[static_cast<int>(quant8_absmax_state(k))])[block];
+    const auto* codes =
+        static_cast<const uint8_t*>(slot.state[static_cast<int>(block_codes_state(k))]);
+    const float factor = Codec::decode_factor(
+        static_cast<const float*>(slot.state[static_cast<int>(block_absmax_state(k))])[block]);
+    const auto book = t.book(block_signed(k));
 #pragma unroll
     for (int r = 0; r < kRuns; ++r) {
       uint8_t code[kRun];
       load_codes<kWhole>(codes, first[r], n[r], code);
 #pragma unroll
       for (int j = 0; j < kRun; ++j)
-        mom[k][r][j] =
-            j < n[r] ? quant8_decode(t.map[quant8_signed(k) ? 0 : 1], code[j], absmax) : 0.0f;
+        mom[k][r][j] = j < n[r] ? Codec::decode(book, code[j], factor) : 0.0f;
     }
   }
   // Every load of the block is issued before the first update waits on one (measured: 3%
@@ -181,59 +198,58 @@ __device__ __forceinline__ void update_quant8_block(const TypedSlot<S>& a, const
     for (int offset = 16; offset > 0; offset /= 2)
       bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
     const float absmax = bits_float(bits);
-    const float inverse = quant8_inverse(absmax);
-    const int book = quant8_signed(k) ? 0 : 1;
-    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(quant8_codes(k))]);
+    const float factor = Codec::encode_factor(absmax);
+    const auto book = t.book(block_signed(k));
+    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(block_codes_state(k))]);
 #pragma unroll
     for (int r = 0; r < kRuns; ++r) {
       uint8_t code[kRun];
 #pragma unroll
-      for (int j = 0; j < kRun; ++j)
-        code[j] = quant8_code(t.buckets[book], t.mids[book], quant8_scaled(mom[k][r][j], inverse));
+      for (int j = 0; j < kRun; ++j) code[j] = Codec::encode(book, mom[k][r][j], factor);
       store_codes<kWhole>(codes, first[r], n[r], code);
     }
     if (lane == 0)
-      static_cast<float*>(slot.state[static_cast<int>(quant8_absmax_state(k))])[block] = absmax;
+      static_cast<float*>(slot.state[static_cast<int>(block_absmax_state(k))])[block] = absmax;
   }
 }
 
-// The q8 blocks of one chunk, a warp per block.
-template <class S, bool kL2>
-__device__ void update_quant8_chunk(const ChunkWork& w, const Quant8Tables& t) {
+// The blocks of one chunk, a warp per block.
+template <ElemType T, class S, bool kL2>
+__device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   const TypedSlot<S> a(w.slot);
   bool vec_ok = param_vec_aligned(a);
   for (int k = 0; k < (S::kAmsgrad ? 3 : 2); ++k)
-    vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(quant8_codes(k))], kRun);
+    vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(block_codes_state(k))], kRun);
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
        b * kQuant8Block < w.end; b += warps) {
     if (vec_ok && (b + 1) * kQuant8Block <= w.slot.numel)
-      update_quant8_block<S, kL2, true>(a, w.slot, b, w.coeffs.c, t, lane);
+      update_block<T, S, kL2, true>(a, w.slot, b, w.coeffs.c, t, lane);
     else
-      update_quant8_block<S, kL2, false>(a, w.slot, b, w.coeffs.c, t, lane);
+      update_block<T, S, kL2, false>(a, w.slot, b, w.coeffs.c, t, lane);
   }
 }
 
-// S: the float32-moment Signature of the bucket's q8 Variant.
-template <class S>
+// T: the bucket's block storage; S: the float32-moment Signature of its Variant.
+template <ElemType T, class S>
 __global__ void __launch_bounds__(kCudaBlockThreads, kQ8BlocksPerSm)
-    adam_bucket_kernel_quant8(DeviceBucket bucket, DeviceStep step) {
+    adam_bucket_kernel_blocks(DeviceBucket bucket, DeviceStep step) {
   if (step.verdict->skip) return;
-  __shared__ Quant8Tables tables;
-  load_tables(tables);
+  __shared__ BlockTables<T> tables;
+  tables.load();
   __syncthreads();
   for (int64_t chunk = blockIdx.x; chunk < bucket.num_chunks; chunk += gridDim.x) {
     ChunkWork w;
     if (!chunk_work(bucket, step, chunk, w)) continue;
     if (w.coeffs.l2)
-      update_quant8_chunk<S, true>(w, tables);
+      update_chunk<T, S, true>(w, tables);
     else
-      update_quant8_chunk<S, false>(w, tables);
+      update_chunk<T, S, false>(w, tables);
   }
 }
 
-template <class S>
-cudaError_t launch_typed_quant8(const DeviceBucket& bucket, const DeviceStep& step,
+template <ElemType T, class S>
+cudaError_t launch_typed_blocks(const DeviceBucket& bucket, const DeviceStep& step,
                                 cudaStream_t stream) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -241,21 +257,24 @@ cudaError_t launch_typed_quant8(const DeviceBucket& bucket, const DeviceStep& st
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const int64_t grid = std::min<int64_t>(bucket.num_chunks, int64_t{sms} * kQ8BlocksPerSm);
-  adam_bucket_kernel_quant8<S>
+  adam_bucket_kernel_blocks<T, S>
       <<<static_cast<unsigned>(grid), kCudaBlockThreads, 0, stream>>>(bucket, step);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_adam_bucket_quant8(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
+cudaError_t launch_adam_bucket_blocks(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
                                       cudaStream_t st) {
   if (b.num_chunks == 0) return cudaSuccess;
   Variant inner = v;  // a block storage: the float32 Variant's update, per block
   inner.moment = ElemType::f32;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
-  visit_variant(inner,
-                [&](auto signature) { err = launch_typed_quant8<decltype(signature)>(b, s, st); });
+  visit_block_storage(v.moment, [&](auto tag) {
+    visit_variant(inner, [&](auto signature) {
+      err = launch_typed_blocks<decltype(tag)::value, decltype(signature)>(b, s, st);
+    });
+  });
   return err;
 }
 

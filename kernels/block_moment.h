@@ -1,0 +1,125 @@
+// kernels/block_moment.h — moments stored in blocks (is_block_storage: q8, f8e4m3). A block
+// of kQuant8Block elements of the local shard keeps a float32 absmax (the states *_absmax)
+// and one code per element; BlockCodec<T> says how a code stands for a value given its
+// block's absmax. The CPU kernel (kernels/cpu/adam_cpu.cpp), the CUDA kernel
+// (kernels/cuda/adam_block_cuda.cu) and state io (src/moment_values.cpp) use these alike,
+// so every backend computes the same bits. A new block storage is a row of SA_ELEM_TYPES
+// (form 1 or 2), its BlockCodec here, and its place in kernels/variants.h's kMomentTypes.
+//
+// Each codec has a Book (what its codes need besides the absmax: q8's code book, f8's
+// nothing), per-block factors derived from the absmax once per block, and per-element
+// decode and encode.
+#ifndef SHARDADAM_KERNELS_BLOCK_MOMENT_H_
+#define SHARDADAM_KERNELS_BLOCK_MOMENT_H_
+
+#include <stdint.h>
+
+#include "elem_type.h"
+#include "quant8.h"
+#include "state_kind.h"
+
+namespace sa {
+namespace kernels {
+
+// The block moments of a slot, k = 0, 1, 2 (the third with amsgrad only): the state holding
+// the codes, the state holding the block absmax values, and whether the moment is signed
+// (q8 codes exp_avg with its signed map). Written once here for every kernel and state io.
+SA_HD constexpr StateKind block_codes_state(int k) {
+  return k == 0 ? StateKind::exp_avg : k == 1 ? StateKind::exp_avg_sq : StateKind::max_exp_avg_sq;
+}
+SA_HD constexpr StateKind block_absmax_state(int k) {
+  return k == 0   ? StateKind::exp_avg_absmax
+         : k == 1 ? StateKind::exp_avg_sq_absmax
+                  : StateKind::max_exp_avg_sq_absmax;
+}
+SA_HD constexpr bool block_signed(int k) { return k == 0; }
+
+template <ElemType T>
+struct BlockCodec;
+
+// q8: bitsandbytes' 8-bit dynamic quantization (kernels/quant8.h).
+template <>
+struct BlockCodec<ElemType::q8> {
+  using Book = Quant8Book;
+  static SA_HD float decode_factor(float absmax) { return absmax; }
+  static SA_HD float encode_factor(float absmax) { return quant8_inverse(absmax); }
+  static SA_HD float decode(const Book& book, uint8_t code, float factor) {
+    return quant8_decode(book.map, code, factor);
+  }
+  static SA_HD uint8_t encode(const Book& book, float x, float factor) {
+    return quant8_code(book.buckets, book.mids, quant8_scaled(x, factor));
+  }
+};
+
+// f8e4m3: torchao's AdamWFp8 scheme. scale = max(absmax, 1e-12) / 448 (448: e4m3fn's
+// largest value), code = e4m3fn(x / scale), value = e4m3fn value * scale. A NaN absmax
+// makes the scale NaN, so a block with a NaN reads back as NaN (as q8's does).
+struct NoBook {};
+
+template <>
+struct BlockCodec<ElemType::f8e4m3> {
+  using Book = NoBook;
+  static SA_HD float scale(float absmax) { return (absmax < 1e-12f ? 1e-12f : absmax) / 448.0f; }
+  static SA_HD float decode_factor(float absmax) { return scale(absmax); }
+  static SA_HD float encode_factor(float absmax) { return scale(absmax); }
+  static SA_HD float decode(const Book&, uint8_t code, float factor) {
+    return e4m3fn_to_float(code) * factor;
+  }
+  static SA_HD uint8_t encode(const Book&, float x, float factor) {
+    return float_to_e4m3fn(x / factor);
+  }
+};
+
+#if !defined(__CUDACC__)
+// The host Book of a moment (k: block_signed(k) picks q8's map).
+template <ElemType T>
+inline typename BlockCodec<T>::Book block_book(bool is_signed) {
+  if constexpr (T == ElemType::q8)
+    return quant8_book(is_signed);
+  else
+    return {};
+}
+#endif
+
+// One block: x[0, n) -> codes[0, n); returns its absmax (quant8_absmax).
+template <ElemType T>
+SA_HD float encode_block(const typename BlockCodec<T>::Book& book, const float* x, int64_t n,
+                         uint8_t* codes) {
+  const float absmax = quant8_absmax(x, n);
+  const float factor = BlockCodec<T>::encode_factor(absmax);
+  for (int64_t i = 0; i < n; ++i) codes[i] = BlockCodec<T>::encode(book, x[i], factor);
+  return absmax;
+}
+
+template <ElemType T>
+SA_HD void decode_block(const typename BlockCodec<T>::Book& book, const uint8_t* codes,
+                        float absmax, int64_t n, float* x) {
+  const float factor = BlockCodec<T>::decode_factor(absmax);
+  for (int64_t i = 0; i < n; ++i) x[i] = BlockCodec<T>::decode(book, codes[i], factor);
+}
+
+// Calls fn(ElemTag<t>{}) for a block storage t (a row of form 1 or 2) and returns true;
+// returns false, calling nothing, for any other dtype.
+template <class Fn>
+bool visit_block_storage(ElemType t, Fn&& fn) {
+  // NOLINTBEGIN(bugprone-branch-clone): a case per row; the rows of form 0 all return false
+  switch (t) {
+#define SA_BLOCK_VISIT(name, storage, code, bits, text, st_name, form, doc) \
+  case ElemType::name:                                                      \
+    if constexpr ((form) != 0) {                                            \
+      fn(ElemTag<ElemType::name>{});                                        \
+      return true;                                                          \
+    } else {                                                                \
+      return false;                                                         \
+    }
+    SA_ELEM_TYPES(SA_BLOCK_VISIT)
+#undef SA_BLOCK_VISIT
+  }
+  // NOLINTEND(bugprone-branch-clone)
+  return false;
+}
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_BLOCK_MOMENT_H_
