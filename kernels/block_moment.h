@@ -102,21 +102,7 @@ SA_HD void decode_block(const typename BlockCodec<T>::Book& book, const uint8_t*
 // returns false, calling nothing, for any other dtype.
 template <class Fn>
 bool visit_block_storage(ElemType t, Fn&& fn) {
-  // NOLINTBEGIN(bugprone-branch-clone): a case per row; the rows of form 0 all return false
-  switch (t) {
-#define SA_BLOCK_VISIT(name, storage, code, bits, text, st_name, form, doc) \
-  case ElemType::name:                                                      \
-    if constexpr ((form) != 0) {                                            \
-      fn(ElemTag<ElemType::name>{});                                        \
-      return true;                                                          \
-    } else {                                                                \
-      return false;                                                         \
-    }
-    SA_ELEM_TYPES(SA_BLOCK_VISIT)
-#undef SA_BLOCK_VISIT
-  }
-  // NOLINTEND(bugprone-branch-clone)
-  return false;
+  return visit_elem_rows<form_is_block>(t, fn);
 }
 
 }  // namespace kernels

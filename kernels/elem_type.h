@@ -231,15 +231,16 @@ struct Codec<ElemType::f8e4m3> {
 template <ElemType T>
 using ElemTag = std::integral_constant<ElemType, T>;
 
-// Calls fn(ElemTag<t>{}) for a dtype t with a Codec and returns true; returns false,
-// calling nothing, for one without (q8). The one dispatch from a runtime dtype to its
-// compile-time loads (widening, grad norms, moment conversions).
-template <class Fn>
-bool visit_elem_type(ElemType t, Fn&& fn) {
+// Calls fn(ElemTag<t>{}) and returns true when the form of t's row satisfies kTake;
+// returns false, calling nothing, otherwise. The one switch from a runtime dtype to its
+// compile-time type; visit_elem_type and visit_block_storage (block_moment.h) are it.
+template <bool (*kTake)(int form), class Fn>
+bool visit_elem_rows(ElemType t, Fn&& fn) {
+  // NOLINTBEGIN(bugprone-branch-clone): a case per row; the rows kTake refuses return false
   switch (t) {
 #define SA_ELEM_VISIT(name, storage, code, bits, text, st_name, form, doc) \
   case ElemType::name:                                                     \
-    if constexpr ((form) != 1) {                                           \
+    if constexpr (kTake(form)) {                                           \
       fn(ElemTag<ElemType::name>{});                                       \
       return true;                                                         \
     } else {                                                               \
@@ -248,7 +249,19 @@ bool visit_elem_type(ElemType t, Fn&& fn) {
     SA_ELEM_TYPES(SA_ELEM_VISIT)
 #undef SA_ELEM_VISIT
   }
+  // NOLINTEND(bugprone-branch-clone)
   return false;
+}
+
+constexpr bool form_has_codec(int form) { return form != 1; }
+constexpr bool form_is_block(int form) { return form != 0; }
+
+// Calls fn(ElemTag<t>{}) for a dtype t with a Codec and returns true; returns false,
+// calling nothing, for one without (q8). The dispatch from a runtime dtype to its
+// compile-time loads (widening, grad norms, moment conversions).
+template <class Fn>
+bool visit_elem_type(ElemType t, Fn&& fn) {
+  return visit_elem_rows<form_has_codec>(t, fn);
 }
 
 }  // namespace kernels
