@@ -111,10 +111,14 @@ def dlpack_stream(stream):
     return 1 if not stream else int(stream)
 
 
-def _is_numpy_bfloat16(obj):
-    dtype = getattr(obj, "dtype", None)
-    return (type(obj).__module__ == "numpy" and getattr(dtype, "name", None) == "bfloat16"
-            and hasattr(obj, "view"))
+def _numpy_ml_dtype(obj):
+    """The library's dtype of a numpy array of an ml_dtypes dtype (bfloat16,
+    float8_e4m3fn: numpy's DLPack export refuses them), or None."""
+    name = getattr(getattr(obj, "dtype", None), "name", None)
+    if type(obj).__module__ != "numpy" or not hasattr(obj, "view") or name not in DTYPE_INFO:
+        return None
+    dtype = DTYPES[name]
+    return dtype if dtype[0] not in (0, 1, 2) else None  # not int, uint or float: numpy's own
 
 
 def to_capsule(obj, stream=None):
@@ -127,11 +131,12 @@ def to_capsule(obj, stream=None):
     """
     if type(obj).__name__ == "PyCapsule":
         return obj
-    if _is_numpy_bfloat16(obj):
+    ml_dtype = _numpy_ml_dtype(obj)
+    if ml_dtype is not None:  # exported as unsigned integers of its width, then renamed
         import numpy as np
 
-        capsule = to_capsule(obj.view(np.uint16))
-        return _C.dlpack_capsule_set_dtype(capsule, *DTYPES["bfloat16"])
+        capsule = to_capsule(obj.view(np.dtype(f"uint{ml_dtype[1]}")))
+        return _C.dlpack_capsule_set_dtype(capsule, *ml_dtype)
     if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
         obj = obj.detach()  # torch exports no tensor that requires grad; detach() shares its memory
     if hasattr(obj, "__dlpack__"):

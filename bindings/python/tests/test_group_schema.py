@@ -119,23 +119,29 @@ def test_dtype_table_matches_numpy_and_the_add_param_checks():
     import ml_dtypes
 
     kind_codes = {"f": 2, "u": 1, "i": 0}  # numpy kinds -> dlpack.h's DLDataTypeCode
+    ml = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
     table = {d["name"]: d for d in shardadam.dtypes()}
-    assert set(table) == {"float32", "bfloat16", "float16", "uint8", "int16"}
+    assert set(table) == {"float32", "bfloat16", "float16", "uint8", "float8_e4m3fn", "int16"}
     for name, d in table.items():
         code, bits, lanes = d["dtype"]
         if name == "bfloat16":
             assert code == 4 and bits == np.dtype(ml_dtypes.bfloat16).itemsize * 8
+        elif name == "float8_e4m3fn":  # kDLFloat8_e4m3fn
+            assert code == 10 and bits == np.dtype(ml_dtypes.float8_e4m3fn).itemsize * 8
         else:
             assert (code, bits) == (kind_codes[np.dtype(name).kind], np.dtype(name).itemsize * 8)
         assert lanes == 1
         assert d["doc"]
     assert table["uint8"]["safetensors_name"] is None
+    assert table["float8_e4m3fn"]["safetensors_name"] is None
+    block_role = 32  # SA_DTYPE_BLOCK_MOMENT: moments of it are codes and a per-block absmax
+    assert {n for n, d in table.items() if d["roles"] & block_role} == {"uint8", "float8_e4m3fn"}
     assert [table[n]["safetensors_name"] for n in ("float32", "bfloat16", "float16", "int16")] == [
         "F32", "BF16", "F16", "I16"]
 
     param_role, moment_role = 1, 4  # SA_DTYPE_PARAM, SA_DTYPE_MOMENT
     for name, d in table.items():
-        np_dtype = ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+        np_dtype = ml.get(name) or np.dtype(name)
         opt = shardadam.Optimizer()
         try:
             opt.add_param("p", np.zeros(300, np_dtype))
