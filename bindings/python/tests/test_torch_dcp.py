@@ -2,8 +2,9 @@
 under FSDP2 on gloo CPU processes, saved on 2 ranks and loaded on 1, and 1 -> 2: runs
 gpu/dcp_switch_optimizer.py --device cpu (its docstring lists the cases: fp32 both ways with
 DCP's default planner, losses of the uninterrupted run within float32 rounding; bf16 params
-with fp32 masters both ways, the masters following the loaded params). The GPU variant
-(NCCL) is the same script with --device cuda (run_gpu_suite.sh: dcpswitch).
+with fp32 masters both ways, the masters following the loaded params; 8-bit and float8
+moments both ways). The GPU variant (NCCL) is the same script with --device cuda
+(run_gpu_suite.sh: dcpswitch).
 
 Skipped when torch, torch.distributed or gloo is missing.
 """
@@ -27,4 +28,4 @@ def test_dcp_checkpoints_switch_between_adamw_and_fused_adam(save_ranks, load_ra
                              "--load-ranks", str(load_ranks)], capture_output=True, text=True, timeout=600)
     table = "\n".join(line for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL")))
     assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-4000:]}"
-    assert "FAIL" not in table and table.count("PASS") == 8, table
+    assert "FAIL" not in table and table.count("PASS") == 10, table
