@@ -7,8 +7,9 @@
 // (form 1 or 2), its BlockCodec here, and its place in kernels/variants.h's kMomentTypes.
 //
 // Each codec has a Book (what its codes need besides the absmax: q8's code book, f8's
-// nothing), per-block factors derived from the absmax once per block, and per-element
-// decode and encode.
+// nothing), per-block factors derived from the absmax once per block, per-element decode
+// and encode, and keep_absmax: how a block's decoded values are written so that they
+// quantize back to the same absmax (state io's file values, src/moment_values.cpp).
 #ifndef SHARDADAM_KERNELS_BLOCK_MOMENT_H_
 #define SHARDADAM_KERNELS_BLOCK_MOMENT_H_
 
@@ -49,6 +50,19 @@ struct BlockCodec<ElemType::q8> {
   static SA_HD uint8_t encode(const Book& book, float x, float factor) {
     return quant8_code(book.buckets, book.mids, quant8_scaled(x, factor));
   }
+  // The signed map holds +1 but not -1 (bitsandbytes' dynamic map): in a block of a signed
+  // moment with no code 255, the first element of code 0 (the map's lowest entry, which
+  // decodes to less than the absmax) is where the absmax came from; it reads as -absmax.
+  // (+1, code 255, decodes to the absmax exactly.)
+  static void keep_absmax(const uint8_t* c, int64_t n, float absmax, bool is_signed, float* x) {
+    if (!is_signed) return;
+    int64_t lowest = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (c[i] == 255) return;
+      if (c[i] == 0 && lowest < 0) lowest = i;
+    }
+    if (lowest >= 0) x[lowest] = -absmax;
+  }
 };
 
 // f8e4m3: torchao's AdamWFp8 scheme. scale = max(absmax, 1e-12) / 448 (448: e4m3fn's
@@ -67,6 +81,16 @@ struct BlockCodec<ElemType::f8e4m3> {
   }
   static SA_HD uint8_t encode(const Book&, float x, float factor) {
     return float_to_e4m3fn(x / factor);
+  }
+  // An element of the block's largest code magnitude decodes to 448 * scale, an ulp or so
+  // from the absmax (or, below absmax 1e-12 where the scale is clipped, less): it reads as
+  // +-absmax. (fl(fl(448 * fl(a / 448)) / 448) = fl(a / 448) for every float32 a, and every
+  // code comes back through fl(c * s) / s: the other elements need nothing.)
+  static void keep_absmax(const uint8_t* c, int64_t n, float absmax, bool, float* x) {
+    uint8_t top = 0;
+    for (int64_t i = 0; i < n; ++i) top = (c[i] & 0x7Fu) > top ? (c[i] & 0x7Fu) : top;
+    for (int64_t i = 0; i < n; ++i)
+      if ((c[i] & 0x7Fu) == top) x[i] = (c[i] & 0x80u) ? -absmax : absmax;
   }
 };
 

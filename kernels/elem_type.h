@@ -84,22 +84,23 @@ SA_ELEM_TYPES(SA_ELEM_STORAGE)
 template <ElemType T>
 using StorageOf = typename ElemStorage<T>::type;
 
-// Bytes per element of t; whether a moment of t is stored in blocks (form 1 or 2); whether
-// t has a per-element Codec (form 0 or 2): sums over the table's rows, of which one matches.
+// What a row's form says: whether the dtype has a per-element Codec (forms 0 and 2), and
+// whether a moment of it is stored in blocks (forms 1 and 2).
+constexpr bool form_has_codec(int form) { return form != 1; }
+constexpr bool form_is_block(int form) { return form != 0; }
+
+// Bytes per element of t, and whether a moment of t is stored in blocks: sums over the
+// table's rows, of which one matches.
 // NOLINTBEGIN(bugprone-macro-parentheses): terms of the sums below
 #define SA_ELEM_BYTES(name, storage, code, bits, text, st_name, form, doc) \
   (t == ElemType::name ? (bits) / 8 : 0) +
 #define SA_ELEM_BLOCK(name, storage, code, bits, text, st_name, form, doc) \
-  (t == ElemType::name && (form) != 0) +
-#define SA_ELEM_CODEC(name, storage, code, bits, text, st_name, form, doc) \
-  (t == ElemType::name && (form) != 1) +
+  (t == ElemType::name && form_is_block(form)) +
 // NOLINTEND(bugprone-macro-parentheses)
 constexpr int64_t elem_bytes(ElemType t) { return SA_ELEM_TYPES(SA_ELEM_BYTES) 0; }
 constexpr bool is_block_storage(ElemType t) { return (SA_ELEM_TYPES(SA_ELEM_BLOCK) 0) != 0; }
-constexpr bool has_codec(ElemType t) { return (SA_ELEM_TYPES(SA_ELEM_CODEC) 0) != 0; }
 #undef SA_ELEM_BYTES
 #undef SA_ELEM_BLOCK
-#undef SA_ELEM_CODEC
 
 // ---- scalar conversions -----------------------------------------------------------------
 // Bit-level and portable, so host and device round identically. SIMD code implements
@@ -252,9 +253,6 @@ bool visit_elem_rows(ElemType t, Fn&& fn) {
   // NOLINTEND(bugprone-branch-clone)
   return false;
 }
-
-constexpr bool form_has_codec(int form) { return form != 1; }
-constexpr bool form_is_block(int form) { return form != 0; }
 
 // Calls fn(ElemTag<t>{}) for a dtype t with a Codec and returns true; returns false,
 // calling nothing, for one without (q8). The dispatch from a runtime dtype to its

@@ -12,32 +12,6 @@
 
 namespace sa {
 
-namespace {
-
-// The values of a block (its n codes, its absmax) that quantize back to the same codes
-// and absmax: decoded, then the element the absmax came from written as the absmax.
-// q8: the signed map holds +1 but not -1 (bitsandbytes' dynamic map), so in a block of a
-// signed moment with no code 255 the first element of code 0 (the map's lowest entry,
-// which decodes to less than the absmax) is -absmax. f8e4m3: an element of the block's
-// largest code magnitude decodes to 448 * scale, an ulp or so from the absmax (or, below
-// absmax 1e-12 where the scale is clipped, less), and reads as +-absmax.
-template <ElemType T>
-void exact_block_values(const uint8_t* c, int64_t m, float absmax, bool is_signed, float* x) {
-  if (!(absmax > 0.0f) || std::isinf(absmax)) return;
-  if constexpr (T == ElemType::q8) {
-    if (!is_signed || std::find(c, c + m, uint8_t{255}) != c + m) return;  // +1 decodes exactly
-    const uint8_t* lowest = std::find(c, c + m, uint8_t{0});
-    if (lowest != c + m) x[lowest - c] = -absmax;
-  } else {
-    uint8_t top = 0;
-    for (int64_t i = 0; i < m; ++i) top = std::max<uint8_t>(top, c[i] & 0x7Fu);
-    for (int64_t i = 0; i < m; ++i)
-      if ((c[i] & 0x7Fu) == top) x[i] = (c[i] & 0x80u) ? -absmax : absmax;
-  }
-}
-
-}  // namespace
-
 void block_values(ElemType type, bool is_signed, const uint8_t* codes, const float* absmax,
                   int64_t n, float* out) {
   const bool block_type = kernels::visit_block_storage(type, [&](auto tag) {
@@ -47,7 +21,10 @@ void block_values(ElemType type, bool is_signed, const uint8_t* codes, const flo
     for (int64_t b = 0; b * block < n; ++b) {
       const int64_t m = std::min(block, n - b * block);
       kernels::decode_block<kType>(book, codes + b * block, absmax[b], m, out + b * block);
-      exact_block_values<kType>(codes + b * block, m, absmax[b], is_signed, out + b * block);
+      // Written so that they quantize back to the same absmax (a finite, nonzero one).
+      if (absmax[b] > 0.0f && !std::isinf(absmax[b]))
+        kernels::BlockCodec<kType>::keep_absmax(codes + b * block, m, absmax[b], is_signed,
+                                                out + b * block);
     }
   });
   if (!block_type) fail(SA_ERR_INTERNAL, "block values of a ", elem_name(type), " moment");
