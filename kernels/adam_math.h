@@ -17,7 +17,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "elem_type.h"  // SA_HD, float_bits / bits_float and the dtype conversions
+#include "elem_type.h"   // SA_HD, float_bits / bits_float and the dtype conversions
+#include "state_kind.h"  // the moments
 
 namespace sa {
 namespace kernels {
@@ -89,12 +90,17 @@ SA_HD bool fold_coefficients(const AdamHyper& h, int64_t t, double grad_multipli
   return l2;
 }
 
-// The update of one element (or one vector of elements). p, m, v, vmax are in/out and
-// all in float32; the caller loads and stores them in their storage dtypes.
+// The update of one element (or one vector of elements). p and the moments `mom` (indexed
+// by kernels/state_kind.h's moment::Index) are in/out and all in float32; the caller loads
+// and stores them in their storage dtypes, and only the moments the param has
+// (SA_MOMENTS' `present`: max_exp_avg_sq with amsgrad) are read or written.
 //   kL2:      Adam-style weight decay added to the gradient.
 //   kAmsgrad: keep the running max of v and use it in the denominator.
 template <bool kL2, bool kAmsgrad, class Ops, class V>
-SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p, V& m, V& v, V& vmax) {
+SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p,
+                       V (&mom)[kNumMoments]) {
+  V& m = mom[moment::exp_avg];
+  V& v = mom[moment::exp_avg_sq];
   V g = ops.mul(grad, c.grad_scale);
   if (kL2) g = ops.fma(c.l2_weight_decay, p, g);
   p = ops.mul(p, c.decay_factor);
@@ -102,6 +108,7 @@ SA_HD void adam_update(const Ops& ops, const AdamCoeffs<V>& c, V grad, V& p, V& 
   v = ops.fma(c.beta2, v, ops.mul(ops.mul(c.one_minus_beta2, g), g));
   V v_used = v;
   if (kAmsgrad) {
+    V& vmax = mom[moment::max_exp_avg_sq];
     vmax = ops.max(vmax, v);
     v_used = vmax;
   }

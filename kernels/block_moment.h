@@ -22,19 +22,6 @@
 namespace sa {
 namespace kernels {
 
-// The block moments of a slot, k = 0, 1, 2 (the third with amsgrad only): the state holding
-// the codes, the state holding the block absmax values, and whether the moment is signed
-// (q8 codes exp_avg with its signed map). Written once here for every kernel and state io.
-SA_HD constexpr StateKind block_codes_state(int k) {
-  return k == 0 ? StateKind::exp_avg : k == 1 ? StateKind::exp_avg_sq : StateKind::max_exp_avg_sq;
-}
-SA_HD constexpr StateKind block_absmax_state(int k) {
-  return k == 0   ? StateKind::exp_avg_absmax
-         : k == 1 ? StateKind::exp_avg_sq_absmax
-                  : StateKind::max_exp_avg_sq_absmax;
-}
-SA_HD constexpr bool block_signed(int k) { return k == 0; }
-
 template <ElemType T>
 struct BlockCodec;
 
@@ -95,7 +82,7 @@ struct BlockCodec<ElemType::f8e4m3> {
 };
 
 #if !defined(__CUDACC__)
-// The host Book of a moment (k: block_signed(k) picks q8's map).
+// The host Book of a moment (moment_signed(k) picks q8's map).
 template <ElemType T>
 inline typename BlockCodec<T>::Book block_book(bool is_signed) {
   if constexpr (T == ElemType::q8)

@@ -12,6 +12,7 @@
 
 #include <iterator>
 #include <type_traits>
+#include <utility>
 
 #include "bucket_table.h"
 #include "state_kind.h"
@@ -71,28 +72,29 @@ constexpr bool master_state(MasterKind master, StateKind* kind) {
   return true;
 }
 
-// Whether params of a Variant have a state of this kind (the slot's state[kind] is
-// non-NULL): both moments always, max_exp_avg_sq with amsgrad, and the master state of
-// their param form.
-constexpr bool variant_has_state(const Variant& v, StateKind kind) {
-  switch (kind) {
-    case StateKind::exp_avg:
-    case StateKind::exp_avg_sq:
-      return true;
-    case StateKind::max_exp_avg_sq:
-      return v.amsgrad;
-    case StateKind::master:
-    case StateKind::remainder: {
-      StateKind held = StateKind::exp_avg;
-      return master_state(v.master, &held) && held == kind;
-    }
-    case StateKind::exp_avg_absmax:
-    case StateKind::exp_avg_sq_absmax:
-      return is_block_storage(v.moment);
-    case StateKind::max_exp_avg_sq_absmax:
-      return is_block_storage(v.moment) && v.amsgrad;
+// Whether params of a Variant have moment k (SA_MOMENTS' `present`).
+constexpr bool moment_present(const Variant& v, int k) {
+  // NOLINTBEGIN(bugprone-branch-clone): a case per moment; two may give the same answer
+  switch (k) {
+#define SA_MOMENT_PRESENT(key, present, is_signed, doc) \
+  case moment::key:                                     \
+    return present;
+    SA_MOMENTS(SA_MOMENT_PRESENT)
+#undef SA_MOMENT_PRESENT
   }
+  // NOLINTEND(bugprone-branch-clone)
   return false;
+}
+
+// Whether params of a Variant have a state of this kind (the slot's state[kind] is
+// non-NULL): the moments it has, their block absmax states when the moment dtype is a block
+// storage, and the master state of its param form.
+constexpr bool variant_has_state(const Variant& v, StateKind kind) {
+  int k = 0;
+  if (is_moment_state(kind, &k)) return moment_present(v, k);
+  if (is_absmax_state(kind, &k)) return is_block_storage(v.moment) && moment_present(v, k);
+  StateKind held = StateKind::exp_avg;
+  return master_state(v.master, &held) && held == kind;
 }
 
 // ---- compile-time signatures ------------------------------------------------------------
@@ -110,29 +112,65 @@ struct Signature {
   static constexpr ElemType kMoment = kMomentType;
   static constexpr MasterKind kMaster = kMasterKind;
   static constexpr bool kAmsgrad = kWithAmsgrad;
+  static constexpr Variant kVariant{kParamType, kGradType, kMomentType, kMasterKind, kWithAmsgrad};
 };
+
+// Whether params of Signature S have moment K.
+template <class S, int K>
+inline constexpr bool kHasMoment = moment_present(S::kVariant, K);
+
+// Moment K as for_each_moment passes it: converts to K in host and device code (the
+// conversion of std::integral_constant is host-only in CUDA).
+template <int K>
+struct MomentTag {
+  SA_HD constexpr operator int() const { return K; }  // NOLINT(google-explicit-constructor)
+};
+
+namespace detail {
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable  // fn is a device lambda in device code, a host one on the host
+#endif
+template <class S, int K, class Fn>
+SA_HD void call_if_moment(Fn& fn) {
+  if constexpr (kHasMoment<S, K>) fn(MomentTag<K>{});
+}
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable
+#endif
+template <class S, class Fn, int... K>
+SA_HD void for_each_moment(Fn& fn, std::integer_sequence<int, K...>) {
+  (call_if_moment<S, K>(fn), ...);
+}
+}  // namespace detail
+
+// Calls fn(MomentTag<k>{}) for each moment k that params of Signature S
+// have, in SA_MOMENTS' order: the kernels' one loop over the moments, unrolled at compile
+// time so that per-moment arrays stay in registers.
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable
+#endif
+template <class S, class Fn>
+SA_HD void for_each_moment(Fn&& fn) {
+  detail::for_each_moment<S>(fn, std::make_integer_sequence<int, kNumMoments>{});
+}
 
 // A TensorSlot's pointers with the element types of Signature S.
 template <class S>
 struct TypedSlot {
   StorageOf<S::kParam>* param;
   const StorageOf<S::kGrad>* grad;
-  MasterStorageOf<S::kMaster>* master;  // the master state; unused with MasterKind::none
-  StorageOf<S::kMoment>* exp_avg;
-  StorageOf<S::kMoment>* exp_avg_sq;
-  StorageOf<S::kMoment>* max_exp_avg_sq;  // used only when S::kAmsgrad
+  MasterStorageOf<S::kMaster>* master;         // the master state; unused with MasterKind::none
+  StorageOf<S::kMoment>* moment[kNumMoments];  // [k]: moment k; NULL unless kHasMoment<S, k>
 
   SA_HD explicit TypedSlot(const TensorSlot& s)
       : param(static_cast<StorageOf<S::kParam>*>(s.param)),
         grad(static_cast<const StorageOf<S::kGrad>*>(s.grad)),
         master(static_cast<MasterStorageOf<S::kMaster>*>(s.state[static_cast<size_t>(
-            S::kMaster == MasterKind::remainder ? StateKind::remainder : StateKind::master)])),
-        exp_avg(
-            static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(StateKind::exp_avg)])),
-        exp_avg_sq(static_cast<StorageOf<S::kMoment>*>(
-            s.state[static_cast<size_t>(StateKind::exp_avg_sq)])),
-        max_exp_avg_sq(static_cast<StorageOf<S::kMoment>*>(
-            s.state[static_cast<size_t>(StateKind::max_exp_avg_sq)])) {}
+            S::kMaster == MasterKind::remainder ? StateKind::remainder : StateKind::master)])) {
+    for (int k = 0; k < kNumMoments; ++k)
+      moment[k] =
+          static_cast<StorageOf<S::kMoment>*>(s.state[static_cast<size_t>(moment_state(k))]);
+  }
 };
 
 namespace detail {

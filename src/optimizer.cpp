@@ -615,11 +615,10 @@ std::vector<FileState> file_states(const Param& p) {
     FileState f{s, s.dtype, nullptr, false, p.moment_type};
     if (kernels::is_block_storage(p.moment_type) &&
         state_kind_info(s.kind).storage == StateStorage::moment) {
-      for (int k = 0; k < 3; ++k) {
-        if (kernels::block_codes_state(k) != s.kind) continue;
-        f.absmax = p.state[kernels::block_absmax_state(k)];
-        f.is_signed = kernels::block_signed(k);
-      }
+      int k = 0;
+      is_moment_state(s.kind, &k);  // a moment: StateStorage::moment
+      f.absmax = p.state[moment_absmax_state(k)];
+      f.is_signed = moment_signed(k);
       f.dtype = dl_dtype_of(ElemType::f32);
     }
     out.push_back(std::move(f));

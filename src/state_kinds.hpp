@@ -4,8 +4,8 @@
 // the shard files' key and dtype checks, and the C ABI's sa_optimizer_state_key derive
 // from it.
 //
-// A new kind is an enumerator in kernels/state_kind.h, a row here, its rule in has_state()
-// and what the kernels do with it (their TensorSlot has a pointer per kind).
+// A new moment is a row of kernels/state_kind.h's SA_MOMENTS, which this table derives its
+// rows from, plus what adam_update does with it.
 #ifndef SHARDADAM_SRC_STATE_KINDS_HPP_
 #define SHARDADAM_SRC_STATE_KINDS_HPP_
 
@@ -34,22 +34,22 @@ struct StateKindInfo {
   const char* doc;
 };
 
-// In canonical order: the order of named states, views and shard-file tensors.
+// In canonical order (StateKind's): the order of named states, views and shard-file
+// tensors. The moments and their absmax states are kernels/state_kind.h's SA_MOMENTS.
 inline constexpr StateKindInfo kStateKinds[] = {
-    {StateKind::exp_avg, "exp_avg", StateStorage::moment, false, "first moment"},
-    {StateKind::exp_avg_sq, "exp_avg_sq", StateStorage::moment, false, "second moment"},
-    {StateKind::max_exp_avg_sq, "max_exp_avg_sq", StateStorage::moment, false,
-     "running maximum of exp_avg_sq (amsgrad groups)"},
-    {StateKind::master, "master", StateStorage::f32, false,
-     "float32 master copy of a 16-bit param (master kind fp32)"},
+#define SA_MOMENT_ROW(key, present, is_signed, doc) \
+  {StateKind::key, #key, StateStorage::moment, false, doc},
+    SA_MOMENTS(SA_MOMENT_ROW)
+#undef SA_MOMENT_ROW
+        {StateKind::master, "master", StateStorage::f32, false,
+         "float32 master copy of a 16-bit param (master kind fp32)"},
     {StateKind::remainder, "remainder", StateStorage::i16, false,
      "int16 low half of the float32 value of a bfloat16 param (master kind remainder)"},
-    {StateKind::exp_avg_absmax, "exp_avg_absmax", StateStorage::f32, true,
-     "per-block absmax of an 8-bit exp_avg (moment dtype uint8)"},
-    {StateKind::exp_avg_sq_absmax, "exp_avg_sq_absmax", StateStorage::f32, true,
-     "per-block absmax of an 8-bit exp_avg_sq (moment dtype uint8)"},
-    {StateKind::max_exp_avg_sq_absmax, "max_exp_avg_sq_absmax", StateStorage::f32, true,
-     "per-block absmax of an 8-bit max_exp_avg_sq (moment dtype uint8, amsgrad)"},
+#define SA_ABSMAX_ROW(key, present, is_signed, doc)                  \
+  {StateKind::key##_absmax, #key "_absmax", StateStorage::f32, true, \
+   "per-block absmax of " #key " when the moment dtype is a block storage"},
+    SA_MOMENTS(SA_ABSMAX_ROW)
+#undef SA_ABSMAX_ROW
 };
 static_assert(sizeof(kStateKinds) / sizeof(kStateKinds[0]) == kNumStateKinds,
               "kStateKinds must have a row per StateKind");

@@ -125,14 +125,11 @@ void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int
   const TypedSlot<S> s(slot);
   for (int64_t i = begin; i < end; ++i) {
     float p = load_param_value(s, i);
-    float m = load_elem<S::kMoment>(s.exp_avg + i);
-    float v = load_elem<S::kMoment>(s.exp_avg_sq + i);
-    float vmax = S::kAmsgrad ? load_elem<S::kMoment>(s.max_exp_avg_sq + i) : 0.0f;
-    adam_update<kL2, S::kAmsgrad>(ScalarOps(), c, load_elem<S::kGrad>(s.grad + i), p, m, v, vmax);
+    float mom[kNumMoments];
+    for_each_moment<S>([&](auto k) { mom[k] = load_elem<S::kMoment>(s.moment[k] + i); });
+    adam_update<kL2, S::kAmsgrad>(ScalarOps(), c, load_elem<S::kGrad>(s.grad + i), p, mom);
     store_param_value(s, i, p);
-    store_elem<S::kMoment>(m, s.exp_avg + i);
-    store_elem<S::kMoment>(v, s.exp_avg_sq + i);
-    if constexpr (S::kAmsgrad) store_elem<S::kMoment>(vmax, s.max_exp_avg_sq + i);
+    for_each_moment<S>([&](auto k) { store_elem<S::kMoment>(mom[k], s.moment[k] + i); });
   }
 }
 
@@ -160,8 +157,7 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
   Variant inner = variant;
   inner.moment = ElemType::f32;
   const int64_t master_bytes = variant.master == MasterKind::remainder ? 2 : 4;
-  const int num_moments = variant.amsgrad ? 3 : 2;
-  alignas(64) float values[3][kQuant8Block];
+  alignas(64) float values[kNumMoments][kQuant8Block];
   for (int64_t block_begin = begin; block_begin < end; block_begin += kQuant8Block) {
     const int64_t n = end - block_begin < kQuant8Block ? end - block_begin : kQuant8Block;
     const int64_t block = block_begin / kQuant8Block;
@@ -170,20 +166,22 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
     inner_slot.grad = offset(const_cast<void*>(slot.grad), block_begin, elem_bytes(variant.grad));
     for (StateKind k : {StateKind::master, StateKind::remainder})
       state_at(inner_slot, k) = offset(state_at(slot, k), block_begin, master_bytes);
-    for (int k = 0; k < num_moments; ++k) {
+    for (int k = 0; k < kNumMoments; ++k) {
+      if (!moment_present(variant, k)) continue;
       const auto* codes =
-          static_cast<const uint8_t*>(state_at(slot, block_codes_state(k))) + block_begin;
-      const float absmax = static_cast<const float*>(state_at(slot, block_absmax_state(k)))[block];
-      decode_block<T>(block_book<T>(block_signed(k)), codes, absmax, n, values[k]);
-      state_at(inner_slot, block_codes_state(k)) = values[k];
-      state_at(inner_slot, block_absmax_state(k)) = nullptr;
+          static_cast<const uint8_t*>(state_at(slot, moment_state(k))) + block_begin;
+      const float absmax = static_cast<const float*>(state_at(slot, moment_absmax_state(k)))[block];
+      decode_block<T>(block_book<T>(moment_signed(k)), codes, absmax, n, values[k]);
+      state_at(inner_slot, moment_state(k)) = values[k];
+      state_at(inner_slot, moment_absmax_state(k)) = nullptr;
     }
     inner_slot.numel = n;
     adam_cpu_range(inner, inner_slot, g, 0, n, simd);
-    for (int k = 0; k < num_moments; ++k) {
-      auto* codes = static_cast<uint8_t*>(state_at(slot, block_codes_state(k))) + block_begin;
-      static_cast<float*>(state_at(slot, block_absmax_state(k)))[block] =
-          encode_block<T>(block_book<T>(block_signed(k)), values[k], n, codes);
+    for (int k = 0; k < kNumMoments; ++k) {
+      if (!moment_present(variant, k)) continue;
+      auto* codes = static_cast<uint8_t*>(state_at(slot, moment_state(k))) + block_begin;
+      static_cast<float*>(state_at(slot, moment_absmax_state(k)))[block] =
+          encode_block<T>(block_book<T>(moment_signed(k)), values[k], n, codes);
     }
   }
 }

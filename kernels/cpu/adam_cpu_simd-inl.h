@@ -49,6 +49,7 @@ using Vec = hn::Vec<FloatTag>;
 // wrapper is left.
 struct FloatLanes {
   Vec raw;
+  FloatLanes() : raw(hn::Zero(FloatTag())) {}  // an absent moment's place (adam_update's mom)
   FloatLanes(Vec v) : raw(v) {}  // NOLINT(google-explicit-constructor): a plain wrapper
   FloatLanes(const FloatLanes& other) : raw(other.raw) {}
   FloatLanes& operator=(const FloatLanes& other) {
@@ -200,15 +201,13 @@ int64_t UpdateWholeVectors(const TensorSlot& slot, const AdamCoeffs<float>& cf, 
   int64_t i = begin;
   for (; end - i >= lanes; i += lanes) {
     FloatLanes p = LoadParamValue(s, i);
-    FloatLanes m = LoadLanes<S::kMoment>(s.exp_avg + i);
-    FloatLanes v = LoadLanes<S::kMoment>(s.exp_avg_sq + i);
-    FloatLanes vmax = S::kAmsgrad ? LoadLanes<S::kMoment>(s.max_exp_avg_sq + i) : hn::Zero(df);
+    FloatLanes mom[kNumMoments];
+    for_each_moment<S>([&](auto k) HWY_ATTR { mom[k] = LoadLanes<S::kMoment>(s.moment[k] + i); });
     const FloatLanes grad = LoadLanes<S::kGrad>(s.grad + i);
-    adam_update<kL2, S::kAmsgrad>(HwyOps(), c, grad, p, m, v, vmax);
+    adam_update<kL2, S::kAmsgrad>(HwyOps(), c, grad, p, mom);
     StoreParamValue(s, i, p.raw);
-    StoreLanes<S::kMoment>(m.raw, s.exp_avg + i);
-    StoreLanes<S::kMoment>(v.raw, s.exp_avg_sq + i);
-    if constexpr (S::kAmsgrad) StoreLanes<S::kMoment>(vmax.raw, s.max_exp_avg_sq + i);
+    for_each_moment<S>([&](auto k)
+                           HWY_ATTR { StoreLanes<S::kMoment>(mom[k].raw, s.moment[k] + i); });
   }
   return i;
 }

@@ -144,7 +144,6 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
                                              int64_t block, const AdamCoeffs<float>& c,
                                              const BlockTables<T>& t, int lane) {
   using Codec = BlockCodec<T>;
-  constexpr int kMoments = S::kAmsgrad ? 3 : 2;
   int64_t first[kRuns];  // the lane's runs: [first, first + n) of the shard
   int n[kRuns];
 #pragma unroll
@@ -153,14 +152,12 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
     const int64_t left = slot.numel - first[r];
     n[r] = kWhole || left >= kRun ? kRun : left > 0 ? static_cast<int>(left) : 0;
   }
-  float mom[kMoments][kRuns][kRun];
-#pragma unroll
-  for (int k = 0; k < kMoments; ++k) {
-    const auto* codes =
-        static_cast<const uint8_t*>(slot.state[static_cast<int>(block_codes_state(k))]);
+  float mom[kNumMoments][kRuns][kRun];
+  for_each_moment<S>([&](auto k) {
+    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
     const float factor = Codec::decode_factor(
-        static_cast<const float*>(slot.state[static_cast<int>(block_absmax_state(k))])[block]);
-    const auto book = t.book(block_signed(k));
+        static_cast<const float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block]);
+    const auto book = t.book(moment_signed(k));
 #pragma unroll
     for (int r = 0; r < kRuns; ++r) {
       uint8_t code[kRun];
@@ -169,7 +166,7 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
       for (int j = 0; j < kRun; ++j)
         mom[k][r][j] = j < n[r] ? Codec::decode(book, code[j], factor) : 0.0f;
     }
-  }
+  });
   // Every load of the block is issued before the first update waits on one (measured: 3%
   // faster than a run at a time, which needs fewer registers; bench/cuda_tuning.md).
   float p[kRuns][kRun], g[kRuns][kRun];
@@ -179,15 +176,14 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
   for (int r = 0; r < kRuns; ++r) {
 #pragma unroll
     for (int j = 0; j < kRun; ++j) {
-      float vmax = S::kAmsgrad ? mom[kMoments - 1][r][j] : 0.0f;
-      adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, g[r][j], p[r][j], mom[0][r][j], mom[1][r][j],
-                                    vmax);
-      if (S::kAmsgrad) mom[kMoments - 1][r][j] = vmax;
+      float e[kNumMoments];  // the element's moments
+      for_each_moment<S>([&](auto k) { e[k] = mom[k][r][j]; });
+      adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, g[r][j], p[r][j], e);
+      for_each_moment<S>([&](auto k) { mom[k][r][j] = e[k]; });
     }
     store_run<S, kWhole>(a, first[r], n[r], p[r]);
   }
-#pragma unroll
-  for (int k = 0; k < kMoments; ++k) {
+  for_each_moment<S>([&](auto k) {
     uint32_t bits = 0;  // the absmax's bits (quant8_absmax): over the lane, then the warp
 #pragma unroll
     for (int r = 0; r < kRuns; ++r)
@@ -199,8 +195,8 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
       bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
     const float absmax = bits_float(bits);
     const float factor = Codec::encode_factor(absmax);
-    const auto book = t.book(block_signed(k));
-    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(block_codes_state(k))]);
+    const auto book = t.book(moment_signed(k));
+    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
 #pragma unroll
     for (int r = 0; r < kRuns; ++r) {
       uint8_t code[kRun];
@@ -209,8 +205,8 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
       store_codes<kWhole>(codes, first[r], n[r], code);
     }
     if (lane == 0)
-      static_cast<float*>(slot.state[static_cast<int>(block_absmax_state(k))])[block] = absmax;
-  }
+      static_cast<float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block] = absmax;
+  });
 }
 
 // The blocks of one chunk, a warp per block.
@@ -218,8 +214,9 @@ template <ElemType T, class S, bool kL2>
 __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   const TypedSlot<S> a(w.slot);
   bool vec_ok = param_vec_aligned(a);
-  for (int k = 0; k < (S::kAmsgrad ? 3 : 2); ++k)
-    vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(block_codes_state(k))], kRun);
+  for_each_moment<S>([&](auto k) {
+    vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(moment_state(k))], kRun);
+  });
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
        b * kQuant8Block < w.end; b += warps) {

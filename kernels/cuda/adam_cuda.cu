@@ -25,18 +25,13 @@ namespace {
 template <class S, bool kL2>
 __device__ __forceinline__ void update_scalar(const TypedSlot<S>& a, int64_t i,
                                               const AdamCoeffs<float>& c) {
-  constexpr ElemType P = S::kParam, G = S::kGrad, M = S::kMoment;
-  constexpr MasterKind K = S::kMaster;
-  constexpr bool kAmsgrad = S::kAmsgrad;
-  float p = Master<P, K>::load(a, i);
-  float m = Storage<M>::load(a.exp_avg, i);
-  float v = Storage<M>::load(a.exp_avg_sq, i);
-  float vmax = kAmsgrad ? Storage<M>::load(a.max_exp_avg_sq, i) : 0.0f;
-  adam_update<kL2, kAmsgrad>(CudaOps{}, c, Storage<G>::load(a.grad, i), p, m, v, vmax);
-  Master<P, K>::store(a, i, p);
-  Storage<M>::store(a.exp_avg, i, m);
-  Storage<M>::store(a.exp_avg_sq, i, v);
-  if (kAmsgrad) Storage<M>::store(a.max_exp_avg_sq, i, vmax);
+  using M = Storage<S::kMoment>;
+  using P = Master<S::kParam, S::kMaster>;
+  float p = P::load(a, i), mom[kNumMoments];
+  for_each_moment<S>([&](auto k) { mom[k] = M::load(a.moment[k], i); });
+  adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, Storage<S::kGrad>::load(a.grad, i), p, mom);
+  P::store(a, i, p);
+  for_each_moment<S>([&](auto k) { M::store(a.moment[k], i, mom[k]); });
 }
 
 // kVec consecutive elements with 16-byte accesses to the moment, grad, param and master
@@ -44,24 +39,21 @@ __device__ __forceinline__ void update_scalar(const TypedSlot<S>& a, int64_t i,
 template <class S, bool kL2>
 __device__ __forceinline__ void update_vec(const TypedSlot<S>& a, int64_t i,
                                            const AdamCoeffs<float>& c) {
-  constexpr ElemType P = S::kParam, G = S::kGrad, M = S::kMoment;
-  constexpr MasterKind K = S::kMaster;
-  constexpr bool kAmsgrad = S::kAmsgrad;
-  float g[kVec], m[kVec], v[kVec], vmax[kVec], p[kVec];
-  Storage<G>::load_vec(a.grad, i, g);
-  Storage<M>::load_vec(a.exp_avg, i, m);
-  Storage<M>::load_vec(a.exp_avg_sq, i, v);
-  if (kAmsgrad) Storage<M>::load_vec(a.max_exp_avg_sq, i, vmax);
-  Master<P, K>::load_vec(a, i, p);
+  using M = Storage<S::kMoment>;
+  using P = Master<S::kParam, S::kMaster>;
+  float g[kVec], p[kVec], mom[kNumMoments][kVec];
+  Storage<S::kGrad>::load_vec(a.grad, i, g);
+  for_each_moment<S>([&](auto k) { M::load_vec(a.moment[k], i, mom[k]); });
+  P::load_vec(a, i, p);
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    if (!kAmsgrad) vmax[k] = 0.0f;
-    adam_update<kL2, kAmsgrad>(CudaOps{}, c, g[k], p[k], m[k], v[k], vmax[k]);
+  for (int j = 0; j < kVec; ++j) {
+    float e[kNumMoments];  // element j's moments
+    for_each_moment<S>([&](auto k) { e[k] = mom[k][j]; });
+    adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, g[j], p[j], e);
+    for_each_moment<S>([&](auto k) { mom[k][j] = e[k]; });
   }
-  Master<P, K>::store_vec(a, i, p);
-  Storage<M>::store_vec(a.exp_avg, i, m);
-  Storage<M>::store_vec(a.exp_avg_sq, i, v);
-  if (kAmsgrad) Storage<M>::store_vec(a.max_exp_avg_sq, i, vmax);
+  P::store_vec(a, i, p);
+  for_each_moment<S>([&](auto k) { M::store_vec(a.moment[k], i, mom[k]); });
 }
 
 template <class S, bool kL2>
@@ -70,9 +62,8 @@ __device__ void update_range(const TensorSlot& slot, int64_t begin, int64_t end,
   const TypedSlot<S> a(slot);
   // 16-byte accesses need every array of the slot aligned to kVec elements.
   constexpr uintptr_t kMomentVec = kVec * sizeof(StorageOf<S::kMoment>);
-  const bool vec_ok = param_vec_aligned(a) && aligned(a.exp_avg, kMomentVec) &&
-                      aligned(a.exp_avg_sq, kMomentVec) &&
-                      (!S::kAmsgrad || aligned(a.max_exp_avg_sq, kMomentVec));
+  bool vec_ok = param_vec_aligned(a);
+  for_each_moment<S>([&](auto k) { vec_ok = vec_ok && aligned(a.moment[k], kMomentVec); });
   int64_t scalar_begin = begin;
   if (vec_ok) {
     const int64_t vec_end = begin + (end - begin) / kVec * kVec;  // begin is a multiple of kVec
