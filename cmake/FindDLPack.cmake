@@ -32,18 +32,26 @@ if(NOT DLPack_INCLUDE_DIR)
   endforeach()
 endif()
 
+# DLPack_HEADER is required too, so that a DLPack_INCLUDE_DIR without the header fails here
+# and not at the first #include.
+unset(DLPack_HEADER)
 if(DLPack_INCLUDE_DIR AND EXISTS "${DLPack_INCLUDE_DIR}/dlpack/dlpack.h")
-  file(STRINGS "${DLPack_INCLUDE_DIR}/dlpack/dlpack.h" _major REGEX "^#define DLPACK_MAJOR_VERSION")
-  file(STRINGS "${DLPack_INCLUDE_DIR}/dlpack/dlpack.h" _minor REGEX "^#define DLPACK_MINOR_VERSION")
+  set(DLPack_HEADER "${DLPack_INCLUDE_DIR}/dlpack/dlpack.h")
+  file(STRINGS "${DLPack_HEADER}" _major REGEX "^#define DLPACK_MAJOR_VERSION")
+  file(STRINGS "${DLPack_HEADER}" _minor REGEX "^#define DLPACK_MINOR_VERSION")
   string(REGEX MATCH "[0-9]+" _major "${_major}")
   string(REGEX MATCH "[0-9]+" _minor "${_minor}")
   set(DLPack_VERSION "${_major}.${_minor}")
 endif()
+set(_dlpack_given "")
+if(DLPack_INCLUDE_DIR)
+  set(_dlpack_given " (DLPack_INCLUDE_DIR is ${DLPack_INCLUDE_DIR})")
+endif()
 
 find_package_handle_standard_args(DLPack
-  REQUIRED_VARS DLPack_INCLUDE_DIR
+  REQUIRED_VARS DLPack_INCLUDE_DIR DLPack_HEADER
   VERSION_VAR DLPack_VERSION
-  REASON_FAILURE_MESSAGE "need dlpack/dlpack.h >= 1.0: `pip install apache-tvm-ffi`, or set DLPack_INCLUDE_DIR")
+  REASON_FAILURE_MESSAGE "need <DLPack_INCLUDE_DIR>/dlpack/dlpack.h >= 1.0${_dlpack_given}: `pip install apache-tvm-ffi`, or set DLPack_INCLUDE_DIR to a directory holding dlpack/dlpack.h")
 
 if(DLPack_FOUND AND NOT TARGET DLPack::DLPack)
   add_library(DLPack::DLPack INTERFACE IMPORTED)
