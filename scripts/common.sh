@@ -6,6 +6,9 @@
 
 SA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SA_APT_PACKAGES=(cmake make g++ binutils catch2 libhwy-dev nlohmann-json3-dev python3-pip ca-certificates)
+# pkg-config: the find_package_consumer test builds against the installed shardadam.pc, and
+# the Rust -sys crate finds the library with it (bindings/rust/shardadam-sys/build.rs).
+SA_APT_PACKAGES+=(pkgconf)
 # Binding tests (bindings/CMakeLists.txt): Go with SWIG, and Rust through whatever cargo is on
 # PATH (this machine kind has a current toolchain; Debian's cargo is the fallback).
 SA_APT_PACKAGES+=(golang-go swig)
