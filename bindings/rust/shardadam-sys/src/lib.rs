@@ -8,9 +8,12 @@
 //! `sa_group_config`, whose fields grow with every hyperparameter the library learns; it
 //! is opaque here, and groups are read and written by field name (see its doc).
 //!
-//! Linking: `build.rs` links `libshardadam` from `SHARDADAM_LIB_DIR` when that is set, else
-//! from the linker's default search path. Use the safe crate `shardadam` unless you need
-//! the raw calls.
+//! Linking: `build.rs` finds `libshardadam` through pkg-config (the `shardadam.pc` of an
+//! install, whose directory `PKG_CONFIG_PATH` names), or in `SHARDADAM_LIB_DIR` when that is
+//! set, and gives this crate's tests and examples an rpath to it; a crate that depends on
+//! this one directly gets the same rpath for its own binaries by printing
+//! `cargo:rustc-link-arg=$DEP_SHARDADAM_LINK_ARG` from its build script (see `build.rs`).
+//! Use the safe crate `shardadam` unless you need the raw calls.
 #![allow(non_camel_case_types, non_upper_case_globals)]
 #![warn(missing_docs)]
 

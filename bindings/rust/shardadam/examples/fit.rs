@@ -2,8 +2,9 @@
 //! simulated ranks (one optimizer per rank, as each rank of a real job would have), and
 //! prints the loss as it falls. Then it shows what a failed call returns.
 //!
-//! Run it from bindings/rust with the library's directory in SHARDADAM_LIB_DIR and
-//! LD_LIBRARY_PATH:
+//! Run it from bindings/rust with PKG_CONFIG_PATH naming the directory of shardadam.pc
+//! (`<prefix>/lib/pkgconfig` of an install, `<build>/pkgconfig` of a build tree), or
+//! SHARDADAM_LIB_DIR the library's directory; it finds the library through its rpath:
 //!
 //!     cargo run --offline --example fit
 use shardadam::{DType, GroupConfig, Layout, Optimizer, Param, ParamOptions, Placement};

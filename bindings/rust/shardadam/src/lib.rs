@@ -21,6 +21,9 @@
 //! [`Comm`] given to [`Optimizer::set_comm`]: NCCL for CUDA params, or a closure over the
 //! caller's own transport ([`Comm::host`]).
 //!
+//! The library is linked by `shardadam-sys`, whose `build.rs` says how it is found (through
+//! pkg-config, or `SHARDADAM_LIB_DIR`) and how your binaries find it at run time.
+//!
 //! ```
 //! use shardadam::{GroupConfig, Optimizer};
 //!
