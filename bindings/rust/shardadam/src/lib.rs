@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 mod comm;
+mod tensor;
 
 pub use comm::{Comm, NcclUniqueId, ReduceOp};
 use shardadam_sys as sys;
@@ -47,6 +48,8 @@ use std::os::raw::{c_char, c_void};
 use std::path::Path;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
+use tensor::Keeper;
+pub use tensor::{Device, Tensor};
 
 /// The version of the loaded library, as MAJOR * 10000 + MINOR * 100 + PATCH.
 pub fn version() -> i32 {
@@ -508,6 +511,26 @@ pub struct ParamOptions {
     pub master: Master,
 }
 
+impl ParamOptions {
+    /// The `sa_param_options` of these choices (the layout goes separately).
+    fn raw(&self) -> Result<sys::sa_param_options> {
+        let mut raw = sys::sa_param_options::default();
+        if let Some(d) = self.grad_dtype {
+            raw.grad_dtype = d.dlpack()?;
+        }
+        if let Some(d) = self.moment_dtype {
+            raw.moment_dtype = d.dlpack()?;
+        }
+        raw.master = match self.master {
+            Master::Auto => sys::SA_MASTER_AUTO,
+            Master::None => sys::SA_MASTER_NONE,
+            Master::Fp32 => sys::SA_MASTER_FP32,
+            Master::Remainder => sys::SA_MASTER_REMAINDER,
+        };
+        Ok(raw)
+    }
+}
+
 /// Options of [`Optimizer::new`] (`sa_optimizer_config`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -823,19 +846,13 @@ impl Param {
     }
 }
 
-/// A param's storage, as allocated by Rust.
-enum Storage {
-    F32(Vec<f32>),
-    Bits16(Vec<u16>),
-}
-
-/// What the library holds for one param: the DLPack struct (its address is what the
-/// library keeps), the shape it points to and the data. Boxed, so none of it moves; freed
-/// by `shard_deleter` when the optimizer is destroyed.
+/// What the library holds for a param whose memory Rust manages (a tensor from a `Vec` or
+/// from the caller's promise): the DLPack struct (its address is what the library keeps)
+/// and the tensor it describes. Boxed, so none of it moves; freed by `shard_deleter` when
+/// the optimizer is destroyed. A producer's managed tensor goes to the library as it is.
 struct Shard {
     managed: sys::DLManagedTensorVersioned,
-    shape: Vec<i64>,
-    storage: Storage,
+    tensor: Tensor,
 }
 
 unsafe extern "C" fn shard_deleter(managed: *mut sys::DLManagedTensorVersioned) {
@@ -847,11 +864,14 @@ unsafe extern "C" fn shard_deleter(managed: *mut sys::DLManagedTensorVersioned) 
 /// The wrapper's record of a param.
 struct ParamSlot {
     name: String,
-    dtype: DType,
+    dtype: Option<DType>,
     shape: Vec<i64>,
     numel: usize,
-    shard: *mut Shard,      // owned by the library from add_param until destroy
-    grad: Option<Vec<u32>>, // the bound grad: 4 bytes per element fit every grad dtype
+    // The Vec-backed values, when Rust owns them (a Shard, owned by the library from
+    // add_param until destroy); NULL otherwise.
+    shard: *mut Shard,
+    grad: Option<Vec<u32>>, // the copying bindings' buffer: 4 bytes per element fit every grad dtype
+    bound: Option<Tensor>,  // the tensor bind_grad bound, kept while it is bound
 }
 
 static NEXT_OPTIMIZER_ID: AtomicU64 = AtomicU64::new(1);
@@ -861,10 +881,15 @@ static NEXT_OPTIMIZER_ID: AtomicU64 = AtomicU64::new(1);
 /// Methods take `&mut self` where the library changes something, so the borrow checker
 /// keeps param slices from living across a step. An `Optimizer` may move to another thread
 /// (`Send`) but is not shared between threads (the library serializes calls per optimizer).
+///
+/// Its device is that of its first param: host params (`Vec`s, [`Device::Cpu`] tensors)
+/// make a CPU optimizer, CUDA tensors ([`Tensor::cuda`]) a CUDA one, whose steps are
+/// enqueued on a stream ([`Optimizer::step_on`]).
 pub struct Optimizer {
     raw: NonNull<sys::sa_optimizer>,
     id: u64,
     params: Vec<ParamSlot>,
+    device: Option<Device>,
 }
 
 // SAFETY: the library allows an optimizer to be used from any thread, one at a time; the
@@ -897,6 +922,7 @@ impl Optimizer {
             raw,
             id: NEXT_OPTIMIZER_ID.fetch_add(1, Ordering::Relaxed),
             params: Vec::new(),
+            device: None,
         })
     }
 
@@ -1000,6 +1026,7 @@ impl Optimizer {
     /// Registers a float32 local shard named `name` in `group`. `shape` is the local shape
     /// and `data` (moved in, not copied) its values in row-major order; the optimizer
     /// updates them in place at every step. `options` `None` gives the defaults.
+    /// [`Optimizer::add_tensor`] takes any memory, device memory included.
     pub fn add_param(
         &mut self,
         name: &str,
@@ -1008,14 +1035,8 @@ impl Optimizer {
         data: Vec<f32>,
         options: Option<&ParamOptions>,
     ) -> Result<Param> {
-        self.add_shard(
-            name,
-            group,
-            DType::Float32,
-            shape,
-            Storage::F32(data),
-            options,
-        )
+        check_values(name, shape, data.len())?;
+        self.add_tensor(name, group, Tensor::from_f32(data, shape)?, options)
     }
 
     /// Registers a bfloat16 or float16 local shard from its raw bits; otherwise as
@@ -1035,16 +1056,27 @@ impl Optimizer {
                 name, dtype
             )));
         }
-        self.add_shard(name, group, dtype, shape, Storage::Bits16(bits), options)
+        check_values(name, shape, bits.len())?;
+        self.add_tensor(
+            name,
+            group,
+            Tensor::from_bits16(dtype, bits, shape)?,
+            options,
+        )
     }
 
-    fn add_shard(
+    /// Registers the local shard `tensor` named `name` in `group`
+    /// (`sa_optimizer_add_param`): host or device memory, any dtype and shape the library
+    /// takes (it checks them, and that all params share one device; its message says what
+    /// was wrong). The optimizer keeps the tensor until it is dropped and updates its memory
+    /// in place at every step; read a device param back with the device's own copy calls
+    /// ([`Tensor::data_ptr`] before adding it, or the pointer you made it from). On error
+    /// the tensor is dropped (a producer's deleter called).
+    pub fn add_tensor(
         &mut self,
         name: &str,
         group: usize,
-        dtype: DType,
-        shape: &[i64],
-        mut storage: Storage,
+        tensor: Tensor,
         options: Option<&ParamOptions>,
     ) -> Result<Param> {
         let default_options = ParamOptions::default();
@@ -1055,104 +1087,108 @@ impl Optimizer {
                 name
             ))
         })?;
-        if shape.iter().any(|&d| d < 0) {
-            return Err(invalid(format!(
-                "add_param: param '{}': shape {:?} has a negative dim",
-                name, shape
-            )));
-        }
-        let numel = shape.iter().product::<i64>() as usize;
-        let (len, data) = match &mut storage {
-            Storage::F32(v) => (v.len(), v.as_mut_ptr() as *mut c_void),
-            Storage::Bits16(v) => (v.len(), v.as_mut_ptr() as *mut c_void),
-        };
-        if len != numel {
-            return Err(invalid(format!(
-                "add_param: param '{}': data has {} values, shape {:?} needs {}",
-                name, len, shape, numel
-            )));
-        }
+        let raw_options = options.raw()?;
+        let dtype = tensor.dtype();
+        let shape = tensor.shape().to_vec();
+        let numel = tensor.numel();
+        let device = tensor.device();
+        let owned_values = matches!(tensor.keeper, Keeper::F32(_) | Keeper::Bits16(_));
 
-        // Every dtype before the shard is boxed: nothing below may fail before the library
-        // takes it (or gives it back).
-        let param_dtype = dtype.dlpack()?;
-        let grad_dtype = options.grad_dtype.map(DType::dlpack).transpose()?;
-        let moment_dtype = options.moment_dtype.map(DType::dlpack).transpose()?;
-
-        let shard = Box::into_raw(Box::new(Shard {
-            managed: sys::DLManagedTensorVersioned {
-                version: sys::DLPackVersion { major: 1, minor: 0 },
-                manager_ctx: ptr::null_mut(),
-                deleter: Some(shard_deleter),
-                flags: 0,
-                dl_tensor: sys::DLTensor {
-                    data,
-                    device: sys::DLDevice {
-                        device_type: sys::kDLCPU,
-                        device_id: 0,
+        enum Handed {
+            Shard(*mut Shard),
+            Producer(Tensor),
+        }
+        let mut handed = match tensor.keeper {
+            Keeper::Managed(_) | Keeper::Legacy(_) => Handed::Producer(tensor),
+            _ => {
+                let raw = tensor.raw;
+                let shard = Box::into_raw(Box::new(Shard {
+                    managed: sys::DLManagedTensorVersioned {
+                        version: sys::DLPackVersion { major: 1, minor: 0 },
+                        manager_ctx: ptr::null_mut(),
+                        deleter: Some(shard_deleter),
+                        flags: 0,
+                        // Its shape points into the tensor's Vec, which moves with it unmoved.
+                        dl_tensor: raw,
                     },
-                    ndim: shape.len() as i32,
-                    dtype: param_dtype,
-                    shape: ptr::null_mut(),
-                    strides: ptr::null_mut(),
-                    byte_offset: 0,
-                },
-            },
-            shape: shape.to_vec(),
-            storage,
-        }));
-        // SAFETY: shard was just allocated; the Vecs inside it do not move with the Box.
-        unsafe {
-            (*shard).managed.manager_ctx = shard as *mut c_void;
-            (*shard).managed.dl_tensor.shape = (*shard).shape.as_mut_ptr();
-        }
-
-        let mut raw_options = sys::sa_param_options::default();
-        if let Some(d) = grad_dtype {
-            raw_options.grad_dtype = d;
-        }
-        if let Some(d) = moment_dtype {
-            raw_options.moment_dtype = d;
-        }
-        raw_options.master = match options.master {
-            Master::Auto => sys::SA_MASTER_AUTO,
-            Master::None => sys::SA_MASTER_NONE,
-            Master::Fp32 => sys::SA_MASTER_FP32,
-            Master::Remainder => sys::SA_MASTER_REMAINDER,
+                    tensor,
+                }));
+                // SAFETY: shard was just allocated.
+                unsafe { (*shard).managed.manager_ctx = shard as *mut c_void };
+                Handed::Shard(shard)
+            }
         };
 
         let opt = self.raw.as_ptr();
         let mut index = -1i64;
-        let call = |layout: *const sys::sa_layout, index: &mut i64| -> sys::sa_status {
+        let mut call = |layout: *const sys::sa_layout, index: &mut i64| -> sys::sa_status {
+            // SAFETY: every pointer is valid for the call; on SA_OK the library owns the
+            // managed tensor (the Shard, or the producer's).
             unsafe {
-                sys::sa_optimizer_add_param(
-                    opt,
-                    c_name.as_ptr(),
-                    group as i32,
-                    &mut (*shard).managed,
-                    layout,
-                    &raw_options,
-                    index,
-                )
+                match &mut handed {
+                    Handed::Shard(shard) => sys::sa_optimizer_add_param(
+                        opt,
+                        c_name.as_ptr(),
+                        group as i32,
+                        &mut (**shard).managed,
+                        layout,
+                        &raw_options,
+                        index,
+                    ),
+                    Handed::Producer(t) => match t.keeper {
+                        Keeper::Managed(m) => sys::sa_optimizer_add_param(
+                            opt,
+                            c_name.as_ptr(),
+                            group as i32,
+                            m.as_ptr(),
+                            layout,
+                            &raw_options,
+                            index,
+                        ),
+                        Keeper::Legacy(m) => sys::sa_optimizer_add_param_legacy(
+                            opt,
+                            c_name.as_ptr(),
+                            group as i32,
+                            m.as_ptr(),
+                            layout,
+                            &raw_options,
+                            index,
+                        ),
+                        _ => unreachable!("only producers' tensors are handed as they are"),
+                    },
+                }
             }
         };
         let added = match &options.layout {
             None => self.check(call(ptr::null(), &mut index)),
             Some(layout) => layout.with_raw(|raw| self.check(call(raw, &mut index))),
         };
-        if let Err(e) = added {
-            // On failure the caller (we) keeps ownership.
-            drop(unsafe { Box::from_raw(shard) });
-            return Err(e);
-        }
+        let shard = match (added, handed) {
+            // On failure the caller (we) keeps ownership, and drops it.
+            (Err(e), Handed::Shard(shard)) => {
+                drop(unsafe { Box::from_raw(shard) });
+                return Err(e);
+            }
+            (Err(e), Handed::Producer(t)) => {
+                drop(t);
+                return Err(e);
+            }
+            (Ok(()), Handed::Shard(shard)) => shard,
+            (Ok(()), Handed::Producer(mut t)) => {
+                t.release_to_library();
+                ptr::null_mut()
+            }
+        };
         debug_assert_eq!(index as usize, self.params.len());
+        self.device.get_or_insert(device);
         self.params.push(ParamSlot {
             name: name.to_string(),
             dtype,
-            shape: shape.to_vec(),
+            shape,
             numel,
-            shard,
+            shard: if owned_values { shard } else { ptr::null_mut() },
             grad: None,
+            bound: None,
         });
         Ok(Param {
             index,
@@ -1160,38 +1196,64 @@ impl Optimizer {
         })
     }
 
+    /// The device of the optimizer's params (`None` before the first one is added).
+    pub fn device(&self) -> Option<Device> {
+        self.device
+    }
+
     /// The name a param was registered under.
     pub fn param_name(&self, param: Param) -> Result<&str> {
         Ok(&self.slot(param)?.name)
     }
 
+    /// The host values of a param whose `Vec` Rust owns ([`Optimizer::add_param`],
+    /// [`Optimizer::add_param16`], or a [`Tensor::from_f32`] / [`Tensor::from_bits16`]
+    /// given to [`Optimizer::add_tensor`]).
+    fn owned_values(&self, param: Param, op: &str) -> Result<&Tensor> {
+        let slot = self.slot(param)?;
+        if slot.shard.is_null() {
+            return Err(Error {
+                status: Status::Unsupported,
+                message: format!(
+                    "{}: param '{}' lives in memory this crate does not own ({:?}); read it \
+                     where it lives",
+                    op,
+                    slot.name,
+                    self.device.unwrap_or(Device::Cpu)
+                ),
+            });
+        }
+        // SAFETY: the shard lives until the optimizer is dropped, which &self prevents.
+        Ok(unsafe { &(*slot.shard).tensor })
+    }
+
     /// A float32 param's values (what the last step left).
     pub fn param_f32(&self, param: Param) -> Result<&[f32]> {
-        let slot = self.slot(param)?;
-        // SAFETY: the shard lives until the optimizer is dropped, which &self prevents.
-        match unsafe { &(*slot.shard).storage } {
-            Storage::F32(v) => Ok(v),
-            Storage::Bits16(_) => Err(wrong_dtype(slot, "param_f32")),
-        }
+        let t = self.owned_values(param, "param_f32")?;
+        t.as_f32()
+            .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_f32"))
     }
 
     /// A float32 param's values, writable (e.g. to load weights between steps).
     pub fn param_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
-        let slot = self.slot(param)?;
+        self.owned_values(param, "param_f32_mut")?;
+        let slot = self.slot_unchecked(param);
         // SAFETY: as param_f32; &mut self excludes every other borrow and every library call.
-        match unsafe { &mut (*slot.shard).storage } {
-            Storage::F32(v) => Ok(v),
-            Storage::Bits16(_) => Err(wrong_dtype(slot, "param_f32_mut")),
+        match unsafe { (*slot.shard).tensor.as_f32_mut() } {
+            Some(v) => Ok(v),
+            None => Err(wrong_dtype(slot, "param_f32_mut")),
         }
     }
 
     /// A bfloat16 or float16 param's raw bits.
     pub fn param_bits16(&self, param: Param) -> Result<&[u16]> {
-        let slot = self.slot(param)?;
-        match unsafe { &(*slot.shard).storage } {
-            Storage::Bits16(v) => Ok(v),
-            Storage::F32(_) => Err(wrong_dtype(slot, "param_bits16")),
-        }
+        let t = self.owned_values(param, "param_bits16")?;
+        t.as_bits16()
+            .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_bits16"))
+    }
+
+    fn slot_unchecked(&self, param: Param) -> &ParamSlot {
+        &self.params[param.index as usize]
     }
 
     // ---- grads ----
@@ -1202,12 +1264,17 @@ impl Optimizer {
     // binding below goes through the library's checks (`sa_optimizer_set_grad`,
     // `sa_optimizer_set_grads`); this crate never hands raw grad pointers to
     // `sa_optimizer_set_grad_ptrs`, the C fast path that trusts its caller.
+    //
+    // Two ways to bind: the copying calls (set_grad, set_grad16, set_grads) copy host values
+    // into a buffer the optimizer owns, for callers whose grads are fresh slices each step;
+    // bind_grad and bind_grads bind a Tensor's memory itself (host or device), once, after
+    // which steps read it where it is and nothing is copied.
 
     /// Copies float32 grads into the param's grad buffer, which stays bound for every later
     /// step until the next binding. The library checks the dtype against the registered
     /// grad dtype; on error the bound grad is unchanged.
     pub fn set_grad(&mut self, param: Param, grad: &[f32]) -> Result<()> {
-        self.bind_grad(param, Grad::F32(grad), "set_grad")
+        self.copy_and_bind(param, Grad::F32(grad), "set_grad")
     }
 
     /// [`Optimizer::set_grad`] for bfloat16 or float16 grads given as raw bits.
@@ -1222,7 +1289,7 @@ impl Optimizer {
                 )))
             }
         };
-        self.bind_grad(param, grad, "set_grad16")
+        self.copy_and_bind(param, grad, "set_grad16")
     }
 
     /// Binds the grads of every param in one call (`sa_optimizer_set_grads`): `grads[i]` for
@@ -1256,6 +1323,7 @@ impl Optimizer {
             if let Some(g) = grad {
                 self.copy_grad(index, *g);
             }
+            self.params[index].bound = None;
         }
         Ok(())
     }
@@ -1264,17 +1332,110 @@ impl Optimizer {
     /// leaving its values, state and step count as they are, until a grad is bound again.
     pub fn clear_grad(&mut self, param: Param) -> Result<()> {
         self.slot(param)?;
-        self.check(unsafe { sys::sa_optimizer_clear_grad(self.raw.as_ptr(), param.index) })
+        self.check(unsafe { sys::sa_optimizer_clear_grad(self.raw.as_ptr(), param.index) })?;
+        self.params[param.index as usize].bound = None;
+        Ok(())
     }
 
-    fn bind_grad(&mut self, param: Param, grad: Grad<'_>, op: &str) -> Result<()> {
+    fn copy_and_bind(&mut self, param: Param, grad: Grad<'_>, op: &str) -> Result<()> {
         self.slot(param)?;
         let index = param.index as usize;
         let tensor = self.stage_grad(index, grad, op)?;
         // Bind first (the library validates), copy after: a refused grad changes nothing.
         self.check(unsafe { sys::sa_optimizer_set_grad(self.raw.as_ptr(), param.index, &tensor) })?;
         self.copy_grad(index, grad);
+        self.params[index].bound = None;
         Ok(())
+    }
+
+    /// Binds `grad`'s memory as the param's grad, zero-copy (`sa_optimizer_set_grad`): every
+    /// later step reads the grads where they are, until the next binding of this param.
+    /// Bind once, then write new grads into that memory before each step: on the host
+    /// through [`Optimizer::grad_f32_mut`] (for a [`Tensor::from_f32`]) or the memory you
+    /// made the tensor from; on a device with the device's copies or kernels, ordered
+    /// before the step on its stream ([`Optimizer::grad_tensor`] gives the address back).
+    ///
+    /// The library checks the tensor on this call: dtype = the param's grad dtype, shape =
+    /// its local shape, the optimizer's device, C-contiguous, aligned; it refuses with
+    /// [`Status::Mismatch`] or [`Status::InvalidArgument`] and a message naming the param,
+    /// and the previous binding stays. The optimizer keeps the tensor while it is bound
+    /// (so a [`Tensor::from_f32`]'s `Vec` and a producer's managed tensor live as long as
+    /// the binding); a refused tensor is dropped.
+    pub fn bind_grad(&mut self, param: Param, grad: Tensor) -> Result<()> {
+        self.slot(param)?;
+        self.check(unsafe {
+            sys::sa_optimizer_set_grad(self.raw.as_ptr(), param.index, grad.as_dl_tensor())
+        })?;
+        // The previous tensor is dropped after the library let go of it.
+        self.params[param.index as usize].bound = Some(grad);
+        Ok(())
+    }
+
+    /// [`Optimizer::bind_grad`] for every param in one call (`sa_optimizer_set_grads`):
+    /// `grads[i]` for the param of index i, one entry per param; `None` means "this param
+    /// has no grad" (steps skip it). All-or-nothing: on error no binding changes, the
+    /// message names the first param that failed, and the tensors given are dropped.
+    pub fn bind_grads(&mut self, grads: Vec<Option<Tensor>>) -> Result<()> {
+        let pointers: Vec<*const sys::DLTensor> = grads
+            .iter()
+            .map(|g| match g {
+                Some(t) => t.as_dl_tensor() as *const sys::DLTensor,
+                None => ptr::null(),
+            })
+            .collect();
+        // A list of the wrong length is refused by the library, which says what it expected.
+        self.check(unsafe {
+            sys::sa_optimizer_set_grads(self.raw.as_ptr(), pointers.len() as i64, pointers.as_ptr())
+        })?;
+        for (slot, grad) in self.params.iter_mut().zip(grads) {
+            slot.bound = grad;
+        }
+        Ok(())
+    }
+
+    /// The tensor [`Optimizer::bind_grad`] or [`Optimizer::bind_grads`] bound as the
+    /// param's grad, while it is bound (`None` after a copying binding or
+    /// [`Optimizer::clear_grad`]).
+    pub fn grad_tensor(&self, param: Param) -> Result<Option<&Tensor>> {
+        Ok(self.slot(param)?.bound.as_ref())
+    }
+
+    /// The values of the bound float32 host grad tensor ([`Tensor::from_f32`] given to
+    /// [`Optimizer::bind_grad`]), writable: write the next step's grads here, in place; the
+    /// step reads them with no copy and no rebinding.
+    pub fn grad_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
+        self.slot(param)?;
+        let slot = &mut self.params[param.index as usize];
+        let name = &slot.name;
+        slot.bound
+            .as_mut()
+            .and_then(|t| t.as_f32_mut())
+            .ok_or_else(|| Error {
+                status: Status::State,
+                message: format!(
+                    "grad_f32_mut: param '{}' has no bound float32 host grad tensor \
+                     (bind one with bind_grad(param, Tensor::from_f32(..)))",
+                    name
+                ),
+            })
+    }
+
+    /// The bits of the bound 16-bit host grad tensor ([`Tensor::from_bits16`]), writable.
+    pub fn grad_bits16_mut(&mut self, param: Param) -> Result<&mut [u16]> {
+        self.slot(param)?;
+        let slot = &mut self.params[param.index as usize];
+        let name = &slot.name;
+        slot.bound
+            .as_mut()
+            .and_then(|t| t.as_bits16_mut())
+            .ok_or_else(|| Error {
+                status: Status::State,
+                message: format!(
+                    "grad_bits16_mut: param '{}' has no bound 16-bit host grad tensor \
+                     (bind one with bind_grad(param, Tensor::from_bits16(..)))",
+                    name
+                ),
+            })
     }
 
     /// The DLTensor over param `index`'s grad buffer (allocated on first use) that the
@@ -1364,7 +1525,48 @@ impl Optimizer {
     ///
     /// A failing host communicator fails the step with [`Status::Comm`] before anything
     /// changed on this rank; the message ends with the closure's error (or its panic).
+    ///
+    /// On a CUDA optimizer this enqueues on the legacy default stream, as
+    /// [`Optimizer::step_on`] with a NULL stream does.
     pub fn step_with(&mut self, args: &StepArgs) -> Result<StepReport> {
+        // SAFETY: NULL is the legacy default stream, valid on every device.
+        unsafe { self.step_on(args, ptr::null_mut()) }
+    }
+
+    /// [`Optimizer::step_with`] on the CUDA stream `stream` (a `cudaStream_t`; NULL: the
+    /// legacy default stream). The CPU backend ignores the stream.
+    ///
+    /// When it returns (shardadam.h, `sa_optimizer_step`): on the CPU the step is done. On
+    /// CUDA the step is enqueued on `stream` and the host does not wait, except where the
+    /// report needs a value from the device: with `max_grad_norm` or `found_inf` given the
+    /// call reads the norm and the skip flag back, synchronizing the stream. The grads must
+    /// be written before the step on the same stream (or one it waits for), and their
+    /// memory must stay valid, and unwritten, until the stream has run the step. Read the
+    /// params back after the stream has run it (`cudaStreamSynchronize`, or a copy on the
+    /// same stream). The first step after params were added builds the launch plan and
+    /// synchronizes.
+    ///
+    /// `inv_grad_scale` and `found_inf` are read by a CUDA step from device memory, which
+    /// [`StepArgs`] does not hold: on a non-CPU optimizer they are refused
+    /// ([`Status::Unsupported`]); keep them at `None` there.
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be NULL or a live `cudaStream_t` of the optimizer's device (the
+    /// library hands it to the CUDA runtime as it is).
+    pub unsafe fn step_on(&mut self, args: &StepArgs, stream: *mut c_void) -> Result<StepReport> {
+        let device = self.device.unwrap_or(Device::Cpu);
+        if device != Device::Cpu && (args.inv_grad_scale.is_some() || args.found_inf.is_some()) {
+            return Err(Error {
+                status: Status::Unsupported,
+                message: format!(
+                    "step_on: the params are on {:?}, where inv_grad_scale and found_inf are \
+                     read from device memory; StepArgs holds host values, so give them to \
+                     CPU optimizers only (shardadam_sys::sa_optimizer_step takes device pointers)",
+                    device
+                ),
+            });
+        }
         let scale = args.inv_grad_scale.unwrap_or(1.0);
         let found_inf = if args.found_inf == Some(true) {
             1.0f32
@@ -1380,7 +1582,11 @@ impl Optimizer {
         if args.found_inf.is_some() {
             raw.found_inf = &found_inf;
         }
-        raw.skipped = &mut skipped;
+        // Only these can skip a step; asking for the flag otherwise would make a CUDA step
+        // wait for the device for nothing.
+        if args.found_inf.is_some() || args.max_grad_norm.is_some() {
+            raw.skipped = &mut skipped;
+        }
         if let Some(bound) = args.max_grad_norm {
             // The library checks the bound (> 0, not NaN) and says what was wrong.
             raw.max_grad_norm = bound;
@@ -1388,8 +1594,8 @@ impl Optimizer {
         }
         raw.norm_type = args.norm_type.raw();
         comm::clear_callback_error();
-        // The CPU backend reads the floats during the call.
-        let code = unsafe { sys::sa_optimizer_step(self.raw.as_ptr(), &raw, ptr::null_mut()) };
+        // The floats are host memory read during the call: only CPU steps get them (above).
+        let code = sys::sa_optimizer_step(self.raw.as_ptr(), &raw, stream);
         if let Err(mut e) = self.check(code) {
             if e.status == Status::Comm {
                 if let Some(why) = comm::take_callback_error() {
@@ -1402,6 +1608,19 @@ impl Optimizer {
             skipped: skipped != 0,
             grad_norm: args.max_grad_norm.map(|_| norm),
         })
+    }
+
+    /// Enqueues on `stream` the upload of what changed on the host since the last step:
+    /// grad bindings and hyperparameters (`sa_optimizer_flush`). A step does this itself;
+    /// call it only before replaying a step captured in a CUDA graph. It returns once the
+    /// upload is enqueued (the host does not wait); the CPU backend has nothing to upload.
+    ///
+    /// # Safety
+    ///
+    /// As [`Optimizer::step_on`]: `stream` is NULL or a live `cudaStream_t` of the
+    /// optimizer's device.
+    pub unsafe fn flush(&mut self, stream: *mut c_void) -> Result<()> {
+        self.check(sys::sa_optimizer_flush(self.raw.as_ptr(), stream))
     }
 
     // ---- communicator ----
@@ -1440,6 +1659,20 @@ impl Optimizer {
         // SAFETY: on SA_OK the view is valid until its deleter runs, below.
         let result = unsafe {
             let t = &(*view).dl_tensor;
+            if Device::from_raw(t.device) != Device::Cpu {
+                let device = Device::from_raw(t.device);
+                if let Some(deleter) = (*view).deleter {
+                    deleter(view);
+                }
+                return Err(Error {
+                    status: Status::Unsupported,
+                    message: format!(
+                        "state: '{}' of param '{}' is in {:?} memory, which this crate does \
+                         not read; copy it out with the device's API (sa_optimizer_state_view)",
+                        key, self.params[param.index as usize].name, device
+                    ),
+                });
+            }
             let numel: i64 = (0..t.ndim as usize).map(|i| *t.shape.add(i)).product();
             let nbytes = numel as usize * (t.dtype.bits as usize / 8);
             let bytes: &[u8] = if nbytes == 0 {
@@ -1552,9 +1785,33 @@ impl Optimizer {
     }
 }
 
+/// The wrapper's check of a `Vec` moved in as a param: one value per element of `shape`.
+fn check_values(name: &str, shape: &[i64], len: usize) -> Result<()> {
+    if shape.iter().any(|&d| d < 0) {
+        return Err(invalid(format!(
+            "add_param: param '{}': shape {:?} has a negative dim",
+            name, shape
+        )));
+    }
+    let numel = shape.iter().product::<i64>() as usize;
+    if len != numel {
+        return Err(invalid(format!(
+            "add_param: param '{}': data has {} values, shape {:?} needs {}",
+            name, len, shape, numel
+        )));
+    }
+    Ok(())
+}
+
 fn wrong_dtype(slot: &ParamSlot, op: &str) -> Error {
     Error {
         status: Status::Mismatch,
-        message: format!("{}: param '{}' is {:?}", op, slot.name, slot.dtype),
+        message: match slot.dtype {
+            Some(dtype) => format!("{}: param '{}' is {:?}", op, slot.name, dtype),
+            None => format!(
+                "{}: param '{}' has a dtype this crate does not name",
+                op, slot.name
+            ),
+        },
     }
 }
