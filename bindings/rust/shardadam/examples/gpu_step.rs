@@ -28,7 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target: Vec<f32> = (0..n).map(|i| i as f32 / 4.0 - 1.0).collect();
     let w_memory = rt.alloc(4 * n)?;
     let grad_memory = rt.alloc(4 * n)?;
-    stream.upload(w_memory.ptr(), &vec![0.0f32; n])?;
+    let mut values = vec![0.0f32; n]; // the weight as the host last saw it
+    stream.upload(w_memory.ptr(), &values)?; // read by the copy later: `values` lives on
 
     // Declared after the memory, so dropped before it: the optimizer uses it to the end.
     let mut opt = Optimizer::new(None)?;
@@ -43,7 +44,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let w = opt.add_tensor("w", 0, w_tensor, None)?;
     opt.bind_grad(w, grad_tensor)?; // once: every step reads the grads from grad_memory
 
-    let mut values = vec![0.0f32; n];
     let mut first_loss = 0.0;
     for step in 1..=100 {
         // loss = 1/2 |w - target|^2, so the grad is w - target (computed on the host here).

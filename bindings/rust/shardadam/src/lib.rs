@@ -12,6 +12,15 @@
 //! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
 //! any set of them loads onto any layout).
 //!
+//! Params and grads may also live in memory of the caller's, on the host or a CUDA device:
+//! a [`Tensor`] describes it (a CUDA pointer through the `unsafe` [`Tensor::cuda`], any
+//! DLPack tensor through [`Tensor::from_dl_tensor`] or [`Tensor::from_managed`]),
+//! [`Optimizer::add_tensor`] makes it a param, and [`Optimizer::bind_grad`] /
+//! [`Optimizer::bind_grads`] bind a grad's memory once, after which steps read it in place
+//! and copy nothing. CUDA steps are enqueued on the caller's stream
+//! ([`Optimizer::step_on`]). The README's "A first step on the GPU from Rust" walks
+//! through it.
+//!
 //! A group's hyperparameters are a [`GroupConfig`] of named values; [`group_fields`] lists
 //! the names, defaults and valid values the loaded library knows, so this crate spells
 //! none of them.
@@ -1361,6 +1370,21 @@ impl Optimizer {
     /// and the previous binding stays. The optimizer keeps the tensor while it is bound
     /// (so a [`Tensor::from_f32`]'s `Vec` and a producer's managed tensor live as long as
     /// the binding); a refused tensor is dropped.
+    ///
+    /// ```
+    /// use shardadam::{GroupConfig, Optimizer, Tensor};
+    ///
+    /// let mut opt = Optimizer::new(None)?;
+    /// let group = opt.add_group(&GroupConfig::new().set("lr", 0.1))?;
+    /// let w = opt.add_param("w", group, &[3], vec![1.0, 2.0, 3.0], None)?;
+    /// opt.bind_grad(w, Tensor::from_f32(vec![0.0; 3], &[3])?)?; // once
+    /// for _ in 0..3 {
+    ///     opt.grad_f32_mut(w)?.copy_from_slice(&[0.5, -0.5, 0.0]); // in place, no rebinding
+    ///     opt.step()?;
+    /// }
+    /// assert!(opt.param_f32(w)?[0] < 1.0);
+    /// # Ok::<(), shardadam::Error>(())
+    /// ```
     pub fn bind_grad(&mut self, param: Param, grad: Tensor) -> Result<()> {
         self.slot(param)?;
         self.check(unsafe {
