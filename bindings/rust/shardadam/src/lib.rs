@@ -902,7 +902,9 @@ pub struct Optimizer {
 }
 
 // SAFETY: the library allows an optimizer to be used from any thread, one at a time; the
-// raw pointers in ParamSlot point into memory only this optimizer touches.
+// raw pointers in ParamSlot point into memory only this optimizer touches, or memory the
+// unsafe Tensor constructors' callers promised for use from any thread (a producer's
+// deleter included).
 unsafe impl Send for Optimizer {}
 
 impl Drop for Optimizer {

@@ -222,7 +222,8 @@ impl Tensor {
     /// until its binding is replaced or cleared or the optimizer is dropped; and on CUDA,
     /// beyond that, until the stream has run every step enqueued with it (dropping the
     /// tensor does not wait for the device). Nothing else may write a param's memory
-    /// while a step runs (on CUDA: concurrently with the stream's step), nor a grad's.
+    /// while a step runs (on CUDA: concurrently with the stream's step), nor a grad's. The
+    /// optimizer may use the memory from whichever thread it is moved to (it is `Send`).
     pub unsafe fn from_raw_parts(
         data: *mut c_void,
         device: Device,
