@@ -60,14 +60,43 @@ struct NoBook {};
 template <>
 struct BlockCodec<ElemType::f8e4m3> {
   using Book = NoBook;
+  struct EncodeFactor {
+    float scale;
+    float inverse;  // 1 / scale, rounded
+  };
   static SA_HD float scale(float absmax) { return (absmax < 1e-12f ? 1e-12f : absmax) / 448.0f; }
   static SA_HD float decode_factor(float absmax) { return scale(absmax); }
-  static SA_HD float encode_factor(float absmax) { return scale(absmax); }
+  static SA_HD EncodeFactor encode_factor(float absmax) {
+    const float s = scale(absmax);
+    return {s, 1.0f / s};
+  }
   static SA_HD float decode(const Book&, uint8_t code, float factor) {
     return e4m3fn_to_float(code) * factor;
   }
-  static SA_HD uint8_t encode(const Book&, float x, float factor) {
-    return float_to_e4m3fn(x / factor);
+  // e4m3fn(x / scale), torchao's rounding. On a GPU by encode_by_inverse, which gives the
+  // same codes without a division (tests/test_fp8_moments.cpp); on the host, where two
+  // software conversions cost more than the division saves, by the definition.
+  static SA_HD uint8_t encode(const Book&, float x, EncodeFactor f) {
+#if defined(__CUDA_ARCH__)
+    return encode_by_inverse(x, f);
+#else
+    return float_to_e4m3fn(x / f.scale);
+#endif
+  }
+  // y = x * inverse is within 2^-23 |q| of the exact quotient q = x / scale (two roundings
+  // of 2^-24), so fl(q) lies within kSlack float steps of y (at most 5 where a power of two
+  // falls between them). e4m3fn rounding is monotonic in the magnitude, so where the codes
+  // kSlack steps below and above |y| agree, the code of fl(q) is theirs, with y's sign
+  // (q's); otherwise (y near a rounding boundary of e4m3fn, zero, infinite or NaN: a few x
+  // in a million) it divides.
+  static constexpr uint32_t kSlack = 8;
+  static SA_HD uint8_t encode_by_inverse(float x, EncodeFactor f) {
+    const uint32_t y = float_bits(x * f.inverse), m = y & 0x7FFFFFFFu;
+    const uint16_t pair =
+        float_to_e4m3fn_pair(bits_float(m > kSlack ? m - kSlack : 0u), bits_float(m + kSlack));
+    const auto below = static_cast<uint8_t>(pair & 0xFFu), above = static_cast<uint8_t>(pair >> 8);
+    if (below == above && below != 0x7Fu) return static_cast<uint8_t>(((y >> 24) & 0x80u) | below);
+    return float_to_e4m3fn(x / f.scale);
   }
   // An element of the block's largest code magnitude decodes to 448 * scale, an ulp or so
   // from the absmax (or, below absmax 1e-12 where the scale is clipped, less): it reads as
@@ -97,7 +126,7 @@ template <ElemType T>
 SA_HD float encode_block(const typename BlockCodec<T>::Book& book, const float* x, int64_t n,
                          uint8_t* codes) {
   const float absmax = quant8_absmax(x, n);
-  const float factor = BlockCodec<T>::encode_factor(absmax);
+  const auto factor = BlockCodec<T>::encode_factor(absmax);
   for (int64_t i = 0; i < n; ++i) codes[i] = BlockCodec<T>::encode(book, x[i], factor);
   return absmax;
 }

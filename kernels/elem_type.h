@@ -22,6 +22,11 @@
 
 #include <type_traits>
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
 #ifndef SA_HD
 #if defined(__CUDACC__)
 #define SA_HD __host__ __device__ __forceinline__
@@ -167,14 +172,28 @@ SA_HD uint16_t float_to_half(float f) {
 }
 
 // float8 e4m3fn (OCP FP8: 4 exponent bits of bias 7, 3 mantissa bits, no infinities, NaN
-// = S.1111.111, largest 448, subnormals down to 2^-9). Exact.
-SA_HD float e4m3fn_to_float(uint8_t b) {
+// = S.1111.111, largest 448, subnormals down to 2^-9). Exact. The portable definition,
+// which the host runs; devices of compute capability 8.9 and later convert in hardware
+// (e4m3fn_to_float below), with the same result for every code (tests/gpu checks all 256).
+SA_HD float e4m3fn_to_float_portable(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
   const uint32_t exp = (b >> 3) & 0xFu;
   const uint32_t mant = b & 0x7u;
   if (exp == 0xFu && mant == 0x7u) return bits_float(sign | 0x7FC00000u);  // NaN
   if (exp != 0) return bits_float(sign | ((exp + 120u) << 23) | (mant << 20));
   return bits_float(sign | float_bits(static_cast<float>(mant) * 0.001953125f));  // m * 2^-9
+}
+
+SA_HD float e4m3fn_to_float(uint8_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Every e4m3fn value is a float16 value, so code -> float16 -> float32 is exact; the NaN
+  // codes take the portable NaN (the hardware's has another payload).
+  const __half h = __half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3));
+  return (b & 0x7Fu) == 0x7Fu ? bits_float((static_cast<uint32_t>(b & 0x80u) << 24) | 0x7FC00000u)
+                              : __half2float(h);
+#else
+  return e4m3fn_to_float_portable(b);
+#endif
 }
 
 // Round to nearest, ties to even; a magnitude beyond the largest (448) saturates to it,
@@ -195,6 +214,19 @@ SA_HD uint8_t float_to_e4m3fn(float f) {
   const float units = bits_float(ax) * 512.0f;
   const float rounded = (units + 8388608.0f) - 8388608.0f;
   return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded));
+}
+
+// float_to_e4m3fn(a) in the low byte and float_to_e4m3fn(b) in the high one, except that a
+// NaN may come out as the other NaN code. On devices of compute capability 8.9 and later
+// this is one instruction (cvt.rn.satfinite.e4m3x2.f32: to nearest even, saturating,
+// infinities included), equal to float_to_e4m3fn for every float (tests/gpu checks all 2^32).
+SA_HD uint16_t float_to_e4m3fn_pair(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+#else
+  return static_cast<uint16_t>(float_to_e4m3fn(a) | (float_to_e4m3fn(b) << 8));
+#endif
 }
 
 // ---- per-element codecs -----------------------------------------------------------------

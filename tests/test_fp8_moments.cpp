@@ -78,6 +78,61 @@ TEST_CASE("float8 e4m3fn: encoding is nearest, ties to even, saturating at 448",
   CHECK(is_nan_code(float_to_e4m3fn(std::numeric_limits<float>::quiet_NaN())));
 }
 
+// On a GPU the codec encodes by multiplying with the scale's inverse and divides only near
+// a rounding boundary (BlockCodec<f8e4m3>::encode_by_inverse, here with the portable pair
+// conversion that tests/gpu checks the hardware one against); the codes must be torchao's,
+// those of the division, for every x and scale. The hard cases are quotients within a few float
+// steps of an e4m3fn midpoint (and of 464, where saturation starts), around powers of two, and the
+// special values; random x over wide exponent ranges cover the rest.
+TEST_CASE("float8 moments: encoding by the scale's inverse equals encoding the quotient", "[fp8]") {
+  using Codec = sa::kernels::BlockCodec<ElemType::f8e4m3>;
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-40, 40);
+  int64_t checked = 0, mismatches = 0;
+  const auto check = [&](float x, float absmax) {
+    const auto f = Codec::encode_factor(absmax);
+    const uint8_t want = float_to_e4m3fn(x / f.scale);
+    const uint8_t got = Codec::encode_by_inverse(x, f);
+    ++checked;
+    // NaN codes of either sign are both NaN; every other code must be the same bits.
+    if (is_nan_code(want) ? !is_nan_code(got) : got != want) {
+      if (++mismatches <= 5)
+        FAIL_CHECK("x " << x << " absmax " << absmax << ": " << int(got) << " != " << int(want));
+    }
+  };
+  std::vector<float> boundaries;  // quotients where e4m3fn rounding changes: every midpoint
+  for (int c = 0; c < 0x7E; ++c)
+    boundaries.push_back(static_cast<float>((e4m3_value(c) + e4m3_value(c + 1)) / 2));
+  boundaries.push_back(464.0f);
+  for (float p2 = 0x1p-12f; p2 <= 512.0f; p2 *= 2) boundaries.push_back(p2);
+  for (int trial = 0; trial < 300; ++trial) {
+    const float absmax = std::ldexp(unit(rng), exponent(rng));
+    const float scale = Codec::encode_factor(absmax).scale;
+    for (float b : boundaries) {
+      float x = b * scale;  // within half a step of b * scale
+      for (int i = 0; i < 24; ++i) x = std::nextafter(x, 0.0f);
+      for (int i = 0; i < 49; ++i, x = std::nextafter(x, 1e38f)) {
+        check(x, absmax);
+        check(-x, absmax);
+      }
+    }
+    for (int i = 0; i < 2000; ++i) {
+      const float x = std::ldexp(unit(rng) - 1.0f, -30 + static_cast<int>(rng() % 40)) * absmax;
+      check(x, absmax);
+      check(-x, absmax);
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
+  for (float absmax : {0.0f, 1e-30f, 1e-12f, 1.0f, 3e38f, inf, nan})
+    for (float x : {0.0f, -0.0f, 1e-45f, -1e-45f, 1e-38f, 1e-12f, 1.0f, -1.0f, 448.0f, 3e38f,
+                    -3e38f, inf, -inf, nan, -nan})
+      check(x, absmax);
+  CHECK(mismatches == 0);
+  CHECK(checked > 5'000'000);
+}
+
 TEST_CASE("float8 moments: a block's scale, codes, NaN, and file values that quantize back",
           "[fp8]") {
   using Codec = sa::kernels::BlockCodec<ElemType::f8e4m3>;

@@ -194,7 +194,7 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
     for (int offset = 16; offset > 0; offset /= 2)
       bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
     const float absmax = bits_float(bits);
-    const float factor = Codec::encode_factor(absmax);
+    const auto factor = Codec::encode_factor(absmax);
     const auto book = t.book(moment_signed(k));
     auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
 #pragma unroll
@@ -209,6 +209,31 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
   });
 }
 
+// Tuning knob (bench/cuda_tuning.md): 1 asks L2 for the warp's next block of a chunk while
+// it updates the current one (the kernel waits on its loads: ncu), one line per lane.
+#ifndef SA_CUDA_BLOCK_PREFETCH
+#define SA_CUDA_BLOCK_PREFETCH 0
+#endif
+
+__device__ __forceinline__ void prefetch_lines(const void* base, int64_t bytes, int lane) {
+  if (base != nullptr && lane * 128 < bytes)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + lane * 128));
+}
+
+// The lines of block b's arrays (param, grad, master, each moment's codes), lane i the i-th
+// line of each; the caller keeps b within the slot.
+template <class S>
+__device__ __forceinline__ void prefetch_block(const TypedSlot<S>& a, int64_t b, int lane) {
+  const int64_t first = b * kQuant8Block;
+  prefetch_lines(a.param + first, kQuant8Block * sizeof(*a.param), lane);
+  prefetch_lines(a.grad + first, kQuant8Block * sizeof(*a.grad), lane);
+  if (S::kMaster != MasterKind::none)
+    prefetch_lines(a.master + first, kQuant8Block * sizeof(*a.master), lane);
+  for_each_moment<S>([&](auto k) {
+    prefetch_lines(reinterpret_cast<const uint8_t*>(a.moment[k]) + first, kQuant8Block, lane);
+  });
+}
+
 // The blocks of one chunk, a warp per block.
 template <ElemType T, class S, bool kL2>
 __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
@@ -220,6 +245,8 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
        b * kQuant8Block < w.end; b += warps) {
+    if (SA_CUDA_BLOCK_PREFETCH && (b + warps) * kQuant8Block < w.end)
+      prefetch_block(a, b + warps, lane);
     if (vec_ok && (b + 1) * kQuant8Block <= w.slot.numel)
       update_block<T, S, kL2, true>(a, w.slot, b, w.coeffs.c, t, lane);
     else
