@@ -1,12 +1,14 @@
 package shardadam
 
+// #include <stdlib.h>
+// #include <shardadam/shardadam.h>
+import "C"
+
 import (
 	"fmt"
 	"runtime/cgo"
 	"sync"
 	"unsafe"
-
-	"github.com/shardadam/shardadam/bindings/go/internal/capi"
 )
 
 // ReduceOp is the reduction a host communicator's function applies (sa_reduce_op),
@@ -50,8 +52,8 @@ const (
 // another one.
 type Comm struct {
 	mu     sync.Mutex
-	handle capi.Struct_SS_sa_comm // nil once closed
-	host   *hostComm              // nil for NCCL communicators
+	handle *C.sa_comm // nil once closed
+	host   *hostComm  // nil for NCCL communicators
 }
 
 // hostComm is the Go side of a host communicator: the user's function and why its last
@@ -62,9 +64,9 @@ type hostComm struct {
 	lastError string
 }
 
-// call is the capi.HostAllReduce behind the communicator's handle: 0 on success, 1 when
-// the function returned an error, 2 when it panicked (recovered: C frames lie between it
-// and the step's caller).
+// call runs the function for sagoHostAllReduce: 0 on success, 1 when the function
+// returned an error, 2 when it panicked (recovered: C frames lie between it and the
+// step's caller).
 func (h *hostComm) call(values []float64, op int) (rc int) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -111,13 +113,18 @@ func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, er
 		return nil, bindingError(StatusInvalidArgument, "shardadam.NewHostComm: allReduce is nil")
 	}
 	host := &hostComm{allReduce: allReduce}
-	// C keeps the handle, an integer, never a Go pointer; release deletes it.
-	h := cgo.NewHandle(capi.HostAllReduce(host.call))
-	errbuf := make([]byte, errorBufferBytes)
-	status := []int{0}
-	handle := capi.Sago_comm_create_host(uintptr(h), status, errbuf)
-	if err := resultError(status[0], errbuf); err != nil {
+	// C keeps the handle, an integer in a C cell, never a Go pointer; release deletes both.
+	ctx := (*C.uintptr_t)(C.malloc(C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
+	if ctx == nil {
+		return nil, bindingError(StatusOutOfMemory, "shardadam.NewHostComm: cannot allocate the callbacks' context")
+	}
+	h := cgo.NewHandle(host)
+	*ctx = C.uintptr_t(h)
+	callbacks := hostCallbacks(unsafe.Pointer(ctx))
+	var handle *C.sa_comm
+	if err := handleless(func() C.sa_status { return C.sa_comm_create_host(&callbacks, &handle) }); err != nil {
 		h.Delete() // a refused table is not kept, so release never runs
+		C.free(unsafe.Pointer(ctx))
 		return nil, err
 	}
 	return &Comm{handle: handle, host: host}, nil
@@ -130,9 +137,10 @@ type NCCLUniqueID [128]byte
 // NewNCCLUniqueID makes a new NCCL unique id (sa_nccl_unique_id_create). StatusUnsupported
 // when the library has no NCCL (BuildInfo says "nccl: not available") or NCCL cannot be loaded.
 func NewNCCLUniqueID() (NCCLUniqueID, error) {
+	var raw C.sa_nccl_unique_id
+	err := handleless(func() C.sa_status { return C.sa_nccl_unique_id_create(&raw) })
 	var id NCCLUniqueID
-	errbuf := make([]byte, errorBufferBytes)
-	err := resultError(capi.Sago_nccl_unique_id(id[:], errbuf), errbuf)
+	copy(id[:], unsafe.Slice((*byte)(unsafe.Pointer(&raw.internal[0])), len(id)))
 	return id, err
 }
 
@@ -141,10 +149,12 @@ func NewNCCLUniqueID() (NCCLUniqueID, error) {
 // have called it with the same id. It reduces in device memory on the step's stream, for
 // optimizers of CUDA params on that device.
 func NewNCCLComm(id NCCLUniqueID, nranks, rank, device int) (*Comm, error) {
-	errbuf := make([]byte, errorBufferBytes)
-	status := []int{0}
-	handle := capi.Sago_comm_create_nccl(id[:], nranks, rank, device, status, errbuf)
-	if err := resultError(status[0], errbuf); err != nil {
+	var raw C.sa_nccl_unique_id
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&raw.internal[0])), len(id)), id[:])
+	var handle *C.sa_comm
+	if err := handleless(func() C.sa_status {
+		return C.sa_comm_create_nccl(&raw, C.int32_t(nranks), C.int32_t(rank), C.int32_t(device), &handle)
+	}); err != nil {
 		return nil, err
 	}
 	return &Comm{handle: handle}, nil
@@ -155,10 +165,8 @@ func NewNCCLComm(id NCCLUniqueID, nranks, rank, device int) (*Comm, error) {
 // every optimizer it was given to is closed or given another communicator, and run no
 // other work on it while a step runs.
 func WrapNCCLComm(ncclComm unsafe.Pointer) (*Comm, error) {
-	errbuf := make([]byte, errorBufferBytes)
-	status := []int{0}
-	handle := capi.Sago_comm_wrap_nccl(uintptr(ncclComm), status, errbuf)
-	if err := resultError(status[0], errbuf); err != nil {
+	var handle *C.sa_comm
+	if err := handleless(func() C.sa_status { return C.sa_comm_wrap_nccl(ncclComm, &handle) }); err != nil {
 		return nil, err
 	}
 	return &Comm{handle: handle}, nil
@@ -172,11 +180,11 @@ func (c *Comm) RankAndSize() (rank, nranks int, err error) {
 	if c.handle == nil {
 		return -1, -1, bindingError(StatusState, "shardadam.Comm.RankAndSize: the communicator is closed")
 	}
-	info, errbuf := make([]int64, 2), make([]byte, errorBufferBytes)
-	if err := resultError(capi.Sago_comm_info(c.handle, info, errbuf), errbuf); err != nil {
+	r, n := C.int32_t(-1), C.int32_t(-1)
+	if err := handleless(func() C.sa_status { return C.sa_comm_info(c.handle, &r, &n) }); err != nil {
 		return -1, -1, err
 	}
-	return int(info[0]), int(info[1]), nil
+	return int(r), int(n), nil
 }
 
 // Close releases the caller's reference (sa_comm_destroy). Optimizers given the
@@ -185,7 +193,7 @@ func (c *Comm) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.handle != nil {
-		capi.Sago_comm_destroy(c.handle)
+		C.sa_comm_destroy(c.handle)
 		c.handle = nil
 	}
 	return nil
@@ -203,7 +211,7 @@ func (o *Optimizer) SetComm(c *Comm) error {
 	}
 	defer o.mu.Unlock()
 	if c == nil {
-		if err := resultError(capi.Sago_set_comm(o.handle, 0, capi.SwigcptrStruct_SS_sa_comm(0), o.errbuf), o.errbuf); err != nil {
+		if err := o.check(C.sa_optimizer_set_comm(o.handle, nil)); err != nil {
 			return err
 		}
 		o.comm = nil
@@ -214,7 +222,7 @@ func (o *Optimizer) SetComm(c *Comm) error {
 	if c.handle == nil {
 		return bindingError(StatusState, "%s: the communicator is closed", op)
 	}
-	if err := resultError(capi.Sago_set_comm(o.handle, 1, c.handle, o.errbuf), o.errbuf); err != nil {
+	if err := o.check(C.sa_optimizer_set_comm(o.handle, c.handle)); err != nil {
 		return err
 	}
 	o.comm = c

@@ -1,12 +1,13 @@
 package shardadam
 
+// #include <shardadam/shardadam.h>
+import "C"
+
 import (
 	"math"
 	"sort"
 	"strings"
 	"sync"
-
-	"github.com/shardadam/shardadam/bindings/go/internal/capi"
 )
 
 // DType is an element type of a param, grad or state, by the library's name for it
@@ -73,25 +74,29 @@ func loadDTypes() {
 // readDTypes reads the library's dtype table. It cannot fail for the indices the library
 // itself counts, so a failure is a broken library: a panic with its message.
 func readDTypes() []DTypeInfo {
-	errbuf := make([]byte, errorBufferBytes)
-	list := make([]DTypeInfo, capi.Sa_num_dtypes())
+	list := make([]DTypeInfo, C.sa_num_dtypes())
 	for i := range list {
-		info := make([]int64, 5)
-		var text []byte
-		for { // the first call says how many bytes the strings need, the second copies them
-			if err := resultError(capi.Sago_dtype(i, info, text, errbuf), errbuf); err != nil {
-				panic("shardadam: reading the library's dtype table: " + err.Error())
-			}
-			if int64(len(text)) >= info[4] {
-				break
-			}
-			text = make([]byte, info[4])
+		d := C.sa_dtype_info{struct_size: C.sizeof_sa_dtype_info}
+		if err := handleless(func() C.sa_status { return C.sa_dtype(C.int32_t(i), &d) }); err != nil {
+			panic("shardadam: reading the library's dtype table: " + err.Error())
 		}
-		strs := strings.Split(string(text[:info[4]]), "\x00") // name, safetensors name, doc, ""
-		list[i] = DTypeInfo{Name: DType(strs[0]), Code: int(info[0]), Bits: int(info[1]),
-			Roles: int(info[3]), SafetensorsName: strs[1], Doc: strs[2]}
+		list[i] = DTypeInfo{Name: DType(C.GoString(d.name)), Code: int(d.dtype.code),
+			Bits: int(d.dtype.bits), Roles: int(d.roles), Doc: C.GoString(d.doc)}
+		if d.safetensors_name != nil { // NULL: shard files never hold it
+			list[i].SafetensorsName = C.GoString(d.safetensors_name)
+		}
 	}
 	return list
+}
+
+// dlpackType is d's DLPack dtype from the library's table, lanes 1 (zero for DTypeDefault,
+// the library's "default"). The caller has checked d with checkDTypes.
+func (d DType) dlpackType() C.DLDataType {
+	code, bits, _ := d.dlpack()
+	if bits == 0 {
+		return C.DLDataType{}
+	}
+	return C.DLDataType{code: C.uint8_t(code), bits: C.uint8_t(bits), lanes: 1}
 }
 
 // String returns the dtype's name, as the library's messages spell it.

@@ -1,10 +1,9 @@
 package shardadam
 
-import (
-	"fmt"
+// #include <shardadam/shardadam.h>
+import "C"
 
-	"github.com/shardadam/shardadam/bindings/go/internal/capi"
-)
+import "fmt"
 
 // Status is the outcome of a call: one of the sa_status codes of shardadam.h.
 type Status int
@@ -26,13 +25,13 @@ const (
 
 // String returns the library's name for the status, e.g. "SA_ERR_MISMATCH".
 func (s Status) String() string {
-	return capi.Sago_status_string(int(s))
+	return C.GoString(C.sa_status_string(C.sa_status(s)))
 }
 
 // Error is a failed call: its status and the library's message, which names the function,
-// the param, what was expected and what arrived. The message is copied inside the same
-// native call that failed, so it belongs to that call even though Go may have moved the
-// goroutine to another OS thread since. Match it with errors.As:
+// the param, what was expected and what arrived. The message is read before any other call
+// can replace it (the optimizer's lock; the OS thread of a handle-less call), so it belongs
+// to the call that failed even when goroutines fail concurrently. Match it with errors.As:
 //
 //	var e *shardadam.Error
 //	if errors.As(err, &e) && e.Status == shardadam.StatusMismatch { ... }
@@ -46,28 +45,7 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("shardadam: %s: %s", e.Status, e.Message)
 }
 
-// errorBufferBytes bounds the message copied out of a failed call; longer ones are cut.
-const errorBufferBytes = 4096
-
-// resultError turns a helper's status and the message it copied into errbuf into an error.
-func resultError(status int, errbuf []byte) error {
-	if status == int(StatusOK) {
-		return nil
-	}
-	return &Error{Status: Status(status), Message: cString(errbuf)}
-}
-
 // bindingError is an error found by the Go binding before any native call.
 func bindingError(status Status, format string, args ...interface{}) error {
 	return &Error{Status: status, Message: fmt.Sprintf(format, args...)}
-}
-
-// cString returns the NUL-terminated text at the start of b.
-func cString(b []byte) string {
-	for i, c := range b {
-		if c == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b)
 }

@@ -1,11 +1,12 @@
 package shardadam
 
+// #include <shardadam/shardadam.h>
+import "C"
+
 import (
 	"sort"
-	"strings"
 	"sync"
-
-	"github.com/shardadam/shardadam/bindings/go/internal/capi"
+	"unsafe"
 )
 
 // The group hyperparameters are the library's: their names, defaults, valid values and
@@ -52,24 +53,16 @@ func GroupFields() []FieldInfo {
 // readGroupFields reads the library's field table. It cannot fail for the indices the
 // library itself counts, so a failure is a broken library: a panic with its message.
 func readGroupFields() []FieldInfo {
-	errbuf := make([]byte, errorBufferBytes)
-	fields := make([]FieldInfo, capi.Sa_group_config_num_fields())
+	fields := make([]FieldInfo, C.sa_group_config_num_fields())
 	for i := range fields {
-		values, info := make([]float64, 3), make([]int64, 4)
-		var text []byte
-		for { // the first call says how many bytes the strings need, the second copies them
-			if err := resultError(capi.Sago_group_field(i, values, info, text, errbuf), errbuf); err != nil {
-				panic("shardadam: reading the library's group field table: " + err.Error())
-			}
-			if int64(len(text)) >= info[3] {
-				break
-			}
-			text = make([]byte, info[3])
+		f := C.sa_field_info{struct_size: C.sizeof_sa_field_info}
+		if err := handleless(func() C.sa_status { return C.sa_group_config_field(C.int32_t(i), &f) }); err != nil {
+			panic("shardadam: reading the library's group field table: " + err.Error())
 		}
-		strs := strings.Split(string(text[:info[3]]), "\x00") // name, rule, doc and ""
-		fields[i] = FieldInfo{Name: strs[0], Flag: info[0] != 0, Default: values[0],
-			Min: values[1], Max: values[2], MaxInclusive: info[1] != 0,
-			FixedWithParams: info[2] != 0, Rule: strs[1], Doc: strs[2]}
+		fields[i] = FieldInfo{Name: C.GoString(f.name), Flag: f._type == C.SA_FIELD_FLAG,
+			Default: float64(f.default_value), Min: float64(f.min), Max: float64(f.max),
+			MaxInclusive: f.max_inclusive != 0, FixedWithParams: f.fixed_with_params != 0,
+			Rule: C.GoString(f.rule), Doc: C.GoString(f.doc)}
 	}
 	return fields
 }
@@ -85,23 +78,37 @@ func DefaultGroupConfig() GroupConfig {
 	return cfg
 }
 
-// packFields lays cfg out for the C helpers: its names in sorted order (so that the
-// library, which reports the first bad field, says the same for the same config every
-// time) and their values.
-func packFields(op string, cfg GroupConfig) (names []byte, values []float64, err error) {
+// packFields lays cfg out as sa_optimizer_*_group_fields take it, in C memory: its names
+// in sorted order (so that the library, which reports the first bad field, says the same
+// for the same config every time) and their values.
+func packFields(op string, mem *cArena, cfg GroupConfig) (names **C.char, values *C.double, n C.int32_t, err error) {
 	keys := make([]string, 0, len(cfg))
 	for name := range cfg {
 		keys = append(keys, name)
 	}
 	sort.Strings(keys)
-	if names, err = packStrings(op, "field name", keys); err != nil {
-		return nil, nil, err
+	if names, values, err = cFields(op, mem, keys); err != nil {
+		return nil, nil, 0, err
 	}
-	values = make([]float64, len(keys))
 	for i, name := range keys {
-		values[i] = cfg[name]
+		unsafe.Slice(values, len(keys))[i] = C.double(cfg[name])
 	}
-	return names, values, nil
+	return names, values, C.int32_t(len(keys)), err
+}
+
+// cFields copies field names into C memory, with room for one value each.
+func cFields(op string, mem *cArena, keys []string) (**C.char, *C.double, error) {
+	if len(keys) == 0 {
+		return nil, nil, nil
+	}
+	names := unsafe.Slice((**C.char)(mem.alloc(uintptr(len(keys))*unsafe.Sizeof((*C.char)(nil)))), len(keys))
+	for i, name := range keys {
+		if err := checkNoNUL(op, "field name", name); err != nil {
+			return nil, nil, err
+		}
+		names[i] = mem.str(name)
+	}
+	return &names[0], (*C.double)(mem.alloc(uintptr(len(keys)) * 8)), nil
 }
 
 // AddGroup appends a group with the library's defaults but for the fields cfg names, and
@@ -109,7 +116,9 @@ func packFields(op string, cfg GroupConfig) (names []byte, values []float64, err
 // same order on every rank. cfg may be nil (all defaults).
 func (o *Optimizer) AddGroup(cfg GroupConfig) (int, error) {
 	const op = "shardadam.AddGroup"
-	names, values, err := packFields(op, cfg)
+	var mem cArena
+	defer mem.free()
+	names, values, n, err := packFields(op, &mem, cfg)
 	if err != nil {
 		return -1, err
 	}
@@ -117,11 +126,11 @@ func (o *Optimizer) AddGroup(cfg GroupConfig) (int, error) {
 		return -1, err
 	}
 	defer o.mu.Unlock()
-	group := []int{-1}
-	if err := resultError(capi.Sago_add_group_fields(o.handle, names, values, group, o.errbuf), o.errbuf); err != nil {
+	group := C.int32_t(-1)
+	if err := o.check(C.sa_optimizer_add_group_fields(o.handle, n, names, values, &group)); err != nil {
 		return -1, err
 	}
-	return group[0], nil
+	return int(group), nil
 }
 
 // Group returns every hyperparameter of a group, one entry per field of GroupFields.
@@ -131,7 +140,9 @@ func (o *Optimizer) Group(group int) (GroupConfig, error) {
 	for i, f := range fields {
 		keys[i] = f.Name
 	}
-	names, err := packStrings("shardadam.Group", "field name", keys)
+	var mem cArena
+	defer mem.free()
+	names, values, err := cFields("shardadam.Group", &mem, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -139,13 +150,12 @@ func (o *Optimizer) Group(group int) (GroupConfig, error) {
 		return nil, err
 	}
 	defer o.mu.Unlock()
-	values := make([]float64, len(keys))
-	if err := resultError(capi.Sago_get_group_fields(o.handle, group, names, values, o.errbuf), o.errbuf); err != nil {
+	if err := o.check(C.sa_optimizer_get_group_fields(o.handle, C.int32_t(group), C.int32_t(len(keys)), names, values)); err != nil {
 		return nil, err
 	}
 	cfg := make(GroupConfig, len(keys))
 	for i, name := range keys {
-		cfg[name] = values[i]
+		cfg[name] = float64(unsafe.Slice(values, len(keys))[i])
 	}
 	return cfg, nil
 }
@@ -155,7 +165,9 @@ func (o *Optimizer) Group(group int) (GroupConfig, error) {
 // once the group holds a param.
 func (o *Optimizer) SetGroup(group int, cfg GroupConfig) error {
 	const op = "shardadam.SetGroup"
-	names, values, err := packFields(op, cfg)
+	var mem cArena
+	defer mem.free()
+	names, values, n, err := packFields(op, &mem, cfg)
 	if err != nil {
 		return err
 	}
@@ -163,7 +175,7 @@ func (o *Optimizer) SetGroup(group int, cfg GroupConfig) error {
 		return err
 	}
 	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_group_fields(o.handle, group, names, values, o.errbuf), o.errbuf)
+	return o.check(C.sa_optimizer_set_group_fields(o.handle, C.int32_t(group), n, names, values))
 }
 
 // SetLR sets the learning rate of a group (what an LR schedule changes each step).
@@ -172,7 +184,7 @@ func (o *Optimizer) SetLR(group int, lr float64) error {
 		return err
 	}
 	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_lr(o.handle, group, lr, o.errbuf), o.errbuf)
+	return o.check(C.sa_optimizer_set_lr(o.handle, C.int32_t(group), C.double(lr)))
 }
 
 // StepCount returns a group's step count: the steps taken and not skipped.
@@ -181,11 +193,11 @@ func (o *Optimizer) StepCount(group int) (int64, error) {
 		return 0, err
 	}
 	defer o.mu.Unlock()
-	step := []int64{0}
-	if err := resultError(capi.Sago_get_step(o.handle, group, step, o.errbuf), o.errbuf); err != nil {
+	var step C.int64_t
+	if err := o.check(C.sa_optimizer_get_step(o.handle, C.int32_t(group), &step)); err != nil {
 		return 0, err
 	}
-	return step[0], nil
+	return int64(step), nil
 }
 
 // SetStepCount sets a group's step count and those of its params (e.g. when resuming).
@@ -194,5 +206,5 @@ func (o *Optimizer) SetStepCount(group int, step int64) error {
 		return err
 	}
 	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_step(o.handle, group, step, o.errbuf), o.errbuf)
+	return o.check(C.sa_optimizer_set_step(o.handle, C.int32_t(group), C.int64_t(step)))
 }

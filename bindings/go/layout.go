@@ -1,6 +1,9 @@
 package shardadam
 
-import "github.com/shardadam/shardadam/bindings/go/internal/capi"
+// #include <shardadam/shardadam.h>
+import "C"
+
+import "unsafe"
 
 // PlacementKind says how one mesh dim places a tensor (sa_placement_type).
 type PlacementKind int
@@ -41,30 +44,61 @@ type Layout struct {
 	GlobalOffset []int64
 }
 
-// placementPairs flattens the placements into (kind, dim) pairs for the C helper.
-func (l *Layout) placementPairs() []int64 {
-	pairs := make([]int64, 0, 2*len(l.Placements))
-	for _, p := range l.Placements {
-		pairs = append(pairs, int64(p.Kind), int64(p.Dim))
+// cLayout builds l as an sa_layout in C memory (it points to its arrays). The library
+// checks every count and value; only what it cannot see is checked here: that the mesh
+// arrays, which it reads by mesh_ndim, have one entry per mesh dim, and the offsets one
+// per tensor dim.
+func (l *Layout) cLayout(op string, mem *cArena) (*C.sa_layout, error) {
+	meshDims := len(l.MeshShape)
+	if len(l.MeshCoord) != meshDims || len(l.Placements) != meshDims {
+		return nil, bindingError(StatusInvalidArgument, "%s: layout: MeshCoord (%d) and Placements (%d) need one entry per MeshShape dim (%d)", op, len(l.MeshCoord), len(l.Placements), meshDims)
 	}
-	return pairs
+	if l.GlobalOffset != nil && len(l.GlobalOffset) != len(l.GlobalShape) {
+		return nil, bindingError(StatusInvalidArgument, "%s: layout: GlobalOffset (%d) needs one entry per GlobalShape dim (%d)", op, len(l.GlobalOffset), len(l.GlobalShape))
+	}
+	c := (*C.sa_layout)(mem.alloc(C.sizeof_sa_layout))
+	c.struct_size = C.sizeof_sa_layout
+	c.ndim = C.int32_t(len(l.GlobalShape))
+	c.global_shape = mem.int64s(l.GlobalShape)
+	c.mesh_ndim = C.int32_t(meshDims)
+	c.mesh_shape = mem.int64s(l.MeshShape)
+	c.mesh_coord = mem.int64s(l.MeshCoord)
+	if meshDims > 0 {
+		placements := unsafe.Slice((*C.sa_placement)(mem.alloc(uintptr(meshDims)*C.sizeof_sa_placement)), meshDims)
+		for i, p := range l.Placements {
+			placements[i] = C.sa_placement{_type: C.int32_t(p.Kind), dim: C.int32_t(p.Dim)}
+		}
+		c.placements = &placements[0]
+	}
+	if l.GlobalOffset != nil {
+		// A 0-dim box still needs a non-NULL offset: NULL selects the mesh form.
+		c.global_offset = (*C.int64_t)(mem.alloc(uintptr(len(l.GlobalOffset)) * 8))
+		copy(unsafe.Slice((*int64)(unsafe.Pointer(c.global_offset)), len(l.GlobalOffset)), l.GlobalOffset)
+	}
+	return c, nil
 }
 
 // LocalBox resolves a mesh-form layout to this rank's box: the local shape (the shape of
 // the shard to add) and its offset in the global tensor (sa_layout_local_box).
 func LocalBox(l Layout) (localShape, globalOffset []int64, err error) {
+	const op = "shardadam.LocalBox"
 	if l.GlobalOffset != nil {
 		return nil, nil, bindingError(StatusInvalidArgument,
-			"shardadam.LocalBox: the layout is in box form (GlobalOffset set); its box is already known")
+			"%s: the layout is in box form (GlobalOffset set); its box is already known", op)
 	}
-	ndim := len(l.GlobalShape)
-	localShape = make([]int64, ndim)
-	globalOffset = make([]int64, ndim)
-	errbuf := make([]byte, errorBufferBytes)
-	status := capi.Sago_local_box(l.GlobalShape, l.MeshShape, l.MeshCoord, l.placementPairs(),
-		localShape, globalOffset, errbuf)
-	if err := resultError(status, errbuf); err != nil {
+	var mem cArena
+	defer mem.free()
+	c, err := l.cLayout(op, &mem)
+	if err != nil {
 		return nil, nil, err
 	}
+	ndim := len(l.GlobalShape)
+	local := (*C.int64_t)(mem.alloc(uintptr(ndim) * 8))
+	offset := (*C.int64_t)(mem.alloc(uintptr(ndim) * 8))
+	if err := handleless(func() C.sa_status { return C.sa_layout_local_box(c, local, offset) }); err != nil {
+		return nil, nil, err
+	}
+	localShape = append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(local)), ndim)...)
+	globalOffset = append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(offset)), ndim)...)
 	return localShape, globalOffset, nil
 }

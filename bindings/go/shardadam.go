@@ -1,54 +1,73 @@
 // Package shardadam runs fused Adam/AdamW steps over the local shards of globally shaped
-// params, through the shardadam C library (libshardadam.so).
+// params, through the shardadam C library (libshardadam.so), which it calls directly
+// through cgo (shardadam.h).
 //
-// An Optimizer owns its params: AddParam copies the initial values into C memory that the
-// library updates in place at every Step, and Param.Float32 / Param.Bits16 view that
-// memory from Go without copying. Grads are copied in by SetGrad or SetGrads into a C
-// buffer the library keeps bound, so no Go memory is ever retained by C (the cgo pointer
-// rules), and the library checks every binding. A param may have no grad at a step
-// (ClearGrad, a nil entry of SetGrads): it is then skipped, as torch skips a param whose
-// .grad is None, and its own step count (ParamSteps) does not advance.
-// States are copied out by State. Save and Load write and read shard files (one per rank;
-// any set of them loads onto any layout).
+// Params and grads live in memory the library may keep using between calls, so never in
+// Go memory (the cgo pointer rules; the collector moves and frees it):
+//
+//   - AddParam / AddParam16 copy the initial values into host memory the optimizer
+//     allocates in C and owns; Param.Float32 / Param.Bits16 view it without copying.
+//   - AddParamTensor registers memory the caller owns and keeps alive: CUDA device memory
+//     (a device address, device id, dtype and shape) or C host memory (a HostTensor).
+//   - BindGrad / BindGrads bind a grad buffer once, zero-copy: the library checks its
+//     dtype, shape and device at the binding, and every later Step reads it in place, so a
+//     training loop writes the grads into the buffer and calls Step, with no copy and no
+//     rebinding. HostGrad gives a param such a buffer in C host memory.
+//   - SetGrad / SetGrads copy Go slices into a C buffer of the optimizer's and bind it:
+//     convenient, at the price of a copy per call.
+//
+// A param may have no grad at a step (ClearGrad, a nil entry of SetGrads or BindGrads): it
+// is then skipped, as torch skips a param whose .grad is None, and its own step count
+// (ParamSteps) does not advance. States are copied out by State. Save and Load write and
+// read shard files (one per rank; any set of them loads onto any layout).
+//
+// On a CUDA optimizer (params on a CUDA device) Step and Flush take the caller's stream as
+// a raw cudaStream_t (StepArgs.Stream; 0 is the legacy default stream) and only enqueue
+// work on it, as shardadam.h says per function.
 //
 // A group's hyperparameters are a GroupConfig, a map from the library's field names to
 // values, e.g. GroupConfig{"lr": 1e-2} (the fields it leaves out keep their defaults).
 // GroupFields describes each field (default, valid values, doc) from the library's own
-// table, so this package spells none of them and gets every field the library adds.
+// table, so this package spells none of them and gets every field the library adds; the
+// dtypes (DTypes) and the step arguments come from the library's tables too.
 //
 // A step can clip the grads by their global norm (StepArgs.MaxGradNorm). Each rank's
 // optimizer holds its own shards, so the ranks agree on the norm through a Comm given to
 // SetComm: NCCL for CUDA params, or a Go function over the caller's own transport
 // (NewHostComm).
 //
-// Every failure is an *Error carrying the library's status and message. The message is
-// copied inside the native call that failed, so it is the right one whichever OS thread
-// the goroutine runs on afterwards.
+// Every failure is an *Error carrying the library's status and message (which names the
+// function and the param). It is the failed call's own message whichever OS thread the
+// goroutine runs on.
 //
 // An Optimizer may be used from several goroutines: its methods serialize on a mutex, as
-// the library requires. Call Close when done; it frees the params, their grads and the
-// state.
+// the library requires. Call Close when done; it frees the params' and grads' memory that
+// the optimizer allocated, and the state.
 //
-// Building: the package needs SWIG (it runs on internal/capi/capi.swig), the header
-// directories and the library:
+// Building: the package finds the library with pkg-config (#cgo pkg-config: shardadam),
+// so with the library installed a plain `go build` works; for an install in a prefix of
+// your own, or a build tree, point PKG_CONFIG_PATH at its shardadam.pc:
 //
-//	CGO_CFLAGS="-I<dir with dlpack/dlpack.h >= 1.0>" \
-//	CGO_LDFLAGS="-L<build dir> -Wl,-rpath,<build dir>" go test ./...
+//	export PKG_CONFIG_PATH=<prefix>/lib/pkgconfig   # a build tree: <build>/pkgconfig
+//	export LD_LIBRARY_PATH=<prefix>/lib              # or link with an rpath
+//	go test ./...
 package shardadam
+
+// #include <stdlib.h>
+// #include <shardadam/shardadam.h>
+import "C"
 
 import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/shardadam/shardadam/bindings/go/internal/capi"
 )
 
 // Version returns the version of the loaded library as MAJOR*10000 + MINOR*100 + PATCH.
-func Version() int { return capi.Sa_version() }
+func Version() int { return int(C.sa_version()) }
 
 // BuildInfo returns the library's one-line description of its version and backends.
-func BuildInfo() string { return capi.Sa_build_info() }
+func BuildInfo() string { return C.GoString(C.sa_build_info()) }
 
 // Config holds the options of NewOptimizer (sa_optimizer_config). The zero value gives the
 // library's defaults.
@@ -61,47 +80,52 @@ type Config struct {
 // Create it with NewOptimizer and release it with Close.
 type Optimizer struct {
 	mu     sync.Mutex
-	handle capi.Struct_SS_sa_optimizer // nil once closed
-	errbuf []byte                      // where each call copies its error message
+	handle *C.sa_optimizer // nil once closed
 	params []*Param
-	comm   *Comm // the last SetComm's, to read why a host communicator's function failed
+	device *Device    // of the first param (all params of an optimizer share it); nil before
+	step   *stepBlock // the step's arguments, in C memory, allocated once
+	comm   *Comm      // the last SetComm's, to read why a host communicator's function failed
 }
 
 // NewOptimizer creates an empty optimizer. cfg may be nil (defaults).
 func NewOptimizer(cfg *Config) (*Optimizer, error) {
-	numThreads, simd := 0, 1
+	config := C.sa_optimizer_config{struct_size: C.sizeof_sa_optimizer_config, cpu_simd: 1}
 	if cfg != nil {
-		numThreads = cfg.NumThreads
+		config.num_threads = C.int32_t(cfg.NumThreads)
 		if cfg.ScalarOnly {
-			simd = 0
+			config.cpu_simd = 0
 		}
 	}
-	errbuf := make([]byte, errorBufferBytes)
-	status := []int{0}
-	handle := capi.Sago_create(numThreads, simd, status, errbuf)
-	if err := resultError(status[0], errbuf); err != nil {
+	step, err := newStepBlock()
+	if err != nil {
 		return nil, err
 	}
-	return &Optimizer{handle: handle, errbuf: errbuf}, nil
+	var handle *C.sa_optimizer
+	if err := handleless(func() C.sa_status { return C.sa_optimizer_create(&config, &handle) }); err != nil {
+		step.free()
+		return nil, err
+	}
+	return &Optimizer{handle: handle, step: step}, nil
 }
 
-// Close destroys the optimizer: its state, its params' memory (so every slice returned by
-// Param.Float32 or Param.Bits16 becomes invalid) and the grad buffers. Closing twice is a
-// no-op. It always returns nil.
+// Close destroys the optimizer: its state and the memory it allocated for params and
+// grads (so every slice returned by Param.Float32 or Param.Bits16 of such a param becomes
+// invalid). Memory registered by AddParamTensor or bound by BindGrad is the caller's again.
+// Closing twice is a no-op. It always returns nil.
 func (o *Optimizer) Close() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.handle == nil {
 		return nil
 	}
-	capi.Sago_destroy(o.handle) // calls each param's DLPack deleter, which frees its data
+	C.sa_optimizer_destroy(o.handle) // calls each param's DLPack deleter (sagoShardDeleter)
 	o.handle = nil
 	for _, p := range o.params {
-		capi.Free(p.grad)
-		p.grad, p.data = nil, nil
+		C.free(p.grad)
+		p.grad, p.host = nil, nil
 	}
-	o.params = nil
-	o.comm = nil
+	o.step.free()
+	o.params, o.comm = nil, nil
 	return nil
 }
 
@@ -115,13 +139,25 @@ func (o *Optimizer) lock(op string) error {
 	return nil
 }
 
-// flag is a bool as the C helpers take it.
-func flag(b bool) int {
-	if b {
-		return 1
+// checkParam fails unless p is one of o's params.
+func (o *Optimizer) checkParam(op string, p *Param) error {
+	if p == nil || p.opt != o {
+		return bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
 	}
-	return 0
+	return nil
 }
+
+// checkNoNUL fails for a string that C would read as shorter than it is.
+func checkNoNUL(op, what, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return bindingError(StatusInvalidArgument, "%s: %s %q contains a NUL byte", op, what, s)
+	}
+	return nil
+}
+
+// pointerAt turns an address of memory that Go does not manage (C memory of the
+// library's or the caller's, a CUDA stream handle) into the pointer cgo passes as void*.
+func pointerAt(a uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)) }
 
 // ---- params ------------------------------------------------------------------------
 
@@ -144,41 +180,49 @@ type ParamOptions struct {
 	Master      MasterKind // how the full-precision value is kept
 }
 
-// Param is a registered local shard. Its data lives in C memory owned by the optimizer
-// until Close.
+// Param is a registered local shard.
 type Param struct {
 	Index     int64   // the library's index of the param (0, 1, ... in order of addition)
 	Name      string  // its fully qualified name
 	DType     DType   // the dtype of the param's data
-	GradDType DType   // the dtype SetGrad / SetGrad16 must bind
+	GradDType DType   // the dtype its grads must have
 	Shape     []int64 // the local shape
+	Device    Device  // where its data lives
 
 	opt   *Optimizer
 	numel int64
-	data  unsafe.Pointer // C memory; the library frees it (DLPack deleter) at Close
-	grad  unsafe.Pointer // C memory for the bound grad; nil until the first SetGrad
+	data  uintptr        // its data: the optimizer's C memory or the caller's (AddParamTensor)
+	host  unsafe.Pointer // data when it is host memory, for Float32 and Bits16; nil once closed
+	grad  unsafe.Pointer // C memory that SetGrad copies into; nil until the first SetGrad
 }
 
 // Numel returns the number of local elements.
 func (p *Param) Numel() int64 { return p.numel }
 
-// Float32 returns the param's values as a slice over its C memory, or nil when the param
-// is not float32. Each Step updates them in place; writes change the param. The slice is
-// valid until Close, and must not be used while a Step runs in another goroutine.
-func (p *Param) Float32() []float32 {
-	if p.DType != Float32 || p.data == nil {
-		return nil
-	}
-	return unsafe.Slice((*float32)(p.data), p.numel)
+// Tensor describes the param's data: where the library updates it in place at every step.
+func (p *Param) Tensor() Tensor {
+	return Tensor{Data: p.data, Device: p.Device, DType: p.DType, Shape: append([]int64(nil), p.Shape...)}
 }
 
-// Bits16 returns the raw bits of a bfloat16 or float16 param as a slice over its C memory,
-// or nil for other dtypes; the same rules as Float32 apply.
-func (p *Param) Bits16() []uint16 {
-	if (p.DType != BFloat16 && p.DType != Float16) || p.data == nil {
+// Float32 returns the values of a float32 param in host memory as a slice over that
+// memory, or nil (another dtype, device memory, a closed optimizer). Each Step updates
+// them in place; writes change the param. The slice is valid until Close (or, for memory
+// of the caller's, until it is freed), and must not be used while a Step runs in another
+// goroutine.
+func (p *Param) Float32() []float32 {
+	if p.DType != Float32 || p.host == nil {
 		return nil
 	}
-	return unsafe.Slice((*uint16)(p.data), p.numel)
+	return unsafe.Slice((*float32)(p.host), p.numel)
+}
+
+// Bits16 returns the raw bits of a bfloat16 or float16 param in host memory as a slice
+// over that memory, or nil; the same rules as Float32 apply.
+func (p *Param) Bits16() []uint16 {
+	if (p.DType != BFloat16 && p.DType != Float16) || p.host == nil {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(p.host), p.numel)
 }
 
 // numelOf returns the product of shape, or an error naming the param for a negative dim.
@@ -194,14 +238,11 @@ func numelOf(op, name string, shape []int64) (int64, error) {
 }
 
 // AddParam registers a float32 local shard named `name` (the fully qualified name
-// checkpoints match on) in `group`. shape is the local shape; init (copied) holds its
-// prod(shape) values in row-major order. opts may be nil.
+// checkpoints match on) in `group`. shape is the local shape; init (copied into host
+// memory the optimizer owns) holds its prod(shape) values in row-major order. opts may be
+// nil.
 func (o *Optimizer) AddParam(name string, group int, shape []int64, init []float32, opts *ParamOptions) (*Param, error) {
-	var src unsafe.Pointer
-	if len(init) > 0 {
-		src = unsafe.Pointer(&init[0])
-	}
-	return o.addParam("shardadam.AddParam", name, group, Float32, shape, src, int64(len(init)), opts)
+	return o.addCopiedParam("shardadam.AddParam", name, group, Float32, shape, firstElem(init), int64(len(init)), opts)
 }
 
 // AddParam16 registers a bfloat16 or float16 local shard from its raw bits (see
@@ -211,20 +252,30 @@ func (o *Optimizer) AddParam16(name string, group int, dtype DType, shape []int6
 	if dtype != BFloat16 && dtype != Float16 {
 		return nil, bindingError(StatusInvalidArgument, "shardadam.AddParam16: param '%s': dtype %s is not bfloat16 or float16", name, dtype)
 	}
-	var src unsafe.Pointer
-	if len(init) > 0 {
-		src = unsafe.Pointer(&init[0])
-	}
-	return o.addParam("shardadam.AddParam16", name, group, dtype, shape, src, int64(len(init)), opts)
+	return o.addCopiedParam("shardadam.AddParam16", name, group, dtype, shape, firstElem(init), int64(len(init)), opts)
 }
 
-func (o *Optimizer) addParam(op, name string, group int, dtype DType, shape []int64, src unsafe.Pointer, count int64, opts *ParamOptions) (*Param, error) {
-	if opts == nil {
-		opts = &ParamOptions{}
+// AddParamTensor registers the caller's memory as a local shard: CUDA device memory
+// (t.Device CUDA(id); the library needs its CUDA backend, see BuildInfo) or host memory
+// that Go does not manage (a HostTensor, pinned memory). The library updates it in place
+// at every step; the caller keeps it allocated, of t's dtype and shape, until Close,
+// which leaves it to the caller. All params of an optimizer are on one device. On CUDA
+// this call synchronizes the device (it is setup). opts may be nil.
+func (o *Optimizer) AddParamTensor(name string, group int, t Tensor, opts *ParamOptions) (*Param, error) {
+	const op = "shardadam.AddParamTensor"
+	if t.DType == DTypeDefault {
+		return nil, bindingError(StatusInvalidArgument, "%s: param '%s': the tensor has no dtype", op, name)
 	}
-	if strings.IndexByte(name, 0) >= 0 {
-		return nil, bindingError(StatusInvalidArgument, "%s: param name %q contains a NUL byte", op, name)
+	numel, err := numelOf(op, name, t.Shape)
+	if err != nil {
+		return nil, err
 	}
+	return o.addParam(op, name, group, t, numel, nil, opts)
+}
+
+// addCopiedParam copies count values of dtype at src into host memory the optimizer owns
+// and registers it.
+func (o *Optimizer) addCopiedParam(op, name string, group int, dtype DType, shape []int64, src unsafe.Pointer, count int64, opts *ParamOptions) (*Param, error) {
 	numel, err := numelOf(op, name, shape)
 	if err != nil {
 		return nil, err
@@ -232,64 +283,202 @@ func (o *Optimizer) addParam(op, name string, group int, dtype DType, shape []in
 	if count != numel {
 		return nil, bindingError(StatusInvalidArgument, "%s: param '%s': init has %d values, shape %v needs %d", op, name, count, shape, numel)
 	}
-	if err := checkDTypes(op, dtype, opts.GradDType, opts.MomentDType); err != nil {
-		return nil, err
-	}
-	if err := o.lock(op); err != nil {
-		return nil, err
-	}
-	defer o.mu.Unlock()
-
 	nbytes := numel * dtype.size()
-	data := capi.Alloc(nbytes)
+	data := cAlloc(nbytes)
 	if data == nil {
 		return nil, bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate %d bytes", op, name, nbytes)
 	}
 	if nbytes > 0 {
 		copy(unsafe.Slice((*byte)(data), nbytes), unsafe.Slice((*byte)(src), nbytes))
 	}
+	t := Tensor{Data: uintptr(data), Device: CPU(), DType: dtype, Shape: shape}
+	p, err := o.addParam(op, name, group, t, numel, data, opts)
+	if err != nil {
+		C.free(data) // on failure the library did not take ownership
+	}
+	return p, err
+}
 
-	hasLayout, boxForm := 0, 0
-	var l Layout
+// addParam registers t; owned is its data when the optimizer owns it (freed by the
+// param's deleter at Close), else nil.
+func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, owned unsafe.Pointer, opts *ParamOptions) (*Param, error) {
+	if opts == nil {
+		opts = &ParamOptions{}
+	}
+	if err := checkNoNUL(op, "param name", name); err != nil {
+		return nil, err
+	}
+	if err := checkDTypes(op, t.DType, opts.GradDType, opts.MomentDType); err != nil {
+		return nil, err
+	}
+	var mem cArena
+	defer mem.free()
+	var layout *C.sa_layout
 	if opts.Layout != nil {
-		hasLayout, l = 1, *opts.Layout
-		if l.GlobalOffset != nil {
-			boxForm = 1
+		var err error
+		if layout, err = opts.Layout.cLayout(op, &mem); err != nil {
+			return nil, err
 		}
 	}
-	paramCode, paramBits, _ := dtype.dlpack()
-	gradCode, gradBits, _ := opts.GradDType.dlpack()
-	momentCode, momentBits, _ := opts.MomentDType.dlpack()
-	index := []int64{-1}
-	status := capi.Sago_add_param(o.handle, name, group, paramCode, paramBits, uintptr(data), shape,
-		hasLayout, l.GlobalShape, l.MeshShape, l.MeshCoord, l.placementPairs(), boxForm,
-		l.GlobalOffset, gradCode, gradBits, momentCode, momentBits, int(opts.Master), index,
-		o.errbuf)
-	if err := resultError(status, o.errbuf); err != nil {
-		capi.Free(data) // on failure the library did not take ownership
+	options := C.sa_param_options{struct_size: C.sizeof_sa_param_options,
+		grad_dtype: opts.GradDType.dlpackType(), moment_dtype: opts.MomentDType.dlpackType(),
+		master: C.int32_t(opts.Master)}
+	if err := o.lock(op); err != nil {
+		return nil, err
+	}
+	defer o.mu.Unlock()
+
+	// The DLPack struct and its shape in one C block, which the library keeps; its deleter
+	// frees the block and the data the optimizer owns (manager_ctx).
+	shard := (*C.DLManagedTensorVersioned)(C.calloc(1, C.size_t(C.sizeof_DLManagedTensorVersioned+8*len(t.Shape))))
+	if shard == nil {
+		return nil, bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its DLPack struct", op, name)
+	}
+	shard.version = C.DLPackVersion{major: C.DLPACK_MAJOR_VERSION, minor: C.DLPACK_MINOR_VERSION}
+	shard.manager_ctx = owned
+	shard.deleter = shardDeleter()
+	t.fill(&shard.dl_tensor, (*C.int64_t)(unsafe.Add(unsafe.Pointer(shard), C.sizeof_DLManagedTensorVersioned)))
+	cname := mem.str(name)
+	index := C.int64_t(-1)
+	if err := o.check(C.sa_optimizer_add_param(o.handle, cname, C.int32_t(group), shard, layout, &options, &index)); err != nil {
+		C.free(unsafe.Pointer(shard)) // the caller keeps the tensor: the deleter is not called
 		return nil, err
 	}
 	gradDType := opts.GradDType
 	if gradDType == DTypeDefault {
-		gradDType = dtype
+		gradDType = t.DType
 	}
-	p := &Param{Index: index[0], Name: name, DType: dtype, GradDType: gradDType,
-		Shape: append([]int64(nil), shape...), opt: o, numel: numel, data: data}
+	p := &Param{Index: int64(index), Name: name, DType: t.DType, GradDType: gradDType,
+		Shape: append([]int64(nil), t.Shape...), Device: t.Device, opt: o, numel: numel, data: t.Data}
+	if t.Device.Kind == KindCPU {
+		p.host = pointerAt(t.Data)
+	}
+	if o.device == nil {
+		o.device = &p.Device
+	}
 	o.params = append(o.params, p)
 	return p, nil
+}
+
+// firstElem points to values[0], or is nil for an empty slice.
+func firstElem[T any](values []T) unsafe.Pointer {
+	if len(values) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&values[0])
 }
 
 // ---- grads -------------------------------------------------------------------------
 //
 // A param either has a grad at the next steps or has none: steps then skip it (its values,
 // state and step count stay, as torch skips a param whose .grad is None). A param given
-// neither since it was added fails the step with StatusState. Every binding below copies
-// into a C buffer the optimizer owns and is checked by the library (sa_optimizer_set_grad,
-// sa_optimizer_set_grads); the package never hands grad pointers to
-// sa_optimizer_set_grad_ptrs, the C fast path that trusts its caller.
+// neither since it was added fails the step with StatusState. Every binding is checked by
+// the library (sa_optimizer_set_grad, sa_optimizer_set_grads) and stays until replaced;
+// the package never hands pointers to sa_optimizer_set_grad_ptrs, the C fast path that
+// trusts its caller.
 
-// SetGrad copies float32 grads into the param's grad buffer, which stays bound for every
-// later Step until the next binding. The library checks the dtype against the registered
+// BindGrad binds grad as the param's grad for every later Step, zero-copy, until the
+// next binding or ClearGrad (sa_optimizer_set_grad): each step reads the grad memory in
+// place, so a training loop writes new grads there before each Step. The library checks
+// dtype (the param's GradDType), shape (its local shape) and device (the optimizer's);
+// StatusMismatch naming the param otherwise, and the previous binding stays. The caller
+// keeps the memory allocated and sized while it is bound; on CUDA it must hold the step's
+// grads when the stream reaches the step.
+func (o *Optimizer) BindGrad(p *Param, grad Tensor) error {
+	const op = "shardadam.BindGrad"
+	if err := o.checkParam(op, p); err != nil {
+		return err
+	}
+	var mem cArena
+	defer mem.free()
+	dl, err := grad.cTensor(op, &mem)
+	if err != nil {
+		return err
+	}
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return o.check(C.sa_optimizer_set_grad(o.handle, C.int64_t(p.Index), dl))
+}
+
+// BindGrads binds the grads of every param in one call (sa_optimizer_set_grads): grads[i]
+// for the param of index i, one entry per param; a nil entry means "this param has no
+// grad". Each is checked and kept as BindGrad keeps it. All or nothing: on error no
+// binding changes, and the message names the first param that failed.
+func (o *Optimizer) BindGrads(grads []*Tensor) error {
+	const op = "shardadam.BindGrads"
+	var mem cArena
+	defer mem.free()
+	list, err := cTensorList(op, &mem, grads)
+	if err != nil {
+		return err
+	}
+	if err := o.lock(op); err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	return o.check(C.sa_optimizer_set_grads(o.handle, C.int64_t(len(grads)), list))
+}
+
+// cTensorList lays tensors out as sa_optimizer_set_grads takes them, in C memory (a list
+// of pointers to DLTensors); nil entries stay NULL.
+func cTensorList(op string, mem *cArena, tensors []*Tensor) (**C.DLTensor, error) {
+	list := unsafe.Slice((**C.DLTensor)(mem.alloc(uintptr(len(tensors))*unsafe.Sizeof((*C.DLTensor)(nil)))), len(tensors))
+	for i, t := range tensors {
+		if t == nil {
+			continue
+		}
+		dl, err := t.cTensor(op, mem)
+		if err != nil {
+			return nil, err
+		}
+		list[i] = dl
+	}
+	if len(list) == 0 {
+		return nil, nil
+	}
+	return &list[0], nil
+}
+
+// HostGrad gives a param in host memory a grad buffer of its GradDType in C memory that
+// the optimizer owns, binds it (BindGrad) and returns a view of it: write each step's
+// grads into HostTensor.Float32 (or Bits16) and call Step, with no copy and no rebinding.
+// It is the buffer SetGrad copies into, so SetGrad overwrites it. Valid until Close; do
+// not Free it.
+func (o *Optimizer) HostGrad(p *Param) (*HostTensor, error) {
+	const op = "shardadam.HostGrad"
+	if err := o.checkParam(op, p); err != nil {
+		return nil, err
+	}
+	if err := o.lock(op); err != nil {
+		return nil, err
+	}
+	defer o.mu.Unlock()
+	if p.Device.Kind != KindCPU {
+		return nil, bindingError(StatusMismatch, "%s: param '%s' is in %s memory; bind a grad there with BindGrad", op, p.Name, p.Device)
+	}
+	if err := o.stageGrad(op, p, p.numel); err != nil {
+		return nil, err
+	}
+	grad := Tensor{Data: uintptr(p.grad), Device: CPU(), DType: p.GradDType, Shape: p.Shape}
+	var mem cArena
+	defer mem.free()
+	dl, err := grad.cTensor(op, &mem)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check(C.sa_optimizer_set_grad(o.handle, C.int64_t(p.Index), dl)); err != nil {
+		return nil, err
+	}
+	// A view, not an owner: the optimizer frees the buffer at Close.
+	return &HostTensor{data: p.grad, dtype: p.GradDType, shape: append([]int64(nil), p.Shape...), numel: p.numel, view: true}, nil
+}
+
+// SetGrad copies float32 grads into the param's grad buffer (the one HostGrad returns)
+// and binds it for every later Step until the next binding: a copy per call, for
+// convenience; a training loop that writes its grads into the buffer (HostGrad) or binds
+// its own (BindGrad) once saves it. The library checks the dtype against the registered
 // grad dtype (an *Error with StatusMismatch naming the param otherwise); on any error the
 // bound grad is unchanged.
 func (o *Optimizer) SetGrad(p *Param, grad []float32) error {
@@ -343,8 +532,7 @@ func (o *Optimizer) SetGrads(grads []Grad) error {
 		return err
 	}
 	defer o.mu.Unlock()
-	entries := make([]int64, 5*len(grads)) // all "no grad" unless staged below
-	var shapes []int64
+	tensors := make([]*Tensor, len(grads)) // all "no grad" unless staged below
 	// A list of the wrong length goes to the library as it is: it refuses the count
 	// before it reads any entry, and says what it expected.
 	if len(grads) == len(o.params) {
@@ -357,12 +545,16 @@ func (o *Optimizer) SetGrads(grads []Grad) error {
 			if err := o.stageGrad(op, p, count); err != nil {
 				return err
 			}
-			code, bits, _ := dtype.dlpack()
-			copy(entries[5*i:], []int64{1, int64(code), int64(bits), int64(uintptr(p.grad)), int64(len(p.Shape))})
-			shapes = append(shapes, p.Shape...)
+			tensors[i] = &Tensor{Data: uintptr(p.grad), Device: CPU(), DType: dtype, Shape: p.Shape}
 		}
 	}
-	if err := resultError(capi.Sago_set_grads(o.handle, entries, shapes, o.errbuf), o.errbuf); err != nil {
+	var mem cArena
+	defer mem.free()
+	list, err := cTensorList(op, &mem, tensors)
+	if err != nil {
+		return err
+	}
+	if err := o.check(C.sa_optimizer_set_grads(o.handle, C.int64_t(len(grads)), list)); err != nil {
 		return err
 	}
 	for i, g := range grads {
@@ -377,19 +569,19 @@ func (o *Optimizer) SetGrads(grads []Grad) error {
 // it, leaving its values, state and step count as they are, until a grad is bound again.
 func (o *Optimizer) ClearGrad(p *Param) error {
 	const op = "shardadam.ClearGrad"
-	if p == nil || p.opt != o {
-		return bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	if err := o.checkParam(op, p); err != nil {
+		return err
 	}
 	if err := o.lock(op); err != nil {
 		return err
 	}
 	defer o.mu.Unlock()
-	return resultError(capi.Sago_clear_grad(o.handle, p.Index, o.errbuf), o.errbuf)
+	return o.check(C.sa_optimizer_clear_grad(o.handle, C.int64_t(p.Index)))
 }
 
 func (o *Optimizer) setGrad(op string, p *Param, g Grad) error {
-	if p == nil || p.opt != o {
-		return bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
+	if err := o.checkParam(op, p); err != nil {
+		return err
 	}
 	if err := o.lock(op); err != nil {
 		return err
@@ -399,26 +591,31 @@ func (o *Optimizer) setGrad(op string, p *Param, g Grad) error {
 	if err := o.stageGrad(op, p, count); err != nil {
 		return err
 	}
-	code, bits, _ := dtype.dlpack()
+	var mem cArena
+	defer mem.free()
+	grad := Tensor{Data: uintptr(p.grad), Device: CPU(), DType: dtype, Shape: p.Shape}
+	dl, err := grad.cTensor(op, &mem)
+	if err != nil {
+		return err
+	}
 	// Bind first (the library validates), copy after: a refused grad changes nothing.
-	status := capi.Sago_set_grad(o.handle, p.Index, code, bits, uintptr(p.grad), p.Shape, o.errbuf)
-	if err := resultError(status, o.errbuf); err != nil {
+	if err := o.check(C.sa_optimizer_set_grad(o.handle, C.int64_t(p.Index), dl)); err != nil {
 		return err
 	}
 	copyGrad(p, g)
 	return nil
 }
 
-// stageGrad makes sure p has its grad buffer and that a grad of count values fills it.
-// The wrapper checks only what the library cannot see: that the slice holds one value per
-// element, as the copy needs. The caller holds the lock.
+// stageGrad makes sure p has its host grad buffer and that a grad of count values fills
+// it. The wrapper checks only what the library cannot see: that the slice holds one value
+// per element, as the copy needs. The caller holds the lock.
 func (o *Optimizer) stageGrad(op string, p *Param, count int64) error {
 	if count != p.numel {
 		return bindingError(StatusInvalidArgument, "%s: param '%s': grad has %d values, local shape %v needs %d", op, p.Name, count, p.Shape, p.numel)
 	}
 	if p.grad == nil {
 		// Sized for float32, the widest grad dtype, so a rebind with another dtype fits.
-		if p.grad = capi.Alloc(p.numel * Float32.size()); p.grad == nil {
+		if p.grad = cAlloc(p.numel * Float32.size()); p.grad == nil {
 			return bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its grad buffer", op, p.Name)
 		}
 	}
@@ -444,7 +641,7 @@ func (o *Optimizer) ParamSteps(first, n int64) ([]int64, error) {
 	}
 	defer o.mu.Unlock()
 	steps := make([]int64, max64(n, 1)) // never empty: a bad n reaches the library's range check
-	if err := resultError(capi.Sago_get_param_steps(o.handle, first, n, steps, o.errbuf), o.errbuf); err != nil {
+	if err := o.check(C.sa_optimizer_get_param_steps(o.handle, C.int64_t(first), C.int64_t(n), (*C.int64_t)(&steps[0]))); err != nil {
 		return nil, err
 	}
 	return steps[:n], nil
@@ -458,7 +655,7 @@ func (o *Optimizer) SetParamSteps(first int64, steps []int64) error {
 		return err
 	}
 	defer o.mu.Unlock()
-	return resultError(capi.Sago_set_param_steps(o.handle, first, steps, o.errbuf), o.errbuf)
+	return o.check(C.sa_optimizer_set_param_steps(o.handle, C.int64_t(first), C.int64_t(len(steps)), (*C.int64_t)(firstElem(steps))))
 }
 
 func max64(a, b int64) int64 {
@@ -466,231 +663,4 @@ func max64(a, b int64) int64 {
 		return a
 	}
 	return b
-}
-
-// ---- step --------------------------------------------------------------------------
-
-// StepArgs holds the options of StepWith (sa_step_args). The zero value is a plain step.
-//
-// With a communicator set (SetComm) a step with a norm or a found-inf flag is collective:
-// every rank must call it, with the same MaxGradNorm and NormType, and with the found-inf
-// flag handed over (FoundInf or ReduceFoundInf set) on all ranks or on none.
-type StepArgs struct {
-	// InvGradScale multiplies every grad before use (the inverse loss scale of mixed
-	// precision training); 0 means 1.
-	InvGradScale float32
-	// FoundInf skips the whole step: no param, state or step count changes. With a
-	// communicator the flags of all ranks are OR-reduced, so a flag on one rank skips the
-	// step everywhere; then the other ranks set ReduceFoundInf.
-	FoundInf bool
-	// ReduceFoundInf hands the found-inf flag to the step even when FoundInf is false, so
-	// that with a communicator every rank takes part in the found-inf consensus. A loss
-	// scaler sets it on every rank at every step.
-	ReduceFoundInf bool
-	// MaxGradNorm 0 computes no norm. A bound > 0 makes the step compute the norm of all
-	// grads of all ranks (after InvGradScale; a shard replicated along a mesh dim counts
-	// once) and scale every grad by min(1, MaxGradNorm / (norm + 1e-6)) inside the update,
-	// as torch.nn.utils.clip_grad_norm_ does; the grad buffers are not written.
-	// math.Inf(1) measures without clipping. A non-finite norm skips the step on every
-	// rank. Without a communicator the norm is this rank's own.
-	MaxGradNorm float64
-	// NormType is the norm MaxGradNorm bounds: NormL2 (the zero value) or NormInf.
-	NormType NormType
-}
-
-// StepReport says what a step did.
-type StepReport struct {
-	// Skipped: a found-inf flag on some rank, or a non-finite norm. No param, state or step
-	// count changed.
-	Skipped bool
-	// GradNorm is the global grad norm when StepArgs.MaxGradNorm asked for one (NaN or
-	// infinite when a grad was; the step was then skipped), else 0. Every rank gets the
-	// same bits.
-	GradNorm float64
-}
-
-// Step runs one optimizer step over every param that has a grad, advancing its step count
-// and each group's. Every non-empty param needs a grad bound (SetGrad, SetGrads) or to be
-// marked as having none (ClearGrad, a nil entry of SetGrads) first (StatusState otherwise,
-// naming the param, and nothing is updated).
-func (o *Optimizer) Step() error {
-	_, err := o.StepWith(StepArgs{})
-	return err
-}
-
-// StepWith is Step with a loss scale, a found-inf flag and grad clipping (see StepArgs).
-// It reports whether the step was skipped and the norm.
-//
-// A failing host communicator fails the step with StatusComm before anything changed on
-// this rank; the message ends with the function's error (or its panic).
-func (o *Optimizer) StepWith(args StepArgs) (StepReport, error) {
-	if err := o.lock("shardadam.Step"); err != nil {
-		return StepReport{}, err
-	}
-	defer o.mu.Unlock()
-	var host *hostComm
-	if o.comm != nil && o.comm.host != nil {
-		host = o.comm.host
-		host.takeError() // forget an earlier step's
-	}
-	foundInf := float32(0)
-	if args.FoundInf {
-		foundInf = 1
-	}
-	wasSkipped, norm := []int{0}, []float64{0}
-	status := capi.Sago_step(o.handle, flag(args.InvGradScale != 0), args.InvGradScale,
-		flag(args.FoundInf || args.ReduceFoundInf), foundInf, args.MaxGradNorm,
-		int(args.NormType), norm, wasSkipped, o.errbuf)
-	if err := resultError(status, o.errbuf); err != nil {
-		if e := err.(*Error); e.Status == StatusComm && host != nil {
-			if why := host.takeError(); why != "" {
-				e.Message += ": " + why
-			}
-		}
-		return StepReport{}, err
-	}
-	return StepReport{Skipped: wasSkipped[0] != 0, GradNorm: norm[0]}, nil
-}
-
-// ---- state -------------------------------------------------------------------------
-
-// readState copies a state of p into the 4*numel bytes at dst (room for the widest state)
-// and returns its dtype.
-func (o *Optimizer) readState(op string, p *Param, key string, dst unsafe.Pointer) (DType, error) {
-	if p == nil || p.opt != o {
-		return DTypeDefault, bindingError(StatusInvalidArgument, "%s: the param does not belong to this optimizer", op)
-	}
-	var raw []byte
-	if p.numel > 0 {
-		raw = unsafe.Slice((*byte)(dst), 4*p.numel)
-	}
-	if err := o.lock(op); err != nil {
-		return DTypeDefault, err
-	}
-	defer o.mu.Unlock()
-	info := make([]int64, 3)
-	if err := resultError(capi.Sago_state_read(o.handle, p.Index, key, raw, info, o.errbuf), o.errbuf); err != nil {
-		return DTypeDefault, err
-	}
-	return dtypeFromDLPack(info[0], info[1]), nil
-}
-
-// paramNumel is p's element count, 0 for a nil p (readState then reports the bad param).
-func paramNumel(p *Param) int64 {
-	if p == nil {
-		return 0
-	}
-	return p.numel
-}
-
-// firstElem points to values[0], or is nil for an empty slice.
-func firstElem[T any](values []T) unsafe.Pointer {
-	if len(values) == 0 {
-		return nil
-	}
-	return unsafe.Pointer(&values[0])
-}
-
-// State returns a copy of one state of a param as float32 values: "exp_avg",
-// "exp_avg_sq", "max_exp_avg_sq" (AMSGrad) or "master" (MasterFP32). bfloat16 moments
-// are widened exactly. For the int16 "remainder" state use StateInt16.
-func (o *Optimizer) State(p *Param, key string) ([]float32, error) {
-	const op = "shardadam.State"
-	values := make([]float32, paramNumel(p))
-	dtype, err := o.readState(op, p, key, firstElem(values))
-	if err != nil {
-		return nil, err
-	}
-	switch dtype {
-	case Float32:
-		return values, nil
-	case BFloat16:
-		// The copy holds numel bfloat16s at the front of values: widen them from the back
-		// so that no 16-bit value is overwritten before it is read.
-		bits := unsafe.Slice((*uint16)(unsafe.Pointer(&values[0])), p.numel)
-		for i := p.numel - 1; i >= 0; i-- {
-			values[i] = BFloat16ToFloat32(bits[i])
-		}
-		return values, nil
-	}
-	return nil, bindingError(StatusUnsupported, "%s: param '%s': state '%s' is %s; use StateInt16", op, p.Name, key, dtype)
-}
-
-// StateInt16 returns a copy of the int16 "remainder" state (MasterRemainder) of a param.
-func (o *Optimizer) StateInt16(p *Param, key string) ([]int16, error) {
-	const op = "shardadam.StateInt16"
-	values := make([]int16, 2*paramNumel(p)) // room for 4 bytes per element, the widest state
-	dtype, err := o.readState(op, p, key, firstElem(values))
-	if err != nil {
-		return nil, err
-	}
-	if dtype != Int16 {
-		return nil, bindingError(StatusMismatch, "%s: param '%s': state '%s' is %s, not int16; use State", op, p.Name, key, dtype)
-	}
-	return values[:p.numel], nil
-}
-
-// ---- shard files ---------------------------------------------------------------------
-
-// Save writes this rank's state as one shard file at path (sa_optimizer_export): every
-// param's states, the groups with their step counts, and where each shard sits in its
-// global tensor. The file is a valid safetensors file. It is written to a temporary name,
-// synced and renamed, so a crash never leaves a file that looks complete. A param
-// replicated along a mesh dim is written only by the replica at coordinate 0.
-func (o *Optimizer) Save(path string) error {
-	const op = "shardadam.Save"
-	if strings.IndexByte(path, 0) >= 0 {
-		return bindingError(StatusInvalidArgument, "%s: path %q contains a NUL byte", op, path)
-	}
-	if err := o.lock(op); err != nil {
-		return err
-	}
-	defer o.mu.Unlock()
-	return resultError(capi.Sago_save(o.handle, path, o.errbuf), o.errbuf)
-}
-
-// LoadOptions holds the options of Load (sa_import_options). The zero value gives the
-// library's defaults.
-type LoadOptions struct {
-	AllowMissing    bool  // params absent from the files keep their state (else an error)
-	AllowUnexpected bool  // params in the files that this optimizer lacks are ignored
-	KeepGroups      bool  // keep the groups' hyperparameters and step counts (else restored)
-	StagingBytes    int64 // bytes of the staging buffer; 0: the library's default (64 MiB)
-}
-
-// Load reads the state saved in the shard files at paths, written by any number of ranks
-// with any layout, into this optimizer's state, resharding as needed
-// (sa_optimizer_import). Everything is validated before anything changes: every saved box
-// that meets a local one must cover it exactly once, shapes and dtypes must agree, and the
-// checksums of every block read must match. Params themselves are not touched. opts may
-// be nil.
-func (o *Optimizer) Load(paths []string, opts *LoadOptions) error {
-	const op = "shardadam.Load"
-	if opts == nil {
-		opts = &LoadOptions{}
-	}
-	joined, err := packStrings(op, "path", paths)
-	if err != nil {
-		return err
-	}
-	if err := o.lock(op); err != nil {
-		return err
-	}
-	defer o.mu.Unlock()
-	status := capi.Sago_load(o.handle, joined, flag(opts.AllowMissing), flag(opts.AllowUnexpected),
-		flag(!opts.KeepGroups), opts.StagingBytes, o.errbuf)
-	return resultError(status, o.errbuf)
-}
-
-// packStrings lays out a list of strings as the C helpers take one: each string followed by
-// a NUL byte. A string holding a NUL byte would read as two: an error naming it as `what`.
-func packStrings(op, what string, list []string) ([]byte, error) {
-	var packed []byte
-	for _, s := range list {
-		if strings.IndexByte(s, 0) >= 0 {
-			return nil, bindingError(StatusInvalidArgument, "%s: %s %q contains a NUL byte", op, what, s)
-		}
-		packed = append(append(packed, s...), 0)
-	}
-	return packed, nil
 }

@@ -2,9 +2,9 @@
 // over a mesh of 2 simulated ranks (one Optimizer per rank, as each rank of a real job
 // would have), and prints the loss as it falls. Then it shows what a failed call returns.
 //
-// Run it from bindings/go (see the package doc for CGO_CFLAGS / CGO_LDFLAGS):
+// Run it from bindings/go, with the library found by pkg-config (see the package doc):
 //
-//	go run ./example
+//	PKG_CONFIG_PATH=<prefix>/lib/pkgconfig LD_LIBRARY_PATH=<prefix>/lib go run ./example
 package main
 
 import (
