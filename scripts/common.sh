@@ -9,8 +9,9 @@ SA_APT_PACKAGES=(cmake make g++ binutils catch2 libhwy-dev nlohmann-json3-dev py
 # pkg-config: the find_package_consumer test builds against the installed shardadam.pc, and
 # the Rust -sys crate finds the library with it (bindings/rust/shardadam-sys/build.rs).
 SA_APT_PACKAGES+=(pkgconf)
-# Binding tests (bindings/CMakeLists.txt): Go with SWIG, and Rust through whatever cargo is on
-# PATH (this machine kind has a current toolchain; Debian's cargo is the fallback).
+# Binding tests (bindings/CMakeLists.txt): Go (cgo, the library found through pkg-config above),
+# and Rust through whatever cargo is on PATH (this machine kind has a current toolchain;
+# Debian's cargo is the fallback). SWIG is for the Python binding (below).
 SA_APT_PACKAGES+=(golang-go swig)
 command -v cargo >/dev/null 2>&1 || SA_APT_PACKAGES+=(cargo)
 # Python binding tests (bindings/python/run_tests.sh): SWIG (above), a venv and Python's headers.
