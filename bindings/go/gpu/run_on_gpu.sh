@@ -7,6 +7,7 @@
 #   bench/gpu_step                       # if build-gpu/ is not there yet (SKIP_SANITIZER=1 is quicker)
 #   bindings/go/gpu/run_on_gpu.sh
 #
+# The test binary runs in bindings/go, as go test would (a test reads docs/go.md).
 # A skipped GPU test is a failure here: this machine has the GPU. The CUDA runtime the
 # test opens (dlopen) is $SHARDADAM_CUDART if set, else the first libcudart.so.13 found
 # in /usr/local/cuda and in torch's wheels. Logs go to $OUT (default ./gpu_out).
@@ -31,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 
 status=0
 echo; echo "== Go GPU test"
-(cd "$OUT" && "$bin/shardadam_go.test" -test.count=1 -test.v -test.run GPU) 2>&1 | tee "$OUT/go_gpu_test.log"
+(cd "$repo/bindings/go" && "$bin/shardadam_go.test" -test.count=1 -test.v -test.run GPU) 2>&1 | tee "$OUT/go_gpu_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q -- "--- SKIP" "$OUT/go_gpu_test.log"; then echo "FAIL: a GPU test skipped on a GPU machine"; status=1; fi
 
@@ -41,7 +42,7 @@ echo; echo "== Go example/gpu"
 if grep -q "SKIPPED" "$OUT/go_gpu_example.log"; then echo "FAIL: example/gpu skipped on a GPU machine"; status=1; fi
 
 echo; echo "== the whole Go test suite against this build"
-(cd "$OUT" && "$bin/shardadam_go.test" -test.count=1) 2>&1 | tee "$OUT/go_tests.log" | tail -5
+(cd "$repo/bindings/go" && "$bin/shardadam_go.test" -test.count=1) 2>&1 | tee "$OUT/go_tests.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo; [ $status -eq 0 ] && echo "Go GPU run: OK" || echo "Go GPU run: FAILED (logs in $OUT)"
