@@ -42,11 +42,11 @@ const (
 
 // DTypeInfo describes one dtype as the library defines it (sa_dtype_info).
 type DTypeInfo struct {
-	Name            DType
-	Code, Bits      int // its DLPack type code and bits (one lane)
-	Roles           int // Role* bits
-	SafetensorsName string
-	Doc             string
+	Name            DType  // as the library's messages spell it
+	Code, Bits      int    // its DLPack type code and bits (one lane)
+	Roles           int    // Role* bits
+	SafetensorsName string // "BF16"; "" when shard files never hold it
+	Doc             string // what it is
 }
 
 var dtypeTable struct {

@@ -36,8 +36,8 @@ func (s Status) String() string {
 //	var e *shardadam.Error
 //	if errors.As(err, &e) && e.Status == shardadam.StatusMismatch { ... }
 type Error struct {
-	Status  Status
-	Message string
+	Status  Status // the sa_status of the call
+	Message string // the library's message (or the binding's, for checks made in Go)
 }
 
 // Error formats the status and the message.

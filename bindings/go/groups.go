@@ -30,7 +30,7 @@ type FieldInfo struct {
 	// Valid values v: Min <= v, and v < Max, or v <= Max when MaxInclusive (a Max of +Inf,
 	// exclusive, means "finite").
 	Min, Max     float64
-	MaxInclusive bool
+	MaxInclusive bool // Max itself is valid
 	// FixedWithParams: it cannot change once the group holds a param (StatusState), as the
 	// params' state was allocated by it.
 	FixedWithParams bool

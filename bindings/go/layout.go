@@ -17,8 +17,8 @@ const (
 
 // Placement is the placement of a tensor along one mesh dim.
 type Placement struct {
-	Kind PlacementKind
-	Dim  int // the tensor dim split by a PlacementShard; negative counts from the end
+	Kind PlacementKind // replicate, shard or partial
+	Dim  int           // the tensor dim split by a PlacementShard; negative counts from the end
 }
 
 // Shard is the placement Shard(dim): tensor dim `dim` is split along the mesh dim.
@@ -37,11 +37,11 @@ func Replicate() Placement { return Placement{Kind: PlacementReplicate} }
 //     [GlobalOffset, GlobalOffset + local shape) of the global tensor; the mesh fields
 //     stay empty.
 type Layout struct {
-	GlobalShape  []int64
-	MeshShape    []int64
-	MeshCoord    []int64
-	Placements   []Placement
-	GlobalOffset []int64
+	GlobalShape  []int64     // the global tensor's shape
+	MeshShape    []int64     // mesh form: the mesh's dim sizes
+	MeshCoord    []int64     // mesh form: this rank's coordinate, one per mesh dim
+	Placements   []Placement // mesh form: one per mesh dim
+	GlobalOffset []int64     // box form: the shard's offset, one per tensor dim
 }
 
 // cLayout builds l as an sa_layout in C memory (it points to its arrays). The library

@@ -21,8 +21,8 @@ const (
 
 // Device is a memory's kind and, for CUDA, the device ordinal.
 type Device struct {
-	Kind DeviceKind
-	ID   int
+	Kind DeviceKind // KindCPU or KindCUDA
+	ID   int        // the CUDA device ordinal (0 for the CPU)
 }
 
 // CPU is host memory.
@@ -54,9 +54,9 @@ func (d Device) String() string {
 // extent of raw memory.
 type Tensor struct {
 	Data   uintptr // address of the first element
-	Device Device
-	DType  DType
-	Shape  []int64
+	Device Device  // where Data is: CPU() or CUDA(id)
+	DType  DType   // the library's name of the element type
+	Shape  []int64 // row-major (C-contiguous) dims
 }
 
 // fill writes t into a C DLTensor whose shape array is shape (ndim entries of C memory).
