@@ -99,7 +99,11 @@ func loadStepFields() error {
 			if !ok {
 				continue // a field this package does not set keeps its default (zero)
 			}
-			if f._type != w.typ || uintptr(f.offset)+8 > C.sizeof_sa_step_args {
+			size := uintptr(8) // a double or a pointer
+			if w.typ == C.SA_FIELD_INT32 {
+				size = 4
+			}
+			if f._type != w.typ || uintptr(f.offset)+size > C.sizeof_sa_step_args {
 				stepFields.err = bindingError(StatusInternal, "shardadam: the library's sa_step_args field '%s' (type %d, offset %d) does not fit this package's shardadam.h", C.GoString(f.name), int(f._type), int(f.offset))
 				return
 			}

@@ -74,6 +74,9 @@ func (t *Tensor) fill(dl *C.DLTensor, shape *C.int64_t) {
 
 // cTensor is t as a DLTensor in C memory, borrowed by one call.
 func (t *Tensor) cTensor(op string, mem *cArena) (*C.DLTensor, error) {
+	if t.DType == DTypeDefault {
+		return nil, bindingError(StatusInvalidArgument, "%s: the tensor has no dtype (Tensor.DType)", op)
+	}
 	if err := checkDTypes(op, t.DType); err != nil {
 		return nil, err
 	}
