@@ -18,6 +18,7 @@ import (
 func TestHostGradBuffersBoundOnceFollowTheReferenceWithoutRebinding(t *testing.T) {
 	rng := rand.New(rand.NewSource(41))
 	opt := newOptimizer(t)
+	defer opt.Close() // before the test's cleanups free the memory it holds
 	hp := DefaultGroupConfig()
 	hp["lr"] = 2e-2
 	mustAddGroup(t, opt, hp)
@@ -31,7 +32,7 @@ func TestHostGradBuffersBoundOnceFollowTheReferenceWithoutRebinding(t *testing.T
 	if err != nil {
 		t.Fatalf("NewHostTensor: %v", err)
 	}
-	t.Cleanup(biasData.Free) // after the optimizer's Close (cleanups run last first)
+	t.Cleanup(biasData.Free)
 	copy(biasData.Float32(), randomValues(rng, 5))
 	bias, err := opt.AddParamTensor("bias", 0, biasData.Tensor(), nil)
 	if err != nil {
@@ -105,6 +106,7 @@ func TestHostGradBuffersBoundOnceFollowTheReferenceWithoutRebinding(t *testing.T
 func TestBindGradRefusesWrongDTypeShapeOrDeviceWithTheLibrarysMessage(t *testing.T) {
 	rng := rand.New(rand.NewSource(43))
 	opt := newOptimizer(t)
+	defer opt.Close() // before the test's cleanups free the memory it holds
 	hp := DefaultGroupConfig()
 	mustAddGroup(t, opt, hp)
 	init := randomValues(rng, 12)

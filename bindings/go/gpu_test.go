@@ -21,7 +21,7 @@ func (cudaMemory) alloc(t *testing.T, dtype DType, shape []int64) Tensor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cudart.Free(p) }) // after the optimizer's Close: cleanups run last first
+	t.Cleanup(func() { cudart.Free(p) })
 	return Tensor{Data: p, Device: CUDA(0), DType: dtype, Shape: shape}
 }
 func (cudaMemory) upload(t *testing.T, dst Tensor, src []float32) {
@@ -83,6 +83,7 @@ func TestGPUTrainingOnDeviceMemoryFollowsTheReferenceAndTheCPUBackend(t *testing
 func TestGPUOptimizerRefusesHostGradsWithTheLibrarysMessage(t *testing.T) {
 	gpu := requireGPU(t)
 	opt := newOptimizer(t)
+	defer opt.Close() // before the test's cleanups free the memory it holds
 	mustAddGroup(t, opt, nil)
 	data := gpu.alloc(t, Float32, []int64{4})
 	gpu.upload(t, data, []float32{1, 2, 3, 4})

@@ -116,6 +116,7 @@ func trainOnCallerMemory(t *testing.T, mem callerMemory, steps int) (w, b []floa
 	rng := rand.New(rand.NewSource(97))
 	fit := newLinearFit(rng, 64, 8, 4)
 	opt := newOptimizer(t)
+	defer opt.Close() // before the test's cleanups free the memory it holds
 	hp := DefaultGroupConfig()
 	hp["lr"] = 3e-2
 	mustAddGroup(t, opt, hp)

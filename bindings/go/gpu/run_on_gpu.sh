@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 
 status=0
 echo; echo "== Go GPU test"
-(cd "$repo/bindings/go" && "$bin/shardadam_go.test" -test.count=1 -test.v -test.run GPU) 2>&1 | tee "$OUT/go_gpu_test.log"
+(cd "$repo/bindings/go" && "$bin/shardadam_go.test" -test.count=1 -test.v -test.run '^TestGPU') 2>&1 | tee "$OUT/go_gpu_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q -- "--- SKIP" "$OUT/go_gpu_test.log"; then echo "FAIL: a GPU test skipped on a GPU machine"; status=1; fi
 
