@@ -106,3 +106,9 @@ func TestGPUOptimizerRefusesHostGradsWithTheLibrarysMessage(t *testing.T) {
 	_, err = opt.StepWith(StepArgs{InvGradScale: 0.5, Stream: gpu.stream()})
 	expectError(t, "StepWith(host InvGradScale on CUDA)", logged(t, err), StatusInvalidArgument, "InvGradScaleAt")
 }
+
+// On the GPU: the inverse loss scale and the found-inf flag in device memory, read when
+// the stream reaches the step, grads clipped by their norm, a skipped step.
+func TestGPULossScaleAndFoundInfInDeviceMemoryAndClipping(t *testing.T) {
+	clipAndSkipOnCallerMemory(t, requireGPU(t))
+}

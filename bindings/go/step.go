@@ -20,25 +20,27 @@ type StepArgs struct {
 	// is the legacy default stream. The CPU backend ignores it.
 	Stream uintptr
 	// InvGradScale multiplies every grad before use (the inverse loss scale of mixed
-	// precision training); 0 means 1. CPU optimizers only: the library reads it in the
-	// optimizer's memory; a CUDA optimizer takes it from InvGradScaleAt.
+	// precision training); 0 means 1. CPU optimizers only: the library reads the scale in
+	// the optimizer's memory, so a CUDA optimizer takes it from InvGradScaleAt.
 	InvGradScale float32
-	// InvGradScaleAt is the address of one float32 in the CUDA optimizer's device memory
-	// holding the inverse loss scale, read when the stream reaches the step (0: none).
+	// InvGradScaleAt is the address of one float32 holding the inverse loss scale, in the
+	// optimizer's memory: device memory for a CUDA optimizer (read when the stream reaches
+	// the step), C host memory for a CPU one. 0: none. Not with InvGradScale.
 	InvGradScaleAt uintptr
 	// FoundInf skips the whole step: no param, state or step count changes. With a
 	// communicator the flags of all ranks are OR-reduced, so a flag on one rank skips the
 	// step everywhere; then the other ranks set ReduceFoundInf. CPU optimizers only; a
 	// CUDA optimizer takes the flag from FoundInfAt.
 	FoundInf bool
-	// FoundInfAt is the address of one float32 in the CUDA optimizer's device memory,
-	// nonzero to skip the step, read when the stream reaches the step (0: none). Setting
-	// it, as FoundInf or ReduceFoundInf, makes the step report Skipped, which on CUDA
-	// synchronizes the stream.
+	// FoundInfAt is the address of one float32, nonzero to skip the step, in the
+	// optimizer's memory as InvGradScaleAt is (0: none; not with FoundInf or
+	// ReduceFoundInf, which it implies). Setting it, as FoundInf or ReduceFoundInf, makes
+	// the step report Skipped, which on CUDA synchronizes the stream.
 	FoundInfAt uintptr
 	// ReduceFoundInf hands the found-inf flag to the step even when FoundInf is false, so
 	// that with a communicator every rank takes part in the found-inf consensus. A loss
-	// scaler sets it on every rank at every step.
+	// scaler sets it on every rank at every step. CPU optimizers only: on CUDA, FoundInfAt
+	// (the device flag, 0 or not) takes part.
 	ReduceFoundInf bool
 	// MaxGradNorm 0 computes no norm. A bound > 0 makes the step compute the norm of all
 	// grads of all ranks (after InvGradScale; a shard replicated along a mesh dim counts
@@ -156,11 +158,11 @@ func (b *stepBlock) free() {
 // param: the library then has nothing to update).
 func (b *stepBlock) fill(op string, args StepArgs, device *Device) error {
 	onCUDA := device != nil && device.Kind == KindCUDA
-	if onCUDA && (args.InvGradScale != 0 || args.FoundInf) {
-		return bindingError(StatusInvalidArgument, "%s: a CUDA optimizer reads the loss scale and the found-inf flag in device memory: use StepArgs.InvGradScaleAt and FoundInfAt", op)
+	if onCUDA && (args.InvGradScale != 0 || args.FoundInf || args.ReduceFoundInf) {
+		return bindingError(StatusInvalidArgument, "%s: a CUDA optimizer reads the loss scale and the found-inf flag in device memory: use StepArgs.InvGradScaleAt and FoundInfAt (InvGradScale, FoundInf and ReduceFoundInf are host values)", op)
 	}
-	if !onCUDA && (args.InvGradScaleAt != 0 || args.FoundInfAt != 0) {
-		return bindingError(StatusInvalidArgument, "%s: InvGradScaleAt and FoundInfAt are for CUDA optimizers; give InvGradScale and FoundInf", op)
+	if (args.InvGradScaleAt != 0 && args.InvGradScale != 0) || (args.FoundInfAt != 0 && (args.FoundInf || args.ReduceFoundInf)) {
+		return bindingError(StatusInvalidArgument, "%s: give the loss scale and the found-inf flag either as values (InvGradScale, FoundInf) or by address (InvGradScaleAt, FoundInfAt), not both", op)
 	}
 	field := func(offset uintptr) unsafe.Pointer { return unsafe.Add(b.args, offset) }
 	*b.invGradScale, *b.foundInf, *b.skipped, *b.hostGradNorm = C.float(args.InvGradScale), 0, 0, 0
@@ -171,7 +173,7 @@ func (b *stepBlock) fill(op string, args StepArgs, device *Device) error {
 	if args.InvGradScale != 0 {
 		invGradScale = uintptr(unsafe.Pointer(b.invGradScale))
 	}
-	if !onCUDA && (args.FoundInf || args.ReduceFoundInf) {
+	if args.FoundInf || args.ReduceFoundInf {
 		foundInf = uintptr(unsafe.Pointer(b.foundInf))
 	}
 	// Asking whether the step was skipped, or for the norm on the host, synchronizes a

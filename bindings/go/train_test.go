@@ -198,3 +198,77 @@ func bitsEqual(a, b []float32) string {
 	}
 	return ""
 }
+
+// clipAndSkipOnCallerMemory runs six steps of one param on mem with its grad bound once,
+// the inverse loss scale and the found-inf flag read from mem by address (InvGradScaleAt,
+// FoundInfAt) and the grads clipped to norm 1: each step's reported norm is the float64
+// norm of the scaled grads, step 3 (flag set) is skipped and changes nothing, and the
+// param follows the reference fed the scaled, clipped grads.
+func clipAndSkipOnCallerMemory(t *testing.T, mem callerMemory) {
+	t.Helper()
+	rng := rand.New(rand.NewSource(101))
+	opt := newOptimizer(t)
+	defer opt.Close() // before the test's cleanups free the memory it holds
+	hp := DefaultGroupConfig()
+	hp["lr"] = 1e-2
+	mustAddGroup(t, opt, hp)
+	shape := []int64{257} // odd: a partial SIMD tail and a partial block
+	values := randomValues(rng, shape[0])
+	ref := newRefState(values)
+	data := mem.alloc(t, Float32, shape)
+	mem.upload(t, data, values)
+	p, err := opt.AddParamTensor("clip.w", 0, data, nil)
+	if err != nil {
+		if e := asError(t, err); e.Status == StatusUnsupported && mem.device().Kind == KindCUDA {
+			t.Skipf("SKIP: the library cannot take CUDA memory: %s", e.Message)
+		}
+		t.Fatalf("AddParamTensor: %v", err)
+	}
+	grad, scale, flag := mem.alloc(t, Float32, shape), mem.alloc(t, Float32, []int64{1}), mem.alloc(t, Float32, []int64{1})
+	if err := opt.BindGrad(p, grad); err != nil {
+		t.Fatalf("BindGrad: %v", err)
+	}
+	const invScale, bound = 0.5, 1.0
+	mem.upload(t, scale, []float32{invScale})
+	count := 0
+	for step := 1; step <= 6; step++ {
+		g := randomValues(rng, shape[0])
+		for i := range g {
+			g[i] *= 4 // a norm of about 32 after the scale: well above the bound
+		}
+		mem.upload(t, grad, g)
+		skip := step == 3
+		mem.upload(t, flag, []float32{map[bool]float32{false: 0, true: 1}[skip]})
+		report, err := opt.StepWith(StepArgs{Stream: mem.stream(), InvGradScaleAt: scale.Data,
+			FoundInfAt: flag.Data, MaxGradNorm: bound})
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if report.Skipped != skip {
+			t.Fatalf("step %d: Skipped = %v, want %v", step, report.Skipped, skip)
+		}
+		if !skip {
+			norm := 0.0
+			for _, x := range g {
+				norm += float64(x) * invScale * float64(x) * invScale
+			}
+			norm = math.Sqrt(norm)
+			if math.Abs(report.GradNorm-norm) > 1e-6*norm {
+				t.Fatalf("step %d: GradNorm = %.9g, float64 norm %.9g", step, report.GradNorm, norm)
+			}
+			count++
+			ref.step(g, hp, count, invScale*math.Min(1, bound/(norm+1e-6)))
+		}
+		mem.sync(t)
+		mem.download(t, values, p.Tensor())
+		expectClose(t, fmt.Sprintf("%s: step %d", mem.device(), step), values, ref.p)
+	}
+	if n, err := opt.StepCount(0); err != nil || n != 5 {
+		t.Errorf("StepCount = %d, %v; want 5 (one of six skipped)", n, err)
+	}
+}
+
+// On host memory: the scale and the flag by address, clipping, a skipped step.
+func TestLossScaleAndFoundInfByAddressAndClippingOnCallerHostMemory(t *testing.T) {
+	clipAndSkipOnCallerMemory(t, hostMemory{})
+}
