@@ -212,7 +212,7 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
 // Tuning knob (bench/cuda_tuning.md): 1 asks L2 for the warp's next block of a chunk while
 // it updates the current one (the kernel waits on its loads: ncu), one line per lane.
 #ifndef SA_CUDA_BLOCK_PREFETCH
-#define SA_CUDA_BLOCK_PREFETCH 0
+#define SA_CUDA_BLOCK_PREFETCH 1
 #endif
 
 __device__ __forceinline__ void prefetch_lines(const void* base, int64_t bytes, int lane) {
