@@ -117,6 +117,18 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
+/// That `len` values fill `shape` (what a host tensor built from a Vec needs).
+fn check_len(what: &str, len: usize, shape: &[i64]) -> Result<()> {
+    let numel = numel_of(shape, what)?;
+    if len != numel {
+        return Err(invalid(format!(
+            "{}: {} values, shape {:?} needs {}",
+            what, len, shape, numel
+        )));
+    }
+    Ok(())
+}
+
 fn numel_of(shape: &[i64], what: &str) -> Result<usize> {
     if shape.iter().any(|&d| d < 0) {
         return Err(invalid(format!(
@@ -161,15 +173,7 @@ impl Tensor {
 
     /// A host float32 tensor owning `values` (row-major, `shape`'s element count).
     pub fn from_f32(mut values: Vec<f32>, shape: &[i64]) -> Result<Tensor> {
-        let numel = numel_of(shape, "Tensor::from_f32")?;
-        if values.len() != numel {
-            return Err(invalid(format!(
-                "Tensor::from_f32: {} values, shape {:?} needs {}",
-                values.len(),
-                shape,
-                numel
-            )));
-        }
+        check_len("Tensor::from_f32", values.len(), shape)?;
         let data = values.as_mut_ptr() as *mut c_void;
         Ok(Tensor::new(
             data,
@@ -190,15 +194,7 @@ impl Tensor {
                 dtype
             )));
         }
-        let numel = numel_of(shape, "Tensor::from_bits16")?;
-        if bits.len() != numel {
-            return Err(invalid(format!(
-                "Tensor::from_bits16: {} values, shape {:?} needs {}",
-                bits.len(),
-                shape,
-                numel
-            )));
-        }
+        check_len("Tensor::from_bits16", bits.len(), shape)?;
         let data = bits.as_mut_ptr() as *mut c_void;
         Ok(Tensor::new(
             data,
