@@ -438,6 +438,14 @@ sa_status sa_optimizer_checkpoint_keys(const sa_optimizer* opt, int64_t param, c
   });
 }
 
+sa_status sa_optimizer_moment_keys(const sa_optimizer* opt, int64_t param, const char** keys,
+                                   int32_t capacity, int32_t* count) {
+  return with_optimizer(opt, "sa_optimizer_moment_keys", [&] {
+    list_keys([&] { return sa::moment_states(opt->core.param(param, "param")); },
+              [](const sa::FileState& f) { return f.state.key; }, keys, capacity, count);
+  });
+}
+
 sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* key,
                                   DLManagedTensorVersioned** out) {
   if (out != nullptr) *out = nullptr;

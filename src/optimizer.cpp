@@ -626,6 +626,13 @@ std::vector<FileState> file_states(const Param& p) {
   return out;
 }
 
+std::vector<FileState> moment_states(const Param& p) {
+  std::vector<FileState> out;
+  for (FileState& f : file_states(p))
+    if (state_kind_info(f.state.kind).storage == StateStorage::moment) out.push_back(std::move(f));
+  return out;
+}
+
 namespace {
 
 // The moment `key` of `p` and the host float32 array of `values`, or the error that says
@@ -634,8 +641,7 @@ std::pair<FileState, float*> moment_and_values(const Param& p, const std::string
                                                const DLTensor& values, const char* what) {
   const std::string context = concat("param '", p.name, "': ", what);
   std::string moments;
-  for (const FileState& f : file_states(p)) {
-    if (state_kind_info(f.state.kind).storage != StateStorage::moment) continue;
+  for (const FileState& f : moment_states(p)) {
     if (key == f.state.key) {
       const TensorRef t = read_tensor(values, context);
       if (!same_dtype(t.dtype, dl_dtype_of(ElemType::f32)))

@@ -93,6 +93,10 @@ struct FileState {
 // The states of `p` that shard files hold, in named_states' order.
 std::vector<FileState> file_states(const Param& p);
 
+// The moments of `p` (states stored in its moment dtype), in file_states' order: what
+// get_moment_values and set_moment_values take.
+std::vector<FileState> moment_states(const Param& p);
+
 struct Param {
   std::string name;
   int32_t group = 0;

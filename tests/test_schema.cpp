@@ -6,8 +6,8 @@
 // and the statuses of sa_optimizer_add_group / sa_optimizer_set_group.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -122,7 +122,8 @@ TEST_CASE("the valid values the table states are the ones add_group and set_grou
     INFO(f.name << " rule " << f.rule);
     CHECK(accepted(with_value(f, f.default_value)));
     CHECK(accepted(with_value(f, f.min)));
-    CHECK_FALSE(accepted(with_value(f, f.type == SA_FIELD_FLAG ? f.min - 1 : std::nextafter(f.min, -inf))));
+    CHECK_FALSE(
+        accepted(with_value(f, f.type == SA_FIELD_FLAG ? f.min - 1 : std::nextafter(f.min, -inf))));
     if (f.type == SA_FIELD_FLAG) {
       CHECK(f.max_inclusive == 1);
       CHECK(accepted(with_value(f, f.max)));
@@ -132,15 +133,18 @@ TEST_CASE("the valid values the table states are the ones add_group and set_grou
     CHECK(f.max_inclusive == 0);
     CHECK_FALSE(accepted(with_value(f, f.max)));
     CHECK_FALSE(accepted(with_value(f, nan)));
-    if (std::isfinite(f.max)) CHECK(accepted(with_value(f, std::nextafter(f.max, -inf))));
-    else CHECK(accepted(with_value(f, std::numeric_limits<double>::max())));
+    if (std::isfinite(f.max))
+      CHECK(accepted(with_value(f, std::nextafter(f.max, -inf))));
+    else
+      CHECK(accepted(with_value(f, std::numeric_limits<double>::max())));
     // The message says the field and the rule, in the table's words.
     OptimizerPtr opt = make_optimizer();
     const sa_group_config good = SA_GROUP_CONFIG_INIT;
     int32_t group = -1;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &good, &group));
     sa_group_config bad = with_value(f, f.max);
-    const std::string field = std::string(f.name) + " is ", rule = std::string("it must be ") + f.rule;
+    const std::string field = std::string(f.name) + " is ",
+                      rule = std::string("it must be ") + f.rule;
     CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_set_group(opt.get(), 0, &bad),
                    "group 0", field.c_str(), rule.c_str());
   }
@@ -153,7 +157,8 @@ TEST_CASE("the table queries check their arguments and honour an older caller's 
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(n, &info),
                  "sa_group_config_field", "index 9 is not a field");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(-1, &info), "index -1");
-  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(0, nullptr), "out is NULL");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(0, nullptr),
+                 "out is NULL");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_default(nullptr), "out is NULL");
   info.struct_size = sizeof(sa_field_info) + 8;
   CHECK_SA_FAILS(nullptr, SA_ERR_UNSUPPORTED, sa_group_config_field(0, &info), "struct_size");
@@ -169,7 +174,8 @@ TEST_CASE("the table queries check their arguments and honour an older caller's 
   CHECK(older.config.struct_size == offsetof(sa_group_config, eps));
   CHECK(older.config.lr == 1e-3);
   CHECK(older.config.beta2 == 0.999);
-  const auto* after = reinterpret_cast<const unsigned char*>(&older.config) + offsetof(sa_group_config, eps);
+  const auto* after =
+      reinterpret_cast<const unsigned char*>(&older.config) + offsetof(sa_group_config, eps);
   for (std::size_t i = 0; i < sizeof(sa_group_config) - offsetof(sa_group_config, eps); ++i)
     CHECK(after[i] == 0xAB);
 }
@@ -223,12 +229,58 @@ TEST_CASE("sa_optimizer_state_keys lists the states a param has, each one a view
   OptimizerPtr opt = make_optimizer();
   int32_t count = 0;
   const char* key = nullptr;
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_state_keys(opt.get(), 0, &key, 1, &count),
-                 "param 0 does not exist");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_state_keys(opt.get(), 0, &key, 1, &count), "param 0 does not exist");
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_state_keys(opt.get(), 0, nullptr, 1, &count), "keys is NULL");
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_state_keys(opt.get(), 0, &key, 1, nullptr), "count is NULL");
+}
+
+TEST_CASE("sa_optimizer_moment_keys lists the moments, the keys get_moment_values takes",
+          "[schema]") {
+  struct Case {
+    DLDataType param_dtype;
+    int32_t master;
+    int32_t amsgrad;
+    DLDataType moment;
+    std::vector<std::string> moments;  // torch.optim.Adam's state keys, less "step"
+  };
+  const Case cases[] = {
+      {kFloat32, SA_MASTER_AUTO, 0, kFloat32, {"exp_avg", "exp_avg_sq"}},
+      {kBfloat16, SA_MASTER_AUTO, 1, kFloat32, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}},
+      {kBfloat16, SA_MASTER_REMAINDER, 1, kBfloat16, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}},
+      {kFloat32, SA_MASTER_AUTO, 1, kUint8, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}},
+  };
+  for (const Case& c : cases) {
+    HostTensor t({300}, c.param_dtype);  // outlives the optimizer, which owns a view of it
+    OptimizerPtr opt = make_optimizer();
+    sa_group_config group = SA_GROUP_CONFIG_INIT;
+    group.amsgrad = c.amsgrad;
+    int32_t g = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, &g));
+    sa_param_options options = param_options(kDefaultDtype, kDefaultDtype, c.master);
+    options.moment_dtype = c.moment;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr,
+                                                    &options, nullptr));
+    std::vector<const char*> keys(8, nullptr);
+    int32_t count = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_moment_keys(opt.get(), 0, keys.data(), 8, &count));
+    REQUIRE(count == static_cast<int32_t>(c.moments.size()));
+    for (int32_t i = 0; i < count; ++i) CHECK(std::string(keys[i]) == c.moments[i]);
+    CHECK(keys[count] == nullptr);
+    // Each listed key is one get_moment_values takes; the param form's state is not.
+    HostTensor out({300}, kFloat32);
+    const DLTensor dl = out.dl();
+    for (const std::string& key : c.moments)
+      CHECK(sa_optimizer_get_moment_values(opt.get(), 0, key.c_str(), &dl) == SA_OK);
+    CHECK(sa_optimizer_get_moment_values(opt.get(), 0, "master", &dl) != SA_OK);
+  }
+  OptimizerPtr opt = make_optimizer();
+  int32_t count = 0;
+  const char* key = nullptr;
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_moment_keys(opt.get(), 0, &key, 1, &count), "param 0 does not exist");
 }
 
 // The by-name calls against the struct calls, which the C compiler lays out: a binding
@@ -268,9 +320,9 @@ TEST_CASE("group fields by name: add, set and get agree with the struct calls", 
   for (const sa_field_info& f : fields()) all.push_back(f.name);
   std::reverse(all.begin(), all.end());
   std::vector<double> read(all.size(), -1.0);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_get_group_fields(opt.get(), 0,
-                                                          static_cast<int32_t>(all.size()),
-                                                          all.data(), read.data()));
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_get_group_fields(opt.get(), 0, static_cast<int32_t>(all.size()),
+                                              all.data(), read.data()));
   const double expected[] = {1.0, 1.0, 1.0, 1.0, 0.0, 1e-8, 0.5, 0.9, 0.25};  // amsgrad .. lr
   REQUIRE(read.size() == std::size(expected));
   for (std::size_t i = 0; i < read.size(); ++i) {
@@ -305,11 +357,13 @@ TEST_CASE("group fields by name refuse unknown, repeated and non-flag values, ch
                  "in [0, 1)");
   const char* const null_name[] = {nullptr};
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_group_fields(opt.get(), 1, null_name, one, &g), "names[0] is NULL");
+                 sa_optimizer_add_group_fields(opt.get(), 1, null_name, one, &g),
+                 "names[0] is NULL");
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_add_group_fields(opt.get(), 1, nullptr, one, &g), "names is NULL");
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_group_fields(opt.get(), -1, unknown, values, &g), "n is negative");
+                 sa_optimizer_add_group_fields(opt.get(), -1, unknown, values, &g),
+                 "n is negative");
   CHECK(sa_optimizer_num_groups(opt.get()) == 0);
 
   // set: a bad entry anywhere leaves the group as it was; amsgrad is fixed once it has params.
@@ -325,14 +379,15 @@ TEST_CASE("group fields by name refuse unknown, repeated and non-flag values, ch
                  sa_optimizer_get_group_fields(opt.get(), 7, 1, lr_name, &lr), "group 7");
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr,
                                                   nullptr, nullptr));
-  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE,
-                 sa_optimizer_set_group_fields(opt.get(), g, 1, flag, one), "amsgrad cannot change");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_set_group_fields(opt.get(), g, 1, flag, one),
+                 "amsgrad cannot change");
 }
 
 // The step arguments' table against the struct as the C compiler lays it out and
 // SA_STEP_ARGS_INIT: a binding that fills sa_step_args by name from it fills the member.
-TEST_CASE("the step-args table names every member of sa_step_args, in order, with its type and default",
-          "[schema]") {
+TEST_CASE(
+    "the step-args table names every member of sa_step_args, in order, with its type and default",
+    "[schema]") {
   struct Expected {
     const char* name;
     std::size_t offset;
@@ -390,14 +445,17 @@ TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its 
     int32_t roles;
     const char* safetensors_name;  // nullptr: none
   };
-  const int32_t all = SA_DTYPE_PARAM | SA_DTYPE_GRAD | SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_FILE;
+  const int32_t all =
+      SA_DTYPE_PARAM | SA_DTYPE_GRAD | SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_FILE;
   const Expected expected[] = {
       {"float32", {kDLFloat, 32, 1}, all, "F32"},
       {"bfloat16", {kDLBfloat, 16, 1}, all, "BF16"},
       {"float16", {kDLFloat, 16, 1}, all & ~SA_DTYPE_MOMENT, "F16"},
       {"uint8", {kDLUInt, 8, 1}, SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT, nullptr},
-      {"float8_e4m3fn", {kDLFloat8_e4m3fn, 8, 1},
-       SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT, nullptr},
+      {"float8_e4m3fn",
+       {kDLFloat8_e4m3fn, 8, 1},
+       SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT,
+       nullptr},
       {"int16", {kDLInt, 16, 1}, SA_DTYPE_STATE | SA_DTYPE_FILE, "I16"},
   };
   REQUIRE(sa_num_dtypes() == static_cast<int32_t>(std::size(expected)));
@@ -439,8 +497,8 @@ TEST_CASE("the dtype table's param, grad and moment roles are what add_param acc
       const sa_group_config group = SA_GROUP_CONFIG_INIT;
       REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, &g));
       const sa_param_options options = param_options(grad, moment, SA_MASTER_AUTO);
-      return sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr, &options,
-                                    nullptr) == SA_OK;
+      return sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr, &options, nullptr) ==
+             SA_OK;
     };
     CHECK(adds(info.dtype, kDefaultDtype, kDefaultDtype) == ((info.roles & SA_DTYPE_PARAM) != 0));
     CHECK(adds(kFloat32, info.dtype, kDefaultDtype) == ((info.roles & SA_DTYPE_GRAD) != 0));

@@ -11,10 +11,28 @@ import "C"
 
 import "unsafe"
 
-// isMoment says whether key names a moment, which the library hands out as float32
-// values whatever its storage and device (sa_optimizer_get_moment_values).
-func isMoment(key string) bool {
-	return key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq"
+// isMoment says whether key names a moment of p, which the library hands out as float32
+// values whatever its storage and device (sa_optimizer_get_moment_values); the library
+// says which keys those are (sa_optimizer_moment_keys).
+func (o *Optimizer) isMoment(op string, p *Param, key string) (bool, error) {
+	if err := o.lock(op); err != nil {
+		return false, err
+	}
+	defer o.mu.Unlock()
+	var mem cArena
+	defer mem.free()
+	const capacity = 16
+	keys := (**C.char)(mem.alloc(capacity * unsafe.Sizeof((*C.char)(nil))))
+	var count C.int32_t
+	if err := o.check(C.sa_optimizer_moment_keys(o.handle, C.int64_t(p.Index), keys, capacity, &count)); err != nil {
+		return false, err
+	}
+	for _, k := range unsafe.Slice(keys, int(count)) {
+		if C.GoString(k) == key {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // State returns a copy of one state of a param as float32 values: "exp_avg",
@@ -26,7 +44,11 @@ func (o *Optimizer) State(p *Param, key string) ([]float32, error) {
 	if err := o.checkParam(op, p); err != nil {
 		return nil, err
 	}
-	if !isMoment(key) {
+	moment, err := o.isMoment(op, p, key)
+	if err != nil {
+		return nil, err
+	}
+	if !moment {
 		raw, dtype, err := o.readState(op, p, key)
 		if err != nil {
 			return nil, err

@@ -589,6 +589,7 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
 %ignore sa_comm_create_host;
 %ignore sa_optimizer_state_keys;       /* arrays of strings: state_keys_get below */
 %ignore sa_optimizer_checkpoint_keys;
+%ignore sa_optimizer_moment_keys;
 %ignore sa_optimizer_get_param_steps;  /* int64_t arrays: param_steps_get/_set below */
 %ignore sa_optimizer_set_param_steps;
 

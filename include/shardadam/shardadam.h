@@ -755,6 +755,13 @@ SA_API sa_status sa_optimizer_set_moment_values(sa_optimizer* opt, int64_t param
 SA_API sa_status sa_optimizer_state_keys(const sa_optimizer* opt, int64_t param, const char** keys,
                                          int32_t capacity, int32_t* count);
 
+/** The keys of a param's moments, as sa_optimizer_state_keys gives them: the states
+ *  that sa_optimizer_get_moment_values and sa_optimizer_set_moment_values take
+ *  ("exp_avg", "exp_avg_sq", and "max_exp_avg_sq" in an amsgrad group), whatever their
+ *  storage. Bindings ask this instead of listing the moments themselves. */
+SA_API sa_status sa_optimizer_moment_keys(const sa_optimizer* opt, int64_t param, const char** keys,
+                                          int32_t capacity, int32_t* count);
+
 /** The keys of a param's states that checkpoints hold (shard files; the torch face's state
  *  dicts), as sa_optimizer_state_keys gives them: every state but the per-block data of
  *  8-bit moments (their "*_absmax" states), which a load derives from the moment's
