@@ -642,13 +642,15 @@ SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 
 /* ---- additions for the Python package ------------------------------------------------ */
 %inline %{
-/** sa_optimizer_state_keys (or, with checkpoint set, sa_optimizer_checkpoint_keys) of a
- *  param: (status, tuple of str), the tuple None when the status is not SA_OK. */
-PyObject* state_keys_get(const sa_optimizer* opt, int64_t param, int checkpoint) {
+/** sa_optimizer_state_keys (which 0), sa_optimizer_checkpoint_keys (1) or
+ *  sa_optimizer_moment_keys (2) of a param: (status, tuple of str), the tuple None when the
+ *  status is not SA_OK. */
+PyObject* state_keys_get(const sa_optimizer* opt, int64_t param, int which) {
   const char* keys[16];
   int32_t count = 0;
-  const sa_status status = checkpoint ? sa_optimizer_checkpoint_keys(opt, param, keys, 16, &count)
-                                      : sa_optimizer_state_keys(opt, param, keys, 16, &count);
+  const sa_status status = which == 2   ? sa_optimizer_moment_keys(opt, param, keys, 16, &count)
+                           : which == 1 ? sa_optimizer_checkpoint_keys(opt, param, keys, 16, &count)
+                                        : sa_optimizer_state_keys(opt, param, keys, 16, &count);
   PyObject* tuple = NULL;
   if (status == SA_OK) {
     if (count > 16) {

@@ -598,6 +598,14 @@ class Optimizer(OwnsHandle):
         check(status, handle)
         return keys
 
+    def moment_keys(self, param):
+        """The keys of a param's moments, those :meth:`moment_values` takes, e.g.
+        ``("exp_avg", "exp_avg_sq")`` (``sa_optimizer_moment_keys``)."""
+        handle = self._handle_or_raise()
+        status, keys = _C.state_keys_get(handle, self.param_index(param), 2)
+        check(status, handle)
+        return keys
+
     def _state_capsule(self, index, key):
         handle = self._handle_or_raise()
         if not isinstance(key, str):

@@ -16,7 +16,8 @@ HEADER = pathlib.Path(__file__).resolve().parents[3] / "include" / "shardadam" /
 # sa_optimizer_set_grads. The param step counts travel as lists (param_steps_get/_set).
 NOT_WRAPPED = {"sa_free", "sa_writer_release", "sa_reader_release", "sa_comm_create_host",
                "sa_optimizer_set_grad_ptrs", "sa_optimizer_get_param_steps", "sa_optimizer_set_param_steps",
-               "sa_optimizer_state_keys", "sa_optimizer_checkpoint_keys"}  # both wrapped as state_keys_get
+               "sa_optimizer_state_keys", "sa_optimizer_checkpoint_keys",  # all three wrapped as state_keys_get
+               "sa_optimizer_moment_keys"}
 
 
 def test_low_level_module_wraps_every_function_of_the_header():

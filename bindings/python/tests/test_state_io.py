@@ -126,6 +126,7 @@ def test_moments_as_float32_values_through_numpy():
         opt.set_grads([g, g.copy()])
         opt.step()
     assert opt.checkpoint_keys("q8") == ("exp_avg", "exp_avg_sq")
+    assert opt.moment_keys("q8") == opt.moment_keys("f32") == ("exp_avg", "exp_avg_sq")
     assert "exp_avg_absmax" in opt.state_keys("q8")
     out = np.empty(700, dtype=np.float32)
     opt.moment_values("f32", "exp_avg", out)
