@@ -171,6 +171,25 @@ impl Tensor {
         t
     }
 
+    /// A tensor with the data, device, dtype, shape, strides and offset of `t`, its memory
+    /// kept alive by `keeper` (the one path of from_dl_tensor and the managed forms).
+    ///
+    /// # Safety
+    ///
+    /// As [`Tensor::from_dl_tensor`].
+    unsafe fn describing(t: &sys::DLTensor, keeper: Keeper) -> Result<Tensor> {
+        let (shape, strides) = copy_dims(t)?;
+        Ok(Tensor::new(
+            t.data,
+            t.device,
+            t.dtype,
+            shape,
+            strides,
+            t.byte_offset,
+            keeper,
+        ))
+    }
+
     /// A host float32 tensor owning `values` (row-major, `shape`'s element count).
     pub fn from_f32(mut values: Vec<f32>, shape: &[i64]) -> Result<Tensor> {
         check_len("Tensor::from_f32", values.len(), shape)?;
@@ -263,16 +282,7 @@ impl Tensor {
     /// values, and the memory the tensor describes must be valid as
     /// [`Tensor::from_raw_parts`] requires, for as long as it says.
     pub unsafe fn from_dl_tensor(tensor: &sys::DLTensor) -> Result<Tensor> {
-        let (shape, strides) = copy_dims(tensor)?;
-        Ok(Tensor::new(
-            tensor.data,
-            tensor.device,
-            tensor.dtype,
-            shape,
-            strides,
-            tensor.byte_offset,
-            Keeper::Promise,
-        ))
+        Tensor::describing(tensor, Keeper::Promise)
     }
 
     /// Takes a DLPack producer's tensor (`DLManagedTensorVersioned`, DLPack >= 1.0): its
@@ -288,17 +298,7 @@ impl Tensor {
     pub unsafe fn from_managed(managed: *mut sys::DLManagedTensorVersioned) -> Result<Tensor> {
         let m = NonNull::new(managed)
             .ok_or_else(|| invalid("Tensor::from_managed: the managed tensor is NULL".into()))?;
-        let t = &(*managed).dl_tensor;
-        let (shape, strides) = copy_dims(t)?;
-        Ok(Tensor::new(
-            t.data,
-            t.device,
-            t.dtype,
-            shape,
-            strides,
-            t.byte_offset,
-            Keeper::Managed(m),
-        ))
+        Tensor::describing(&(*managed).dl_tensor, Keeper::Managed(m))
     }
 
     /// [`Tensor::from_managed`] for producers of the pre-1.0 `DLManagedTensor`.
@@ -310,17 +310,7 @@ impl Tensor {
         let m = NonNull::new(managed).ok_or_else(|| {
             invalid("Tensor::from_managed_legacy: the managed tensor is NULL".into())
         })?;
-        let t = &(*managed).dl_tensor;
-        let (shape, strides) = copy_dims(t)?;
-        Ok(Tensor::new(
-            t.data,
-            t.device,
-            t.dtype,
-            shape,
-            strides,
-            t.byte_offset,
-            Keeper::Legacy(m),
-        ))
+        Tensor::describing(&(*managed).dl_tensor, Keeper::Legacy(m))
     }
 
     /// The shape.
