@@ -56,7 +56,7 @@ use std::fmt;
 use std::os::raw::{c_char, c_void};
 use std::path::Path;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use tensor::Keeper;
 pub use tensor::{Device, Tensor};
 
@@ -232,33 +232,55 @@ pub fn dtypes() -> Vec<DTypeInfo> {
 }
 
 fn dtype_table() -> &'static [DTypeInfo] {
-    static TABLE: std::sync::OnceLock<Vec<DTypeInfo>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        let n = unsafe { sys::sa_num_dtypes() };
-        (0..n)
-            .map(|index| {
-                let mut raw = sys::sa_dtype_info::default();
-                // Every index below the count is described, so a failure is the library's bug.
-                if let Err(e) = handleless_result(unsafe { sys::sa_dtype(index, &mut raw) }) {
-                    panic!("sa_dtype({}) of {}: {}", index, n, e);
+    // Read once and leaked, so every caller gets a 'static slice. An AtomicPtr rather than
+    // std::sync::OnceLock, which needs Rust 1.70 (rust-version is 1.63, Debian 12's):
+    // threads racing through the first call may each read the table; one keeps its copy
+    // and the others free theirs.
+    static TABLE: AtomicPtr<Vec<DTypeInfo>> = AtomicPtr::new(ptr::null_mut());
+    let table = TABLE.load(Ordering::Acquire);
+    if !table.is_null() {
+        // SAFETY: a non-null TABLE is a leaked Box, never freed.
+        return unsafe { &*table };
+    }
+    let read = Box::into_raw(Box::new(read_dtype_table()));
+    match TABLE.compare_exchange(ptr::null_mut(), read, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: `read` is now TABLE's leaked Box.
+        Ok(_) => unsafe { &*read },
+        Err(first) => {
+            // SAFETY: `read` came from Box::into_raw above and was not published.
+            drop(unsafe { Box::from_raw(read) });
+            // SAFETY: `first` is TABLE's leaked Box.
+            unsafe { &*first }
+        }
+    }
+}
+
+/// The library's dtypes (`sa_num_dtypes`, `sa_dtype`), read from it.
+fn read_dtype_table() -> Vec<DTypeInfo> {
+    let n = unsafe { sys::sa_num_dtypes() };
+    (0..n)
+        .map(|index| {
+            let mut raw = sys::sa_dtype_info::default();
+            // Every index below the count is described, so a failure is the library's bug.
+            if let Err(e) = handleless_result(unsafe { sys::sa_dtype(index, &mut raw) }) {
+                panic!("sa_dtype({}) of {}: {}", index, n, e);
+            }
+            // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
+            unsafe {
+                DTypeInfo {
+                    name: cstr_to_string(raw.name),
+                    dtype: raw.dtype,
+                    roles: raw.roles,
+                    safetensors_name: if raw.safetensors_name.is_null() {
+                        None
+                    } else {
+                        Some(cstr_to_string(raw.safetensors_name))
+                    },
+                    doc: cstr_to_string(raw.doc),
                 }
-                // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
-                unsafe {
-                    DTypeInfo {
-                        name: cstr_to_string(raw.name),
-                        dtype: raw.dtype,
-                        roles: raw.roles,
-                        safetensors_name: if raw.safetensors_name.is_null() {
-                            None
-                        } else {
-                            Some(cstr_to_string(raw.safetensors_name))
-                        },
-                        doc: cstr_to_string(raw.doc),
-                    }
-                }
-            })
-            .collect()
-    })
+            }
+        })
+        .collect()
 }
 
 impl DType {
