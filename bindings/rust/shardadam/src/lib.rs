@@ -777,14 +777,22 @@ impl NormType {
 ///
 /// With a communicator set ([`Optimizer::set_comm`]) a step with a norm or a found-inf
 /// flag is collective: every rank must call it, with the same `max_grad_norm` and
-/// `norm_type`, and with `found_inf` `Some` on all ranks or on none.
+/// `norm_type`, and with a found-inf flag (`found_inf` `Some`, or
+/// [`StepArgs::found_inf_at`]) on all ranks or on none.
+///
+/// The loss scale and the found-inf flag are host values here, which only a CPU optimizer
+/// takes. A CUDA optimizer reads them from its device memory, where a GPU loss scaler
+/// keeps them: give their addresses with the `unsafe` [`StepArgs::inv_grad_scale_at`] and
+/// [`StepArgs::found_inf_at`], and [`StepArgs::grad_norm_at`] receives the norm there.
 #[derive(Copy, Clone, Debug, PartialEq, Default)]
 pub struct StepArgs {
-    /// Multiplies every grad before use (the inverse loss scale); `None` means 1.
+    /// Multiplies every grad before use (the inverse loss scale); `None` means 1. CPU
+    /// optimizers only (a CUDA one: [`StepArgs::inv_grad_scale_at`]).
     pub inv_grad_scale: Option<f32>,
     /// A loss scaler's flag: `Some(true)` skips the whole step (no param, state or step
     /// count changes). With a communicator the flags of all ranks are OR-reduced, so a
-    /// flag on one rank skips the step everywhere; then every rank must pass `Some`.
+    /// flag on one rank skips the step everywhere; then every rank must pass `Some`. CPU
+    /// optimizers only (a CUDA one: [`StepArgs::found_inf_at`]).
     pub found_inf: Option<bool>,
     /// `None`: no norm. `Some(bound)`, bound > 0: compute the norm of all grads of all ranks
     /// (after `inv_grad_scale`; a shard replicated along a mesh dim counts once) and scale
@@ -795,6 +803,85 @@ pub struct StepArgs {
     pub max_grad_norm: Option<f64>,
     /// The norm `max_grad_norm` bounds.
     pub norm_type: NormType,
+    /// Memory of the optimizer's that the step reads the loss scale and the found-inf flag
+    /// from and writes the norm to; set through [`StepArgs::inv_grad_scale_at`],
+    /// [`StepArgs::found_inf_at`] and [`StepArgs::grad_norm_at`]. `Default`: none.
+    pub memory: StepMemory,
+}
+
+/// The addresses a step reads its loss scale and found-inf flag from and writes the
+/// gradient norm to (`sa_step_args`' `inv_grad_scale`, `found_inf`, `grad_norm`), in the
+/// optimizer's memory: device memory of a CUDA optimizer, read and written when the stream
+/// reaches the step; host memory of a CPU optimizer. Only the `unsafe` methods of
+/// [`StepArgs`] set them, so safe code never makes the library dereference an address.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct StepMemory {
+    inv_grad_scale: *const f32,
+    found_inf: *const f32,
+    grad_norm: *mut f32,
+}
+
+impl Default for StepMemory {
+    fn default() -> Self {
+        StepMemory {
+            inv_grad_scale: ptr::null(),
+            found_inf: ptr::null(),
+            grad_norm: ptr::null_mut(),
+        }
+    }
+}
+
+// SAFETY: a StepMemory is three addresses that this crate never dereferences; the library
+// reads and writes them during a step, as the `unsafe` setters' callers promised, from
+// whichever thread steps.
+unsafe impl Send for StepMemory {}
+// SAFETY: as for Send: shared references give no access to the memory.
+unsafe impl Sync for StepMemory {}
+
+impl StepArgs {
+    /// The step multiplies every grad by the `f32` at `scale` (the inverse loss scale, as
+    /// a GPU loss scaler keeps it) instead of by `inv_grad_scale`, which must then be
+    /// `None`. NULL: no memory (the default).
+    ///
+    /// # Safety
+    ///
+    /// `scale` is NULL or points to one `f32` in the memory of the optimizer these args
+    /// step (its CUDA device's memory; host memory for a CPU optimizer) that stays valid
+    /// until every step given these args has run (on CUDA, until the stream has reached
+    /// it).
+    pub unsafe fn inv_grad_scale_at(mut self, scale: *const f32) -> Self {
+        self.memory.inv_grad_scale = scale;
+        self
+    }
+
+    /// The step is skipped when the `f32` at `flag` is nonzero when it runs (a loss
+    /// scaler's found-inf flag), instead of by `found_inf`, which must then be `None`.
+    /// The report says whether it was: on CUDA the step reads the flag back, which waits
+    /// for the stream. With a communicator the flags of all ranks are OR-reduced. NULL: no
+    /// memory (the default).
+    ///
+    /// # Safety
+    ///
+    /// As for [`StepArgs::inv_grad_scale_at`]: `flag` is NULL or points to one `f32` in
+    /// the optimizer's memory that stays valid until every step given these args has run.
+    pub unsafe fn found_inf_at(mut self, flag: *const f32) -> Self {
+        self.memory.found_inf = flag;
+        self
+    }
+
+    /// The step writes the gradient norm it computes (`max_grad_norm` must be `Some`) as an
+    /// `f32` to `norm`, on CUDA on the stream, besides reporting it in
+    /// [`StepReport::grad_norm`]. NULL: no memory (the default).
+    ///
+    /// # Safety
+    ///
+    /// `norm` is NULL or points to one writable `f32` in the optimizer's memory (as for
+    /// [`StepArgs::inv_grad_scale_at`]) that stays valid, and is neither read nor written
+    /// by anything else, until every step given these args has run.
+    pub unsafe fn grad_norm_at(mut self, norm: *mut f32) -> Self {
+        self.memory.grad_norm = norm;
+        self
+    }
 }
 
 /// What a step did ([`Optimizer::step_with`]).
@@ -1586,17 +1673,19 @@ impl Optimizer {
     ///
     /// When it returns (shardadam.h, `sa_optimizer_step`): on the CPU the step is done. On
     /// CUDA the step is enqueued on `stream` and the host does not wait, except where the
-    /// report needs a value from the device: with `max_grad_norm` or `found_inf` given the
-    /// call reads the norm and the skip flag back, synchronizing the stream. The grads must
+    /// report needs a value from the device: with `max_grad_norm`, `found_inf` or
+    /// [`StepArgs::found_inf_at`] given the call reads the norm and the skip flag back, synchronizing the stream. The grads must
     /// be written before the step on the same stream (or one it waits for), and their
     /// memory must stay valid, and unwritten, until the stream has run the step. Read the
     /// params back after the stream has run it (`cudaStreamSynchronize`, or a copy on the
     /// same stream). The first step after params were added builds the launch plan and
     /// synchronizes.
     ///
-    /// `inv_grad_scale` and `found_inf` are read by a CUDA step from device memory, which
-    /// [`StepArgs`] does not hold: on a non-CPU optimizer they are refused
-    /// ([`Status::Unsupported`]); keep them at `None` there.
+    /// A CUDA step reads the loss scale and the found-inf flag from device memory: on a
+    /// non-CPU optimizer the host values `inv_grad_scale` and `found_inf` are refused
+    /// ([`Status::Unsupported`]); give their addresses with [`StepArgs::inv_grad_scale_at`]
+    /// and [`StepArgs::found_inf_at`] instead. A host value and an address for the same
+    /// input are refused on every optimizer ([`Status::InvalidArgument`]).
     ///
     /// # Safety
     ///
@@ -1604,13 +1693,25 @@ impl Optimizer {
     /// library hands it to the CUDA runtime as it is).
     pub unsafe fn step_on(&mut self, args: &StepArgs, stream: *mut c_void) -> Result<StepReport> {
         let device = self.device.unwrap_or(Device::Cpu);
+        let memory = args.memory;
+        if args.inv_grad_scale.is_some() && !memory.inv_grad_scale.is_null() {
+            return Err(invalid(
+                "step_on: inv_grad_scale and inv_grad_scale_at are both given; give one".into(),
+            ));
+        }
+        if args.found_inf.is_some() && !memory.found_inf.is_null() {
+            return Err(invalid(
+                "step_on: found_inf and found_inf_at are both given; give one".into(),
+            ));
+        }
         if device != Device::Cpu && (args.inv_grad_scale.is_some() || args.found_inf.is_some()) {
             return Err(Error {
                 status: Status::Unsupported,
                 message: format!(
                     "step_on: the params are on {:?}, where inv_grad_scale and found_inf are \
-                     read from device memory; StepArgs holds host values, so give them to \
-                     CPU optimizers only (shardadam_sys::sa_optimizer_step takes device pointers)",
+                     read from device memory; give their addresses with \
+                     StepArgs::inv_grad_scale_at and found_inf_at (host values are for CPU \
+                     optimizers)",
                     device
                 ),
             });
@@ -1624,6 +1725,9 @@ impl Optimizer {
         let mut skipped = 0i32;
         let mut norm = f64::NAN;
         let mut raw = sys::sa_step_args::default();
+        raw.inv_grad_scale = memory.inv_grad_scale;
+        raw.found_inf = memory.found_inf;
+        raw.grad_norm = memory.grad_norm;
         if args.inv_grad_scale.is_some() {
             raw.inv_grad_scale = &scale;
         }
@@ -1632,7 +1736,7 @@ impl Optimizer {
         }
         // Only these can skip a step; asking for the flag otherwise would make a CUDA step
         // wait for the device for nothing.
-        if args.found_inf.is_some() || args.max_grad_norm.is_some() {
+        if !raw.found_inf.is_null() || args.max_grad_norm.is_some() {
             raw.skipped = &mut skipped;
         }
         if let Some(bound) = args.max_grad_norm {
@@ -1642,7 +1746,8 @@ impl Optimizer {
         }
         raw.norm_type = args.norm_type.raw();
         comm::clear_callback_error();
-        // The floats are host memory read during the call: only CPU steps get them (above).
+        // `scale` and `found_inf` are host memory read during the call: only CPU steps get
+        // them (above). The addresses of `memory` are the caller's promise (the setters).
         let code = sys::sa_optimizer_step(self.raw.as_ptr(), &raw, stream);
         if let Err(mut e) = self.check(code) {
             if e.status == Status::Comm {
