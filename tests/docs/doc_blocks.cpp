@@ -6,21 +6,21 @@
 // Every fenced block of the page must follow a marker line of its own, an HTML comment
 // that the rendered page does not show:
 //
-//   <!-- file: NAME -->       the block is (the next part of) the file NAME: the blocks
-//                             marked with one name are joined in page order
+//   <!-- file: NAME -->       the block is (the next part of) the file NAME, a relative
+//                             path ("src/main.rs"): the blocks marked with one name are
+//                             joined in page order
 //   <!-- run: NAME -->        the block is a shell script, written to NAME.sh
 //   <!-- output: NAME -->     the block is what the program NAME prints, written to NAME.out
 //   <!-- untested: WHY -->    the block is not taken out (WHY says why; it must say)
 //
 // A block without a marker is an error: a page tested as written has no code that no
 // test reads. Exits 1 naming the page's line for any such error, 2 for a usage error.
-#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
 
   const std::regex marker_re(R"(^<!-- (file|run|output|untested): (.*\S) -->$)");
-  const std::regex name_re(R"(^[A-Za-z0-9_][A-Za-z0-9_.-]*$)");
+  // Relative paths that stay in the out dir: no "..", no leading "/" or ".".
+  const std::regex name_re(R"(^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$)");
   std::map<std::string, std::string> files;  // output file name -> content
   std::set<std::string> single;              // run and output names: one block each
   int blocks = 0;
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
       for (size_t k = i + 2; k < end; ++k) body += lines[k] + "\n";
       if (marker.kind != "untested") {
         if (!std::regex_match(marker.name, name_re))
-          return fail(page, line_no, "'" + marker.name + "' is not a plain file name");
+          return fail(page, line_no, "'" + marker.name + "' is not a relative file name");
         std::string target = marker.name;
         if (marker.kind == "run") target += ".sh";
         if (marker.kind == "output") target += ".out";
@@ -91,14 +92,15 @@ int main(int argc, char** argv) {
   }
   if (blocks == 0) return fail(page, 1, "no marked block to take out");
   for (const auto& [name, content] : files) {
-    const std::string path = out_dir + "/" + name;
+    const std::filesystem::path path = std::filesystem::path(out_dir) / name;
+    std::filesystem::create_directories(path.parent_path());
     std::ofstream out(path, std::ios::binary);
     out << content;
     if (!out) {
-      std::cerr << "doc_blocks: cannot write " << path << "\n";
+      std::cerr << "doc_blocks: cannot write " << path.string() << "\n";
       return 1;
     }
-    std::cout << "doc_blocks: " << path << "\n";
+    std::cout << "doc_blocks: " << path.string() << "\n";
   }
   return 0;
 }

@@ -55,8 +55,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if step == 1 || step % 25 == 0 {
             println!("step {:3}  loss {:.5}", step, loss);
         }
-        stream.upload(grad_memory.ptr(), &grad)?; // into the bound buffer, on the stream
-                                                  // SAFETY: a live stream of device 0. The step runs after the upload (same stream).
+        // Into the bound buffer, on the stream; the step, on the same stream, runs after it.
+        stream.upload(grad_memory.ptr(), &grad)?;
+        // SAFETY: a live stream of device 0.
         unsafe { opt.step_on(&StepArgs::default(), stream.raw())? };
         stream.download(&mut values, w_memory.ptr())?; // after the step; waits for it
     }

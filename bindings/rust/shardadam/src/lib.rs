@@ -60,6 +60,12 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use tensor::Keeper;
 pub use tensor::{Device, Tensor};
 
+/// docs/rust.md, whose Rust blocks are doctests of this crate (`cargo test --doc`): the
+/// page's first step compiles and runs as the page shows it.
+#[cfg(doctest)]
+#[doc = include_str!("../../../../docs/rust.md")]
+pub struct RustPage;
+
 /// The version of the loaded library, as MAJOR * 10000 + MINOR * 100 + PATCH.
 pub fn version() -> i32 {
     unsafe { sys::sa_version() }

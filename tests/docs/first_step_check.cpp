@@ -1,13 +1,15 @@
-// c_page_check — judges what a program of docs/c.md printed: its "w" and "exp_avg" lines
-// against one AdamW step computed here in double precision from the page's inputs (written
-// out again below, so the reference owes nothing to the library or to the page's code),
-// and the page's own "It prints:" block against the program's lines.
+// first_step_check — judges what the first-step program of a documentation page
+// (docs/c.md, docs/rust.md: the same weight, grad and group in each) printed: its "w" and
+// "exp_avg" lines against one AdamW step computed here in double precision from the
+// pages' inputs (written out again below, so the reference owes nothing to the library or
+// to the page's code), and the page's own "It prints:" block against the program's lines.
 //
-//   c_page_check <program output> <expected output from the page>
+//   first_step_check <program output> <expected output from the page>
 //
 // Exits 0 when both agree, 1 saying what differs.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -17,7 +19,7 @@
 
 namespace {
 
-// The page's weight, grad and group: lr 0.1, the rest SA_GROUP_CONFIG_INIT's documented
+// The pages' weight, grad and group: lr 0.1, the rest SA_GROUP_CONFIG_INIT's documented
 // defaults (torch.optim.AdamW's).
 const double kInit[6] = {1.0, -2.0, 3.0, 0.5, -0.25, 4.0};
 const double kGrad[6] = {0.5, 0.25, -1.0, 2.0, -0.125, 0.0};
@@ -45,7 +47,7 @@ Step reference_step() {
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
-    std::cerr << "c_page_check: cannot open " << path << "\n";
+    std::cerr << "first_step_check: cannot open " << path << "\n";
     std::exit(1);
   }
   std::vector<std::string> lines;
@@ -62,13 +64,13 @@ std::vector<double> values_of(const std::vector<std::string>& lines, const std::
     std::vector<double> values;
     for (double v; in >> v;) values.push_back(v);
     if (values.size() != 6) {
-      std::cerr << "c_page_check: the line '" << line << "' holds " << values.size()
+      std::cerr << "first_step_check: the line '" << line << "' holds " << values.size()
                 << " numbers, not 6\n";
       std::exit(1);
     }
     return values;
   }
-  std::cerr << "c_page_check: the program printed no line '" << name << " = ...'\n";
+  std::cerr << "first_step_check: the program printed no line '" << name << " = ...'\n";
   std::exit(1);
 }
 
@@ -79,7 +81,7 @@ bool agree(const std::string& name, const std::vector<double>& got,
   for (int i = 0; i < 6; ++i) {
     const double diff = std::fabs(got[i] - want[i]);
     if (diff > 5e-7 + 1e-6 * std::fabs(want[i])) {
-      std::fprintf(stderr, "c_page_check: %s[%d] = %.6f, the float64 reference is %.9f\n",
+      std::fprintf(stderr, "first_step_check: %s[%d] = %.6f, the float64 reference is %.9f\n",
                    name.c_str(), i, got[i], want[i]);
       ok = false;
     }
@@ -91,7 +93,7 @@ bool agree(const std::string& name, const std::vector<double>& got,
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: c_page_check <program output> <expected output>\n";
+    std::cerr << "usage: first_step_check <program output> <expected output>\n";
     return 2;
   }
   const std::vector<std::string> printed = read_lines(argv[1]);
@@ -105,15 +107,16 @@ int main(int argc, char** argv) {
     if (line.empty()) continue;
     ++shown;
     if (printed_set.count(line) == 0) {
-      std::cerr << "c_page_check: the page shows the line '" << line
+      std::cerr << "first_step_check: the page shows the line '" << line
                 << "', which the program did not print\n";
       ok = false;
     }
   }
   if (shown == 0) {
-    std::cerr << "c_page_check: the page's expected output is empty\n";
+    std::cerr << "first_step_check: the page's expected output is empty\n";
     ok = false;
   }
-  if (ok) std::cout << "c_page_check: w and exp_avg match the float64 AdamW step and the page\n";
+  if (ok)
+    std::cout << "first_step_check: w and exp_avg match the float64 AdamW step and the page\n";
   return ok ? 0 : 1;
 }
