@@ -13,7 +13,9 @@ SA_APT_PACKAGES+=(pkgconf)
 # and Rust through whatever cargo is on PATH (this machine kind has a current toolchain;
 # Debian's cargo is the fallback). SWIG is for the Python binding (below).
 SA_APT_PACKAGES+=(golang-go swig)
-command -v cargo >/dev/null 2>&1 || SA_APT_PACKAGES+=(cargo)
+# Debian's cargo also brings its rustc 1.63, the crates' rust-version, which the
+# rust_binding_msrv test builds them with.
+SA_APT_PACKAGES+=(cargo)
 # Python binding tests (bindings/python/run_tests.sh): SWIG (above), a venv and Python's headers.
 SA_APT_PACKAGES+=(python3-venv python3-dev)
 # Shard files: clang's libFuzzer for the header-parser fuzz test (tests/fuzz).
