@@ -19,7 +19,7 @@
 //! [`Optimizer::bind_grads`] bind a grad's memory once, after which steps read it in place
 //! and copy nothing. CUDA steps are enqueued on the caller's stream
 //! ([`Optimizer::step_on`]). The README's "A first step on the GPU from Rust" walks
-//! through it.
+//! through it; docs/rust.md takes a first step from a crate of your own.
 //!
 //! A group's hyperparameters are a [`GroupConfig`] of named values; [`group_fields`] lists
 //! the names, defaults and valid values the loaded library knows, so this crate spells
@@ -1730,10 +1730,14 @@ impl Optimizer {
         };
         let mut skipped = 0i32;
         let mut norm = f64::NAN;
-        let mut raw = sys::sa_step_args::default();
-        raw.inv_grad_scale = memory.inv_grad_scale;
-        raw.found_inf = memory.found_inf;
-        raw.grad_norm = memory.grad_norm;
+        // The addresses of `memory` are the caller's promise (the unsafe setters).
+        let mut raw = sys::sa_step_args {
+            inv_grad_scale: memory.inv_grad_scale,
+            found_inf: memory.found_inf,
+            grad_norm: memory.grad_norm,
+            norm_type: args.norm_type.raw(),
+            ..sys::sa_step_args::default()
+        };
         if args.inv_grad_scale.is_some() {
             raw.inv_grad_scale = &scale;
         }
@@ -1750,10 +1754,9 @@ impl Optimizer {
             raw.max_grad_norm = bound;
             raw.host_grad_norm = &mut norm;
         }
-        raw.norm_type = args.norm_type.raw();
         comm::clear_callback_error();
         // `scale` and `found_inf` are host memory read during the call: only CPU steps get
-        // them (above). The addresses of `memory` are the caller's promise (the setters).
+        // them (above).
         let code = sys::sa_optimizer_step(self.raw.as_ptr(), &raw, stream);
         if let Err(mut e) = self.check(code) {
             if e.status == Status::Comm {
