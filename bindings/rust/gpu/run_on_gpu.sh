@@ -4,7 +4,9 @@
 # bindings/rust/gpu/bin/, against a CUDA build of the library made here:
 #
 #   training      the regression in host memory, then in CUDA device memory (300 steps,
-#                 each checked against the float64 reference; the loss must fall)
+#                 each checked against the float64 reference; the loss must fall), and a
+#                 step reading its loss scale and found-inf flag from device memory
+#                 (StepArgs::inv_grad_scale_at, found_inf_at, grad_norm_at)
 #   bound_grads   the binding checks, now against a library with its CUDA backend
 #   gpu_step      the example of docs/rust.md
 #

@@ -6,7 +6,8 @@
 # bindings/rust/gpu/run_on_gpu.sh runs them. Nothing here needs CUDA: the binaries load
 # libcudart at run time.
 #
-#   training      tests/training.rs: a regression in host memory, then in CUDA device memory
+#   training      tests/training.rs: a regression in host memory, then in CUDA device memory,
+#                 and a step with its loss scale, found-inf flag and norm in that memory
 #   bound_grads   tests/bound_grads.rs: bindings checked by the library (CPU params)
 #   gpu_step      examples/gpu_step.rs: the "first step on the GPU" of docs/rust.md
 set -euo pipefail

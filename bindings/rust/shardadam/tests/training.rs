@@ -1,8 +1,9 @@
 //! Training with params and grads in memory the caller allocated, the grads bound once: a
 //! linear regression trained for 300 steps against the independent float64 update of
-//! tests/common, the loss falling. The same loop runs on host memory (every machine) and
-//! on a CUDA device (device memory from cudaMalloc through the CUDA runtime, loaded at run
-//! time; the grads written by copies on the step's stream).
+//! tests/common, the loss falling; and a step whose loss scale, found-inf flag and norm
+//! are in that memory too (StepArgs' addresses). Each runs on host memory (every machine)
+//! and on a CUDA device (device memory from cudaMalloc through the CUDA runtime, loaded at
+//! run time; the grads written by copies on the step's stream).
 //!
 //! Without a GPU or a CUDA runtime the GPU test says "SKIPPED" on stderr (uncaptured, so
 //! it shows in `cargo test`'s output) and passes; with SHARDADAM_REQUIRE_GPU=1 (as
@@ -322,5 +323,164 @@ fn gpu_a_regression_in_device_memory_with_grads_bound_once_matches_the_reference
         stream: rt.stream().unwrap(),
     };
     train_a_regression(&memory);
+    memory.stream.synchronize().unwrap();
+}
+
+/// The loss scale and the found-inf flag of a step read from `memory` at their addresses
+/// (`StepArgs::inv_grad_scale_at`, `found_inf_at`) and the norm written there
+/// (`grad_norm_at`): device memory on a device, as a GPU loss scaler keeps them. A flag of
+/// 1 skips the step (the param unchanged); with the flag 0 the step matches the float64
+/// reference at a scale of 0.5, under Adam with L2 decay (where the scale changes the
+/// update), and the norm is that of the scaled grads.
+fn scale_flag_and_norm_at_addresses<M: Memory>(memory: &M) {
+    let l2 = Hyper {
+        lr: 0.01,
+        weight_decay: 0.5,
+        decoupled_weight_decay: false,
+        ..Hyper::ADAMW
+    };
+    let mut rng = Rng(61);
+    let n = 37;
+    let init = rng.values(n);
+    let grad = rng.values(n);
+    let mut buffers = [
+        memory.alloc(n),
+        memory.alloc(n),
+        memory.alloc(1),
+        memory.alloc(1),
+        memory.alloc(1),
+    ];
+    let [w_at, g_at, scale_at, flag_at, norm_at] = {
+        let [a, b, c, d, e] = &mut buffers;
+        [
+            memory.address(a),
+            memory.address(b),
+            memory.address(c),
+            memory.address(d),
+            memory.address(e),
+        ]
+    };
+    memory.upload(w_at, &init);
+    memory.upload(g_at, &grad);
+    memory.upload(scale_at, &[0.5]);
+    memory.upload(flag_at, &[1.0]);
+    let device = memory.device();
+    // Declared after the buffers, so dropped before them.
+    let mut opt = Optimizer::new(None).unwrap();
+    opt.add_group(&l2.config()).unwrap();
+    // SAFETY: the buffers hold n float32 values on `device` and outlive `opt`.
+    unsafe {
+        let w = Tensor::from_raw_parts(w_at, device, DType::Float32, &[n as i64]).unwrap();
+        let g = Tensor::from_raw_parts(g_at, device, DType::Float32, &[n as i64]).unwrap();
+        let w = opt.add_tensor("w", 0, w, None).unwrap();
+        opt.bind_grad(w, g).unwrap();
+    }
+    let measure = StepArgs {
+        max_grad_norm: Some(f64::INFINITY),
+        ..StepArgs::default()
+    };
+    // SAFETY: one float32 each in the optimizer's memory, live until `opt` is dropped; the
+    // host writes them only between steps (on a device: on the step's stream).
+    let args = unsafe {
+        measure
+            .inv_grad_scale_at(scale_at as *const f32)
+            .found_inf_at(flag_at as *const f32)
+            .grad_norm_at(norm_at as *mut f32)
+    };
+
+    // SAFETY (both steps): NULL or a live stream of the device.
+    let report = unsafe { opt.step_on(&args, memory.stream()) }.unwrap();
+    assert!(
+        report.skipped,
+        "{:?}: the flag at found_inf_at was 1",
+        device
+    );
+    let mut now = vec![0.0f32; n];
+    memory.download(&mut now, w_at);
+    assert_eq!(now, init, "{:?}: a skipped step changed the param", device);
+    assert_eq!(
+        opt.param_steps(0, 1).unwrap(),
+        vec![0],
+        "{:?}: skipped",
+        device
+    );
+
+    memory.upload(flag_at, &[0.0]);
+    let report = unsafe { opt.step_on(&args, memory.stream()) }.unwrap();
+    assert!(
+        !report.skipped,
+        "{:?}: the flag at found_inf_at was 0",
+        device
+    );
+    assert_eq!(
+        opt.param_steps(0, 1).unwrap(),
+        vec![1],
+        "{:?}: stepped",
+        device
+    );
+    memory.download(&mut now, w_at);
+    let mut reference = Reference::new(&init);
+    reference.step(&grad, &l2, 1, 0.5);
+    let mut unscaled = Reference::new(&init);
+    unscaled.step(&grad, &l2, 1, 1.0);
+    let apart = unscaled
+        .p
+        .iter()
+        .zip(&reference.p)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        apart > 1e-3,
+        "a scale of 0.5 moves the step by only {}",
+        apart
+    );
+    assert_close(
+        &format!("{:?}: the scaled step", device),
+        &now,
+        &reference.p,
+    );
+
+    let want = grad
+        .iter()
+        .map(|&g| (g as f64 * 0.5).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let reported = report.grad_norm.unwrap();
+    assert!(
+        (reported - want).abs() <= 1e-9 * want,
+        "{:?}: reported norm {} against {}",
+        device,
+        reported,
+        want
+    );
+    let mut written = [0.0f32];
+    memory.download(&mut written, norm_at);
+    assert!(
+        (written[0] as f64 - want).abs() <= 1e-6 * want,
+        "{:?}: the f32 at grad_norm_at holds {} against {}",
+        device,
+        written[0],
+        want
+    );
+}
+
+/// [`scale_flag_and_norm_at_addresses`] in host memory the test allocated.
+#[test]
+fn a_cpu_step_reads_its_scale_and_flag_and_writes_its_norm_at_host_addresses() {
+    scale_flag_and_norm_at_addresses(&Host);
+}
+
+/// [`scale_flag_and_norm_at_addresses`] in the memory of CUDA device 0.
+#[test]
+fn gpu_a_cuda_step_reads_its_scale_and_flag_and_writes_its_norm_at_device_addresses() {
+    let rt = match cuda_or_skip("gpu step memory test") {
+        Some(rt) => rt,
+        None => return,
+    };
+    let memory = Cuda {
+        rt: &rt,
+        stream: rt.stream().unwrap(),
+    };
+    scale_flag_and_norm_at_addresses(&memory);
     memory.stream.synchronize().unwrap();
 }
