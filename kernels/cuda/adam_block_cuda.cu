@@ -28,17 +28,17 @@ namespace {
 // 8-byte (16-bit) and 4-byte (codes) accesses; the shard's last, partial block and
 // unaligned arrays go an element at a time (kWhole false).
 //
-// The grid is persistent (kQ8BlocksPerSm thread blocks per multiprocessor, each taking
+// The grid is persistent (kBlockMomentBlocksPerSm thread blocks per multiprocessor, each taking
 // every gridDim.x-th chunk), so each thread block copies q8's 16 KB of code-book tables
 // into shared memory once per launch, not once per chunk.
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
 // Tuning knob (bench/cuda_tuning.md): resident thread blocks per multiprocessor, the
 // register budget they leave (65536 / (256 * 3) = 85, so 80 per thread) and the grid size.
-#ifndef SA_CUDA_Q8_BLOCKS_PER_SM
-#define SA_CUDA_Q8_BLOCKS_PER_SM 3
+#ifndef SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM
+#define SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM 3
 #endif
-constexpr int kQ8BlocksPerSm = SA_CUDA_Q8_BLOCKS_PER_SM;
+constexpr int kBlockMomentBlocksPerSm = SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM;
 
 // What a block storage's codes need in shared memory: q8's two code books (Quant8Book),
 // [0] signed (exp_avg), [1] unsigned; nothing for f8e4m3.
@@ -256,7 +256,7 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
 
 // T: the bucket's block storage; S: the float32-moment Signature of its Variant.
 template <ElemType T, class S>
-__global__ void __launch_bounds__(kCudaBlockThreads, kQ8BlocksPerSm)
+__global__ void __launch_bounds__(kCudaBlockThreads, kBlockMomentBlocksPerSm)
     adam_bucket_kernel_blocks(DeviceBucket bucket, DeviceStep step) {
   if (step.verdict->skip) return;
   __shared__ BlockTables<T> tables;
@@ -280,7 +280,7 @@ cudaError_t launch_typed_blocks(const DeviceBucket& bucket, const DeviceStep& st
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  const int64_t grid = std::min<int64_t>(bucket.num_chunks, int64_t{sms} * kQ8BlocksPerSm);
+  const int64_t grid = std::min<int64_t>(bucket.num_chunks, int64_t{sms} * kBlockMomentBlocksPerSm);
   adam_bucket_kernel_blocks<T, S>
       <<<static_cast<unsigned>(grid), kCudaBlockThreads, 0, stream>>>(bucket, step);
   return cudaGetLastError();
