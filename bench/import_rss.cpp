@@ -15,7 +15,12 @@
 //    (exit 1) when it exceeds staging + 16 MiB + 4x the headers.
 // Correctness: every imported state is compared (by a 64-bit hash) with what its rank held.
 //
-//   import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N]
+// With --moments uint8 the moments are 8-bit block moments: the import lands their values
+// in host memory and quantizes them by the loading optimizer's blocks (a multiple of the
+// 1024-element rows here, so they come back bitwise); with that landing the bound is twice
+// the staging size (sa_import_options).
+//
+//   import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -44,6 +49,7 @@ struct Options {
   uint64_t staging_mib = 64;
   std::string dir;
   int threads = 0;
+  bool uint8_moments = false;  // --moments uint8: 8-bit block moments (codes + absmax)
 };
 
 [[noreturn]] void die(const std::string& what) {
@@ -124,7 +130,7 @@ struct Model {
   std::vector<std::unique_ptr<HostTensor>> params, grads;
   std::vector<int64_t> row_offset;
 
-  Model(const std::vector<int64_t>& rows, int rank, int threads, bool step) {
+  Model(const std::vector<int64_t>& rows, int rank, int threads, bool step, bool uint8_moments) {
     sa_optimizer_config config = SA_OPTIMIZER_CONFIG_INIT;
     config.num_threads = threads;
     ok(sa_optimizer_create(&config, &opt), nullptr, "create");
@@ -147,8 +153,10 @@ struct Model {
       p->data.resize(static_cast<std::size_t>(local[0] * local[1]));
       const uint64_t base = static_cast<uint64_t>(offset[0] * kCols);
       for (std::size_t i = 0; i < p->data.size(); ++i) p->data[i] = value_at(base + i, k);
+      sa_param_options options = SA_PARAM_OPTIONS_INIT;
+      if (uint8_moments) options.moment_dtype = {kDLUInt, 8, 1};
       ok(sa_optimizer_add_param(opt, ("layers." + std::to_string(k) + ".w").c_str(), 0, p->versioned(),
-                                &layout, nullptr, nullptr),
+                                &layout, &options, nullptr),
          opt, "add_param");
       row_offset.push_back(offset[0]);
       if (step) {
@@ -166,12 +174,17 @@ struct Model {
   }
   ~Model() { sa_optimizer_destroy(opt); }
 
-  // The hash of rows [r0, r0 + n) of a state of param k.
+  // The hash of rows [r0, r0 + n) of a state of param k (every state here, block absmax
+  // values included, holds the same number of bytes per row of the param).
   uint64_t state_hash(std::size_t k, const char* key, int64_t r0, int64_t n) const {
     DLManagedTensorVersioned* view = nullptr;
     ok(sa_optimizer_state_view(opt, static_cast<int64_t>(k), key, &view), opt, "state_view");
-    const auto* data = static_cast<const float*>(view->dl_tensor.data);
-    const uint64_t h = hash_bytes(data + r0 * kCols, static_cast<std::size_t>(n * kCols) * sizeof(float));
+    const DLTensor& t = view->dl_tensor;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
+    const auto row_bytes = static_cast<std::size_t>(numel * t.dtype.bits / 8 / params[k]->shape[0]);
+    const auto* data = static_cast<const unsigned char*>(t.data);
+    const uint64_t h = hash_bytes(data + static_cast<std::size_t>(r0) * row_bytes, static_cast<std::size_t>(n) * row_bytes);
     view->deleter(view);
     return h;
   }
@@ -193,8 +206,12 @@ Options parse(int argc, char** argv) {
       o.dir = next();
     } else if (arg == "--threads") {
       o.threads = std::atoi(next());
+    } else if (arg == "--moments") {
+      const std::string m = next();
+      if (m != "float32" && m != "uint8") die("--moments takes float32 or uint8");
+      o.uint8_moments = m == "uint8";
     } else {
-      die("usage: import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N]");
+      die("usage: import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]");
     }
   }
   if (o.gib <= 0 || o.staging_mib == 0) die("--gib and --staging-mib must be positive");
@@ -218,28 +235,34 @@ int main(int argc, char** argv) {
                                      : fs::path(o.dir);
   fs::create_directories(dir);
 
-  // Params [rows, 1024] fp32 of uneven row counts; state = exp_avg + exp_avg_sq = 8 B/elem.
+  // Params [rows, 1024] fp32 of uneven row counts; state = exp_avg + exp_avg_sq = 8 B/elem
+  // (8-bit: a code each and a float32 absmax per 256 elements each, 2 + 8/256 B/elem; the
+  // element count is the same, so the import lands about G GiB of float32 values).
   const int64_t total_rows = static_cast<int64_t>(o.gib * double(1 << 30) / 8.0 / kCols);
+  const std::vector<const char*> keys =
+      o.uint8_moments ? std::vector<const char*>{"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"}
+                      : std::vector<const char*>{"exp_avg", "exp_avg_sq"};
   std::vector<int64_t> rows;
   for (int64_t left = total_rows, k = 0; left > 0; ++k) {
     const int64_t r = std::min<int64_t>(left, 4096 + (k * 2731) % 8192 + 3);  // odd sizes: uneven splits
     rows.push_back(r);
     left -= r;
   }
-  const double state_bytes = double(total_rows) * kCols * 8;
-  std::printf("import_rss: %.3f GiB of fp32 Adam state (%zu params [rows, %lld]), saved on %d ranks "
+  const double state_bytes = double(total_rows) * kCols * (o.uint8_moments ? 2.0 + 8.0 / 256 : 8.0);
+  std::printf("import_rss: %.3f GiB of %s Adam state (%zu params [rows, %lld]), saved on %d ranks "
               "(uneven Shard(0)), loaded on 1\nmachine: %s, %ld hardware threads\n",
-              state_bytes / double(1 << 30), rows.size(), static_cast<long long>(kCols), kRanks,
+              state_bytes / double(1 << 30), o.uint8_moments ? "8-bit" : "fp32", rows.size(),
+              static_cast<long long>(kCols), kRanks,
               cpu_name().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
 
   // ---- export: each rank steps once and writes its file ------------------------------------
   std::vector<std::string> paths;
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> hashes(kRanks);  // [rank][param] (exp_avg, exp_avg_sq)
+  std::vector<std::vector<std::vector<uint64_t>>> hashes(kRanks);  // [rank][param][key]
   std::vector<std::vector<std::pair<int64_t, int64_t>>> boxes(kRanks);     // [rank][param] (row0, rows)
   double export_seconds = 0, memory_export_seconds = 0, null_export_seconds = 0;
   uint64_t file_bytes = 0;
   for (int r = 0; r < kRanks; ++r) {
-    Model rank(rows, r, o.threads, true);
+    Model rank(rows, r, o.threads, true, o.uint8_moments);
     {  // to a writer that keeps nothing: the export's own cost (checksums, the two passes)
       sa_writer null = SA_WRITER_INIT;
       uint64_t counted = 0;
@@ -270,7 +293,8 @@ int main(int argc, char** argv) {
     file_bytes += fs::file_size(paths.back());
     for (std::size_t k = 0; k < rows.size(); ++k) {
       const int64_t n = rank.params[k]->shape[0];
-      hashes[r].push_back({rank.state_hash(k, "exp_avg", 0, n), rank.state_hash(k, "exp_avg_sq", 0, n)});
+      hashes[r].emplace_back();
+      for (const char* key : keys) hashes[r].back().push_back(rank.state_hash(k, key, 0, n));
       boxes[r].push_back({rank.row_offset[k], n});
     }
   }
@@ -296,7 +320,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- import: one unsharded optimizer reads all four files ---------------------------------
-  Model loaded(rows, -1, o.threads, false);
+  Model loaded(rows, -1, o.threads, false, o.uint8_moments);
   std::vector<sa_reader> readers(kRanks);
   std::vector<const sa_reader*> pointers;
   for (int r = 0; r < kRanks; ++r) {
@@ -320,14 +344,15 @@ int main(int argc, char** argv) {
   for (int r = 0; r < kRanks; ++r)
     for (std::size_t k = 0; k < rows.size(); ++k) {
       const auto [r0, n] = boxes[static_cast<std::size_t>(r)][k];
-      const auto want = hashes[static_cast<std::size_t>(r)][k];
-      mismatches += loaded.state_hash(k, "exp_avg", r0, n) != want.first;
-      mismatches += loaded.state_hash(k, "exp_avg_sq", r0, n) != want.second;
+      const auto& want = hashes[static_cast<std::size_t>(r)][k];
+      for (std::size_t i = 0; i < keys.size(); ++i) mismatches += loaded.state_hash(k, keys[i], r0, n) != want[i];
     }
 
-  const double header_bytes = double(file_bytes) - state_bytes;
+  // Shard files hold block moments as float32 values (8 B/elem either way).
+  const double header_bytes = double(file_bytes) - double(total_rows) * kCols * 8;
   const double staging = double(o.staging_mib << 20);
-  const double limit = staging + double(16 << 20) + 4 * header_bytes;
+  // Block moments land in an arena of up to the staging size again (sa_import_options).
+  const double limit = staging * (o.uint8_moments ? 2 : 1) + double(16 << 20) + 4 * header_bytes;
   std::printf("\n%-36s %10s %10s %12s\n", "", "seconds", "GB/s", "vs memcpy");
   std::printf("%-36s %10s %10.2f %12s\n", "memcpy (1 thread)", "", memcpy_gbs, "1.00");
   std::printf("%-36s %10s %10.2f %12.2f\n", "read the files (page cache)", "", read_gbs, read_gbs / memcpy_gbs);
@@ -341,7 +366,7 @@ int main(int argc, char** argv) {
               state_bytes / import_seconds / 1e9, state_bytes / import_seconds / 1e9 / memcpy_gbs);
   std::printf("\nfiles: %.1f MiB of headers in %.3f GiB\n", header_bytes / double(1 << 20), double(file_bytes) / double(1 << 30));
   std::printf("state check: %s (%d of %zu states differ)\n", mismatches ? "FAILED" : "every state bitwise equal",
-              mismatches, rows.size() * 2 * kRanks);
+              mismatches, rows.size() * keys.size() * kRanks);
   if (peak < 0) {
     std::printf("peak RSS: /proc/self/clear_refs is not writable here, so the import's own peak cannot be "
                 "separated from earlier ones (ru_maxrss %ld KiB); not checked\n",
@@ -349,9 +374,9 @@ int main(int argc, char** argv) {
   } else {
     const double increase = double(peak - rss_before);
     std::printf("peak RSS: %.1f MiB before the import, peak %.1f MiB during it: +%.1f MiB "
-                "(staging %.0f MiB; limit staging + 16 MiB + 4x headers = %.1f MiB) -> %.2fx staging\n",
+                "(staging %.0f MiB; limit %sstaging + 16 MiB + 4x headers = %.1f MiB) -> %.2fx staging\n",
                 double(rss_before) / double(1 << 20), double(peak) / double(1 << 20), increase / double(1 << 20),
-                staging / double(1 << 20), limit / double(1 << 20), increase / staging);
+                staging / double(1 << 20), o.uint8_moments ? "2x " : "", limit / double(1 << 20), increase / staging);
     if (increase > limit) {
       std::printf("FAILED: the import raised peak RSS by more than staging + O(headers)\n");
       mismatches += 1;

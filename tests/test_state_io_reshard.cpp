@@ -309,3 +309,45 @@ TEST_CASE("float32 and bfloat16 moments load into 8-bit moments on another layou
   }
   CHECK(blocks_checked > 100);
 }
+
+TEST_CASE(
+    "8-bit moments land in rounds of the staging size: a round per moment loads what one "
+    "round loads",
+    "[state_io][quant8]") {
+  // Staging 1 byte makes each 8-bit moment of each param a landing round of its own
+  // (sa_import_options::staging_bytes); 0 (64 MiB) takes them all in one. Both reshard
+  // Shard(1) over 3 to Shard(0) over 2, where the blocks differ, so every moment is
+  // quantized again.
+  std::vector<GlobalParam> eight = io_params();
+  for (auto& p : eight) p.moment_dtype = kUint8;
+  const Problem q8(eight);
+  auto saving =
+      make_ranks(q8, mesh_scenario("Shard(1) over 3", {3}, {shard(1)}), q8.initial_values());
+  for (int s = 0; s < kSaveAt; ++s)
+    for (auto& r : saving) r->step(s);
+  std::vector<Bytes> blobs;
+  for (auto& r : saving) blobs.push_back(r->export_blob());
+  std::vector<std::vector<Bytes>> loaded;  // [staging choice][rank, param, key]
+  for (uint64_t staging : {uint64_t{0}, uint64_t{1}}) {
+    INFO("staging_bytes " << staging);
+    auto ranks =
+        make_ranks(q8, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), q8.initial_values());
+    const sa_import_options options = import_options(staging);
+    std::vector<Bytes> states;
+    for (auto& rank : ranks) {
+      REQUIRE_SA_OK(rank->opt(), import_blobs(rank->opt(), blobs, &options));
+      for (std::size_t k = 0; k < q8.params.size(); ++k)
+        for (const char* key : state_keys(q8.params[k]))
+          states.push_back(rank->state_bytes(k, key));
+    }
+    loaded.push_back(states);
+  }
+  REQUIRE(loaded[0].size() == loaded[1].size());
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < loaded[0].size(); ++i) {
+    INFO("state " << i);
+    CHECK(loaded[0][i] == loaded[1][i]);
+    nonzero += loaded[0][i] != Bytes(loaded[0][i].size(), 0);
+  }
+  CHECK(nonzero > loaded[0].size() / 2);  // the states hold what training wrote, not zeros
+}

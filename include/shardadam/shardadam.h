@@ -867,7 +867,10 @@ SA_API sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer)
 typedef struct sa_import_options {
   size_t struct_size;
   /* Bytes of the staging buffer data goes through (pinned host memory for device
-   * state). Peak extra memory of an import is about this plus the headers. 0: 64 MiB.
+   * state). Peak extra memory of an import is about this plus the headers, and with block
+   * moments (uint8, float8_e4m3fn) as much again: their float32 values land in host memory
+   * in rounds of at most this size (or of one moment of one param, 4 bytes per element of
+   * its shard, if that is larger) before they are quantized. 0: 64 MiB.
    * At least one checksum block (1 MiB) is used whatever is asked, and no more than the
    * import reads. When all it reads fits, it reads everything once; otherwise twice
    * (once to verify every checksum before anything changes, once to copy, checking the

@@ -56,12 +56,16 @@ struct Piece {
   int landing;           // an 8-bit moment: its Landing, else -1
 };
 
-// An 8-bit moment lands as float32 values in host memory, then is quantized by this
-// param's own blocks (the files' came from other shards) into its codes and absmax.
+// A block moment (8-bit, float8) lands as float32 values in host memory, then is quantized
+// by this param's own blocks (the files' came from other shards) into its codes and absmax.
+// Landings go in rounds of at most the staging size (or one landing, if larger), each
+// round's values in the same host arena: peak memory stays the staging size, not 4 bytes
+// per element of every block moment.
 struct Landing {
   FileState state;
   int64_t numel;
-  std::vector<float> values;  // allocated in phase 3, before any state changes
+  int round = 0;          // landings of one round share the arena
+  uint64_t arena_at = 0;  // where its values sit in the arena (bytes)
 };
 
 // Whole checksum blocks of one piece's saved tensor, read at once.
@@ -210,7 +214,7 @@ class Importer {
       int landing = -1;
       if (f.absmax && p.numel > 0) {
         landing = static_cast<int>(landings_.size());
-        landings_.push_back({f, p.numel, {}});
+        landings_.push_back({f, p.numel});
       }
       const std::vector<SavedRef>& refs = saved.keys.at(s.key);
       std::vector<Box> saved_boxes;
@@ -323,6 +327,23 @@ class Importer {
       staging = cached_ ? staging + c.bytes : std::max(staging, c.bytes);
     }
     staging_bytes_ = staging;
+    plan_landing_rounds();
+  }
+
+  // Cuts the landings into rounds (in order) of at most the staging size each; a landing
+  // larger than that is a round of its own.
+  void plan_landing_rounds() {
+    uint64_t at = 0;
+    int round = 0;
+    for (Landing& l : landings_) {
+      const uint64_t bytes = static_cast<uint64_t>(l.numel) * sizeof(float);
+      if (at > 0 && at + bytes > settings_.staging_bytes) ++round, at = 0;
+      l.round = round;
+      l.arena_at = at;
+      at += bytes;
+      arena_bytes_ = std::max(arena_bytes_, at);
+    }
+    rounds_ = landings_.empty() ? 1 : round + 1;
   }
 
   // Reads a chunk into `dst` and checks the checksum of every block in it. `status` is
@@ -377,17 +398,23 @@ class Importer {
       std::shared_ptr<Buffer> bounce;
       if (converts_ && !backend->host_memory()) bounce = backend->allocate_staging(kBounceBytes);
       try {
-        for (Landing& l : landings_) l.values.resize(static_cast<std::size_t>(l.numel));
+        arena_.resize(static_cast<std::size_t>(arena_bytes_ / sizeof(float)));
       } catch (const std::bad_alloc&) {
-        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the host memory that 8-bit moments land in ",
-             "(4 bytes per element of each); nothing was changed");
+        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the ", arena_bytes_,
+             " bytes of host memory that block moments land in; nothing was changed");
       }
       backend->synchronize();  // no step in flight may still use the state
       opt_.mark_unusable("an import failed while it was copying state");
       try {
-        copy_chunks(*backend, cursors, bounce.get());
-        for (const Landing& l : landings_)  // quantized by this param's blocks, then up
-          write_moment_values(*backend, l.state, l.numel, l.values.data());
+        // Round r copies the other states (r = 0) and the pieces of its landings, then
+        // quantizes those by this param's blocks and writes them up. A chunk belongs to
+        // one piece, and so to one round: each is read once.
+        for (int round = 0; round < rounds_; ++round) {
+          copy_chunks(*backend, cursors, bounce.get(), round);
+          for (const Landing& l : landings_)
+            if (l.round == round)
+              write_moment_values(*backend, l.state, l.numel, landing_values(l));
+        }
       } catch (const Error& e) {
         opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
         fail(e.status() == SA_ERR_FORMAT ? SA_ERR_IO : e.status(), e.what(),
@@ -418,9 +445,14 @@ class Importer {
     }
   }
 
-  void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce) {
+  // The chunks of round `round`: of its landings' pieces, and in round 0 of every piece
+  // that lands directly in state.
+  void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce, int round) {
     auto* base = static_cast<unsigned char*>(staging_->data());
     for (const Chunk& c : chunks_) {
+      const int landing = pieces_[c.piece].landing;
+      const int of = landing < 0 ? 0 : landings_[static_cast<std::size_t>(landing)].round;
+      if (of != round) continue;
       unsigned char* data = base + c.cache_at;
       if (!cached_) read_checked(c, data, SA_ERR_IO);
       scatter(c, data, cursors[c.piece], backend, bounce);
@@ -438,8 +470,8 @@ class Importer {
     // An 8-bit moment lands in host memory (see Landing); everything else goes to state.
     const bool landing = piece.landing >= 0;
     const bool host = landing || backend.host_memory();
-    auto* dst_base = landing ? reinterpret_cast<unsigned char*>(
-                                   landings_[static_cast<std::size_t>(piece.landing)].values.data())
+    auto* dst_base = landing ? reinterpret_cast<unsigned char*>(landing_values(
+                                   landings_[static_cast<std::size_t>(piece.landing)]))
                              : static_cast<unsigned char*>(piece.dst);
     while (!cursor.done() && cursor.src() < end) {
       if (cursor.src() < first)
@@ -475,6 +507,10 @@ class Importer {
   std::unordered_map<std::string, SavedParam> saved_;
   std::vector<Piece> pieces_;
   std::vector<Landing> landings_;
+  int rounds_ = 1;
+  uint64_t arena_bytes_ = 0;
+  std::vector<float> arena_;  // the values of one round's landings (allocated in phase 3)
+  float* landing_values(const Landing& l) { return arena_.data() + l.arena_at / sizeof(float); }
   std::vector<Chunk> chunks_;
   bool converts_ = false;
   bool cached_ = false;
