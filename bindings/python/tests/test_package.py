@@ -1,8 +1,11 @@
-"""The package as a whole: the low-level module covers the C ABI, versions agree, and the
-torch integration does not need torch to import."""
+"""The package as a whole: it is an installed copy carrying its own native libraries, the
+low-level module covers the C ABI, versions agree, and the torch integration does not need
+torch to import."""
 import importlib.util
+import os
 import pathlib
 import re
+import sysconfig
 
 import pytest
 
@@ -18,6 +21,33 @@ NOT_WRAPPED = {"sa_free", "sa_writer_release", "sa_reader_release", "sa_comm_cre
                "sa_optimizer_set_grad_ptrs", "sa_optimizer_get_param_steps", "sa_optimizer_set_param_steps",
                "sa_optimizer_state_keys", "sa_optimizer_checkpoint_keys",  # all three wrapped as state_keys_get
                "sa_optimizer_moment_keys"}
+
+
+PACKAGE = pathlib.Path(shardadam.__file__).resolve().parent
+
+
+def test_the_package_is_the_installed_copy_in_site_packages():
+    site_packages = {pathlib.Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    assert PACKAGE.parent in site_packages, f"shardadam imported from {PACKAGE}, not from {sorted(site_packages)}"
+
+
+def test_the_library_loaded_is_the_one_inside_the_package():
+    loaded = {os.path.realpath(line.split()[-1]) for line in pathlib.Path("/proc/self/maps").read_text().splitlines()
+              if "libshardadam.so" in line}
+    assert loaded == {str(PACKAGE / "libshardadam.so.0")}
+
+
+def test_the_cuda_module_is_found_beside_the_library_in_the_package():
+    # A wheel of a CUDA build carries the module (a CPU-only one does not); either way the
+    # library says so, and it must find a carried module without LD_LIBRARY_PATH.
+    info = shardadam.build_info()
+    module = PACKAGE / "libshardadam-cuda.so"
+    if not module.exists():
+        assert "; cuda: not built;" in info
+    else:
+        loaded = re.search(r"; cuda: module (\S+) \(", info)
+        assert loaded, f"the package carries {module}, but the library says: {info}"
+        assert os.path.realpath(loaded.group(1)) == str(module)
 
 
 def test_low_level_module_wraps_every_function_of_the_header():
