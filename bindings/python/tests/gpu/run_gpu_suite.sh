@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # bindings/python/tests/gpu/run_gpu_suite.sh — the Python GPU checks on a machine with
-# CUDA GPUs and torch but no package registry (the lent H200 machines): installs the
-# package from this checkout, then runs what is named in $SUITE (default: all of them):
+# CUDA GPUs and torch but no package registry (the lent H200 machines): builds the library
+# (build-gpu/, sm_90), installs the wheel made around it (SHARDADAM_PREBUILT: only the
+# extensions compile) and the carried bitsandbytes wheel, then runs what is named in $SUITE
+# (default: all of them):
 #
-#   pytest     bindings/python/tests (the torch GPU tests included; $PYTEST_K: only those pytest -k selects)
+#   pytest     bindings/python/tests (the torch GPU tests included; $PYTEST_K: only those pytest
+#              -k selects), on 8 pytest-xdist workers
 #   fsdp2      fsdp2_train.py on 2 ranks: FusedAdam vs AdamW(fused) under FSDP2, DCP 2 -> 1
 #   reshard    reshard_fsdp2.py: FSDP2 save on N ranks, load on M (N = all GPUs, M = N / 2)
 #   dcpswitch  dcp_switch_optimizer.py: DCP checkpoints AdamW <-> FusedAdam, 2 GPUs -> 1 and 1 -> 2
@@ -14,7 +17,9 @@
 #
 # Run from the repository root. Carry with the tree (git-ignored): .debs/ with the Debian
 # packages of Catch2, Highway, nlohmann-json and SWIG (swig, swig4.0, libpcre2-8-0), the
-# wheels of scikit-build-core in .debs/wheels, and .deps/dlpack/dlpack/dlpack.h.
+# wheels of scikit-build-core (packaging, pathspec) and pytest-xdist (execnet) in .debs/wheels,
+# .deps/dlpack/dlpack/dlpack.h, and bitsandbytes 0.50's wheel in .wheels-gpu/ (pip download
+# --only-binary=:all: --python-version 3.12 --platform manylinux_2_24_x86_64 --no-deps).
 # Logs go to $OUT (default ./gpu_out).
 set -uo pipefail
 repo=$(pwd)
@@ -29,13 +34,24 @@ export CMAKE_PREFIX_PATH=$prefix/usr LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linu
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 echo "python $(python3 -c 'import sys; print(sys.version.split()[0])'), torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPUs"
 
-python3 -m pip install --quiet --no-index --find-links .debs/wheels scikit-build-core > "$OUT/pip_tools.log" 2>&1
+python3 -m pip install --quiet --no-index --find-links .debs/wheels scikit-build-core pytest-xdist > "$OUT/pip_tools.log" 2>&1
+python3 -m pip install --quiet --no-index --no-deps .wheels-gpu/bitsandbytes-*.whl > "$OUT/pip_bnb.log" 2>&1 ||
+  echo "bitsandbytes not installed ($(tail -1 "$OUT/pip_bnb.log")): its comparisons skip"
 start=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps ./bindings/python \
-  -C cmake.define.DLPack_INCLUDE_DIR="$repo/.deps/dlpack" -C cmake.define.CMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90 -C cmake.define.SHARDADAM_WERROR=ON -C build-dir=/tmp/skb \
+# The library once, on all cores (a pip build would compile it on one); the wheel around it.
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDADAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DDLPack_INCLUDE_DIR="$repo/.deps/dlpack" -DSHARDADAM_WERROR=ON \
+  -DSHARDADAM_BUILD_TESTS=OFF -DSHARDADAM_BUILD_BENCH=OFF -DSHARDADAM_BUILD_EXAMPLES=OFF > "$OUT/configure.log" 2>&1 &&
+  cmake --build build-gpu -j "$(nproc)" --target shardadam shardadam_cuda > "$OUT/build.log" 2>&1 ||
+  { grep -B2 -A10 error "$OUT/configure.log" "$OUT/build.log" | head -60; exit 1; }
+rm -rf /tmp/sa_wheel
+python3 -m pip wheel --quiet --no-build-isolation --no-deps -w /tmp/sa_wheel ./bindings/python -C build-dir=/tmp/skb \
+  -C cmake.define.SHARDADAM_PREBUILT="$repo/build-gpu" -C cmake.define.DLPack_INCLUDE_DIR="$repo/.deps/dlpack" \
+  -C cmake.define.CMAKE_POLICY_VERSION_MINIMUM=3.5 -C cmake.define.SHARDADAM_WERROR=ON \
   > "$OUT/pip.log" 2>&1 || { tail -60 "$OUT/pip.log"; exit 1; }
-echo "install took $(( $(date +%s) - start )) s: $(cd /tmp && python3 -c 'import shardadam; print(shardadam.build_info())')"
+python3 -m pip install --quiet --no-index --no-deps --force-reinstall /tmp/sa_wheel/shardadam-*.whl >> "$OUT/pip.log" 2>&1 ||
+  { tail -20 "$OUT/pip.log"; exit 1; }
+echo "build and install took $(( $(date +%s) - start )) s: $(cd /tmp && python3 -c 'import shardadam; print(shardadam.build_info())')"
 
 status=0
 run() {  # run <name> <timeout s> <command...>: logs to $OUT/<name>.log, keeps the worst status
@@ -52,7 +68,7 @@ run() {  # run <name> <timeout s> <command...>: logs to $OUT/<name>.log, keeps t
 gpu=bindings/python/tests/gpu
 for what in $SUITE; do
   case $what in
-    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra $repo/bindings/python/tests ${PYTEST_K:+-k '$PYTEST_K'}" ;;
+    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra -n 8 --durations=20 $repo/bindings/python/tests ${PYTEST_K:+-k '$PYTEST_K'}" ;;
     fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
     reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
     clients) run clients 420 bash -c "rc=0; for s in hf_trainer lightning_trainer fsdp2_dcp; do python3 bindings/python/tests/clients/\$s.py --device cuda || rc=1; done; exit \$rc" ;;
