@@ -139,6 +139,26 @@ impl Reference {
     }
 }
 
+/// Fails unless a step at loss scale 0.5 lands measurably apart from the unscaled step, so
+/// that a test which expects the scaled one can tell an ignored scale from a read one.
+pub fn assert_scale_matters(init: &[f32], grad: &[f32], hyper: &Hyper) {
+    let mut scaled = Reference::new(init);
+    scaled.step(grad, hyper, 1, 0.5);
+    let mut unscaled = Reference::new(init);
+    unscaled.step(grad, hyper, 1, 1.0);
+    let apart = unscaled
+        .p
+        .iter()
+        .zip(&scaled.p)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        apart > 1e-3,
+        "a scale of 0.5 moves the step by only {}",
+        apart
+    );
+}
+
 /// Fails unless every value is within float32 accuracy of the reference.
 pub fn assert_close(what: &str, got: &[f32], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{}: length", what);
