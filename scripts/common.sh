@@ -46,7 +46,7 @@ sa_as_root() {
 sa_install_deps() {
   local missing=() pkg
   for pkg in "${SA_APT_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    if [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" != "install ok installed" ]; then
       missing+=("$pkg")
     fi
   done

@@ -70,9 +70,12 @@ PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair --exclude 'libcuda.so*' -
 wheels=("$dist"/shardadam-*manylinux*.whl)
 wheel="${wheels[0]}"
 [ -f "$wheel" ] || { echo "error: auditwheel wrote no manylinux wheel into $dist" >&2; exit 1; }
-unzip -l "$wheel"
+# The listing is read from a variable: `unzip -l | grep -q` under pipefail fails whenever
+# grep finds its line and exits before unzip has written the rest (SIGPIPE, status 141).
+listing=$(unzip -l "$wheel")
+printf '%s\n' "$listing"
 if [ -n "${SHARDADAM_PREBUILT:-}" ] && [ -f "$SHARDADAM_PREBUILT/libshardadam-cuda.so" ] &&
-    ! unzip -l "$wheel" | grep -q ' shardadam/libshardadam-cuda\.so$'; then
+    ! grep -q ' shardadam/libshardadam-cuda\.so$' <<<"$listing"; then
   echo "error: $SHARDADAM_PREBUILT has a CUDA module, but $wheel does not carry it" >&2
   exit 1
 fi
