@@ -8,6 +8,7 @@
 
 #include "adam_math.h"
 #include "elem_type.h"
+#include "param_scaling.h"
 #include "state_kind.h"
 
 namespace sa {
@@ -30,11 +31,12 @@ struct Variant {
   ElemType moment;
   MasterKind master;
   bool amsgrad;
+  ParamScaling scaling;  // how an fp8 param is cast from its master (none otherwise)
 };
 
 inline bool operator==(const Variant& a, const Variant& b) {
   return a.param == b.param && a.grad == b.grad && a.moment == b.moment && a.master == b.master &&
-         a.amsgrad == b.amsgrad;
+         a.amsgrad == b.amsgrad && a.scaling == b.scaling;
 }
 inline bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
 
@@ -49,6 +51,7 @@ struct TensorSlot {
   int64_t numel;
   int32_t param_index;  // the param's index: its step count and its coefficients of the step
   int32_t in_norm;      // 1: the gradient norm counts this shard; 0: another replica holds it
+  ParamScale scale;     // an fp8 param's scale tensors (param_scaling.h); NULLs otherwise
 };
 
 // The constants of one step for one param (float, as the kernels compute; params of one

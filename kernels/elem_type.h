@@ -60,7 +60,13 @@ namespace kernels {
     "float8 e4m3fn (no infinities; saturating round to nearest even). As moments: "       \
     "each element divided by its block's scale (a float32 absmax per 256 elements, "      \
     "scale = max(absmax, 1e-12) / 448, torchao's AdamWFp8); shard files hold the "        \
-    "values as float32")
+    "values as float32")                                                                 \
+  X(f8e5m2, uint8_t, 12 /* kDLFloat8_e5m2 */, 8, "float8_e5m2", nullptr, 0,              \
+    "float8 e5m2 (params only; saturating round to nearest even: a magnitude beyond "     \
+    "57344, infinities included, becomes 57344)")                                         \
+  X(e8m0, uint8_t, 14 /* kDLFloat8_e8m0fnu */, 8, "float8_e8m0fnu", nullptr, 0,          \
+    "float8 e8m0fnu: a power of two, 2^(code - 127), 255 = NaN (the block scales of "     \
+    "MXFP8 params, sa_param_scaling)")
 
 enum class ElemType : uint8_t {
 #define SA_ELEM_ENUMERATOR(name, storage, code, bits, text, st_name, form, doc) name,
@@ -229,6 +235,53 @@ SA_HD uint16_t float_to_e4m3fn_pair(float a, float b) {
 #endif
 }
 
+// float8 e5m2 (OCP FP8: 5 exponent bits of bias 15, 2 mantissa bits, IEEE-like: infinities
+// and NaNs at exponent 31, largest finite 57344, subnormals down to 2^-16). Exact.
+SA_HD float e5m2_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 2) & 0x1Fu;
+  const uint32_t mant = b & 0x3u;
+  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (mant << 21));  // inf / NaN
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 21));
+  return bits_float(sign | float_bits(static_cast<float>(mant) * 1.52587890625e-05f));  // m * 2^-16
+}
+
+// Round to nearest, ties to even; a magnitude of 57344 or more (e5m2's largest finite
+// value; infinities included) saturates to it, as float_to_e4m3fn saturates: a cast never
+// makes an infinity. NaN stays NaN (code 0x7F with the sign).
+SA_HD uint8_t float_to_e5m2(float f) {
+  const uint32_t x = float_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
+  if (ax >= 0x47600000u) return static_cast<uint8_t>(sign | 0x7Bu);  // >= 57344: saturate
+  if (ax >= 0x38800000u) {                                           // >= 2^-14: normal
+    const uint32_t r = (ax + 0xFFFFFu + ((ax >> 21) & 1u)) >> 21;    // 2 mantissa bits, to even
+    return static_cast<uint8_t>(sign | (r - (112u << 2)));           // rebias 127 -> 15
+  }
+  // Subnormal (or zero): the value in units of 2^-16, rounded to the nearest even integer
+  // (0..4; 4 is the smallest normal, code 0x04), as in float_to_e4m3fn.
+  const float units = bits_float(ax) * 65536.0f;
+  const float rounded = (units + 8388608.0f) - 8388608.0f;
+  return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded));
+}
+
+// float8 e8m0fnu (the OCP MX scale): 2^(code - 127); code 255 is NaN, there is no zero.
+SA_HD float e8m0_to_float(uint8_t b) {
+  if (b == 0xFFu) return bits_float(0x7FC00000u);
+  if (b == 0) return bits_float(0x00400000u);  // 2^-127, a float32 subnormal
+  return bits_float(static_cast<uint32_t>(b) << 23);
+}
+
+// The e8m0 code of 2^floor(log2 |f|), the rounding of the OCP MX scale rule: the biased
+// exponent of |f| (0 for |f| below 2^-126, zero included), 254 for an infinity, 255 for NaN.
+SA_HD uint8_t float_to_e8m0(float f) {
+  const uint32_t ax = float_bits(f) & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return 0xFFu;
+  const uint32_t exp = ax >> 23;
+  return static_cast<uint8_t>(exp > 254u ? 254u : exp);
+}
+
 // ---- per-element codecs -----------------------------------------------------------------
 // Codec<T>::decode(storage) -> float (exact for every dtype here) and
 // Codec<T>::encode(float) -> storage (the dtype's rounding). Form-1 dtypes (q8) have none.
@@ -258,6 +311,18 @@ template <>
 struct Codec<ElemType::f8e4m3> {
   static SA_HD float decode(uint8_t b) { return e4m3fn_to_float(b); }
   static SA_HD uint8_t encode(float f) { return float_to_e4m3fn(f); }
+};
+
+template <>
+struct Codec<ElemType::f8e5m2> {
+  static SA_HD float decode(uint8_t b) { return e5m2_to_float(b); }
+  static SA_HD uint8_t encode(float f) { return float_to_e5m2(f); }
+};
+
+template <>
+struct Codec<ElemType::e8m0> {
+  static SA_HD float decode(uint8_t b) { return e8m0_to_float(b); }
+  static SA_HD uint8_t encode(float f) { return float_to_e8m0(f); }
 };
 
 // The dtype T as a type, for generic lambdas: fn(ElemTag<ElemType::bf16>{}).

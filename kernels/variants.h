@@ -22,19 +22,27 @@ namespace kernels {
 
 // ---- the table --------------------------------------------------------------------------
 
-// How a param of a dtype keeps its full-precision value.
+// How a param of a dtype keeps its full-precision value, and how it is cast from it.
 struct ParamForm {
   ElemType param;
   MasterKind master;
+  ParamScaling scaling;
 };
 
 // The param forms, in the order SA_MASTER_AUTO prefers them for a param dtype: a float32
-// param is its own master; a 16-bit param gets a float32 master unless asked otherwise.
+// param is its own master; a 16-bit param gets a float32 master unless asked otherwise;
+// an fp8 param has a float32 master and one of the scalings of kernels/param_scaling.h.
 inline constexpr ParamForm kParamForms[] = {
-    {ElemType::f32, MasterKind::none},
-    {ElemType::bf16, MasterKind::fp32},
-    {ElemType::bf16, MasterKind::remainder},
-    {ElemType::f16, MasterKind::fp32},
+    {ElemType::f32, MasterKind::none, ParamScaling::none},
+    {ElemType::bf16, MasterKind::fp32, ParamScaling::none},
+    {ElemType::bf16, MasterKind::remainder, ParamScaling::none},
+    {ElemType::f16, MasterKind::fp32, ParamScaling::none},
+    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::delayed},
+    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::mxfp8},
+    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::block128},
+    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::delayed},
+    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::mxfp8},
+    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::block128},
 };
 
 // The grad dtypes every param form takes.
@@ -46,11 +54,11 @@ inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemTyp
 inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8,
                                             ElemType::f8e4m3};
 
-// A Variant is implemented when its (param, master) is a row of kParamForms, its grad is
-// in kGradTypes and its moment in kMomentTypes, with or without amsgrad.
+// A Variant is implemented when its (param, master, scaling) is a row of kParamForms, its
+// grad is in kGradTypes and its moment in kMomentTypes, with or without amsgrad.
 
 inline constexpr bool operator==(const ParamForm& a, const ParamForm& b) {
-  return a.param == b.param && a.master == b.master;
+  return a.param == b.param && a.master == b.master && a.scaling == b.scaling;
 }
 
 template <class T, size_t N>
@@ -61,7 +69,8 @@ constexpr bool in_table(const T (&table)[N], T x) {
 }
 
 constexpr bool variant_supported(const Variant& v) {
-  return in_table(kParamForms, ParamForm{v.param, v.master}) && in_table(kGradTypes, v.grad) &&
+  return in_table(kParamForms, ParamForm{v.param, v.master, v.scaling}) &&
+         in_table(kGradTypes, v.grad) &&
          in_table(kMomentTypes, v.moment);
 }
 
@@ -97,6 +106,15 @@ constexpr bool variant_has_state(const Variant& v, StateKind kind) {
   return master_state(v.master, &held) && held == kind;
 }
 
+// The Variant whose update a scaled param's master gets: the master as a float32 param of
+// its own (the update of a float32 master and of a float32 param are the same function).
+constexpr Variant fp8_master_variant(Variant v) {
+  v.param = ElemType::f32;
+  v.master = MasterKind::none;
+  v.scaling = ParamScaling::none;
+  return v;
+}
+
 // ---- compile-time signatures ------------------------------------------------------------
 
 // What the master state of a param form holds: the fp32 value, or the int16 remainder.
@@ -112,7 +130,8 @@ struct Signature {
   static constexpr ElemType kMoment = kMomentType;
   static constexpr MasterKind kMaster = kMasterKind;
   static constexpr bool kAmsgrad = kWithAmsgrad;
-  static constexpr Variant kVariant{kParamType, kGradType, kMomentType, kMasterKind, kWithAmsgrad};
+  static constexpr Variant kVariant{kParamType,  kGradType,    kMomentType,
+                                    kMasterKind, kWithAmsgrad, ParamScaling::none};
 };
 
 // Whether params of Signature S have moment K.
@@ -217,9 +236,13 @@ bool visit_form(const Variant& v, Fn& fn) {
     return false;
   } else {
     constexpr ParamForm kForm = kParamForms[I];
-    if (v.param == kForm.param && v.master == kForm.master)
-      return visit_grad<kForm.param, kForm.master, 0>(v, fn);
-    return visit_form<I + 1>(v, fn);
+    if constexpr (kForm.scaling != ParamScaling::none) {  // see visit_variant
+      return visit_form<I + 1>(v, fn);
+    } else {
+      if (v.param == kForm.param && v.master == kForm.master && v.scaling == kForm.scaling)
+        return visit_grad<kForm.param, kForm.master, 0>(v, fn);
+      return visit_form<I + 1>(v, fn);
+    }
   }
 }
 
@@ -228,8 +251,10 @@ bool visit_form(const Variant& v, Fn& fn) {
 // Calls fn(Signature<...>{}) for the Signature of `v` and returns true, or returns false
 // (calling nothing) when the table has no such Variant. The core builds only supported
 // Variants, so false is a bug in shardadam. Signatures are of element moment storages
-// only: a block storage (q8, f8e4m3) is not visited; a backend runs it a block at a time,
-// decoding into the float32 Variant's update (kernels/block_moment.h).
+// and unscaled params only: a block storage (q8, f8e4m3) is not visited; a backend runs it
+// a block at a time, decoding into the float32 Variant's update (kernels/block_moment.h).
+// Nor is a scaled (fp8) param: a backend runs the update of its float32 master as a
+// float32 param's (fp8_master_variant) and casts the param from it (param_scaling.h).
 template <class Fn>
 bool visit_variant(const Variant& v, Fn&& fn) {
   return detail::visit_form<0>(v, fn);

@@ -1,6 +1,7 @@
 // src/api.cpp — the C ABI. Each entry point checks its arguments, calls the core inside
 // guarded(), and turns an exception into a status plus the handle's last-error text.
 // No optimizer logic lives here.
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -20,6 +21,18 @@
 #include "shardadam/shardadam.h"
 
 namespace {
+
+// Option structs grow at the end, and a caller of an older header passes the struct_size
+// it knows, which covers that struct's tail padding (undefined bytes): a field added must
+// begin past it. sa_param_options as version 0.2 had it:
+struct ParamOptions02 {
+  std::size_t struct_size;
+  DLDataType grad_dtype;
+  DLDataType moment_dtype;
+  int32_t master;
+};
+static_assert(offsetof(sa_param_options, scale) >= sizeof(ParamOptions02),
+              "sa_param_options: the fields after `master` begin past 0.2's tail padding");
 
 using sa::api::guarded;
 using sa::api::require;
@@ -201,6 +214,27 @@ sa_status sa_dtype(int32_t index, sa_dtype_info* out) {
   });
 }
 
+int32_t sa_num_param_scalings(void) { return sa::kernels::kNumParamScalings; }
+
+sa_status sa_param_scaling_describe(int32_t index, sa_param_scaling_info* out) {
+  return guarded(nullptr, "sa_param_scaling_describe", [&] {
+    require(out != nullptr, "out is NULL");
+    const int32_t n = sa::kernels::kNumParamScalings;
+    if (index < 0 || index >= n)
+      sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index,
+               " is not a param scaling: the library has ", n, " (0 .. ", n - 1, ")");
+    const sa::ScalingDescription d = sa::describe_scaling(index);
+    sa_param_scaling_info info = SA_PARAM_SCALING_INFO_INIT;
+    info.value = index;
+    info.name = d.name;
+    info.block = d.block;
+    info.scale_dtype = sa::dl_dtype_of(d.scale_type);
+    info.step_writes_scale = d.step_writes ? 1 : 0;
+    info.doc = d.doc;
+    sa::write_options(out, info, "out");
+  });
+}
+
 int32_t sa_step_args_num_fields(void) { return sa::schema::kNumStepFields; }
 
 sa_status sa_step_args_field(int32_t index, sa_field_info* out) {
@@ -342,6 +376,7 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
                   : p.master == sa::MasterKind::fp32 ? SA_MASTER_FP32
                                                      : SA_MASTER_REMAINDER;
     info.device = p.device;
+    info.scaling = static_cast<int32_t>(p.scaling);
     sa::write_options(out, info, "out");
   });
 }

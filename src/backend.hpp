@@ -103,8 +103,14 @@ class Backend {
                            void* stream) = 0;
 
   // Enqueues the Adam update of every slot of `plan` that has a grad, with the
-  // coefficients of the last launch_fold, unless verdict->skip.
+  // coefficients of the last launch_fold, unless verdict->skip. A scaled (fp8) param's
+  // slot is cast from its updated master (kernels/param_scaling.h), and a delayed
+  // scaling's amax written.
   virtual void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void* stream) = 0;
+
+  // Casts a scaled param (slot.scale set) from its master as a step would after updating
+  // it: param codes, block scales, and a delayed scaling's amax. Synchronous (import).
+  virtual void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) = 0;
 };
 
 struct CpuBackendOptions {

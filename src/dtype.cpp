@@ -28,7 +28,8 @@ static_assert(std::size(kElemRows) == kernels::kNumElemTypes, "a row per ElemTyp
 
 // The table's codes are dlpack.h's (elem_type.h spells them as numbers: kernels do not
 // include dlpack.h).
-static_assert(kDLFloat == 2 && kDLBfloat == 4 && kDLUInt == 1 && kDLFloat8_e4m3fn == 10,
+static_assert(kDLFloat == 2 && kDLBfloat == 4 && kDLUInt == 1 && kDLFloat8_e4m3fn == 10 &&
+                  kDLFloat8_e5m2 == 12 && kDLFloat8_e8m0fnu == 14,
               "DLPack's type codes");
 
 // A state dtype that is not an element dtype: the remainder's.
@@ -66,14 +67,47 @@ const char* elem_name(ElemType type) { return row_of(type).name; }
 
 uint32_t elem_roles(ElemType type) {
   using kernels::in_table;
-  uint32_t roles = SA_DTYPE_STATE;  // a param's dtype is its master's (NONE), a moment's its state
+  uint32_t roles = 0;
   for (const kernels::ParamForm& form : kernels::kParamForms)
     if (form.param == type) roles |= SA_DTYPE_PARAM;
   if (in_table(kernels::kGradTypes, type)) roles |= SA_DTYPE_GRAD;
   if (in_table(kernels::kMomentTypes, type))
     roles |= SA_DTYPE_MOMENT | (kernels::is_block_storage(type) ? SA_DTYPE_BLOCK_MOMENT : 0);
+  // States: the moments, and float32 (a master, a float32 param's own value, block absmax).
+  if (in_table(kernels::kMomentTypes, type) || type == ElemType::f32) roles |= SA_DTYPE_STATE;
+  for (int32_t i = 0; i < kernels::kNumParamScalings; ++i) {
+    const ScalingDescription d = describe_scaling(i);
+    if (d.scaling != kernels::ParamScaling::none && d.scale_type == type) roles |= SA_DTYPE_SCALE;
+  }
   if (row_of(type).safetensors != nullptr) roles |= SA_DTYPE_FILE;
   return roles;
+}
+
+namespace {
+
+constexpr ScalingDescription kScalings[] = {
+#define SA_SCALING_ROW(name, value, block, scale_type, writes, doc) \
+  {kernels::ParamScaling::name, #name, block, ElemType::scale_type, writes, doc},
+    SA_PARAM_SCALINGS(SA_SCALING_ROW)
+#undef SA_SCALING_ROW
+};
+static_assert(std::size(kScalings) == kernels::kNumParamScalings, "a row per ParamScaling");
+
+// The C ABI's values are the table's (shardadam.h spells them as an enum).
+#define SA_SCALING_VALUE_CHECK(name, value, block, scale_type, writes, doc) \
+  static_assert(static_cast<int>(kernels::ParamScaling::name) == (value), #name);
+SA_PARAM_SCALINGS(SA_SCALING_VALUE_CHECK)
+#undef SA_SCALING_VALUE_CHECK
+static_assert(SA_SCALING_NONE == 0 && SA_SCALING_DELAYED == 1 && SA_SCALING_MXFP8 == 2 &&
+                  SA_SCALING_BLOCK128 == 3,
+              "sa_param_scaling is SA_PARAM_SCALINGS' values");
+
+}  // namespace
+
+ScalingDescription describe_scaling(int32_t index) {
+  for (const ScalingDescription& d : kScalings)
+    if (static_cast<int32_t>(d.scaling) == index) return d;
+  fail(SA_ERR_INTERNAL, "no param scaling has value ", index);
 }
 
 std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name) {

@@ -44,6 +44,18 @@ struct DtypeDescription {
 int32_t num_dtypes();
 DtypeDescription describe_dtype(int32_t index);  // index in [0, num_dtypes())
 
+// A row of kernels/param_scaling.h's SA_PARAM_SCALINGS, as the C ABI's sa_param_scaling
+// describes it; index is its value, in [0, kernels::kNumParamScalings).
+struct ScalingDescription {
+  kernels::ParamScaling scaling;
+  const char* name;
+  int64_t block;         // elements per block along the last dim; 0: per tensor
+  ElemType scale_type;   // the scale tensor's dtype
+  bool step_writes;      // the step writes the scale tensor (else reads it)
+  const char* doc;
+};
+ScalingDescription describe_scaling(int32_t index);
+
 // "float32", "bfloat16", "int64", "uint8", "float32x4", ... for any DLPack dtype: used in
 // error messages, so it must name even the dtypes we reject.
 std::string dtype_name(DLDataType dtype);

@@ -1,11 +1,13 @@
 #include "optimizer.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 #include <new>
 #include <type_traits>
 
 #include "../kernels/block_moment.h"
+#include "../kernels/param_cast.h"
 #include "../kernels/variants.h"
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
@@ -97,6 +99,112 @@ ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, const E
     fail(SA_ERR_UNSUPPORTED, context, ": ", field, " ", dtype_name(requested),
          " is not supported; use ", dtype_list(table, [](ElemType t) { return t; }));
   return *type;
+}
+
+// "SA_SCALING_MXFP8": a scaling as the C ABI names it.
+std::string scaling_c_name(kernels::ParamScaling scaling) {
+  std::string name = describe_scaling(static_cast<int32_t>(scaling)).name;
+  for (char& c : name) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  return "SA_SCALING_" + name;
+}
+
+// A param's scaling: one of kernels::kParamForms' for its dtype and master (fp8 params
+// name one; others take none).
+kernels::ParamScaling resolve_scaling(int32_t requested, ElemType param_type, MasterKind master,
+                                      const std::string& context) {
+  if (requested < 0 || requested >= kernels::kNumParamScalings)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": scaling is ", requested,
+         ", not an sa_param_scaling");
+  const auto scaling = static_cast<kernels::ParamScaling>(requested);
+  std::vector<std::string> fits;  // the scalings of this dtype's forms
+  for (const kernels::ParamForm& form : kernels::kParamForms) {
+    if (form.param != param_type || form.master != master) continue;
+    if (form.scaling == scaling) return scaling;
+    fits.push_back(scaling_c_name(form.scaling));
+  }
+  if (scaling == kernels::ParamScaling::none)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": a ", elem_name(param_type),
+         " param needs a scaling (sa_param_options.scaling): ", words_list(fits));
+  std::vector<kernels::ParamForm> scaled;
+  for (const kernels::ParamForm& form : kernels::kParamForms)
+    if (form.scaling == scaling) scaled.push_back(form);
+  fail(SA_ERR_INVALID_ARGUMENT, context, ": scaling ", scaling_c_name(scaling), " is for ",
+       dtype_list(scaled, [](const kernels::ParamForm& f) { return f.param; }),
+       " params, not ", elem_name(param_type));
+}
+
+// One of the scale tensors of sa_param_options: a DLPack 1.x tensor on the param's device,
+// C-contiguous, of `dtype` and `shape`, writable when the step writes it.
+void* checked_scale_tensor(const DLManagedTensorVersioned& t, const char* field, ElemType dtype,
+                           const Dims& shape, bool written, DLDevice device,
+                           const std::string& context) {
+  const std::string what = concat(context, ": ", field);
+  if (t.version.major != DLPACK_MAJOR_VERSION)
+    fail(SA_ERR_UNSUPPORTED, what, " is a DLPack ", t.version.major, ".", t.version.minor,
+         " tensor; this library reads DLPack ", DLPACK_MAJOR_VERSION, ".x");
+  if (written && (t.flags & DLPACK_FLAG_BITMASK_READ_ONLY))
+    fail(SA_ERR_INVALID_ARGUMENT, what, " is read-only (DLPACK_FLAG_BITMASK_READ_ONLY); the step writes it");
+  const TensorRef ref = read_tensor(t.dl_tensor, what);
+  if (!same_device(ref.device, device))
+    fail(SA_ERR_MISMATCH, what, " is on ", device_name(ref.device), " but the param is on ",
+         device_name(device));
+  if (!same_dtype(ref.dtype, dl_dtype_of(dtype)))
+    fail(SA_ERR_INVALID_ARGUMENT, what, " is ", dtype_name(ref.dtype), "; it must be ",
+         elem_name(dtype));
+  const bool one = shape.empty();  // a scalar: any shape of one element
+  if (one ? ref.numel != 1 : ref.shape != shape)
+    fail(SA_ERR_INVALID_ARGUMENT, what, " has shape ", format_dims(ref.shape), "; it must ",
+         one ? std::string("hold one element") : concat("be ", format_dims(shape)));
+  return ref.data;
+}
+
+// Checks the scale tensors of an fp8 param against its scaling and layout, and returns
+// their data. Blocks run along the last dim: every rank's box must hold whole blocks.
+kernels::ParamScale checked_scales(const sa_param_options& options, kernels::ParamScaling scaling,
+                                   const Layout& layout, DLDevice device,
+                                   const std::string& context) {
+  kernels::ParamScale scale{};
+  if (scaling == kernels::ParamScaling::none) {
+    if (options.scale != nullptr || options.amax != nullptr)
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": options.", options.scale ? "scale" : "amax",
+           " is set but the param is not scaled (scaling SA_SCALING_NONE)");
+    return scale;
+  }
+  const ScalingDescription d = describe_scaling(static_cast<int32_t>(scaling));
+  const std::string name = scaling_c_name(scaling);
+  if (options.scale == nullptr)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": options.scale is NULL; ", name, " needs one");
+  if (d.block == 0) {
+    scale.scale = checked_scale_tensor(*options.scale, "options.scale", d.scale_type, {}, false,
+                                       device, context);
+    if (options.amax != nullptr)
+      scale.amax = static_cast<float*>(checked_scale_tensor(
+          *options.amax, "options.amax", ElemType::f32, {}, true, device, context));
+    return scale;
+  }
+  if (options.amax != nullptr)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": options.amax is set, but ", name,
+         " writes block scales, not an amax; pass NULL");
+  const std::size_t ndim = layout.global_shape.size();
+  if (ndim == 0)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": ", name, " scales blocks of ", d.block,
+         " elements along the last dim, and a 0-d param has none");
+  const std::size_t last = ndim - 1;
+  if (layout.global_shape[last] % d.block != 0)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": ", name, " scales blocks of ", d.block,
+         " elements along the last dim, but dim ", last, " has ", layout.global_shape[last],
+         " elements, not a multiple of ", d.block);
+  const int64_t begin = layout.global_offset[last], extent = layout.local_shape[last];
+  if (begin % d.block != 0 || extent % d.block != 0)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": this rank holds elements [", begin, ", ",
+         begin + extent, ") of dim ", last, ", which cuts a block of ", d.block, " (", name,
+         " blocks run along the last dim); shard the last dim only at multiples of ", d.block,
+         ", or shard another dim");
+  Dims shape = layout.local_shape;
+  shape[last] /= d.block;
+  scale.scale = checked_scale_tensor(*options.scale, "options.scale", d.scale_type, shape, true,
+                                     device, context);
+  return scale;
 }
 
 }  // namespace
@@ -226,9 +334,21 @@ void Optimizer::allocate_state(Param& p) {
     p.state[k.kind] =
         backend_->allocate(static_cast<std::size_t>(elems) * dtype_size(state_dtype(p, k.kind)));
   }
-  if (has_state(p, StateKind::master))
-    backend_->widen_to_f32(static_cast<float*>(p.state[StateKind::master]->data()), p.data,
-                           p.param_type, p.numel);
+  if (!has_state(p, StateKind::master)) return;
+  auto* master = static_cast<float*>(p.state[StateKind::master]->data());
+  if (p.scaling == kernels::ParamScaling::none) {
+    backend_->widen_to_f32(master, p.data, p.param_type, p.numel);
+  } else {  // host memory: add_param refuses scaled params elsewhere
+    kernels::dequantize_param(p.param_type, p.scaling, p.data, p.scale, p.numel, master);
+  }
+}
+
+void Optimizer::cast_params_from_master(const std::vector<int64_t>& params) {
+  for (int64_t index : params) {
+    const Param& p = *params_[index];
+    if (p.scaling != kernels::ParamScaling::none && p.numel > 0)
+      backend_->cast_param(variant_of(p), slot_of(p, index));
+  }
 }
 
 int64_t Optimizer::add_param(const ParamRequest& request) {
@@ -279,7 +399,20 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0],
                                               kernels::kMomentTypes, context, "moment_dtype");
   param->master = resolve_master(options.master, *param_type, context);
+  param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
+  param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
+  if (param->scaling != kernels::ParamScaling::none) {
+    if (shard.device.device_type != kDLCPU)
+      fail(SA_ERR_UNSUPPORTED, context, ": ", elem_name(*param_type), " params run on the CPU (",
+           device_name(shard.device), " is not supported for them in this version)");
+    if (param->scaling == kernels::ParamScaling::delayed) {
+      const float s = *static_cast<const float*>(param->scale.scale);
+      if (!(s > 0.0f && s <= FLT_MAX))
+        fail(SA_ERR_INVALID_ARGUMENT, context, ": the scale is ", s,
+             "; it must be > 0 and finite (the master starts as the fp8 value / scale)");
+    }
+  }
   Backend& backend = backend_for(shard.device, context);
   (void)backend;
 
@@ -313,6 +446,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   grad_specs_.push_back(grad_spec_of(*params_.back()));
   params_.back()->owner =
       request.versioned ? ManagedTensor(request.versioned) : ManagedTensor(request.legacy);
+  if (options.scale != nullptr) params_.back()->scale_owner = ManagedTensor(options.scale);
+  if (options.amax != nullptr) params_.back()->amax_owner = ManagedTensor(options.amax);
   ++groups_[request.group].num_params;
   plan_stale_ = true;
   return index;
@@ -576,7 +711,7 @@ void Optimizer::flush(void* stream) {
 // ---- state --------------------------------------------------------------------------
 
 kernels::Variant variant_of(const Param& p) {
-  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad};
+  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad, p.scaling};
 }
 
 bool has_state(const Param& p, StateKind kind) {

@@ -109,10 +109,14 @@ struct Param {
   ElemType moment_type{};
   MasterKind master{};
   bool amsgrad = false;
+  kernels::ParamScaling scaling{};  // an fp8 param's (sa_param_scaling); none otherwise
+  kernels::ParamScale scale{};      // its scale tensors' data (param_scaling.h), else NULLs
   ParamState state;
   GradBinding binding = GradBinding::never;
   const void* grad = nullptr;  // the bound grad's data (binding == bound), kept until rebound
   ManagedTensor owner;         // released (deleter called) with the param
+  ManagedTensor scale_owner;   // sa_param_options.scale and .amax, likewise
+  ManagedTensor amax_owner;
 };
 
 // What a grad of a param must be (its grad dtype, device, local shape), kept per param in
@@ -156,6 +160,9 @@ class Optimizer {
   // ownership of its managed tensor. On error the caller keeps that ownership. Returns
   // the param's index.
   int64_t add_param(const ParamRequest& request);
+  // Casts the fp8 params among `params` (indices) from their masters, with their scalings
+  // (import: the master was loaded; the param and its scales follow from it).
+  void cast_params_from_master(const std::vector<int64_t>& params);
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   const Param& param(int64_t index, const char* fn) const;
   int64_t find_param(const std::string& name) const;

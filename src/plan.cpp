@@ -8,19 +8,20 @@ namespace {
 // The grad a step reads: NULL when the param has no grad (the kernels skip the slot).
 const void* step_grad(const Param& p) { return p.binding == GradBinding::bound ? p.grad : nullptr; }
 
+}  // namespace
+
 kernels::TensorSlot slot_of(const Param& p, int64_t index) {
   kernels::TensorSlot slot{p.data,
                            step_grad(p),
                            {},
                            p.numel,
                            static_cast<int32_t>(index),
-                           primary_replica(p.layout) ? 1 : 0};
+                           primary_replica(p.layout) ? 1 : 0,
+                           p.scale};
   for (std::size_t k = 0; k < kNumStateKinds; ++k)
     slot.state[k] = p.state.buffers[k] ? p.state.buffers[k]->data() : nullptr;
   return slot;
 }
-
-}  // namespace
 
 Plan build_plan(const std::vector<const Param*>& params) {
   Plan plan;

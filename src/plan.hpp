@@ -24,6 +24,9 @@ struct Plan {
   std::vector<Bucket> buckets;
 };
 
+// The slot of param `index`, as a plan holds it (its current grad included).
+kernels::TensorSlot slot_of(const Param& p, int64_t index);
+
 // Buckets in order of first appearance; empty shards get no slot (so they cost nothing
 // and cannot overrun anything). Grad pointers are taken from the params as they are.
 Plan build_plan(const std::vector<const Param*>& params);

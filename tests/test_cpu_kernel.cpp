@@ -33,6 +33,7 @@ using sa::kernels::AdamHyper;
 using sa::kernels::bf16_to_float;
 using sa::kernels::bits_float;
 using sa::kernels::ElemType;
+using sa::kernels::ParamScaling;
 using sa::kernels::float_bits;
 using sa::kernels::float_to_bf16;
 using sa::kernels::float_to_half;
@@ -151,7 +152,9 @@ uint32_t random_elem(Rng& rng, ElemType t) {
     case ElemType::f16:
       return (rng() % 10 == 0) ? random_bits(rng) & 0xFFFFu : float_to_half(f);
     case ElemType::q8:  // block storages: tests/test_quant8.cpp makes their own states
-    case ElemType::f8e4m3:
+    case ElemType::f8e4m3:  // and fp8 params tests/test_fp8_params.cpp
+    case ElemType::f8e5m2:
+    case ElemType::e8m0:
       return random_bits(rng) & 0xFFu;
   }
   return 0;
@@ -161,7 +164,7 @@ uint32_t random_elem(Rng& rng, ElemType t) {
 // array under StateKind::master (fp32) or StateKind::remainder (int16).
 TensorSlot make_slot(void* param, const void* grad, MasterKind master_kind, void* master,
                      void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq, int64_t numel) {
-  TensorSlot slot{param, grad, {}, numel, 0, 1};
+  TensorSlot slot{param, grad, {}, numel, 0, 1, {}};
   auto at = [&](sa::StateKind k) -> void*& { return slot.state[static_cast<size_t>(k)]; };
   at(sa::StateKind::exp_avg) = exp_avg;
   at(sa::StateKind::exp_avg_sq) = exp_avg_sq;
@@ -279,7 +282,7 @@ std::vector<Case> all_valid_cases() {
       for (ElemType moment : {ElemType::f32, ElemType::bf16})
         for (bool amsgrad : {false, true})
           for (bool l2 : {false, true})
-            cases.push_back({{s.param, grad, moment, s.master, amsgrad}, l2});
+            cases.push_back({{s.param, grad, moment, s.master, amsgrad, ParamScaling::none}, l2});
   return cases;
 }
 
@@ -455,7 +458,7 @@ TEST_CASE("SIMD stores of bf16, f16 and remainder params round exactly like adam
     for (const ElemType param_type : {ElemType::bf16, ElemType::f16}) {
       for (const MasterKind master : {MasterKind::fp32, MasterKind::remainder}) {
         if (param_type == ElemType::f16 && master == MasterKind::remainder) continue;
-        const Variant v{param_type, ElemType::f32, ElemType::f32, master, false};
+        const Variant v{param_type, ElemType::f32, ElemType::f32, master, false, ParamScaling::none};
         std::vector<uint16_t> param(n), rem(n);  // rem holds int16 bits
         std::vector<float> master_f32(n), grad(n, 0.0f), m(n, 0.0f), vsq(n, 0.0f);
         for (int64_t i = 0; i < n; ++i) {
@@ -691,8 +694,8 @@ TEST_CASE("One fp32 step agrees with the Adam formula evaluated in double", "[cp
           vmax[i] = 0.01f * std::fabs(normal(rng));
         }
         const std::vector<float> p0 = p, m0 = m, v0 = v, vmax0 = vmax;
-        const Variant variant{ElemType::f32, ElemType::f32, ElemType::f32, MasterKind::none,
-                              amsgrad};
+        const Variant variant{ElemType::f32,    ElemType::f32, ElemType::f32,
+                              MasterKind::none, amsgrad,       ParamScaling::none};
         const TensorSlot slot = make_slot(p.data(), grad.data(), MasterKind::none, nullptr, m.data(),
                                           v.data(), vmax.data(), n);
         adam_cpu_range(variant, slot, g, 0, n, simd);

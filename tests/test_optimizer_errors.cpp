@@ -310,7 +310,7 @@ TEST_CASE("a param of an unsupported dtype is SA_ERR_UNSUPPORTED naming the dtyp
   CHECK_SA_FAILS(
       f.get(), SA_ERR_UNSUPPORTED,
       sa_optimizer_add_param(f.get(), "layers.1.w", 0, f64.versioned(), nullptr, nullptr, nullptr),
-      "param 'layers.1.w'", "param dtype float64 is not supported", "float32, bfloat16 or float16");
+      "param 'layers.1.w'", "param dtype float64 is not supported", "float32, bfloat16, float16, float8_e4m3fn or float8_e5m2");
   CHECK_SA_FAILS(
       f.get(), SA_ERR_UNSUPPORTED,
       sa_optimizer_add_param(f.get(), "layers.1.w", 0, i32.versioned(), nullptr, nullptr, nullptr),
@@ -349,7 +349,7 @@ TEST_CASE("storage options that do not fit the param are rejected with what to u
                  "param 'new'", "SA_MASTER_NONE needs a float32 param, not bfloat16");
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(f32, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_FP32)),
-                 "param 'new'", "SA_MASTER_FP32 needs a bfloat16 or float16 param, not float32");
+                 "param 'new'", "SA_MASTER_FP32 needs a bfloat16, float16, float8_e4m3fn or float8_e5m2 param, not float32");
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(f16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_REMAINDER)),
                  "param 'new'", "SA_MASTER_REMAINDER needs a bfloat16 param, not float16");

@@ -225,7 +225,7 @@ struct Q8Shard {
   }
 
   TensorSlot slot() {
-    TensorSlot s{v_param(), grad.data(), {}, n, 0, 1};
+    TensorSlot s{v_param(), grad.data(), {}, n, 0, 1, {}};
     auto at = [&](StateKind k) -> void*& { return s.state[static_cast<std::size_t>(k)]; };
     if (variant.master == MasterKind::fp32) at(StateKind::master) = master.data();
     const StateKind code_kinds[] = {StateKind::exp_avg, StateKind::exp_avg_sq,
@@ -263,7 +263,8 @@ TEST_CASE(
     for (const ElemType param : {ElemType::f32, ElemType::bf16}) {
       for (const bool amsgrad : {false, true}) {
         const Variant v{param, ElemType::f32, moment,
-                        param == ElemType::f32 ? MasterKind::none : MasterKind::fp32, amsgrad};
+                        param == ElemType::f32 ? MasterKind::none : MasterKind::fp32, amsgrad,
+                        sa::kernels::ParamScaling::none};
         const int64_t n = 3 * kQuant8Block + 77;
         std::mt19937_64 rng(11);
         const Q8Shard start(v, n, rng);
@@ -384,7 +385,7 @@ TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[
   CHECK_SA_FAILS(
       f.opt.get(), SA_ERR_UNSUPPORTED,
       sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),
-      "param dtype uint8 is not supported; use float32, bfloat16 or float16");
+      "param dtype uint8 is not supported; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2");
   const sa_param_options u8_grad = param_options(kUint8, kDefaultDtype, SA_MASTER_AUTO);
   CHECK_SA_FAILS(
       f.opt.get(), SA_ERR_UNSUPPORTED,

@@ -330,7 +330,10 @@ typedef enum sa_dtype_role {
   /* as a moment, stored in blocks: a code per element and a float32 absmax per block of
    * 256 elements (the states "<moment>_absmax"); shard files and state dicts hold the
    * values as float32 (uint8, float8_e4m3fn) */
-  SA_DTYPE_BLOCK_MOMENT = 32
+  SA_DTYPE_BLOCK_MOMENT = 32,
+  /* the dtype of an fp8 param's scale tensor under some sa_param_scaling
+   * (sa_param_options.scale): float32, float8_e8m0fnu */
+  SA_DTYPE_SCALE = 64
 } sa_dtype_role;
 
 /**
@@ -367,6 +370,67 @@ typedef enum sa_master_kind {
 } sa_master_kind;
 
 /**
+ * How an fp8 param (float8_e4m3fn, float8_e5m2) is cast from its float32 master after each
+ * update (sa_param_options.scaling). Every fp8 param names one; other params take NONE.
+ * The casts round to nearest even and saturate (a magnitude beyond the dtype's largest,
+ * infinities included, becomes the largest: never an infinity or a NaN from an overflow;
+ * a NaN master gives a NaN code). Blocks run along the last dim, so the layout must give
+ * every rank whole blocks: the global last dim a multiple of the block, and a Shard of the
+ * last dim cutting it only at multiples of the block (Shard(0) of a row-major weight never
+ * cuts one); add_param refuses other layouts, naming the dim.
+ *
+ * sa_num_param_scalings / sa_param_scaling_describe describe these values (the library's table:
+ * bindings read names, blocks and scale dtypes from it).
+ */
+typedef enum sa_param_scaling {
+  /* not scaled: float32, bfloat16 and float16 params */
+  SA_SCALING_NONE = 0,
+  /* per-tensor delayed scaling (Transformer Engine's DelayedScaling): the cast uses the
+   * engine's scale, param = fp8(master * scale). `scale`: a float32 tensor of one element
+   * that every step reads (the engine updates it from its amax history; > 0 and finite
+   * when the param is added: the master starts as fp8 value / scale). `amax` (optional):
+   * a float32 tensor of one element that every step that updates the param overwrites
+   * with max |master| of this rank's shard (NaN if a master value is NaN). Under sharding
+   * that is the shard's amax: reduce it over the ranks holding the tensor, as engines
+   * reduce their amax histories. */
+  SA_SCALING_DELAYED = 1,
+  /* OCP MXFP8: a block of 32 elements shares a power-of-two scale X = 2^(floor(log2 amax)
+   * - emax) (emax 8 for e4m3, 15 for e5m2; clamped to [2^-127, 2^127]; a block of zeros
+   * gets 2^-127), param = fp8(master / X). `scale`: a float8_e8m0fnu tensor of the local
+   * shape with the last dim divided by 32, which the step writes (X's code, 127 + log2 X).
+   * The master starts as fp8 value * X. `amax` must be NULL. */
+  SA_SCALING_MXFP8 = 2,
+  /* 1x128 blocks with float32 scales (DeepSeek-V3's weights): scale = fp8_max / amax
+   * (448 for e4m3, 57344 for e5m2; 1 for a block of zeros, FLT_MAX where the quotient
+   * overflows), param = fp8(master * scale). `scale`: a float32 tensor of the local shape
+   * with the last dim divided by 128, which the step writes with scale_inv = 1 / scale
+   * (what the forward pass multiplies by). The master starts as fp8 value * scale_inv.
+   * `amax` must be NULL. */
+  SA_SCALING_BLOCK128 = 3
+} sa_param_scaling;
+
+/** One sa_param_scaling as the library defines it. The strings are static. */
+typedef struct sa_param_scaling_info {
+  size_t struct_size;
+  int32_t value;           /* its sa_param_scaling value */
+  const char* name;        /* "none", "delayed", "mxfp8", "block128" */
+  int64_t block;           /* elements per block along the last dim; 0: per tensor */
+  DLDataType scale_dtype;  /* the dtype of `scale` (none: float32, unused) */
+  int32_t step_writes_scale; /* 1: the step writes `scale`; 0: it reads it (or has none) */
+  const char* doc;
+} sa_param_scaling_info;
+
+#define SA_PARAM_SCALING_INFO_INIT \
+  { sizeof(sa_param_scaling_info), 0, NULL, 0, {0, 0, 0}, 0, NULL }
+
+/** The number of sa_param_scaling values. */
+SA_API int32_t sa_num_param_scalings(void);
+
+/** Describes scaling `index` (0 .. sa_num_param_scalings() - 1) into *out (out->struct_size
+ *  must be set: use SA_PARAM_SCALING_INFO_INIT). */
+SA_API sa_status sa_param_scaling_describe(int32_t index, sa_param_scaling_info* out);
+
+/**
  * Per-param storage choices, fixed when the param is added. A zeroed dtype (bits == 0)
  * means the default. sa_dtype lists the dtypes each field takes (roles SA_DTYPE_GRAD,
  * SA_DTYPE_MOMENT; a param's own dtype: SA_DTYPE_PARAM).
@@ -391,18 +455,33 @@ typedef struct sa_param_options {
    * quantizes them by the local shard's blocks, and onto the same layout restores the
    * codes and absmax bit for bit. */
   DLDataType moment_dtype;
-  int32_t master; /* an sa_master_kind */
+  int32_t master; /* an sa_master_kind (fp8 params: AUTO or FP32) */
+  /* (The fields below begin at the next 8-byte boundary, past the tail padding of the
+   * struct before them: a caller of that older header passes a struct_size that covers
+   * its padding, whose bytes are undefined.) */
+  /* The scale tensor of an fp8 param, as `scaling` describes it: on the param's device,
+   * C-contiguous, aligned to its element size, writable where the step writes it. NULL
+   * unless scaling is not NONE. On SA_OK the optimizer owns it, as it owns the param (its
+   * deleter is called when the optimizer is destroyed); on failure the caller keeps it. */
+  DLManagedTensorVersioned* scale;
+  /* SA_SCALING_DELAYED only, optional: the float32 scalar each step writes the shard's
+   * amax into; owned like `scale`. NULL otherwise. */
+  DLManagedTensorVersioned* amax;
+  /* fp8 params: an sa_param_scaling other than NONE (required); others: NONE */
+  int32_t scaling;
 } sa_param_options;
 
 #define SA_PARAM_OPTIONS_INIT \
-  { sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO }
+  { sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO, NULL, NULL, SA_SCALING_NONE }
 
 /**
  * Registers a local shard as a param of `group` under a unique `name` (the fully
  * qualified name checkpoints match on, e.g. "layers.3.mlp.w1").
  *
  * local_shard: a C-contiguous tensor of float32, bfloat16 or float16 on the CPU (kDLCPU)
- *   or, in builds with CUDA, on a CUDA device (kDLCUDA); not read-only, its data aligned
+ *   or, in builds with CUDA, on a CUDA device (kDLCUDA), or of float8_e4m3fn or
+ *   float8_e5m2 with a scaling (options->scaling; on the CPU only in this version: a CUDA
+ *   fp8 param is SA_ERR_UNSUPPORTED); not read-only, its data aligned
  *   to its element size. All params of one optimizer are on one device. Its shape must equal
  *   the local shape the layout gives (mesh form), or defines it (box form).
  * layout: where the shard sits in the global tensor; NULL means "not sharded" (global
@@ -449,13 +528,13 @@ typedef struct sa_param_info {
   DLDataType moment_dtype;
   int32_t master; /* resolved sa_master_kind (never AUTO) */
   DLDevice device;
+  int32_t scaling; /* its sa_param_scaling */
 } sa_param_info;
 
 #define SA_PARAM_INFO_INIT                                                                        \
   {                                                                                               \
-    sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, { \
-      kDLCPU, 0                                                                                   \
-    }                                                                                             \
+    sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, \
+        {kDLCPU, 0}, SA_SCALING_NONE                                                             \
   }
 
 /** Fills *out (out->struct_size must be set: use SA_PARAM_INFO_INIT). */
@@ -930,7 +1009,9 @@ typedef struct sa_import_options {
  * allow_missing skipped a param leaves the mark). The call synchronizes the device before it
  * copies. `options` may be NULL. Params themselves are not touched: load them from the model's own
  * checkpoint (a remainder state restores the fp32 value only with the same bf16 param bits it was
- * saved with).
+ * saved with). The exception is an fp8 param (sa_param_scaling): it follows from its master, so
+ * an import casts it from the loaded master with its scaling, as a step would (block scales
+ * rewritten; a delayed scaling casts with the engine's current scale and writes the amax).
  */
 SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_reader* const* readers,
                                      const sa_import_options* options);

@@ -30,6 +30,7 @@
 #include "../adam_math.h"
 #include "../block_moment.h"
 #include "../bucket_table.h"
+#include "../param_cast.h"
 #include "adam_cpu_simd-inl.h"
 #include "visit_kernel.h"
 
@@ -186,23 +187,50 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
   }
 }
 
+static_assert(kCastRun % kQuant8Block == 0, "cast runs start on block boundaries");
+
+// A scaled param: its master updated as a float32 param (the same function as an fp32
+// master's update), then the param cast from it, run by run.
+float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
+                            int64_t begin, int64_t end, bool simd) {
+  assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
+  const Variant inner = fp8_master_variant(variant);
+  TensorSlot inner_slot = slot;
+  auto* master = static_cast<float*>(state_at(slot, StateKind::master));
+  inner_slot.param = master;
+  state_at(inner_slot, StateKind::master) = nullptr;
+  inner_slot.scale = ParamScale{};
+  uint32_t amax = 0;
+  for (int64_t run = begin; run < end; run += kCastRun) {
+    const int64_t run_end = end - run < kCastRun ? end : run + kCastRun;
+    adam_cpu_range(inner, inner_slot, g, run, run_end, simd);
+    const float run_amax = cast_param_range(variant.param, variant.scaling, master, slot.param,
+                                            slot.scale, run, run_end);
+    amax = quant8_absmax_combine(amax, quant8_magnitude_bits(run_amax));
+  }
+  return bits_float(amax);
+}
+
 }  // namespace
 
-void adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
-                    int64_t begin, int64_t end, bool simd) {
+float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
+                     int64_t begin, int64_t end, bool simd) {
   assert(0 <= begin && begin <= end && end <= slot.numel);
-  if (begin >= end) return;
+  if (begin >= end) return 0.0f;
+  if (variant.scaling != ParamScaling::none)
+    return adam_cpu_range_scaled(variant, slot, g, begin, end, simd);
   if (visit_block_storage(variant.moment, [&](auto tag) {
         adam_cpu_range_blocks<decltype(tag)::value>(variant, slot, g, begin, end, simd);
       }))
-    return;
+    return 0.0f;
   const int64_t rest_begin =
       simd ? HWY_DYNAMIC_DISPATCH(UpdateWholeVectorsOfVariant)(variant, slot, g, begin, end)
            : begin;
-  if (rest_begin == end) return;
+  if (rest_begin == end) return 0.0f;
   visit_kernel(variant, g.l2, [&](auto signature, auto l2) {
     update_range_scalar<decltype(signature), decltype(l2)::value>(slot, g.c, rest_begin, end);
   });
+  return 0.0f;
 }
 
 const char* adam_cpu_simd_target() { return HWY_DYNAMIC_DISPATCH(SimdTargetName)(); }

@@ -16,8 +16,17 @@ namespace kernels {
 // ragged tail, the scalar path runs. Both compute adam_update() with fma and give
 // bitwise identical results (tested), so where a shard's chunk boundaries fall does not
 // change any result.
-void adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
-                    int64_t begin, int64_t end, bool simd);
+//
+// A scaled (fp8) param's range is updated as its float32 master (fp8_master_variant) and
+// then cast (param_scaling.h), a run of kCastRun elements at a time while the master is in
+// cache; begin must then be a multiple of kQuant8Block (so of every scaling's block) and
+// end too, or the shard's end. Returns max |master| over the range for a scaled param
+// (quant8_absmax's rule; a delayed scaling's amax is folded from it), else 0.
+float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
+                     int64_t begin, int64_t end, bool simd);
+
+// Elements a scaled param's range is updated and cast by at a time: 4 KiB of master.
+constexpr int64_t kCastRun = 1024;
 
 // The SIMD target adam_cpu_range uses on this CPU ("AVX2", "AVX3", ...), or "scalar" when
 // the CPU has no target with a fused multiply-add.

@@ -10,6 +10,7 @@
 
 #include "../../kernels/cpu/adam_cpu.h"
 #include "../../kernels/cpu/grad_norm_cpu.h"
+#include "../../kernels/param_cast.h"
 #include "../backend.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
@@ -124,6 +125,10 @@ class CpuBackend final : public Backend {
                            std::min(begin + kChunkElems, slots[s].numel)});
     }
     partials_.assign(work_.size(), 0.0);
+    range_amax_.assign(work_.size(), 0.0f);
+    delayed_ = false;
+    for (const Bucket& bucket : plan.buckets)
+      delayed_ = delayed_ || bucket.variant.scaling == kernels::ParamScaling::delayed;
     coeff_of_param_.resize(static_cast<std::size_t>(num_params));
     // Tasks: runs of consecutive work items holding about kChunkElems elements (one item
     // each for large shards).
@@ -185,9 +190,19 @@ class CpuBackend final : public Backend {
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
       if (slot.grad == nullptr) return;  // no grad at this step
-      kernels::adam_cpu_range(bucket.variant, slot, coeffs_[coeff_of_param_[slot.param_index]],
-                              item.begin, item.end, simd_);
+      range_amax_[i] =
+          kernels::adam_cpu_range(bucket.variant, slot, coeffs_[coeff_of_param_[slot.param_index]],
+                                  item.begin, item.end, simd_);
     });
+    if (delayed_) write_amax(plan);
+  }
+
+  void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
+    const auto* master =
+        static_cast<const float*>(slot.state[static_cast<std::size_t>(StateKind::master)]);
+    const float amax = kernels::cast_param_range(variant.param, variant.scaling, master,
+                                                 slot.param, slot.scale, 0, slot.numel);
+    if (slot.scale.amax != nullptr) *slot.scale.amax = amax;
   }
 
  private:
@@ -205,6 +220,22 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> coeff_of_param_;
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;  // one norm partial per work item
+  std::vector<float> range_amax_;  // per work item: max |master| of a scaled param's range
+  bool delayed_ = false;           // some bucket has a delayed scaling (an amax to write)
+
+  // Each updated slot's amax (a delayed scaling's, where the engine asked for it): the
+  // largest of its work items', whose ranges are consecutive in the work list.
+  void write_amax(const Plan& plan) {
+    for (std::size_t i = 0; i < work_.size();) {
+      const WorkItem& first = work_[i];
+      uint32_t amax = 0;
+      for (; i < work_.size() && work_[i].bucket == first.bucket && work_[i].slot == first.slot; ++i)
+        amax = kernels::quant8_absmax_combine(amax, kernels::quant8_magnitude_bits(range_amax_[i]));
+      const kernels::TensorSlot& slot = plan.buckets[first.bucket].slots[first.slot];
+      if (slot.grad != nullptr && slot.scale.amax != nullptr)
+        *slot.scale.amax = kernels::bits_float(amax);
+    }
+  }
 
   // Calls body(i) for every work item i, spread over the pool by task.
   template <class Body>

@@ -18,8 +18,8 @@
 
 namespace sa {
 
-// Bumped when CudaModule changes shape.
-constexpr uint32_t kCudaModuleInterface = 2;
+// Bumped when CudaModule changes shape (or what it shares: Backend, the kernels' tables).
+constexpr uint32_t kCudaModuleInterface = 3;
 
 // The module's file name, and the C symbol of its entry point.
 #define SA_CUDA_MODULE_FILE "libshardadam-cuda.so"

@@ -147,7 +147,7 @@ class Importer {
     // those allow_unexpected ignores are never read, so a broken set of their boxes
     // cannot reach this optimizer's state.
     for (std::size_t i = 0; i < opt_.params().size(); ++i) {
-      plan_param(*opt_.params()[i]);
+      if (plan_param(*opt_.params()[i])) imported_.push_back(static_cast<int64_t>(i));
       if (settings_.restore_groups) plan_param_step(static_cast<int64_t>(i));
     }
 
@@ -185,12 +185,13 @@ class Importer {
     }
   }
 
-  void plan_param(const Param& p) {
+  // Plans the copies of a param's states; returns false for a param allow_missing skips.
+  bool plan_param(const Param& p) {
     const auto entry = saved_.find(p.name);
     if (entry == saved_.end()) {
       if (settings_.allow_missing) {
         ++skipped_params_;
-        return;
+        return false;
       }
       fail(SA_ERR_MISMATCH, "param '", p.name, "' is in none of the ", readers_.size(),
            " shard files; pass allow_missing = 1 to keep its current state");
@@ -250,6 +251,7 @@ class Importer {
         converts_ = converts_ || !same_dtype(refs[i].tensor->dtype, f.dtype);
       }
     }
+    return true;
   }
 
   // The saved step count of param `index`: from the "params" of every file that holds its
@@ -415,6 +417,9 @@ class Importer {
             if (l.round == round)
               write_moment_values(*backend, l.state, l.numel, landing_values(l));
         }
+        // An fp8 param follows from its master, which was just loaded: cast it (and its
+        // scales) with its scaling, as a step would.
+        opt_.cast_params_from_master(imported_);
       } catch (const Error& e) {
         opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
         fail(e.status() == SA_ERR_FORMAT ? SA_ERR_IO : e.status(), e.what(),
@@ -467,7 +472,7 @@ class Importer {
     const uint64_t src_size = dtype_size(from), dst_size = dtype_size(piece.dst_dtype);
     const int64_t first = static_cast<int64_t>(c.begin / src_size);
     const int64_t end = static_cast<int64_t>((c.begin + c.bytes) / src_size);
-    // An 8-bit moment lands in host memory (see Landing); everything else goes to state.
+    // A block moment lands in host memory (see Landing); everything else goes to state.
     const bool landing = piece.landing >= 0;
     const bool host = landing || backend.host_memory();
     auto* dst_base = landing ? reinterpret_cast<unsigned char*>(landing_values(
@@ -518,6 +523,7 @@ class Importer {
   std::shared_ptr<Buffer> staging_;
   std::vector<uint32_t> crc_scratch_;  // the checksums of one chunk's blocks
   int64_t skipped_params_ = 0;
+  std::vector<int64_t> imported_;  // the params the files hold, which the import loads
   std::vector<std::pair<int64_t, int64_t>> restored_steps_;  // (param index, saved step count)
 };
 

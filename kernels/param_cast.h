@@ -1,0 +1,185 @@
+// kernels/param_cast.h — the rules of kernels/param_scaling.h's scalings: how a run of
+// float32 master values becomes fp8 codes and scales, and back. The CPU kernel
+// (kernels/cpu/adam_cpu.cpp) runs them after the update of every run of elements; master
+// initialisation (add_param) and import run the inverse and the cast; a device backend
+// calls the same block functions per block, so every backend casts to the same bits.
+//
+// Host and device code, except the range loops at the end (host).
+#ifndef SHARDADAM_KERNELS_PARAM_CAST_H_
+#define SHARDADAM_KERNELS_PARAM_CAST_H_
+
+#include <float.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "elem_type.h"
+#include "param_scaling.h"
+#include "quant8.h"  // quant8_absmax: the block amax (NaN-propagating, order-independent)
+
+namespace sa {
+namespace kernels {
+
+// ---- the fp8 param dtypes ---------------------------------------------------------------
+
+// The largest finite value of an fp8 param dtype, and emax, the exponent of its largest
+// power of two (OCP MX: 8 for e4m3, 15 for e5m2).
+template <ElemType P>
+struct Fp8Limits;
+template <>
+struct Fp8Limits<ElemType::f8e4m3> {
+  static constexpr float kMax = 448.0f;
+  static constexpr int kEmax = 8;
+};
+template <>
+struct Fp8Limits<ElemType::f8e5m2> {
+  static constexpr float kMax = 57344.0f;
+  static constexpr int kEmax = 15;
+};
+
+// 2^k as a float32 for k in [-149, 127] (2^-127 and below are subnormals), exactly.
+SA_HD float exp2_exact(int k) {
+  return k >= -126 ? bits_float(static_cast<uint32_t>(k + 127) << 23)
+                   : bits_float(1u << static_cast<uint32_t>(k + 149));
+}
+
+// MXFP8: the e8m0 code of a block's scale X = 2^(floor(log2 amax) - emax), clamped to e8m0's
+// range [2^-127, 2^127] (a block of zeros, or of magnitudes below 2^(emax - 127), gets
+// 2^-127); a NaN amax gives the NaN code. torchao's to_mx with ScaleCalculationMode.FLOOR.
+template <ElemType P>
+SA_HD uint8_t mx_scale_code(float amax) {
+  const uint32_t bits = float_bits(amax);
+  if (bits > 0x7F800000u) return 0xFFu;
+  const int biased = static_cast<int>(bits >> 23) - Fp8Limits<P>::kEmax;  // floor(log2) + 127 - emax
+  return static_cast<uint8_t>(biased < 0 ? 0 : (biased > 254 ? 254 : biased));
+}
+
+// What a block's elements are multiplied by before the cast, 1 / X (exact: a power of
+// two), from its e8m0 code; NaN for the NaN code.
+SA_HD float mx_element_factor(uint8_t code) {
+  return code == 0xFFu ? bits_float(0x7FC00000u) : exp2_exact(127 - static_cast<int>(code));
+}
+
+// block128: scale = fp8_max / amax, rounded; 1 for a block of zeros; FLT_MAX where the
+// quotient overflows (amax below fp8_max / FLT_MAX); NaN for a NaN amax.
+template <ElemType P>
+SA_HD float block128_scale(float amax) {
+  if (amax == 0.0f) return 1.0f;
+  const float s = Fp8Limits<P>::kMax / amax;
+  return s > FLT_MAX ? FLT_MAX : s;
+}
+
+// ---- one block (or one per-tensor run) --------------------------------------------------
+
+// Casts master[0, n) into param[0, n) with the scaling's rule; for a block scaling n is one
+// block and *scale_out receives its scale (an e8m0 code, or the float32 scale_inv).
+template <ElemType P, ParamScaling kScaling>
+SA_HD void cast_block(const float* master, int64_t n, const ParamScale& scale, int64_t block,
+                      uint8_t* param) {
+  float factor;
+  if constexpr (kScaling == ParamScaling::delayed) {
+    factor = *static_cast<const float*>(scale.scale);
+  } else if constexpr (kScaling == ParamScaling::mxfp8) {
+    const uint8_t code = mx_scale_code<P>(quant8_absmax(master, n));
+    static_cast<uint8_t*>(scale.scale)[block] = code;
+    factor = mx_element_factor(code);
+  } else {
+    static_assert(kScaling == ParamScaling::block128, "a scaling of SA_PARAM_SCALINGS");
+    factor = block128_scale<P>(quant8_absmax(master, n));
+    static_cast<float*>(scale.scale)[block] = 1.0f / factor;
+  }
+  for (int64_t i = 0; i < n; ++i) param[i] = Codec<P>::encode(master[i] * factor);
+}
+
+// The master values param[0, n) stand for: decode(code) / scale (delayed), decode(code) *
+// X (mxfp8), decode(code) * scale_inv (block128), each rounded once.
+template <ElemType P, ParamScaling kScaling>
+SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& scale,
+                            int64_t block, float* master) {
+  if constexpr (kScaling == ParamScaling::delayed) {
+    const float s = *static_cast<const float*>(scale.scale);
+    for (int64_t i = 0; i < n; ++i) master[i] = Codec<P>::decode(param[i]) / s;
+  } else {
+    const float x = kScaling == ParamScaling::mxfp8
+                        ? e8m0_to_float(static_cast<const uint8_t*>(scale.scale)[block])
+                        : static_cast<const float*>(scale.scale)[block];
+    for (int64_t i = 0; i < n; ++i) master[i] = Codec<P>::decode(param[i]) * x;
+  }
+}
+
+// ---- host loops over a run of whole blocks ----------------------------------------------
+
+#if !defined(__CUDACC__)
+
+// Calls fn(ElemTag<P>{}, std::integral_constant<ParamScaling, S>{}) for an fp8 param dtype
+// and a scaling other than none, and returns true; false (calling nothing) otherwise.
+template <class Fn>
+bool visit_param_scaling(ElemType param, ParamScaling scaling, Fn&& fn) {
+  auto with_scaling = [&](auto p) {
+    switch (scaling) {
+      case ParamScaling::delayed:
+        fn(p, std::integral_constant<ParamScaling, ParamScaling::delayed>{});
+        return true;
+      case ParamScaling::mxfp8:
+        fn(p, std::integral_constant<ParamScaling, ParamScaling::mxfp8>{});
+        return true;
+      case ParamScaling::block128:
+        fn(p, std::integral_constant<ParamScaling, ParamScaling::block128>{});
+        return true;
+      case ParamScaling::none:
+        return false;
+    }
+    return false;
+  };
+  if (param == ElemType::f8e4m3) return with_scaling(ElemTag<ElemType::f8e4m3>{});
+  if (param == ElemType::f8e5m2) return with_scaling(ElemTag<ElemType::f8e5m2>{});
+  return false;
+}
+
+// The cast of elements [begin, end) of a param (begin a multiple of the scaling's block,
+// end too or the shard's end): param and scales from the master. Returns max |master| over
+// the run (quant8_absmax's bits rule), which a delayed scaling's amax is folded from.
+inline float cast_param_range(ElemType param_type, ParamScaling scaling, const float* master,
+                              void* param, const ParamScale& scale, int64_t begin, int64_t end) {
+  float amax = 0.0f;
+  visit_param_scaling(param_type, scaling, [&](auto p, auto s) {
+    constexpr ElemType kP = decltype(p)::value;
+    constexpr ParamScaling kS = decltype(s)::value;
+    uint8_t* codes = static_cast<uint8_t*>(param);
+    if constexpr (kS == ParamScaling::delayed) {
+      amax = quant8_absmax(master + begin, end - begin);
+      cast_block<kP, kS>(master + begin, end - begin, scale, 0, codes + begin);
+    } else {
+      constexpr int64_t kBlock = scaling_block(kS);
+      for (int64_t b = begin; b < end; b += kBlock)
+        cast_block<kP, kS>(master + b, end - b < kBlock ? end - b : kBlock, scale, b / kBlock,
+                           codes + b);
+    }
+  });
+  return amax;
+}
+
+// The master values of elements [0, n) of a param (add_param's initialisation).
+inline void dequantize_param(ElemType param_type, ParamScaling scaling, const void* param,
+                             const ParamScale& scale, int64_t n, float* master) {
+  visit_param_scaling(param_type, scaling, [&](auto p, auto s) {
+    constexpr ElemType kP = decltype(p)::value;
+    constexpr ParamScaling kS = decltype(s)::value;
+    const uint8_t* codes = static_cast<const uint8_t*>(param);
+    constexpr int64_t kBlock = scaling_block(kS) == 0 ? 1 : scaling_block(kS);
+    if constexpr (kS == ParamScaling::delayed) {
+      dequantize_block<kP, kS>(codes, n, scale, 0, master);
+    } else {
+      for (int64_t b = 0; b < n; b += kBlock)
+        dequantize_block<kP, kS>(codes + b, n - b < kBlock ? n - b : kBlock, scale, b / kBlock,
+                                 master + b);
+    }
+  });
+}
+
+#endif  // !__CUDACC__
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_PARAM_CAST_H_

@@ -1,0 +1,69 @@
+// kernels/param_scaling.h — the one table of the ways an fp8 param is scaled from its
+// float32 master (sa_param_scaling): the core's checks, the C ABI's table and the kernels'
+// dispatch derive from it. kernels/param_cast.h holds the rules themselves.
+//
+// Blocks run along the last dim: a block of kBlock elements is kBlock consecutive elements
+// of a row. add_param refuses a layout whose last dim is not a whole number of blocks on
+// every rank, so in a C-contiguous local shard block b is elements [b * kBlock,
+// (b + 1) * kBlock) of the flat shard, and a run that starts on a multiple of kBlock holds
+// whole blocks.
+//
+// Host and device code.
+#ifndef SHARDADAM_KERNELS_PARAM_SCALING_H_
+#define SHARDADAM_KERNELS_PARAM_SCALING_H_
+
+#include <stdint.h>
+
+#include "elem_type.h"
+
+namespace sa {
+namespace kernels {
+
+// X(name, sa_param_scaling value, block elements along the last dim (0: one scale for the
+//   whole tensor), the scale tensor's dtype, whether the step writes the scale tensor,
+//   doc)
+#define SA_PARAM_SCALINGS(X)                                                                   \
+  X(none, 0, 0, f32, false, "no scale: a float32, bfloat16 or float16 param")                  \
+  X(delayed, 1, 0, f32, false,                                                                 \
+    "per tensor, the engine's scale: scale is a float32 scalar the step reads, "               \
+    "param = fp8(master * scale); amax, a float32 scalar, receives max |master| of the "       \
+    "local shard at every step that updates it (for the engine's amax history)")               \
+  X(mxfp8, 2, 32, e8m0, true,                                                                  \
+    "OCP MXFP8: a float8_e8m0fnu scale per 32 elements of the last dim, written by the "       \
+    "step: X = 2^(floor(log2 amax) - emax) (emax 8 for e4m3, 15 for e5m2), param = "           \
+    "fp8(master / X)")                                                                         \
+  X(block128, 3, 128, f32, true,                                                               \
+    "1x128 blocks (DeepSeek-V3): a float32 scale_inv per 128 elements of the last dim, "       \
+    "written by the step: scale = fp8_max / amax (1 when amax is 0), param = fp8(master * "    \
+    "scale), scale_inv = 1 / scale")
+
+enum class ParamScaling : uint8_t {
+#define SA_SCALING_ENUMERATOR(name, value, block, scale_type, writes, doc) name = (value),
+  SA_PARAM_SCALINGS(SA_SCALING_ENUMERATOR)
+#undef SA_SCALING_ENUMERATOR
+};
+
+// NOLINTBEGIN(bugprone-macro-parentheses): terms of the sums below
+#define SA_SCALING_COUNT(name, value, block, scale_type, writes, doc) 1 +
+#define SA_SCALING_BLOCK(name, value, block, scale_type, writes, doc) \
+  (s == ParamScaling::name ? (block) : 0) +
+// NOLINTEND(bugprone-macro-parentheses)
+constexpr int kNumParamScalings = SA_PARAM_SCALINGS(SA_SCALING_COUNT) 0;
+// Elements per block of a scaling (0: per tensor).
+SA_HD constexpr int64_t scaling_block(ParamScaling s) { return SA_PARAM_SCALINGS(SA_SCALING_BLOCK) 0; }
+#undef SA_SCALING_COUNT
+#undef SA_SCALING_BLOCK
+
+// The pointers of a scaled param, in its TensorSlot (NULL for an unscaled one):
+//   delayed:  scale -> the engine's float32 scale (read), amax -> float32 (written);
+//   mxfp8:    scale -> uint8 e8m0 codes, one per block (written); amax NULL;
+//   block128: scale -> float32 scale_inv, one per block (written); amax NULL.
+struct ParamScale {
+  void* scale;
+  float* amax;
+};
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_PARAM_SCALING_H_
