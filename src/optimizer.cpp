@@ -394,7 +394,10 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->device = shard.device;
   param->data = shard.data;
   param->param_type = *param_type;
-  param->grad_type = resolve_optional_dtype(options.grad_dtype, *param_type, kernels::kGradTypes,
+  // The default grad dtype is the param's, or float32 (the master's) for an fp8 param.
+  const ElemType default_grad =
+      kernels::in_table(kernels::kGradTypes, *param_type) ? *param_type : ElemType::f32;
+  param->grad_type = resolve_optional_dtype(options.grad_dtype, default_grad, kernels::kGradTypes,
                                             context, "grad_dtype");
   param->moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0],
                                               kernels::kMomentTypes, context, "moment_dtype");

@@ -448,14 +448,16 @@ TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its 
   const int32_t all =
       SA_DTYPE_PARAM | SA_DTYPE_GRAD | SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_FILE;
   const Expected expected[] = {
-      {"float32", {kDLFloat, 32, 1}, all, "F32"},
+      {"float32", {kDLFloat, 32, 1}, all | SA_DTYPE_SCALE, "F32"},
       {"bfloat16", {kDLBfloat, 16, 1}, all, "BF16"},
-      {"float16", {kDLFloat, 16, 1}, all & ~SA_DTYPE_MOMENT, "F16"},
+      {"float16", {kDLFloat, 16, 1}, SA_DTYPE_PARAM | SA_DTYPE_GRAD | SA_DTYPE_FILE, "F16"},
       {"uint8", {kDLUInt, 8, 1}, SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT, nullptr},
       {"float8_e4m3fn",
        {kDLFloat8_e4m3fn, 8, 1},
-       SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT,
+       SA_DTYPE_PARAM | SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT,
        nullptr},
+      {"float8_e5m2", {kDLFloat8_e5m2, 8, 1}, SA_DTYPE_PARAM, nullptr},
+      {"float8_e8m0fnu", {kDLFloat8_e8m0fnu, 8, 1}, SA_DTYPE_SCALE, nullptr},
       {"int16", {kDLInt, 16, 1}, SA_DTYPE_STATE | SA_DTYPE_FILE, "I16"},
   };
   REQUIRE(sa_num_dtypes() == static_cast<int32_t>(std::size(expected)));
@@ -477,7 +479,7 @@ TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its 
   }
   sa_dtype_info info = SA_DTYPE_INFO_INIT;
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(sa_num_dtypes(), &info), "sa_dtype",
-                 "index 6 is not a dtype: the library has 6 (0 .. 5)");
+                 "index 8 is not a dtype: the library has 8 (0 .. 7)");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(-1, &info), "index -1");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_dtype(0, nullptr), "out is NULL");
   info.struct_size = sizeof(sa_dtype_info) + 8;
@@ -490,17 +492,29 @@ TEST_CASE("the dtype table's param, grad and moment roles are what add_param acc
     sa_dtype_info info = SA_DTYPE_INFO_INIT;
     REQUIRE_SA_OK(nullptr, sa_dtype(i, &info));
     INFO(info.name);
-    const auto adds = [&](DLDataType param, DLDataType grad, DLDataType moment) {
-      HostTensor t({300}, param);  // outlives the optimizer
+    // With scaling `scaling` (an sa_param_scaling) and, for one other than NONE, a scale
+    // tensor as the scaling table describes it (a scale of 1).
+    const auto adds = [&](DLDataType param, DLDataType grad, DLDataType moment,
+                          int32_t scaling = SA_SCALING_NONE) {
+      HostTensor t({256}, param);  // these outlive the optimizer
+      sa_param_scaling_info s = SA_PARAM_SCALING_INFO_INIT;
+      REQUIRE_SA_OK(nullptr, sa_param_scaling_describe(scaling, &s));
+      HostTensor scale({s.block == 0 ? 1 : 256 / s.block}, s.scale_dtype);
+      if (s.block == 0) scale.set(0, 1.0f);
       OptimizerPtr opt = make_optimizer();
       int32_t g = -1;
       const sa_group_config group = SA_GROUP_CONFIG_INIT;
       REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, &g));
-      const sa_param_options options = param_options(grad, moment, SA_MASTER_AUTO);
+      sa_param_options options = param_options(grad, moment, SA_MASTER_AUTO);
+      options.scaling = scaling;
+      options.scale = scaling == SA_SCALING_NONE ? nullptr : scale.versioned();
       return sa_optimizer_add_param(opt.get(), "p", g, t.versioned(), nullptr, &options, nullptr) ==
              SA_OK;
     };
-    CHECK(adds(info.dtype, kDefaultDtype, kDefaultDtype) == ((info.roles & SA_DTYPE_PARAM) != 0));
+    bool param_added = false;  // with some scaling of the table (NONE included)
+    for (int32_t s = 0; s < sa_num_param_scalings(); ++s)
+      param_added = param_added || adds(info.dtype, kDefaultDtype, kDefaultDtype, s);
+    CHECK(param_added == ((info.roles & SA_DTYPE_PARAM) != 0));
     CHECK(adds(kFloat32, info.dtype, kDefaultDtype) == ((info.roles & SA_DTYPE_GRAD) != 0));
     CHECK(adds(kFloat32, kDefaultDtype, info.dtype) == ((info.roles & SA_DTYPE_MOMENT) != 0));
   }

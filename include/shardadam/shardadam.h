@@ -437,7 +437,8 @@ SA_API sa_status sa_param_scaling_describe(int32_t index, sa_param_scaling_info*
  */
 typedef struct sa_param_options {
   size_t struct_size;
-  DLDataType grad_dtype; /* float32, bfloat16 or float16; default: the param's dtype */
+  /* float32, bfloat16 or float16; default: the param's dtype (float32 for fp8 params) */
+  DLDataType grad_dtype;
   /* float32 (default), bfloat16, uint8 or float8_e4m3fn: exp_avg, exp_avg_sq,
    * max_exp_avg_sq. uint8 and float8_e4m3fn are block storages (SA_DTYPE_BLOCK_MOMENT):
    * each block of 256 elements of the local shard (the last one may be shorter) keeps a

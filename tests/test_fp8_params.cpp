@@ -1,0 +1,471 @@
+// fp8 params (float8_e4m3fn, float8_e5m2) with a float32 master and a scaling
+// (sa_param_scaling), on the CPU backend, against references written here from the
+// formats' definitions: fp8 values by ldexp, the saturating round-to-nearest-even cast by
+// searching every code, the MX scale exponent by ilogb. The master must be exactly a
+// float32 param's trajectory (that path is checked against float64 elsewhere), the param
+// and its scales exactly the reference cast of the master.
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shardadam/shardadam.h"
+#include "test_state_io_support.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+
+constexpr DLDataType kE4m3 = {kDLFloat8_e4m3fn, 8, 1};
+constexpr DLDataType kE5m2 = {kDLFloat8_e5m2, 8, 1};
+constexpr DLDataType kE8m0 = {kDLFloat8_e8m0fnu, 8, 1};
+
+struct Format {
+  DLDataType dtype;
+  int exp_bits;
+  int mant_bits;
+  int bias;
+  double max;  // the largest finite value
+  int emax;    // log2 of its largest power of two
+  const char* name;
+};
+const Format kFormats[] = {{kE4m3, 4, 3, 7, 448.0, 8, "float8_e4m3fn"},
+                           {kE5m2, 5, 2, 15, 57344.0, 15, "float8_e5m2"}};
+
+// The value of a code: NaN for e4m3fn's S.1111.111 and e5m2's exponent 31 with a nonzero
+// mantissa (e5m2's infinities never come out of a saturating cast, nor are they made here).
+double fp8_value(const Format& f, uint8_t code) {
+  const int mant = code & ((1 << f.mant_bits) - 1);
+  const int exp = (code >> f.mant_bits) & ((1 << f.exp_bits) - 1);
+  const double sign = (code & 0x80) ? -1.0 : 1.0;
+  const int top = (1 << f.exp_bits) - 1;
+  if (f.exp_bits == 4 && exp == top && mant == (1 << f.mant_bits) - 1) return NAN;
+  if (f.exp_bits == 5 && exp == top) return mant ? NAN : sign * INFINITY;
+  if (exp == 0) return sign * std::ldexp(mant, 1 - f.bias - f.mant_bits);
+  return sign * std::ldexp(1.0 + std::ldexp(mant, -f.mant_bits), exp - f.bias);
+}
+
+// The saturating cast: |x| above the largest finite value (infinity included) gives the
+// largest; otherwise the nearest code, ties to the even one; the sign is x's.
+uint8_t fp8_cast(const Format& f, float x) {
+  if (std::isnan(x)) return std::signbit(x) ? 0xFF : 0x7F;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  uint8_t best = 0;
+  double best_err = INFINITY;
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = fp8_value(f, static_cast<uint8_t>(c));
+    if (!std::isfinite(v)) continue;
+    const double err = std::fabs(std::fmin(a, f.max) - v);
+    if (err < best_err || (err == best_err && (c & 1) == 0)) {
+      best = static_cast<uint8_t>(c);
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(sign | best);
+}
+
+float amax_of(const float* x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));
+  return m;
+}
+
+// MXFP8's X as an unbiased exponent: floor(log2 amax) - emax, clamped to [-127, 127].
+int mx_exponent(const Format& f, float amax) {
+  if (amax == 0.0f) return -127;
+  const int x = std::ilogb(amax) - f.emax;
+  return x < -127 ? -127 : (x > 127 ? 127 : x);
+}
+
+float block128_scale(const Format& f, float amax) {
+  if (amax == 0.0f) return 1.0f;
+  const float s = static_cast<float>(f.max) / amax;
+  return std::isinf(s) ? FLT_MAX : s;
+}
+
+struct Scaling {
+  int32_t value;
+  int64_t block;  // 0: per tensor
+  const char* name;
+};
+const Scaling kScalings[] = {{SA_SCALING_DELAYED, 0, "delayed"},
+                             {SA_SCALING_MXFP8, 32, "mxfp8"},
+                             {SA_SCALING_BLOCK128, 128, "block128"}};
+
+// The param codes and scales the reference cast gives for master values x (one shard).
+struct Cast {
+  std::vector<uint8_t> codes;
+  std::vector<uint8_t> mx_scales;   // mxfp8: e8m0 codes per block
+  std::vector<float> block_scales;  // block128: scale_inv per block
+};
+Cast reference_cast(const Format& f, const Scaling& s, const std::vector<float>& x,
+                    float delayed_scale) {
+  Cast out;
+  out.codes.resize(x.size());
+  if (s.block == 0) {
+    for (std::size_t i = 0; i < x.size(); ++i) out.codes[i] = fp8_cast(f, x[i] * delayed_scale);
+    return out;
+  }
+  for (std::size_t b = 0; b < x.size(); b += static_cast<std::size_t>(s.block)) {
+    const float amax = amax_of(x.data() + b, s.block);
+    for (int64_t i = 0; i < s.block; ++i) {
+      const float xi = x[b + static_cast<std::size_t>(i)];
+      if (s.value == SA_SCALING_MXFP8) {
+        const int e = mx_exponent(f, amax);
+        out.codes[b + static_cast<std::size_t>(i)] = fp8_cast(f, xi * std::ldexp(1.0f, -e));
+        if (i == 0) out.mx_scales.push_back(static_cast<uint8_t>(e + 127));
+      } else {
+        const float scale = block128_scale(f, amax);
+        out.codes[b + static_cast<std::size_t>(i)] = fp8_cast(f, xi * scale);
+        if (i == 0) out.block_scales.push_back(1.0f / scale);
+      }
+    }
+  }
+  return out;
+}
+
+// The master value of code i under its scale (add_param's start).
+float reference_master(const Format& f, const Scaling& s, uint8_t code, const HostTensor& scale,
+                       int64_t i) {
+  const auto v = static_cast<float>(fp8_value(f, code));
+  if (s.block == 0) return v / scale.as<float>()[0];
+  const int64_t b = i / s.block;
+  if (s.value == SA_SCALING_MXFP8) return v * std::ldexp(1.0f, scale.as<uint8_t>()[b] - 127);
+  return v * scale.as<float>()[b];
+}
+
+HostTensor scale_tensor(const Scaling& s, const std::vector<int64_t>& shape) {
+  if (s.block == 0) return HostTensor({1}, kFloat32);
+  std::vector<int64_t> scale_shape = shape;
+  scale_shape.back() /= s.block;
+  return HostTensor(scale_shape, s.value == SA_SCALING_MXFP8 ? kE8m0 : kFloat32);
+}
+
+sa_param_options fp8_options(const Scaling& s, HostTensor& scale, HostTensor* amax) {
+  sa_param_options o = SA_PARAM_OPTIONS_INIT;
+  o.scaling = s.value;
+  o.scale = scale.versioned();
+  o.amax = amax ? amax->versioned() : nullptr;
+  return o;
+}
+
+std::vector<float> master_of(sa_optimizer* opt, int64_t param) {
+  const StateView v = state_view(opt, param, "master");
+  std::vector<float> out(static_cast<std::size_t>(v.numel()));
+  std::memcpy(out.data(), v.data(), out.size() * sizeof(float));
+  return out;
+}
+
+int32_t add_group(sa_optimizer* opt, const sa_group_config& c) {
+  int32_t g = -1;
+  REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &c, &g));
+  return g;
+}
+
+}  // namespace
+
+using namespace sa_test;
+
+TEST_CASE("an fp8 param's master steps as a float32 param, and the param is its reference cast",
+          "[fp8param]") {
+  const Format& f = kFormats[GENERATE(0, 1)];
+  const Scaling& s = kScalings[GENERATE(0, 1, 2)];
+  // 2 x 35072 elements: several 32768-element work items over two threads, so a delayed
+  // amax is folded from the ranges of different threads.
+  const std::vector<int64_t> shape =
+      GENERATE(0, 1) == 0 ? std::vector<int64_t>{6, 256} : std::vector<int64_t>{2, 35072};
+  INFO(f.name << " " << s.name << " " << shape[0] << "x" << shape[1]);
+  const int64_t n = shape[0] * shape[1];
+  Rng rng(17);
+
+  HostTensor param(shape, f.dtype);
+  for (int64_t i = 0; i < n; ++i) {  // finite codes, some zero blocks' worth of zeros
+    uint8_t c = static_cast<uint8_t>(rng.integer(0, 255));
+    if (!std::isfinite(fp8_value(f, c))) c = 0x3A;
+    param.as<uint8_t>()[i] = i < 64 ? 0 : c;
+  }
+  HostTensor scale = scale_tensor(s, shape);
+  for (int64_t b = 0; b < scale.numel(); ++b) {
+    if (s.value == SA_SCALING_MXFP8) scale.as<uint8_t>()[b] = static_cast<uint8_t>(rng.integer(110, 129));
+    else scale.as<float>()[b] = static_cast<float>(std::fabs(rng.signed_log_uniform(1e-3, 1e2)));
+  }
+  HostTensor amax({1}, kFloat32);
+  HostTensor reference(shape, kFloat32);  // the float32 param the master must follow
+  for (int64_t i = 0; i < n; ++i)
+    reference.as<float>()[i] = reference_master(f, s, param.as<uint8_t>()[i], scale, i);
+
+  const sa_group_config config = group_config(1e-2, 0.1, 1);
+  OptimizerPtr opt = make_optimizer(2);
+  OptimizerPtr ref = make_optimizer(2);
+  add_group(opt.get(), config);
+  add_group(ref.get(), config);
+  const sa_param_options options = fp8_options(s, scale, s.block == 0 ? &amax : nullptr);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
+                                                  &options, nullptr));
+  REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(),
+                                                  nullptr, nullptr, nullptr));
+  sa_param_info info = SA_PARAM_INFO_INIT;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 0, &info));
+  CHECK(info.scaling == s.value);
+  CHECK(info.master == SA_MASTER_FP32);
+  {
+    const std::vector<float> m = master_of(opt.get(), 0);
+    CHECK(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+  }
+
+  HostTensor grad(shape, kFloat32);
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    fill_normal(grad, rng, step == 2 ? 1e3 : 1.0);
+    for (int64_t i = 0; i < 64; ++i) grad.as<float>()[i] = 0.0f;  // zero blocks stay zero
+    if (s.block == 0) scale.as<float>()[0] = step == 3 ? 0.5f : 64.0f;  // the engine's update
+    const DLTensor g = grad.dl();
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+    REQUIRE_SA_OK(ref.get(), sa_optimizer_set_grad(ref.get(), 0, &g));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+    REQUIRE_SA_OK(ref.get(), sa_optimizer_step(ref.get(), nullptr, nullptr));
+
+    const std::vector<float> m = master_of(opt.get(), 0);
+    REQUIRE(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+    const Cast want = reference_cast(f, s, m, s.block == 0 ? scale.as<float>()[0] : 0.0f);
+    int64_t wrong = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (param.as<uint8_t>()[i] != want.codes[static_cast<std::size_t>(i)]) {
+        if (first < 0) first = i;
+        ++wrong;
+      }
+    INFO("first wrong code at " << first << " (master " << (first >= 0 ? m[first] : 0.0f) << ")");
+    CHECK(wrong == 0);
+    if (s.value == SA_SCALING_MXFP8)
+      CHECK(std::memcmp(scale.data(), want.mx_scales.data(), want.mx_scales.size()) == 0);
+    if (s.value == SA_SCALING_BLOCK128)
+      CHECK(std::memcmp(scale.data(), want.block_scales.data(), scale.bytes()) == 0);
+    if (s.block == 0) CHECK(amax.as<float>()[0] == amax_of(m.data(), n));
+  }
+  opt.reset();
+  CHECK(param.deleter_calls() == 1);
+  CHECK(scale.deleter_calls() == 1);
+  if (s.block == 0) CHECK(amax.deleter_calls() == 1);
+}
+
+TEST_CASE("fp8 param options that do not fit are refused, and the caller keeps its tensors",
+          "[fp8param][errors]") {
+  OptimizerPtr opt = make_optimizer();
+  add_group(opt.get(), SA_GROUP_CONFIG_INIT);
+  HostTensor param({4, 64}, kE4m3);
+  HostTensor mx_scale({4, 2}, kE8m0);
+  HostTensor one({1}, kFloat32);
+  one.as<float>()[0] = 1.0f;
+  const auto refuses = [&](sa_status status, sa_param_options o, const sa_layout* layout,
+                           const char* part) {
+    CHECK_SA_FAILS(opt.get(), status,
+                   sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), layout, &o,
+                                          nullptr),
+                   part);
+  };
+  sa_param_options none = SA_PARAM_OPTIONS_INIT;
+  refuses(SA_ERR_INVALID_ARGUMENT, none, nullptr,
+          "a float8_e4m3fn param needs a scaling (sa_param_options.scaling): SA_SCALING_DELAYED, "
+          "SA_SCALING_MXFP8 or SA_SCALING_BLOCK128");
+  sa_param_options o = SA_PARAM_OPTIONS_INIT;
+  o.scaling = 9;
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "scaling is 9, not an sa_param_scaling");
+  o.scaling = SA_SCALING_MXFP8;
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale is NULL; SA_SCALING_MXFP8 needs one");
+  o.scale = one.versioned();
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale is float32; it must be float8_e8m0fnu");
+  HostTensor wrong_shape({4, 4}, kE8m0);
+  o.scale = wrong_shape.versioned();
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale has shape [4, 4]; it must be [4, 2]");
+  o.scale = mx_scale.versioned();
+  o.amax = one.versioned();
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.amax is set, but SA_SCALING_MXFP8 writes block scales");
+  o.amax = nullptr;
+  {
+    sa_param_options ro = o;
+    DLManagedTensorVersioned* v = mx_scale.versioned();
+    v->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+    ro.scale = v;
+    refuses(SA_ERR_INVALID_ARGUMENT, ro, nullptr, "options.scale is read-only");
+  }
+  // A Box layout whose last dim starts at 48 of 128: the block [32, 64) is cut.
+  const int64_t global_shape[] = {4, 128}, offset[] = {0, 48};
+  sa_layout box = SA_LAYOUT_INIT;
+  box.ndim = 2;
+  box.global_shape = global_shape;
+  box.global_offset = offset;
+  o.scale = mx_scale.versioned();
+  refuses(SA_ERR_INVALID_ARGUMENT, o, &box,
+          "this rank holds elements [48, 112) of dim 1, which cuts a block of 32");
+  HostTensor odd({4, 48}, kE4m3);
+  {
+    sa_param_options b = SA_PARAM_OPTIONS_INIT;
+    b.scaling = SA_SCALING_BLOCK128;
+    HostTensor s({4, 0}, kFloat32);
+    b.scale = s.versioned();
+    CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                   sa_optimizer_add_param(opt.get(), "odd", 0, odd.versioned(), nullptr, &b, nullptr),
+                   "dim 1 has 48 elements, not a multiple of 128");
+  }
+  sa_param_options delayed = SA_PARAM_OPTIONS_INIT;
+  delayed.scaling = SA_SCALING_DELAYED;
+  HostTensor zero({1}, kFloat32);
+  delayed.scale = zero.versioned();
+  refuses(SA_ERR_INVALID_ARGUMENT, delayed, nullptr, "the scale is 0; it must be > 0 and finite");
+  HostTensor f32({4, 64}, kFloat32);
+  sa_param_options on_f32 = SA_PARAM_OPTIONS_INIT;
+  on_f32.scaling = SA_SCALING_DELAYED;
+  on_f32.scale = one.versioned();
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "f", 0, f32.versioned(), nullptr, &on_f32, nullptr),
+                 "scaling SA_SCALING_DELAYED is for float8_e4m3fn or float8_e5m2 params, not float32");
+  sa_param_options stray = SA_PARAM_OPTIONS_INIT;
+  stray.scale = one.versioned();
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "f", 0, f32.versioned(), nullptr, &stray, nullptr),
+                 "options.scale is set but the param is not scaled");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  opt.reset();
+  for (const HostTensor* t : {&param, &mx_scale, &one, &wrong_shape, &odd, &zero, &f32})
+    CHECK(t->deleter_calls() == 0);
+}
+
+TEST_CASE("an import casts fp8 params from the loaded master, on another layout",
+          "[fp8param][state_io]") {
+  const Format& f = kFormats[0];
+  const Scaling& s = kScalings[GENERATE(1, 2)];  // mxfp8, block128
+  INFO(s.name);
+  const std::vector<int64_t> global = {6, 256};
+  Rng rng(5);
+  // Two ranks, Shard(0): rows [0, 3) and [3, 6); each steps twice.
+  std::vector<std::unique_ptr<HostTensor>> params, scales;
+  std::vector<Bytes> blobs;
+  std::vector<OptimizerPtr> ranks;
+  for (int64_t r = 0; r < 2; ++r) {
+    params.push_back(std::make_unique<HostTensor>(std::vector<int64_t>{3, 256}, f.dtype));
+    for (int64_t i = 0; i < params.back()->numel(); ++i) params.back()->as<uint8_t>()[i] = static_cast<uint8_t>(rng.integer(0, 0x6F));
+    scales.push_back(std::make_unique<HostTensor>(scale_tensor(s, {3, 256})));
+    for (int64_t b = 0; b < scales.back()->numel(); ++b) {
+      if (s.value == SA_SCALING_MXFP8) scales.back()->as<uint8_t>()[b] = 120;
+      else scales.back()->as<float>()[b] = 0.25f;
+    }
+    MeshLayout layout{global, {2}, {r}, {shard(0)}};
+    const sa_layout l = layout.get();
+    OptimizerPtr opt = make_optimizer();
+    add_group(opt.get(), group_config(1e-2, 0.0, 1));
+    const sa_param_options o = fp8_options(s, *scales.back(), nullptr);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, params.back()->versioned(), &l, &o, nullptr));
+    HostTensor grad({3, 256}, kFloat32);
+    for (int step = 0; step < 2; ++step) {
+      fill_normal(grad, rng, 1.0);
+      const DLTensor g = grad.dl();
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+    }
+    blobs.push_back(export_blob(opt.get()));
+    ranks.push_back(std::move(opt));
+  }
+  // One rank holding all of it, from other codes and scales.
+  HostTensor param(global, f.dtype);
+  HostTensor scale = scale_tensor(s, global);
+  for (int64_t b = 0; b < scale.numel(); ++b) {
+    if (s.value == SA_SCALING_MXFP8) scale.as<uint8_t>()[b] = 127;
+    else scale.as<float>()[b] = 1.0f;
+  }
+  OptimizerPtr whole = make_optimizer();
+  add_group(whole.get(), group_config(1e-2, 0.0, 1));
+  const sa_param_options o = fp8_options(s, scale, nullptr);
+  REQUIRE_SA_OK(whole.get(), sa_optimizer_add_param(whole.get(), "w", 0, param.versioned(), nullptr, &o, nullptr));
+  REQUIRE_SA_OK(whole.get(), import_blobs(whole.get(), blobs));
+  // Rows never cross ranks and blocks never cross rows: the codes and scales are the two
+  // ranks' side by side, bit for bit.
+  const std::size_t half = param.bytes() / 2, scale_half = scale.bytes() / 2;
+  CHECK(std::memcmp(param.data(), params[0]->data(), half) == 0);
+  CHECK(std::memcmp(param.as<uint8_t>() + half, params[1]->data(), half) == 0);
+  CHECK(std::memcmp(scale.data(), scales[0]->data(), scale_half) == 0);
+  CHECK(std::memcmp(static_cast<unsigned char*>(scale.data()) + scale_half, scales[1]->data(), scale_half) == 0);
+}
+
+TEST_CASE("the param scaling table is the header's enum, with each scaling's block and scale dtype",
+          "[fp8param][schema]") {
+  REQUIRE(sa_num_param_scalings() == 4);
+  const struct {
+    int32_t value;
+    const char* name;
+    int64_t block;
+    DLDataType scale;
+    int32_t writes;
+  } expected[] = {{SA_SCALING_NONE, "none", 0, kFloat32, 0},
+                  {SA_SCALING_DELAYED, "delayed", 0, kFloat32, 0},
+                  {SA_SCALING_MXFP8, "mxfp8", 32, kE8m0, 1},
+                  {SA_SCALING_BLOCK128, "block128", 128, kFloat32, 1}};
+  for (const auto& e : expected) {
+    sa_param_scaling_info info = SA_PARAM_SCALING_INFO_INIT;
+    REQUIRE_SA_OK(nullptr, sa_param_scaling_describe(e.value, &info));
+    CHECK(info.value == e.value);
+    CHECK(std::string(info.name) == e.name);
+    CHECK(info.block == e.block);
+    CHECK(same_dtype(info.scale_dtype, e.scale));
+    CHECK(info.step_writes_scale == e.writes);
+    CHECK(std::strlen(info.doc) > 0);
+  }
+  sa_param_scaling_info info = SA_PARAM_SCALING_INFO_INIT;
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_param_scaling_describe(4, &info),
+                 "index 4 is not a param scaling: the library has 4 (0 .. 3)");
+}
+
+TEST_CASE("the library's fp8 casts are the reference's for every code and the floats between",
+          "[fp8param][dtype]") {
+  for (const Format& f : kFormats) {
+    INFO(f.name);
+    // Through add_param with a delayed scale of 1 and a step of lr 0: the master is the
+    // decoded code, and the step's cast of it must give the code back; then a float
+    // sweep through the cast: decoded values, their midpoints and a float step either way.
+    std::vector<float> xs;
+    for (int c = 0; c < 0x100; ++c) {
+      const double v = fp8_value(f, static_cast<uint8_t>(c));
+      if (!std::isfinite(v)) continue;
+      const double next = fp8_value(f, static_cast<uint8_t>(c + 1));
+      xs.push_back(static_cast<float>(v));
+      if ((c & 0x7F) != 0x7F && std::isfinite(next) && (c & 0x80) == ((c + 1) & 0x80)) {
+        const auto mid = static_cast<float>((v + next) / 2);
+        xs.push_back(mid);
+        xs.push_back(std::nextafter(mid, 0.0f));
+        xs.push_back(std::nextafter(mid, INFINITY));
+      }
+    }
+    for (float big : {static_cast<float>(f.max) * 1.01f, FLT_MAX, INFINITY, 1e-30f, -1e-30f, -0.0f})
+      xs.push_back(big), xs.push_back(-big);
+    while (xs.size() % 32 != 0) xs.push_back(0.0f);
+    const int64_t n = static_cast<int64_t>(xs.size());
+    HostTensor param({n}, f.dtype), master_init({n}, kFloat32);
+    HostTensor scale({1}, kFloat32);
+    scale.as<float>()[0] = 1.0f;
+    OptimizerPtr opt = make_optimizer();
+    sa_group_config c = group_config(0.0, 0.0, 1);
+    add_group(opt.get(), c);
+    sa_param_options o = SA_PARAM_OPTIONS_INIT;
+    o.scaling = SA_SCALING_DELAYED;
+    o.scale = scale.versioned();
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &o, nullptr));
+    {  // write the sweep into the master (a writable state view), then step with lr 0
+      const StateView m = state_view(opt.get(), 0, "master");
+      std::memcpy(m.data(), xs.data(), xs.size() * sizeof(float));
+    }
+    HostTensor grad({n}, kFloat32);
+    const DLTensor g = grad.dl();
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+    const std::vector<float> m = master_of(opt.get(), 0);
+    REQUIRE(std::memcmp(m.data(), xs.data(), xs.size() * sizeof(float)) == 0);
+    for (int64_t i = 0; i < n; ++i) {
+      INFO("x = " << xs[static_cast<std::size_t>(i)]);
+      CHECK(static_cast<int>(param.as<uint8_t>()[i]) == static_cast<int>(fp8_cast(f, xs[static_cast<std::size_t>(i)])));
+    }
+  }
+}
