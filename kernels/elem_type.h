@@ -60,11 +60,11 @@ namespace kernels {
     "float8 e4m3fn (no infinities; saturating round to nearest even). As moments: "       \
     "each element divided by its block's scale (a float32 absmax per 256 elements, "      \
     "scale = max(absmax, 1e-12) / 448, torchao's AdamWFp8); shard files hold the "        \
-    "values as float32")                                                                 \
-  X(f8e5m2, uint8_t, 12 /* kDLFloat8_e5m2 */, 8, "float8_e5m2", nullptr, 0,              \
+    "values as float32")                                                                  \
+  X(f8e5m2, uint8_t, 12 /* kDLFloat8_e5m2 */, 8, "float8_e5m2", nullptr, 0,               \
     "float8 e5m2 (params only; saturating round to nearest even: a magnitude beyond "     \
     "57344, infinities included, becomes 57344)")                                         \
-  X(e8m0, uint8_t, 14 /* kDLFloat8_e8m0fnu */, 8, "float8_e8m0fnu", nullptr, 0,          \
+  X(e8m0, uint8_t, 14 /* kDLFloat8_e8m0fnu */, 8, "float8_e8m0fnu", nullptr, 0,           \
     "float8 e8m0fnu: a power of two, 2^(code - 127), 255 = NaN (the block scales of "     \
     "MXFP8 params, sa_param_scaling)")
 

@@ -50,7 +50,8 @@ template <ElemType P>
 SA_HD uint8_t mx_scale_code(float amax) {
   const uint32_t bits = float_bits(amax);
   if (bits > 0x7F800000u) return 0xFFu;
-  const int biased = static_cast<int>(bits >> 23) - Fp8Limits<P>::kEmax;  // floor(log2) + 127 - emax
+  const int biased =
+      static_cast<int>(bits >> 23) - Fp8Limits<P>::kEmax;  // floor(log2) + 127 - emax
   return static_cast<uint8_t>(biased < 0 ? 0 : (biased > 254 ? 254 : biased));
 }
 
@@ -94,8 +95,8 @@ SA_HD void cast_block(const float* master, int64_t n, const ParamScale& scale, i
 // The master values param[0, n) stand for: decode(code) / scale (delayed), decode(code) *
 // X (mxfp8), decode(code) * scale_inv (block128), each rounded once.
 template <ElemType P, ParamScaling kScaling>
-SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& scale,
-                            int64_t block, float* master) {
+SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& scale, int64_t block,
+                            float* master) {
   if constexpr (kScaling == ParamScaling::delayed) {
     const float s = *static_cast<const float*>(scale.scale);
     for (int64_t i = 0; i < n; ++i) master[i] = Codec<P>::decode(param[i]) / s;

@@ -22,19 +22,19 @@ namespace kernels {
 // X(name, sa_param_scaling value, block elements along the last dim (0: one scale for the
 //   whole tensor), the scale tensor's dtype, whether the step writes the scale tensor,
 //   doc)
-#define SA_PARAM_SCALINGS(X)                                                                   \
-  X(none, 0, 0, f32, false, "no scale: a float32, bfloat16 or float16 param")                  \
-  X(delayed, 1, 0, f32, false,                                                                 \
-    "per tensor, the engine's scale: scale is a float32 scalar the step reads, "               \
-    "param = fp8(master * scale); amax, a float32 scalar, receives max |master| of the "       \
-    "local shard at every step that updates it (for the engine's amax history)")               \
-  X(mxfp8, 2, 32, e8m0, true,                                                                  \
-    "OCP MXFP8: a float8_e8m0fnu scale per 32 elements of the last dim, written by the "       \
-    "step: X = 2^(floor(log2 amax) - emax) (emax 8 for e4m3, 15 for e5m2), param = "           \
-    "fp8(master / X)")                                                                         \
-  X(block128, 3, 128, f32, true,                                                               \
-    "1x128 blocks (DeepSeek-V3): a float32 scale_inv per 128 elements of the last dim, "       \
-    "written by the step: scale = fp8_max / amax (1 when amax is 0), param = fp8(master * "    \
+#define SA_PARAM_SCALINGS(X)                                                                \
+  X(none, 0, 0, f32, false, "no scale: a float32, bfloat16 or float16 param")               \
+  X(delayed, 1, 0, f32, false,                                                              \
+    "per tensor, the engine's scale: scale is a float32 scalar the step reads, "            \
+    "param = fp8(master * scale); amax, a float32 scalar, receives max |master| of the "    \
+    "local shard at every step that updates it (for the engine's amax history)")            \
+  X(mxfp8, 2, 32, e8m0, true,                                                               \
+    "OCP MXFP8: a float8_e8m0fnu scale per 32 elements of the last dim, written by the "    \
+    "step: X = 2^(floor(log2 amax) - emax) (emax 8 for e4m3, 15 for e5m2), param = "        \
+    "fp8(master / X)")                                                                      \
+  X(block128, 3, 128, f32, true,                                                            \
+    "1x128 blocks (DeepSeek-V3): a float32 scale_inv per 128 elements of the last dim, "    \
+    "written by the step: scale = fp8_max / amax (1 when amax is 0), param = fp8(master * " \
     "scale), scale_inv = 1 / scale")
 
 enum class ParamScaling : uint8_t {
@@ -50,7 +50,9 @@ enum class ParamScaling : uint8_t {
 // NOLINTEND(bugprone-macro-parentheses)
 constexpr int kNumParamScalings = SA_PARAM_SCALINGS(SA_SCALING_COUNT) 0;
 // Elements per block of a scaling (0: per tensor).
-SA_HD constexpr int64_t scaling_block(ParamScaling s) { return SA_PARAM_SCALINGS(SA_SCALING_BLOCK) 0; }
+SA_HD constexpr int64_t scaling_block(ParamScaling s) {
+  return SA_PARAM_SCALINGS(SA_SCALING_BLOCK) 0;
+}
 #undef SA_SCALING_COUNT
 #undef SA_SCALING_BLOCK
 

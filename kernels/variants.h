@@ -70,8 +70,7 @@ constexpr bool in_table(const T (&table)[N], T x) {
 
 constexpr bool variant_supported(const Variant& v) {
   return in_table(kParamForms, ParamForm{v.param, v.master, v.scaling}) &&
-         in_table(kGradTypes, v.grad) &&
-         in_table(kMomentTypes, v.moment);
+         in_table(kGradTypes, v.grad) && in_table(kMomentTypes, v.moment);
 }
 
 // The state that holds the full-precision value of a param form, if any.

@@ -49,9 +49,9 @@ DtypeDescription describe_dtype(int32_t index);  // index in [0, num_dtypes())
 struct ScalingDescription {
   kernels::ParamScaling scaling;
   const char* name;
-  int64_t block;         // elements per block along the last dim; 0: per tensor
-  ElemType scale_type;   // the scale tensor's dtype
-  bool step_writes;      // the step writes the scale tensor (else reads it)
+  int64_t block;        // elements per block along the last dim; 0: per tensor
+  ElemType scale_type;  // the scale tensor's dtype
+  bool step_writes;     // the step writes the scale tensor (else reads it)
   const char* doc;
 };
 ScalingDescription describe_scaling(int32_t index);

@@ -113,8 +113,7 @@ std::string scaling_c_name(kernels::ParamScaling scaling) {
 kernels::ParamScaling resolve_scaling(int32_t requested, ElemType param_type, MasterKind master,
                                       const std::string& context) {
   if (requested < 0 || requested >= kernels::kNumParamScalings)
-    fail(SA_ERR_INVALID_ARGUMENT, context, ": scaling is ", requested,
-         ", not an sa_param_scaling");
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": scaling is ", requested, ", not an sa_param_scaling");
   const auto scaling = static_cast<kernels::ParamScaling>(requested);
   std::vector<std::string> fits;  // the scalings of this dtype's forms
   for (const kernels::ParamForm& form : kernels::kParamForms) {
@@ -129,8 +128,8 @@ kernels::ParamScaling resolve_scaling(int32_t requested, ElemType param_type, Ma
   for (const kernels::ParamForm& form : kernels::kParamForms)
     if (form.scaling == scaling) scaled.push_back(form);
   fail(SA_ERR_INVALID_ARGUMENT, context, ": scaling ", scaling_c_name(scaling), " is for ",
-       dtype_list(scaled, [](const kernels::ParamForm& f) { return f.param; }),
-       " params, not ", elem_name(param_type));
+       dtype_list(scaled, [](const kernels::ParamForm& f) { return f.param; }), " params, not ",
+       elem_name(param_type));
 }
 
 // One of the scale tensors of sa_param_options: a DLPack 1.x tensor on the param's device,
@@ -143,7 +142,8 @@ void* checked_scale_tensor(const DLManagedTensorVersioned& t, const char* field,
     fail(SA_ERR_UNSUPPORTED, what, " is a DLPack ", t.version.major, ".", t.version.minor,
          " tensor; this library reads DLPack ", DLPACK_MAJOR_VERSION, ".x");
   if (written && (t.flags & DLPACK_FLAG_BITMASK_READ_ONLY))
-    fail(SA_ERR_INVALID_ARGUMENT, what, " is read-only (DLPACK_FLAG_BITMASK_READ_ONLY); the step writes it");
+    fail(SA_ERR_INVALID_ARGUMENT, what,
+         " is read-only (DLPACK_FLAG_BITMASK_READ_ONLY); the step writes it");
   const TensorRef ref = read_tensor(t.dl_tensor, what);
   if (!same_device(ref.device, device))
     fail(SA_ERR_MISMATCH, what, " is on ", device_name(ref.device), " but the param is on ",

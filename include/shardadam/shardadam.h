@@ -412,10 +412,10 @@ typedef enum sa_param_scaling {
 /** One sa_param_scaling as the library defines it. The strings are static. */
 typedef struct sa_param_scaling_info {
   size_t struct_size;
-  int32_t value;           /* its sa_param_scaling value */
-  const char* name;        /* "none", "delayed", "mxfp8", "block128" */
-  int64_t block;           /* elements per block along the last dim; 0: per tensor */
-  DLDataType scale_dtype;  /* the dtype of `scale` (none: float32, unused) */
+  int32_t value;             /* its sa_param_scaling value */
+  const char* name;          /* "none", "delayed", "mxfp8", "block128" */
+  int64_t block;             /* elements per block along the last dim; 0: per tensor */
+  DLDataType scale_dtype;    /* the dtype of `scale` (none: float32, unused) */
   int32_t step_writes_scale; /* 1: the step writes `scale`; 0: it reads it (or has none) */
   const char* doc;
 } sa_param_scaling_info;
@@ -532,10 +532,10 @@ typedef struct sa_param_info {
   int32_t scaling; /* its sa_param_scaling */
 } sa_param_info;
 
-#define SA_PARAM_INFO_INIT                                                                        \
-  {                                                                                               \
+#define SA_PARAM_INFO_INIT                                                                      \
+  {                                                                                             \
     sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, \
-        {kDLCPU, 0}, SA_SCALING_NONE                                                             \
+        {kDLCPU, 0}, SA_SCALING_NONE                                                            \
   }
 
 /** Fills *out (out->struct_size must be set: use SA_PARAM_INFO_INIT). */

@@ -200,8 +200,8 @@ class CpuBackend final : public Backend {
   void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
     const auto* master =
         static_cast<const float*>(slot.state[static_cast<std::size_t>(StateKind::master)]);
-    const float amax = kernels::cast_param_range(variant.param, variant.scaling, master,
-                                                 slot.param, slot.scale, 0, slot.numel);
+    const float amax = kernels::cast_param_range(variant.param, variant.scaling, master, slot.param,
+                                                 slot.scale, 0, slot.numel);
     if (slot.scale.amax != nullptr) *slot.scale.amax = amax;
   }
 
@@ -219,7 +219,7 @@ class CpuBackend final : public Backend {
   std::vector<kernels::GroupCoeffs> coeffs_;
   std::vector<int32_t> coeff_of_param_;
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
-  std::vector<double> partials_;  // one norm partial per work item
+  std::vector<double> partials_;   // one norm partial per work item
   std::vector<float> range_amax_;  // per work item: max |master| of a scaled param's range
   bool delayed_ = false;           // some bucket has a delayed scaling (an amax to write)
 
@@ -229,7 +229,8 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < work_.size();) {
       const WorkItem& first = work_[i];
       uint32_t amax = 0;
-      for (; i < work_.size() && work_[i].bucket == first.bucket && work_[i].slot == first.slot; ++i)
+      for (; i < work_.size() && work_[i].bucket == first.bucket && work_[i].slot == first.slot;
+           ++i)
         amax = kernels::quant8_absmax_combine(amax, kernels::quant8_magnitude_bits(range_amax_[i]));
       const kernels::TensorSlot& slot = plan.buckets[first.bucket].slots[first.slot];
       if (slot.grad != nullptr && slot.scale.amax != nullptr)
