@@ -26,6 +26,7 @@ int main(void) {
   sa_optimizer_config config = SA_OPTIMIZER_CONFIG_INIT;
   sa_field_info field = SA_FIELD_INFO_INIT;
   sa_dtype_info dtype_info = SA_DTYPE_INFO_INIT;
+  sa_param_scaling_info scaling_info = SA_PARAM_SCALING_INFO_INIT;
   sa_param_options options = SA_PARAM_OPTIONS_INIT;
   sa_param_info info = SA_PARAM_INFO_INIT;
   sa_step_args args = SA_STEP_ARGS_INIT;
@@ -68,8 +69,12 @@ int main(void) {
   CONSTANT(kDLCPU);
   CONSTANT(kDLCUDA);
   CONSTANT(kDLInt);
+  CONSTANT(kDLUInt);
   CONSTANT(kDLFloat);
   CONSTANT(kDLBfloat);
+  CONSTANT(kDLFloat8_e4m3fn);
+  CONSTANT(kDLFloat8_e5m2);
+  CONSTANT(kDLFloat8_e8m0fnu);
   CONSTANT(DLPACK_FLAG_BITMASK_READ_ONLY);
 
   CONSTANT(SA_VERSION_MAJOR);
@@ -150,6 +155,7 @@ int main(void) {
   CONSTANT(SA_DTYPE_STATE);
   CONSTANT(SA_DTYPE_FILE);
   CONSTANT(SA_DTYPE_BLOCK_MOMENT);
+  CONSTANT(SA_DTYPE_SCALE);
   FACT("SA_DTYPE_INFO_INIT.struct_size", dtype_info.struct_size);
   FACT("SA_DTYPE_INFO_INIT.null_pointers", dtype_info.name == NULL &&
        dtype_info.safetensors_name == NULL && dtype_info.doc == NULL && dtype_info.dtype.bits == 0);
@@ -159,15 +165,40 @@ int main(void) {
   FACT("SA_FIELD_INFO_INIT.null_pointers",
        field.name == NULL && field.rule == NULL && field.doc == NULL);
 
+  CONSTANT(SA_SCALING_NONE);
+  CONSTANT(SA_SCALING_DELAYED);
+  CONSTANT(SA_SCALING_MXFP8);
+  CONSTANT(SA_SCALING_BLOCK128);
+  SIZE(sa_param_scaling_info);
+  OFFSET(sa_param_scaling_info, struct_size);
+  OFFSET(sa_param_scaling_info, value);
+  OFFSET(sa_param_scaling_info, name);
+  OFFSET(sa_param_scaling_info, block);
+  OFFSET(sa_param_scaling_info, scale_dtype);
+  OFFSET(sa_param_scaling_info, step_writes_scale);
+  OFFSET(sa_param_scaling_info, doc);
+  FACT("SA_PARAM_SCALING_INFO_INIT.struct_size", scaling_info.struct_size);
+  FACT("SA_PARAM_SCALING_INFO_INIT.value", scaling_info.value);
+  FACT("SA_PARAM_SCALING_INFO_INIT.block", scaling_info.block);
+  FACT("SA_PARAM_SCALING_INFO_INIT.scale_dtype.bits", scaling_info.scale_dtype.bits);
+  FACT("SA_PARAM_SCALING_INFO_INIT.step_writes_scale", scaling_info.step_writes_scale);
+  FACT("SA_PARAM_SCALING_INFO_INIT.null_pointers",
+       scaling_info.name == NULL && scaling_info.doc == NULL);
+
   SIZE(sa_param_options);
   OFFSET(sa_param_options, struct_size);
   OFFSET(sa_param_options, grad_dtype);
   OFFSET(sa_param_options, moment_dtype);
   OFFSET(sa_param_options, master);
+  OFFSET(sa_param_options, scale);
+  OFFSET(sa_param_options, amax);
+  OFFSET(sa_param_options, scaling);
   FACT("SA_PARAM_OPTIONS_INIT.struct_size", options.struct_size);
   FACT("SA_PARAM_OPTIONS_INIT.grad_dtype.bits", options.grad_dtype.bits);
   FACT("SA_PARAM_OPTIONS_INIT.moment_dtype.bits", options.moment_dtype.bits);
   FACT("SA_PARAM_OPTIONS_INIT.master", options.master);
+  FACT("SA_PARAM_OPTIONS_INIT.null_pointers", options.scale == NULL && options.amax == NULL);
+  FACT("SA_PARAM_OPTIONS_INIT.scaling", options.scaling);
 
   SIZE(sa_param_info);
   OFFSET(sa_param_info, struct_size);
@@ -183,8 +214,10 @@ int main(void) {
   OFFSET(sa_param_info, moment_dtype);
   OFFSET(sa_param_info, master);
   OFFSET(sa_param_info, device);
+  OFFSET(sa_param_info, scaling);
   FACT("SA_PARAM_INFO_INIT.struct_size", info.struct_size);
   FACT("SA_PARAM_INFO_INIT.device.device_type", info.device.device_type);
+  FACT("SA_PARAM_INFO_INIT.scaling", info.scaling);
 
   SIZE(sa_step_args);
   OFFSET(sa_step_args, struct_size);

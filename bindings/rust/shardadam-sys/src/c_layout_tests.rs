@@ -88,8 +88,12 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(kDLCPU);
     constant!(kDLCUDA);
     constant!(kDLInt);
+    constant!(kDLUInt);
     constant!(kDLFloat);
     constant!(kDLBfloat);
+    constant!(kDLFloat8_e4m3fn);
+    constant!(kDLFloat8_e5m2);
+    constant!(kDLFloat8_e8m0fnu);
     constant!(DLPACK_FLAG_BITMASK_READ_ONLY);
 
     constant!(SA_VERSION_MAJOR);
@@ -183,6 +187,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_DTYPE_STATE);
     constant!(SA_DTYPE_FILE);
     constant!(SA_DTYPE_BLOCK_MOMENT);
+    constant!(SA_DTYPE_SCALE);
     let dtype_info = sa_dtype_info::default();
     fact(
         "SA_DTYPE_INFO_INIT.struct_size",
@@ -204,11 +209,52 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
         (field.name.is_null() && field.rule.is_null() && field.doc.is_null()) as i64,
     );
 
+    constant!(SA_SCALING_NONE);
+    constant!(SA_SCALING_DELAYED);
+    constant!(SA_SCALING_MXFP8);
+    constant!(SA_SCALING_BLOCK128);
+    size!(sa_param_scaling_info);
+    offset!(sa_param_scaling_info, struct_size);
+    offset!(sa_param_scaling_info, value);
+    offset!(sa_param_scaling_info, name);
+    offset!(sa_param_scaling_info, block);
+    offset!(sa_param_scaling_info, scale_dtype);
+    offset!(sa_param_scaling_info, step_writes_scale);
+    offset!(sa_param_scaling_info, doc);
+    let scaling_info = sa_param_scaling_info::default();
+    fact(
+        "SA_PARAM_SCALING_INFO_INIT.struct_size",
+        scaling_info.struct_size as i64,
+    );
+    fact(
+        "SA_PARAM_SCALING_INFO_INIT.value",
+        scaling_info.value as i64,
+    );
+    fact(
+        "SA_PARAM_SCALING_INFO_INIT.block",
+        scaling_info.block as i64,
+    );
+    fact(
+        "SA_PARAM_SCALING_INFO_INIT.scale_dtype.bits",
+        scaling_info.scale_dtype.bits as i64,
+    );
+    fact(
+        "SA_PARAM_SCALING_INFO_INIT.step_writes_scale",
+        scaling_info.step_writes_scale as i64,
+    );
+    fact(
+        "SA_PARAM_SCALING_INFO_INIT.null_pointers",
+        (scaling_info.name.is_null() && scaling_info.doc.is_null()) as i64,
+    );
+
     size!(sa_param_options);
     offset!(sa_param_options, struct_size);
     offset!(sa_param_options, grad_dtype);
     offset!(sa_param_options, moment_dtype);
     offset!(sa_param_options, master);
+    offset!(sa_param_options, scale);
+    offset!(sa_param_options, amax);
+    offset!(sa_param_options, scaling);
     let options = sa_param_options::default();
     fact(
         "SA_PARAM_OPTIONS_INIT.struct_size",
@@ -223,6 +269,11 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
         options.moment_dtype.bits as i64,
     );
     fact("SA_PARAM_OPTIONS_INIT.master", options.master as i64);
+    fact(
+        "SA_PARAM_OPTIONS_INIT.null_pointers",
+        (options.scale.is_null() && options.amax.is_null()) as i64,
+    );
+    fact("SA_PARAM_OPTIONS_INIT.scaling", options.scaling as i64);
 
     size!(sa_param_info);
     offset!(sa_param_info, struct_size);
@@ -238,12 +289,14 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_param_info, moment_dtype);
     offset!(sa_param_info, master);
     offset!(sa_param_info, device);
+    offset!(sa_param_info, scaling);
     let info = sa_param_info::default();
     fact("SA_PARAM_INFO_INIT.struct_size", info.struct_size as i64);
     fact(
         "SA_PARAM_INFO_INIT.device.device_type",
         info.device.device_type as i64,
     );
+    fact("SA_PARAM_INFO_INIT.scaling", info.scaling as i64);
 
     size!(sa_step_args);
     offset!(sa_step_args, struct_size);
@@ -427,6 +480,8 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_group_config_field,
         sa_num_dtypes,
         sa_dtype,
+        sa_num_param_scalings,
+        sa_param_scaling_describe,
         sa_optimizer_num_groups,
         sa_optimizer_add_group_fields,
         sa_optimizer_set_group_fields,

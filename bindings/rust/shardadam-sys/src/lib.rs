@@ -51,10 +51,18 @@ pub struct DLDevice {
 
 /// `kDLInt`: signed integer type code.
 pub const kDLInt: u8 = 0;
+/// `kDLUInt`: unsigned integer type code.
+pub const kDLUInt: u8 = 1;
 /// `kDLFloat`: IEEE float type code.
 pub const kDLFloat: u8 = 2;
 /// `kDLBfloat`: bfloat16 type code.
 pub const kDLBfloat: u8 = 4;
+/// `kDLFloat8_e4m3fn`: float8 e4m3fn (no infinities) type code.
+pub const kDLFloat8_e4m3fn: u8 = 10;
+/// `kDLFloat8_e5m2`: float8 e5m2 type code.
+pub const kDLFloat8_e5m2: u8 = 12;
+/// `kDLFloat8_e8m0fnu`: float8 e8m0fnu (a power of two) type code.
+pub const kDLFloat8_e8m0fnu: u8 = 14;
 
 /// `DLDataType`: element type as a code, a bit width and a lane count.
 #[repr(C)]
@@ -289,6 +297,9 @@ pub const SA_DTYPE_STATE: sa_dtype_role = 8;
 pub const SA_DTYPE_FILE: sa_dtype_role = 16;
 /// `SA_DTYPE_BLOCK_MOMENT`: as a moment, stored in blocks with a float32 absmax per block.
 pub const SA_DTYPE_BLOCK_MOMENT: sa_dtype_role = 32;
+/// `SA_DTYPE_SCALE`: the dtype of an fp8 param's scale tensor under some `sa_param_scaling`
+/// (`sa_param_options::scale`).
+pub const SA_DTYPE_SCALE: sa_dtype_role = 64;
 
 /// `sa_dtype_info`: one dtype the library stores, as it defines it.
 #[repr(C)]
@@ -384,18 +395,72 @@ pub const SA_MASTER_FP32: sa_master_kind = 2;
 /// `SA_MASTER_REMAINDER`.
 pub const SA_MASTER_REMAINDER: sa_master_kind = 3;
 
+/// `sa_param_scaling` (a C enum): how an fp8 param is cast from its float32 master.
+pub type sa_param_scaling = c_int;
+/// `SA_SCALING_NONE`: not scaled (float32, bfloat16 and float16 params).
+pub const SA_SCALING_NONE: sa_param_scaling = 0;
+/// `SA_SCALING_DELAYED`: per tensor, with the engine's float32 scale (which the step reads).
+pub const SA_SCALING_DELAYED: sa_param_scaling = 1;
+/// `SA_SCALING_MXFP8`: OCP MXFP8, a float8_e8m0fnu scale per 32 elements (written by the step).
+pub const SA_SCALING_MXFP8: sa_param_scaling = 2;
+/// `SA_SCALING_BLOCK128`: a float32 scale_inv per 128 elements (written by the step).
+pub const SA_SCALING_BLOCK128: sa_param_scaling = 3;
+
+/// `sa_param_scaling_info`: one `sa_param_scaling` as the library defines it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sa_param_scaling_info {
+    /// Size of this struct.
+    pub struct_size: usize,
+    /// Its `sa_param_scaling` value.
+    pub value: i32,
+    /// Its name (static): "none", "delayed", "mxfp8", "block128".
+    pub name: *const c_char,
+    /// Elements per block along the last dim; 0: per tensor.
+    pub block: i64,
+    /// The dtype of `sa_param_options::scale` (none: float32, unused).
+    pub scale_dtype: DLDataType,
+    /// 1: the step writes the scale; 0: it reads it (or there is none).
+    pub step_writes_scale: i32,
+    /// What it is (static).
+    pub doc: *const c_char,
+}
+
+impl Default for sa_param_scaling_info {
+    /// `SA_PARAM_SCALING_INFO_INIT`.
+    fn default() -> Self {
+        sa_param_scaling_info {
+            struct_size: std::mem::size_of::<sa_param_scaling_info>(),
+            value: 0,
+            name: ptr::null(),
+            block: 0,
+            scale_dtype: DLDataType::default(),
+            step_writes_scale: 0,
+            doc: ptr::null(),
+        }
+    }
+}
+
 /// `sa_param_options`: per-param storage choices (a zeroed dtype means the default).
 #[repr(C)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct sa_param_options {
     /// `sizeof(sa_param_options)`.
     pub struct_size: usize,
-    /// float32, bfloat16 or float16; zeroed: the param's dtype.
+    /// float32, bfloat16 or float16; zeroed: the param's dtype (float32 for fp8 params).
     pub grad_dtype: DLDataType,
-    /// float32 (zeroed) or bfloat16.
+    /// float32 (zeroed), bfloat16, uint8 or float8_e4m3fn.
     pub moment_dtype: DLDataType,
-    /// An `sa_master_kind`.
+    /// An `sa_master_kind` (fp8 params: AUTO or FP32).
     pub master: i32,
+    /// The scale tensor of an fp8 param, as `scaling` describes it; NULL unless `scaling`
+    /// is not `SA_SCALING_NONE`. On `SA_OK` the optimizer owns it (calls its deleter).
+    pub scale: *mut DLManagedTensorVersioned,
+    /// `SA_SCALING_DELAYED` only, optional: the float32 scalar each step writes the
+    /// shard's amax into; owned like `scale`. NULL otherwise.
+    pub amax: *mut DLManagedTensorVersioned,
+    /// An `sa_param_scaling`: required (not NONE) for fp8 params, NONE for others.
+    pub scaling: i32,
 }
 
 impl Default for sa_param_options {
@@ -406,6 +471,9 @@ impl Default for sa_param_options {
             grad_dtype: DLDataType::default(),
             moment_dtype: DLDataType::default(),
             master: SA_MASTER_AUTO,
+            scale: ptr::null_mut(),
+            amax: ptr::null_mut(),
+            scaling: SA_SCALING_NONE,
         }
     }
 }
@@ -440,6 +508,8 @@ pub struct sa_param_info {
     pub master: i32,
     /// Where the param lives.
     pub device: DLDevice,
+    /// Its `sa_param_scaling`.
+    pub scaling: i32,
 }
 
 impl Default for sa_param_info {
@@ -462,6 +532,7 @@ impl Default for sa_param_info {
                 device_type: kDLCPU,
                 device_id: 0,
             },
+            scaling: SA_SCALING_NONE,
         }
     }
 }
@@ -703,6 +774,11 @@ extern "C" {
     /// Describes dtype `index` (0 .. `sa_num_dtypes()`) into `*out` (`out.struct_size`
     /// must be set: use `sa_dtype_info::default()`).
     pub fn sa_dtype(index: i32, out: *mut sa_dtype_info) -> sa_status;
+    /// The number of `sa_param_scaling` values.
+    pub fn sa_num_param_scalings() -> i32;
+    /// Describes scaling `index` (0 .. `sa_num_param_scalings()`) into `*out`
+    /// (`out.struct_size` must be set: use `sa_param_scaling_info::default()`).
+    pub fn sa_param_scaling_describe(index: i32, out: *mut sa_param_scaling_info) -> sa_status;
 
     /// The number of fields of `sa_group_config` (`struct_size` aside) the library knows.
     pub fn sa_group_config_num_fields() -> i32;
