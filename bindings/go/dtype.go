@@ -28,6 +28,13 @@ const (
 	Int16        DType = "int16"         // the "remainder" state of MasterRemainder
 )
 
+// The dtypes of the library's fp8 params (sa_param_scaling), which this package does not
+// add yet: AddParamTensor with one is refused by the library, which needs a scaling.
+const (
+	Float8E5M2    DType = "float8_e5m2"    // an fp8 param's dtype (as float8_e4m3fn is too)
+	Float8E8M0FNU DType = "float8_e8m0fnu" // the block scales of an mxfp8 param: 2^(code - 127)
+)
+
 // The roles of a dtype (DTypeInfo.Roles, sa_dtype_role bits).
 const (
 	RoleParam  = 1  // a param's dtype
@@ -38,6 +45,9 @@ const (
 	// RoleBlockMoment: as a moment, stored in blocks (a code per element, a float32 absmax
 	// per 256 elements: states "<moment>_absmax"); shard files hold the values as float32.
 	RoleBlockMoment = 32
+	// RoleScale: the dtype of an fp8 param's scale tensor under some scaling
+	// (sa_param_options.scale).
+	RoleScale = 64
 )
 
 // DTypeInfo describes one dtype as the library defines it (sa_dtype_info).
