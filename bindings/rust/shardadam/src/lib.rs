@@ -200,7 +200,9 @@ fn handleless_result(code: sys::sa_status) -> Result<()> {
 
 /// An element type of a param, grad or state: the dtypes this wrapper has typed
 /// accessors for, each by the library's name for it ([`DType::name`]). Their DLPack codes
-/// come from the library's table ([`dtypes`]), not from this crate.
+/// come from the library's table ([`dtypes`]), not from this crate. The library stores
+/// others too (float8_e5m2 and float8_e8m0fnu, of fp8 params, which this crate does not
+/// add yet): a tensor or state of one has no `DType` ([`Tensor::dtype`] is `None`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     /// IEEE binary32.
