@@ -119,15 +119,16 @@ def test_dtype_table_matches_numpy_and_the_add_param_checks():
     import ml_dtypes
 
     kind_codes = {"f": 2, "u": 1, "i": 0}  # numpy kinds -> dlpack.h's DLDataTypeCode
-    ml = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
+    # dlpack.h's DLDataTypeCode of each ml_dtypes dtype
+    ml = {"bfloat16": (ml_dtypes.bfloat16, 4), "float8_e4m3fn": (ml_dtypes.float8_e4m3fn, 10),
+          "float8_e5m2": (ml_dtypes.float8_e5m2, 12), "float8_e8m0fnu": (ml_dtypes.float8_e8m0fnu, 14)}
     table = {d["name"]: d for d in shardadam.dtypes()}
-    assert set(table) == {"float32", "bfloat16", "float16", "uint8", "float8_e4m3fn", "int16"}
+    assert set(table) == {"float32", "bfloat16", "float16", "uint8", "float8_e4m3fn", "float8_e5m2",
+                          "float8_e8m0fnu", "int16"}
     for name, d in table.items():
         code, bits, lanes = d["dtype"]
-        if name == "bfloat16":
-            assert code == 4 and bits == np.dtype(ml_dtypes.bfloat16).itemsize * 8
-        elif name == "float8_e4m3fn":  # kDLFloat8_e4m3fn
-            assert code == 10 and bits == np.dtype(ml_dtypes.float8_e4m3fn).itemsize * 8
+        if name in ml:
+            assert code == ml[name][1] and bits == np.dtype(ml[name][0]).itemsize * 8
         else:
             assert (code, bits) == (kind_codes[np.dtype(name).kind], np.dtype(name).itemsize * 8)
         assert lanes == 1
@@ -141,14 +142,18 @@ def test_dtype_table_matches_numpy_and_the_add_param_checks():
 
     param_role, moment_role = 1, 4  # SA_DTYPE_PARAM, SA_DTYPE_MOMENT
     for name, d in table.items():
-        np_dtype = ml.get(name) or np.dtype(name)
+        np_dtype = ml[name][0] if name in ml else np.dtype(name)
         opt = shardadam.Optimizer()
         try:
-            opt.add_param("p", np.zeros(300, np_dtype))
-            added = True
-        except (shardadam.InvalidArgument, shardadam.Unsupported):
-            added = False
-        assert added == bool(d["roles"] & param_role), name
+            opt.add_param("p", np.zeros(256, np_dtype))
+            added, refusal = True, None
+        except (shardadam.InvalidArgument, shardadam.Unsupported) as e:
+            added, refusal = False, str(e)
+        # An fp8 param dtype is a param dtype that needs a scaling (sa_param_options.scaling),
+        # which this binding does not pass yet: the library refuses it saying so.
+        needs_scaling = refusal is not None and f"a {name} param needs a scaling" in refusal
+        assert (added or needs_scaling) == bool(d["roles"] & param_role), (name, refusal)
+        assert not needs_scaling or name in ("float8_e4m3fn", "float8_e5m2"), name
         opt = shardadam.Optimizer()
         try:
             opt.add_param("p", np.zeros(300, np.float32), moment_dtype=name)
