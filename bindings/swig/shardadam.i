@@ -34,6 +34,8 @@
  *       sa_field_info     returned as a dict (name, type, offset, default, min, max,
  *                         max_inclusive, fixed_with_params, rule, doc);
  *       sa_dtype_info     returned as a dict (name, dtype, roles, safetensors_name, doc);
+ *       sa_param_scaling_info  returned as a dict (value, name, block, scale_dtype,
+ *                         step_writes_scale, doc);
  *       void* stream      an address (int) or None;
  *   - structs of plain fields (sa_optimizer_config, sa_group_config, sa_import_options) and
  *     the writer/reader handles are classes whose constructors apply the SA_*_INIT macros.
@@ -461,6 +463,27 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
   %append_output(dict);
 }
 
+%typemap(in, numinputs=0) sa_param_scaling_info* out (sa_param_scaling_info info) {
+  const sa_param_scaling_info init = SA_PARAM_SCALING_INFO_INIT;
+  info = init;
+  $1 = &info;
+}
+%typemap(argout) sa_param_scaling_info* out {
+  PyObject* dict = Py_None;
+  if (result == SA_OK) {
+    const sa_param_scaling_info* d = &info$argnum;
+    PyObject* dtype = sa_py_dtype_tuple(d->scale_dtype);
+    if (!dtype) SWIG_fail;
+    dict = Py_BuildValue("{s:i,s:s,s:L,s:N,s:i,s:s}", "value", d->value, "name", d->name, "block",
+                         (long long)d->block, "scale_dtype", dtype, "step_writes_scale",
+                         d->step_writes_scale, "doc", d->doc);
+    if (!dict) SWIG_fail;
+  } else {
+    Py_INCREF(Py_None);
+  }
+  %append_output(dict);
+}
+
 /* Grads of all params in one checked call: one unconsumed DLPack capsule (either kind) or
  * None ("this param has no grad") per param, borrowed for the call. */
 %typemap(in) (int64_t n, const DLTensor* const* grads) (PyObject* seq = NULL, const DLTensor** list = NULL) {
@@ -580,6 +603,7 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
 %ignore sa_param_info;
 %ignore sa_field_info;
 %ignore sa_dtype_info;
+%ignore sa_param_scaling_info;
 %ignore sa_step_args;
 %ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
 %ignore sa_writer_release;     /* called by the destructors below */
