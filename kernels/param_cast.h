@@ -113,22 +113,22 @@ SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& s
 #if !defined(__CUDACC__)
 
 // Calls fn(ElemTag<P>{}, std::integral_constant<ParamScaling, S>{}) for an fp8 param dtype
-// and a scaling other than none, and returns true; false (calling nothing) otherwise.
+// (those with Fp8Limits) and a scaling of SA_PARAM_SCALINGS other than none, and returns
+// true; false (calling nothing) otherwise.
 template <class Fn>
 bool visit_param_scaling(ElemType param, ParamScaling scaling, Fn&& fn) {
   auto with_scaling = [&](auto p) {
-    switch (scaling) {
-      case ParamScaling::delayed:
-        fn(p, std::integral_constant<ParamScaling, ParamScaling::delayed>{});
-        return true;
-      case ParamScaling::mxfp8:
-        fn(p, std::integral_constant<ParamScaling, ParamScaling::mxfp8>{});
-        return true;
-      case ParamScaling::block128:
-        fn(p, std::integral_constant<ParamScaling, ParamScaling::block128>{});
-        return true;
-      case ParamScaling::none:
-        return false;
+    switch (scaling) {  // NOLINT(bugprone-branch-clone): a case per row; none returns false
+#define SA_SCALING_VISIT(name, value, block, scale_type, writes, doc)    \
+  case ParamScaling::name:                                               \
+    if constexpr (ParamScaling::name == ParamScaling::none) {            \
+      return false;                                                      \
+    } else {                                                             \
+      fn(p, std::integral_constant<ParamScaling, ParamScaling::name>{}); \
+      return true;                                                       \
+    }
+      SA_PARAM_SCALINGS(SA_SCALING_VISIT)
+#undef SA_SCALING_VISIT
     }
     return false;
   };
@@ -137,25 +137,35 @@ bool visit_param_scaling(ElemType param, ParamScaling scaling, Fn&& fn) {
   return false;
 }
 
+// Calls fn(first, n, block) for each block of elements [begin, end) under scaling kS: the
+// whole run as block 0 for a per-tensor scaling, else its blocks (the last may be short).
+template <ParamScaling kS, class Fn>
+void for_each_scale_block(int64_t begin, int64_t end, Fn&& fn) {
+  constexpr int64_t kBlock = scaling_block(kS);
+  if constexpr (kBlock == 0) {
+    fn(begin, end - begin, int64_t{0});
+  } else {
+    for (int64_t b = begin; b < end; b += kBlock)
+      fn(b, end - b < kBlock ? end - b : kBlock, b / kBlock);
+  }
+}
+
 // The cast of elements [begin, end) of a param (begin a multiple of the scaling's block,
 // end too or the shard's end): param and scales from the master. Returns max |master| over
-// the run (quant8_absmax's bits rule), which a delayed scaling's amax is folded from.
+// the run (quant8_absmax's bits rule) where a delayed scaling's amax is asked for
+// (scale.amax), else 0.
 inline float cast_param_range(ElemType param_type, ParamScaling scaling, const float* master,
                               void* param, const ParamScale& scale, int64_t begin, int64_t end) {
   float amax = 0.0f;
   visit_param_scaling(param_type, scaling, [&](auto p, auto s) {
     constexpr ElemType kP = decltype(p)::value;
     constexpr ParamScaling kS = decltype(s)::value;
-    uint8_t* codes = static_cast<uint8_t*>(param);
-    if constexpr (kS == ParamScaling::delayed) {
+    if (kS == ParamScaling::delayed && scale.amax != nullptr)
       amax = quant8_absmax(master + begin, end - begin);
-      cast_block<kP, kS>(master + begin, end - begin, scale, 0, codes + begin);
-    } else {
-      constexpr int64_t kBlock = scaling_block(kS);
-      for (int64_t b = begin; b < end; b += kBlock)
-        cast_block<kP, kS>(master + b, end - b < kBlock ? end - b : kBlock, scale, b / kBlock,
-                           codes + b);
-    }
+    uint8_t* codes = static_cast<uint8_t*>(param);
+    for_each_scale_block<kS>(begin, end, [&](int64_t first, int64_t n, int64_t block) {
+      cast_block<kP, kS>(master + first, n, scale, block, codes + first);
+    });
   });
   return amax;
 }
@@ -167,14 +177,9 @@ inline void dequantize_param(ElemType param_type, ParamScaling scaling, const vo
     constexpr ElemType kP = decltype(p)::value;
     constexpr ParamScaling kS = decltype(s)::value;
     const uint8_t* codes = static_cast<const uint8_t*>(param);
-    constexpr int64_t kBlock = scaling_block(kS) == 0 ? 1 : scaling_block(kS);
-    if constexpr (kS == ParamScaling::delayed) {
-      dequantize_block<kP, kS>(codes, n, scale, 0, master);
-    } else {
-      for (int64_t b = 0; b < n; b += kBlock)
-        dequantize_block<kP, kS>(codes + b, n - b < kBlock ? n - b : kBlock, scale, b / kBlock,
-                                 master + b);
-    }
+    for_each_scale_block<kS>(0, n, [&](int64_t first, int64_t count, int64_t block) {
+      dequantize_block<kP, kS>(codes + first, count, scale, block, master + first);
+    });
   });
 }
 
