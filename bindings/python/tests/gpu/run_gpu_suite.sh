@@ -5,8 +5,8 @@
 # extensions compile) and the carried bitsandbytes wheel, then runs what is named in $SUITE
 # (default: all of them):
 #
-#   pytest     bindings/python/tests (the torch GPU tests included; $PYTEST_K: only those pytest
-#              -k selects), on 8 pytest-xdist workers
+#   pytest     bindings/python/tests (the torch GPU tests included; $PYTEST_FILES: only these
+#              files of it; $PYTEST_K: only those pytest -k selects), on 8 pytest-xdist workers
 #   fsdp2      fsdp2_train.py on 2 ranks: FusedAdam vs AdamW(fused) under FSDP2, DCP 2 -> 1
 #   reshard    reshard_fsdp2.py: FSDP2 save on N ranks, load on M (N = all GPUs, M = N / 2)
 #   dcpswitch  dcp_switch_optimizer.py: DCP checkpoints AdamW <-> FusedAdam, 2 GPUs -> 1 and 1 -> 2
@@ -66,9 +66,11 @@ run() {  # run <name> <timeout s> <command...>: logs to $OUT/<name>.log, keeps t
   [ $rc -eq 0 ] || status=1
 }
 gpu=bindings/python/tests/gpu
+pytest_paths=$repo/bindings/python/tests
+[ -z "${PYTEST_FILES:-}" ] || pytest_paths=$(for f in $PYTEST_FILES; do printf '%s ' "$repo/bindings/python/tests/$f"; done)
 for what in $SUITE; do
   case $what in
-    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra -n 8 --durations=20 $repo/bindings/python/tests ${PYTEST_K:+-k '$PYTEST_K'}" ;;
+    pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra -n 8 --durations=20 $pytest_paths ${PYTEST_K:+-k '$PYTEST_K'}" ;;
     fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
     reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
     clients) run clients 420 bash -c "rc=0; for s in hf_trainer lightning_trainer fsdp2_dcp; do python3 bindings/python/tests/clients/\$s.py --device cuda || rc=1; done; exit \$rc" ;;
