@@ -177,9 +177,19 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
   if (d.block == 0) {
     scale.scale = checked_scale_tensor(*options.scale, "options.scale", d.scale_type, {}, false,
                                        device, context);
-    if (options.amax != nullptr)
+    if (options.amax != nullptr) {
+      // The optimizer would own one tensor twice, and the step's amax would overwrite the
+      // scale it reads.
+      if (options.amax == options.scale)
+        fail(SA_ERR_INVALID_ARGUMENT, context,
+             ": options.scale and options.amax are the same tensor; pass two");
       scale.amax = static_cast<float*>(checked_scale_tensor(
           *options.amax, "options.amax", ElemType::f32, {}, true, device, context));
+      if (static_cast<void*>(scale.amax) == scale.scale)
+        fail(SA_ERR_INVALID_ARGUMENT, context,
+             ": options.scale and options.amax share their element; the step writes the amax "
+             "and reads the scale, so pass two tensors");
+    }
     return scale;
   }
   if (options.amax != nullptr)

@@ -317,6 +317,18 @@ TEST_CASE("fp8 param options that do not fit are refused, and the caller keeps i
   HostTensor zero({1}, kFloat32);
   delayed.scale = zero.versioned();
   refuses(SA_ERR_INVALID_ARGUMENT, delayed, nullptr, "the scale is 0; it must be > 0 and finite");
+  {
+    // One tensor as both would be owned (deleted) twice; two over one element would have
+    // the step's amax overwrite the scale it reads.
+    sa_param_options twice = delayed;
+    twice.scale = twice.amax = one.versioned();
+    refuses(SA_ERR_INVALID_ARGUMENT, twice, nullptr,
+            "options.scale and options.amax are the same tensor; pass two");
+    DLManagedTensorVersioned alias = *one.versioned();
+    twice.amax = &alias;
+    refuses(SA_ERR_INVALID_ARGUMENT, twice, nullptr,
+            "options.scale and options.amax share their element");
+  }
   HostTensor f32({4, 64}, kFloat32);
   sa_param_options on_f32 = SA_PARAM_OPTIONS_INIT;
   on_f32.scaling = SA_SCALING_DELAYED;
