@@ -22,8 +22,10 @@
  *       sa_layout         None, or (global_shape, mesh_shape, mesh_coord, placements,
  *                         global_offset) with placements a sequence of (type, dim) and
  *                         global_offset None for the mesh form;
- *       sa_param_options  None, or (grad_dtype, moment_dtype, master) with each dtype None
- *                         or (code, bits, lanes);
+ *       sa_param_options  None, or (grad_dtype, moment_dtype, master, scaling, scale, amax)
+ *                         with each dtype None or (code, bits, lanes), and scale and amax
+ *                         None or unconsumed "dltensor_versioned" capsules, renamed
+ *                         "used_dltensor_versioned" on SA_OK (then the optimizer owns them);
  *       sa_step_args      None, or a dict by field name (sa_step_args_field lists them): the
  *                         pointers as addresses (int) or None, doubles as floats, int32s as
  *                         ints; fields not named keep SA_STEP_ARGS_INIT's values;
@@ -370,17 +372,46 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
   %append_output(sa_py_int64_tuple($1, result == SA_OK ? arg1->ndim : 0));
 }
 
-%typemap(in) const sa_param_options* options (sa_param_options storage) {
+%{
+/* An fp8 param's scale / amax: None, or an unconsumed "dltensor_versioned" capsule that the
+ * optimizer owns on SA_OK (renamed then, as local_shard is). */
+static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTensorVersioned** out) {
+  *out = NULL;
+  if (obj == Py_None) return 1;
+  if (!PyCapsule_IsValid(obj, SA_PY_VERSIONED)) {
+    PyErr_Format(PyExc_TypeError, "options' %s must be None or an unconsumed DLPack capsule named 'dltensor_versioned'", what);
+    return 0;
+  }
+  *out = (DLManagedTensorVersioned*)PyCapsule_GetPointer(obj, SA_PY_VERSIONED);
+  return *out != NULL;
+}
+%}
+
+/* options: None, or (grad_dtype, moment_dtype, master, scaling, scale, amax); scale and amax
+ * are None or unconsumed versioned capsules, renamed "used_dltensor_versioned" on SA_OK (the
+ * optimizer owns their tensors then), left as they were on failure. */
+%typemap(in) const sa_param_options* options (sa_param_options storage, PyObject* owned[2]) {
   const sa_param_options init = SA_PARAM_OPTIONS_INIT;
   PyObject *grad_dtype, *moment_dtype;
   storage = init;
+  owned[0] = owned[1] = NULL;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!PyArg_ParseTuple($input, "OOi;options must be None or (grad_dtype, moment_dtype, master)",
-                          &grad_dtype, &moment_dtype, &storage.master) ||
-        !sa_py_read_dtype(grad_dtype, &storage.grad_dtype) || !sa_py_read_dtype(moment_dtype, &storage.moment_dtype))
+    if (!PyArg_ParseTuple($input, "OOiiOO;options must be None or (grad_dtype, moment_dtype, master, scaling, scale, amax)",
+                          &grad_dtype, &moment_dtype, &storage.master, &storage.scaling, &owned[0], &owned[1]) ||
+        !sa_py_read_dtype(grad_dtype, &storage.grad_dtype) || !sa_py_read_dtype(moment_dtype, &storage.moment_dtype) ||
+        !sa_py_read_owned_tensor(owned[0], "scale", &storage.scale) ||
+        !sa_py_read_owned_tensor(owned[1], "amax", &storage.amax))
       SWIG_fail;
+    if (storage.scale && storage.scale == storage.amax)
+      SWIG_exception_fail(SWIG_ValueError, "options' scale and amax must be two tensors, not one capsule twice");
     $1 = &storage;
+  }
+}
+%typemap(argout) const sa_param_options* options {
+  if (result == SA_OK && $1) {
+    for (int k = 0; k < 2; ++k)
+      if (owned$argnum[k] != Py_None && PyCapsule_SetName(owned$argnum[k], "used_dltensor_versioned") != 0) SWIG_fail;
   }
 }
 
@@ -403,7 +434,7 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
   PyObject* dict = Py_None;
   if (result == SA_OK) {
     const sa_param_info* i = &info$argnum;
-    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii)}",
+    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii),s:i}",
                          "name", i->name, "group", i->group,
                          "local_shape", sa_py_int64_tuple(i->local_shape, i->ndim),
                          "global_shape", sa_py_int64_tuple(i->global_shape, i->ndim),
@@ -413,7 +444,8 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
                          "grad_dtype", sa_py_dtype_tuple(i->grad_dtype),
                          "moment_dtype", sa_py_dtype_tuple(i->moment_dtype),
                          "master", i->master,
-                         "device", (int)i->device.device_type, (int)i->device.device_id);
+                         "device", (int)i->device.device_type, (int)i->device.device_id,
+                         "scaling", i->scaling);
     if (!dict) SWIG_fail;
   } else {
     Py_INCREF(Py_None);

@@ -29,7 +29,7 @@ Example::
 """
 from . import _shardadam
 from ._comm import Comm, comm_available, nccl_unique_id
-from ._dlpack import State, dtypes
+from ._dlpack import State, dtypes, param_scalings
 from ._errors import (CommError, DeviceError, Error, FormatError, InternalError, InvalidArgument, IoError,
                       Mismatch, OutOfMemory, StateError, Status, Unsupported)
 from ._optimizer import Group, Optimizer, ParamInfo, group_defaults, group_fields, inspect, state_io_available
@@ -56,6 +56,7 @@ def build_info():
 __all__ = [
     "Optimizer", "Group", "ParamInfo", "State", "Comm", "nccl_unique_id", "comm_available", "Mesh", "Box", "Shard", "Replicate", "Partial",
     "Error", "Status", "InvalidArgument", "Unsupported", "OutOfMemory", "DeviceError", "CommError", "IoError",
-    "FormatError", "Mismatch", "StateError", "InternalError", "inspect", "state_io_available", "group_defaults", "group_fields", "dtypes", "build_info",
+    "FormatError", "Mismatch", "StateError", "InternalError", "inspect", "state_io_available", "group_defaults", "group_fields", "dtypes", "param_scalings",
+    "build_info",
     "__version__",
 ]

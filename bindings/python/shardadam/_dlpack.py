@@ -6,9 +6,10 @@ producer makes its pending writes visible there; ``max_version=(1, 0)`` asks for
 versioned ``DLManagedTensorVersioned`` capsule, and a producer that does not know the
 keyword (``TypeError``) is asked again for a legacy ``DLManagedTensor`` capsule.
 
-numpy cannot export arrays of ``ml_dtypes.bfloat16`` (its DLPack export knows only
-numpy's own dtypes), so such arrays are exported as their ``uint16`` view and the capsule
-is relabelled bfloat16; :meth:`State.numpy` does the reverse.
+numpy cannot export arrays of ml_dtypes' dtypes (``bfloat16``, ``float8_e4m3fn``,
+``float8_e5m2``, ``float8_e8m0fnu``: its DLPack export knows only numpy's own dtypes), so
+such arrays are exported as their unsigned-integer view of the same width and the capsule
+is relabelled; :meth:`State.numpy` does the reverse.
 """
 import math
 
@@ -50,6 +51,39 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 #: per block: ``SA_DTYPE_BLOCK_MOMENT``), e.g. ``uint8``, ``float8_e4m3fn``.
 BLOCK_MOMENT_DTYPES = frozenset(name for name, info in DTYPE_INFO.items()
                                 if info["roles"] & _C.SA_DTYPE_BLOCK_MOMENT)
+
+
+def _library_scalings():
+    table = {}
+    for index in range(_C.sa_num_param_scalings()):
+        status, info = _C.sa_param_scaling_describe(index)
+        check(status)
+        info["scale_dtype"] = tuple(info["scale_dtype"])
+        table[info["name"]] = info
+    return table
+
+
+#: The ways an fp8 param is cast from its master, read from the library
+#: (``sa_param_scaling_describe``): name (``"none"``, ``"delayed"``, ``"mxfp8"``,
+#: ``"block128"``) -> dict with ``value`` (the ``SA_SCALING_*`` value), ``block`` (elements
+#: per block along the last dim; 0: per tensor), ``scale_dtype``, ``step_writes_scale`` and
+#: ``doc``.
+SCALING_INFO = _library_scalings()
+_SCALING_NAMES = {info["value"]: name for name, info in SCALING_INFO.items()}
+
+
+def param_scalings():
+    """The library's table of fp8 param scalings (``sa_param_scaling_describe``): one dict
+    per scaling with its ``name``, ``value``, ``block`` (elements per block along the last
+    dim, 0 for a per-tensor scale), ``scale_dtype`` (the name of the scale tensor's dtype),
+    ``step_writes_scale`` (True: the step writes the scale; False: it reads it) and ``doc``."""
+    return [dict(info, scale_dtype=dtype_name(info["scale_dtype"]), step_writes_scale=bool(info["step_writes_scale"]))
+            for info in SCALING_INFO.values()]
+
+
+def scaling_name(value):
+    """The name of an ``SA_SCALING_*`` value, e.g. ``"mxfp8"``."""
+    return _SCALING_NAMES[value]
 
 
 def dtypes():
@@ -242,18 +276,20 @@ class State:
     def numpy(self):
         """The state as a numpy array sharing its memory (host states only).
 
-        bfloat16 states come out as ``ml_dtypes.bfloat16`` arrays (needs ml-dtypes)."""
+        bfloat16 and float8 states come out as arrays of ml_dtypes' dtype of that name
+        (``ml_dtypes.bfloat16``, ``ml_dtypes.float8_e4m3fn``, ...; needs ml-dtypes)."""
         import numpy as np
 
         if self.device[0] not in _HOST_DEVICES:
             raise TypeError(f"the state is on {device_name(self.device)}; use that device's array library "
                             "(torch.from_dlpack, cupy.from_dlpack)")
         capsule = self.__dlpack__(max_version=(1, 0))
-        if self._dltype == DTYPES["bfloat16"]:
+        code, bits, _ = self._dltype
+        if code not in (0, 1, 2):  # bfloat16, float8_*: numpy's DLPack import refuses them
             import ml_dtypes
 
-            _C.dlpack_capsule_set_dtype(capsule, *DTYPES["uint16"])
-            return np.from_dlpack(_OneCapsule(capsule, self.device)).view(ml_dtypes.bfloat16)
+            _C.dlpack_capsule_set_dtype(capsule, 1, bits, 1)
+            return np.from_dlpack(_OneCapsule(capsule, self.device)).view(getattr(ml_dtypes, self.dtype))
         return np.from_dlpack(_OneCapsule(capsule, self.device))
 
     def __array__(self, dtype=None, copy=None):

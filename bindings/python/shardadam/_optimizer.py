@@ -8,8 +8,8 @@ import os
 from . import _schema
 from . import _shardadam as _C
 from ._comm import Comm, raise_step_error
-from ._dlpack import (DTYPES, KDL_CPU, CapsuleInfo, State, device_name, dtype_name, to_capsule,
-                      to_dtype)
+from ._dlpack import (DTYPES, KDL_CPU, SCALING_INFO, CapsuleInfo, State, device_name, dtype_name, scaling_name,
+                      to_capsule, to_dtype)
 from ._errors import Error, InvalidArgument, StateError, check
 from ._handle import OwnsHandle
 from .layout import Box, Mesh
@@ -37,11 +37,13 @@ class ParamInfo:
     Attributes: ``index``, ``name``, ``group``, ``local_shape``, ``global_shape``,
     ``global_offset``, ``numel`` (local elements), ``param_dtype``, ``grad_dtype``,
     ``moment_dtype`` (names such as ``"bfloat16"``), ``master`` (``"none"``, ``"fp32"`` or
-    ``"remainder"``), ``device`` (a DLPack ``(device_type, device_id)`` tuple).
+    ``"remainder"``), ``device`` (a DLPack ``(device_type, device_id)`` tuple), ``scaling``
+    (how an fp8 param is cast from its master: ``"delayed"``, ``"mxfp8"``, ``"block128"``;
+    ``"none"`` for other params).
     """
 
     __slots__ = ("index", "name", "group", "local_shape", "global_shape", "global_offset", "numel",
-                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device")
+                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device", "scaling")
 
     def __init__(self, index, info):
         self.index = index
@@ -50,6 +52,7 @@ class ParamInfo:
         for key in ("param_dtype", "grad_dtype", "moment_dtype"):
             setattr(self, key, dtype_name(info[key]))
         self.master = _MASTER_NAMES[info["master"]]
+        self.scaling = scaling_name(info["scaling"])
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
@@ -278,15 +281,17 @@ class Optimizer(OwnsHandle):
         return len(self._names)
 
     def add_param(self, name, tensor, group=0, layout=None, grad_dtype=None, moment_dtype=None, master=None,
-                  *, stream=None):
+                  *, scaling=None, scale=None, amax=None, stream=None):
         """Registers a local shard as a param and returns its index.
 
         Args:
             name: unique fully qualified name (what checkpoints match on).
             tensor: the local shard, any DLPack producer (numpy, torch, cupy, jax, ...):
                 C-contiguous, writable, float32, bfloat16 or float16, on the CPU or (in CUDA
-                builds) a CUDA device. It is updated in place at every step. The optimizer
-                holds the producer's DLPack tensor (and so the array) until it is closed.
+                builds) a CUDA device, or float8_e4m3fn / float8_e5m2 with a ``scaling``
+                (on the CPU in this version; numpy arrays of ml_dtypes' dtypes work). It is
+                updated in place at every step. The optimizer holds the producer's DLPack
+                tensor (and so the array) until it is closed.
             group: index of the group.
             layout: None (not sharded), a :class:`~shardadam.layout.Mesh` or a
                 :class:`~shardadam.layout.Box`.
@@ -295,8 +300,25 @@ class Optimizer(OwnsHandle):
                 ``sa_param_options.moment_dtype``): ``"uint8"`` (8-bit blockwise moments) or
                 ``"float8_e4m3fn"`` (float8 with a scale per block); shard files hold those
                 as float32 values.
-            master: None/``"auto"`` (fp32 master for 16-bit params), ``"none"``, ``"fp32"``
-                or ``"remainder"`` (bfloat16 params: keep the int16 low half of the fp32 value).
+            master: None/``"auto"`` (fp32 master for 16-bit and fp8 params), ``"none"``,
+                ``"fp32"`` or ``"remainder"`` (bfloat16 params: keep the int16 low half of
+                the fp32 value).
+            scaling: fp8 params only (required for them): how each step casts the updated
+                fp32 master into the param, a name of :func:`param_scalings` --
+                ``"delayed"`` (``param = fp8(master * scale)`` with the engine's ``scale``),
+                ``"mxfp8"`` (a power-of-two scale per 32 elements of the last dim, written
+                into ``scale`` as float8_e8m0fnu) or ``"block128"`` (a float32 scale_inv per
+                128 elements of the last dim, written into ``scale``); casts round to
+                nearest even and saturate. The master starts as the param's value times
+                its scale's inverse. ``include/shardadam/shardadam.h`` (sa_param_scaling)
+                states each rule.
+            scale: the scale tensor ``scaling`` names (same device as the param,
+                C-contiguous): ``"delayed"``: one float32 element, read at every step;
+                ``"mxfp8"`` / ``"block128"``: the local shape with the last dim divided by
+                the block, written at every step. Held like ``tensor``.
+            amax: ``"delayed"`` only, optional: one float32 element into which every step
+                that updates the param writes max |master| of this shard (reduce it over
+                the ranks that hold the tensor, as amax histories are). Held like ``tensor``.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
         handle = self._handle_or_raise()
@@ -304,9 +326,15 @@ class Optimizer(OwnsHandle):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         if master not in _MASTER_KINDS:
             raise ValueError(f"master must be one of {', '.join(repr(k) for k in _MASTER_KINDS)}, got {master!r}")
+        if scaling is not None and scaling not in SCALING_INFO:
+            raise ValueError(f"scaling must be one of {', '.join(repr(k) for k in SCALING_INFO)}, got {scaling!r}")
         options = None
-        if grad_dtype is not None or moment_dtype is not None or master is not None:
-            options = (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master])
+        if any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax)):
+            scaling_value = SCALING_INFO[scaling or "none"]["value"]
+            scale_capsule = None if scale is None else to_capsule(scale, self._stream_of(stream))
+            amax_capsule = None if amax is None else to_capsule(amax, self._stream_of(stream))
+            options = (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master], scaling_value,
+                       scale_capsule, amax_capsule)
         capsule = to_capsule(tensor, self._stream_of(stream))
         info = CapsuleInfo(capsule)
         if layout is None:

@@ -149,9 +149,11 @@ def test_dtype_table_matches_numpy_and_the_add_param_checks():
             added, refusal = True, None
         except (shardadam.InvalidArgument, shardadam.Unsupported) as e:
             added, refusal = False, str(e)
-        # An fp8 param dtype is a param dtype that needs a scaling (sa_param_options.scaling),
-        # which this binding does not pass yet: the library refuses it saying so.
+        # An fp8 param dtype is a param dtype that needs a scaling (sa_param_options.scaling):
+        # refused without one, saying so, and taken with one.
         needs_scaling = refusal is not None and f"a {name} param needs a scaling" in refusal
+        if needs_scaling:
+            opt.add_param("p", np.zeros(256, np_dtype), scaling="delayed", scale=np.ones(1, np.float32))
         assert (added or needs_scaling) == bool(d["roles"] & param_role), (name, refusal)
         assert not needs_scaling or name in ("float8_e4m3fn", "float8_e5m2"), name
         opt = shardadam.Optimizer()
