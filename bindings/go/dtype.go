@@ -4,6 +4,7 @@ package shardadam
 import "C"
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"strings"
@@ -107,6 +108,18 @@ func (d DType) dlpackType() C.DLDataType {
 		return C.DLDataType{}
 	}
 	return C.DLDataType{code: C.uint8_t(code), bits: C.uint8_t(bits), lanes: 1}
+}
+
+// dtypeOfDLPack is the library's name of a DLPack dtype (one lane) it reported; the
+// library reports only dtypes of its table.
+func dtypeOfDLPack(code, bits int) DType {
+	loadDTypes()
+	for _, d := range dtypeTable.list {
+		if d.Code == code && d.Bits == bits {
+			return d.Name
+		}
+	}
+	panic(fmt.Sprintf("shardadam: the library reported DLPack dtype (code %d, bits %d), which its dtype table lacks", code, bits))
 }
 
 // String returns the dtype's name, as the library's messages spell it.

@@ -346,10 +346,13 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 		C.free(unsafe.Pointer(shard)) // the caller keeps the tensor: the deleter is not called
 		return nil, err
 	}
-	gradDType := opts.GradDType
-	if gradDType == DTypeDefault {
-		gradDType = t.DType
+	// The grad dtype as the library resolved it (its default is its own fact: the param's
+	// dtype, float32 for an fp8 param).
+	info := C.sa_param_info{struct_size: C.sizeof_sa_param_info}
+	if err := o.check(C.sa_optimizer_param_info(o.handle, index, &info)); err != nil {
+		panic("shardadam: reading the param just added: " + err.Error()) // a broken library
 	}
+	gradDType := dtypeOfDLPack(int(info.grad_dtype.code), int(info.grad_dtype.bits))
 	p := &Param{Index: int64(index), Name: name, DType: t.DType, GradDType: gradDType,
 		Shape: append([]int64(nil), t.Shape...), Device: t.Device, opt: o, numel: numel, data: t.Data}
 	if t.Device.Kind == KindCPU {
