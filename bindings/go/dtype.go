@@ -29,8 +29,8 @@ const (
 	Int16        DType = "int16"         // the "remainder" state of MasterRemainder
 )
 
-// The dtypes of the library's fp8 params (sa_param_scaling), which this package does not
-// add yet: AddParamTensor with one is refused by the library, which needs a scaling.
+// The other dtypes of the library's fp8 params (ParamOptions.Scaling): a param of
+// Float8E4M3FN or Float8E5M2 (AddParamTensor), and the block scales of ScalingMXFP8.
 const (
 	Float8E5M2    DType = "float8_e5m2"    // an fp8 param's dtype (as float8_e4m3fn is too)
 	Float8E8M0FNU DType = "float8_e8m0fnu" // the block scales of an mxfp8 param: 2^(code - 127)
@@ -188,4 +188,29 @@ func Float32ToBFloat16(f float32) uint16 {
 	}
 	u += 0x7fff + ((u >> 16) & 1)
 	return uint16(u >> 16)
+}
+
+// ScalingInfo describes one Scaling as the library defines it (sa_param_scaling_info).
+type ScalingInfo struct {
+	Value           Scaling
+	Name            string // "none", "delayed", "mxfp8", "block128"
+	Block           int64  // elements per block along the last dim; 0: one scale per tensor
+	ScaleDType      DType  // the dtype of ParamOptions.Scale
+	StepWritesScale bool   // true: the step writes Scale; false: it reads it (or there is none)
+	Doc             string
+}
+
+// ParamScalings returns the library's table of fp8 param scalings.
+func ParamScalings() []ScalingInfo {
+	list := make([]ScalingInfo, C.sa_num_param_scalings())
+	for i := range list {
+		d := C.sa_param_scaling_info{struct_size: C.sizeof_sa_param_scaling_info}
+		if err := handleless(func() C.sa_status { return C.sa_param_scaling_describe(C.int32_t(i), &d) }); err != nil {
+			panic("shardadam: reading the library's scaling table: " + err.Error())
+		}
+		list[i] = ScalingInfo{Value: Scaling(d.value), Name: C.GoString(d.name), Block: int64(d.block),
+			ScaleDType:      dtypeOfDLPack(int(d.scale_dtype.code), int(d.scale_dtype.bits)),
+			StepWritesScale: d.step_writes_scale != 0, Doc: C.GoString(d.doc)}
+	}
+	return list
 }

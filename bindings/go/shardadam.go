@@ -174,12 +174,37 @@ const (
 	MasterRemainder MasterKind = 3 // bfloat16 params: keep the int16 low half of the float32
 )
 
+// Scaling says how an fp8 param (Float8E4M3FN, Float8E5M2) is cast from its float32 master
+// after each update (sa_param_scaling; ParamScalings lists them as the library defines
+// them, with their blocks and scale dtypes). The casts round to nearest even and saturate.
+type Scaling int32
+
+const (
+	ScalingNone Scaling = 0 // not an fp8 param
+	// ScalingDelayed: param = fp8(master * scale) with the engine's Scale (one float32,
+	// read at every step); Amax (optional, one float32) receives max |master| of the shard.
+	ScalingDelayed Scaling = 1
+	// ScalingMXFP8: a power-of-two scale per 32 elements of the last dim, which the step
+	// writes into Scale as Float8E8M0FNU codes (the local shape, last dim / 32).
+	ScalingMXFP8 Scaling = 2
+	// ScalingBlock128: a float32 scale_inv per 128 elements of the last dim, which the step
+	// writes into Scale (the local shape, last dim / 128).
+	ScalingBlock128 Scaling = 3
+)
+
 // ParamOptions holds the per-param choices of AddParam. The zero value gives the defaults.
 type ParamOptions struct {
 	Layout      *Layout    // where the shard sits in its global tensor; nil: not sharded
-	GradDType   DType      // Float32, BFloat16 or Float16; DTypeDefault: the param's dtype
+	GradDType   DType      // Float32, BFloat16 or Float16; DTypeDefault: the param's dtype (float32 for fp8)
 	MomentDType DType      // Float32 (DTypeDefault), BFloat16, Uint8 (8-bit blockwise) or Float8E4M3FN
 	Master      MasterKind // how the full-precision value is kept
+	// fp8 params (AddParamTensor with Float8E4M3FN or Float8E5M2): how the step casts the
+	// master into the param (required for them), and the scale tensors it names, in memory
+	// the caller keeps allocated until Close, as a param's (Tensor's rules). The master
+	// starts as the param's value times its scale's inverse.
+	Scaling Scaling
+	Scale   *Tensor // the scale Scaling describes
+	Amax    *Tensor // ScalingDelayed only, optional
 }
 
 // Param is a registered local shard.
@@ -225,6 +250,30 @@ func (p *Param) Bits16() []uint16 {
 		return nil
 	}
 	return unsafe.Slice((*uint16)(p.host), p.numel)
+}
+
+// managedTensor is t as a DLManagedTensorVersioned in one C block with its shape, for the
+// library to keep: its deleter frees the block and owned (the data the optimizer owns; nil
+// for the caller's memory). nil when C memory runs out.
+func managedTensor(t *Tensor, owned unsafe.Pointer) *C.DLManagedTensorVersioned {
+	m := (*C.DLManagedTensorVersioned)(C.calloc(1, C.size_t(C.sizeof_DLManagedTensorVersioned+8*len(t.Shape))))
+	if m == nil {
+		return nil
+	}
+	m.version = C.DLPackVersion{major: C.DLPACK_MAJOR_VERSION, minor: C.DLPACK_MINOR_VERSION}
+	m.manager_ctx = owned
+	m.deleter = shardDeleter()
+	t.fill(&m.dl_tensor, (*C.int64_t)(unsafe.Add(unsafe.Pointer(m), C.sizeof_DLManagedTensorVersioned)))
+	return m
+}
+
+// Bytes returns the raw bytes of a param in host memory (an fp8 param's codes, say) as a
+// slice over that memory, or nil; the same rules as Float32 apply.
+func (p *Param) Bytes() []byte {
+	if p.host == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(p.host), p.numel*p.DType.size())
 }
 
 // numelOf returns the product of shape, or an error naming the param for a negative dim.
@@ -322,28 +371,54 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 			return nil, err
 		}
 	}
+	for _, extra := range []*Tensor{opts.Scale, opts.Amax} {
+		if extra != nil {
+			if err := checkDTypes(op, extra.DType); err != nil {
+				return nil, err
+			}
+		}
+	}
 	options := C.sa_param_options{struct_size: C.sizeof_sa_param_options,
 		grad_dtype: opts.GradDType.dlpackType(), moment_dtype: opts.MomentDType.dlpackType(),
-		master: C.int32_t(opts.Master)}
+		master: C.int32_t(opts.Master), scaling: C.int32_t(opts.Scaling)}
 	if err := o.lock(op); err != nil {
 		return nil, err
 	}
 	defer o.mu.Unlock()
 
-	// The DLPack struct and its shape in one C block, which the library keeps; its deleter
-	// frees the block and the data the optimizer owns (manager_ctx).
-	shard := (*C.DLManagedTensorVersioned)(C.calloc(1, C.size_t(C.sizeof_DLManagedTensorVersioned+8*len(t.Shape))))
-	if shard == nil {
-		return nil, bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its DLPack struct", op, name)
+	// The DLPack structs the library keeps on success (the shard's, and the scale's and the
+	// amax's of an fp8 param); on failure the caller keeps the tensors and the blocks are
+	// freed here (no deleter is called).
+	var blocks []*C.DLManagedTensorVersioned
+	freeBlocks := func() {
+		for _, b := range blocks {
+			C.free(unsafe.Pointer(b))
+		}
 	}
-	shard.version = C.DLPackVersion{major: C.DLPACK_MAJOR_VERSION, minor: C.DLPACK_MINOR_VERSION}
-	shard.manager_ctx = owned
-	shard.deleter = shardDeleter()
-	t.fill(&shard.dl_tensor, (*C.int64_t)(unsafe.Add(unsafe.Pointer(shard), C.sizeof_DLManagedTensorVersioned)))
+	outOfMemory := false
+	keep := func(t *Tensor, owned unsafe.Pointer) *C.DLManagedTensorVersioned {
+		if t == nil {
+			return nil
+		}
+		m := managedTensor(t, owned)
+		if m == nil {
+			outOfMemory = true
+		} else {
+			blocks = append(blocks, m)
+		}
+		return m
+	}
+	shard := keep(&t, owned)
+	options.scale = keep(opts.Scale, nil)
+	options.amax = keep(opts.Amax, nil)
+	if outOfMemory {
+		freeBlocks()
+		return nil, bindingError(StatusOutOfMemory, "%s: param '%s': cannot allocate its DLPack structs", op, name)
+	}
 	cname := mem.str(name)
 	index := C.int64_t(-1)
 	if err := o.check(C.sa_optimizer_add_param(o.handle, cname, C.int32_t(group), shard, layout, &options, &index)); err != nil {
-		C.free(unsafe.Pointer(shard)) // the caller keeps the tensor: the deleter is not called
+		freeBlocks()
 		return nil, err
 	}
 	// The grad dtype as the library resolved it (its default is its own fact: the param's

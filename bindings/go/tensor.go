@@ -154,6 +154,15 @@ func (h *HostTensor) Bits16() []uint16 {
 	return unsafe.Slice((*uint16)(h.data), h.numel)
 }
 
+// Bytes views the raw bytes of a host tensor of any dtype (nil once freed), as Float32
+// does: an fp8 tensor's codes, say.
+func (h *HostTensor) Bytes() []byte {
+	if h.data == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(h.data), h.numel*h.dtype.size())
+}
+
 // Free releases the memory. Close the optimizers that hold it (as a param) or rebind
 // their grads first: the library would go on using the address. Freeing twice is a no-op,
 // and so is freeing a HostGrad buffer, which its optimizer frees.
