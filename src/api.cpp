@@ -421,6 +421,16 @@ sa_status sa_optimizer_set_param_steps(sa_optimizer* opt, int64_t first, int64_t
   });
 }
 
+sa_status sa_optimizer_recast_params(sa_optimizer* opt, int64_t first, int64_t n) {
+  return with_optimizer(opt, "sa_optimizer_recast_params",
+                        [&] { opt->core.recast_params(first, n); });
+}
+
+sa_status sa_optimizer_reset_masters(sa_optimizer* opt, int64_t first, int64_t n) {
+  return with_optimizer(opt, "sa_optimizer_reset_masters",
+                        [&] { opt->core.reset_masters(first, n); });
+}
+
 sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream) {
   return with_optimizer(opt, "sa_optimizer_step", [&] {
     const sa_step_args defaults = SA_STEP_ARGS_INIT;

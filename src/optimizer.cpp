@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <new>
+#include <numeric>
 #include <type_traits>
 
 #include "../kernels/block_moment.h"
@@ -344,6 +345,10 @@ void Optimizer::allocate_state(Param& p) {
     p.state[k.kind] =
         backend_->allocate(static_cast<std::size_t>(elems) * dtype_size(state_dtype(p, k.kind)));
   }
+  init_master(p);
+}
+
+void Optimizer::init_master(Param& p) {
   if (!has_state(p, StateKind::master)) return;
   auto* master = static_cast<float*>(p.state[StateKind::master]->data());
   if (p.scaling == kernels::ParamScaling::none) {
@@ -359,6 +364,34 @@ void Optimizer::cast_params_from_master(const std::vector<int64_t>& params) {
     if (p.scaling != kernels::ParamScaling::none && p.numel > 0)
       backend_->cast_param(variant_of(p), slot_of(p, index));
   }
+}
+
+void Optimizer::recast_params(int64_t first, int64_t n) {
+  check_param_range(first, n, "params");
+  require_usable("recasting params");
+  if (n == 0) return;       // params exist, so the backend does
+  backend_->synchronize();  // a step still running may be writing the masters
+  std::vector<int64_t> range(static_cast<std::size_t>(n));
+  std::iota(range.begin(), range.end(), first);
+  cast_params_from_master(range);
+  backend_->synchronize();
+}
+
+void Optimizer::reset_masters(int64_t first, int64_t n) {
+  check_param_range(first, n, "params");
+  require_usable("resetting masters");
+  if (n == 0) return;
+  backend_->synchronize();
+  for (int64_t i = first; i < first + n; ++i) {
+    Param& p = *params_[i];
+    init_master(p);
+    if (has_state(p, StateKind::remainder)) {
+      Buffer& remainder = *p.state[StateKind::remainder];
+      const std::vector<char> zeros(remainder.bytes());
+      backend_->copy_from_host(remainder.data(), zeros.data(), zeros.size());
+    }
+  }
+  backend_->synchronize();
 }
 
 int64_t Optimizer::add_param(const ParamRequest& request) {

@@ -163,6 +163,10 @@ class Optimizer {
   // Casts the fp8 params among `params` (indices) from their masters, with their scalings
   // (import: the master was loaded; the param and its scales follow from it).
   void cast_params_from_master(const std::vector<int64_t>& params);
+  // Params [first, first + n) again from their masters, or their masters from them, as
+  // sa_optimizer_recast_params / sa_optimizer_reset_masters document it. Synchronous.
+  void recast_params(int64_t first, int64_t n);
+  void reset_masters(int64_t first, int64_t n);
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   const Param& param(int64_t index, const char* fn) const;
   int64_t find_param(const std::string& name) const;
@@ -234,6 +238,9 @@ class Optimizer {
  private:
   Backend& backend_for(DLDevice device, const std::string& context);
   void allocate_state(Param& param);
+  // The master of `param` from its value, as a param starts (16-bit: widened; fp8: times
+  // its scale's inverse); a no-op without one. Synchronous.
+  void init_master(Param& param);
   std::vector<const Param*> param_list() const;
   // Makes `backend` the optimizer's and moves the step counts into its memory.
   Backend& attach(std::unique_ptr<Backend> backend);

@@ -481,3 +481,96 @@ TEST_CASE("the library's fp8 casts are the reference's for every code and the fl
     }
   }
 }
+
+TEST_CASE(
+    "recast_params casts fp8 params from masters written by the engine, reset_masters "
+    "sets masters from the params, and bad ranges change nothing",
+    "[fp8param][sync]") {
+  const Format& f = kFormats[GENERATE(0, 1)];
+  const Scaling& s = kScalings[GENERATE(0, 1, 2)];
+  INFO(f.name << " " << s.name);
+  const std::vector<int64_t> shape{4, 256};
+  const int64_t n = shape[0] * shape[1];
+  Rng rng(29);
+  OptimizerPtr opt = make_optimizer(1);
+  add_group(opt.get(), group_config(1e-2, 0.0, 1));
+  // Param 0: a float32 param (no master; both calls leave it), param 1: the fp8 one,
+  // param 2: bfloat16 with a float32 master, param 3: bfloat16 with a remainder.
+  HostTensor plain({8}, kFloat32);
+  for (int64_t i = 0; i < 8; ++i) plain.as<float>()[i] = static_cast<float>(i);
+  HostTensor param(shape, f.dtype), scale = scale_tensor(s, shape), amax({1}, kFloat32);
+  for (int64_t b = 0; b < scale.numel(); ++b) {
+    if (s.value == SA_SCALING_MXFP8)
+      scale.as<uint8_t>()[b] = 127;
+    else
+      scale.as<float>()[b] = 1.0f;
+  }
+  HostTensor bf16({8}, kBfloat16), bf16r({8}, kBfloat16);
+  const sa_param_options options = fp8_options(s, scale, s.block == 0 ? &amax : nullptr);
+  sa_param_options remainder = SA_PARAM_OPTIONS_INIT;
+  remainder.master = SA_MASTER_REMAINDER;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "plain", 0, plain.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
+                                                  &options, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "b", 0, bf16.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "r", 0, bf16r.versioned(), nullptr,
+                                                  &remainder, nullptr));
+
+  // A state dict's master, written through the view: the param and its block scales follow.
+  if (s.block == 0) scale.as<float>()[0] = 2.0f;  // the engine's scale at the recast
+  std::vector<float> loaded(static_cast<std::size_t>(n));
+  for (float& x : loaded) x = static_cast<float>(rng.signed_log_uniform(1e-4, 3e4));
+  {
+    const StateView v = state_view(opt.get(), 1, "master");
+    std::memcpy(v.data(), loaded.data(), loaded.size() * sizeof(float));
+  }
+  amax.as<float>()[0] = -1.0f;  // written as a step writes it: the masters' amax
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_recast_params(opt.get(), 0, 4));
+  const Cast want = reference_cast(f, s, loaded, 2.0f);
+  CHECK(std::memcmp(param.data(), want.codes.data(), want.codes.size()) == 0);
+  if (s.value == SA_SCALING_MXFP8)
+    CHECK(std::memcmp(scale.data(), want.mx_scales.data(), want.mx_scales.size()) == 0);
+  if (s.value == SA_SCALING_BLOCK128)
+    CHECK(std::memcmp(scale.data(), want.block_scales.data(), scale.bytes()) == 0);
+  if (s.block == 0) CHECK(amax.as<float>()[0] == amax_of(loaded.data(), n));
+  for (int64_t i = 0; i < 8; ++i) CHECK(plain.as<float>()[i] == static_cast<float>(i));
+
+  // New weights in the params (a model checkpoint loaded after add_param): the masters follow.
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t c = static_cast<uint8_t>(rng.integer(0, 255));
+    if (!std::isfinite(fp8_value(f, c))) c = 0x21;
+    param.as<uint8_t>()[i] = c;
+  }
+  for (int64_t i = 0; i < 8; ++i) {
+    bf16.as<uint16_t>()[i] = static_cast<uint16_t>(0x3F80 + 3 * i);   // 1.0, 1.0234375, ...
+    bf16r.as<uint16_t>()[i] = static_cast<uint16_t>(0xBF80 + 5 * i);  // -1.0, ...
+  }
+  {  // a remainder that is not zero, as after steps
+    const StateView r = state_view(opt.get(), 3, "remainder");
+    for (int64_t i = 0; i < 8; ++i)
+      static_cast<int16_t*>(r.data())[i] = static_cast<int16_t>(100 + i);
+  }
+  // A bad range first: nothing changes.
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_reset_masters(opt.get(), 1, 4),
+                 "params [1, 1 + 4) is not a range of params (the optimizer has 4)");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_recast_params(opt.get(), -1, 1),
+                 "is not a range of params");
+  CHECK(master_of(opt.get(), 1) == loaded);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_reset_masters(opt.get(), 0, 4));
+  const std::vector<float> m = master_of(opt.get(), 1);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float expect = reference_master(f, s, param.as<uint8_t>()[i], scale, i);
+    if (std::memcmp(&m[static_cast<std::size_t>(i)], &expect, sizeof expect) != 0) ++wrong;
+  }
+  CHECK(wrong == 0);
+  const std::vector<float> mb = master_of(opt.get(), 2);
+  for (int64_t i = 0; i < 8; ++i) {
+    CHECK(mb[static_cast<std::size_t>(i)] == bf16_bits_to_float(bf16.as<uint16_t>()[i]));
+  }
+  const StateView r = state_view(opt.get(), 3, "remainder");
+  for (int64_t i = 0; i < 8; ++i) CHECK(static_cast<const int16_t*>(r.data())[i] == 0);
+  CHECK(plain.as<float>()[0] == 0.0f);
+}

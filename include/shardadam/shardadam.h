@@ -809,6 +809,25 @@ SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const
                                          DLManagedTensorVersioned** out);
 
 /**
+ * Params and their masters made to agree again after an engine wrote one of them outside
+ * a step (a state dict loaded through state views, weights loaded into the params), for
+ * params [first, first + n). Both synchronize a device backend (setup calls, not per-step
+ * ones) and change nothing on error (a bad range).
+ *
+ * recast_params: each fp8 param is cast again from its master by its scaling, as a step
+ *   casts it after its update (block scales written; a delayed scaling reads its scale
+ *   now and writes its amax tensor, if any, with the masters' amax). Other params are
+ *   left as they are.
+ * reset_masters: each master is set from its param's value, as add_param starts it: an
+ *   fp8 param's value times its scale's inverse (the scale tensors as they are now), a
+ *   16-bit param's value widened (SA_MASTER_FP32), a zero remainder (SA_MASTER_REMAINDER,
+ *   so that the master is the bfloat16 value). Moments and step counts are left as they
+ *   are. Params without a master are left as they are.
+ */
+SA_API sa_status sa_optimizer_recast_params(sa_optimizer* opt, int64_t first, int64_t n);
+SA_API sa_status sa_optimizer_reset_masters(sa_optimizer* opt, int64_t first, int64_t n);
+
+/**
  * The keys of the states a param has, in the order shard files and views list them
  * (exp_avg, exp_avg_sq, then max_exp_avg_sq in an amsgrad group, then master or remainder
  * by its master kind): *count receives their number, and the first min(capacity, count)

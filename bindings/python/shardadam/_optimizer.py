@@ -589,6 +589,26 @@ class Optimizer(OwnsHandle):
         index = self.param_index(param)
         return State(self, index, self._names[index], key)
 
+    def recast_params(self, first=0, n=None):
+        """Casts the fp8 params ``first, first + 1, ...`` (``n`` of them; default: to the
+        last) again from their masters, as a step casts them after its update (block
+        scales written, a delayed scale read now, an amax tensor written): after masters
+        were written through :meth:`state` views (a loaded state dict). Other params are
+        left as they are. Synchronizes a device backend; on error nothing changed."""
+        handle = self._handle_or_raise()
+        n = len(self._names) - first if n is None else n
+        check(_C.sa_optimizer_recast_params(handle, int(first), int(n)), handle)
+
+    def reset_masters(self, first=0, n=None):
+        """Sets the masters of params ``first, ...`` (``n`` of them; default: to the last)
+        from the params' current values, as :meth:`add_param` starts them (fp8: the value
+        times its scale's inverse; 16-bit: widened; a remainder: zero): after new weights
+        were loaded into the params. Moments and step counts stay. Synchronizes a device
+        backend; on error nothing changed."""
+        handle = self._handle_or_raise()
+        n = len(self._names) - first if n is None else n
+        check(_C.sa_optimizer_reset_masters(handle, int(first), int(n)), handle)
+
     def moment_values(self, param, key, out):
         """Writes a moment of a param (by name or index; ``key``: ``"exp_avg"``,
         ``"exp_avg_sq"``, ``"max_exp_avg_sq"``) as float32 values into ``out``, a C-contiguous

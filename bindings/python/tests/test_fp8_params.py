@@ -243,3 +243,26 @@ def test_two_ranks_saved_load_into_one_and_the_param_is_cast_again_from_the_mast
             np.testing.assert_array_equal(scale.view(np.uint8), expected_scale)
         elif scaling == "block128":
             np.testing.assert_array_equal(as_bits(scale), as_bits(expected_scale))
+
+
+@pytest.mark.parametrize("fmt,scaling", CASES)
+def test_recast_params_follows_a_written_master_and_reset_masters_follows_new_weights(fmt, scaling, rng):
+    shape = (2, 256)
+    param = fp8(rng.standard_normal(shape).astype(np.float32), fmt)
+    scale = scale_array(fmt, scaling, shape, rng)
+    with shardadam.Optimizer(**HYPER) as opt:
+        opt.add_param("w", param, scaling=scaling, scale=scale)
+        master = opt.state("w", "master").numpy()
+        loaded = (rng.standard_normal(shape) * 100).astype(np.float32)  # a state dict's master
+        master[...] = loaded
+        opt.recast_params()
+        expected, expected_scale = reference_cast(loaded, fmt, scaling, scale[0] if scaling == "delayed" else None)
+        np.testing.assert_array_equal(as_bits(param), as_bits(expected))
+        if expected_scale is not None:
+            np.testing.assert_array_equal(as_bits(scale), as_bits(expected_scale))
+        param[...] = fp8(rng.standard_normal(shape).astype(np.float32) * 3, fmt)  # new weights
+        with pytest.raises(shardadam.InvalidArgument, match=r"params \[0, 0 \+ 2\) is not a range"):
+            opt.reset_masters(0, 2)
+        np.testing.assert_array_equal(as_bits(master), as_bits(loaded))
+        opt.reset_masters()
+        np.testing.assert_array_equal(as_bits(master), as_bits(reference_start(param, fmt, scaling, scale)))

@@ -503,6 +503,8 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_optimizer_step,
         sa_optimizer_flush,
         sa_optimizer_state_view,
+        sa_optimizer_recast_params,
+        sa_optimizer_reset_masters,
         sa_file_writer,
         sa_memory_writer,
         sa_memory_writer_data,

@@ -933,6 +933,13 @@ extern "C" {
         out: *mut *mut DLManagedTensorVersioned,
     ) -> sa_status;
 
+    /// Casts the fp8 params `[first, first + n)` again from their masters (after masters
+    /// were written through state views); synchronizes a device backend.
+    pub fn sa_optimizer_recast_params(opt: *mut sa_optimizer, first: i64, n: i64) -> sa_status;
+    /// Sets the masters of params `[first, first + n)` from the params' values, as
+    /// `sa_optimizer_add_param` starts them; synchronizes a device backend.
+    pub fn sa_optimizer_reset_masters(opt: *mut sa_optimizer, first: i64, n: i64) -> sa_status;
+
     /// A writer to the file at `path` (temporary file, fsync and rename on commit).
     pub fn sa_file_writer(path: *const c_char, out: *mut sa_writer) -> sa_status;
     /// A writer into a growing memory buffer.
