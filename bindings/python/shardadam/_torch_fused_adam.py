@@ -23,19 +23,51 @@ from . import _torch_state_dict  # noqa: E402 (it reads this module's helpers at
 _DEFAULTS = _schema.defaults()  # the library's: torch.optim.AdamW's
 
 
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class Fp8:
+    """How :class:`FusedAdam` casts one float8 param from its float32 master (an fp8 param:
+    ``torch.float8_e4m3fn`` or ``torch.float8_e5m2`` data, given in ``FusedAdam(fp8=...)``).
+
+    Args:
+        scaling: ``"delayed"``, ``"mxfp8"`` or ``"block128"`` (:func:`shardadam.param_scalings`;
+            ``sa_param_scaling`` in ``shardadam.h`` states each rule).
+        scale: the scale tensor on the param's device (a DTensor: its local tensor is used):
+            ``"delayed"``: one float32 element that every step reads (``param =
+            fp8(master * scale)``); ``"mxfp8"``: ``torch.float8_e8m0fnu`` of the local shape
+            with the last dim / 32, written by every step; ``"block128"``: float32 of the
+            local shape with the last dim / 128, written by every step with each block's
+            scale_inv (what a forward pass multiplies by).
+        amax: ``"delayed"`` only, optional: a float32 tensor of one element that every step
+            overwrites with max |master| of this rank's shard.
+
+    A Transformer Engine ``Float8Tensor`` adapter passes its data and scale tensors here.
+    """
+
+    __slots__ = ("scaling", "scale", "amax")
+
+    def __init__(self, scaling, scale, amax=None):
+        self.scaling, self.scale, self.amax = scaling, scale, amax
+
+    def __repr__(self):
+        return f"Fp8({self.scaling!r}, scale={tuple(self.scale.shape)}, amax={self.amax is not None})"
+
+
 class _Entry:
     """One registered param: the torch param, its native index and where it sits
     (``local_shape`` and ``global_offset`` are read from the library when first used: a
     param_info per param would cost more than the registration itself)."""
 
-    __slots__ = ("param", "index", "name", "group", "local_ptr", "numel", "sixteen_bit", "mesh", "placements",
-                 "_native", "_box")
+    __slots__ = ("param", "index", "name", "group", "local_ptr", "numel", "sixteen_bit", "fp8", "mesh",
+                 "placements", "_native", "_box")
 
     def __init__(self, param, index, name, group, local, mesh, placements, native):
         self.param, self.index, self.name, self.group = param, index, name, group
         self.local_ptr = local.data_ptr()
         self.numel = local.numel()
-        self.sixteen_bit = local.element_size() == 2  # only those can have a master or a remainder
+        self.sixteen_bit = local.element_size() == 2  # a master rounded to the param, or a remainder
+        self.fp8 = local.dtype in _FP8_DTYPES  # a master cast by its scaling
         self.mesh, self.placements = mesh, placements
         self._native, self._box = native, None
 
@@ -240,6 +272,14 @@ class FusedAdam(torch.optim.Optimizer):
             ``state_dict()`` hold block moments as float32 values (no absmax), which reshard
             (DCP too), load into any moment dtype, and load back bit for bit.
         num_threads: CPU params: worker threads (0: one per hardware thread).
+        fp8: ``{param: Fp8(scaling, scale, amax=None)}`` for every param of
+            ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` data (see :class:`Fp8`): the
+            optimizer keeps a float32 master, and each step updates it and writes the
+            float8 param and its scales. Their grads are float32 (``param.grad_dtype`` is
+            set to it; bfloat16/float16 where ``grad_dtype`` already says so). The master
+            starts as the param's value times its scale's inverse, again at the first step
+            (the weights may have been loaded since); a loaded state dict or shard file
+            casts the param from the loaded master.
         max_grad_norm: clip to this global norm (None: no clipping; ``math.inf``: compute
             ``self.grad_norm`` without clipping). May be changed between steps.
         norm_type: 2.0 or ``math.inf``.
@@ -261,7 +301,7 @@ class FusedAdam(torch.optim.Optimizer):
                  decoupled_weight_decay=_DEFAULTS["decoupled_weight_decay"], amsgrad=_DEFAULTS["amsgrad"],
                  maximize=_DEFAULTS["maximize"], bias_correction=_DEFAULTS["bias_correction"], master=None,
                  grad_dtype=None, moment_dtype=None, num_threads=0, max_grad_norm=None, norm_type=2.0,
-                 process_group=None, comm=None, **hyperparameters):
+                 process_group=None, comm=None, fp8=None, **hyperparameters):
         unknown = set(hyperparameters) - set(_schema.KEYS)
         if unknown:
             raise TypeError(f"FusedAdam got unexpected keyword arguments {sorted(unknown)}")
@@ -272,6 +312,7 @@ class FusedAdam(torch.optim.Optimizer):
                         bias_correction=bias_correction)
         # Set before super().__init__, which calls add_param_group for every group.
         self._param_options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype)
+        self._fp8 = dict(fp8) if fp8 else {}
         self._num_threads = num_threads
         self.native = None
         self._entries = []
@@ -327,12 +368,15 @@ class FusedAdam(torch.optim.Optimizer):
         else:
             mesh, placements, layout = None, None, None
         local = _local_tensor(param).detach()  # no autograd record either way: no no_grad() (~5 us a param)
+        options = self._param_options
+        if local.dtype in _FP8_DTYPES or (self._fp8 and param in self._fp8):
+            options = self._fp8_options(param, name, local)
         try:
             # to_dlpack: one C call, where Tensor.__dlpack__ (Python) costs ~10x more per param;
             # the param is written on the current stream, which the library is given.
             index = self.native.add_param(name, to_dlpack(local), group=group_index, layout=layout,
                                           stream=_current_stream(local.device) if local.is_cuda else None,
-                                          **self._param_options)
+                                          **options)
         except InvalidArgument as err:
             if local.is_contiguous():
                 raise
@@ -347,6 +391,26 @@ class FusedAdam(torch.optim.Optimizer):
         if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
             self.state = _torch_state_dict.LazyStates(self, self.state)
         self.state.defer(param, entry)
+
+    def _fp8_options(self, param, name, local):
+        """add_param's options of an fp8 param: its Fp8's scaling and tensors, and float32
+        grads (``param.grad_dtype`` is set to float32 unless it names a grad dtype the
+        library takes: torch would otherwise refuse a float32 ``.grad`` on a float8 param)."""
+        spec = self._fp8.get(param) if self._fp8 else None
+        if local.dtype not in _FP8_DTYPES:
+            raise ValueError(f"FusedAdam: param {name!r} is {local.dtype}, but fp8= gives it {spec!r}; "
+                             "fp8 params are torch.float8_e4m3fn or torch.float8_e5m2")
+        if not isinstance(spec, Fp8):
+            raise ValueError(f"FusedAdam: param {name!r} is {local.dtype}: give its scaling and scale tensor as "
+                             f"FusedAdam(..., fp8={{param: shardadam.torch.Fp8(scaling, scale)}}), got {spec!r}")
+        grad_dtype = getattr(param, "grad_dtype", None)
+        if grad_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            grad_dtype = torch.float32
+            if hasattr(param, "grad_dtype"):
+                param.grad_dtype = grad_dtype
+        amax = None if spec.amax is None else _local_tensor(spec.amax).detach()
+        return dict(self._param_options, grad_dtype=grad_dtype, scaling=spec.scaling,
+                    scale=_local_tensor(spec.scale).detach(), amax=amax)
 
     # ---- step ----------------------------------------------------------------------------
     # Opaque to torch.compile: Dynamo does not trace the native call (nor the DLPack
@@ -477,6 +541,9 @@ class FusedAdam(torch.optim.Optimizer):
         self._bind_grads()
         if all(group.step == 0 for group in self.native.param_groups):
             for entry in self._entries:
+                if entry.fp8:  # its master from its value (which may have been loaded since)
+                    self.native.reset_masters(entry.index, 1)
+                    continue
                 if not entry.sixteen_bit and not self.state.is_made(entry.param):
                     continue  # a float32 param has neither master nor remainder (the library refuses both)
                 state = self.state[entry.param]

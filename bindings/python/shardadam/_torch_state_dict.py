@@ -440,6 +440,9 @@ def load_state_dict(optimizer, state_dict):
     steps = [0] * len(optimizer._entries)
     with torch.no_grad():
         for entry, saved, step in plan.states:
+            # An fp8 param's loaded master is the truth and the param its cast; without one
+            # the param is the truth (as for 16-bit params).
+            loaded_master = entry.fp8 and saved is not None and "master" in saved
             current, codes = _loadable_states(optimizer, entry)
             for key, target in current.items():
                 if key == "step":
@@ -452,9 +455,14 @@ def load_state_dict(optimizer, state_dict):
                 elif saved is not None and key in saved:
                     _copy_state(entry, target, saved[key])
                 elif key == "master":  # the param is the truth
-                    _fused._local_tensor(target).copy_(_fused._local_tensor(entry.param))
+                    if entry.fp8:
+                        optimizer.native.reset_masters(entry.index, 1)
+                    else:
+                        _fused._local_tensor(target).copy_(_fused._local_tensor(entry.param))
                 else:  # a reset moment, or the remainder of an fp32 value equal to the param
                     _fused._local_tensor(target).zero_()
+            if loaded_master:
+                optimizer.native.recast_params(entry.index, 1)
             steps[entry.index] = step
     for index, native_group in enumerate(optimizer.native.param_groups):
         # The group's count (steps taken) is the most any of its params took.
@@ -518,6 +526,8 @@ def refresh_stale_masters(optimizer):
     the precision it was loaded with. One compare per shard, on the device, no host sync;
     it runs once after a load, not every step."""
     for entry in optimizer._entries:
+        if entry.fp8:
+            continue  # cast from its master at every load (its master is the truth)
         state = optimizer.state[entry.param]
         if "master" not in state or entry.numel == 0:
             continue

@@ -5,13 +5,14 @@ This module imports without torch; torch is imported when ``FusedAdam`` is first
     from shardadam.torch import FusedAdam
     opt = FusedAdam(model.parameters(), lr=3e-4, weight_decay=0.1)
 
+:class:`Fp8` gives FusedAdam a float8 param's scaling and scale tensors (``fp8=``).
 :class:`FusedAdamLoadPlanner` loads a torch.distributed.checkpoint saved with another
 optimizer over 16-bit params (no fp32 masters in it) into a FusedAdam.
 
 See ``FusedAdam``'s docstring (``help(shardadam.torch.FusedAdam)``) for the details.
 """
 
-__all__ = ["FusedAdam", "FusedAdamLoadPlanner"]  # noqa: F822 (provided by __getattr__ below, which imports torch)
+__all__ = ["FusedAdam", "FusedAdamLoadPlanner", "Fp8"]  # noqa: F822 (provided by __getattr__ below, which imports torch)
 
 
 def __getattr__(name):
@@ -22,7 +23,7 @@ def __getattr__(name):
             if getattr(err, "name", None) == "torch" or "torch" in str(err):
                 raise ImportError(f"shardadam.torch.{name} needs PyTorch (`import torch` failed)") from err
             raise
-        globals().update(FusedAdam=_torch_fused_adam.FusedAdam,
+        globals().update(FusedAdam=_torch_fused_adam.FusedAdam, Fp8=_torch_fused_adam.Fp8,
                          FusedAdamLoadPlanner=_torch_state_dict.FusedAdamLoadPlanner)
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
