@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../../kernels/cuda/adam_cuda.cuh"
+#include "../../kernels/cuda/adam_fp8_cuda.cuh"
 #include "../backend.hpp"
 #include "../errors.hpp"
 #include "cuda_module.hpp"
@@ -223,6 +224,15 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(nullptr), "master initialisation");
   }
 
+  void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
+                         kernels::ParamScaling scaling, const kernels::ParamScale& scale,
+                         int64_t n) override {
+    DeviceScope scope(device_);
+    check_cuda(kernels::launch_dequantize_param(type, scaling, src, scale, n, dst, nullptr),
+               "fp8 master initialisation");
+    check_cuda(cudaStreamSynchronize(nullptr), "fp8 master initialisation");
+  }
+
   void prepare(const Plan& plan, int64_t num_params) override {
     DeviceScope scope(device_);
     std::vector<DeviceTables> tables;
@@ -303,9 +313,11 @@ class CudaBackend final : public Backend {
                  "Adam kernel launch");
   }
 
-  // add_param refuses scaled (fp8) params on CUDA in this version, so none reaches here.
-  void cast_param(const kernels::Variant&, const kernels::TensorSlot&) override {
-    fail(SA_ERR_UNSUPPORTED, "fp8 params are not supported on CUDA in this version");
+  // On the legacy default stream, then waited for: synchronous by contract (import).
+  void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
+    DeviceScope scope(device_);
+    check_cuda(kernels::launch_cast_param(variant, slot, nullptr), "fp8 param cast");
+    check_cuda(cudaStreamSynchronize(nullptr), "fp8 param cast");
   }
 
  private:
