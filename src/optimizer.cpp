@@ -414,11 +414,6 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
   param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
-  if (param->scaling != kernels::ParamScaling::none && shard.device.device_type != kDLCPU &&
-      kernels::is_block_storage(param->moment_type))
-    fail(SA_ERR_UNSUPPORTED, context, ": ", elem_name(*param_type), " params with ",
-         elem_name(param->moment_type), " moments run on the CPU (", device_name(shard.device),
-         " runs fp8 params with float32 or bfloat16 moments in this version)");
   Backend& backend = backend_for(shard.device, context);
   if (param->scaling == kernels::ParamScaling::delayed) {
     float s = 0.0f;  // on the param's device, perhaps just written on another stream

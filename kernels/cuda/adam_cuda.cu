@@ -151,8 +151,8 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
   if (b.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   if (v.scaling != ParamScaling::none) {
-    // add_param refuses an fp8 param with block moments on CUDA in this version.
-    if (is_block_storage(v.moment)) return cudaErrorNotSupported;
+    // Block moments: the backend calls launch_adam_bucket_scaled_blocks, with its tables.
+    if (is_block_storage(v.moment)) return cudaErrorInvalidValue;
     return launch_adam_bucket_scaled(v, b, s, st);  // adam_fp8_cuda.cu
   }
   if (is_block_storage(v.moment))

@@ -72,15 +72,6 @@ constexpr bool block_fits_a_warp() {
 SA_PARAM_SCALINGS(SA_FP8_BLOCK_CHECK)
 #undef SA_FP8_BLOCK_CHECK
 
-// The master of a slot as the param of fp8_master_variant's Signature S.
-__device__ __forceinline__ TensorSlot master_as_param(const TensorSlot& slot) {
-  TensorSlot inner = slot;
-  inner.param = slot.state[static_cast<int>(StateKind::master)];
-  inner.state[static_cast<int>(StateKind::master)] = nullptr;
-  inner.scale = ParamScale{};
-  return inner;
-}
-
 // Elements of the lane's run [first, first + kLaneElems) that lie before `end`.
 __device__ __forceinline__ int lane_count(int64_t first, int64_t end) {
   const int64_t left = end - first;
@@ -199,7 +190,7 @@ __device__ __forceinline__ float delayed_factor(const TensorSlot& slot) {
 
 template <ElemType P, ParamScaling kS, class S, bool kL2>
 __device__ void update_cast_chunk(const ChunkWork& w) {
-  const TypedSlot<S> a(master_as_param(w.slot));
+  const TypedSlot<S> a(fp8_master_slot(w.slot));
   constexpr uintptr_t kMomentVec = kLaneElems * sizeof(StorageOf<S::kMoment>);
   bool vec = aligned(a.param, kLaneElems * sizeof(float)) &&
              aligned(a.grad, kLaneElems * sizeof(StorageOf<S::kGrad>));
@@ -282,13 +273,39 @@ __global__ void dequantize_kernel(const uint8_t* param, ParamScale scale, int64_
     dequantize_block<P, kS>(param + i, 1, scale, kBlock == 0 ? 0 : i / kBlock, master + i);
 }
 
-// Thread blocks for a grid-stride loop over n elements, kTileElems per block and round.
+// Thread blocks for a grid-stride loop over n items, per_block per thread block and round.
 unsigned grid_for(int64_t n, int64_t per_block) {
   return static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, 4096)));
 }
 
+// A delayed scaling's amax reset (reset_amax_kernel), before the kernel that writes it.
+cudaError_t launch_reset_amax(ParamScaling scaling, const DeviceBucket& b, const DeviceStep& s,
+                              cudaStream_t st) {
+  if (scaling != ParamScaling::delayed) return cudaSuccess;
+  reset_amax_kernel<<<grid_for(b.num_slots, kCudaBlockThreads), kCudaBlockThreads, 0, st>>>(b, s);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucket& b,
+                                             const DeviceBucket& masters, const DeviceStep& s,
+                                             cudaStream_t st) {
+  if (b.num_chunks == 0) return cudaSuccess;
+  cudaError_t err = launch_adam_bucket_blocks(fp8_master_variant(v), masters, s, st);
+  if (err != cudaSuccess) return err;
+  err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
+  visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
+    constexpr ParamScaling kS = decltype(scaling)::value;
+    err = launch_reset_amax(kS, b, s, st);
+    if (err != cudaSuccess) return;
+    cast_bucket_kernel<decltype(p)::value, kS>
+        <<<static_cast<unsigned>(b.num_chunks), kCudaBlockThreads, 0, st>>>(b, s);
+    err = cudaGetLastError();
+  });
+  return err;
+}
 
 cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
                                       cudaStream_t st) {
@@ -301,12 +318,7 @@ cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, c
       using S = decltype(signature);
       // visit_variant instantiates every param form; the master's is a float32 param's.
       if constexpr (S::kParam == ElemType::f32 && S::kMaster == MasterKind::none) {
-        err = cudaSuccess;
-        if (kS == ParamScaling::delayed) {
-          reset_amax_kernel<<<grid_for(b.num_slots, kCudaBlockThreads), kCudaBlockThreads, 0, st>>>(
-              b, s);
-          err = cudaGetLastError();
-        }
+        err = launch_reset_amax(kS, b, s, st);
         if (err != cudaSuccess) return;
         adam_scaled_kernel<kP, kS, S>
             <<<static_cast<unsigned>(b.num_chunks), kCudaBlockThreads, 0, st>>>(b, s);

@@ -23,6 +23,15 @@ namespace kernels {
 cudaError_t launch_adam_bucket_scaled(const Variant& variant, const DeviceBucket& bucket,
                                       const DeviceStep& step, cudaStream_t stream);
 
+// The same for a bucket of scaled params with block moments (q8, f8e4m3): two launches,
+// the block-moment update of the masters (adam_block_cuda.cu, over `masters`: the bucket's
+// slots as fp8_master_slot gives them, with the bucket's chunk offsets), then the cast of
+// every updated chunk from its master (as launch_cast_param casts, one thread block per
+// chunk, with the same amax rules as above).
+cudaError_t launch_adam_bucket_scaled_blocks(const Variant& variant, const DeviceBucket& bucket,
+                                             const DeviceBucket& masters, const DeviceStep& step,
+                                             cudaStream_t stream);
+
 // Enqueues the cast of one scaled param from its master, as a step casts it after the
 // update: the param's codes, its block scales, and a delayed scaling's amax (set to 0
 // first, so an empty shard's amax is 0).

@@ -170,8 +170,8 @@ struct Fp8Twin {
 
   // The shards every case runs: an empty one, one of a single block (a delayed one of 37
   // elements: a partial tile lane), one of several CUDA chunks and two CPU work items,
-  // bfloat16 grads and moments on misaligned tensors in the amsgrad group, and one whose
-  // grad gets a NaN.
+  // bfloat16 grads and moments on misaligned tensors in the amsgrad group, one whose grad
+  // gets a NaN, and two with block moments (8-bit, float8; the second over several chunks).
   void add_shards(Rng& rng, float delayed_scale) {
     const int64_t block = scaling.block == 0 ? 37 : scaling.block;
     const int64_t row = scaling.block == 0 ? 129 : 128;
@@ -181,6 +181,9 @@ struct Fp8Twin {
     add("bf16", 1, {5, 3 * row}, kBfloat16, kBfloat16, 1, delayed_scale, rng);
     add("nan", 0, {2, 2 * row}, kFloat32, kFloat32, 0, delayed_scale, rng);
     shards.back().has_nan = true;
+    // Block moments: the block-moment kernel updates the masters, then a cast pass runs.
+    add("q8_moments", 1, {3, 3 * row}, kFloat32, kUint8, 0, delayed_scale, rng);
+    add("f8_moments", 0, {2, 17408}, kBfloat16, kFloat8E4m3fn, 0, delayed_scale, rng);
   }
 
   void set_delayed_scale(float s) {
