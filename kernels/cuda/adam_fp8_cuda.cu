@@ -8,8 +8,9 @@
 // block of a block scaling is the kLaneElems-element runs of scaling_block / kLaneElems
 // consecutive lanes of one warp (8 lanes for MXFP8's 32, the whole warp for block128's
 // 128): their amax is reduced with __shfl_xor_sync over those lanes, on the float bits
-// with quant8_absmax's rule (the integer max of the magnitudes' bits: order-independent,
-// and NaN-propagating exactly as the CPU's loop), and the first lane of the block stores
+// with quant8_absmax's rule (the integer max of the magnitudes' bits: order-independent and
+// NaN-propagating, so from the same masters the CPU's loop and this tree give the same
+// bits; a NaN master's payload is the device's own), and the first lane of the block stores
 // its scale. The factor and the element cast are param_cast.h's block_cast_factor and
 // cast_value, the functions the CPU's cast_block calls, so the codes and scales are the
 // CPU's bits.
@@ -27,6 +28,12 @@
 // scaling's block within the slot (static_asserts below), and add_param refuses layouts
 // whose shard is not whole blocks; a short last block is still handled as the CPU's
 // for_each_scale_block does (its lanes past the shard contribute no magnitude).
+//
+// With block moments (q8, f8e4m3) the update is adam_block_cuda.cu's, a warp per 256-element
+// moment block; fusing the cast there would put this file's lane layout inside that one, so
+// such a bucket runs two launches instead: that kernel over the masters (a slot table of
+// fp8_master_slot's), then cast_bucket_kernel, which casts each updated chunk from its
+// master with the functions above (one more read of the master per element).
 #include <cuda_runtime.h>
 
 #include <algorithm>
