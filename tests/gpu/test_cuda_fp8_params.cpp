@@ -194,12 +194,9 @@ struct Fp8Twin {
     }
   }
 
-  // New grads (normal, times `magnitude`; a NaN in the NaN shard with nan) for the shards
-  // where present[i], none for the others; one step on both, skipped with found_inf.
-  void step(Rng& rng, double magnitude, bool nan, const std::vector<bool>& present,
-            float found_inf) {
-    std::vector<DLTensor> h(shards.size()), d(shards.size());
-    std::vector<const DLTensor*> hl(shards.size(), nullptr), dl(shards.size(), nullptr);
+  // New grads (normal, times `magnitude`; a NaN in the NaN shard with nan) in the grad
+  // buffers of the shards where present[i], host and device.
+  void fill_grads(Rng& rng, double magnitude, bool nan, const std::vector<bool>& present) {
     for (std::size_t i = 0; i < shards.size(); ++i) {
       if (!present[i]) continue;
       Fp8Shard& s = shards[i];
@@ -208,6 +205,19 @@ struct Fp8Twin {
         if (in_zero_blocks(k, s.grad->numel())) s.grad->set(k, 0.0f);  // they stay zero
       if (nan && s.has_nan) s.grad->set(s.grad->numel() - 40, NAN);
       s.dev_grad->upload(*s.grad);
+    }
+  }
+
+  // New grads (fill_grads) for the shards where present[i], none for the others; one step
+  // on both, skipped with found_inf.
+  void step(Rng& rng, double magnitude, bool nan, const std::vector<bool>& present,
+            float found_inf) {
+    fill_grads(rng, magnitude, nan, present);
+    std::vector<DLTensor> h(shards.size()), d(shards.size());
+    std::vector<const DLTensor*> hl(shards.size(), nullptr), dl(shards.size(), nullptr);
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      if (!present[i]) continue;
+      const Fp8Shard& s = shards[i];
       h[i] = s.grad->dl();
       d[i] = s.dev_grad->dl();
       hl[i] = &h[i];
@@ -337,6 +347,46 @@ TEST_CASE("a CUDA state import casts fp8 params from the loaded master as the st
         r.step(rng, 1.0, false, std::vector<bool>(r.shards.size(), true), 0.0f);
         r.require_identical();
       }
+    }
+  }
+}
+
+// The step of fp8 params enqueues only stream-ordered work (the amax reset is a kernel that
+// reads the verdict), so it captures into a CUDA graph; replays with new grads and a new
+// delayed scale in the same buffers must follow the CPU.
+TEST_CASE("a captured fp8 step replays in a CUDA graph and follows the CPU bit for bit",
+          "[gpu][fp8param]") {
+  for (const ScalingCase& s : kCases) {
+    if (s.scaling == SA_SCALING_DELAYED && !s.amax) continue;
+    DYNAMIC_SECTION(s.label) {
+      Rng rng(0x6A8 + static_cast<uint64_t>(s.scaling));
+      Fp8Twin t(kFormats[0], s);
+      t.add_shards(rng, kDelayedScales[0]);
+      const std::vector<bool> all(t.shards.size(), true);
+      t.step(rng, 1.0, false, all, 0.0f);  // builds the plan and binds the grads for good
+      CUDA_OK(cudaDeviceSynchronize());    // that step ran on the legacy stream
+      cudaStream_t stream = nullptr;
+      CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
+      cudaGraph_t graph = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_step(t.gpu.get(), nullptr, stream));
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        INFO("replay " << replay);
+        t.set_delayed_scale(kDelayedScales[replay + 1]);
+        t.fill_grads(rng, replay == 1 ? 1e3 : 1.0, false, all);
+        CUDA_OK(cudaDeviceSynchronize());  // the uploads (legacy stream) before the replay
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_step(t.cpu.get(), nullptr, nullptr));
+        t.require_identical();
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
     }
   }
 }
