@@ -1,10 +1,12 @@
 // kernels/param_cast.h — the rules of kernels/param_scaling.h's scalings: how a run of
 // float32 master values becomes fp8 codes and scales, and back. The CPU kernel
 // (kernels/cpu/adam_cpu.cpp) runs them after the update of every run of elements; master
-// initialisation (add_param) and import run the inverse and the cast; a device backend
-// calls the same block functions per block, so every backend casts to the same bits.
+// initialisation (add_param) and import run the inverse and the cast. The CUDA kernels
+// (kernels/cuda/adam_fp8_cuda.cu) call the same functions: block_cast_factor and
+// cast_value on a block whose amax its threads reduced with quant8_absmax's bits rule,
+// dequantize_block an element at a time, so every backend casts to the same bits.
 //
-// Host and device code, except the range loops at the end (host).
+// Host and device code, except visit_param_scaling and the range loops at the end (host).
 #ifndef SHARDADAM_KERNELS_PARAM_CAST_H_
 #define SHARDADAM_KERNELS_PARAM_CAST_H_
 
@@ -72,24 +74,46 @@ SA_HD float block128_scale(float amax) {
 
 // ---- one block (or one per-tensor run) --------------------------------------------------
 
+// What the elements of a block (for a per-tensor scaling: of any run) whose max |master| is
+// `amax` are multiplied by before the cast: the engine's scale (delayed; amax unused), 1 / X
+// (mxfp8) or scale (block128). With write_scale, a block scaling also stores the block's
+// scale (the e8m0 code, or the float32 scale_inv) at index `block` of scale.scale. The one
+// rule of a block's scale: cast_block below and a device kernel that reduces a block's amax
+// over its threads (kernels/cuda/adam_fp8_cuda.cu) both call it.
+template <ElemType P, ParamScaling kScaling>
+SA_HD float block_cast_factor(float amax, const ParamScale& scale, int64_t block,
+                              bool write_scale) {
+  if constexpr (kScaling == ParamScaling::delayed) {
+    (void)amax;
+    (void)block;
+    (void)write_scale;
+    return *static_cast<const float*>(scale.scale);
+  } else if constexpr (kScaling == ParamScaling::mxfp8) {
+    const uint8_t code = mx_scale_code<P>(amax);
+    if (write_scale) static_cast<uint8_t*>(scale.scale)[block] = code;
+    return mx_element_factor(code);
+  } else {
+    static_assert(kScaling == ParamScaling::block128, "a scaling of SA_PARAM_SCALINGS");
+    const float factor = block128_scale<P>(amax);
+    if (write_scale) static_cast<float*>(scale.scale)[block] = 1.0f / factor;
+    return factor;
+  }
+}
+
+// The code of one master value under its block's factor (block_cast_factor).
+template <ElemType P>
+SA_HD uint8_t cast_value(float master, float factor) {
+  return Codec<P>::encode(master * factor);
+}
+
 // Casts master[0, n) into param[0, n) with the scaling's rule; for a block scaling n is one
-// block and *scale_out receives its scale (an e8m0 code, or the float32 scale_inv).
+// block and its scale is stored at index `block` (an e8m0 code, or the float32 scale_inv).
 template <ElemType P, ParamScaling kScaling>
 SA_HD void cast_block(const float* master, int64_t n, const ParamScale& scale, int64_t block,
                       uint8_t* param) {
-  float factor;
-  if constexpr (kScaling == ParamScaling::delayed) {
-    factor = *static_cast<const float*>(scale.scale);
-  } else if constexpr (kScaling == ParamScaling::mxfp8) {
-    const uint8_t code = mx_scale_code<P>(quant8_absmax(master, n));
-    static_cast<uint8_t*>(scale.scale)[block] = code;
-    factor = mx_element_factor(code);
-  } else {
-    static_assert(kScaling == ParamScaling::block128, "a scaling of SA_PARAM_SCALINGS");
-    factor = block128_scale<P>(quant8_absmax(master, n));
-    static_cast<float*>(scale.scale)[block] = 1.0f / factor;
-  }
-  for (int64_t i = 0; i < n; ++i) param[i] = Codec<P>::encode(master[i] * factor);
+  const float amax = kScaling == ParamScaling::delayed ? 0.0f : quant8_absmax(master, n);
+  const float factor = block_cast_factor<P, kScaling>(amax, scale, block, true);
+  for (int64_t i = 0; i < n; ++i) param[i] = cast_value<P>(master[i], factor);
 }
 
 // The master values param[0, n) stand for: decode(code) / scale (delayed), decode(code) *
@@ -108,9 +132,7 @@ SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& s
   }
 }
 
-// ---- host loops over a run of whole blocks ----------------------------------------------
-
-#if !defined(__CUDACC__)
+// ---- the dispatch to compile-time dtype and scaling (host code) ---------------------------
 
 // Calls fn(ElemTag<P>{}, std::integral_constant<ParamScaling, S>{}) for an fp8 param dtype
 // (those with Fp8Limits) and a scaling of SA_PARAM_SCALINGS other than none, and returns
@@ -136,6 +158,10 @@ bool visit_param_scaling(ElemType param, ParamScaling scaling, Fn&& fn) {
   if (param == ElemType::f8e5m2) return with_scaling(ElemTag<ElemType::f8e5m2>{});
   return false;
 }
+
+// ---- host loops over a run of whole blocks ----------------------------------------------
+
+#if !defined(__CUDACC__)
 
 // Calls fn(first, n, block) for each block of elements [begin, end) under scaling kS: the
 // whole run as block 0 for a per-tensor scaling, else its blocks (the last may be short).

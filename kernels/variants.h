@@ -3,7 +3,7 @@
 // kernel and the core's checks of add_param's options all read the table below; a new
 // param form, grad dtype or moment storage is a row here plus its loads and stores.
 //
-// Host code only, except TypedSlot (host and device).
+// Host code only, except fp8_master_slot and TypedSlot (host and device).
 #ifndef SHARDADAM_KERNELS_VARIANTS_H_
 #define SHARDADAM_KERNELS_VARIANTS_H_
 
@@ -112,6 +112,16 @@ constexpr Variant fp8_master_variant(Variant v) {
   v.master = MasterKind::none;
   v.scaling = ParamScaling::none;
   return v;
+}
+
+// A scaled param's slot as fp8_master_variant's: the master in the param's place (host and
+// device code: the CPU kernel and the CUDA kernels and tables build it).
+SA_HD TensorSlot fp8_master_slot(const TensorSlot& slot) {
+  TensorSlot inner = slot;
+  inner.param = slot.state[static_cast<size_t>(StateKind::master)];
+  inner.state[static_cast<size_t>(StateKind::master)] = nullptr;
+  inner.scale = ParamScale{};
+  return inner;
 }
 
 // ---- compile-time signatures ------------------------------------------------------------

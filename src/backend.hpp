@@ -81,6 +81,13 @@ class Backend {
   // initialisation). Synchronous.
   virtual void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) = 0;
 
+  // dst[i] = the value the fp8 code src[i] of a scaled param (`type`, `scaling`, its scale
+  // tensors `scale`) stands for (kernels/param_cast.h's dequantize_block), for n elements
+  // in backend memory: a scaled param's master initialisation. Synchronous.
+  virtual void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
+                                 kernels::ParamScaling scaling, const kernels::ParamScale& scale,
+                                 int64_t n) = 0;
+
   // Builds the launch tables of `plan` (CUDA: device copies of its slot tables) for
   // optimizers of `num_params` params. Called after a plan is (re)built and before it is
   // launched; may allocate and synchronize.

@@ -8,7 +8,6 @@
 #include <type_traits>
 
 #include "../kernels/block_moment.h"
-#include "../kernels/param_cast.h"
 #include "../kernels/variants.h"
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
@@ -353,8 +352,8 @@ void Optimizer::init_master(Param& p) {
   auto* master = static_cast<float*>(p.state[StateKind::master]->data());
   if (p.scaling == kernels::ParamScaling::none) {
     backend_->widen_to_f32(master, p.data, p.param_type, p.numel);
-  } else {  // host memory: add_param refuses scaled params elsewhere
-    kernels::dequantize_param(p.param_type, p.scaling, p.data, p.scale, p.numel, master);
+  } else {
+    backend_->dequantize_to_f32(master, p.data, p.param_type, p.scaling, p.scale, p.numel);
   }
 }
 
@@ -448,19 +447,15 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
   param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
-  if (param->scaling != kernels::ParamScaling::none) {
-    if (shard.device.device_type != kDLCPU)
-      fail(SA_ERR_UNSUPPORTED, context, ": ", elem_name(*param_type), " params run on the CPU (",
-           device_name(shard.device), " is not supported for them in this version)");
-    if (param->scaling == kernels::ParamScaling::delayed) {
-      const float s = *static_cast<const float*>(param->scale.scale);
-      if (!(s > 0.0f && s <= FLT_MAX))
-        fail(SA_ERR_INVALID_ARGUMENT, context, ": the scale is ", s,
-             "; it must be > 0 and finite (the master starts as the fp8 value / scale)");
-    }
-  }
   Backend& backend = backend_for(shard.device, context);
-  (void)backend;
+  if (param->scaling == kernels::ParamScaling::delayed) {
+    float s = 0.0f;  // on the param's device, perhaps just written on another stream
+    backend.synchronize();
+    backend.copy_to_host(&s, param->scale.scale, sizeof s);
+    if (!(s > 0.0f && s <= FLT_MAX))
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": the scale is ", s,
+           "; it must be > 0 and finite (the master starts as the fp8 value / scale)");
+  }
 
   try {
     allocate_state(*param);

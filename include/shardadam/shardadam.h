@@ -481,8 +481,8 @@ typedef struct sa_param_options {
  *
  * local_shard: a C-contiguous tensor of float32, bfloat16 or float16 on the CPU (kDLCPU)
  *   or, in builds with CUDA, on a CUDA device (kDLCUDA), or of float8_e4m3fn or
- *   float8_e5m2 with a scaling (options->scaling; on the CPU only in this version: a CUDA
- *   fp8 param is SA_ERR_UNSUPPORTED); not read-only, its data aligned
+ *   float8_e5m2 with a scaling (options->scaling; the CPU and CUDA backends cast to the
+ *   same codes and scales); not read-only, its data aligned
  *   to its element size. All params of one optimizer are on one device. Its shape must equal
  *   the local shape the layout gives (mesh form), or defines it (box form).
  * layout: where the shard sits in the global tensor; NULL means "not sharded" (global

@@ -195,11 +195,8 @@ float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, cons
                             int64_t begin, int64_t end, bool simd) {
   assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
   const Variant inner = fp8_master_variant(variant);
-  TensorSlot inner_slot = slot;
-  auto* master = static_cast<float*>(state_at(slot, StateKind::master));
-  inner_slot.param = master;
-  state_at(inner_slot, StateKind::master) = nullptr;
-  inner_slot.scale = ParamScale{};
+  const TensorSlot inner_slot = fp8_master_slot(slot);
+  const auto* master = static_cast<const float*>(inner_slot.param);
   uint32_t amax = 0;
   for (int64_t run = begin; run < end; run += kCastRun) {
     const int64_t run_end = end - run < kCastRun ? end : run + kCastRun;

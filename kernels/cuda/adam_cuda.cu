@@ -14,6 +14,7 @@
 
 #include "../variants.h"
 #include "adam_cuda.cuh"
+#include "adam_fp8_cuda.cuh"
 #include "cuda_ops.cuh"
 #include "master.cuh"
 #include "storage.cuh"
@@ -149,6 +150,11 @@ cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const De
                                cudaStream_t st) {
   if (b.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
+  if (v.scaling != ParamScaling::none) {
+    // Block moments: the backend calls launch_adam_bucket_scaled_blocks, with its tables.
+    if (is_block_storage(v.moment)) return cudaErrorInvalidValue;
+    return launch_adam_bucket_scaled(v, b, s, st);  // adam_fp8_cuda.cu
+  }
   if (is_block_storage(v.moment))
     return launch_adam_bucket_blocks(v, b, s, st);  // adam_block_cuda.cu
   visit_variant(v, [&](auto signature) { err = launch_typed<decltype(signature)>(b, s, st); });

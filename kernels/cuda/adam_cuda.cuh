@@ -75,8 +75,9 @@ __device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const Dev
   return true;
 }
 
-// One launch updates every chunk of every slot of the bucket. Enqueues on `stream`
-// only; returns the launch error (cudaSuccess when the launch was accepted).
+// One launch updates every chunk of every slot of the bucket (of scaled fp8 params with
+// element moments too: adam_fp8_cuda.cuh). Enqueues on `stream` only; returns the launch
+// error (cudaSuccess when the launch was accepted).
 cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucket,
                                const DeviceStep& step, cudaStream_t stream);
 

@@ -113,6 +113,12 @@ class CpuBackend final : public Backend {
     decode_to_f32(type, src, n, dst);
   }
 
+  void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
+                         kernels::ParamScaling scaling, const kernels::ParamScale& scale,
+                         int64_t n) override {
+    kernels::dequantize_param(type, scaling, src, scale, n, dst);
+  }
+
   // The work list covers every element of every slot exactly once, in chunks that never
   // straddle two slots.
   void prepare(const Plan& plan, int64_t num_params) override {

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "../../kernels/cuda/adam_cuda.cuh"
+#include "../../kernels/cuda/adam_fp8_cuda.cuh"
+#include "../../kernels/variants.h"
 #include "../backend.hpp"
 #include "../errors.hpp"
 #include "cuda_module.hpp"
@@ -143,7 +145,25 @@ struct DeviceTables {
   std::shared_ptr<Buffer> slots;          // TensorSlot[num_slots]
   std::shared_ptr<Buffer> chunk_offsets;  // int64_t[num_slots + 1]
   kernels::DeviceBucket view{};
+  // fp8 params with block moments only: the slots as their masters' update sees them
+  // (kernels::fp8_master_slot), for the block-moment kernel; NULL otherwise.
+  std::shared_ptr<Buffer> master_slots;
+  kernels::DeviceBucket master_view{};
 };
+
+// Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): their block
+// moments' update of the masters, then the cast.
+bool steps_masters_apart(const kernels::Variant& v) {
+  return v.scaling != kernels::ParamScaling::none && kernels::is_block_storage(v.moment);
+}
+
+// A bucket's slots as fp8_master_slot gives them.
+std::vector<kernels::TensorSlot> master_slots_of(const Bucket& bucket) {
+  std::vector<kernels::TensorSlot> out;
+  out.reserve(bucket.slots.size());
+  for (const kernels::TensorSlot& s : bucket.slots) out.push_back(kernels::fp8_master_slot(s));
+  return out;
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -223,6 +243,15 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(nullptr), "master initialisation");
   }
 
+  void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
+                         kernels::ParamScaling scaling, const kernels::ParamScale& scale,
+                         int64_t n) override {
+    DeviceScope scope(device_);
+    check_cuda(kernels::launch_dequantize_param(type, scaling, src, scale, n, dst, nullptr),
+               "fp8 master initialisation");
+    check_cuda(cudaStreamSynchronize(nullptr), "fp8 master initialisation");
+  }
+
   void prepare(const Plan& plan, int64_t num_params) override {
     DeviceScope scope(device_);
     std::vector<DeviceTables> tables;
@@ -243,6 +272,14 @@ class CudaBackend final : public Backend {
       t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
                 static_cast<const int64_t*>(t.chunk_offsets->data()),
                 static_cast<int32_t>(bucket.slots.size()), offsets.back()};
+      if (steps_masters_apart(bucket.variant)) {
+        const std::vector<kernels::TensorSlot> masters = master_slots_of(bucket);
+        t.master_slots = allocate(masters.size() * sizeof(kernels::TensorSlot));
+        copy_from_host(t.master_slots->data(), masters.data(),
+                       masters.size() * sizeof(kernels::TensorSlot));
+        t.master_view = t.view;
+        t.master_view.slots = static_cast<const kernels::TensorSlot*>(t.master_slots->data());
+      }
       tables.push_back(std::move(t));
     }
     int64_t total_chunks = 0;
@@ -260,6 +297,10 @@ class CudaBackend final : public Backend {
     const auto& slots = plan.buckets[bucket].slots;
     upload(tables_[bucket].slots->data(), slots.data(), slots.size() * sizeof(kernels::TensorSlot),
            stream);
+    if (tables_[bucket].master_slots == nullptr) return;
+    const std::vector<kernels::TensorSlot> masters = master_slots_of(plan.buckets[bucket]);
+    upload(tables_[bucket].master_slots->data(), masters.data(),
+           masters.size() * sizeof(kernels::TensorSlot), stream);
   }
 
   // Per-chunk partials of every bucket, then one deterministic finish.
@@ -297,15 +338,21 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
                                    verdict};
-    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
-      check_cuda(kernels::launch_adam_bucket(plan.buckets[b].variant, tables_[b].view, step,
-                                             static_cast<cudaStream_t>(stream)),
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      const kernels::Variant& v = plan.buckets[b].variant;
+      const auto s = static_cast<cudaStream_t>(stream);
+      check_cuda(steps_masters_apart(v) ? kernels::launch_adam_bucket_scaled_blocks(
+                                              v, tables_[b].view, tables_[b].master_view, step, s)
+                                        : kernels::launch_adam_bucket(v, tables_[b].view, step, s),
                  "Adam kernel launch");
+    }
   }
 
-  // add_param refuses scaled (fp8) params on CUDA in this version, so none reaches here.
-  void cast_param(const kernels::Variant&, const kernels::TensorSlot&) override {
-    fail(SA_ERR_UNSUPPORTED, "fp8 params are not supported on CUDA in this version");
+  // On the legacy default stream, then waited for: synchronous by contract (import).
+  void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
+    DeviceScope scope(device_);
+    check_cuda(kernels::launch_cast_param(variant, slot, nullptr), "fp8 param cast");
+    check_cuda(cudaStreamSynchronize(nullptr), "fp8 param cast");
   }
 
  private:

@@ -289,7 +289,8 @@ class Optimizer(OwnsHandle):
             tensor: the local shard, any DLPack producer (numpy, torch, cupy, jax, ...):
                 C-contiguous, writable, float32, bfloat16 or float16, on the CPU or (in CUDA
                 builds) a CUDA device, or float8_e4m3fn / float8_e5m2 with a ``scaling``
-                (on the CPU in this version; numpy arrays of ml_dtypes' dtypes work). It is
+                (numpy arrays of ml_dtypes' dtypes work; on CUDA, its scale and amax are on its
+                device too). It is
                 updated in place at every step. The optimizer holds the producer's DLPack
                 tensor (and so the array) until it is closed.
             group: index of the group.
