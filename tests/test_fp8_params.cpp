@@ -492,8 +492,6 @@ TEST_CASE(
   const std::vector<int64_t> shape{4, 256};
   const int64_t n = shape[0] * shape[1];
   Rng rng(29);
-  OptimizerPtr opt = make_optimizer(1);
-  add_group(opt.get(), group_config(1e-2, 0.0, 1));
   // Param 0: a float32 param (no master; both calls leave it), param 1: the fp8 one,
   // param 2: bfloat16 with a float32 master, param 3: bfloat16 with a remainder.
   HostTensor plain({8}, kFloat32);
@@ -506,6 +504,9 @@ TEST_CASE(
       scale.as<float>()[b] = 1.0f;
   }
   HostTensor bf16({8}, kBfloat16), bf16r({8}, kBfloat16);
+  // After the tensors: the optimizer runs their deleters when it is destroyed.
+  OptimizerPtr opt = make_optimizer(1);
+  add_group(opt.get(), group_config(1e-2, 0.0, 1));
   const sa_param_options options = fp8_options(s, scale, s.block == 0 ? &amax : nullptr);
   sa_param_options remainder = SA_PARAM_OPTIONS_INIT;
   remainder.master = SA_MASTER_REMAINDER;
