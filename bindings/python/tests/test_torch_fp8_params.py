@@ -80,17 +80,23 @@ def check_cast(param, scale, master, dtype, scaling, delayed_scale):
         assert torch.equal(scale.view(torch.int32), want_scale.contiguous().view(torch.int32))
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: the GPU runs were not made"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype,scaling", CASES)
-def test_fused_adam_steps_the_master_as_a_float32_param_and_casts_the_float8_param(dtype, scaling):
+def test_fused_adam_steps_the_master_as_a_float32_param_and_casts_the_float8_param(dtype, scaling, device):
     g = torch.Generator().manual_seed(3)
     param, scale = fp8_model(dtype, scaling, g)
-    amax = torch.zeros(1) if scaling == "delayed" else None
+    param, scale = torch.nn.Parameter(param.detach().to(device)), scale.to(device)
+    amax = torch.zeros(1, device=device) if scaling == "delayed" else None
     twin = torch.nn.Parameter(start_of(param.detach(), scaling, scale).clone())
     opt = FusedAdam([param], fp8={param: Fp8(scaling, scale, amax)}, **HYPER)
     ref = FusedAdam([twin], **HYPER)
     assert param.grad_dtype == torch.float32  # so that torch takes float32 grads
     for _ in range(3):
-        grad = torch.randn(param.shape, generator=g) * 3
+        grad = (torch.randn(param.shape, generator=g) * 3).to(device)
         param.grad, twin.grad = grad.clone(), grad.clone()
         opt.step()
         ref.step()
