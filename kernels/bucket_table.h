@@ -54,6 +54,15 @@ struct TensorSlot {
   ParamScale scale;     // an fp8 param's scale tensors (param_scaling.h); NULLs otherwise
 };
 
+// A current-scaled param (is_current), empty shards included: the second pass of a step
+// writes its scale (param_cast.h's write_current_scale), which every rank's forward pass
+// reads, whether or not the rank holds elements of it.
+struct CurrentScale {
+  ElemType param;
+  ParamScaling scaling;
+  ParamScale scale;
+};
+
 // The constants of one step for one param (float, as the kernels compute; params of one
 // group at the same step count share the values) plus whether its group uses Adam-style
 // L2 decay (selects the kL2 instantiation).

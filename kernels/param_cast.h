@@ -72,6 +72,42 @@ SA_HD float block128_scale(float amax) {
   return s > FLT_MAX ? FLT_MAX : s;
 }
 
+// current scaling: the tensor's scale from its amax over all ranks, block128's rule (1 when
+// amax is 0, FLT_MAX where the quotient overflows, NaN for a NaN amax); current_pow2 rounds
+// it down to a power of two (clearing the mantissa: every such scale is a normal float),
+// so that master * scale stays within fp8_max and 1 / scale is exact.
+template <ElemType P, ParamScaling kScaling>
+SA_HD float current_scale(float amax) {
+  const float s = block128_scale<P>(amax);
+  if constexpr (kScaling == ParamScaling::current_pow2) {
+    return s != s ? s : bits_float(float_bits(s) & 0xFF800000u);
+  } else {
+    static_assert(kScaling == ParamScaling::current, "a current scaling");
+    return s;
+  }
+}
+
+// The amax a current scaling's first pass left in *amax_bits (reduced across ranks).
+SA_HD float reduced_amax(const ParamScale& scale) {
+  return bits_float(static_cast<uint32_t>(*scale.amax_bits));
+}
+
+// A current scaling's second pass, before its cast (host and device): scale[0] = the scale
+// of the reduced amax (*scale.amax_bits), scale[1] = 1 / scale[0], and the engine's amax,
+// if it asked for one, = the reduced amax.
+SA_HD void write_current_scale(ElemType param_type, ParamScaling scaling, const ParamScale& scale) {
+  const float amax = reduced_amax(scale);
+  const bool e4m3 = param_type == ElemType::f8e4m3, pow2 = scaling == ParamScaling::current_pow2;
+  const float factor =
+      e4m3 ? (pow2 ? current_scale<ElemType::f8e4m3, ParamScaling::current_pow2>(amax)
+                   : current_scale<ElemType::f8e4m3, ParamScaling::current>(amax))
+           : (pow2 ? current_scale<ElemType::f8e5m2, ParamScaling::current_pow2>(amax)
+                   : current_scale<ElemType::f8e5m2, ParamScaling::current>(amax));
+  static_cast<float*>(scale.scale)[0] = factor;
+  static_cast<float*>(scale.scale)[1] = 1.0f / factor;
+  if (scale.amax != nullptr) *scale.amax = amax;
+}
+
 // ---- one block (or one per-tensor run) --------------------------------------------------
 
 // What the elements of a block (for a per-tensor scaling: of any run) whose max |master| is
@@ -83,7 +119,8 @@ SA_HD float block128_scale(float amax) {
 template <ElemType P, ParamScaling kScaling>
 SA_HD float block_cast_factor(float amax, const ParamScale& scale, int64_t block,
                               bool write_scale) {
-  if constexpr (kScaling == ParamScaling::delayed) {
+  if constexpr (kScaling == ParamScaling::delayed || is_current(kScaling)) {
+    // A current scaling's scale was written before the cast (write_current_scale).
     (void)amax;
     (void)block;
     (void)write_scale;
@@ -111,13 +148,14 @@ SA_HD uint8_t cast_value(float master, float factor) {
 template <ElemType P, ParamScaling kScaling>
 SA_HD void cast_block(const float* master, int64_t n, const ParamScale& scale, int64_t block,
                       uint8_t* param) {
-  const float amax = kScaling == ParamScaling::delayed ? 0.0f : quant8_absmax(master, n);
+  const float amax = scaling_block(kScaling) == 0 ? 0.0f : quant8_absmax(master, n);
   const float factor = block_cast_factor<P, kScaling>(amax, scale, block, true);
   for (int64_t i = 0; i < n; ++i) param[i] = cast_value<P>(master[i], factor);
 }
 
 // The master values param[0, n) stand for: decode(code) / scale (delayed), decode(code) *
-// X (mxfp8), decode(code) * scale_inv (block128), each rounded once.
+// X (mxfp8), decode(code) * scale_inv (block128; current: the second of its two
+// elements), each rounded once.
 template <ElemType P, ParamScaling kScaling>
 SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& scale, int64_t block,
                             float* master) {
@@ -127,7 +165,8 @@ SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& s
   } else {
     const float x = kScaling == ParamScaling::mxfp8
                         ? e8m0_to_float(static_cast<const uint8_t*>(scale.scale)[block])
-                        : static_cast<const float*>(scale.scale)[block];
+                    : is_current(kScaling) ? static_cast<const float*>(scale.scale)[1]
+                                           : static_cast<const float*>(scale.scale)[block];
     for (int64_t i = 0; i < n; ++i) master[i] = Codec<P>::decode(param[i]) * x;
   }
 }
@@ -194,6 +233,12 @@ inline float cast_param_range(ElemType param_type, ParamScaling scaling, const f
     });
   });
   return amax;
+}
+
+// Max |master[begin, end)| as magnitude bits in a double (a current scaling's first pass
+// for a param whose master did not change: no grad, or a recast).
+inline double master_amax_bits(const float* master, int64_t begin, int64_t end) {
+  return static_cast<double>(quant8_magnitude_bits(quant8_absmax(master + begin, end - begin)));
 }
 
 // The master values of elements [0, n) of a param (add_param's initialisation).

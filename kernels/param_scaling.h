@@ -35,7 +35,16 @@ namespace kernels {
   X(block128, 3, 128, f32, true,                                                            \
     "1x128 blocks (DeepSeek-V3): a float32 scale_inv per 128 elements of the last dim, "    \
     "written by the step: scale = fp8_max / amax (1 when amax is 0), param = fp8(master * " \
-    "scale), scale_inv = 1 / scale")
+    "scale), scale_inv = 1 / scale")                                                        \
+  X(current, 4, 0, f32, true,                                                               \
+    "per tensor, from this step's masters (Transformer Engine's current scaling): amax = "  \
+    "max |master| over the whole global tensor (reduced across ranks through the "          \
+    "optimizer's communicator when it is sharded), scale = fp8_max / amax (1 when amax "    \
+    "is 0), param = fp8(master * scale); scale is two float32 elements the step writes: "   \
+    "[scale, scale_inv = 1 / scale]; amax, optional, receives the global amax")             \
+  X(current_pow2, 5, 0, f32, true,                                                          \
+    "as current, with the scale rounded down to a power of two (so scale_inv is exact and " \
+    "the cast never saturates)")
 
 enum class ParamScaling : uint8_t {
 #define SA_SCALING_ENUMERATOR(name, value, block, scale_type, writes, doc) name = (value),
@@ -53,16 +62,30 @@ constexpr int kNumParamScalings = SA_PARAM_SCALINGS(SA_SCALING_COUNT) 0;
 SA_HD constexpr int64_t scaling_block(ParamScaling s) {
   return SA_PARAM_SCALINGS(SA_SCALING_BLOCK) 0;
 }
+
+// Whether a scaling derives its scale from this step's masters over the whole tensor, so
+// that a step takes two passes with the amax (reduced across ranks) between them: the
+// update and the amax, then the scale and the cast.
+SA_HD constexpr bool is_current(ParamScaling s) {
+  return s == ParamScaling::current || s == ParamScaling::current_pow2;
+}
 #undef SA_SCALING_COUNT
 #undef SA_SCALING_BLOCK
 
 // The pointers of a scaled param, in its TensorSlot (NULL for an unscaled one):
 //   delayed:  scale -> the engine's float32 scale (read), amax -> float32 (written);
 //   mxfp8:    scale -> uint8 e8m0 codes, one per block (written); amax NULL;
-//   block128: scale -> float32 scale_inv, one per block (written); amax NULL.
+//   block128: scale -> float32 scale_inv, one per block (written); amax NULL;
+//   current:  scale -> float32 [scale, scale_inv] (written), amax -> float32 (written,
+//             optional), amax_bits -> the core's double that the first pass sets to the
+//             shard's max |master| as magnitude bits (quant8_magnitude_bits: an integer
+//             below 2^32, exact in a double, ordered as the magnitudes with NaN above
+//             infinity), that a communicator max-reduces across ranks, and that the second
+//             pass reads.
 struct ParamScale {
   void* scale;
   float* amax;
+  double* amax_bits;
 };
 
 }  // namespace kernels

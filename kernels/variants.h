@@ -43,6 +43,10 @@ inline constexpr ParamForm kParamForms[] = {
     {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::delayed},
     {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::mxfp8},
     {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::block128},
+    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::current},
+    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::current_pow2},
+    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::current},
+    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::current_pow2},
 };
 
 // The grad dtypes every param form takes.

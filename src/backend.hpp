@@ -115,8 +115,22 @@ class Backend {
   // scaling's amax written.
   virtual void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void* stream) = 0;
 
+  // A current scaling's (kernels::is_current) first pass writes each current-scaled slot's
+  // max |master| into *slot.scale.amax_bits (with the update, or from the master as it is
+  // for a slot without a grad); the core then reduces those across ranks, and this
+  // enqueues the second pass, unless verdict->skip: every entry of plan.current gets its
+  // scale from its reduced amax (param_cast.h's write_current_scale), then each
+  // current-scaled slot's codes are cast from its master.
+  virtual void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,
+                                    void* stream) = 0;
+
+  // *slot.scale.amax_bits := max |master| of a current-scaled param, its master as it is
+  // (a recast's first pass). Synchronous.
+  virtual void measure_amax(const kernels::Variant& variant, const kernels::TensorSlot& slot) = 0;
+
   // Casts a scaled param (slot.scale set) from its master as a step would after updating
-  // it: param codes, block scales, and a delayed scaling's amax. Synchronous (import).
+  // it: param codes, block scales, a delayed scaling's amax, and a current scaling's scale
+  // from its reduced amax (*slot.scale.amax_bits). Synchronous (import, recast).
   virtual void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) = 0;
 };
 

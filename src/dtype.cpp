@@ -99,7 +99,8 @@ static_assert(std::size(kScalings) == kernels::kNumParamScalings, "a row per Par
 SA_PARAM_SCALINGS(SA_SCALING_VALUE_CHECK)
 #undef SA_SCALING_VALUE_CHECK
 static_assert(SA_SCALING_NONE == 0 && SA_SCALING_DELAYED == 1 && SA_SCALING_MXFP8 == 2 &&
-                  SA_SCALING_BLOCK128 == 3,
+                  SA_SCALING_BLOCK128 == 3 && SA_SCALING_CURRENT == 4 &&
+                  SA_SCALING_CURRENT_POW2 == 5,
               "sa_param_scaling is SA_PARAM_SCALINGS' values");
 
 }  // namespace

@@ -132,6 +132,13 @@ Layout resolve_layout(const sa_layout* in, const Dims& shard_shape, const std::s
   return out;
 }
 
+bool is_sharded(const Layout& layout) {
+  if (layout.mesh_shape.empty()) return layout.local_shape != layout.global_shape;
+  for (std::size_t m = 0; m < layout.placements.size(); ++m)
+    if (layout.placements[m].type == SA_PLACEMENT_SHARD && layout.mesh_shape[m] > 1) return true;
+  return false;
+}
+
 bool primary_replica(const Layout& layout) {
   for (std::size_t m = 0; m < layout.placements.size(); ++m)
     if (layout.placements[m].type == SA_PLACEMENT_REPLICATE && layout.mesh_coord[m] != 0)

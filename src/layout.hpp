@@ -39,6 +39,12 @@ struct Layout {
 // gradient norm counts, only such shards, so every element is counted once.
 bool primary_replica(const Layout& layout);
 
+// Whether the layout splits the tensor across ranks: a Shard placement along a mesh dim of
+// more than one rank (mesh form; true on every rank, the one holding all of a tiny tensor
+// too), or a box that is not the whole tensor (box form). Ranks that hold the same tensor
+// by the same layout answer alike.
+bool is_sharded(const Layout& layout);
+
 // Resolves `layout` for a shard of shape `shard_shape`. NULL means "not sharded". For
 // the mesh form the local shape is computed and must equal shard_shape; for the box form
 // shard_shape is the local shape and the box must fit the global shape. `context` starts

@@ -175,8 +175,10 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
   if (options.scale == nullptr)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": options.scale is NULL; ", name, " needs one");
   if (d.block == 0) {
-    scale.scale = checked_scale_tensor(*options.scale, "options.scale", d.scale_type, {}, false,
-                                       device, context);
+    // delayed: one element the step reads; current: [scale, scale_inv], which it writes.
+    scale.scale =
+        checked_scale_tensor(*options.scale, "options.scale", d.scale_type,
+                             d.step_writes ? Dims{2} : Dims{}, d.step_writes, device, context);
     if (options.amax != nullptr) {
       // The optimizer would own one tensor twice, and the step's amax would overwrite the
       // scale it reads.
@@ -358,11 +360,104 @@ void Optimizer::init_master(Param& p) {
 }
 
 void Optimizer::cast_params_from_master(const std::vector<int64_t>& params) {
+  // Current scalings first measure every amax, then reduce the sharded ones' (a collective,
+  // when the list holds one: every rank's list holds the same), then cast.
+  bool reduce = false;
   for (int64_t index : params) {
     const Param& p = *params_[index];
-    if (p.scaling != kernels::ParamScaling::none && p.numel > 0)
+    if (!kernels::is_current(p.scaling)) continue;
+    backend_->measure_amax(variant_of(p), slot_of(p, index));
+    reduce = reduce || is_sharded(p.layout);
+  }
+  if (reduce) reduce_current_amax(nullptr);
+  for (int64_t index : params) {
+    const Param& p = *params_[index];
+    // An empty current-scaled shard still gets the tensor's scale.
+    if (p.scaling != kernels::ParamScaling::none && (p.numel > 0 || kernels::is_current(p.scaling)))
       backend_->cast_param(variant_of(p), slot_of(p, index));
   }
+}
+
+Optimizer::CurrentSlotPlan Optimizer::plan_current_param(const Param& p, int64_t index) const {
+  CurrentSlotPlan next;
+  next.order = current_order_;
+  const auto at = is_sharded(p.layout) ? next.order.begin() + current_sharded_ : next.order.end();
+  next.order.insert(at, index);
+  next.buffer = backend_->allocate(next.order.size() * sizeof(double));
+  return next;
+}
+
+void Optimizer::install_current_params(CurrentSlotPlan&& next, bool sharded) noexcept {
+  current_amax_ = std::move(next.buffer);
+  current_order_ = std::move(next.order);
+  auto* bits = static_cast<double*>(current_amax_->data());
+  for (std::size_t i = 0; i < current_order_.size(); ++i)
+    params_[current_order_[i]]->scale.amax_bits = bits + i;
+  if (sharded) ++current_sharded_;
+  current_agreed_ = false;
+}
+
+void Optimizer::set_comm(std::shared_ptr<Comm> comm) {
+  if (!comm && current_sharded_ > 0)
+    fail(SA_ERR_STATE, param_context(params_[current_order_[0]]->name), " is ",
+         scaling_c_name(params_[current_order_[0]]->scaling),
+         " and sharded, so every step reduces its amax through the communicator; it cannot be "
+         "removed");
+  comm_ = std::move(comm);
+  current_agreed_ = false;
+}
+
+namespace {
+
+// FNV-1a, 64 bits: what the ranks compare of their sharded current-scaled params.
+void fnv1a(uint64_t& h, const void* data, std::size_t n) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;
+}
+
+}  // namespace
+
+void Optimizer::check_current_agreement() {
+  if (current_agreed_ || current_sharded_ == 0) return;
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (int32_t i = 0; i < current_sharded_; ++i) {
+    const Param& p = *params_[current_order_[static_cast<std::size_t>(i)]];
+    fnv1a(h, p.name.c_str(), p.name.size() + 1);
+    fnv1a(h, p.layout.global_shape.data(), p.layout.global_shape.size() * sizeof(int64_t));
+    const unsigned char tags[2] = {static_cast<unsigned char>(p.param_type),
+                                   static_cast<unsigned char>(p.scaling)};
+    fnv1a(h, tags, sizeof tags);
+  }
+  // Equal on every rank exactly when max(x) == -max(-x) for each value (all exact doubles).
+  const double hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xFFFFFFFFu);
+  const double mine[6] = {double(current_sharded_), -double(current_sharded_), hi, -hi, lo, -lo};
+  std::shared_ptr<Buffer> values = backend_->allocate(sizeof mine);
+  backend_->copy_from_host(values->data(), mine, sizeof mine);
+  all_reduce_backend_memory(*backend_, *comm_, static_cast<double*>(values->data()), 6,
+                            ReduceOp::max, nullptr, current_staging_);
+  backend_->synchronize();
+  double all[6];
+  backend_->copy_to_host(all, values->data(), sizeof all);
+  if (all[0] != -all[1])
+    fail(SA_ERR_MISMATCH, "the ranks of ", comm_->describe(),
+         " hold different numbers of current-scaled sharded params (from ", -all[1], " to ", all[0],
+         "; this rank: ", current_sharded_,
+         "): every rank must add the same ones in the same order, empty shards included, "
+         "since their amax is reduced as one vector (nothing was changed)");
+  if (all[2] != -all[3] || all[4] != -all[5])
+    fail(SA_ERR_MISMATCH, "the ranks of ", comm_->describe(), " hold ", current_sharded_,
+         " current-scaled sharded params each, but not the same ones (names, global shapes, "
+         "dtypes, scalings or order differ; this rank's first is '",
+         params_[current_order_[0]]->name,
+         "'): every rank must add the same ones in the same order, since their amax is "
+         "reduced as one vector (nothing was changed)");
+  current_agreed_ = true;
+}
+
+void Optimizer::reduce_current_amax(void* stream) {
+  check_current_agreement();
+  all_reduce_backend_memory(*backend_, *comm_, static_cast<double*>(current_amax_->data()),
+                            current_sharded_, ReduceOp::max, stream, current_staging_);
 }
 
 void Optimizer::recast_params(int64_t first, int64_t n) {
@@ -447,14 +542,24 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
   param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
+  const bool current = kernels::is_current(param->scaling);
+  if (current && is_sharded(param->layout) && !comm_)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": ", scaling_c_name(param->scaling),
+         " scales the whole tensor by its amax, and this layout splits the tensor across "
+         "ranks, so the amax must be reduced across them: set a communicator "
+         "(sa_optimizer_set_comm) before adding the param");
   Backend& backend = backend_for(shard.device, context);
-  if (param->scaling == kernels::ParamScaling::delayed) {
+  if (param->scaling == kernels::ParamScaling::delayed || current) {
+    // The scale the codes were cast with: delayed: the scale; current: [1], scale_inv.
     float s = 0.0f;  // on the param's device, perhaps just written on another stream
     backend.synchronize();
-    backend.copy_to_host(&s, param->scale.scale, sizeof s);
+    backend.copy_to_host(&s, static_cast<const float*>(param->scale.scale) + (current ? 1 : 0),
+                         sizeof s);
     if (!(s > 0.0f && s <= FLT_MAX))
-      fail(SA_ERR_INVALID_ARGUMENT, context, ": the scale is ", s,
-           "; it must be > 0 and finite (the master starts as the fp8 value / scale)");
+      fail(SA_ERR_INVALID_ARGUMENT, context,
+           current ? ": the scale_inv (scale[1]) is " : ": the scale is ", s,
+           "; it must be > 0 and finite (the master starts as the fp8 value ",
+           current ? "* scale_inv)" : "/ scale)");
   }
 
   try {
@@ -473,8 +578,11 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
     grad_specs_.reserve(std::max<std::size_t>(16, 2 * grad_specs_.capacity()));
   stepper_.reserve_param();
 
-  // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
   const int64_t index = num_params();
+  CurrentSlotPlan current_slots;
+  if (current) current_slots = plan_current_param(*param, index);
+
+  // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
   params_.push_back(std::move(param));
   try {
     index_of_name_.emplace(params_.back()->name, index);
@@ -483,6 +591,7 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
     throw;
   }
   // No throw past this point: capacity was reserved above.
+  if (current) install_current_params(std::move(current_slots), is_sharded(params_.back()->layout));
   stepper_.add_param(request.group, params_.back()->binding == GradBinding::bound);
   grad_specs_.push_back(grad_spec_of(*params_.back()));
   params_.back()->owner =
@@ -719,9 +828,22 @@ std::optional<bool> Optimizer::step(const sa_step_args& args, void* stream) {
                    : nullptr;
   if (!backend_ && comm != nullptr && comm->reduces_device_memory())
     backend_for(DLDevice{kDLCUDA, comm->device()}, "the communicator");  // joins on its device
-  const StepInputs inputs{args.inv_grad_scale, args.found_inf, clip, args.grad_norm, comm};
+  // Current-scaled sharded params reduce their amax at every step, whatever the arguments.
+  Comm* amax_comm = current_sharded_ > 0 ? comm_.get() : nullptr;
+  const StepInputs inputs{args.inv_grad_scale,
+                          args.found_inf,
+                          clip,
+                          args.grad_norm,
+                          comm,
+                          amax_comm,
+                          current_amax_ ? static_cast<double*>(current_amax_->data()) : nullptr,
+                          current_sharded_};
   if (backend_) {
     if (comm != nullptr) check_comm_fits(*comm);
+    if (amax_comm != nullptr) {
+      check_comm_fits(*amax_comm);
+      check_current_agreement();  // before anything changes
+    }
     update_plan();
   }
   return stepper_.step(plan_, inputs, stream);

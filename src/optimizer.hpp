@@ -191,8 +191,9 @@ class Optimizer {
   // How the last step went: skipped or not, and the norm (may synchronize).
   StepReport last_report() const;
 
-  // The communicator of later steps (nullptr: none).
-  void set_comm(std::shared_ptr<Comm> comm) { comm_ = std::move(comm); }
+  // The communicator of later steps (nullptr: none; refused while a current-scaled param is
+  // sharded, since its amax is reduced through it).
+  void set_comm(std::shared_ptr<Comm> comm);
 
   // Brings the backend's copies of grads, hyperparameters and step counts up to date on
   // `stream` (what step() does first; needed before replaying a captured step).
@@ -254,8 +255,35 @@ class Optimizer {
   sa_optimizer_config config_;
   void check_comm_fits(const Comm& comm) const;
 
+  // ---- current scaling (kernels::is_current) ----
+  // Prepares adding param `p` (current-scaled) as the param of index `index`: the amax
+  // buffer with room for it. May throw; changes nothing.
+  struct CurrentSlotPlan {
+    std::shared_ptr<Buffer> buffer;
+    std::vector<int64_t> order;
+  };
+  CurrentSlotPlan plan_current_param(const Param& p, int64_t index) const;
+  // Installs what plan_current_param prepared (no throw): every current-scaled param's
+  // amax_bits points into the new buffer.
+  void install_current_params(CurrentSlotPlan&& next, bool sharded) noexcept;
+  // Compares this rank's sharded current-scaled params with the other ranks' through
+  // comm_ (a collective, once per set of params and communicator); SA_ERR_MISMATCH if
+  // they differ.
+  void check_current_agreement();
+  // Max-reduces the sharded current-scaled params' amax through comm_ (a collective).
+  void reduce_current_amax(void* stream);
+
   std::unique_ptr<Backend> backend_;  // created by the first param's device
   std::shared_ptr<Comm> comm_;        // shared with the C handle that made it
+  // The amax of every current-scaled param as magnitude bits in doubles of backend memory
+  // (their ParamScale::amax_bits point here), in current_order_: the sharded ones first, in
+  // param order (the prefix of current_sharded_ that a step max-reduces across the ranks),
+  // then the others.
+  std::shared_ptr<Buffer> current_amax_;
+  std::vector<int64_t> current_order_;
+  int32_t current_sharded_ = 0;
+  bool current_agreed_ = false;  // checked against the ranks since the set or comm_ changed
+  std::shared_ptr<Buffer> current_staging_;  // a host communicator's copy on a device
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
   std::vector<GradSpec> grad_specs_;            // per param, what its grads must be

@@ -27,6 +27,7 @@ Plan build_plan(const std::vector<const Param*>& params) {
   Plan plan;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Param& p = *params[i];
+    if (kernels::is_current(p.scaling)) plan.current.push_back({p.param_type, p.scaling, p.scale});
     if (p.numel == 0) continue;
     const kernels::Variant variant = variant_of(p);
     Bucket* bucket = nullptr;

@@ -22,6 +22,7 @@ struct Bucket {
 
 struct Plan {
   std::vector<Bucket> buckets;
+  std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
 };
 
 // The slot of param `index`, as a plan holds it (its current grad included).

@@ -218,25 +218,29 @@ void Stepper::flush(Plan& plan, void* stream) {
   }
 }
 
-// The stats reduced across ranks: NCCL on the stream; a host communicator on host memory,
-// which on a device backend needs the stream drained (and so cannot be captured).
-void Stepper::reduce_stats(Comm& comm, kernels::NormType norm, void* stream) {
-  const std::size_t bytes = kernels::kNumStats * sizeof(double);
-  if (comm.reduces_device_memory() || backend_->host_memory()) {
-    comm.all_reduce(stats(), kernels::kNumStats, stats_op(norm),
-                    comm.reduces_device_memory() ? stream : nullptr);
+void all_reduce_backend_memory(Backend& backend, Comm& comm, double* values, int32_t count,
+                               ReduceOp op, void* stream, std::shared_ptr<Buffer>& staging) {
+  if (comm.reduces_device_memory() || backend.host_memory()) {
+    comm.all_reduce(values, count, op, comm.reduces_device_memory() ? stream : nullptr);
     return;
   }
-  if (backend_->capturing(stream))
+  if (backend.capturing(stream))
     fail(SA_ERR_STATE,
          "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
-         "host must read the stats); use an NCCL communicator");
-  if (!host_stats_) host_stats_ = backend_->allocate_staging(bytes);
-  auto* host = static_cast<double*>(host_stats_->data());
-  backend_->download(host, stats(), bytes, stream);
-  backend_->synchronize_stream(stream);
-  comm.all_reduce(host, kernels::kNumStats, stats_op(norm), nullptr);
-  backend_->upload(stats(), host, bytes, stream);
+         "host must read what it reduces); use an NCCL communicator");
+  const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(double);
+  if (!staging || staging->bytes() < bytes) staging = backend.allocate_staging(bytes);
+  auto* host = static_cast<double*>(staging->data());
+  backend.download(host, values, bytes, stream);
+  backend.synchronize_stream(stream);
+  comm.all_reduce(host, count, op, nullptr);
+  backend.upload(values, host, bytes, stream);
+}
+
+// The stats reduced across ranks.
+void Stepper::reduce_stats(Comm& comm, kernels::NormType norm, void* stream) {
+  all_reduce_backend_memory(*backend_, comm, stats(), kernels::kNumStats, stats_op(norm), stream,
+                            host_stats_);
 }
 
 // No params, so no device: the inputs are host floats and only the groups count.
@@ -276,6 +280,20 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
                                  in.clip,           verdict(),    in.grad_norm_out};
   backend_->launch_fold(tables, fold, stream);
   backend_->launch_adam(plan, verdict(), stream);
+  if (!plan.current.empty()) {
+    try {
+      // Reduced whether or not the step is skipped: every rank calls the collective.
+      if (in.amax_comm != nullptr && in.amax_count > 0)
+        all_reduce_backend_memory(*backend_, *in.amax_comm, in.amax_bits, in.amax_count,
+                                  ReduceOp::max, stream, host_amax_);
+      backend_->launch_current_casts(plan, verdict(), stream);
+    } catch (const Error& e) {
+      // The update is done and cannot be taken back; say what is stale and how to mend it.
+      fail(e.status(), e.what(),
+           "; this step's update was applied, but the current-scaled fp8 params were not cast "
+           "from their new masters: sa_optimizer_recast_params casts them (on every rank)");
+    }
+  }
   if (backend_->host_memory()) return verdict()->skip != 0;
   if (in.found_inf == nullptr && !with_stats) return false;  // nothing could skip it
   return std::nullopt;

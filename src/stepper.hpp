@@ -18,11 +18,10 @@
 
 #include "../kernels/step_control.h"
 #include "backend.hpp"
+#include "comm/comm.hpp"
 #include "plan.hpp"
 
 namespace sa {
-
-class Comm;
 
 // Per-step inputs. The float pointers point to one float in backend memory (host memory
 // while there is no backend), or are NULL.
@@ -32,7 +31,20 @@ struct StepInputs {
   kernels::ClipSpec clip;       // norm == none: no gradient norm
   float* grad_norm_out;         // receives the global norm (needs clip.norm != none)
   Comm* comm;                   // non-NULL: reduce the step stats across ranks with it
+  // Current scaling: the first amax_count doubles at amax_bits (backend memory; the
+  // sharded current-scaled params' ParamScale::amax_bits) are max-reduced through
+  // amax_comm between the passes (kernels/param_scaling.h). amax_comm NULL: none are.
+  Comm* amax_comm;
+  double* amax_bits;
+  int32_t amax_count;
 };
+
+// values[0, count), backend memory, := their `op` over the ranks of `comm`: NCCL on the
+// stream; a host communicator directly on host memory, or on a device backend through
+// `staging` (pinned host memory, grown as needed), which drains the stream and so cannot
+// be captured (SA_ERR_STATE).
+void all_reduce_backend_memory(Backend& backend, Comm& comm, double* values, int32_t count,
+                               ReduceOp op, void* stream, std::shared_ptr<Buffer>& staging);
 
 // How the last step went.
 struct StepReport {
@@ -127,6 +139,7 @@ class Stepper {
   // The verdict (kernels::StepVerdict), then the stats (kernels::kNumStats doubles).
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> host_stats_;  // staging: the stats for a host communicator
+  std::shared_ptr<Buffer> host_amax_;   // staging: a current scaling's amax, likewise
 };
 
 }  // namespace sa

@@ -6,94 +6,17 @@
 // param with bf16 grads), all-reducing through callbacks. The norm and the clipped update
 // are checked against a float64 reference computed on the full tensors: the norm of every
 // element counted once, torch's clip coefficient, then AdamW.
-#include <condition_variable>
 #include <limits>
-#include <mutex>
 #include <thread>
 
 #include "shardadam/shardadam.hpp"
 #include "test_ranks.hpp"
 #include "test_support.hpp"
+#include "test_thread_comm.hpp"
 
 namespace {
 
 using namespace sa_test;
-
-// ---- a communicator over threads -------------------------------------------------------------
-
-// An all-reduce among `ranks` threads. Each rank deposits its values; the last to arrive
-// combines them in rank order (so every run gives the same bits) and wakes the others.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int ranks) : ranks_(ranks), deposits_(static_cast<std::size_t>(ranks)) {}
-
-  int all_reduce(int rank, double* values, int32_t count, sa_reduce_op op) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    ++calls_;
-    deposits_[static_cast<std::size_t>(rank)].assign(values, values + count);
-    if (++arrived_ < ranks_) {
-      const uint64_t generation = generation_;
-      done_.wait(lock, [&] { return generation_ != generation; });
-    } else {
-      result_ = deposits_[0];
-      for (int r = 1; r < ranks_; ++r)
-        for (int32_t i = 0; i < count; ++i) {
-          const double x = deposits_[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
-          double& acc = result_[static_cast<std::size_t>(i)];
-          acc = op == SA_REDUCE_SUM ? acc + x : std::max(acc, x);
-        }
-      last_op_ = op;
-      arrived_ = 0;
-      ++generation_;
-      done_.notify_all();
-    }
-    std::copy(result_.begin(), result_.begin() + count, values);
-    return 0;
-  }
-
-  int calls() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return calls_;
-  }
-  sa_reduce_op last_op() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return last_op_;
-  }
-
- private:
-  int ranks_;
-  std::mutex mutex_;
-  std::condition_variable done_;
-  std::vector<std::vector<double>> deposits_;
-  std::vector<double> result_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  int calls_ = 0;
-  sa_reduce_op last_op_ = SA_REDUCE_SUM;
-};
-
-struct RankEndpoint {
-  ThreadGroup* group;
-  int rank;
-};
-
-int thread_all_reduce(void* ctx, double* values, int32_t count, sa_reduce_op op) {
-  auto* endpoint = static_cast<RankEndpoint*>(ctx);
-  return endpoint->group->all_reduce(endpoint->rank, values, count, op);
-}
-
-struct CommDeleter {
-  void operator()(sa_comm* comm) const { sa_comm_destroy(comm); }
-};
-using CommPtr = std::unique_ptr<sa_comm, CommDeleter>;
-
-CommPtr host_comm(sa_host_comm callbacks) {
-  sa_comm* comm = nullptr;
-  const sa_status status = sa_comm_create_host(&callbacks, &comm);
-  INFO("sa_comm_create_host: " << sa_status_string(status) << ": " << sa_last_error());
-  REQUIRE(status == SA_OK);
-  return CommPtr(comm);
-}
 
 // ---- the problem -------------------------------------------------------------------------------
 
@@ -114,11 +37,15 @@ std::vector<ParamSpec> specs() {
       // 3 rows over 4: 1, 1, 1, 0 (rank 3 holds an empty shard).
       {{"e", {3, 5}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0}, {4}, {shard(0)}},
       // HSDP: replicated along mesh dim 0, split along dim 1 (ranks 2, 3 hold replicas).
-      {{"b", {6}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0}, {2, 2}, {replicate(), shard(0)}},
+      {{"b", {6}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+       {2, 2},
+       {replicate(), shard(0)}},
       // On every rank in full.
       {{"n", {5}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0}, {4}, {replicate()}},
       // A 2-D block split of a bf16 param with bf16 grads and an fp32 master.
-      {{"h", {9, 4}, kBfloat16, kBfloat16, kFloat32, SA_MASTER_FP32, 0}, {2, 2}, {shard(0), shard(1)}},
+      {{"h", {9, 4}, kBfloat16, kBfloat16, kFloat32, SA_MASTER_FP32, 0},
+       {2, 2},
+       {shard(0), shard(1)}},
   };
 }
 
@@ -218,7 +145,8 @@ struct World {
     std::vector<Rank::Outcome> out(kRanks);
     std::vector<std::thread> threads;
     for (int r = 0; r < kRanks; ++r)
-      threads.emplace_back([&, r] { out[r] = ranks[r]->step(max_grad_norm, norm_type, found_inf[r]); });
+      threads.emplace_back(
+          [&, r] { out[r] = ranks[r]->step(max_grad_norm, norm_type, found_inf[r]); });
     for (auto& t : threads) t.join();
     return out;
   }
@@ -241,7 +169,9 @@ double reference_norm(int s, int32_t norm_type) {
 }
 
 // torch.nn.utils.clip_grad_norm_: grads *= min(1, max_norm / (norm + 1e-6)).
-double clip_coefficient(double norm, double max_norm) { return std::min(1.0, max_norm / (norm + 1e-6)); }
+double clip_coefficient(double norm, double max_norm) {
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
 
 // Full-tensor float64 AdamW of every param over the given steps (grad multipliers per step).
 struct Reference {
@@ -276,7 +206,8 @@ struct Reference {
 void check_against_reference(const World& world, const Reference& ref) {
   const Problem& prob = problem();
   double allowance = 0.0;
-  for (double step_size : ref.step_sizes) allowance += free_running_allowance(step_size, Storage::f32);
+  for (double step_size : ref.step_sizes)
+    allowance += free_running_allowance(step_size, Storage::f32);
   for (int r = 0; r < kRanks; ++r) {
     const Rank& rank = *world.ranks[static_cast<std::size_t>(r)];
     for (std::size_t k = 0; k < prob.params.size(); ++k) {
@@ -288,7 +219,8 @@ void check_against_reference(const World& world, const Reference& ref) {
         const StateView master = state_view(rank.opt(), static_cast<int64_t>(k), "master");
         for (std::size_t i = 0; i < got.size(); ++i) got[i] = master.get(static_cast<int64_t>(i));
       } else {
-        for (std::size_t i = 0; i < got.size(); ++i) got[i] = rank.param(k).get(static_cast<int64_t>(i));
+        for (std::size_t i = 0; i < got.size(); ++i)
+          got[i] = rank.param(k).get(static_cast<int64_t>(i));
       }
       std::vector<double> want_box(got.size());
       copy_box(ref.states[k].value.data(), want_box.data(), g.shape, box, sizeof(double), true);
@@ -305,7 +237,8 @@ void check_against_reference(const World& world, const Reference& ref) {
 std::vector<std::vector<unsigned char>> all_param_bytes(const World& world) {
   std::vector<std::vector<unsigned char>> out;
   for (const auto& rank : world.ranks)
-    for (std::size_t k = 0; k < problem().params.size(); ++k) out.push_back(rank->param(k).raw_bytes());
+    for (std::size_t k = 0; k < problem().params.size(); ++k)
+      out.push_back(rank->param(k).raw_bytes());
   return out;
 }
 
@@ -324,9 +257,10 @@ TEST_CASE("the problem clips: its grads' norm is well above the bound used below
   for (int s = 0; s < kSteps; ++s) CHECK(reference_norm(s, SA_NORM_INF) > 1.2 * kMaxNormInf);
 }
 
-TEST_CASE("4 ranks with a host communicator: the global norm (L2 summed, inf maxed) and the clipped "
-          "AdamW step match a float64 reference on the full tensors",
-          "[clip][comm]") {
+TEST_CASE(
+    "4 ranks with a host communicator: the global norm (L2 summed, inf maxed) and the clipped "
+    "AdamW step match a float64 reference on the full tensors",
+    "[clip][comm]") {
   const int32_t norm_type = GENERATE(SA_NORM_L2, SA_NORM_INF);
   INFO((norm_type == SA_NORM_L2 ? "L2 norm" : "inf norm"));
   World world;
@@ -355,7 +289,8 @@ TEST_CASE("4 ranks with a host communicator: the global norm (L2 summed, inf max
   check_against_reference(world, ref);
 }
 
-TEST_CASE("4 ranks: a bound above the norm, or INFINITY, measures without clipping", "[clip][comm]") {
+TEST_CASE("4 ranks: a bound above the norm, or INFINITY, measures without clipping",
+          "[clip][comm]") {
   World world;
   Reference ref;
   for (int s = 0; s < 2; ++s) {
@@ -422,9 +357,10 @@ TEST_CASE("4 ranks: found_inf on one rank, or a NaN grad on one rank, skips the 
   check_against_reference(world, ref);
 }
 
-TEST_CASE("without a communicator the norm is the rank's own: one unsharded optimizer clips like the "
-          "reference, with SIMD and scalar code",
-          "[clip]") {
+TEST_CASE(
+    "without a communicator the norm is the rank's own: one unsharded optimizer clips like the "
+    "reference, with SIMD and scalar code",
+    "[clip]") {
   const int32_t simd = GENERATE(0, 1);
   INFO("cpu_simd " << simd);
   const Problem& prob = problem();
@@ -440,15 +376,17 @@ TEST_CASE("without a communicator the norm is the rank's own: one unsharded opti
   for (std::size_t k = 0; k < prob.params.size(); ++k) {
     const GlobalParam& g = prob.params[k];
     const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), g.name.c_str(), 0, params[k].versioned(),
-                                                    nullptr, &options, nullptr));
+    REQUIRE_SA_OK(opt.get(),
+                  sa_optimizer_add_param(opt.get(), g.name.c_str(), 0, params[k].versioned(),
+                                         nullptr, &options, nullptr));
     const DLTensor grad = grads[k].dl();
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), static_cast<int64_t>(k), &grad));
   }
   Reference ref;
   for (int s = 0; s < kSteps; ++s) {
     for (std::size_t k = 0; k < prob.params.size(); ++k)
-      std::memcpy(grads[k].data(), prob.grads[static_cast<std::size_t>(s)][k].data(), grads[k].bytes());
+      std::memcpy(grads[k].data(), prob.grads[static_cast<std::size_t>(s)][k].data(),
+                  grads[k].bytes());
     double norm = -1.0;
     sa_step_args args = SA_STEP_ARGS_INIT;
     args.max_grad_norm = 1.0;
@@ -464,7 +402,8 @@ TEST_CASE("without a communicator the norm is the rank's own: one unsharded opti
     for (int64_t i = 0; i < params[k].numel(); ++i) {
       const double got = prob.params[k].master == SA_MASTER_FP32 ? master.get(i) : params[k].get(i);
       const double want = ref.states[k].value[static_cast<std::size_t>(i)];
-      worst.add(i, got, want, step_value_tolerance(want, ref.step_sizes.back()) + 2e-4 * ref.step_sizes.back());
+      worst.add(i, got, want,
+                step_value_tolerance(want, ref.step_sizes.back()) + 2e-4 * ref.step_sizes.back());
     }
   INFO(worst.describe());
   CHECK(worst.ok());
@@ -506,8 +445,8 @@ struct OneParam {
       grad.set(i, 1.0f + static_cast<float>(i));
     }
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw(), nullptr));
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", 0, param.versioned(), nullptr, nullptr,
-                                                    nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "p", 0, param.versioned(), nullptr,
+                                                    nullptr, nullptr));
     const DLTensor g = grad.dl();
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
   }
@@ -524,19 +463,23 @@ TEST_CASE("bad clipping arguments are refused before anything changes", "[clip][
   sa_step_args args = SA_STEP_ARGS_INIT;
 
   args.max_grad_norm = -1.0;
-  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr), "max_grad_norm is -1");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
+                 "max_grad_norm is -1");
   args.max_grad_norm = std::numeric_limits<double>::quiet_NaN();
-  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr), "max_grad_norm");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
+                 "max_grad_norm");
   args.max_grad_norm = 1.0;
   args.norm_type = 7;
-  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr), "norm_type is 7",
-                 "SA_NORM_L2");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
+                 "norm_type is 7", "SA_NORM_L2");
   args = SA_STEP_ARGS_INIT;
   args.grad_norm = &norm_out;
-  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr), "max_grad_norm is 0");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
+                 "max_grad_norm is 0");
   args.grad_norm = nullptr;
   args.host_grad_norm = &host_norm;
-  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr), "max_grad_norm is 0");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
+                 "max_grad_norm is 0");
 
   CHECK(one.param.raw_bytes() == before);
   CHECK(step_count(opt, 0) == 0);
@@ -556,7 +499,8 @@ TEST_CASE("a failing communicator fails the step with SA_ERR_COMM and changes no
   const auto before = one.param.raw_bytes();
   sa_step_args args = SA_STEP_ARGS_INIT;
   args.max_grad_norm = 1.0;
-  CHECK_SA_FAILS(opt, SA_ERR_COMM, sa_optimizer_step(opt, &args, nullptr), "all_reduce", "returned 3");
+  CHECK_SA_FAILS(opt, SA_ERR_COMM, sa_optimizer_step(opt, &args, nullptr), "all_reduce",
+                 "returned 3");
   CHECK(counting.calls == 1);
   CHECK(one.param.raw_bytes() == before);
   CHECK(step_count(opt, 0) == 0);
@@ -575,7 +519,8 @@ TEST_CASE("communicator handles: bad arguments, info, and lifetime", "[comm][err
   sa_comm* comm = nullptr;
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_host(nullptr, &comm), "NULL");
   sa_host_comm no_reduce = SA_HOST_COMM_INIT;
-  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_host(&no_reduce, &comm), "all_reduce is NULL");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_host(&no_reduce, &comm),
+                 "all_reduce is NULL");
   CHECK(comm == nullptr);
   sa_host_comm too_new = SA_HOST_COMM_INIT;
   too_new.struct_size = sizeof(sa_host_comm) + 8;
@@ -595,8 +540,10 @@ TEST_CASE("communicator handles: bad arguments, info, and lifetime", "[comm][err
   const bool with_nccl = std::string(sa_build_info()).find("nccl: built") != std::string::npos;
   sa_nccl_unique_id id{};
   if (with_nccl) {
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_nccl(&id, 0, 0, 0, &comm), "nranks is 0");
-    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_nccl(&id, 2, 2, 0, &comm), "rank is 2");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_nccl(&id, 0, 0, 0, &comm),
+                   "nranks is 0");
+    CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_create_nccl(&id, 2, 2, 0, &comm),
+                   "rank is 2");
     CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_comm_wrap_nccl(nullptr, &comm), "NULL");
   } else {
     // No CUDA module, or one without NCCL: either way the message says so and what to use.
@@ -636,10 +583,11 @@ TEST_CASE("the C++ wrapper's Comm::host: a lambda reduces, a throwing one fails 
   opt.set_grad(p, g);
   int calls = 0;
   {
-    shardadam::Comm comm = shardadam::Comm::host([&](double* values, int32_t count, sa_reduce_op op) {
-      ++calls;
-      return count == 2 && op == SA_REDUCE_SUM && values[0] == 72.0;
-    });
+    shardadam::Comm comm =
+        shardadam::Comm::host([&](double* values, int32_t count, sa_reduce_op op) {
+          ++calls;
+          return count == 2 && op == SA_REDUCE_SUM && values[0] == 72.0;
+        });
     opt.set_comm(comm);
   }  // the optimizer keeps it
   sa_step_args args = shardadam::default_step_args();
@@ -650,7 +598,8 @@ TEST_CASE("the C++ wrapper's Comm::host: a lambda reduces, a throwing one fails 
   CHECK(calls == 1);
   CHECK(norm == std::sqrt(72.0));
 
-  opt.set_comm(shardadam::Comm::host([](double*, int32_t, sa_reduce_op) -> bool { throw std::runtime_error("x"); }));
+  opt.set_comm(shardadam::Comm::host(
+      [](double*, int32_t, sa_reduce_op) -> bool { throw std::runtime_error("x"); }));
   try {
     opt.step(&args);
     FAIL("the step should have thrown");

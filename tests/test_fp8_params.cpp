@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardadam/shardadam.h"
 #include "test_state_io_support.hpp"
 #include "test_support.hpp"
+#include "test_thread_comm.hpp"
 
 namespace {
 
@@ -191,8 +193,10 @@ TEST_CASE("an fp8 param's master steps as a float32 param, and the param is its 
   }
   HostTensor scale = scale_tensor(s, shape);
   for (int64_t b = 0; b < scale.numel(); ++b) {
-    if (s.value == SA_SCALING_MXFP8) scale.as<uint8_t>()[b] = static_cast<uint8_t>(rng.integer(110, 129));
-    else scale.as<float>()[b] = static_cast<float>(std::fabs(rng.signed_log_uniform(1e-3, 1e2)));
+    if (s.value == SA_SCALING_MXFP8)
+      scale.as<uint8_t>()[b] = static_cast<uint8_t>(rng.integer(110, 129));
+    else
+      scale.as<float>()[b] = static_cast<float>(std::fabs(rng.signed_log_uniform(1e-3, 1e2)));
   }
   HostTensor amax({1}, kFloat32);
   HostTensor reference(shape, kFloat32);  // the float32 param the master must follow
@@ -207,8 +211,8 @@ TEST_CASE("an fp8 param's master steps as a float32 param, and the param is its 
   const sa_param_options options = fp8_options(s, scale, s.block == 0 ? &amax : nullptr);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
                                                   &options, nullptr));
-  REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(),
-                                                  nullptr, nullptr, nullptr));
+  REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(), nullptr,
+                                                  nullptr, nullptr));
   sa_param_info info = SA_PARAM_INFO_INIT;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 0, &info));
   CHECK(info.scaling == s.value);
@@ -222,7 +226,7 @@ TEST_CASE("an fp8 param's master steps as a float32 param, and the param is its 
   for (int step = 0; step < 4; ++step) {
     INFO("step " << step);
     fill_normal(grad, rng, step == 2 ? 1e3 : 1.0);
-    for (int64_t i = 0; i < 64; ++i) grad.as<float>()[i] = 0.0f;  // zero blocks stay zero
+    for (int64_t i = 0; i < 64; ++i) grad.as<float>()[i] = 0.0f;        // zero blocks stay zero
     if (s.block == 0) scale.as<float>()[0] = step == 3 ? 0.5f : 64.0f;  // the engine's update
     const DLTensor g = grad.dl();
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
@@ -263,28 +267,29 @@ TEST_CASE("fp8 param options that do not fit are refused, and the caller keeps i
   one.as<float>()[0] = 1.0f;
   const auto refuses = [&](sa_status status, sa_param_options o, const sa_layout* layout,
                            const char* part) {
-    CHECK_SA_FAILS(opt.get(), status,
-                   sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), layout, &o,
-                                          nullptr),
-                   part);
+    CHECK_SA_FAILS(
+        opt.get(), status,
+        sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), layout, &o, nullptr), part);
   };
   sa_param_options none = SA_PARAM_OPTIONS_INIT;
   refuses(SA_ERR_INVALID_ARGUMENT, none, nullptr,
           "a float8_e4m3fn param needs a scaling (sa_param_options.scaling): SA_SCALING_DELAYED, "
-          "SA_SCALING_MXFP8 or SA_SCALING_BLOCK128");
+          "SA_SCALING_MXFP8, SA_SCALING_BLOCK128, SA_SCALING_CURRENT or SA_SCALING_CURRENT_POW2");
   sa_param_options o = SA_PARAM_OPTIONS_INIT;
   o.scaling = 9;
   refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "scaling is 9, not an sa_param_scaling");
   o.scaling = SA_SCALING_MXFP8;
   refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale is NULL; SA_SCALING_MXFP8 needs one");
   o.scale = one.versioned();
-  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale is float32; it must be float8_e8m0fnu");
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr,
+          "options.scale is float32; it must be float8_e8m0fnu");
   HostTensor wrong_shape({4, 4}, kE8m0);
   o.scale = wrong_shape.versioned();
   refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale has shape [4, 4]; it must be [4, 2]");
   o.scale = mx_scale.versioned();
   o.amax = one.versioned();
-  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.amax is set, but SA_SCALING_MXFP8 writes block scales");
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr,
+          "options.amax is set, but SA_SCALING_MXFP8 writes block scales");
   o.amax = nullptr;
   {
     sa_param_options ro = o;
@@ -308,9 +313,10 @@ TEST_CASE("fp8 param options that do not fit are refused, and the caller keeps i
     b.scaling = SA_SCALING_BLOCK128;
     HostTensor s({4, 0}, kFloat32);
     b.scale = s.versioned();
-    CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                   sa_optimizer_add_param(opt.get(), "odd", 0, odd.versioned(), nullptr, &b, nullptr),
-                   "dim 1 has 48 elements, not a multiple of 128");
+    CHECK_SA_FAILS(
+        opt.get(), SA_ERR_INVALID_ARGUMENT,
+        sa_optimizer_add_param(opt.get(), "odd", 0, odd.versioned(), nullptr, &b, nullptr),
+        "dim 1 has 48 elements, not a multiple of 128");
   }
   sa_param_options delayed = SA_PARAM_OPTIONS_INIT;
   delayed.scaling = SA_SCALING_DELAYED;
@@ -333,14 +339,16 @@ TEST_CASE("fp8 param options that do not fit are refused, and the caller keeps i
   sa_param_options on_f32 = SA_PARAM_OPTIONS_INIT;
   on_f32.scaling = SA_SCALING_DELAYED;
   on_f32.scale = one.versioned();
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(opt.get(), "f", 0, f32.versioned(), nullptr, &on_f32, nullptr),
-                 "scaling SA_SCALING_DELAYED is for float8_e4m3fn or float8_e5m2 params, not float32");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(opt.get(), "f", 0, f32.versioned(), nullptr, &on_f32, nullptr),
+      "scaling SA_SCALING_DELAYED is for float8_e4m3fn or float8_e5m2 params, not float32");
   sa_param_options stray = SA_PARAM_OPTIONS_INIT;
   stray.scale = one.versioned();
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(opt.get(), "f", 0, f32.versioned(), nullptr, &stray, nullptr),
-                 "options.scale is set but the param is not scaled");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(opt.get(), "f", 0, f32.versioned(), nullptr, &stray, nullptr),
+      "options.scale is set but the param is not scaled");
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
   opt.reset();
   for (const HostTensor* t : {&param, &mx_scale, &one, &wrong_shape, &odd, &zero, &f32})
@@ -360,18 +368,22 @@ TEST_CASE("an import casts fp8 params from the loaded master, on another layout"
   std::vector<OptimizerPtr> ranks;
   for (int64_t r = 0; r < 2; ++r) {
     params.push_back(std::make_unique<HostTensor>(std::vector<int64_t>{3, 256}, f.dtype));
-    for (int64_t i = 0; i < params.back()->numel(); ++i) params.back()->as<uint8_t>()[i] = static_cast<uint8_t>(rng.integer(0, 0x6F));
+    for (int64_t i = 0; i < params.back()->numel(); ++i)
+      params.back()->as<uint8_t>()[i] = static_cast<uint8_t>(rng.integer(0, 0x6F));
     scales.push_back(std::make_unique<HostTensor>(scale_tensor(s, {3, 256})));
     for (int64_t b = 0; b < scales.back()->numel(); ++b) {
-      if (s.value == SA_SCALING_MXFP8) scales.back()->as<uint8_t>()[b] = 120;
-      else scales.back()->as<float>()[b] = 0.25f;
+      if (s.value == SA_SCALING_MXFP8)
+        scales.back()->as<uint8_t>()[b] = 120;
+      else
+        scales.back()->as<float>()[b] = 0.25f;
     }
     MeshLayout layout{global, {2}, {r}, {shard(0)}};
     const sa_layout l = layout.get();
     OptimizerPtr opt = make_optimizer();
     add_group(opt.get(), group_config(1e-2, 0.0, 1));
     const sa_param_options o = fp8_options(s, *scales.back(), nullptr);
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, params.back()->versioned(), &l, &o, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, params.back()->versioned(),
+                                                    &l, &o, nullptr));
     HostTensor grad({3, 256}, kFloat32);
     for (int step = 0; step < 2; ++step) {
       fill_normal(grad, rng, 1.0);
@@ -386,13 +398,16 @@ TEST_CASE("an import casts fp8 params from the loaded master, on another layout"
   HostTensor param(global, f.dtype);
   HostTensor scale = scale_tensor(s, global);
   for (int64_t b = 0; b < scale.numel(); ++b) {
-    if (s.value == SA_SCALING_MXFP8) scale.as<uint8_t>()[b] = 127;
-    else scale.as<float>()[b] = 1.0f;
+    if (s.value == SA_SCALING_MXFP8)
+      scale.as<uint8_t>()[b] = 127;
+    else
+      scale.as<float>()[b] = 1.0f;
   }
   OptimizerPtr whole = make_optimizer();
   add_group(whole.get(), group_config(1e-2, 0.0, 1));
   const sa_param_options o = fp8_options(s, scale, nullptr);
-  REQUIRE_SA_OK(whole.get(), sa_optimizer_add_param(whole.get(), "w", 0, param.versioned(), nullptr, &o, nullptr));
+  REQUIRE_SA_OK(whole.get(), sa_optimizer_add_param(whole.get(), "w", 0, param.versioned(), nullptr,
+                                                    &o, nullptr));
   REQUIRE_SA_OK(whole.get(), import_blobs(whole.get(), blobs));
   // Rows never cross ranks and blocks never cross rows: the codes and scales are the two
   // ranks' side by side, bit for bit.
@@ -400,12 +415,13 @@ TEST_CASE("an import casts fp8 params from the loaded master, on another layout"
   CHECK(std::memcmp(param.data(), params[0]->data(), half) == 0);
   CHECK(std::memcmp(param.as<uint8_t>() + half, params[1]->data(), half) == 0);
   CHECK(std::memcmp(scale.data(), scales[0]->data(), scale_half) == 0);
-  CHECK(std::memcmp(static_cast<unsigned char*>(scale.data()) + scale_half, scales[1]->data(), scale_half) == 0);
+  CHECK(std::memcmp(static_cast<unsigned char*>(scale.data()) + scale_half, scales[1]->data(),
+                    scale_half) == 0);
 }
 
 TEST_CASE("the param scaling table is the header's enum, with each scaling's block and scale dtype",
           "[fp8param][schema]") {
-  REQUIRE(sa_num_param_scalings() == 4);
+  REQUIRE(sa_num_param_scalings() == 6);
   const struct {
     int32_t value;
     const char* name;
@@ -415,7 +431,9 @@ TEST_CASE("the param scaling table is the header's enum, with each scaling's blo
   } expected[] = {{SA_SCALING_NONE, "none", 0, kFloat32, 0},
                   {SA_SCALING_DELAYED, "delayed", 0, kFloat32, 0},
                   {SA_SCALING_MXFP8, "mxfp8", 32, kE8m0, 1},
-                  {SA_SCALING_BLOCK128, "block128", 128, kFloat32, 1}};
+                  {SA_SCALING_BLOCK128, "block128", 128, kFloat32, 1},
+                  {SA_SCALING_CURRENT, "current", 0, kFloat32, 1},
+                  {SA_SCALING_CURRENT_POW2, "current_pow2", 0, kFloat32, 1}};
   for (const auto& e : expected) {
     sa_param_scaling_info info = SA_PARAM_SCALING_INFO_INIT;
     REQUIRE_SA_OK(nullptr, sa_param_scaling_describe(e.value, &info));
@@ -427,8 +445,8 @@ TEST_CASE("the param scaling table is the header's enum, with each scaling's blo
     CHECK(std::strlen(info.doc) > 0);
   }
   sa_param_scaling_info info = SA_PARAM_SCALING_INFO_INIT;
-  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_param_scaling_describe(4, &info),
-                 "index 4 is not a param scaling: the library has 4 (0 .. 3)");
+  CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_param_scaling_describe(6, &info),
+                 "index 6 is not a param scaling: the library has 6 (0 .. 5)");
 }
 
 TEST_CASE("the library's fp8 casts are the reference's for every code and the floats between",
@@ -464,7 +482,8 @@ TEST_CASE("the library's fp8 casts are the reference's for every code and the fl
     sa_param_options o = SA_PARAM_OPTIONS_INIT;
     o.scaling = SA_SCALING_DELAYED;
     o.scale = scale.versioned();
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &o, nullptr));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
+                                                    &o, nullptr));
     {  // write the sweep into the master (a writable state view), then step with lr 0
       const StateView m = state_view(opt.get(), 0, "master");
       std::memcpy(m.data(), xs.data(), xs.size() * sizeof(float));
@@ -477,7 +496,8 @@ TEST_CASE("the library's fp8 casts are the reference's for every code and the fl
     REQUIRE(std::memcmp(m.data(), xs.data(), xs.size() * sizeof(float)) == 0);
     for (int64_t i = 0; i < n; ++i) {
       INFO("x = " << xs[static_cast<std::size_t>(i)]);
-      CHECK(static_cast<int>(param.as<uint8_t>()[i]) == static_cast<int>(fp8_cast(f, xs[static_cast<std::size_t>(i)])));
+      CHECK(static_cast<int>(param.as<uint8_t>()[i]) ==
+            static_cast<int>(fp8_cast(f, xs[static_cast<std::size_t>(i)])));
     }
   }
 }
@@ -574,4 +594,434 @@ TEST_CASE(
   const StateView r = state_view(opt.get(), 3, "remainder");
   for (int64_t i = 0; i < 8; ++i) CHECK(static_cast<const int16_t*>(r.data())[i] == 0);
   CHECK(plain.as<float>()[0] == 0.0f);
+}
+
+// ---- current scaling: the whole tensor's amax, reduced across ranks --------------------------
+
+namespace {
+
+struct Current {
+  Scaling scaling;
+  bool pow2;
+};
+const Current kCurrents[] = {{{SA_SCALING_CURRENT, 0, "current"}, false},
+                             {{SA_SCALING_CURRENT_POW2, 0, "current_pow2"}, true}};
+
+// fp8_max / amax as block128's rule; pow2: 2^floor(log2) of it, by ilogb.
+float current_scale_of(const Format& f, float amax, bool pow2) {
+  const float s = block128_scale(f, amax);
+  return pow2 ? std::ldexp(1.0f, std::ilogb(s)) : s;
+}
+
+// A [scale, scale_inv] tensor holding the scale_inv the engine cast its codes with.
+HostTensor current_scale_tensor(float scale_inv) {
+  HostTensor t({2}, kFloat32);
+  t.as<float>()[0] = 1.0f / scale_inv;
+  t.as<float>()[1] = scale_inv;
+  return t;
+}
+
+// Checks codes, scale and amax against the reference for a shard whose tensor's max
+// |master| is `amax`.
+void check_current_cast(const Format& f, const Current& c, const HostTensor& param,
+                        const std::vector<float>& master, const HostTensor& scale,
+                        const HostTensor* amax_out, float amax) {
+  const float want = current_scale_of(f, amax, c.pow2);
+  CHECK(scale.as<float>()[0] == want);
+  CHECK(scale.as<float>()[1] == 1.0f / want);
+  if (amax_out != nullptr) CHECK(amax_out->as<float>()[0] == amax);
+  int64_t wrong = 0, first = -1;
+  for (std::size_t i = 0; i < master.size(); ++i)
+    if (param.as<uint8_t>()[i] != fp8_cast(f, master[i] * want)) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++wrong;
+    }
+  INFO("first wrong code at " << first << " of " << master.size());
+  CHECK(wrong == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a current-scaled fp8 param steps its master as a float32 param and casts it with "
+    "fp8_max / amax (pow2: rounded down), writing [scale, scale_inv] and the amax",
+    "[fp8param][current]") {
+  const Format& f = kFormats[GENERATE(0, 1)];
+  const Current& c = kCurrents[GENERATE(0, 1)];
+  const std::vector<int64_t> shape =
+      GENERATE(0, 1) == 0 ? std::vector<int64_t>{6, 40} : std::vector<int64_t>{2, 35072};
+  INFO(f.name << " " << c.scaling.name << " " << shape[0] << "x" << shape[1]);
+  const int64_t n = shape[0] * shape[1];
+  Rng rng(31);
+  HostTensor param(shape, f.dtype), reference(shape, kFloat32), amax({1}, kFloat32);
+  HostTensor scale = current_scale_tensor(0.125f);
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t code = static_cast<uint8_t>(rng.integer(0, 255));
+    if (!std::isfinite(fp8_value(f, code))) code = 0x3A;
+    param.as<uint8_t>()[i] = code;
+    reference.as<float>()[i] = static_cast<float>(fp8_value(f, code)) * 0.125f;
+  }
+  const sa_group_config config = group_config(1e-2, 0.1, 1);
+  OptimizerPtr opt = make_optimizer(2);
+  OptimizerPtr ref = make_optimizer(2);
+  add_group(opt.get(), config);
+  add_group(ref.get(), config);
+  const sa_param_options options = fp8_options(c.scaling, scale, &amax);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
+                                                  &options, nullptr));
+  REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  {  // fp8 value * scale_inv
+    const std::vector<float> m = master_of(opt.get(), 0);
+    CHECK(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+  }
+  HostTensor grad(shape, kFloat32);
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    fill_normal(grad, rng, step == 1 ? 1e3 : 1.0);
+    const DLTensor g = grad.dl();
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+    REQUIRE_SA_OK(ref.get(), sa_optimizer_set_grad(ref.get(), 0, &g));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+    REQUIRE_SA_OK(ref.get(), sa_optimizer_step(ref.get(), nullptr, nullptr));
+    const std::vector<float> m = master_of(opt.get(), 0);
+    REQUIRE(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+    check_current_cast(f, c, param, m, scale, &amax, amax_of(m.data(), n));
+  }
+  // A master written by the engine (a loaded state dict): recast_params rescales the tensor.
+  {
+    const StateView v = state_view(opt.get(), 0, "master");
+    static_cast<float*>(v.data())[n / 2] = -3e4f;
+  }
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_recast_params(opt.get(), 0, 1));
+  check_current_cast(f, c, param, master_of(opt.get(), 0), scale, &amax, 3e4f);
+}
+
+TEST_CASE(
+    "4 ranks with a host communicator: a sharded current-scaled param is cast with the "
+    "whole tensor's scale on every rank (an empty shard's too), an unsharded one with its "
+    "own; recast_params and an import onto one rank give the same codes",
+    "[fp8param][current][comm]") {
+  constexpr int kRanks = 4;
+  const Current& c = kCurrents[GENERATE(0, 1)];
+  INFO(c.scaling.name);
+  // w: 10 rows over 4 ranks (3, 3, 3, 1); e: 3 rows over 4 (rank 3 holds none), float8_e5m2;
+  // own: each rank's own tensor (no layout), of other magnitudes on every rank.
+  struct Spec {
+    const char* name;
+    Dims shape;
+    const Format* format;
+    bool sharded;
+  };
+  const Spec specs[] = {{"w", {10, 48}, &kFormats[0], true},
+                        {"e", {3, 40}, &kFormats[1], true},
+                        {"own", {16}, &kFormats[0], false}};
+  constexpr float kScaleInv = 0.25f;
+  const Scenario rows = mesh_scenario("Shard(0)", {kRanks}, {shard(0)});
+  Rng rng(37);
+  // Global codes of each sharded param, and each rank's own tensor.
+  std::vector<HostTensor> global_codes;
+  for (const Spec& s : specs) {
+    HostTensor t(s.shape, s.format->dtype);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      uint8_t code = static_cast<uint8_t>(rng.integer(0, 255));
+      if (!std::isfinite(fp8_value(*s.format, code))) code = 0x21;
+      t.as<uint8_t>()[i] = code;
+    }
+    global_codes.push_back(std::move(t));
+  }
+  struct RankState {
+    std::vector<RankPlacement> places;
+    std::vector<HostTensor> params, scales, amaxes, grads;
+    OptimizerPtr opt;  // last: destroyed before the tensors it owns
+  };
+  ThreadComms comms(kRanks);
+  std::vector<RankState> ranks(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    RankState& rank = ranks[static_cast<std::size_t>(r)];
+    rank.opt = make_optimizer(1);
+    add_group(rank.opt.get(), group_config(1e-2, 0.0, 1));
+    REQUIRE_SA_OK(rank.opt.get(), sa_optimizer_set_comm(rank.opt.get(), comms[r]));
+    for (std::size_t k = 0; k < std::size(specs); ++k) {
+      const Spec& s = specs[k];
+      RankPlacement place;
+      if (s.sharded) {
+        place = rows.place(s.shape, r);
+      } else {
+        place.global_shape = s.shape;
+        place.box = Box{Dims(s.shape.size(), 0), s.shape};
+      }
+      HostTensor p(place.box.shape, s.format->dtype);
+      copy_box(global_codes[k].data(), p.data(), s.shape, place.box, 1, true);
+      if (!s.sharded)  // the rank's own values: its codes shifted by r in magnitude
+        for (int64_t i = 0; i < p.numel(); ++i)
+          p.as<uint8_t>()[i] =
+              static_cast<uint8_t>((p.as<uint8_t>()[i] & 0x80) | (0x10 * r + 0x08));
+      rank.params.push_back(std::move(p));
+      rank.scales.push_back(current_scale_tensor(kScaleInv));
+      rank.amaxes.emplace_back(Dims{1}, kFloat32);
+      rank.grads.emplace_back(place.box.shape, kFloat32);
+      rank.places.push_back(place);
+    }
+    for (std::size_t k = 0; k < std::size(specs); ++k) {
+      const sa_layout layout = rank.places[k].layout();
+      const sa_param_options o = fp8_options(c.scaling, rank.scales[k], &rank.amaxes[k]);
+      REQUIRE_SA_OK(
+          rank.opt.get(),
+          sa_optimizer_add_param(rank.opt.get(), specs[k].name, 0, rank.params[k].versioned(),
+                                 specs[k].sharded ? &layout : nullptr, &o, nullptr));
+    }
+  }
+  // Every rank at once (the all-reduce needs them all); statuses checked on this thread.
+  const auto on_all_ranks = [&](const std::function<sa_status(RankState&)>& call) {
+    std::vector<sa_status> status(kRanks, SA_ERR_INTERNAL);
+    std::vector<std::string> error(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r)
+      threads.emplace_back([&, r] {
+        status[r] = call(ranks[static_cast<std::size_t>(r)]);
+        error[r] = sa_optimizer_last_error(ranks[static_cast<std::size_t>(r)].opt.get());
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      INFO("rank " << r << ": " << sa_status_string(status[r]) << ": " << error[r]);
+      REQUIRE(status[r] == SA_OK);
+    }
+  };
+  // The reference: each rank's masters, assembled into the whole tensor (the update is
+  // elementwise, so every rank's master is its box of a float32 param's; checked as a float32
+  // twin in the test above), its amax, and each rank's codes against that tensor's scale.
+  const auto check_ranks = [&] {
+    for (std::size_t k = 0; k < std::size(specs); ++k) {
+      const Spec& s = specs[k];
+      std::vector<float> whole(static_cast<std::size_t>(numel_of(s.shape)));
+      for (int r = 0; r < kRanks; ++r) {
+        RankState& rank = ranks[static_cast<std::size_t>(r)];
+        if (!s.sharded) continue;
+        const std::vector<float> m = master_of(rank.opt.get(), static_cast<int64_t>(k));
+        copy_box(m.data(), whole.data(), s.shape, rank.places[k].box, sizeof(float), false);
+      }
+      for (int r = 0; r < kRanks; ++r) {
+        INFO("param '" << s.name << "' on rank " << r);
+        RankState& rank = ranks[static_cast<std::size_t>(r)];
+        const std::vector<float> m = master_of(rank.opt.get(), static_cast<int64_t>(k));
+        const float amax = s.sharded ? amax_of(whole.data(), numel_of(s.shape))
+                                     : amax_of(m.data(), static_cast<int64_t>(m.size()));
+        check_current_cast(*s.format, c, rank.params[k], m, rank.scales[k], &rank.amaxes[k], amax);
+      }
+    }
+  };
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    for (std::size_t k = 0; k < std::size(specs); ++k) {
+      HostTensor g(specs[k].shape, kFloat32);
+      fill_normal(g, rng, step == 1 ? 1e2 : 1.0);
+      for (RankState& rank : ranks)
+        copy_box(g.data(), rank.grads[k].data(), specs[k].shape, rank.places[k].box, sizeof(float),
+                 true);
+    }
+    on_all_ranks([&](RankState& rank) {
+      for (std::size_t k = 0; k < std::size(specs); ++k) {
+        const DLTensor g = rank.grads[k].dl();
+        const sa_status s = sa_optimizer_set_grad(rank.opt.get(), static_cast<int64_t>(k), &g);
+        if (s != SA_OK) return s;
+      }
+      return sa_optimizer_step(rank.opt.get(), nullptr, nullptr);
+    });
+    check_ranks();
+  }
+  // Rank 0's own amax gives another scale than the tensor's, so a missing reduction shows
+  // (for pow2 they may round alike here; the recast below makes them differ).
+  if (!c.pow2) {
+    const std::vector<float> m0 = master_of(ranks[0].opt.get(), 0);
+    CHECK(
+        ranks[0].scales[0].as<float>()[0] !=
+        current_scale_of(kFormats[0], amax_of(m0.data(), static_cast<int64_t>(m0.size())), false));
+  }
+
+  // Masters written on one rank (a loaded state dict): the collective recast rescales all.
+  {
+    const StateView v = state_view(ranks[3].opt.get(), 0, "master");
+    static_cast<float*>(v.data())[5] = 2e4f;
+  }
+  on_all_ranks([&](RankState& rank) { return sa_optimizer_recast_params(rank.opt.get(), 0, 3); });
+  check_ranks();
+  CHECK(ranks[1].amaxes[0].as<float>()[0] == 2e4f);
+
+  // One rank holding all of w, from the four ranks' files: the whole tensor's scale again,
+  // so its codes are the ranks' codes side by side.
+  std::vector<Bytes> blobs;
+  for (RankState& rank : ranks) blobs.push_back(export_blob(rank.opt.get()));
+  HostTensor whole_param(specs[0].shape, kFormats[0].dtype);
+  HostTensor whole_scale = current_scale_tensor(1.0f);
+  OptimizerPtr whole = make_optimizer(1);
+  add_group(whole.get(), group_config(1e-2, 0.0, 1));
+  const sa_param_options o = fp8_options(c.scaling, whole_scale, nullptr);
+  REQUIRE_SA_OK(whole.get(), sa_optimizer_add_param(whole.get(), "w", 0, whole_param.versioned(),
+                                                    nullptr, &o, nullptr));
+  sa_import_options allow = SA_IMPORT_OPTIONS_INIT;
+  allow.allow_unexpected = 1;  // e and own are not whole's
+  REQUIRE_SA_OK(whole.get(), import_blobs(whole.get(), blobs, &allow));
+  for (int r = 0; r < kRanks; ++r) {
+    const Box& box = ranks[static_cast<std::size_t>(r)].places[0].box;
+    CHECK(std::memcmp(whole_param.as<uint8_t>() + box.offset[0] * 48,
+                      ranks[static_cast<std::size_t>(r)].params[0].data(),
+                      static_cast<std::size_t>(numel_of(box.shape))) == 0);
+  }
+  CHECK(whole_scale.as<float>()[0] == ranks[0].scales[0].as<float>()[0]);
+}
+
+TEST_CASE("current scaling refuses what would give ranks different scales, and changes nothing",
+          "[fp8param][current][errors]") {
+  HostTensor param({4, 32}, kE4m3);
+  HostTensor scale = current_scale_tensor(1.0f);
+  const int64_t global_shape[] = {8, 32}, mesh_shape[] = {2}, coord[] = {0};
+  const sa_placement rows[] = {shard(0)};
+  sa_layout layout = SA_LAYOUT_INIT;
+  layout.ndim = 2;
+  layout.global_shape = global_shape;
+  layout.mesh_ndim = 1;
+  layout.mesh_shape = mesh_shape;
+  layout.mesh_coord = coord;
+  layout.placements = rows;
+  const sa_param_options o = fp8_options(kCurrents[0].scaling, scale, nullptr);
+  OptimizerPtr opt = make_optimizer(1);
+  add_group(opt.get(), group_config(1e-2, 0.0, 1));
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), &layout, &o, nullptr),
+      "param 'w': SA_SCALING_CURRENT scales the whole tensor by its amax, and this layout "
+      "splits the tensor across ranks, so the amax must be reduced across them: set a "
+      "communicator (sa_optimizer_set_comm) before adding the param");
+  {
+    HostTensor one({1}, kFloat32);
+    sa_param_options bad = o;
+    bad.scale = one.versioned();
+    CHECK_SA_FAILS(
+        opt.get(), SA_ERR_INVALID_ARGUMENT,
+        sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &bad, nullptr),
+        "options.scale has shape [1]; it must be [2]");
+    HostTensor zero = current_scale_tensor(1.0f);
+    zero.as<float>()[1] = 0.0f;
+    bad.scale = zero.versioned();
+    CHECK_SA_FAILS(
+        opt.get(), SA_ERR_INVALID_ARGUMENT,
+        sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &bad, nullptr),
+        "the scale_inv (scale[1]) is 0; it must be > 0 and finite");
+  }
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  CHECK(param.deleter_calls() == 0);
+  CHECK(scale.deleter_calls() == 0);
+
+  // With a communicator it is added, and the communicator cannot be taken away.
+  ThreadComms comms(2);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_comm(opt.get(), comms[0]));
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), &layout, &o, nullptr));
+  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_set_comm(opt.get(), nullptr),
+                 "param 'w' is SA_SCALING_CURRENT and sharded, so every step reduces its amax "
+                 "through the communicator; it cannot be removed");
+
+  // Two ranks that hold other params: the first step says so on both, and steps nothing.
+  const int count = GENERATE(1, 2);  // rank 1's current-scaled sharded params
+  INFO("rank 1 holds " << count);
+  HostTensor other({4, 32}, kE4m3), extra({4, 32}, kE4m3);
+  HostTensor other_scale = current_scale_tensor(1.0f), extra_scale = current_scale_tensor(1.0f);
+  const int64_t coord1[] = {1};
+  sa_layout layout1 = layout;
+  layout1.mesh_coord = coord1;
+  OptimizerPtr opt1 = make_optimizer(1);
+  add_group(opt1.get(), group_config(1e-2, 0.0, 1));
+  REQUIRE_SA_OK(opt1.get(), sa_optimizer_set_comm(opt1.get(), comms[1]));
+  const sa_param_options o1 = fp8_options(kCurrents[0].scaling, other_scale, nullptr);
+  REQUIRE_SA_OK(opt1.get(), sa_optimizer_add_param(opt1.get(), count == 1 ? "v" : "w", 0,
+                                                   other.versioned(), &layout1, &o1, nullptr));
+  if (count == 2) {
+    const sa_param_options o2 = fp8_options(kCurrents[0].scaling, extra_scale, nullptr);
+    REQUIRE_SA_OK(opt1.get(), sa_optimizer_add_param(opt1.get(), "x", 0, extra.versioned(),
+                                                     &layout1, &o2, nullptr));
+  }
+  HostTensor grad({4, 32}, kFloat32);
+  grad.as<float>()[0] = 1.0f;
+  const DLTensor g = grad.dl();
+  for (sa_optimizer* o_ : {opt.get(), opt1.get()}) {
+    sa_optimizer_set_grad(o_, 0, &g);
+    if (o_ == opt1.get() && count == 2) sa_optimizer_set_grad(o_, 1, &g);
+  }
+  const std::vector<float> before = master_of(opt.get(), 0);
+  sa_status status[2] = {SA_OK, SA_OK};
+  std::string error[2];
+  {
+    std::thread t1([&] {
+      status[1] = sa_optimizer_step(opt1.get(), nullptr, nullptr);
+      error[1] = sa_optimizer_last_error(opt1.get());
+    });
+    status[0] = sa_optimizer_step(opt.get(), nullptr, nullptr);
+    error[0] = sa_optimizer_last_error(opt.get());
+    t1.join();
+  }
+  const std::string want =
+      count == 1 ? "hold 1 current-scaled sharded params each, but not the same ones"
+                 : "hold different numbers of current-scaled sharded params (from 1 to 2";
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << error[r]);
+    CHECK(status[r] == SA_ERR_MISMATCH);
+    CHECK(error[r].find(want) != std::string::npos);
+  }
+  CHECK(master_of(opt.get(), 0) == before);
+  CHECK(param.as<uint8_t>()[0] == 0);
+}
+
+TEST_CASE(
+    "a communicator failing between the passes of a current-scaled step says the params "
+    "are stale, and recast_params mends them",
+    "[fp8param][current][comm][errors]") {
+  // One rank of a 2-rank Shard(0) layout whose communicator answers as if the other rank
+  // held smaller values (the identity), and fails its call number `fail_at`.
+  struct Flaky {
+    int calls = 0;
+    int fail_at = 2;  // 1: the ranks' agreement, 2: the step's amax
+  } flaky;
+  sa_host_comm callbacks = SA_HOST_COMM_INIT;
+  callbacks.ctx = &flaky;
+  callbacks.all_reduce = [](void* ctx, double*, int32_t, sa_reduce_op) {
+    auto* f = static_cast<Flaky*>(ctx);
+    return ++f->calls == f->fail_at ? 7 : 0;
+  };
+  CommPtr comm = host_comm(callbacks);
+  HostTensor param({4, 32}, kE4m3);
+  for (int64_t i = 0; i < param.numel(); ++i)
+    param.as<uint8_t>()[i] = static_cast<uint8_t>(0x30 + i % 16);
+  HostTensor scale = current_scale_tensor(1.0f);
+  const int64_t global_shape[] = {8, 32}, mesh_shape[] = {2}, coord[] = {0};
+  const sa_placement rows[] = {shard(0)};
+  sa_layout layout = SA_LAYOUT_INIT;
+  layout.ndim = 2;
+  layout.global_shape = global_shape;
+  layout.mesh_ndim = 1;
+  layout.mesh_shape = mesh_shape;
+  layout.mesh_coord = coord;
+  layout.placements = rows;
+  OptimizerPtr opt = make_optimizer(1);
+  add_group(opt.get(), group_config(1e-2, 0.0, 1));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_comm(opt.get(), comm.get()));
+  const sa_param_options o = fp8_options(kCurrents[0].scaling, scale, nullptr);
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), &layout, &o, nullptr));
+  HostTensor grad({4, 32}, kFloat32);
+  Rng rng(41);
+  fill_normal(grad, rng, 1.0);
+  const DLTensor g = grad.dl();
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+  const std::vector<unsigned char> codes_before = param.raw_bytes();
+  CHECK_SA_FAILS(opt.get(), SA_ERR_COMM, sa_optimizer_step(opt.get(), nullptr, nullptr),
+                 "returned 7",
+                 "this step's update was applied, but the current-scaled fp8 params were not "
+                 "cast from their new masters: sa_optimizer_recast_params casts them");
+  CHECK(param.raw_bytes() == codes_before);  // stale, as the message says
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_recast_params(opt.get(), 0, 1));
+  const std::vector<float> m = master_of(opt.get(), 0);
+  check_current_cast(kFormats[0], kCurrents[0], param, m, scale, nullptr,
+                     amax_of(m.data(), static_cast<int64_t>(m.size())));
+  CHECK(param.raw_bytes() != codes_before);
 }

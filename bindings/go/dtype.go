@@ -193,7 +193,7 @@ func Float32ToBFloat16(f float32) uint16 {
 // ScalingInfo describes one Scaling as the library defines it (sa_param_scaling_info).
 type ScalingInfo struct {
 	Value           Scaling
-	Name            string // "none", "delayed", "mxfp8", "block128"
+	Name            string // "none", "delayed", "mxfp8", "block128", "current", "current_pow2"
 	Block           int64  // elements per block along the last dim; 0: one scale per tensor
 	ScaleDType      DType  // the dtype of ParamOptions.Scale
 	StepWritesScale bool   // true: the step writes Scale; false: it reads it (or there is none)

@@ -85,10 +85,12 @@ func TestParamScalingsAreTheHeadersTable(t *testing.T) {
 		dtype  DType
 		writes bool
 	}{
-		"none":     {ScalingNone, 0, Float32, false},
-		"delayed":  {ScalingDelayed, 0, Float32, false},
-		"mxfp8":    {ScalingMXFP8, 32, Float8E8M0FNU, true},
-		"block128": {ScalingBlock128, 128, Float32, true},
+		"none":         {ScalingNone, 0, Float32, false},
+		"delayed":      {ScalingDelayed, 0, Float32, false},
+		"mxfp8":        {ScalingMXFP8, 32, Float8E8M0FNU, true},
+		"block128":     {ScalingBlock128, 128, Float32, true},
+		"current":      {ScalingCurrent, 0, Float32, true},
+		"current_pow2": {ScalingCurrentPow2, 0, Float32, true},
 	}
 	got := ParamScalings()
 	if len(got) != len(want) {

@@ -190,6 +190,13 @@ const (
 	// ScalingBlock128: a float32 scale_inv per 128 elements of the last dim, which the step
 	// writes into Scale (the local shape, last dim / 128).
 	ScalingBlock128 Scaling = 3
+	// ScalingCurrent: per tensor, from the whole tensor's amax at every step (reduced across
+	// the ranks through the optimizer's communicator when the layout shards it; set the
+	// communicator first): the step writes Scale, two float32s [scale, scale_inv], with
+	// scale = fp8_max / amax; Amax (optional) receives the amax. CPU params in this version.
+	ScalingCurrent Scaling = 4
+	// ScalingCurrentPow2: as ScalingCurrent, the scale rounded down to a power of two.
+	ScalingCurrentPow2 Scaling = 5
 )
 
 // ParamOptions holds the per-param choices of AddParam. The zero value gives the defaults.

@@ -406,14 +406,35 @@ typedef enum sa_param_scaling {
    * with the last dim divided by 128, which the step writes with scale_inv = 1 / scale
    * (what the forward pass multiplies by). The master starts as fp8 value * scale_inv.
    * `amax` must be NULL. */
-  SA_SCALING_BLOCK128 = 3
+  SA_SCALING_BLOCK128 = 3,
+  /* per-tensor current scaling (Transformer Engine's Float8CurrentScaling): each step
+   * updates the masters, takes amax = max |master| over the whole global tensor, then casts
+   * with scale = fp8_max / amax (1 when amax is 0, FLT_MAX where the quotient overflows;
+   * NaN if a master value is NaN), param = fp8(master * scale). A sharded param (a
+   * layout that splits it across ranks) takes the max over the ranks through the
+   * optimizer's communicator, so every rank casts with the same scale: set the
+   * communicator (sa_optimizer_set_comm) before adding one, and register the same
+   * current-scaled sharded params on every rank in the same order, empty shards included
+   * (the first step checks this across the ranks, and fails with SA_ERR_MISMATCH if they
+   * differ). Such a step, sa_optimizer_recast_params and sa_optimizer_import of such
+   * params are collective. An unsharded param (no layout, or replicated) uses its own
+   * amax. `scale`: a float32 tensor of two elements that the step writes: [0] the scale,
+   * [1] scale_inv = 1 / scale (what the forward pass multiplies by); when the param is
+   * added it holds the scale_inv of the codes given ([1] > 0 and finite: the master
+   * starts as fp8 value * scale_inv). `amax` (optional): a float32 tensor of one element
+   * that receives the global amax. With an NCCL communicator the step stays on the stream
+   * (capturable); a host communicator synchronizes it once per step. */
+  SA_SCALING_CURRENT = 4,
+  /* as SA_SCALING_CURRENT, with the scale rounded down to a power of two: scale_inv is
+   * exact and master * scale never exceeds fp8_max (no value saturates). */
+  SA_SCALING_CURRENT_POW2 = 5
 } sa_param_scaling;
 
 /** One sa_param_scaling as the library defines it. The strings are static. */
 typedef struct sa_param_scaling_info {
   size_t struct_size;
   int32_t value;             /* its sa_param_scaling value */
-  const char* name;          /* "none", "delayed", "mxfp8", "block128" */
+  const char* name;          /* "none", "delayed", "mxfp8", "block128", "current", ... */
   int64_t block;             /* elements per block along the last dim; 0: per tensor */
   DLDataType scale_dtype;    /* the dtype of `scale` (none: float32, unused) */
   int32_t step_writes_scale; /* 1: the step writes `scale`; 0: it reads it (or has none) */
@@ -465,8 +486,9 @@ typedef struct sa_param_options {
    * unless scaling is not NONE. On SA_OK the optimizer owns it, as it owns the param (its
    * deleter is called when the optimizer is destroyed); on failure the caller keeps it. */
   DLManagedTensorVersioned* scale;
-  /* SA_SCALING_DELAYED only, optional: the float32 scalar each step writes the shard's
-   * amax into; owned like `scale`. NULL otherwise. */
+  /* SA_SCALING_DELAYED and SA_SCALING_CURRENT(_POW2) only, optional: the float32 scalar
+   * each step writes the amax into (delayed: the shard's; current: the global tensor's);
+   * owned like `scale`. NULL otherwise. */
   DLManagedTensorVersioned* amax;
   /* fp8 params: an sa_param_scaling other than NONE (required); others: NONE */
   int32_t scaling;
@@ -672,7 +694,10 @@ SA_API sa_status sa_step_args_field(int32_t index, sa_field_info* out);
  * every rank of the communicator must call it, with the same max_grad_norm and
  * norm_type and with found_inf given on all ranks or on none. A found_inf flag set on
  * any rank then skips the step on every rank, and the gradient norm is global. Steps that
- * need neither (no norm, no found_inf) do not communicate.
+ * need neither (no norm, no found_inf) do not communicate, unless the optimizer has
+ * sharded params of SA_SCALING_CURRENT(_POW2), whose amax every step reduces between the
+ * update and the cast (the first such step also compares the ranks' current-scaled params:
+ * SA_ERR_MISMATCH, nothing changed, if they differ).
  * `args` may be NULL (defaults). `stream` is the device stream to enqueue on, as a
  * cudaStream_t (NULL = the legacy default stream); the CPU backend ignores it.
  *
@@ -788,7 +813,8 @@ SA_API void sa_comm_destroy(sa_comm* comm);
 /**
  * Gives the optimizer a communicator for its steps (NULL: none, steps are rank-local).
  * The optimizer keeps a reference. A NCCL communicator must be on the optimizer's CUDA
- * device (checked at the step: SA_ERR_MISMATCH).
+ * device (checked at the step: SA_ERR_MISMATCH). NULL is refused (SA_ERR_STATE) while the
+ * optimizer holds a sharded param of SA_SCALING_CURRENT(_POW2).
  */
 SA_API sa_status sa_optimizer_set_comm(sa_optimizer* opt, sa_comm* comm);
 
@@ -816,8 +842,10 @@ SA_API sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const
  *
  * recast_params: each fp8 param is cast again from its master by its scaling, as a step
  *   casts it after its update (block scales written; a delayed scaling reads its scale
- *   now and writes its amax tensor, if any, with the masters' amax). Other params are
- *   left as they are.
+ *   now and writes its amax tensor, if any, with the masters' amax; a current scaling
+ *   writes its scale from the amax of the whole tensor, reduced across the ranks when
+ *   the range holds a sharded one: then the call is collective, every rank calling it with
+ *   the same range). Other params are left as they are.
  * reset_masters: each master is set from its param's value, as add_param starts it: an
  *   fp8 param's value times its scale's inverse (the scale tensors as they are now), a
  *   16-bit param's value widened (SA_MASTER_FP32), a zero remainder (SA_MASTER_REMAINDER,
@@ -1031,7 +1059,9 @@ typedef struct sa_import_options {
  * checkpoint (a remainder state restores the fp32 value only with the same bf16 param bits it was
  * saved with). The exception is an fp8 param (sa_param_scaling): it follows from its master, so
  * an import casts it from the loaded master with its scaling, as a step would (block scales
- * rewritten; a delayed scaling casts with the engine's current scale and writes the amax).
+ * rewritten; a delayed scaling casts with the engine's current scale and writes the amax; a
+ * current scaling takes the amax of the whole tensor, so an import of sharded ones is
+ * collective, as sa_optimizer_recast_params is).
  */
 SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_reader* const* readers,
                                      const sa_import_options* options);

@@ -190,7 +190,9 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
 static_assert(kCastRun % kQuant8Block == 0, "cast runs start on block boundaries");
 
 // A scaled param: its master updated as a float32 param (the same function as an fp32
-// master's update), then the param cast from it, run by run.
+// master's update), then the param cast from it, run by run. A current scaling's cast
+// waits for the tensor's amax (the second pass, cpu_backend.cpp): here its runs are only
+// updated and measured.
 float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                             int64_t begin, int64_t end, bool simd) {
   assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
@@ -201,8 +203,10 @@ float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, cons
   for (int64_t run = begin; run < end; run += kCastRun) {
     const int64_t run_end = end - run < kCastRun ? end : run + kCastRun;
     adam_cpu_range(inner, inner_slot, g, run, run_end, simd);
-    const float run_amax = cast_param_range(variant.param, variant.scaling, master, slot.param,
-                                            slot.scale, run, run_end);
+    const float run_amax = is_current(variant.scaling)
+                               ? quant8_absmax(master + run, run_end - run)
+                               : cast_param_range(variant.param, variant.scaling, master,
+                                                  slot.param, slot.scale, run, run_end);
     amax = quant8_absmax_combine(amax, quant8_magnitude_bits(run_amax));
   }
   return bits_float(amax);

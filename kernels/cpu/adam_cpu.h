@@ -20,8 +20,10 @@ namespace kernels {
 // A scaled (fp8) param's range is updated as its float32 master (fp8_master_variant) and
 // then cast (param_scaling.h), a run of kCastRun elements at a time while the master is in
 // cache; begin must then be a multiple of kQuant8Block (so of every scaling's block) and
-// end too, or the shard's end. Returns max |master| over the range for a scaled param
-// (quant8_absmax's rule; a delayed scaling's amax is folded from it), else 0.
+// end too, or the shard's end. A current scaling's range is updated only: its cast needs
+// the whole tensor's amax (cpu_backend.cpp's second pass). Returns max |master| over the
+// range for a scaled param (quant8_absmax's rule; a delayed or current scaling's amax is
+// folded from it), else 0.
 float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                      int64_t begin, int64_t end, bool simd);
 

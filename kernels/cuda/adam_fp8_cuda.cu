@@ -151,7 +151,7 @@ __device__ __forceinline__ void cast_lane(const float (&m)[kLaneElems], int n, i
 #pragma unroll
   for (int j = 0; j < kLaneElems; ++j)
     if (j < n) bits = quant8_absmax_combine(bits, quant8_magnitude_bits(m[j]));
-  if constexpr (kS == ParamScaling::delayed) {
+  if constexpr (scaling_block(kS) == 0) {
     amax_bits = quant8_absmax_combine(amax_bits, bits);
   } else {
     constexpr int kLanes = kBlockLanes<kS>;
@@ -186,12 +186,12 @@ __device__ __forceinline__ void fold_amax(float* amax, uint32_t bits) {
   if (threadIdx.x % 32 == 0 && bits != 0) atomicMax(reinterpret_cast<unsigned int*>(amax), bits);
 }
 
-// The factor of a delayed scaling (the engine's scale), 0 otherwise (block scalings take
-// theirs per block).
+// The factor of a per-tensor scaling (the scale tensor's first element: the engine's for a
+// delayed scaling, the one written before the cast for a current one), 0 otherwise (block
+// scalings take theirs per block).
 template <ElemType P, ParamScaling kS>
 __device__ __forceinline__ float delayed_factor(const TensorSlot& slot) {
-  if constexpr (kS == ParamScaling::delayed)
-    return block_cast_factor<P, kS>(0.0f, slot.scale, 0, false);
+  if constexpr (scaling_block(kS) == 0) return block_cast_factor<P, kS>(0.0f, slot.scale, 0, false);
   return 0.0f;
 }
 
@@ -280,6 +280,77 @@ __global__ void dequantize_kernel(const uint8_t* param, ParamScale scale, int64_
     dequantize_block<P, kS>(param + i, 1, scale, kBlock == 0 ? 0 : i / kBlock, master + i);
 }
 
+// ---- current scaling (is_current): the amax pass, the scales, the cast pass -------------
+// The masters are updated first as a float32 param's (the bucket's master slot table, as for
+// block moments); then every chunk folds max |master| into its slot's amax_bits, grad or
+// none (the second pass casts every slot again, with the tensor's new scale). amax_bits is
+// a double holding magnitude bits (an integer below 2^32): non-negative doubles order as
+// their bits do, so an atomicMax on the bits is the max, as the CPU's fold is.
+
+// The warp's largest magnitude bits, folded into *amax_bits (one atomicMax per warp).
+__device__ __forceinline__ void fold_amax_bits(double* amax_bits, uint32_t bits) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  if (threadIdx.x % 32 == 0 && bits != 0)
+    atomicMax(reinterpret_cast<unsigned long long*>(amax_bits),
+              static_cast<unsigned long long>(__double_as_longlong(static_cast<double>(bits))));
+}
+
+// Max |master| of elements [begin, end) of a slot (every `stride` from the thread's first),
+// folded into its amax_bits.
+__device__ void fold_master_amax(const TensorSlot& slot, int64_t begin, int64_t end,
+                                 int64_t stride) {
+  const auto* master = static_cast<const float*>(slot.state[static_cast<int>(StateKind::master)]);
+  uint32_t bits = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += stride)
+    bits = quant8_absmax_combine(bits, quant8_magnitude_bits(master[i]));
+  fold_amax_bits(slot.scale.amax_bits, bits);
+}
+
+__global__ void reset_current_amax_kernel(const CurrentScale* table, int32_t n) {
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    *table[i].scale.amax_bits = 0.0;
+}
+
+__global__ void __launch_bounds__(kCudaBlockThreads) current_amax_kernel(DeviceBucket bucket) {
+  const int64_t chunk = blockIdx.x;
+  const int32_t s = slot_of_chunk(bucket, chunk);
+  const TensorSlot& slot = bucket.slots[s];
+  const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
+  fold_master_amax(slot, begin, min(begin + kCudaChunkElems, slot.numel), blockDim.x);
+}
+
+__global__ void __launch_bounds__(kCudaBlockThreads) slot_amax_kernel(TensorSlot slot) {
+  fold_master_amax(slot, static_cast<int64_t>(blockIdx.x) * blockDim.x, slot.numel,
+                   static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+// Each entry's scale from its reduced amax, unless the step is skipped (verdict NULL: a
+// recast, never skipped).
+__global__ void current_scale_kernel(const CurrentScale* table, int32_t n,
+                                     const StepVerdict* verdict) {
+  if (verdict != nullptr && verdict->skip) return;
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    write_current_scale(table[i].param, table[i].scaling, table[i].scale);
+}
+
+__global__ void one_current_scale_kernel(CurrentScale c) {
+  write_current_scale(c.param, c.scaling, c.scale);
+}
+
+// Chunk b of a bucket cast from its master with the scale written before, grad or none.
+template <ElemType P, ParamScaling kS>
+__global__ void __launch_bounds__(kCudaBlockThreads)
+    current_cast_kernel(DeviceBucket bucket, const StepVerdict* verdict) {
+  if (verdict->skip) return;
+  const int64_t chunk = blockIdx.x;
+  const int32_t s = slot_of_chunk(bucket, chunk);
+  const TensorSlot slot = bucket.slots[s];
+  const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
+  cast_tiles<P, kS>(slot, begin, min(begin + kCudaChunkElems, slot.numel), kTileElems);
+}
+
 // Thread blocks for a grid-stride loop over n items, per_block per thread block and round.
 unsigned grid_for(int64_t n, int64_t per_block) {
   return static_cast<unsigned>(
@@ -305,11 +376,13 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucke
   err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
     constexpr ParamScaling kS = decltype(scaling)::value;
-    err = launch_reset_amax(kS, b, s, st);
-    if (err != cudaSuccess) return;
-    cast_bucket_kernel<decltype(p)::value, kS>
-        <<<static_cast<unsigned>(b.num_chunks), kCudaBlockThreads, 0, st>>>(b, s);
-    err = cudaGetLastError();
+    if constexpr (!is_current(kS)) {  // current buckets take launch_current_* (below)
+      err = launch_reset_amax(kS, b, s, st);
+      if (err != cudaSuccess) return;
+      cast_bucket_kernel<decltype(p)::value, kS>
+          <<<static_cast<unsigned>(b.num_chunks), kCudaBlockThreads, 0, st>>>(b, s);
+      err = cudaGetLastError();
+    }
   });
   return err;
 }
@@ -324,7 +397,9 @@ cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, c
     visit_variant(fp8_master_variant(v), [&](auto signature) {
       using S = decltype(signature);
       // visit_variant instantiates every param form; the master's is a float32 param's.
-      if constexpr (S::kParam == ElemType::f32 && S::kMaster == MasterKind::none) {
+      // Current buckets take launch_current_* (below): their cast waits for the amax.
+      if constexpr (S::kParam == ElemType::f32 && S::kMaster == MasterKind::none &&
+                    !is_current(kS)) {
         err = launch_reset_amax(kS, b, s, st);
         if (err != cudaSuccess) return;
         adam_scaled_kernel<kP, kS, S>
@@ -332,6 +407,49 @@ cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, c
         err = cudaGetLastError();
       }
     });
+  });
+  return err;
+}
+
+cudaError_t launch_reset_current_amax(const CurrentScale* table, int32_t n, cudaStream_t st) {
+  if (n == 0) return cudaSuccess;
+  reset_current_amax_kernel<<<grid_for(n, kCudaBlockThreads), kCudaBlockThreads, 0, st>>>(table, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_current_amax(const DeviceBucket& bucket, cudaStream_t st) {
+  if (bucket.num_chunks == 0) return cudaSuccess;
+  current_amax_kernel<<<static_cast<unsigned>(bucket.num_chunks), kCudaBlockThreads, 0, st>>>(
+      bucket);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_measure_amax(const TensorSlot& slot, cudaStream_t st) {
+  cudaError_t err = cudaMemsetAsync(slot.scale.amax_bits, 0, sizeof(double), st);
+  if (err != cudaSuccess || slot.numel == 0) return err;
+  slot_amax_kernel<<<grid_for(slot.numel, kCudaBlockThreads), kCudaBlockThreads, 0, st>>>(slot);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_current_scales(const CurrentScale* table, int32_t n, const StepVerdict* verdict,
+                                  cudaStream_t st) {
+  if (n == 0) return cudaSuccess;
+  current_scale_kernel<<<grid_for(n, kCudaBlockThreads), kCudaBlockThreads, 0, st>>>(table, n,
+                                                                                     verdict);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_current_cast(const Variant& v, const DeviceBucket& bucket,
+                                const StepVerdict* verdict, cudaStream_t st) {
+  if (bucket.num_chunks == 0) return cudaSuccess;
+  cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
+  visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
+    constexpr ParamScaling kS = decltype(scaling)::value;
+    if constexpr (is_current(kS)) {
+      current_cast_kernel<decltype(p)::value, kS>
+          <<<static_cast<unsigned>(bucket.num_chunks), kCudaBlockThreads, 0, st>>>(bucket, verdict);
+      err = cudaGetLastError();
+    }
   });
   return err;
 }
@@ -344,6 +462,10 @@ cudaError_t launch_cast_param(const Variant& v, const TensorSlot& slot, cudaStre
     err = cudaSuccess;
     if (kS == ParamScaling::delayed && slot.scale.amax != nullptr)
       err = cudaMemsetAsync(slot.scale.amax, 0, sizeof(float), st);
+    if (is_current(kS)) {  // the scale from the reduced amax first, an empty shard's too
+      one_current_scale_kernel<<<1, 1, 0, st>>>(CurrentScale{kP, kS, slot.scale});
+      err = cudaGetLastError();
+    }
     if (err != cudaSuccess || slot.numel == 0) return;
     cast_kernel<kP, kS><<<grid_for(slot.numel, kTileElems), kCudaBlockThreads, 0, st>>>(slot);
     err = cudaGetLastError();

@@ -32,9 +32,29 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& variant, const Devic
                                              const DeviceBucket& masters, const DeviceStep& step,
                                              cudaStream_t stream);
 
+// Current scaling (is_current), in a step's order: the masters are updated as float32
+// params (launch_adam_bucket over the bucket's master slots); then
+//   launch_reset_current_amax: *amax_bits = 0 for every entry of the plan's current table;
+//   launch_current_amax: each chunk of a current-scaled bucket folds max |master| into its
+//     slot's amax_bits (grad or none);
+//   (the core reduces the amax_bits across ranks, on the stream with NCCL)
+//   launch_current_scales: each entry's [scale, scale_inv] and amax from its reduced amax
+//     (param_cast.h's write_current_scale), unless verdict->skip (verdict NULL: always);
+//   launch_current_cast: every chunk of the bucket cast from its master with that scale,
+//     unless verdict->skip.
+// launch_measure_amax is the first pass without an update, for one param (a recast).
+cudaError_t launch_reset_current_amax(const CurrentScale* table, int32_t n, cudaStream_t stream);
+cudaError_t launch_current_amax(const DeviceBucket& bucket, cudaStream_t stream);
+cudaError_t launch_current_scales(const CurrentScale* table, int32_t n, const StepVerdict* verdict,
+                                  cudaStream_t stream);
+cudaError_t launch_current_cast(const Variant& variant, const DeviceBucket& bucket,
+                                const StepVerdict* verdict, cudaStream_t stream);
+cudaError_t launch_measure_amax(const TensorSlot& slot, cudaStream_t stream);
+
 // Enqueues the cast of one scaled param from its master, as a step casts it after the
-// update: the param's codes, its block scales, and a delayed scaling's amax (set to 0
-// first, so an empty shard's amax is 0).
+// update: the param's codes, its block scales, a delayed scaling's amax (set to 0 first, so
+// an empty shard's amax is 0), and a current scaling's scale from its reduced amax (an empty
+// shard's too).
 cudaError_t launch_cast_param(const Variant& variant, const TensorSlot& slot, cudaStream_t stream);
 
 // Enqueues master[i] = the value the fp8 code param[i] stands for under its scale

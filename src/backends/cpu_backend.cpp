@@ -132,9 +132,10 @@ class CpuBackend final : public Backend {
     }
     partials_.assign(work_.size(), 0.0);
     range_amax_.assign(work_.size(), 0.0f);
-    delayed_ = false;
+    writes_amax_ = false;
     for (const Bucket& bucket : plan.buckets)
-      delayed_ = delayed_ || bucket.variant.scaling == kernels::ParamScaling::delayed;
+      writes_amax_ = writes_amax_ || bucket.variant.scaling == kernels::ParamScaling::delayed ||
+                     kernels::is_current(bucket.variant.scaling);
     coeff_of_param_.resize(static_cast<std::size_t>(num_params));
     // Tasks: runs of consecutive work items holding about kChunkElems elements (one item
     // each for large shards).
@@ -195,20 +196,45 @@ class CpuBackend final : public Backend {
       const WorkItem& item = work_[i];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
-      if (slot.grad == nullptr) return;  // no grad at this step
-      range_amax_[i] =
-          kernels::adam_cpu_range(bucket.variant, slot, coeffs_[coeff_of_param_[slot.param_index]],
-                                  item.begin, item.end, simd_);
+      if (slot.grad != nullptr) {
+        range_amax_[i] = kernels::adam_cpu_range(bucket.variant, slot,
+                                                 coeffs_[coeff_of_param_[slot.param_index]],
+                                                 item.begin, item.end, simd_);
+      } else if (kernels::is_current(bucket.variant.scaling)) {
+        // No grad: the master stays, but the second pass casts every current-scaled param
+        // again with the tensor's new scale, so its amax is measured all the same.
+        range_amax_[i] = kernels::bits_float(static_cast<uint32_t>(
+            kernels::master_amax_bits(master_of(slot), item.begin, item.end)));
+      }
     });
-    if (delayed_) write_amax(plan);
+    if (writes_amax_) write_amax(plan);
+  }
+
+  void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict, void*) override {
+    if (verdict->skip) return;
+    for (const kernels::CurrentScale& c : plan.current)
+      kernels::write_current_scale(c.param, c.scaling, c.scale);
+    for_each_work_item([&](int64_t i) {
+      const WorkItem& item = work_[i];
+      const Bucket& bucket = plan.buckets[item.bucket];
+      if (!kernels::is_current(bucket.variant.scaling)) return;
+      const kernels::TensorSlot& slot = bucket.slots[item.slot];
+      kernels::cast_param_range(bucket.variant.param, bucket.variant.scaling, master_of(slot),
+                                slot.param, slot.scale, item.begin, item.end);
+    });
+  }
+
+  void measure_amax(const kernels::Variant&, const kernels::TensorSlot& slot) override {
+    *slot.scale.amax_bits = kernels::master_amax_bits(master_of(slot), 0, slot.numel);
   }
 
   void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
-    const auto* master =
-        static_cast<const float*>(slot.state[static_cast<std::size_t>(StateKind::master)]);
-    const float amax = kernels::cast_param_range(variant.param, variant.scaling, master, slot.param,
-                                                 slot.scale, 0, slot.numel);
-    if (slot.scale.amax != nullptr) *slot.scale.amax = amax;
+    if (kernels::is_current(variant.scaling))
+      kernels::write_current_scale(variant.param, variant.scaling, slot.scale);
+    const float amax = kernels::cast_param_range(variant.param, variant.scaling, master_of(slot),
+                                                 slot.param, slot.scale, 0, slot.numel);
+    if (variant.scaling == kernels::ParamScaling::delayed && slot.scale.amax != nullptr)
+      *slot.scale.amax = amax;
   }
 
  private:
@@ -227,10 +253,16 @@ class CpuBackend final : public Backend {
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;   // one norm partial per work item
   std::vector<float> range_amax_;  // per work item: max |master| of a scaled param's range
-  bool delayed_ = false;           // some bucket has a delayed scaling (an amax to write)
+  bool writes_amax_ = false;  // some bucket has a delayed or current scaling (an amax to write)
 
-  // Each updated slot's amax (a delayed scaling's, where the engine asked for it): the
-  // largest of its work items', whose ranges are consecutive in the work list.
+  static const float* master_of(const kernels::TensorSlot& slot) {
+    return static_cast<const float*>(slot.state[static_cast<std::size_t>(StateKind::master)]);
+  }
+
+  // Each slot's amax: the largest of its work items', whose ranges are consecutive in the
+  // work list. A delayed scaling's goes to the engine's amax tensor, where it asked for one
+  // (updated slots only); a current scaling's to its amax_bits (every slot: the second pass
+  // casts them all).
   void write_amax(const Plan& plan) {
     for (std::size_t i = 0; i < work_.size();) {
       const WorkItem& first = work_[i];
@@ -238,8 +270,11 @@ class CpuBackend final : public Backend {
       for (; i < work_.size() && work_[i].bucket == first.bucket && work_[i].slot == first.slot;
            ++i)
         amax = kernels::quant8_absmax_combine(amax, kernels::quant8_magnitude_bits(range_amax_[i]));
-      const kernels::TensorSlot& slot = plan.buckets[first.bucket].slots[first.slot];
-      if (slot.grad != nullptr && slot.scale.amax != nullptr)
+      const Bucket& bucket = plan.buckets[first.bucket];
+      const kernels::TensorSlot& slot = bucket.slots[first.slot];
+      if (kernels::is_current(bucket.variant.scaling))
+        *slot.scale.amax_bits = static_cast<double>(amax);
+      else if (slot.grad != nullptr && slot.scale.amax != nullptr)
         *slot.scale.amax = kernels::bits_float(amax);
     }
   }

@@ -151,10 +151,12 @@ struct DeviceTables {
   kernels::DeviceBucket master_view{};
 };
 
-// Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): their block
-// moments' update of the masters, then the cast.
+// Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): the update of
+// their masters (block moments' kernel, or any for a current scaling, whose cast waits for
+// the tensor's amax), then the cast.
 bool steps_masters_apart(const kernels::Variant& v) {
-  return v.scaling != kernels::ParamScaling::none && kernels::is_block_storage(v.moment);
+  return v.scaling != kernels::ParamScaling::none &&
+         (kernels::is_block_storage(v.moment) || kernels::is_current(v.scaling));
 }
 
 // A bucket's slots as fp8_master_slot gives them.
@@ -282,6 +284,12 @@ class CudaBackend final : public Backend {
       }
       tables.push_back(std::move(t));
     }
+    std::shared_ptr<Buffer> current;
+    if (!plan.current.empty()) {
+      current = allocate(plan.current.size() * sizeof(kernels::CurrentScale));
+      copy_from_host(current->data(), plan.current.data(),
+                     plan.current.size() * sizeof(kernels::CurrentScale));
+    }
     int64_t total_chunks = 0;
     for (const DeviceTables& t : tables) total_chunks += t.view.num_chunks;
     auto partials =
@@ -289,6 +297,8 @@ class CudaBackend final : public Backend {
     auto coeffs = allocate(std::max<std::size_t>(static_cast<std::size_t>(num_params), 1) *
                            sizeof(kernels::GroupCoeffs));
     tables_ = std::move(tables);
+    current_ = std::move(current);
+    num_current_ = static_cast<int32_t>(plan.current.size());
     partials_ = std::move(partials);
     coeffs_ = std::move(coeffs);
   }
@@ -338,14 +348,43 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
                                    verdict};
+    const auto s = static_cast<cudaStream_t>(stream);
+    check_cuda(kernels::launch_reset_current_amax(current_table(), num_current_, s),
+               "current scaling's amax reset");
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const kernels::Variant& v = plan.buckets[b].variant;
-      const auto s = static_cast<cudaStream_t>(stream);
+      if (kernels::is_current(v.scaling)) {  // the update, then the amax; the cast waits
+        check_cuda(kernels::launch_adam_bucket(kernels::fp8_master_variant(v),
+                                               tables_[b].master_view, step, s),
+                   "Adam kernel launch");
+        check_cuda(kernels::launch_current_amax(tables_[b].view, s), "current scaling's amax");
+        continue;
+      }
       check_cuda(steps_masters_apart(v) ? kernels::launch_adam_bucket_scaled_blocks(
                                               v, tables_[b].view, tables_[b].master_view, step, s)
                                         : kernels::launch_adam_bucket(v, tables_[b].view, step, s),
                  "Adam kernel launch");
     }
+  }
+
+  void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,
+                            void* stream) override {
+    DeviceScope scope(device_);
+    const auto s = static_cast<cudaStream_t>(stream);
+    check_cuda(kernels::launch_current_scales(current_table(), num_current_, verdict, s),
+               "current scaling's scales");
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+      if (kernels::is_current(plan.buckets[b].variant.scaling))
+        check_cuda(
+            kernels::launch_current_cast(plan.buckets[b].variant, tables_[b].view, verdict, s),
+            "current scaling's cast");
+  }
+
+  // On the legacy default stream, then waited for: synchronous by contract (recast).
+  void measure_amax(const kernels::Variant&, const kernels::TensorSlot& slot) override {
+    DeviceScope scope(device_);
+    check_cuda(kernels::launch_measure_amax(slot, nullptr), "current scaling's amax");
+    check_cuda(cudaStreamSynchronize(nullptr), "current scaling's amax");
   }
 
   // On the legacy default stream, then waited for: synchronous by contract (import).
@@ -356,8 +395,14 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  const kernels::CurrentScale* current_table() const {
+    return current_ ? static_cast<const kernels::CurrentScale*>(current_->data()) : nullptr;
+  }
+
   int device_;
   std::vector<DeviceTables> tables_;
+  std::shared_ptr<Buffer> current_;  // plan.current, in device memory
+  int32_t num_current_ = 0;
   std::shared_ptr<Buffer> partials_;  // per chunk of every bucket: the norm partials
   std::shared_ptr<Buffer> coeffs_;    // per param: what the last fold folded
   StagingRing staging_;

@@ -20,6 +20,7 @@
 #include "gpu/cuda_test_support.hpp"
 #include "test_state_io_support.hpp"
 #include "test_support.hpp"
+#include "test_thread_comm.hpp"
 
 using namespace sa_test;
 
@@ -44,7 +45,13 @@ struct ScalingCase {
 const ScalingCase kCases[] = {{"delayed with amax", SA_SCALING_DELAYED, 0, true},
                               {"delayed without amax", SA_SCALING_DELAYED, 0, false},
                               {"mxfp8", SA_SCALING_MXFP8, 32, false},
-                              {"block128", SA_SCALING_BLOCK128, 128, false}};
+                              {"block128", SA_SCALING_BLOCK128, 128, false},
+                              {"current with amax", SA_SCALING_CURRENT, 0, true},
+                              {"current_pow2", SA_SCALING_CURRENT_POW2, 0, false}};
+
+bool is_current(const ScalingCase& s) {
+  return s.scaling == SA_SCALING_CURRENT || s.scaling == SA_SCALING_CURRENT_POW2;
+}
 
 // The engine's delayed scale at each step: 1e4 saturates both formats' casts.
 const float kDelayedScales[] = {16.0f, 1e4f, 0.5f, 64.0f, 3.0f, 1e-3f, 8.0f};
@@ -125,7 +132,7 @@ struct Fp8Twin {
       if (!finite_code(format, c)) c = 0x3A;
       s.param->as<uint8_t>()[i] = in_zero_blocks(i, s.param->numel()) ? 0 : c;
     }
-    std::vector<int64_t> scale_shape{1};
+    std::vector<int64_t> scale_shape{is_current(scaling) ? 2 : 1};  // current: [scale, scale_inv]
     if (scaling.block != 0) {
       scale_shape = shape;
       scale_shape.back() /= scaling.block;
@@ -135,7 +142,7 @@ struct Fp8Twin {
     for (int64_t b = 0; b < s.scale->numel(); ++b) {
       if (scaling.scaling == SA_SCALING_MXFP8)
         s.scale->as<uint8_t>()[b] = static_cast<uint8_t>(rng.integer(110, 129));
-      else if (scaling.scaling == SA_SCALING_BLOCK128)
+      else if (scaling.scaling == SA_SCALING_BLOCK128 || is_current(scaling))
         s.scale->as<float>()[b] = static_cast<float>(std::fabs(rng.signed_log_uniform(1e-3, 1e2)));
       else
         s.scale->as<float>()[b] = delayed_scale;
@@ -247,7 +254,7 @@ struct Fp8Twin {
       CHECK(s.dev_param->download() == host_bytes(*s.param));
       if (scaling.scaling == SA_SCALING_MXFP8)
         CHECK(s.dev_scale->download() == host_bytes(*s.scale));
-      if (scaling.scaling == SA_SCALING_BLOCK128)
+      if (scaling.scaling == SA_SCALING_BLOCK128 || is_current(scaling))
         CHECK(same_floats(s.dev_scale->download(), host_bytes(*s.scale), s.has_nan));
       if (s.amax) CHECK(same_floats(s.dev_amax->download(), host_bytes(*s.amax), s.has_nan));
       const char* keys[16] = {};
@@ -298,11 +305,12 @@ TEST_CASE("fp8 params on CUDA step to the CPU's codes, masters, scales and amax 
         t.add_shards(rng, kDelayedScales[0]);
         t.require_identical();  // the masters' initialisation
         train(t, rng);
-        if (s.amax) {  // the empty shard's amax was never written: still its -1
+        if (s.amax) {  // delayed: the empty shard's amax was never written (still its -1);
+                       // current: the tensor's, of no elements
           const std::vector<unsigned char> bytes = t.shards[0].dev_amax->download();
           float amax = 0.0f;
           std::memcpy(&amax, bytes.data(), sizeof amax);
-          CHECK(amax == -1.0f);
+          CHECK(amax == (is_current(s) ? 0.0f : -1.0f));
         }
       }
     }
@@ -335,7 +343,7 @@ TEST_CASE("a CUDA state import casts fp8 params from the loaded master as the st
           const Fp8Shard& b = r.shards[i];
           INFO("shard '" << a.name << "'");
           CHECK(b.dev_param->download() == a.dev_param->download());
-          if (s.block != 0)
+          if (s.block != 0 || is_current(s))
             CHECK(same_floats(b.dev_scale->download(), a.dev_scale->download(), a.has_nan));
           // The import's amax is that of the loaded master, the last step's (every shard
           // had a grad there); the empty shard's was never written.
@@ -388,5 +396,116 @@ TEST_CASE("a captured fp8 step replays in a CUDA graph and follows the CPU bit f
       cudaGraphDestroy(graph);
       cudaStreamDestroy(stream);
     }
+  }
+}
+
+// A sharded current-scaled param reduces its amax between the passes: on CUDA through NCCL
+// on the stream (so the step captures), on the CPU through host callbacks. One rank of a
+// 2-rank Shard(0) layout whose communicators are 1-rank ones (NCCL's of one GPU; callbacks
+// that return the values): the reduction is the identity, and both must give the same bits.
+TEST_CASE(
+    "a sharded current-scaled param steps and captures with its amax reduced by NCCL, "
+    "as the CPU does with a host communicator",
+    "[gpu][fp8param][comm]") {
+  if (std::string(sa_build_info()).find("nccl: built") == std::string::npos) {
+    WARN("this build has no NCCL: the reduction of a current scaling's amax on CUDA is not tested");
+    return;
+  }
+  sa_nccl_unique_id id{};
+  REQUIRE_SA_OK(nullptr, sa_nccl_unique_id_create(&id));
+  sa_comm* nccl_raw = nullptr;
+  REQUIRE_SA_OK(nullptr, sa_comm_create_nccl(&id, 1, 0, 0, &nccl_raw));
+  CommPtr nccl(nccl_raw);
+  sa_host_comm callbacks = SA_HOST_COMM_INIT;
+  callbacks.all_reduce = [](void*, double*, int32_t, sa_reduce_op) { return 0; };
+  sa_comm* host_raw = nullptr;
+  REQUIRE_SA_OK(nullptr, sa_comm_create_host(&callbacks, &host_raw));
+  CommPtr host(host_raw);
+
+  const int64_t global_shape[] = {16, 4096}, mesh_shape[] = {2}, coord[] = {0};
+  const sa_placement rows[] = {sa_placement{SA_PLACEMENT_SHARD, 0}};
+  sa_layout layout = SA_LAYOUT_INIT;
+  layout.ndim = 2;
+  layout.global_shape = global_shape;
+  layout.mesh_ndim = 1;
+  layout.mesh_shape = mesh_shape;
+  layout.mesh_coord = coord;
+  layout.placements = rows;
+  const std::vector<int64_t> shape{8, 4096};
+  Rng rng(0xC0C);
+  HostTensor param(shape, kE4m3), scale({2}, kFloat32), amax({1}, kFloat32), grad(shape, kFloat32);
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    auto c = static_cast<uint8_t>(rng.integer(0, 255));
+    param.as<uint8_t>()[i] = finite_code(kFormats[0], c) ? c : 0x3A;
+  }
+  scale.as<float>()[0] = 4.0f;
+  scale.as<float>()[1] = 0.25f;
+  DeviceTensor dev_param(shape, kE4m3), dev_scale({2}, kFloat32), dev_amax({1}, kFloat32),
+      dev_grad(shape, kFloat32);
+  dev_param.upload(param);
+  dev_scale.upload(scale);
+  {
+    OptimizerPtr cpu = make_optimizer(2, 1), gpu = make_optimizer();
+    const sa_group_config adamw = group_config(2e-2, 1e-2, 1);
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_group(cpu.get(), &adamw, nullptr));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_group(gpu.get(), &adamw, nullptr));
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_comm(cpu.get(), host.get()));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_comm(gpu.get(), nccl.get()));
+    sa_param_options o = SA_PARAM_OPTIONS_INIT;
+    o.scaling = SA_SCALING_CURRENT;
+    o.scale = scale.versioned();
+    o.amax = amax.versioned();
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), "w", 0, param.versioned(), &layout,
+                                                    &o, nullptr));
+    o.scale = dev_scale.versioned();
+    o.amax = dev_amax.versioned();
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_param(gpu.get(), "w", 0, dev_param.versioned(),
+                                                    &layout, &o, nullptr));
+    const DLTensor hg = grad.dl(), dg = dev_grad.dl();
+    REQUIRE_SA_OK(cpu.get(), sa_optimizer_set_grad(cpu.get(), 0, &hg));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_set_grad(gpu.get(), 0, &dg));
+    const auto require_identical = [&] {
+      CUDA_OK(cudaDeviceSynchronize());
+      CHECK(dev_param.download() == param.raw_bytes());
+      CHECK(dev_scale.download() == scale.raw_bytes());
+      CHECK(dev_amax.download() == amax.raw_bytes());
+      CHECK(download_view(state_view(gpu.get(), 0, "master")) ==
+            state_view(cpu.get(), 0, "master").raw_bytes());
+    };
+    const auto new_grads = [&](double magnitude) {
+      fill_normal(grad, rng, magnitude);
+      dev_grad.upload(grad);
+    };
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      new_grads(step == 1 ? 1e3 : 1.0);
+      REQUIRE_SA_OK(cpu.get(), sa_optimizer_step(cpu.get(), nullptr, nullptr));
+      REQUIRE_SA_OK(gpu.get(), sa_optimizer_step(gpu.get(), nullptr, nullptr));
+      require_identical();
+    }
+    cudaStream_t stream = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_flush(gpu.get(), stream));
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const sa_status captured = sa_optimizer_step(gpu.get(), nullptr, stream);
+    const std::string error = sa_optimizer_last_error(gpu.get());
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    INFO(error);
+    REQUIRE(captured == SA_OK);
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      INFO("replay " << replay);
+      new_grads(replay == 0 ? 10.0 : 1.0);
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      REQUIRE_SA_OK(cpu.get(), sa_optimizer_step(cpu.get(), nullptr, nullptr));
+      require_identical();
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
 }

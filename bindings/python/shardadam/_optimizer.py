@@ -308,18 +308,25 @@ class Optimizer(OwnsHandle):
                 fp32 master into the param, a name of :func:`param_scalings` --
                 ``"delayed"`` (``param = fp8(master * scale)`` with the engine's ``scale``),
                 ``"mxfp8"`` (a power-of-two scale per 32 elements of the last dim, written
-                into ``scale`` as float8_e8m0fnu) or ``"block128"`` (a float32 scale_inv per
-                128 elements of the last dim, written into ``scale``); casts round to
+                into ``scale`` as float8_e8m0fnu), ``"block128"`` (a float32 scale_inv per
+                128 elements of the last dim, written into ``scale``), ``"current"`` /
+                ``"current_pow2"`` (per tensor, ``scale = fp8_max / amax`` of the whole
+                tensor at each step, reduced across the ranks through :meth:`set_comm`'s
+                communicator when the layout shards it: set it first; pow2 rounds the
+                scale down to a power of two; CPU params in this version); casts round to
                 nearest even and saturate. The master starts as the param's value times
                 its scale's inverse. ``include/shardadam/shardadam.h`` (sa_param_scaling)
                 states each rule.
             scale: the scale tensor ``scaling`` names (same device as the param,
                 C-contiguous): ``"delayed"``: one float32 element, read at every step;
                 ``"mxfp8"`` / ``"block128"``: the local shape with the last dim divided by
-                the block, written at every step. Held like ``tensor``.
-            amax: ``"delayed"`` only, optional: one float32 element into which every step
-                that updates the param writes max |master| of this shard (reduce it over
-                the ranks that hold the tensor, as amax histories are). Held like ``tensor``.
+                the block, written at every step; ``"current"`` / ``"current_pow2"``: two
+                float32 elements ``[scale, scale_inv]``, written at every step (when added:
+                the scale_inv of the codes given). Held like ``tensor``.
+            amax: ``"delayed"``, ``"current"`` and ``"current_pow2"`` only, optional: one
+                float32 element into which every step writes the amax: delayed: max
+                |master| of this shard (reduce it over the ranks that hold the tensor, as
+                amax histories are); current: of the whole tensor. Held like ``tensor``.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
         handle = self._handle_or_raise()

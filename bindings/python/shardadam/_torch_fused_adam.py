@@ -31,16 +31,20 @@ class Fp8:
     ``torch.float8_e4m3fn`` or ``torch.float8_e5m2`` data, given in ``FusedAdam(fp8=...)``).
 
     Args:
-        scaling: ``"delayed"``, ``"mxfp8"`` or ``"block128"`` (:func:`shardadam.param_scalings`;
-            ``sa_param_scaling`` in ``shardadam.h`` states each rule).
+        scaling: ``"delayed"``, ``"mxfp8"``, ``"block128"``, ``"current"`` or ``"current_pow2"``
+            (:func:`shardadam.param_scalings`; ``sa_param_scaling`` in ``shardadam.h`` states
+            each rule; the current ones run on CPU params in this version, and a sharded one
+            needs the optimizer's communicator).
         scale: the scale tensor on the param's device (a DTensor: its local tensor is used):
             ``"delayed"``: one float32 element that every step reads (``param =
             fp8(master * scale)``); ``"mxfp8"``: ``torch.float8_e8m0fnu`` of the local shape
             with the last dim / 32, written by every step; ``"block128"``: float32 of the
             local shape with the last dim / 128, written by every step with each block's
-            scale_inv (what a forward pass multiplies by).
-        amax: ``"delayed"`` only, optional: a float32 tensor of one element that every step
-            overwrites with max |master| of this rank's shard.
+            scale_inv (what a forward pass multiplies by); ``"current"``: two float32
+            elements ``[scale, scale_inv]``, written by every step.
+        amax: ``"delayed"`` / ``"current"`` only, optional: a float32 tensor of one element
+            that every step overwrites with max |master| (delayed: of this rank's shard;
+            current: of the whole tensor).
 
     A Transformer Engine ``Float8Tensor`` adapter passes its data and scale tensors here.
     """

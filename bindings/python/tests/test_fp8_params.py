@@ -106,12 +106,58 @@ CASES = [(fmt, scaling) for fmt in FORMATS for scaling in BLOCKS]
 
 def test_the_library_lists_the_scalings_the_header_defines():
     table = {s["name"]: s for s in shardadam.param_scalings()}
-    assert set(table) == {"none", "delayed", "mxfp8", "block128"}
+    assert set(table) == {"none", "delayed", "mxfp8", "block128", "current", "current_pow2"}
     assert {k: table[k]["block"] for k in BLOCKS} == BLOCKS
     assert table["mxfp8"]["scale_dtype"] == "float8_e8m0fnu"
     assert table["delayed"]["scale_dtype"] == table["block128"]["scale_dtype"] == "float32"
     assert (table["delayed"]["step_writes_scale"], table["mxfp8"]["step_writes_scale"],
             table["block128"]["step_writes_scale"]) == (False, True, True)
+    for current in ("current", "current_pow2"):
+        assert (table[current]["block"], table[current]["scale_dtype"], table[current]["step_writes_scale"]) == \
+            (0, "float32", True)
+
+
+def current_scale(amax, fmt, pow2):
+    """fp8_max / amax as block128's rule; pow2: 2^floor(log2 s), by numpy's frexp."""
+    s = block128_scale(np.asarray([amax], np.float32), fmt)[0]
+    return np.float32(np.ldexp(np.float32(1), np.frexp(s)[1] - 1)) if pow2 else s
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("scaling", ["current", "current_pow2"])
+def test_current_scaling_casts_with_the_whole_tensors_amax_and_writes_scale_and_inverse(fmt, scaling, rng):
+    shape = (4, 96)
+    start = fp8(rng.standard_normal(shape).astype(np.float32) * 40, fmt)
+    scale = np.array([4.0, 0.25], np.float32)  # the codes above are master * 4
+    amax = np.zeros(1, np.float32)
+    param = start.copy()
+    with shardadam.Optimizer(**HYPER) as opt, shardadam.Optimizer(**HYPER) as twin:
+        opt.add_param("w", param, scaling=scaling, scale=scale, amax=amax)
+        assert opt.param_info("w").scaling == scaling
+        twin_param = start.astype(np.float32) * np.float32(0.25)
+        twin.add_param("w", twin_param)
+        master = opt.state("w", "master").numpy()
+        np.testing.assert_array_equal(as_bits(master), as_bits(twin_param))
+        for k in range(3):
+            grad = rng.standard_normal(shape).astype(np.float32) * (1e3 if k == 1 else 1)
+            opt.set_grad("w", grad)
+            twin.set_grad("w", grad)
+            opt.step()
+            twin.step()
+            np.testing.assert_array_equal(as_bits(master), as_bits(twin_param))
+            want = current_scale(np.abs(twin_param).max(), fmt, scaling == "current_pow2")
+            assert amax[0] == np.abs(twin_param).max()
+            assert (scale[0], scale[1]) == (want, np.float32(1) / want)
+            np.testing.assert_array_equal(as_bits(param), as_bits(fp8(twin_param * want, fmt)))
+
+
+def test_a_sharded_current_scaled_param_needs_a_communicator_first():
+    param = np.zeros((2, 32), ml_dtypes.float8_e4m3fn)
+    with shardadam.Optimizer(**HYPER) as opt:
+        with pytest.raises(shardadam.Error, match="set a communicator"):
+            opt.add_param("w", param, layout=Mesh((2,), (0,), [Shard(0)], global_shape=(4, 32)),
+                          scaling="current", scale=np.array([1.0, 1.0], np.float32))
+        assert opt.num_params == 0
 
 
 @pytest.mark.parametrize("fmt,scaling", CASES)

@@ -169,6 +169,8 @@ int main(void) {
   CONSTANT(SA_SCALING_DELAYED);
   CONSTANT(SA_SCALING_MXFP8);
   CONSTANT(SA_SCALING_BLOCK128);
+  CONSTANT(SA_SCALING_CURRENT);
+  CONSTANT(SA_SCALING_CURRENT_POW2);
   SIZE(sa_param_scaling_info);
   OFFSET(sa_param_scaling_info, struct_size);
   OFFSET(sa_param_scaling_info, value);

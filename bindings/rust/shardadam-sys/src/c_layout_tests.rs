@@ -213,6 +213,8 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_SCALING_DELAYED);
     constant!(SA_SCALING_MXFP8);
     constant!(SA_SCALING_BLOCK128);
+    constant!(SA_SCALING_CURRENT);
+    constant!(SA_SCALING_CURRENT_POW2);
     size!(sa_param_scaling_info);
     offset!(sa_param_scaling_info, struct_size);
     offset!(sa_param_scaling_info, value);

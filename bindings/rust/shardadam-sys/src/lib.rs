@@ -405,6 +405,11 @@ pub const SA_SCALING_DELAYED: sa_param_scaling = 1;
 pub const SA_SCALING_MXFP8: sa_param_scaling = 2;
 /// `SA_SCALING_BLOCK128`: a float32 scale_inv per 128 elements (written by the step).
 pub const SA_SCALING_BLOCK128: sa_param_scaling = 3;
+/// `SA_SCALING_CURRENT`: per tensor, from the whole tensor's amax at each step (reduced
+/// across ranks when sharded); the step writes `[scale, scale_inv]`.
+pub const SA_SCALING_CURRENT: sa_param_scaling = 4;
+/// `SA_SCALING_CURRENT_POW2`: as `SA_SCALING_CURRENT`, the scale rounded down to a power of two.
+pub const SA_SCALING_CURRENT_POW2: sa_param_scaling = 5;
 
 /// `sa_param_scaling_info`: one `sa_param_scaling` as the library defines it.
 #[repr(C)]
@@ -414,7 +419,7 @@ pub struct sa_param_scaling_info {
     pub struct_size: usize,
     /// Its `sa_param_scaling` value.
     pub value: i32,
-    /// Its name (static): "none", "delayed", "mxfp8", "block128".
+    /// Its name (static): "none", "delayed", "mxfp8", "block128", "current", "current_pow2".
     pub name: *const c_char,
     /// Elements per block along the last dim; 0: per tensor.
     pub block: i64,

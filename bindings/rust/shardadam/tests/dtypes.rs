@@ -194,8 +194,9 @@ fn scaling_table() -> Vec<Scaling> {
 }
 
 /// shardadam.h's sa_param_scaling: delayed reads a float32 scalar per tensor; mxfp8 writes
-/// a float8_e8m0fnu scale per 32 elements; block128 a float32 one per 128; none has no
-/// scale (float32, unused).
+/// a float8_e8m0fnu scale per 32 elements; block128 a float32 one per 128; current and
+/// current_pow2 write a float32 [scale, scale_inv] per tensor; none has no scale (float32,
+/// unused).
 #[test]
 fn the_param_scalings_are_the_headers() {
     let f32 = (sys::kDLFloat, 32);
@@ -217,6 +218,8 @@ fn the_param_scalings_are_the_headers() {
             1,
         ),
         scaling(sys::SA_SCALING_BLOCK128, "block128", 128, f32, 1),
+        scaling(sys::SA_SCALING_CURRENT, "current", 0, f32, 1),
+        scaling(sys::SA_SCALING_CURRENT_POW2, "current_pow2", 0, f32, 1),
     ];
     assert_eq!(scaling_table(), expected);
 }
