@@ -867,6 +867,8 @@ void Optimizer::update_plan() {
 void Optimizer::flush(void* stream) {
   require_usable("the flush");
   if (!backend_) return;
+  // The ranks' agreement synchronizes once: here, not inside a step being captured.
+  if (current_sharded_ > 0) check_current_agreement();
   update_plan();
   stepper_.flush(plan_, stream);
 }

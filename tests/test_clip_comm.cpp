@@ -122,21 +122,12 @@ class Rank : public RankShards {
 
 // All ranks with their communicators.
 struct World {
-  ThreadGroup group{kRanks};
-  std::vector<RankEndpoint> endpoints;
-  std::vector<CommPtr> comms;
+  ThreadComms comms{kRanks};
+  ThreadGroup& group = comms.group;
   std::vector<std::unique_ptr<Rank>> ranks;
 
   World() {
-    endpoints.reserve(kRanks);
-    for (int r = 0; r < kRanks; ++r) {
-      endpoints.push_back({&group, r});
-      sa_host_comm callbacks = SA_HOST_COMM_INIT;
-      callbacks.ctx = &endpoints.back();
-      callbacks.all_reduce = thread_all_reduce;
-      comms.push_back(host_comm(callbacks));
-      ranks.push_back(std::make_unique<Rank>(r, comms.back().get()));
-    }
+    for (int r = 0; r < kRanks; ++r) ranks.push_back(std::make_unique<Rank>(r, comms[r]));
   }
 
   // One step on every rank at once (the all-reduce needs them all). found_inf[r] is rank r's.

@@ -163,6 +163,21 @@ std::vector<float> master_of(sa_optimizer* opt, int64_t param) {
   return out;
 }
 
+// One step of an fp8 param's optimizer and of its twin, a float32 param `reference`, on the
+// same grad (param 0 of each); returns the fp8 param's master, which must be the twin's
+// param bit for bit.
+std::vector<float> step_twins(sa_optimizer* opt, sa_optimizer* twin, const HostTensor& grad,
+                              const HostTensor& reference) {
+  const DLTensor g = grad.dl();
+  REQUIRE_SA_OK(opt, sa_optimizer_set_grad(opt, 0, &g));
+  REQUIRE_SA_OK(twin, sa_optimizer_set_grad(twin, 0, &g));
+  REQUIRE_SA_OK(opt, sa_optimizer_step(opt, nullptr, nullptr));
+  REQUIRE_SA_OK(twin, sa_optimizer_step(twin, nullptr, nullptr));
+  std::vector<float> m = master_of(opt, 0);
+  REQUIRE(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+  return m;
+}
+
 int32_t add_group(sa_optimizer* opt, const sa_group_config& c) {
   int32_t g = -1;
   REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &c, &g));
@@ -228,14 +243,7 @@ TEST_CASE("an fp8 param's master steps as a float32 param, and the param is its 
     fill_normal(grad, rng, step == 2 ? 1e3 : 1.0);
     for (int64_t i = 0; i < 64; ++i) grad.as<float>()[i] = 0.0f;        // zero blocks stay zero
     if (s.block == 0) scale.as<float>()[0] = step == 3 ? 0.5f : 64.0f;  // the engine's update
-    const DLTensor g = grad.dl();
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
-    REQUIRE_SA_OK(ref.get(), sa_optimizer_set_grad(ref.get(), 0, &g));
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
-    REQUIRE_SA_OK(ref.get(), sa_optimizer_step(ref.get(), nullptr, nullptr));
-
-    const std::vector<float> m = master_of(opt.get(), 0);
-    REQUIRE(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+    const std::vector<float> m = step_twins(opt.get(), ref.get(), grad, reference);
     const Cast want = reference_cast(f, s, m, s.block == 0 ? scale.as<float>()[0] : 0.0f);
     int64_t wrong = 0, first = -1;
     for (int64_t i = 0; i < n; ++i)
@@ -679,13 +687,7 @@ TEST_CASE(
   for (int step = 0; step < 3; ++step) {
     INFO("step " << step);
     fill_normal(grad, rng, step == 1 ? 1e3 : 1.0);
-    const DLTensor g = grad.dl();
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
-    REQUIRE_SA_OK(ref.get(), sa_optimizer_set_grad(ref.get(), 0, &g));
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
-    REQUIRE_SA_OK(ref.get(), sa_optimizer_step(ref.get(), nullptr, nullptr));
-    const std::vector<float> m = master_of(opt.get(), 0);
-    REQUIRE(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+    const std::vector<float> m = step_twins(opt.get(), ref.get(), grad, reference);
     check_current_cast(f, c, param, m, scale, &amax, amax_of(m.data(), n));
   }
   // A master written by the engine (a loaded state dict): recast_params rescales the tensor.
@@ -875,15 +877,9 @@ TEST_CASE("current scaling refuses what would give ranks different scales, and c
           "[fp8param][current][errors]") {
   HostTensor param({4, 32}, kE4m3);
   HostTensor scale = current_scale_tensor(1.0f);
-  const int64_t global_shape[] = {8, 32}, mesh_shape[] = {2}, coord[] = {0};
-  const sa_placement rows[] = {shard(0)};
-  sa_layout layout = SA_LAYOUT_INIT;
-  layout.ndim = 2;
-  layout.global_shape = global_shape;
-  layout.mesh_ndim = 1;
-  layout.mesh_shape = mesh_shape;
-  layout.mesh_coord = coord;
-  layout.placements = rows;
+  // Rank 0 of a 2-rank Shard(0) layout.
+  const MeshLayout rows{{8, 32}, {2}, {0}, {shard(0)}};
+  const sa_layout layout = rows.get();
   const sa_param_options o = fp8_options(kCurrents[0].scaling, scale, nullptr);
   OptimizerPtr opt = make_optimizer(1);
   add_group(opt.get(), group_config(1e-2, 0.0, 1));
@@ -927,9 +923,8 @@ TEST_CASE("current scaling refuses what would give ranks different scales, and c
   INFO("rank 1 holds " << count);
   HostTensor other({4, 32}, kE4m3), extra({4, 32}, kE4m3);
   HostTensor other_scale = current_scale_tensor(1.0f), extra_scale = current_scale_tensor(1.0f);
-  const int64_t coord1[] = {1};
-  sa_layout layout1 = layout;
-  layout1.mesh_coord = coord1;
+  const MeshLayout rows1{{8, 32}, {2}, {1}, {shard(0)}};
+  const sa_layout layout1 = rows1.get();
   OptimizerPtr opt1 = make_optimizer(1);
   add_group(opt1.get(), group_config(1e-2, 0.0, 1));
   REQUIRE_SA_OK(opt1.get(), sa_optimizer_set_comm(opt1.get(), comms[1]));
@@ -993,15 +988,9 @@ TEST_CASE(
   for (int64_t i = 0; i < param.numel(); ++i)
     param.as<uint8_t>()[i] = static_cast<uint8_t>(0x30 + i % 16);
   HostTensor scale = current_scale_tensor(1.0f);
-  const int64_t global_shape[] = {8, 32}, mesh_shape[] = {2}, coord[] = {0};
-  const sa_placement rows[] = {shard(0)};
-  sa_layout layout = SA_LAYOUT_INIT;
-  layout.ndim = 2;
-  layout.global_shape = global_shape;
-  layout.mesh_ndim = 1;
-  layout.mesh_shape = mesh_shape;
-  layout.mesh_coord = coord;
-  layout.placements = rows;
+  // Rank 0 of a 2-rank Shard(0) layout.
+  const MeshLayout rows{{8, 32}, {2}, {0}, {shard(0)}};
+  const sa_layout layout = rows.get();
   OptimizerPtr opt = make_optimizer(1);
   add_group(opt.get(), group_config(1e-2, 0.0, 1));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_comm(opt.get(), comm.get()));

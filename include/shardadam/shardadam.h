@@ -725,7 +725,9 @@ SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, 
  * Enqueues on `stream` the upload of whatever changed on the host since the last step:
  * grad bindings and hyperparameters (sa_optimizer_step does this first; step counts need
  * none, they live on the device). Needed only before replaying a captured step. The CPU
- * backend has nothing to upload.
+ * backend has nothing to upload. With sharded SA_SCALING_CURRENT(_POW2) params whose ranks
+ * have not been compared yet (params or communicator changed), it compares them first, a
+ * collective that synchronizes (as the first step would; so not inside a capture).
  */
 SA_API sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream);
 

@@ -422,15 +422,8 @@ TEST_CASE(
   REQUIRE_SA_OK(nullptr, sa_comm_create_host(&callbacks, &host_raw));
   CommPtr host(host_raw);
 
-  const int64_t global_shape[] = {16, 4096}, mesh_shape[] = {2}, coord[] = {0};
-  const sa_placement rows[] = {sa_placement{SA_PLACEMENT_SHARD, 0}};
-  sa_layout layout = SA_LAYOUT_INIT;
-  layout.ndim = 2;
-  layout.global_shape = global_shape;
-  layout.mesh_ndim = 1;
-  layout.mesh_shape = mesh_shape;
-  layout.mesh_coord = coord;
-  layout.placements = rows;
+  const MeshLayout rows{{16, 4096}, {2}, {0}, {shard(0)}};
+  const sa_layout layout = rows.get();
   const std::vector<int64_t> shape{8, 4096};
   Rng rng(0xC0C);
   HostTensor param(shape, kE4m3), scale({2}, kFloat32), amax({1}, kFloat32), grad(shape, kFloat32);
