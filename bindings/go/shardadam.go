@@ -193,7 +193,7 @@ const (
 	// ScalingCurrent: per tensor, from the whole tensor's amax at every step (reduced across
 	// the ranks through the optimizer's communicator when the layout shards it; set the
 	// communicator first): the step writes Scale, two float32s [scale, scale_inv], with
-	// scale = fp8_max / amax; Amax (optional) receives the amax. CPU params in this version.
+	// scale = fp8_max / amax; Amax (optional) receives the amax.
 	ScalingCurrent Scaling = 4
 	// ScalingCurrentPow2: as ScalingCurrent, the scale rounded down to a power of two.
 	ScalingCurrentPow2 Scaling = 5

@@ -313,8 +313,7 @@ class Optimizer(OwnsHandle):
                 ``"current_pow2"`` (per tensor, ``scale = fp8_max / amax`` of the whole
                 tensor at each step, reduced across the ranks through :meth:`set_comm`'s
                 communicator when the layout shards it: set it first; pow2 rounds the
-                scale down to a power of two; CPU params in this version); casts round to
-                nearest even and saturate. The master starts as the param's value times
+                scale down to a power of two); casts round to nearest even and saturate. The master starts as the param's value times
                 its scale's inverse. ``include/shardadam/shardadam.h`` (sa_param_scaling)
                 states each rule.
             scale: the scale tensor ``scaling`` names (same device as the param,

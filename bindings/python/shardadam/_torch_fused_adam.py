@@ -33,8 +33,7 @@ class Fp8:
     Args:
         scaling: ``"delayed"``, ``"mxfp8"``, ``"block128"``, ``"current"`` or ``"current_pow2"``
             (:func:`shardadam.param_scalings`; ``sa_param_scaling`` in ``shardadam.h`` states
-            each rule; the current ones run on CPU params in this version, and a sharded one
-            needs the optimizer's communicator).
+            each rule; a sharded current one needs the optimizer's communicator).
         scale: the scale tensor on the param's device (a DTensor: its local tensor is used):
             ``"delayed"``: one float32 element that every step reads (``param =
             fp8(master * scale)``); ``"mxfp8"``: ``torch.float8_e8m0fnu`` of the local shape
