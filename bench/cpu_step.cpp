@@ -14,6 +14,10 @@
 // Bytes counted per element, exactly what the kernel reads and writes:
 //   fp32:              read p, g, m, v (16)             write p, m, v (12)      = 28 B
 //   bf16 + fp32 master: read g (2), master, m, v (12)   write p (2), master, m, v (12) = 28 B
+//   fp8 + fp32 master, delayed scaling (float32 grads):
+//                      read g, master, m, v (16)        write p (1), master, m, v (12) = 29 B
+//   fp8, current scaling: the same in the update pass (the param not yet written), then the
+//                      cast pass reads the master again and writes p: 16 + 12 + 4 + 1 = 33 B
 //
 // memcpy copies 8 B per element from one buffer to another (the fp32 step's 16 B per
 // element of footprint) and counts read + write bytes. At small sizes (--quick) glibc's
@@ -237,10 +241,12 @@ void check(sa_status status, const sa_optimizer* opt, const char* what) {
 
 struct Config {
   const char* name;
-  DLDataType param_dtype;  // grads have the param's dtype; bfloat16 gets an fp32 master
+  DLDataType param_dtype;  // grads have the param's dtype (float32 for fp8); bfloat16 and fp8
+                           // get an fp32 master
   bool simd;
   double bytes_per_elem;
   bool clip = false;  // L2 norm of all grads (one more read of them), clipped inside the step
+  int32_t scaling = SA_SCALING_NONE;  // fp8 params: a per-tensor scaling (delayed, current)
 };
 
 struct Result {
@@ -254,7 +260,9 @@ struct Result {
 Result run_config(const Config& c, const std::vector<int64_t>& sizes, int64_t elems, int threads,
                   int reps, CopyBench& copy) {
   const std::size_t elem_size = c.param_dtype.bits / 8;
-  Arena params(sizes, elem_size), grads(sizes, elem_size);
+  const bool fp8 = c.scaling != SA_SCALING_NONE;
+  const std::size_t grad_size = fp8 ? 4 : elem_size;
+  Arena params(sizes, elem_size), grads(sizes, grad_size);
   // Small params and grads of both signs, the same bit pattern in every element (fp32
   // 0x3c3c3c3c ~ 0.0115; bfloat16 0x3c3c ~ 0.0115).
   fill(params.data(), params.bytes(), threads, 0x3c);
@@ -271,6 +279,11 @@ Result run_config(const Config& c, const std::vector<int64_t>& sizes, int64_t el
 
   std::vector<int64_t> shapes(sizes);  // DLPack shapes must outlive add_param
   std::vector<DLManagedTensorVersioned> tensors(sizes.size());
+  // fp8: each param's scale tensor, [1] (delayed: the scale) or [1, 1] (current: scale,
+  // scale_inv), as the step reads or writes it.
+  int64_t scale_shape = c.scaling == SA_SCALING_CURRENT ? 2 : 1;
+  std::vector<float> scales(fp8 ? sizes.size() * 2 : 0, 1.0f);
+  std::vector<DLManagedTensorVersioned> scale_tensors(fp8 ? sizes.size() : 0);
   std::vector<const void*> grad_ptrs(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     DLManagedTensorVersioned& t = tensors[i];
@@ -282,8 +295,22 @@ Result run_config(const Config& c, const std::vector<int64_t>& sizes, int64_t el
     t.dl_tensor.dtype = c.param_dtype;
     t.dl_tensor.shape = &shapes[i];
     const std::string name = "layers." + std::to_string(i) + ".w";
-    check(sa_optimizer_add_param(opt, name.c_str(), group, &t, nullptr, nullptr, nullptr), opt,
-          "sa_optimizer_add_param");
+    sa_param_options options = SA_PARAM_OPTIONS_INIT;
+    if (fp8) {
+      DLManagedTensorVersioned& s = scale_tensors[i];
+      s = DLManagedTensorVersioned{};
+      s.version = t.version;
+      s.dl_tensor.data = &scales[2 * i];
+      s.dl_tensor.device = {kDLCPU, 0};
+      s.dl_tensor.ndim = 1;
+      s.dl_tensor.dtype = {kDLFloat, 32, 1};
+      s.dl_tensor.shape = &scale_shape;
+      options.scaling = c.scaling;
+      options.scale = &s;
+    }
+    check(sa_optimizer_add_param(opt, name.c_str(), group, &t, nullptr, fp8 ? &options : nullptr,
+                                 nullptr),
+          opt, "sa_optimizer_add_param");
     grad_ptrs[i] = grads.shard(i);
   }
   check(sa_optimizer_set_grad_ptrs(opt, static_cast<int64_t>(grad_ptrs.size()), grad_ptrs.data()),
@@ -302,11 +329,20 @@ Result run_config(const Config& c, const std::vector<int64_t>& sizes, int64_t el
       copy_times.push_back(copy_seconds);
     }
   }
-  // The step did write the params (the first non-empty shard no longer holds the fill).
+  // The step did write the params (the first non-empty shard no longer holds the fill; an
+  // fp8 param's code may, its master must not: e4m3's 0x3c is 1.5).
   const unsigned char fill_pattern[4] = {0x3c, 0x3c, 0x3c, 0x3c};
   for (std::size_t i = 0; i < sizes.size(); ++i)
     if (sizes[i] > 0) {
-      if (std::memcmp(params.shard(i), fill_pattern, elem_size) == 0) {
+      bool unchanged = std::memcmp(params.shard(i), fill_pattern, elem_size) == 0;
+      if (fp8) {
+        DLManagedTensorVersioned* master = nullptr;
+        check(sa_optimizer_state_view(opt, static_cast<int64_t>(i), "master", &master), opt,
+              "sa_optimizer_state_view");
+        unchanged = *static_cast<const float*>(master->dl_tensor.data) == 1.5f;
+        master->deleter(master);
+      }
+      if (unchanged) {
         std::fprintf(stderr, "cpu_step: %s: the step left the params unchanged\n", c.name);
         std::exit(1);
       }
@@ -344,10 +380,13 @@ int main(int argc, char** argv) {
   // dst 8 B each), far beyond the caches for the default size.
   CopyBench copy(static_cast<std::size_t>(elems) * 8, threads);
 
-  const DLDataType f32{kDLFloat, 32, 1}, bf16{kDLBfloat, 16, 1};
-  std::vector<Config> configs = {{"fp32", f32, true, 28.0},
-                                 {"bf16 + fp32 master", bf16, true, 28.0},
-                                 {"fp32 + L2 clip", f32, true, 32.0, true}};
+  const DLDataType f32{kDLFloat, 32, 1}, bf16{kDLBfloat, 16, 1}, e4m3{kDLFloat8_e4m3fn, 8, 1};
+  std::vector<Config> configs = {
+      {"fp32", f32, true, 28.0},
+      {"bf16 + fp32 master", bf16, true, 28.0},
+      {"fp32 + L2 clip", f32, true, 32.0, true},
+      {"fp8 e4m3, delayed scaling", e4m3, true, 29.0, false, SA_SCALING_DELAYED},
+      {"fp8 e4m3, current scaling", e4m3, true, 33.0, false, SA_SCALING_CURRENT}};
   if (o.scalar) {
     configs.push_back({"fp32 (scalar)", f32, false, 28.0});
     configs.push_back({"bf16 + fp32 master (scalar)", bf16, false, 28.0});
@@ -364,7 +403,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nGB/s counts the 28 bytes per element the step reads and writes (32 with the clip's norm "
-      "pass); memcpy GB/s counts "
+      "pass; fp8: 29, or 33 with current scaling's cast pass); memcpy GB/s counts "
       "read+write bytes of a %d-thread memcpy of %.2f GB, timed after each step.\n",
       threads, static_cast<double>(elems) * 8 / 1e9);
   return 0;

@@ -202,25 +202,53 @@ SA_HD float e4m3fn_to_float(uint8_t b) {
 #endif
 }
 
-// Round to nearest, ties to even; a magnitude beyond the largest (448) saturates to it,
-// infinities included; NaN stays NaN.
-SA_HD uint8_t float_to_e4m3fn(float f) {
+// The saturating fp8 casts' rules as constants, for float_to_fp8 below and the CPU's SIMD
+// cast (kernels/cpu/adam_cpu.cpp), which must round alike. Bits of |x| as a float32:
+//   kSaturateAt: |x| at or above the midpoint past the largest finite value (or infinite)
+//                gives kSaturated, the largest finite code;
+//   kNormalAt:   the smallest normal; from it up the float's mantissa drops kDropBits bits,
+//                rounded to nearest even, and the exponent is rebiased by kRebias;
+//   below it:    |x| in units of the smallest subnormal (kSubnormalUnits of them make 1),
+//                rounded to the nearest even integer, is the code.
+struct E4m3Encoding {  // float8_e4m3fn: bias 7, 3 mantissa bits, largest 448
+  static constexpr uint32_t kSaturateAt = 0x43E80000u;  // 464
+  static constexpr uint32_t kSaturated = 0x7Eu;
+  static constexpr uint32_t kNormalAt = 0x3C800000u;  // 2^-6
+  static constexpr int kDropBits = 20;
+  static constexpr uint32_t kRebias = 120u << 3;    // (127 - 7) << 3
+  static constexpr float kSubnormalUnits = 512.0f;  // 2^9
+};
+struct E5m2Encoding {  // float8_e5m2: bias 15, 2 mantissa bits, largest 57344
+  static constexpr uint32_t kSaturateAt = 0x47600000u;  // 57344 (an e5m2 cast never makes inf)
+  static constexpr uint32_t kSaturated = 0x7Bu;
+  static constexpr uint32_t kNormalAt = 0x38800000u;  // 2^-14
+  static constexpr int kDropBits = 21;
+  static constexpr uint32_t kRebias = 112u << 2;      // (127 - 15) << 2
+  static constexpr float kSubnormalUnits = 65536.0f;  // 2^16
+};
+
+// Round to nearest, ties to even, saturating by E's rules; NaN stays NaN (code 0x7F with the
+// sign). Adding and taking away 2^23 rounds a float in [0, 2^23) to an integer, ties to even.
+template <class E>
+SA_HD uint8_t float_to_fp8(float f) {
   const uint32_t x = float_bits(f);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
-  if (ax >= 0x43E80000u) return static_cast<uint8_t>(sign | 0x7Eu);  // >= 464: saturate to 448
-  if (ax >= 0x3C800000u) {                                           // >= 2^-6: normal
-    const uint32_t r = (ax + 0x7FFFFu + ((ax >> 20) & 1u)) >> 20;    // 3 mantissa bits, to even
-    return static_cast<uint8_t>(sign | (r - (120u << 3)));           // rebias 127 -> 7
+  if (ax > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);  // NaN
+  if (ax >= E::kSaturateAt) return static_cast<uint8_t>(sign | E::kSaturated);
+  if (ax >= E::kNormalAt) {
+    const uint32_t half = (1u << (E::kDropBits - 1)) - 1u;
+    const uint32_t r = (ax + half + ((ax >> E::kDropBits) & 1u)) >> E::kDropBits;
+    return static_cast<uint8_t>(sign | (r - E::kRebias));
   }
-  // Subnormal (or zero): the value in units of 2^-9, rounded to the nearest even integer
-  // (0..8; 8 is the smallest normal, code 0x08). Adding and taking away 2^23 rounds a
-  // float in [0, 2^23) to an integer, ties to even.
-  const float units = bits_float(ax) * 512.0f;
+  const float units = bits_float(ax) * E::kSubnormalUnits;
   const float rounded = (units + 8388608.0f) - 8388608.0f;
   return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded));
 }
+
+// Round to nearest, ties to even; a magnitude beyond the largest (448) saturates to it,
+// infinities included; NaN stays NaN.
+SA_HD uint8_t float_to_e4m3fn(float f) { return float_to_fp8<E4m3Encoding>(f); }
 
 // float_to_e4m3fn(a) in the low byte and float_to_e4m3fn(b) in the high one, except that a
 // NaN may come out as the other NaN code. On devices of compute capability 8.9 and later
@@ -249,22 +277,7 @@ SA_HD float e5m2_to_float(uint8_t b) {
 // Round to nearest, ties to even; a magnitude of 57344 or more (e5m2's largest finite
 // value; infinities included) saturates to it, as float_to_e4m3fn saturates: a cast never
 // makes an infinity. NaN stays NaN (code 0x7F with the sign).
-SA_HD uint8_t float_to_e5m2(float f) {
-  const uint32_t x = float_bits(f);
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
-  const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
-  if (ax >= 0x47600000u) return static_cast<uint8_t>(sign | 0x7Bu);  // >= 57344: saturate
-  if (ax >= 0x38800000u) {                                           // >= 2^-14: normal
-    const uint32_t r = (ax + 0xFFFFFu + ((ax >> 21) & 1u)) >> 21;    // 2 mantissa bits, to even
-    return static_cast<uint8_t>(sign | (r - (112u << 2)));           // rebias 127 -> 15
-  }
-  // Subnormal (or zero): the value in units of 2^-16, rounded to the nearest even integer
-  // (0..4; 4 is the smallest normal, code 0x04), as in float_to_e4m3fn.
-  const float units = bits_float(ax) * 65536.0f;
-  const float rounded = (units + 8388608.0f) - 8388608.0f;
-  return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded));
-}
+SA_HD uint8_t float_to_e5m2(float f) { return float_to_fp8<E5m2Encoding>(f); }
 
 // float8 e8m0fnu (the OCP MX scale): 2^(code - 127); code 255 is NaN, there is no zero.
 SA_HD float e8m0_to_float(uint8_t b) {

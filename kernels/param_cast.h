@@ -4,7 +4,8 @@
 // initialisation (add_param) and import run the inverse and the cast. The CUDA kernels
 // (kernels/cuda/adam_fp8_cuda.cu) call the same functions: block_cast_factor and
 // cast_value on a block whose amax its threads reduced with quant8_absmax's bits rule,
-// dequantize_block an element at a time, so every backend casts to the same bits.
+// dequantize_block an element at a time, so every backend casts to the same bits (the
+// CPU's SIMD cast is cast_value lane by lane, tested against it).
 //
 // Host and device code, except visit_param_scaling and the range loops at the end (host).
 #ifndef SHARDADAM_KERNELS_PARAM_CAST_H_
@@ -143,16 +144,6 @@ SA_HD uint8_t cast_value(float master, float factor) {
   return Codec<P>::encode(master * factor);
 }
 
-// Casts master[0, n) into param[0, n) with the scaling's rule; for a block scaling n is one
-// block and its scale is stored at index `block` (an e8m0 code, or the float32 scale_inv).
-template <ElemType P, ParamScaling kScaling>
-SA_HD void cast_block(const float* master, int64_t n, const ParamScale& scale, int64_t block,
-                      uint8_t* param) {
-  const float amax = scaling_block(kScaling) == 0 ? 0.0f : quant8_absmax(master, n);
-  const float factor = block_cast_factor<P, kScaling>(amax, scale, block, true);
-  for (int64_t i = 0; i < n; ++i) param[i] = cast_value<P>(master[i], factor);
-}
-
 // The master values param[0, n) stand for: decode(code) / scale (delayed), decode(code) *
 // X (mxfp8), decode(code) * scale_inv (block128; current: the second of its two
 // elements), each rounded once.
@@ -215,12 +206,19 @@ void for_each_scale_block(int64_t begin, int64_t end, Fn&& fn) {
   }
 }
 
+// codes[i] = cast_value(master[i], factor) for i in [0, n), of an fp8 param dtype: the CPU
+// backend's loop (kernels/cpu/adam_cpu.h: scalar, or Highway's lanes with the same bits).
+using CastRun = void (*)(ElemType param, const float* master, int64_t n, float factor,
+                         uint8_t* codes);
+
 // The cast of elements [begin, end) of a param (begin a multiple of the scaling's block,
-// end too or the shard's end): param and scales from the master. Returns max |master| over
+// end too or the shard's end): each block's factor from its amax (block_cast_factor, which
+// writes a block scaling's scale), then its codes by cast_run. Returns max |master| over
 // the run (quant8_absmax's bits rule) where a delayed scaling's amax is asked for
 // (scale.amax), else 0.
 inline float cast_param_range(ElemType param_type, ParamScaling scaling, const float* master,
-                              void* param, const ParamScale& scale, int64_t begin, int64_t end) {
+                              void* param, const ParamScale& scale, int64_t begin, int64_t end,
+                              CastRun cast_run) {
   float amax = 0.0f;
   visit_param_scaling(param_type, scaling, [&](auto p, auto s) {
     constexpr ElemType kP = decltype(p)::value;
@@ -229,7 +227,9 @@ inline float cast_param_range(ElemType param_type, ParamScaling scaling, const f
       amax = quant8_absmax(master + begin, end - begin);
     uint8_t* codes = static_cast<uint8_t*>(param);
     for_each_scale_block<kS>(begin, end, [&](int64_t first, int64_t n, int64_t block) {
-      cast_block<kP, kS>(master + first, n, scale, block, codes + first);
+      const float block_amax = scaling_block(kS) == 0 ? 0.0f : quant8_absmax(master + first, n);
+      const float factor = block_cast_factor<kP, kS>(block_amax, scale, block, true);
+      cast_run(kP, master + first, n, factor, codes + first);
     });
   });
   return amax;

@@ -32,16 +32,22 @@ using sa::kernels::AdamCoeffs;
 using sa::kernels::AdamHyper;
 using sa::kernels::bf16_to_float;
 using sa::kernels::bits_float;
+using sa::kernels::cast_fp8_run_scalar;
+using sa::kernels::cast_fp8_run_simd;
+using sa::kernels::e4m3fn_to_float;
+using sa::kernels::e5m2_to_float;
 using sa::kernels::ElemType;
-using sa::kernels::ParamScaling;
 using sa::kernels::float_bits;
 using sa::kernels::float_to_bf16;
+using sa::kernels::float_to_e4m3fn;
+using sa::kernels::float_to_e5m2;
 using sa::kernels::float_to_half;
 using sa::kernels::fold_coefficients;
 using sa::kernels::GroupCoeffs;
 using sa::kernels::half_to_float;
 using sa::kernels::join_remainder;
 using sa::kernels::MasterKind;
+using sa::kernels::ParamScaling;
 using sa::kernels::split_remainder;
 using sa::kernels::TensorSlot;
 using sa::kernels::Variant;
@@ -151,7 +157,7 @@ uint32_t random_elem(Rng& rng, ElemType t) {
       return (rng() % 10 == 0) ? random_bits(rng) & 0xFFFFu : float_to_bf16(f);
     case ElemType::f16:
       return (rng() % 10 == 0) ? random_bits(rng) & 0xFFFFu : float_to_half(f);
-    case ElemType::q8:  // block storages: tests/test_quant8.cpp makes their own states
+    case ElemType::q8:      // block storages: tests/test_quant8.cpp makes their own states
     case ElemType::f8e4m3:  // and fp8 params tests/test_fp8_params.cpp
     case ElemType::f8e5m2:
     case ElemType::e8m0:
@@ -458,7 +464,8 @@ TEST_CASE("SIMD stores of bf16, f16 and remainder params round exactly like adam
     for (const ElemType param_type : {ElemType::bf16, ElemType::f16}) {
       for (const MasterKind master : {MasterKind::fp32, MasterKind::remainder}) {
         if (param_type == ElemType::f16 && master == MasterKind::remainder) continue;
-        const Variant v{param_type, ElemType::f32, ElemType::f32, master, false, ParamScaling::none};
+        const Variant v{param_type, ElemType::f32, ElemType::f32,
+                        master,     false,         ParamScaling::none};
         std::vector<uint16_t> param(n), rem(n);  // rem holds int16 bits
         std::vector<float> master_f32(n), grad(n, 0.0f), m(n, 0.0f), vsq(n, 0.0f);
         for (int64_t i = 0; i < n; ++i) {
@@ -473,8 +480,8 @@ TEST_CASE("SIMD stores of bf16, f16 and remainder params round exactly like adam
         const std::vector<uint16_t> param_in = param, rem_in = rem;
         void* master_ptr =
             master == MasterKind::fp32 ? static_cast<void*>(master_f32.data()) : rem.data();
-        const TensorSlot slot =
-            make_slot(param.data(), grad.data(), master, master_ptr, m.data(), vsq.data(), nullptr, n);
+        const TensorSlot slot = make_slot(param.data(), grad.data(), master, master_ptr, m.data(),
+                                          vsq.data(), nullptr, n);
         adam_cpu_range(v, slot, g, 0, n, /*simd=*/true);
         for (int64_t i = 0; i < n; ++i) {
           if (master == MasterKind::fp32) {
@@ -696,8 +703,8 @@ TEST_CASE("One fp32 step agrees with the Adam formula evaluated in double", "[cp
         const std::vector<float> p0 = p, m0 = m, v0 = v, vmax0 = vmax;
         const Variant variant{ElemType::f32,    ElemType::f32, ElemType::f32,
                               MasterKind::none, amsgrad,       ParamScaling::none};
-        const TensorSlot slot = make_slot(p.data(), grad.data(), MasterKind::none, nullptr, m.data(),
-                                          v.data(), vmax.data(), n);
+        const TensorSlot slot = make_slot(p.data(), grad.data(), MasterKind::none, nullptr,
+                                          m.data(), v.data(), vmax.data(), n);
         adam_cpu_range(variant, slot, g, 0, n, simd);
         for (int64_t i = 0; i < n; ++i) {
           double gd = grad[i];
@@ -723,6 +730,60 @@ TEST_CASE("One fp32 step agrees with the Adam formula evaluated in double", "[cp
                 Approx(step).epsilon(1e-3).margin(2 * p_ulp));
           if (amsgrad) CHECK(vmax[i] == Approx(vused).epsilon(1e-6));
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("the SIMD fp8 cast gives the scalar cast's codes on every Highway target",
+          "[cpu_kernel][fp8param]") {
+  // Every 251st float bit pattern (17M floats of every class: zeros, subnormals, normals,
+  // infinities, NaNs of both signs), and each fp8 code's value with its neighbours and the
+  // midpoints to the next code, times factors that leave them as they are (1) or move them
+  // across rounding boundaries and into saturation (0.75, 3).
+  std::vector<float> xs;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
+    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  for (const ElemType type : {ElemType::f8e4m3, ElemType::f8e5m2}) {
+    for (int c = 0; c < 0x100; ++c) {
+      const float v = type == ElemType::f8e4m3 ? e4m3fn_to_float(static_cast<uint8_t>(c))
+                                               : e5m2_to_float(static_cast<uint8_t>(c));
+      const float next = type == ElemType::f8e4m3 ? e4m3fn_to_float(static_cast<uint8_t>(c + 1))
+                                                  : e5m2_to_float(static_cast<uint8_t>(c + 1));
+      for (float x :
+           {v, std::nextafter(v, 0.0f), std::nextafter(v, INFINITY), (v + next) / 2,
+            std::nextafter((v + next) / 2, 0.0f), std::nextafter((v + next) / 2, INFINITY)})
+        xs.push_back(x);
+    }
+  }
+  const auto n = static_cast<int64_t>(xs.size());
+  std::vector<uint8_t> want(xs.size()), got(xs.size());
+  for (const int64_t target : kernel_targets()) {
+    const OnlyTarget only(target);
+    for (const ElemType type : {ElemType::f8e4m3, ElemType::f8e5m2}) {
+      for (const float factor : {1.0f, 0.75f, 3.0f}) {
+        INFO("Highway target " << hwy::TargetName(target) << ", "
+                               << (type == ElemType::f8e4m3 ? "e4m3" : "e5m2") << ", factor "
+                               << factor);
+        cast_fp8_run_scalar(type, xs.data(), n, factor, want.data());
+        // Offsets 0 and 3: aligned and not, and a tail shorter than a vector.
+        for (const int64_t off : {int64_t{0}, int64_t{3}}) {
+          std::fill(got.begin(), got.end(), uint8_t{0xAB});
+          cast_fp8_run_simd(type, xs.data() + off, n - off, factor, got.data() + off);
+          int64_t wrong = 0, first = -1;
+          for (int64_t i = off; i < n; ++i)
+            if (got[static_cast<std::size_t>(i)] != want[static_cast<std::size_t>(i)]) {
+              if (first < 0) first = i;
+              ++wrong;
+            }
+          INFO("offset " << off << ": first difference at x bits 0x" << std::hex
+                         << (first < 0 ? 0u : float_bits(xs[static_cast<std::size_t>(first)])));
+          CHECK(wrong == 0);
+        }
+        // The scalar loop is the element rule itself.
+        for (std::size_t i = 0; i < xs.size(); i += 9973)
+          CHECK(want[i] == (type == ElemType::f8e4m3 ? float_to_e4m3fn(xs[i] * factor)
+                                                     : float_to_e5m2(xs[i] * factor)));
       }
     }
   }

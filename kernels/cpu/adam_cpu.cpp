@@ -63,6 +63,63 @@ int64_t UpdateWholeVectorsOfVariant(const Variant& variant, const TensorSlot& sl
 
 const char* SimdTargetName() { return HWY_NATIVE_FMA ? hwy::TargetName(HWY_TARGET) : "scalar"; }
 
+#if HWY_NATIVE_FMA
+// codes[i] = float_to_fp8<E>(master[i] * factor) (elem_type.h) for the whole vectors of
+// [0, n), lane by lane: the same IEEE product, the same integer steps on its bits (|x| is
+// below 2^31 as an int32, so signed compares order it), the subnormal rounding by adding and
+// taking away 2^23 in float lanes; lanes of the other cases are computed and discarded.
+template <class E>
+int64_t CastFp8Vectors(const float* master, int64_t n, float factor, uint8_t* codes) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto scale = hn::Set(df, factor);
+  const auto round_bit = hn::Set(du, 1u);
+  const auto half = hn::Set(du, (1u << (E::kDropBits - 1)) - 1u);
+  const auto two23 = hn::Set(df, 8388608.0f);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto x = hn::BitCast(du, hn::Mul(hn::LoadU(df, master + i), scale));
+    const auto sign = hn::And(hn::ShiftRight<24>(x), hn::Set(du, 0x80u));
+    const auto ax = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
+    const auto sax = hn::BitCast(di, ax);
+    const auto r = hn::ShiftRight<E::kDropBits>(
+        hn::Add(hn::Add(ax, half), hn::And(hn::ShiftRight<E::kDropBits>(ax), round_bit)));
+    const auto normal = hn::Sub(r, hn::Set(du, E::kRebias));
+    const auto units = hn::Mul(hn::BitCast(df, ax), hn::Set(df, E::kSubnormalUnits));
+    const auto subnormal =
+        hn::BitCast(du, hn::ConvertTo(di, hn::Sub(hn::Add(units, two23), two23)));
+    const auto at_least = [&](uint32_t bits) {  // Highway 1.0 has no integer Ge: > bits - 1
+      return hn::RebindMask(du, hn::Gt(sax, hn::Set(di, static_cast<int32_t>(bits - 1))));
+    };
+    auto code = hn::IfThenElse(at_least(E::kNormalAt), normal, subnormal);
+    code = hn::IfThenElse(at_least(E::kSaturateAt), hn::Set(du, E::kSaturated), code);
+    code = hn::IfThenElse(at_least(0x7F800001u), hn::Set(du, 0x7Fu), code);  // NaN
+    hn::StoreU(hn::TruncateTo(d8, hn::Or(code, sign)), d8, codes + i);
+  }
+  return i;
+}
+#endif
+
+// CastFp8Vectors for an fp8 param dtype; where the rest begins (begin itself on a target
+// without a fused multiply-add: the scalar path then casts it all, as it updates).
+int64_t CastFp8WholeVectors(ElemType type, const float* master, int64_t n, float factor,
+                            uint8_t* codes) {
+#if HWY_NATIVE_FMA
+  if (type == ElemType::f8e4m3) return CastFp8Vectors<E4m3Encoding>(master, n, factor, codes);
+  if (type == ElemType::f8e5m2) return CastFp8Vectors<E5m2Encoding>(master, n, factor, codes);
+#else
+  (void)type;
+  (void)master;
+  (void)n;
+  (void)factor;
+  (void)codes;
+#endif
+  return 0;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kernels
 }  // namespace sa
@@ -136,6 +193,7 @@ void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int
 
 HWY_EXPORT(UpdateWholeVectorsOfVariant);
 HWY_EXPORT(SimdTargetName);
+HWY_EXPORT(CastFp8WholeVectors);
 
 void* state_at(const TensorSlot& slot, StateKind kind) {
   return slot.state[static_cast<size_t>(kind)];
@@ -203,16 +261,32 @@ float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, cons
   for (int64_t run = begin; run < end; run += kCastRun) {
     const int64_t run_end = end - run < kCastRun ? end : run + kCastRun;
     adam_cpu_range(inner, inner_slot, g, run, run_end, simd);
-    const float run_amax = is_current(variant.scaling)
-                               ? quant8_absmax(master + run, run_end - run)
-                               : cast_param_range(variant.param, variant.scaling, master,
-                                                  slot.param, slot.scale, run, run_end);
+    const float run_amax =
+        is_current(variant.scaling)
+            ? quant8_absmax(master + run, run_end - run)
+            : cast_param_range(variant.param, variant.scaling, master, slot.param, slot.scale, run,
+                               run_end, fp8_caster(simd));
     amax = quant8_absmax_combine(amax, quant8_magnitude_bits(run_amax));
   }
   return bits_float(amax);
 }
 
 }  // namespace
+
+void cast_fp8_run_scalar(ElemType type, const float* master, int64_t n, float factor,
+                         uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = type == ElemType::f8e4m3 ? float_to_fp8<E4m3Encoding>(master[i] * factor)
+                                        : float_to_fp8<E5m2Encoding>(master[i] * factor);
+}
+
+void cast_fp8_run_simd(ElemType type, const float* master, int64_t n, float factor,
+                       uint8_t* codes) {
+  const int64_t rest = HWY_DYNAMIC_DISPATCH(CastFp8WholeVectors)(type, master, n, factor, codes);
+  cast_fp8_run_scalar(type, master + rest, n - rest, factor, codes + rest);
+}
+
+CastRun fp8_caster(bool simd) { return simd ? cast_fp8_run_simd : cast_fp8_run_scalar; }
 
 float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                      int64_t begin, int64_t end, bool simd) {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../bucket_table.h"
+#include "../param_cast.h"  // CastRun
 
 namespace sa {
 namespace kernels {
@@ -26,6 +27,15 @@ namespace kernels {
 // folded from it), else 0.
 float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                      int64_t begin, int64_t end, bool simd);
+
+// codes[i] = cast_value(master[i], factor) (param_cast.h) for an fp8 param dtype `type`:
+// the scalar loop, or Highway's lanes for the whole vectors and then the scalar loop, which
+// give the same bits (tests/test_fp8_params.cpp checks every class of float). fp8_caster
+// picks one as adam_cpu_range's `simd` does.
+void cast_fp8_run_scalar(ElemType type, const float* master, int64_t n, float factor,
+                         uint8_t* codes);
+void cast_fp8_run_simd(ElemType type, const float* master, int64_t n, float factor, uint8_t* codes);
+CastRun fp8_caster(bool simd);
 
 // Elements a scaled param's range is updated and cast by at a time: 4 KiB of master.
 constexpr int64_t kCastRun = 1024;

@@ -220,7 +220,8 @@ class CpuBackend final : public Backend {
       if (!kernels::is_current(bucket.variant.scaling)) return;
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
       kernels::cast_param_range(bucket.variant.param, bucket.variant.scaling, master_of(slot),
-                                slot.param, slot.scale, item.begin, item.end);
+                                slot.param, slot.scale, item.begin, item.end,
+                                kernels::fp8_caster(simd_));
     });
   }
 
@@ -231,8 +232,9 @@ class CpuBackend final : public Backend {
   void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
     if (kernels::is_current(variant.scaling))
       kernels::write_current_scale(variant.param, variant.scaling, slot.scale);
-    const float amax = kernels::cast_param_range(variant.param, variant.scaling, master_of(slot),
-                                                 slot.param, slot.scale, 0, slot.numel);
+    const float amax =
+        kernels::cast_param_range(variant.param, variant.scaling, master_of(slot), slot.param,
+                                  slot.scale, 0, slot.numel, kernels::fp8_caster(simd_));
     if (variant.scaling == kernels::ParamScaling::delayed && slot.scale.amax != nullptr)
       *slot.scale.amax = amax;
   }
