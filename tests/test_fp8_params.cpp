@@ -813,11 +813,11 @@ TEST_CASE(
       }
     }
   };
-  for (int step = 0; step < 3; ++step) {
-    INFO("step " << step);
+  // A step on every rank, the grads' global values normal times `magnitude`.
+  const auto step_all = [&](double magnitude) {
     for (std::size_t k = 0; k < std::size(specs); ++k) {
       HostTensor g(specs[k].shape, kFloat32);
-      fill_normal(g, rng, step == 1 ? 1e2 : 1.0);
+      fill_normal(g, rng, magnitude);
       for (RankState& rank : ranks)
         copy_box(g.data(), rank.grads[k].data(), specs[k].shape, rank.places[k].box, sizeof(float),
                  true);
@@ -830,6 +830,10 @@ TEST_CASE(
       }
       return sa_optimizer_step(rank.opt.get(), nullptr, nullptr);
     });
+  };
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    step_all(step == 1 ? 1e2 : 1.0);
     check_ranks();
   }
   // Rank 0's own amax gives another scale than the tensor's, so a missing reduction shows
@@ -849,6 +853,19 @@ TEST_CASE(
   on_all_ranks([&](RankState& rank) { return sa_optimizer_recast_params(rank.opt.get(), 0, 3); });
   check_ranks();
   CHECK(ranks[1].amaxes[0].as<float>()[0] == 2e4f);
+
+  // Every master a quarter of what it was: the next step's amax falls, and no rank may
+  // bring an amax of before into the reduction (an empty shard has none of its own).
+  for (RankState& rank : ranks)
+    for (std::size_t k = 0; k < std::size(specs); ++k) {
+      const StateView v = state_view(rank.opt.get(), static_cast<int64_t>(k), "master");
+      for (int64_t i = 0; i < v.numel(); ++i) static_cast<float*>(v.data())[i] *= 0.25f;
+    }
+  {
+    INFO("the step after the masters fell");
+    step_all(1.0);
+    check_ranks();
+  }
 
   // One rank holding all of w, from the four ranks' files: the whole tensor's scale again,
   // so its codes are the ranks' codes side by side.

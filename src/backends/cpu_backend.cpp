@@ -191,6 +191,9 @@ class CpuBackend final : public Backend {
   }
 
   void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void*) override {
+    // A current scaling's amax starts from 0 at every step: the reduction left the last
+    // step's global amax in place, and an empty shard (no slot) writes none of its own.
+    for (const kernels::CurrentScale& c : plan.current) *c.scale.amax_bits = 0.0;
     if (verdict->skip) return;
     for_each_work_item([&](int64_t i) {
       const WorkItem& item = work_[i];

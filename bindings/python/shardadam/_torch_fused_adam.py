@@ -24,6 +24,15 @@ _DEFAULTS = _schema.defaults()  # the library's: torch.optim.AdamW's
 
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# The scalings whose scale is the whole tensor's amax (sa_param_scaling's current ones).
+_CURRENT_SCALINGS = ("current", "current_pow2")
+
+
+def _splits_across_ranks(param):
+    """Whether a DTensor param is sharded along a mesh dim of more than one rank."""
+    if DTensor is None or not isinstance(param, DTensor):
+        return False
+    return any(p.is_shard() and size > 1 for p, size in zip(param.placements, param.device_mesh.shape))
 
 
 class Fp8:
@@ -374,6 +383,10 @@ class FusedAdam(torch.optim.Optimizer):
         options = self._param_options
         if local.dtype in _FP8_DTYPES or (self._fp8 and param in self._fp8):
             options = self._fp8_options(param, name, local)
+            if options["scaling"] in _CURRENT_SCALINGS and _splits_across_ranks(param):
+                # Its amax is reduced across the ranks at every step: the library takes the
+                # param only with a communicator (a collective: every rank registers it).
+                self._attach_comm(local.device)
         try:
             # to_dlpack: one C call, where Tensor.__dlpack__ (Python) costs ~10x more per param;
             # the param is written on the current stream, which the library is given.

@@ -211,3 +211,23 @@ def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_am
         assert amax.item() == master.abs().max().item()
         assert scale[0].item() == want.item() and scale[1].item() == (1 / want).item()
         assert torch.equal(bits(param.detach()), bits(fp8(master * want, dtype)))
+
+
+@pytest.mark.parametrize("scaling", ["current", "current_pow2"])
+def test_sharded_current_scaling_gives_every_rank_the_whole_tensors_scale(scaling):
+    """fp8_current_ranks.py: 3 gloo processes, float8 DTensor params Shard(0) (an empty shard
+    on one rank), FusedAdam attaching its communicator for them; every rank's scale, amax and
+    codes against torch arithmetic on a float32 twin of the whole tensors."""
+    import os
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("needs torch.distributed with gloo")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fp8_current_ranks.py")
+    result = subprocess.run([sys.executable, script, "--scaling", scaling], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    assert result.stdout.count("PASS rank") == 3, result.stdout
