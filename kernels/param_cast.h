@@ -206,30 +206,34 @@ void for_each_scale_block(int64_t begin, int64_t end, Fn&& fn) {
   }
 }
 
-// codes[i] = cast_value(master[i], factor) for i in [0, n), of an fp8 param dtype: the CPU
-// backend's loop (kernels/cpu/adam_cpu.h: scalar, or Highway's lanes with the same bits).
-using CastRun = void (*)(ElemType param, const float* master, int64_t n, float factor,
-                         uint8_t* codes);
+// The CPU backend's loops over a run of masters (kernels/cpu/adam_cpu.h: scalar, or
+// Highway's lanes, which give the same bits):
+//   cast:   codes[i] = cast_value(master[i], factor) for i in [0, n), of an fp8 param dtype;
+//   absmax: quant8_absmax(master, n).
+struct CastOps {
+  void (*cast)(ElemType param, const float* master, int64_t n, float factor, uint8_t* codes);
+  float (*absmax)(const float* master, int64_t n);
+};
 
 // The cast of elements [begin, end) of a param (begin a multiple of the scaling's block,
 // end too or the shard's end): each block's factor from its amax (block_cast_factor, which
-// writes a block scaling's scale), then its codes by cast_run. Returns max |master| over
-// the run (quant8_absmax's bits rule) where a delayed scaling's amax is asked for
-// (scale.amax), else 0.
+// writes a block scaling's scale), then its codes. Returns max |master| over the run
+// (quant8_absmax's bits rule) where a delayed scaling's amax is asked for (scale.amax),
+// else 0.
 inline float cast_param_range(ElemType param_type, ParamScaling scaling, const float* master,
                               void* param, const ParamScale& scale, int64_t begin, int64_t end,
-                              CastRun cast_run) {
+                              const CastOps& ops) {
   float amax = 0.0f;
   visit_param_scaling(param_type, scaling, [&](auto p, auto s) {
     constexpr ElemType kP = decltype(p)::value;
     constexpr ParamScaling kS = decltype(s)::value;
     if (kS == ParamScaling::delayed && scale.amax != nullptr)
-      amax = quant8_absmax(master + begin, end - begin);
+      amax = ops.absmax(master + begin, end - begin);
     uint8_t* codes = static_cast<uint8_t*>(param);
     for_each_scale_block<kS>(begin, end, [&](int64_t first, int64_t n, int64_t block) {
-      const float block_amax = scaling_block(kS) == 0 ? 0.0f : quant8_absmax(master + first, n);
+      const float block_amax = scaling_block(kS) == 0 ? 0.0f : ops.absmax(master + first, n);
       const float factor = block_cast_factor<kP, kS>(block_amax, scale, block, true);
-      cast_run(kP, master + first, n, factor, codes + first);
+      ops.cast(kP, master + first, n, factor, codes + first);
     });
   });
   return amax;
@@ -237,8 +241,9 @@ inline float cast_param_range(ElemType param_type, ParamScaling scaling, const f
 
 // Max |master[begin, end)| as magnitude bits in a double (a current scaling's first pass
 // for a param whose master did not change: no grad, or a recast).
-inline double master_amax_bits(const float* master, int64_t begin, int64_t end) {
-  return static_cast<double>(quant8_magnitude_bits(quant8_absmax(master + begin, end - begin)));
+inline double master_amax_bits(const float* master, int64_t begin, int64_t end,
+                               const CastOps& ops) {
+  return static_cast<double>(quant8_magnitude_bits(ops.absmax(master + begin, end - begin)));
 }
 
 // The master values of elements [0, n) of a param (add_param's initialisation).

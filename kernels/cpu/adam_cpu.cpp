@@ -103,6 +103,34 @@ int64_t CastFp8Vectors(const float* master, int64_t n, float factor, uint8_t* co
 }
 #endif
 
+#if HWY_NATIVE_FMA
+// The integer max of the magnitudes' bits over the whole vectors of [0, n) (quant8_absmax's
+// rule: order-independent, so lanes give the loop's bits); *rest: where the rest begins.
+uint32_t AbsmaxBitsVectors(const float* x, int64_t n, int64_t* rest) {
+  const hn::ScalableTag<uint32_t> du;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(du));
+  const auto magnitude = hn::Set(du, 0x7FFFFFFFu);
+  auto m = hn::Zero(du);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    m = hn::Max(m, hn::And(hn::LoadU(du, reinterpret_cast<const uint32_t*>(x + i)), magnitude));
+  *rest = i;
+  return hn::GetLane(hn::MaxOfLanes(du, m));
+}
+#endif
+
+// AbsmaxBitsVectors, or nothing on a target without a fused multiply-add (*rest = 0).
+uint32_t AbsmaxBitsWholeVectors(const float* x, int64_t n, int64_t* rest) {
+#if HWY_NATIVE_FMA
+  return AbsmaxBitsVectors(x, n, rest);
+#else
+  (void)x;
+  (void)n;
+  *rest = 0;
+  return 0;
+#endif
+}
+
 // CastFp8Vectors for an fp8 param dtype; where the rest begins (begin itself on a target
 // without a fused multiply-add: the scalar path then casts it all, as it updates).
 int64_t CastFp8WholeVectors(ElemType type, const float* master, int64_t n, float factor,
@@ -194,6 +222,7 @@ void update_range_scalar(const TensorSlot& slot, const AdamCoeffs<float>& c, int
 HWY_EXPORT(UpdateWholeVectorsOfVariant);
 HWY_EXPORT(SimdTargetName);
 HWY_EXPORT(CastFp8WholeVectors);
+HWY_EXPORT(AbsmaxBitsWholeVectors);
 
 void* state_at(const TensorSlot& slot, StateKind kind) {
   return slot.state[static_cast<size_t>(kind)];
@@ -263,9 +292,9 @@ float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, cons
     adam_cpu_range(inner, inner_slot, g, run, run_end, simd);
     const float run_amax =
         is_current(variant.scaling)
-            ? quant8_absmax(master + run, run_end - run)
+            ? fp8_cast_ops(simd).absmax(master + run, run_end - run)
             : cast_param_range(variant.param, variant.scaling, master, slot.param, slot.scale, run,
-                               run_end, fp8_caster(simd));
+                               run_end, fp8_cast_ops(simd));
     amax = quant8_absmax_combine(amax, quant8_magnitude_bits(run_amax));
   }
   return bits_float(amax);
@@ -286,7 +315,20 @@ void cast_fp8_run_simd(ElemType type, const float* master, int64_t n, float fact
   cast_fp8_run_scalar(type, master + rest, n - rest, factor, codes + rest);
 }
 
-CastRun fp8_caster(bool simd) { return simd ? cast_fp8_run_simd : cast_fp8_run_scalar; }
+float absmax_scalar(const float* master, int64_t n) { return quant8_absmax(master, n); }
+
+float absmax_simd(const float* master, int64_t n) {
+  int64_t rest = 0;
+  const uint32_t bits = HWY_DYNAMIC_DISPATCH(AbsmaxBitsWholeVectors)(master, n, &rest);
+  return bits_float(
+      quant8_absmax_combine(bits, float_bits(quant8_absmax(master + rest, n - rest))));
+}
+
+const CastOps& fp8_cast_ops(bool simd) {
+  static constexpr CastOps kScalar{cast_fp8_run_scalar, absmax_scalar};
+  static constexpr CastOps kSimd{cast_fp8_run_simd, absmax_simd};
+  return simd ? kSimd : kScalar;
+}
 
 float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                      int64_t begin, int64_t end, bool simd) {

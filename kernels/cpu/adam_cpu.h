@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "../bucket_table.h"
-#include "../param_cast.h"  // CastRun
+#include "../param_cast.h"  // CastOps
 
 namespace sa {
 namespace kernels {
@@ -28,14 +28,16 @@ namespace kernels {
 float adam_cpu_range(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                      int64_t begin, int64_t end, bool simd);
 
-// codes[i] = cast_value(master[i], factor) (param_cast.h) for an fp8 param dtype `type`:
-// the scalar loop, or Highway's lanes for the whole vectors and then the scalar loop, which
-// give the same bits (tests/test_fp8_params.cpp checks every class of float). fp8_caster
-// picks one as adam_cpu_range's `simd` does.
+// codes[i] = cast_value(master[i], factor) (param_cast.h) for an fp8 param dtype `type`, and
+// quant8_absmax(master, n): the scalar loops, or Highway's lanes for the whole vectors and
+// then the scalar loop, which give the same bits (tests/test_cpu_kernel.cpp checks every
+// class of float). fp8_cast_ops picks them as adam_cpu_range's `simd` does.
 void cast_fp8_run_scalar(ElemType type, const float* master, int64_t n, float factor,
                          uint8_t* codes);
 void cast_fp8_run_simd(ElemType type, const float* master, int64_t n, float factor, uint8_t* codes);
-CastRun fp8_caster(bool simd);
+float absmax_scalar(const float* master, int64_t n);
+float absmax_simd(const float* master, int64_t n);
+const CastOps& fp8_cast_ops(bool simd);
 
 // Elements a scaled param's range is updated and cast by at a time: 4 KiB of master.
 constexpr int64_t kCastRun = 1024;

@@ -206,8 +206,8 @@ class CpuBackend final : public Backend {
       } else if (kernels::is_current(bucket.variant.scaling)) {
         // No grad: the master stays, but the second pass casts every current-scaled param
         // again with the tensor's new scale, so its amax is measured all the same.
-        range_amax_[i] = kernels::bits_float(static_cast<uint32_t>(
-            kernels::master_amax_bits(master_of(slot), item.begin, item.end)));
+        range_amax_[i] = kernels::bits_float(static_cast<uint32_t>(kernels::master_amax_bits(
+            master_of(slot), item.begin, item.end, kernels::fp8_cast_ops(simd_))));
       }
     });
     if (writes_amax_) write_amax(plan);
@@ -224,12 +224,13 @@ class CpuBackend final : public Backend {
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
       kernels::cast_param_range(bucket.variant.param, bucket.variant.scaling, master_of(slot),
                                 slot.param, slot.scale, item.begin, item.end,
-                                kernels::fp8_caster(simd_));
+                                kernels::fp8_cast_ops(simd_));
     });
   }
 
   void measure_amax(const kernels::Variant&, const kernels::TensorSlot& slot) override {
-    *slot.scale.amax_bits = kernels::master_amax_bits(master_of(slot), 0, slot.numel);
+    *slot.scale.amax_bits =
+        kernels::master_amax_bits(master_of(slot), 0, slot.numel, kernels::fp8_cast_ops(simd_));
   }
 
   void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
@@ -237,7 +238,7 @@ class CpuBackend final : public Backend {
       kernels::write_current_scale(variant.param, variant.scaling, slot.scale);
     const float amax =
         kernels::cast_param_range(variant.param, variant.scaling, master_of(slot), slot.param,
-                                  slot.scale, 0, slot.numel, kernels::fp8_caster(simd_));
+                                  slot.scale, 0, slot.numel, kernels::fp8_cast_ops(simd_));
     if (variant.scaling == kernels::ParamScaling::delayed && slot.scale.amax != nullptr)
       *slot.scale.amax = amax;
   }
