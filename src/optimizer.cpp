@@ -433,8 +433,7 @@ void Optimizer::check_current_agreement() {
   const double mine[6] = {double(current_sharded_), -double(current_sharded_), hi, -hi, lo, -lo};
   std::shared_ptr<Buffer> values = backend_->allocate(sizeof mine);
   backend_->copy_from_host(values->data(), mine, sizeof mine);
-  all_reduce_backend_memory(*backend_, *comm_, static_cast<double*>(values->data()), 6,
-                            ReduceOp::max, nullptr, current_staging_);
+  stepper_.all_reduce(*comm_, static_cast<double*>(values->data()), 6, ReduceOp::max, nullptr);
   backend_->synchronize();
   double all[6];
   backend_->copy_to_host(all, values->data(), sizeof all);
@@ -456,8 +455,8 @@ void Optimizer::check_current_agreement() {
 
 void Optimizer::reduce_current_amax(void* stream) {
   check_current_agreement();
-  all_reduce_backend_memory(*backend_, *comm_, static_cast<double*>(current_amax_->data()),
-                            current_sharded_, ReduceOp::max, stream, current_staging_);
+  stepper_.all_reduce(*comm_, static_cast<double*>(current_amax_->data()), current_sharded_,
+                      ReduceOp::max, stream);
 }
 
 void Optimizer::recast_params(int64_t first, int64_t n) {
@@ -839,11 +838,8 @@ std::optional<bool> Optimizer::step(const sa_step_args& args, void* stream) {
                           current_amax_ ? static_cast<double*>(current_amax_->data()) : nullptr,
                           current_sharded_};
   if (backend_) {
-    if (comm != nullptr) check_comm_fits(*comm);
-    if (amax_comm != nullptr) {
-      check_comm_fits(*amax_comm);
-      check_current_agreement();  // before anything changes
-    }
+    if (comm != nullptr || amax_comm != nullptr) check_comm_fits(*comm_);  // the one comm
+    if (amax_comm != nullptr) check_current_agreement();                   // before any change
     update_plan();
   }
   return stepper_.step(plan_, inputs, stream);

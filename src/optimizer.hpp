@@ -283,7 +283,6 @@ class Optimizer {
   std::vector<int64_t> current_order_;
   int32_t current_sharded_ = 0;
   bool current_agreed_ = false;  // checked against the ranks since the set or comm_ changed
-  std::shared_ptr<Buffer> current_staging_;  // a host communicator's copy on a device
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
   std::vector<GradSpec> grad_specs_;            // per param, what its grads must be

@@ -218,29 +218,23 @@ void Stepper::flush(Plan& plan, void* stream) {
   }
 }
 
-void all_reduce_backend_memory(Backend& backend, Comm& comm, double* values, int32_t count,
-                               ReduceOp op, void* stream, std::shared_ptr<Buffer>& staging) {
-  if (comm.reduces_device_memory() || backend.host_memory()) {
+void Stepper::all_reduce(Comm& comm, double* values, int32_t count, ReduceOp op, void* stream) {
+  if (comm.reduces_device_memory() || backend_->host_memory()) {
     comm.all_reduce(values, count, op, comm.reduces_device_memory() ? stream : nullptr);
     return;
   }
-  if (backend.capturing(stream))
+  if (backend_->capturing(stream))
     fail(SA_ERR_STATE,
          "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
          "host must read what it reduces); use an NCCL communicator");
   const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(double);
-  if (!staging || staging->bytes() < bytes) staging = backend.allocate_staging(bytes);
-  auto* host = static_cast<double*>(staging->data());
-  backend.download(host, values, bytes, stream);
-  backend.synchronize_stream(stream);
+  if (!host_staging_ || host_staging_->bytes() < bytes)
+    host_staging_ = backend_->allocate_staging(bytes);
+  auto* host = static_cast<double*>(host_staging_->data());
+  backend_->download(host, values, bytes, stream);
+  backend_->synchronize_stream(stream);
   comm.all_reduce(host, count, op, nullptr);
-  backend.upload(values, host, bytes, stream);
-}
-
-// The stats reduced across ranks.
-void Stepper::reduce_stats(Comm& comm, kernels::NormType norm, void* stream) {
-  all_reduce_backend_memory(*backend_, comm, stats(), kernels::kNumStats, stats_op(norm), stream,
-                            host_stats_);
+  backend_->upload(values, host, bytes, stream);  // `host` is reusable once this returns
 }
 
 // No params, so no device: the inputs are host floats and only the groups count.
@@ -267,7 +261,8 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
   if (with_stats) {
     backend_->launch_stats(plan, in.clip.norm, in.found_inf, stats(), stream);
-    if (in.comm != nullptr) reduce_stats(*in.comm, in.clip.norm, stream);
+    if (in.comm != nullptr)
+      all_reduce(*in.comm, stats(), kernels::kNumStats, stats_op(in.clip.norm), stream);
   }
   const kernels::FoldTables tables{static_cast<const kernels::AdamHyper*>(hyper_copy_->data()),
                                    static_cast<int64_t*>(group_steps_.buffer->data()),
@@ -284,8 +279,7 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
     try {
       // Reduced whether or not the step is skipped: every rank calls the collective.
       if (in.amax_comm != nullptr && in.amax_count > 0)
-        all_reduce_backend_memory(*backend_, *in.amax_comm, in.amax_bits, in.amax_count,
-                                  ReduceOp::max, stream, host_amax_);
+        all_reduce(*in.amax_comm, in.amax_bits, in.amax_count, ReduceOp::max, stream);
       backend_->launch_current_casts(plan, verdict(), stream);
     } catch (const Error& e) {
       // The update is done and cannot be taken back; say what is stale and how to mend it.

@@ -39,13 +39,6 @@ struct StepInputs {
   int32_t amax_count;
 };
 
-// values[0, count), backend memory, := their `op` over the ranks of `comm`: NCCL on the
-// stream; a host communicator directly on host memory, or on a device backend through
-// `staging` (pinned host memory, grown as needed), which drains the stream and so cannot
-// be captured (SA_ERR_STATE).
-void all_reduce_backend_memory(Backend& backend, Comm& comm, double* values, int32_t count,
-                               ReduceOp op, void* stream, std::shared_ptr<Buffer>& staging);
-
 // How the last step went.
 struct StepReport {
   bool skipped;
@@ -98,6 +91,13 @@ class Stepper {
   // The last step's verdict (synchronizes a device backend).
   StepReport last_report() const;
 
+  // values[0, count), memory of the attached backend, := their `op` over the ranks of
+  // `comm`: NCCL on the stream; a host communicator directly on host memory, or on a device
+  // backend through one pinned staging buffer (grown as needed), which drains the stream and
+  // so cannot be captured (SA_ERR_STATE). The step's reductions (its stats, a current
+  // scaling's amax) and the optimizer's (the ranks' agreement, a recast's amax) all use it.
+  void all_reduce(Comm& comm, double* values, int32_t count, ReduceOp op, void* stream);
+
  private:
   // A growable array in backend memory (host memory without a backend).
   struct Array {
@@ -115,7 +115,6 @@ class Stepper {
   void reserve_counts(Array& array, std::size_t used, std::size_t needed);
   bool tables_stale() const;
   void upload_tables(void* stream);
-  void reduce_stats(Comm& comm, kernels::NormType norm, void* stream);
   std::optional<bool> step_without_backend(const StepInputs& inputs);
   kernels::StepVerdict* verdict() const;
   double* stats() const;
@@ -138,8 +137,7 @@ class Stepper {
   Array group_steps_, param_steps_;  // the counts (int64_t each)
   // The verdict (kernels::StepVerdict), then the stats (kernels::kNumStats doubles).
   std::shared_ptr<Buffer> scratch_;
-  std::shared_ptr<Buffer> host_stats_;  // staging: the stats for a host communicator
-  std::shared_ptr<Buffer> host_amax_;   // staging: a current scaling's amax, likewise
+  std::shared_ptr<Buffer> host_staging_;  // all_reduce's copy for a host communicator
 };
 
 }  // namespace sa

@@ -302,11 +302,21 @@ float adam_cpu_range_scaled(const Variant& variant, const TensorSlot& slot, cons
 
 }  // namespace
 
+namespace {
+
+template <ElemType P>
+void cast_run(const float* master, int64_t n, float factor, uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) codes[i] = cast_value<P>(master[i], factor);
+}
+
+}  // namespace
+
 void cast_fp8_run_scalar(ElemType type, const float* master, int64_t n, float factor,
                          uint8_t* codes) {
-  for (int64_t i = 0; i < n; ++i)
-    codes[i] = type == ElemType::f8e4m3 ? float_to_fp8<E4m3Encoding>(master[i] * factor)
-                                        : float_to_fp8<E5m2Encoding>(master[i] * factor);
+  if (type == ElemType::f8e4m3)
+    cast_run<ElemType::f8e4m3>(master, n, factor, codes);
+  else
+    cast_run<ElemType::f8e5m2>(master, n, factor, codes);
 }
 
 void cast_fp8_run_simd(ElemType type, const float* master, int64_t n, float factor,

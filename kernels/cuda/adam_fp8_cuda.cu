@@ -313,12 +313,22 @@ __global__ void reset_current_amax_kernel(const CurrentScale* table, int32_t n) 
     *table[i].scale.amax_bits = 0.0;
 }
 
-__global__ void __launch_bounds__(kCudaBlockThreads) current_amax_kernel(DeviceBucket bucket) {
-  const int64_t chunk = blockIdx.x;
+// The slot and the elements [begin, end) of chunk `chunk` of a bucket, grad or none (where
+// chunk_work skips a slot without a grad: current scaling's passes take them all).
+struct ChunkRange {
+  TensorSlot slot;
+  int64_t begin;
+  int64_t end;
+};
+__device__ __forceinline__ ChunkRange chunk_range(const DeviceBucket& bucket, int64_t chunk) {
   const int32_t s = slot_of_chunk(bucket, chunk);
-  const TensorSlot& slot = bucket.slots[s];
   const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
-  fold_master_amax(slot, begin, min(begin + kCudaChunkElems, slot.numel), blockDim.x);
+  return {bucket.slots[s], begin, min(begin + kCudaChunkElems, bucket.slots[s].numel)};
+}
+
+__global__ void __launch_bounds__(kCudaBlockThreads) current_amax_kernel(DeviceBucket bucket) {
+  const ChunkRange c = chunk_range(bucket, blockIdx.x);
+  fold_master_amax(c.slot, c.begin, c.end, blockDim.x);
 }
 
 __global__ void __launch_bounds__(kCudaBlockThreads) slot_amax_kernel(TensorSlot slot) {
@@ -326,11 +336,10 @@ __global__ void __launch_bounds__(kCudaBlockThreads) slot_amax_kernel(TensorSlot
                    static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
-// Each entry's scale from its reduced amax, unless the step is skipped (verdict NULL: a
-// recast, never skipped).
+// Each entry's scale from its reduced amax, unless the step is skipped.
 __global__ void current_scale_kernel(const CurrentScale* table, int32_t n,
                                      const StepVerdict* verdict) {
-  if (verdict != nullptr && verdict->skip) return;
+  if (verdict->skip) return;
   for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     write_current_scale(table[i].param, table[i].scaling, table[i].scale);
 }
@@ -344,11 +353,8 @@ template <ElemType P, ParamScaling kS>
 __global__ void __launch_bounds__(kCudaBlockThreads)
     current_cast_kernel(DeviceBucket bucket, const StepVerdict* verdict) {
   if (verdict->skip) return;
-  const int64_t chunk = blockIdx.x;
-  const int32_t s = slot_of_chunk(bucket, chunk);
-  const TensorSlot slot = bucket.slots[s];
-  const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
-  cast_tiles<P, kS>(slot, begin, min(begin + kCudaChunkElems, slot.numel), kTileElems);
+  const ChunkRange c = chunk_range(bucket, blockIdx.x);
+  cast_tiles<P, kS>(c.slot, c.begin, c.end, kTileElems);
 }
 
 // Thread blocks for a grid-stride loop over n items, per_block per thread block and round.

@@ -39,7 +39,7 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& variant, const Devic
 //     slot's amax_bits (grad or none);
 //   (the core reduces the amax_bits across ranks, on the stream with NCCL)
 //   launch_current_scales: each entry's [scale, scale_inv] and amax from its reduced amax
-//     (param_cast.h's write_current_scale), unless verdict->skip (verdict NULL: always);
+//     (param_cast.h's write_current_scale), unless verdict->skip;
 //   launch_current_cast: every chunk of the bucket cast from its master with that scale,
 //     unless verdict->skip.
 // launch_measure_amax is the first pass without an update, for one param (a recast).
