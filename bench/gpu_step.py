@@ -40,7 +40,8 @@ class DLTensor(C.Structure):
 
 class SaParamOptions(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("grad_dtype", DLDataType),
-                ("moment_dtype", DLDataType), ("master", C.c_int32)]
+                ("moment_dtype", DLDataType), ("master", C.c_int32),
+                ("scale", C.c_void_p), ("amax", C.c_void_p), ("scaling", C.c_int32)]
 
 
 class SaOptimizerConfig(C.Structure):
@@ -51,6 +52,8 @@ SA_MASTER_FP32 = 2
 BF16 = DLDataType(4, 16, 1)
 UINT8 = DLDataType(1, 8, 1)  # moment_dtype: 8-bit blockwise moments
 FLOAT8 = DLDataType(10, 8, 1)  # moment_dtype: float8 e4m3fn moments with a scale per block
+# sa_param_scaling values of fp8 params, and the elements per scale of each (0: per tensor)
+SCALINGS = {"delayed": (1, 0), "mxfp8": (2, 32), "block128": (3, 128), "current": (4, 0)}
 
 _capsule_ptr = C.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = C.c_void_p
@@ -68,7 +71,8 @@ class SaStepArgs(C.Structure):
 class Shardadam:
     """One shardadam optimizer over a list of CUDA tensors (all in group 0)."""
 
-    def __init__(self, lib, params, master=False, max_grad_norm=0.0, moment=None):
+    def __init__(self, lib, params, master=False, max_grad_norm=0.0, moment=None, fp8=None):
+        """fp8: (scaling name, the params' scale tensors) for float8 params (fp32 masters)."""
         self.lib = lib
         # max_grad_norm > 0: clip the L2 norm of all grads inside the step (no communicator).
         self.args = SaStepArgs(C.sizeof(SaStepArgs), None, None, None, max_grad_norm, 0, None, None)
@@ -79,14 +83,23 @@ class Shardadam:
         self._ok(lib.sa_optimizer_add_group_fields(self.opt, 0, None, None, None))
         opts = SaParamOptions(C.sizeof(SaParamOptions), BF16 if master else DLDataType(0, 0, 0),
                               moment or DLDataType(0, 0, 0), SA_MASTER_FP32 if master else 0)
+        if fp8:
+            opts.scaling = SCALINGS[fp8[0]][0]
         for i, p in enumerate(params):
-            capsule = p.__dlpack__(max_version=(1, 0))
-            ptr = _capsule_ptr(capsule, b"dltensor_versioned")
-            # The optimizer now owns the managed tensor (and calls its deleter on destroy).
-            _capsule_rename(capsule, b"used_dltensor_versioned")
-            self._ok(lib.sa_optimizer_add_param(self.opt, f"p{i}".encode(), 0, C.c_void_p(ptr),
-                                                None, C.byref(opts), None))
+            if fp8:
+                opts.scale = self._hand_over(fp8[1][i])
+            self._ok(lib.sa_optimizer_add_param(self.opt, f"p{i}".encode(), 0,
+                                                C.c_void_p(self._hand_over(p)), None,
+                                                C.byref(opts), None))
         self.n = len(params)
+
+    @staticmethod
+    def _hand_over(tensor):
+        """A managed tensor of `tensor` that the optimizer will own (it calls the deleter)."""
+        capsule = tensor.__dlpack__(max_version=(1, 0))
+        ptr = _capsule_ptr(capsule, b"dltensor_versioned")
+        _capsule_rename(capsule, b"used_dltensor_versioned")
+        return ptr
 
     def _ok(self, status, opt=0):
         if status != 0:
@@ -207,7 +220,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few steps")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only-shardadam", action="store_true", help="skip torch (kernel tuning)")
-    ap.add_argument("--only", default="abcdefg", help="the configurations to run, e.g. 'bf'")
+    ap.add_argument("--only", default="abcdefghijk", help="the configurations to run, e.g. 'bf'")
     args = ap.parse_args()
     lib = load_lib(os.path.abspath(args.lib))
     torch.manual_seed(0)
@@ -280,6 +293,56 @@ def main():
         del params, grads, grads_b
         torch.cuda.empty_cache()
 
+    def run_fp8(name, sizes, scaling, fmt=torch.float8_e4m3fn):
+        """float8 params with fp32 masters (fp32 grads and moments), cast by `scaling`. Counted
+        bytes: the update's 28 (r master, g, m, v; w master, m, v) plus the fp8 write (1) and
+        the scales; current scaling's cast waits for the tensor's amax, so it reads the
+        masters once more (33: the two passes the issue counts)."""
+        if name[1] not in args.only:
+            return
+        value, block = SCALINGS[scaling]
+        elems = sum(sizes)
+        masters = [torch.randn(n, device=dev) for n in sizes]
+        params = [m.to(fmt) for m in masters]
+        grads = [torch.randn(n, device=dev) for n in sizes]
+        if scaling == "mxfp8":  # e8m0 code 127: 2^0
+            scales = [torch.full((n // 32,), 127, dtype=torch.uint8, device=dev).view(torch.float8_e8m0fnu)
+                      for n in sizes]
+        else:
+            scales = [torch.ones(n // block if block else (2 if scaling == "current" else 1), device=dev)
+                      for n in sizes]
+        scale_bytes = sum(s.numel() * s.element_size() for s in scales) if block else 0
+        bytes_per_step = (33 if scaling == "current" else 29) * elems + scale_bytes
+        sa = Shardadam(lib, params, fp8=(scaling, scales))
+        sa.bind(grads)
+        r = measure(f"{name}: shardadam", sa.step, bytes_per_step, steps)
+        r["elems"], r["shards"] = elems, len(sizes)
+        rows.append(r)
+        if not torch.isfinite(params[0].float()).all() or torch.equal(params[0].float(), masters[0].to(fmt).float()):
+            raise RuntimeError(f"{name}: the fp8 param did not move, or is not finite")
+        sa.close()
+        if scaling == "delayed" and not args.only_shardadam:
+            # The peer: torch's fused AdamW on the fp32 masters, then each param cast from its
+            # master times its scale (one foreach multiply, a copy_ per tensor).
+            tmasters = [torch.nn.Parameter(m) for m in masters]
+            for p, g in zip(tmasters, grads):
+                p.grad = g
+            opt = torch.optim.AdamW(tmasters, lr=1e-3, weight_decay=1e-2, fused=True)
+            one = torch.ones((), device=dev)
+
+            def torch_step():
+                opt.step()
+                with torch.no_grad():
+                    for p, scaled in zip(params, torch._foreach_mul(tmasters, one)):
+                        p.copy_(scaled)
+            t = measure(f"{name}: torch fused AdamW + cast", torch_step, bytes_per_step, steps)
+            t["elems"], t["shards"] = elems, len(sizes)
+            t["vs"] = r
+            rows.append(t)
+            del opt, tmasters
+        del masters, params, grads, scales
+        torch.cuda.empty_cache()
+
     def bnb_baseline(name, params, grads, bytes_per_step, ours):
         # bitsandbytes' AdamW8bit on the same tensors: 8-bit blockwise moments for every
         # tensor (min_8bit_size=1), the non-empty ones only (it aborts the process on an
@@ -323,6 +386,13 @@ def main():
              moment8=UINT8)
     run_pair("(g) 1516 fp32 shards, float8 moments", sizes, torch.float32, False, torch_baseline=False,
              moment8=FLOAT8)
+
+    # fp8 params: the same shards, each rounded up to a whole number of 128-element blocks
+    sizes128 = [-(-n // 128) * 128 for n in sizes]
+    run_fp8("(h) float8 params, delayed scaling", sizes128, "delayed")
+    run_fp8("(i) float8 params, current scaling", sizes128, "current")
+    run_fp8("(j) float8 params, mxfp8", sizes128, "mxfp8")
+    run_fp8("(k) float8 params, block128", sizes128, "block128")
 
     print()
     hdr = (f"{'config':48s} {'elements':>11s} {'kernel ms':>9s} {'host ms':>8s} {'host ms':>8s}"
