@@ -54,6 +54,19 @@ struct DeviceStep {
   const StepVerdict* verdict;
 };
 
+// The slot of chunk `chunk` of a bucket and the elements [begin, end) of the slot it covers.
+struct ChunkRange {
+  TensorSlot slot;
+  int64_t begin;
+  int64_t end;
+};
+
+__device__ __forceinline__ ChunkRange chunk_range(const DeviceBucket& bucket, int64_t chunk) {
+  const int32_t s = slot_of_chunk(bucket, chunk);
+  const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
+  return {bucket.slots[s], begin, min(begin + kCudaChunkElems, bucket.slots[s].numel)};
+}
+
 // What the thread block that takes chunk `chunk` updates in a bucket launch: its slot, the
 // elements [begin, end) of the slot, and the slot's param's coefficients.
 struct ChunkWork {
@@ -66,12 +79,9 @@ struct ChunkWork {
 // The chunk's ChunkWork, or false when its param has no grad at this step.
 __device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const DeviceStep& step,
                                            int64_t chunk, ChunkWork& work) {
-  const int32_t lo = slot_of_chunk(bucket, chunk);
-  work.slot = bucket.slots[lo];
-  if (work.slot.grad == nullptr) return false;
-  work.coeffs = step.coeffs[work.slot.param_index];
-  work.begin = (chunk - bucket.chunk_offsets[lo]) * kCudaChunkElems;
-  work.end = min(work.begin + kCudaChunkElems, work.slot.numel);
+  const ChunkRange r = chunk_range(bucket, chunk);
+  if (r.slot.grad == nullptr) return false;
+  work = {r.slot, step.coeffs[r.slot.param_index], r.begin, r.end};
   return true;
 }
 

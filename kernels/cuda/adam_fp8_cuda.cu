@@ -195,6 +195,30 @@ __device__ __forceinline__ float delayed_factor(const TensorSlot& slot) {
   return 0.0f;
 }
 
+// The warp's largest magnitude bits, folded into *amax_bits (one atomicMax per warp).
+__device__ __forceinline__ void fold_amax_bits(double* amax_bits, uint32_t bits) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  if (threadIdx.x % 32 == 0 && bits != 0)
+    atomicMax(reinterpret_cast<unsigned long long*>(amax_bits),
+              static_cast<unsigned long long>(__double_as_longlong(static_cast<double>(bits))));
+}
+
+// Max |master| of elements [begin, end) of a slot (every `stride` from the thread's first),
+// folded into its amax_bits.
+__device__ void fold_master_amax(const TensorSlot& slot, int64_t begin, int64_t end,
+                                 int64_t stride) {
+  const auto* master = static_cast<const float*>(slot.state[static_cast<int>(StateKind::master)]);
+  uint32_t bits = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += stride)
+    bits = quant8_absmax_combine(bits, quant8_magnitude_bits(master[i]));
+  fold_amax_bits(slot.scale.amax_bits, bits);
+}
+
+// The update of chunk w and, while its new masters are in registers, the cast (delayed and
+// block scalings), or for a current scaling the fold of their magnitudes into the slot's
+// amax_bits (its cast waits for the tensor's amax: current_cast_kernel).
 template <ElemType P, ParamScaling kS, class S, bool kL2>
 __device__ void update_cast_chunk(const ChunkWork& w) {
   const TypedSlot<S> a(fp8_master_slot(w.slot));
@@ -202,25 +226,43 @@ __device__ void update_cast_chunk(const ChunkWork& w) {
   bool vec = aligned(a.param, kLaneElems * sizeof(float)) &&
              aligned(a.grad, kLaneElems * sizeof(StorageOf<S::kGrad>));
   for_each_moment<S>([&](auto k) { vec = vec && aligned(a.moment[k], kMomentVec); });
-  const float factor = delayed_factor<P, kS>(w.slot);
+  float factor = 0.0f;
+  if constexpr (!is_current(kS)) factor = delayed_factor<P, kS>(w.slot);
   uint32_t amax_bits = 0;
   for (int64_t tile = w.begin; tile < w.end; tile += kTileElems) {
     const int64_t first = tile + static_cast<int64_t>(threadIdx.x) * kLaneElems;
     const int n = lane_count(first, w.end);
     float p[kLaneElems];
     update_lane<S, kL2>(a, first, n, vec, w.coeffs.c, p);
-    cast_lane<P, kS>(p, n, first, w.slot, factor, amax_bits);
+    if constexpr (is_current(kS)) {
+#pragma unroll
+      for (int j = 0; j < kLaneElems; ++j)  // 0 past n: no magnitude
+        amax_bits = quant8_absmax_combine(amax_bits, quant8_magnitude_bits(p[j]));
+    } else {
+      cast_lane<P, kS>(p, n, first, w.slot, factor, amax_bits);
+    }
   }
-  if (kS == ParamScaling::delayed && w.slot.scale.amax != nullptr)
+  if constexpr (is_current(kS))
+    fold_amax_bits(w.slot.scale.amax_bits, amax_bits);
+  else if (kS == ParamScaling::delayed && w.slot.scale.amax != nullptr)
     fold_amax(w.slot.scale.amax, amax_bits);
 }
 
 // P, kS: the bucket's param dtype and scaling; S: the Signature of its master's update.
+// A current scaling's chunk of a param without a grad still folds its masters' amax: the
+// cast pass casts every param with its tensor's new scale.
 template <ElemType P, ParamScaling kS, class S>
 __global__ void __launch_bounds__(kCudaBlockThreads)
     adam_scaled_kernel(DeviceBucket bucket, DeviceStep step) {
+  if (step.verdict->skip) return;
   ChunkWork w;
-  if (step.verdict->skip || !chunk_work(bucket, step, blockIdx.x, w)) return;
+  if (!chunk_work(bucket, step, blockIdx.x, w)) {
+    if constexpr (is_current(kS)) {
+      const ChunkRange c = chunk_range(bucket, blockIdx.x);
+      fold_master_amax(c.slot, c.begin, c.end, blockDim.x);
+    }
+    return;
+  }
   if (w.coeffs.l2)
     update_cast_chunk<P, kS, S, true>(w);
   else
@@ -280,50 +322,17 @@ __global__ void dequantize_kernel(const uint8_t* param, ParamScale scale, int64_
     dequantize_block<P, kS>(param + i, 1, scale, kBlock == 0 ? 0 : i / kBlock, master + i);
 }
 
-// ---- current scaling (is_current): the amax pass, the scales, the cast pass -------------
-// The masters are updated first as a float32 param's (the bucket's master slot table, as for
-// block moments); then every chunk folds max |master| into its slot's amax_bits, grad or
-// none (the second pass casts every slot again, with the tensor's new scale). amax_bits is
-// a double holding magnitude bits (an integer below 2^32): non-negative doubles order as
-// their bits do, so an atomicMax on the bits is the max, as the CPU's fold is.
-
-// The warp's largest magnitude bits, folded into *amax_bits (one atomicMax per warp).
-__device__ __forceinline__ void fold_amax_bits(double* amax_bits, uint32_t bits) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-  if (threadIdx.x % 32 == 0 && bits != 0)
-    atomicMax(reinterpret_cast<unsigned long long*>(amax_bits),
-              static_cast<unsigned long long>(__double_as_longlong(static_cast<double>(bits))));
-}
-
-// Max |master| of elements [begin, end) of a slot (every `stride` from the thread's first),
-// folded into its amax_bits.
-__device__ void fold_master_amax(const TensorSlot& slot, int64_t begin, int64_t end,
-                                 int64_t stride) {
-  const auto* master = static_cast<const float*>(slot.state[static_cast<int>(StateKind::master)]);
-  uint32_t bits = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += stride)
-    bits = quant8_absmax_combine(bits, quant8_magnitude_bits(master[i]));
-  fold_amax_bits(slot.scale.amax_bits, bits);
-}
+// ---- current scaling (is_current): the update with the amax, the scales, the cast pass ----
+// adam_scaled_kernel updates the masters and folds max |master| of every chunk into its
+// slot's amax_bits, grad or none (the cast pass casts every slot again, with the tensor's
+// new scale); with block moments the block-moment kernel updates the masters and
+// current_amax_kernel reads them once more for the amax. amax_bits is a double holding
+// magnitude bits (an integer below 2^32): non-negative doubles order as their bits do, so an
+// atomicMax on the bits is the max, as the CPU's fold is.
 
 __global__ void reset_current_amax_kernel(const CurrentScale* table, int32_t n) {
   for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     *table[i].scale.amax_bits = 0.0;
-}
-
-// The slot and the elements [begin, end) of chunk `chunk` of a bucket, grad or none (where
-// chunk_work skips a slot without a grad: current scaling's passes take them all).
-struct ChunkRange {
-  TensorSlot slot;
-  int64_t begin;
-  int64_t end;
-};
-__device__ __forceinline__ ChunkRange chunk_range(const DeviceBucket& bucket, int64_t chunk) {
-  const int32_t s = slot_of_chunk(bucket, chunk);
-  const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
-  return {bucket.slots[s], begin, min(begin + kCudaChunkElems, bucket.slots[s].numel)};
 }
 
 __global__ void __launch_bounds__(kCudaBlockThreads) current_amax_kernel(DeviceBucket bucket) {
@@ -382,13 +391,15 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucke
   err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
     constexpr ParamScaling kS = decltype(scaling)::value;
-    if constexpr (!is_current(kS)) {  // current buckets take launch_current_* (below)
+    if constexpr (is_current(kS)) {  // the amax now; the cast after the reduction
+      current_amax_kernel<<<static_cast<unsigned>(b.num_chunks), kCudaBlockThreads, 0, st>>>(b);
+    } else {
       err = launch_reset_amax(kS, b, s, st);
       if (err != cudaSuccess) return;
       cast_bucket_kernel<decltype(p)::value, kS>
           <<<static_cast<unsigned>(b.num_chunks), kCudaBlockThreads, 0, st>>>(b, s);
-      err = cudaGetLastError();
     }
+    err = cudaGetLastError();
   });
   return err;
 }
@@ -403,9 +414,7 @@ cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, c
     visit_variant(fp8_master_variant(v), [&](auto signature) {
       using S = decltype(signature);
       // visit_variant instantiates every param form; the master's is a float32 param's.
-      // Current buckets take launch_current_* (below): their cast waits for the amax.
-      if constexpr (S::kParam == ElemType::f32 && S::kMaster == MasterKind::none &&
-                    !is_current(kS)) {
+      if constexpr (S::kParam == ElemType::f32 && S::kMaster == MasterKind::none) {
         err = launch_reset_amax(kS, b, s, st);
         if (err != cudaSuccess) return;
         adam_scaled_kernel<kP, kS, S>
@@ -420,13 +429,6 @@ cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, c
 cudaError_t launch_reset_current_amax(const CurrentScale* table, int32_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   reset_current_amax_kernel<<<grid_for(n, kCudaBlockThreads), kCudaBlockThreads, 0, st>>>(table, n);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_current_amax(const DeviceBucket& bucket, cudaStream_t st) {
-  if (bucket.num_chunks == 0) return cudaSuccess;
-  current_amax_kernel<<<static_cast<unsigned>(bucket.num_chunks), kCudaBlockThreads, 0, st>>>(
-      bucket);
   return cudaGetLastError();
 }
 

@@ -18,8 +18,9 @@ namespace kernels {
 // moments): each chunk's masters are updated as a float32 param's (fp8_master_variant)
 // and cast in the same pass; block scalings write their blocks' scales, a delayed
 // scaling's amax (where the slot has one) receives max |master| of the shard. Nothing is
-// written when the verdict skips the step, nor for a slot without a grad or elements.
-// launch_adam_bucket calls it.
+// written when the verdict skips the step, nor for a slot without a grad or elements. A
+// current scaling's pass folds max |master| into each slot's amax_bits instead of the cast
+// (every slot's, grad or none; below). launch_adam_bucket calls it.
 cudaError_t launch_adam_bucket_scaled(const Variant& variant, const DeviceBucket& bucket,
                                       const DeviceStep& step, cudaStream_t stream);
 
@@ -27,16 +28,17 @@ cudaError_t launch_adam_bucket_scaled(const Variant& variant, const DeviceBucket
 // the block-moment update of the masters (adam_block_cuda.cu, over `masters`: the bucket's
 // slots as fp8_master_slot gives them, with the bucket's chunk offsets), then the cast of
 // every updated chunk from its master (as launch_cast_param casts, one thread block per
-// chunk, with the same amax rules as above).
+// chunk, with the same amax rules as above), or for a current scaling the fold of every
+// chunk's max |master| into its slot's amax_bits.
 cudaError_t launch_adam_bucket_scaled_blocks(const Variant& variant, const DeviceBucket& bucket,
                                              const DeviceBucket& masters, const DeviceStep& step,
                                              cudaStream_t stream);
 
-// Current scaling (is_current), in a step's order: the masters are updated as float32
-// params (launch_adam_bucket over the bucket's master slots); then
+// Current scaling (is_current), in a step's order:
 //   launch_reset_current_amax: *amax_bits = 0 for every entry of the plan's current table;
-//   launch_current_amax: each chunk of a current-scaled bucket folds max |master| into its
-//     slot's amax_bits (grad or none);
+//   launch_adam_bucket (or launch_adam_bucket_scaled_blocks) of each bucket: the masters'
+//     update, and max |master| of every slot folded into its amax_bits, unless verdict->skip
+//     (block moments: whether or not);
 //   (the core reduces the amax_bits across ranks, on the stream with NCCL)
 //   launch_current_scales: each entry's [scale, scale_inv] and amax from its reduced amax
 //     (param_cast.h's write_current_scale), unless verdict->skip;
@@ -44,7 +46,6 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& variant, const Devic
 //     unless verdict->skip.
 // launch_measure_amax is the first pass without an update, for one param (a recast).
 cudaError_t launch_reset_current_amax(const CurrentScale* table, int32_t n, cudaStream_t stream);
-cudaError_t launch_current_amax(const DeviceBucket& bucket, cudaStream_t stream);
 cudaError_t launch_current_scales(const CurrentScale* table, int32_t n, const StepVerdict* verdict,
                                   cudaStream_t stream);
 cudaError_t launch_current_cast(const Variant& variant, const DeviceBucket& bucket,

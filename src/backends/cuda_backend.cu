@@ -152,11 +152,9 @@ struct DeviceTables {
 };
 
 // Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): the update of
-// their masters (block moments' kernel, or any for a current scaling, whose cast waits for
-// the tensor's amax), then the cast.
+// their masters by block moments' kernel, then the cast (or a current scaling's amax).
 bool steps_masters_apart(const kernels::Variant& v) {
-  return v.scaling != kernels::ParamScaling::none &&
-         (kernels::is_block_storage(v.moment) || kernels::is_current(v.scaling));
+  return v.scaling != kernels::ParamScaling::none && kernels::is_block_storage(v.moment);
 }
 
 // A bucket's slots as fp8_master_slot gives them.
@@ -353,13 +351,6 @@ class CudaBackend final : public Backend {
                "current scaling's amax reset");
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const kernels::Variant& v = plan.buckets[b].variant;
-      if (kernels::is_current(v.scaling)) {  // the update, then the amax; the cast waits
-        check_cuda(kernels::launch_adam_bucket(kernels::fp8_master_variant(v),
-                                               tables_[b].master_view, step, s),
-                   "Adam kernel launch");
-        check_cuda(kernels::launch_current_amax(tables_[b].view, s), "current scaling's amax");
-        continue;
-      }
       check_cuda(steps_masters_apart(v) ? kernels::launch_adam_bucket_scaled_blocks(
                                               v, tables_[b].view, tables_[b].master_view, step, s)
                                         : kernels::launch_adam_bucket(v, tables_[b].view, step, s),

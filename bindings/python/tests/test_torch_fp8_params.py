@@ -187,18 +187,20 @@ def test_torch_distributed_checkpoint_saves_and_loads_an_fp8_optimizer_state(tmp
         assert torch.equal(other.state[fresh][key], opt.state[param][key])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(FORMATS))
 @pytest.mark.parametrize("scaling", ["current", "current_pow2"])
-def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_amax(dtype, scaling):
+def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_amax(dtype, scaling, device):
     g = torch.Generator().manual_seed(11)
     largest, _ = FORMATS[dtype]
-    param = torch.nn.Parameter(fp8(torch.randn((4, 96), generator=g) * 30, dtype), requires_grad=True)
-    scale, amax = torch.tensor([4.0, 0.25]), torch.zeros(1)  # the codes above stand for value * 0.25
+    param = torch.nn.Parameter(fp8(torch.randn((4, 96), generator=g) * 30, dtype).to(device), requires_grad=True)
+    # the codes above stand for value * 0.25
+    scale, amax = torch.tensor([4.0, 0.25], device=device), torch.zeros(1, device=device)
     twin = torch.nn.Parameter(param.detach().to(torch.float32) * 0.25)
     opt = FusedAdam([param], fp8={param: Fp8(scaling, scale, amax)}, **HYPER)
     ref = FusedAdam([twin], **HYPER)
     for k in range(3):
-        grad = torch.randn(param.shape, generator=g) * (1e3 if k == 1 else 1)
+        grad = (torch.randn(param.shape, generator=g) * (1e3 if k == 1 else 1)).to(device)
         param.grad, twin.grad = grad.clone(), grad.clone()
         opt.step()
         ref.step()
@@ -207,7 +209,7 @@ def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_am
         # scale = fp8_max / amax in float32; pow2: 2^floor(log2 scale), by torch's frexp
         want = torch.tensor(largest, dtype=torch.float32) / master.abs().max()
         if scaling == "current_pow2":
-            want = torch.ldexp(torch.ones(()), torch.frexp(want).exponent - 1)
+            want = torch.ldexp(torch.ones((), device=device), torch.frexp(want).exponent - 1)
         assert amax.item() == master.abs().max().item()
         assert scale[0].item() == want.item() and scale[1].item() == (1 / want).item()
         assert torch.equal(bits(param.detach()), bits(fp8(master * want, dtype)))
