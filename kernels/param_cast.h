@@ -74,18 +74,14 @@ SA_HD float block128_scale(float amax) {
 }
 
 // current scaling: the tensor's scale from its amax over all ranks, block128's rule (1 when
-// amax is 0, FLT_MAX where the quotient overflows, NaN for a NaN amax); current_pow2 rounds
-// it down to a power of two (clearing the mantissa: every such scale is a normal float),
-// so that master * scale stays within fp8_max and 1 / scale is exact.
-template <ElemType P, ParamScaling kScaling>
-SA_HD float current_scale(float amax) {
-  const float s = block128_scale<P>(amax);
-  if constexpr (kScaling == ParamScaling::current_pow2) {
-    return s != s ? s : bits_float(float_bits(s) & 0xFF800000u);
-  } else {
-    static_assert(kScaling == ParamScaling::current, "a current scaling");
-    return s;
-  }
+// amax is 0, FLT_MAX where the quotient overflows, NaN for a NaN amax), divided by 2^margin
+// (exact: the quotient is a normal float, and stays one; kMaxCurrentMargin); current_pow2
+// rounds it down to a power of two (clearing the mantissa: every such scale is a normal
+// float), so that master * scale stays within fp8_max and 1 / scale is exact.
+template <ElemType P>
+SA_HD float current_scale(float amax, bool pow2, int32_t margin) {
+  const float s = block128_scale<P>(amax) * exp2_exact(-margin);
+  return pow2 && s == s ? bits_float(float_bits(s) & 0xFF800000u) : s;
 }
 
 // The amax a current scaling's first pass left in *amax_bits (reduced across ranks).
@@ -98,12 +94,10 @@ SA_HD float reduced_amax(const ParamScale& scale) {
 // if it asked for one, = the reduced amax.
 SA_HD void write_current_scale(ElemType param_type, ParamScaling scaling, const ParamScale& scale) {
   const float amax = reduced_amax(scale);
-  const bool e4m3 = param_type == ElemType::f8e4m3, pow2 = scaling == ParamScaling::current_pow2;
-  const float factor =
-      e4m3 ? (pow2 ? current_scale<ElemType::f8e4m3, ParamScaling::current_pow2>(amax)
-                   : current_scale<ElemType::f8e4m3, ParamScaling::current>(amax))
-           : (pow2 ? current_scale<ElemType::f8e5m2, ParamScaling::current_pow2>(amax)
-                   : current_scale<ElemType::f8e5m2, ParamScaling::current>(amax));
+  const bool pow2 = scaling == ParamScaling::current_pow2;
+  const float factor = param_type == ElemType::f8e4m3
+                           ? current_scale<ElemType::f8e4m3>(amax, pow2, scale.margin)
+                           : current_scale<ElemType::f8e5m2>(amax, pow2, scale.margin);
   static_cast<float*>(scale.scale)[0] = factor;
   static_cast<float*>(scale.scale)[1] = 1.0f / factor;
   if (scale.amax != nullptr) *scale.amax = amax;

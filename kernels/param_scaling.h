@@ -81,12 +81,19 @@ SA_HD constexpr bool is_current(ParamScaling s) {
 //             shard's max |master| as magnitude bits (quant8_magnitude_bits: an integer
 //             below 2^32, exact in a double, ordered as the magnitudes with NaN above
 //             infinity), that a communicator max-reduces across ranks, and that the second
-//             pass reads.
+//             pass reads; margin: the scale is divided by 2^margin (0 .. kMaxCurrentMargin).
+// Other scalings: margin 0.
 struct ParamScale {
   void* scale;
   float* amax;
   double* amax_bits;
+  int32_t margin;
 };
+
+// The largest margin of a current scaling: with it, the scale of the largest finite amax
+// (fp8_max / FLT_MAX, at least 448 / FLT_MAX > 2^-120) divided by 2^margin is still a normal
+// float, so the division is exact and scale_inv finite.
+constexpr int32_t kMaxCurrentMargin = 6;
 
 }  // namespace kernels
 }  // namespace sa

@@ -377,6 +377,7 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
                                                      : SA_MASTER_REMAINDER;
     info.device = p.device;
     info.scaling = static_cast<int32_t>(p.scaling);
+    info.margin = p.scale.margin;
     sa::write_options(out, info, "out");
   });
 }

@@ -164,6 +164,18 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
                                    const Layout& layout, DLDevice device,
                                    const std::string& context) {
   kernels::ParamScale scale{};
+  if (options.margin != 0 && !kernels::is_current(scaling))
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": options.margin is ", options.margin,
+         ", but only SA_SCALING_CURRENT and SA_SCALING_CURRENT_POW2 take a margin",
+         scaling == kernels::ParamScaling::delayed
+             ? " (a delayed scaling casts with the engine's scale: apply the margin there)"
+             : "");
+  if (options.margin < 0 || options.margin > kernels::kMaxCurrentMargin)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": options.margin is ", options.margin,
+         "; it must be 0 to ", kernels::kMaxCurrentMargin,
+         " (a larger one would take the scale of a large finite amax below float32's normal "
+         "range)");
+  scale.margin = options.margin;
   if (scaling == kernels::ParamScaling::none) {
     if (options.scale != nullptr || options.amax != nullptr)
       fail(SA_ERR_INVALID_ARGUMENT, context, ": options.", options.scale ? "scale" : "amax",
@@ -424,8 +436,9 @@ void Optimizer::check_current_agreement() {
     const Param& p = *params_[current_order_[static_cast<std::size_t>(i)]];
     fnv1a(h, p.name.c_str(), p.name.size() + 1);
     fnv1a(h, p.layout.global_shape.data(), p.layout.global_shape.size() * sizeof(int64_t));
-    const unsigned char tags[2] = {static_cast<unsigned char>(p.param_type),
-                                   static_cast<unsigned char>(p.scaling)};
+    const unsigned char tags[3] = {static_cast<unsigned char>(p.param_type),
+                                   static_cast<unsigned char>(p.scaling),
+                                   static_cast<unsigned char>(p.scale.margin)};
     fnv1a(h, tags, sizeof tags);
   }
   // Equal on every rank exactly when max(x) == -max(-x) for each value (all exact doubles).
@@ -446,7 +459,7 @@ void Optimizer::check_current_agreement() {
   if (all[2] != -all[3] || all[4] != -all[5])
     fail(SA_ERR_MISMATCH, "the ranks of ", comm_->describe(), " hold ", current_sharded_,
          " current-scaled sharded params each, but not the same ones (names, global shapes, "
-         "dtypes, scalings or order differ; this rank's first is '",
+         "dtypes, scalings, margins or order differ; this rank's first is '",
          params_[current_order_[0]]->name,
          "'): every rank must add the same ones in the same order, since their amax is "
          "reduced as one vector (nothing was changed)");

@@ -615,9 +615,10 @@ struct Current {
 const Current kCurrents[] = {{{SA_SCALING_CURRENT, 0, "current"}, false},
                              {{SA_SCALING_CURRENT_POW2, 0, "current_pow2"}, true}};
 
-// fp8_max / amax as block128's rule; pow2: 2^floor(log2) of it, by ilogb.
-float current_scale_of(const Format& f, float amax, bool pow2) {
-  const float s = block128_scale(f, amax);
+// fp8_max / amax as block128's rule, divided by 2^margin (ldexp); pow2: 2^floor(log2) of
+// it, by ilogb.
+float current_scale_of(const Format& f, float amax, bool pow2, int margin = 0) {
+  const float s = std::ldexp(block128_scale(f, amax), -margin);
   return pow2 ? std::ldexp(1.0f, std::ilogb(s)) : s;
 }
 
@@ -633,8 +634,8 @@ HostTensor current_scale_tensor(float scale_inv) {
 // |master| is `amax`.
 void check_current_cast(const Format& f, const Current& c, const HostTensor& param,
                         const std::vector<float>& master, const HostTensor& scale,
-                        const HostTensor* amax_out, float amax) {
-  const float want = current_scale_of(f, amax, c.pow2);
+                        const HostTensor* amax_out, float amax, int margin = 0) {
+  const float want = current_scale_of(f, amax, c.pow2, margin);
   CHECK(scale.as<float>()[0] == want);
   CHECK(scale.as<float>()[1] == 1.0f / want);
   if (amax_out != nullptr) CHECK(amax_out->as<float>()[0] == amax);
@@ -652,13 +653,15 @@ void check_current_cast(const Format& f, const Current& c, const HostTensor& par
 
 TEST_CASE(
     "a current-scaled fp8 param steps its master as a float32 param and casts it with "
-    "fp8_max / amax (pow2: rounded down), writing [scale, scale_inv] and the amax",
+    "(fp8_max / amax) / 2^margin (pow2: rounded down), writing [scale, scale_inv] and the amax",
     "[fp8param][current]") {
   const Format& f = kFormats[GENERATE(0, 1)];
   const Current& c = kCurrents[GENERATE(0, 1)];
   const std::vector<int64_t> shape =
       GENERATE(0, 1) == 0 ? std::vector<int64_t>{6, 40} : std::vector<int64_t>{2, 35072};
-  INFO(f.name << " " << c.scaling.name << " " << shape[0] << "x" << shape[1]);
+  const int margin = GENERATE(0, 3, 6);
+  INFO(f.name << " " << c.scaling.name << " " << shape[0] << "x" << shape[1] << " margin "
+              << margin);
   const int64_t n = shape[0] * shape[1];
   Rng rng(31);
   HostTensor param(shape, f.dtype), reference(shape, kFloat32), amax({1}, kFloat32);
@@ -674,11 +677,15 @@ TEST_CASE(
   OptimizerPtr ref = make_optimizer(2);
   add_group(opt.get(), config);
   add_group(ref.get(), config);
-  const sa_param_options options = fp8_options(c.scaling, scale, &amax);
+  sa_param_options options = fp8_options(c.scaling, scale, &amax);
+  options.margin = margin;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
                                                   &options, nullptr));
   REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(), nullptr,
                                                   nullptr, nullptr));
+  sa_param_info info = SA_PARAM_INFO_INIT;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 0, &info));
+  CHECK(info.margin == margin);
   {  // fp8 value * scale_inv
     const std::vector<float> m = master_of(opt.get(), 0);
     CHECK(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
@@ -688,7 +695,7 @@ TEST_CASE(
     INFO("step " << step);
     fill_normal(grad, rng, step == 1 ? 1e3 : 1.0);
     const std::vector<float> m = step_twins(opt.get(), ref.get(), grad, reference);
-    check_current_cast(f, c, param, m, scale, &amax, amax_of(m.data(), n));
+    check_current_cast(f, c, param, m, scale, &amax, amax_of(m.data(), n), margin);
   }
   // A master written by the engine (a loaded state dict): recast_params rescales the tensor.
   {
@@ -696,7 +703,16 @@ TEST_CASE(
     static_cast<float*>(v.data())[n / 2] = -3e4f;
   }
   REQUIRE_SA_OK(opt.get(), sa_optimizer_recast_params(opt.get(), 0, 1));
-  check_current_cast(f, c, param, master_of(opt.get(), 0), scale, &amax, 3e4f);
+  check_current_cast(f, c, param, master_of(opt.get(), 0), scale, &amax, 3e4f, margin);
+  // The largest finite amax: the margin's division stays exact (kMaxCurrentMargin's reason).
+  {
+    const StateView v = state_view(opt.get(), 0, "master");
+    static_cast<float*>(v.data())[n / 2] = -FLT_MAX;
+  }
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_recast_params(opt.get(), 0, 1));
+  check_current_cast(f, c, param, master_of(opt.get(), 0), scale, &amax, FLT_MAX, margin);
+  CHECK(std::isnormal(scale.as<float>()[0]));
+  CHECK(std::isfinite(scale.as<float>()[1]));
 }
 
 TEST_CASE(
@@ -921,6 +937,29 @@ TEST_CASE("current scaling refuses what would give ranks different scales, and c
         opt.get(), SA_ERR_INVALID_ARGUMENT,
         sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &bad, nullptr),
         "the scale_inv (scale[1]) is 0; it must be > 0 and finite");
+    for (const int margin : {-1, 7}) {
+      sa_param_options wide = o;
+      wide.margin = margin;
+      const std::string said = "options.margin is " + std::to_string(margin) +
+                               "; it must be 0 to 6 (a larger one would take the scale of a "
+                               "large finite amax below float32's normal range)";
+      CHECK_SA_FAILS(
+          opt.get(), SA_ERR_INVALID_ARGUMENT,
+          sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &wide, nullptr),
+          said.c_str());
+    }
+    HostTensor delayed_scale({1}, kFloat32);
+    delayed_scale.as<float>()[0] = 1.0f;
+    sa_param_options delayed = o;
+    delayed.scaling = SA_SCALING_DELAYED;
+    delayed.scale = delayed_scale.versioned();
+    delayed.margin = 1;
+    CHECK_SA_FAILS(
+        opt.get(), SA_ERR_INVALID_ARGUMENT,
+        sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr, &delayed, nullptr),
+        "options.margin is 1, but only SA_SCALING_CURRENT and SA_SCALING_CURRENT_POW2 take a "
+        "margin (a delayed scaling casts with the engine's scale: apply the margin there)");
+    CHECK(delayed_scale.deleter_calls() == 0);
   }
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
   CHECK(param.deleter_calls() == 0);
@@ -936,7 +975,8 @@ TEST_CASE("current scaling refuses what would give ranks different scales, and c
                  "through the communicator; it cannot be removed");
 
   // Two ranks that hold other params: the first step says so on both, and steps nothing.
-  const int count = GENERATE(1, 2);  // rank 1's current-scaled sharded params
+  // rank 1's current-scaled sharded params: 1 ("v"), 2 ("w", "x"), or 3: "w" with margin 1
+  const int count = GENERATE(1, 2, 3);
   INFO("rank 1 holds " << count);
   HostTensor other({4, 32}, kE4m3), extra({4, 32}, kE4m3);
   HostTensor other_scale = current_scale_tensor(1.0f), extra_scale = current_scale_tensor(1.0f);
@@ -945,7 +985,8 @@ TEST_CASE("current scaling refuses what would give ranks different scales, and c
   OptimizerPtr opt1 = make_optimizer(1);
   add_group(opt1.get(), group_config(1e-2, 0.0, 1));
   REQUIRE_SA_OK(opt1.get(), sa_optimizer_set_comm(opt1.get(), comms[1]));
-  const sa_param_options o1 = fp8_options(kCurrents[0].scaling, other_scale, nullptr);
+  sa_param_options o1 = fp8_options(kCurrents[0].scaling, other_scale, nullptr);
+  o1.margin = count == 3 ? 1 : 0;
   REQUIRE_SA_OK(opt1.get(), sa_optimizer_add_param(opt1.get(), count == 1 ? "v" : "w", 0,
                                                    other.versioned(), &layout1, &o1, nullptr));
   if (count == 2) {
@@ -973,7 +1014,7 @@ TEST_CASE("current scaling refuses what would give ranks different scales, and c
     t1.join();
   }
   const std::string want =
-      count == 1 ? "hold 1 current-scaled sharded params each, but not the same ones"
+      count != 2 ? "hold 1 current-scaled sharded params each, but not the same ones"
                  : "hold different numbers of current-scaled sharded params (from 1 to 2";
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << error[r]);

@@ -258,3 +258,101 @@ func TestFP8OptionsThatDoNotFitAreRefused(t *testing.T) {
 		t.Fatalf("AddParamTensor: %v", err)
 	}
 }
+
+// A current-scaled e4m3fn param with Margin 2: every step writes [scale, scale_inv] with
+// scale = (448 / amax) / 2^2 (current_pow2: rounded down to a power of two), amax the max
+// |master| after the update, computed here in float32 from the masters, and casts the
+// master with it.
+func TestFP8CurrentScalingTakesAMargin(t *testing.T) {
+	for _, scaling := range []Scaling{ScalingCurrent, ScalingCurrentPow2} {
+		name := map[Scaling]string{ScalingCurrent: "current", ScalingCurrentPow2: "current_pow2"}[scaling]
+		t.Run(name, func(t *testing.T) {
+			const rows, cols, margin = 4, 64, 2
+			rng := rand.New(rand.NewSource(11))
+			param := newHost(t, e4m3.dtype, rows, cols)
+			codes := param.Bytes()
+			for i := range codes {
+				codes[i] = e4m3.cast(float32(rng.NormFloat64() * 100))
+			}
+			scale := newHost(t, Float32, 2)
+			scale.Float32()[0], scale.Float32()[1] = 4, 0.25 // the codes' scale_inv: master = value / 4
+			st := scale.Tensor()
+			opt := newOptimizer(t)
+			mustAddGroup(t, opt, GroupConfig{"lr": 1e-2, "weight_decay": 0.05})
+			p, err := opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: scaling, Scale: &st, Margin: margin})
+			if err != nil {
+				t.Fatalf("AddParamTensor: %v", err)
+			}
+			master, err := opt.State(p, "master")
+			if err != nil {
+				t.Fatalf("State(master): %v", err)
+			}
+			for i, c := range codes {
+				if want := float32(e4m3.value(c)) * 0.25; master[i] != want {
+					t.Fatalf("initial master %d is %g, want %g (the code's value * scale_inv)", i, master[i], want)
+				}
+			}
+			grad := newHost(t, Float32, rows, cols)
+			if err := opt.BindGrad(p, grad.Tensor()); err != nil {
+				t.Fatalf("BindGrad: %v", err)
+			}
+			for step := 1; step <= 3; step++ {
+				for i := range grad.Float32() {
+					grad.Float32()[i] = float32(rng.NormFloat64() * 3)
+				}
+				if err := opt.Step(); err != nil {
+					t.Fatalf("Step: %v", err)
+				}
+				master, err := opt.State(p, "master")
+				if err != nil {
+					t.Fatalf("State(master): %v", err)
+				}
+				amax := float32(0)
+				for _, m := range master {
+					if a := float32(math.Abs(float64(m))); a > amax {
+						amax = a
+					}
+				}
+				fp8Max := float32(e4m3.largest()) // 448
+				want := fp8Max / amax / (1 << margin)
+				if scaling == ScalingCurrentPow2 {
+					want = math.Float32frombits(math.Float32bits(want) &^ (1<<23 - 1))
+				}
+				got := scale.Float32()
+				if math.Float32bits(got[0]) != math.Float32bits(want) || got[1] != 1/want {
+					t.Fatalf("step %d: scale [%g, %g], want [%g, %g] (448 / amax %g / 2^%d)", step, got[0], got[1], want, 1/want, amax, margin)
+				}
+				for i, m := range master {
+					if c := e4m3.cast(m * want); codes[i] != c {
+						t.Fatalf("step %d: code %d is %#x, want %#x (fp8(%g * %g))", step, i, codes[i], c, m, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A margin the current scalings cannot take, and one on a scaling without a margin, are
+// refused with the library's message, and nothing is added.
+func TestFP8MarginsThatDoNotFitAreRefused(t *testing.T) {
+	opt := newOptimizer(t)
+	mustAddGroup(t, opt, DefaultGroupConfig())
+	param := newHost(t, Float8E4M3FN, 4, 64)
+	current := newHost(t, Float32, 2)
+	current.Float32()[0], current.Float32()[1] = 1, 1
+	cs := current.Tensor()
+	_, err := opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: ScalingCurrent, Scale: &cs, Margin: 7})
+	expectError(t, "margin 7", err, StatusInvalidArgument, "options.margin is 7; it must be 0 to 6")
+	delayed := newHost(t, Float32, 1)
+	delayed.Float32()[0] = 1
+	ds := delayed.Tensor()
+	_, err = opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: ScalingDelayed, Scale: &ds, Margin: 1})
+	expectError(t, "delayed with a margin", err, StatusInvalidArgument,
+		"options.margin is 1, but only SA_SCALING_CURRENT and SA_SCALING_CURRENT_POW2 take a margin")
+	if n := len(opt.params); n != 0 {
+		t.Fatalf("%d params after refusals, want 0", n)
+	}
+	if _, err := opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: ScalingCurrent, Scale: &cs, Margin: 6}); err != nil {
+		t.Fatalf("AddParamTensor with margin 6: %v", err)
+	}
+}

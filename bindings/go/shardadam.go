@@ -180,23 +180,24 @@ const (
 type Scaling int32
 
 const (
-	ScalingNone Scaling = 0 // not an fp8 param
+	ScalingNone Scaling = C.SA_SCALING_NONE // not an fp8 param
 	// ScalingDelayed: param = fp8(master * scale) with the engine's Scale (one float32,
 	// read at every step); Amax (optional, one float32) receives max |master| of the shard.
-	ScalingDelayed Scaling = 1
+	ScalingDelayed Scaling = C.SA_SCALING_DELAYED
 	// ScalingMXFP8: a power-of-two scale per 32 elements of the last dim, which the step
 	// writes into Scale as Float8E8M0FNU codes (the local shape, last dim / 32).
-	ScalingMXFP8 Scaling = 2
+	ScalingMXFP8 Scaling = C.SA_SCALING_MXFP8
 	// ScalingBlock128: a float32 scale_inv per 128 elements of the last dim, which the step
 	// writes into Scale (the local shape, last dim / 128).
-	ScalingBlock128 Scaling = 3
+	ScalingBlock128 Scaling = C.SA_SCALING_BLOCK128
 	// ScalingCurrent: per tensor, from the whole tensor's amax at every step (reduced across
 	// the ranks through the optimizer's communicator when the layout shards it; set the
 	// communicator first): the step writes Scale, two float32s [scale, scale_inv], with
-	// scale = fp8_max / amax; Amax (optional) receives the amax.
-	ScalingCurrent Scaling = 4
+	// scale = fp8_max / amax (divided by 2^ParamOptions.Margin); Amax (optional) receives
+	// the amax.
+	ScalingCurrent Scaling = C.SA_SCALING_CURRENT
 	// ScalingCurrentPow2: as ScalingCurrent, the scale rounded down to a power of two.
-	ScalingCurrentPow2 Scaling = 5
+	ScalingCurrentPow2 Scaling = C.SA_SCALING_CURRENT_POW2
 )
 
 // ParamOptions holds the per-param choices of AddParam. The zero value gives the defaults.
@@ -211,7 +212,11 @@ type ParamOptions struct {
 	// starts as the param's value times its scale's inverse.
 	Scaling Scaling
 	Scale   *Tensor // the scale Scaling describes
-	Amax    *Tensor // ScalingDelayed only, optional
+	Amax    *Tensor // ScalingDelayed, ScalingCurrent and ScalingCurrentPow2 only, optional
+	// ScalingCurrent and ScalingCurrentPow2 only: the scale is (fp8_max / amax) / 2^Margin,
+	// so values up to 2^Margin * amax still fit before they saturate; 0 (the default) to 6
+	// (the library refuses others, and a non-zero Margin for any other scaling).
+	Margin int32
 }
 
 // Param is a registered local shard.
@@ -387,7 +392,8 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 	}
 	options := C.sa_param_options{struct_size: C.sizeof_sa_param_options,
 		grad_dtype: opts.GradDType.dlpackType(), moment_dtype: opts.MomentDType.dlpackType(),
-		master: C.int32_t(opts.Master), scaling: C.int32_t(opts.Scaling)}
+		master: C.int32_t(opts.Master), scaling: C.int32_t(opts.Scaling),
+		margin: C.int32_t(opts.Margin)}
 	if err := o.lock(op); err != nil {
 		return nil, err
 	}

@@ -22,7 +22,8 @@
  *       sa_layout         None, or (global_shape, mesh_shape, mesh_coord, placements,
  *                         global_offset) with placements a sequence of (type, dim) and
  *                         global_offset None for the mesh form;
- *       sa_param_options  None, or (grad_dtype, moment_dtype, master, scaling, scale, amax)
+ *       sa_param_options  None, or (grad_dtype, moment_dtype, master, scaling, scale, amax,
+ *                         margin)
  *                         with each dtype None or (code, bits, lanes), and scale and amax
  *                         None or unconsumed "dltensor_versioned" capsules, renamed
  *                         "used_dltensor_versioned" on SA_OK (then the optimizer owns them);
@@ -387,7 +388,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
 }
 %}
 
-/* options: None, or (grad_dtype, moment_dtype, master, scaling, scale, amax); scale and amax
+/* options: None, or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin); scale and amax
  * are None or unconsumed versioned capsules, renamed "used_dltensor_versioned" on SA_OK (the
  * optimizer owns their tensors then), left as they were on failure. */
 %typemap(in) const sa_param_options* options (sa_param_options storage, PyObject* owned[2]) {
@@ -397,8 +398,9 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
   owned[0] = owned[1] = NULL;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!PyArg_ParseTuple($input, "OOiiOO;options must be None or (grad_dtype, moment_dtype, master, scaling, scale, amax)",
-                          &grad_dtype, &moment_dtype, &storage.master, &storage.scaling, &owned[0], &owned[1]) ||
+    if (!PyArg_ParseTuple($input, "OOiiOOi;options must be None or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin)",
+                          &grad_dtype, &moment_dtype, &storage.master, &storage.scaling, &owned[0], &owned[1],
+                          &storage.margin) ||
         !sa_py_read_dtype(grad_dtype, &storage.grad_dtype) || !sa_py_read_dtype(moment_dtype, &storage.moment_dtype) ||
         !sa_py_read_owned_tensor(owned[0], "scale", &storage.scale) ||
         !sa_py_read_owned_tensor(owned[1], "amax", &storage.amax))
@@ -434,7 +436,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
   PyObject* dict = Py_None;
   if (result == SA_OK) {
     const sa_param_info* i = &info$argnum;
-    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii),s:i}",
+    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii),s:i,s:i}",
                          "name", i->name, "group", i->group,
                          "local_shape", sa_py_int64_tuple(i->local_shape, i->ndim),
                          "global_shape", sa_py_int64_tuple(i->global_shape, i->ndim),
@@ -445,7 +447,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
                          "moment_dtype", sa_py_dtype_tuple(i->moment_dtype),
                          "master", i->master,
                          "device", (int)i->device.device_type, (int)i->device.device_id,
-                         "scaling", i->scaling);
+                         "scaling", i->scaling, "margin", i->margin);
     if (!dict) SWIG_fail;
   } else {
     Py_INCREF(Py_None);

@@ -423,7 +423,9 @@ typedef enum sa_param_scaling {
    * added it holds the scale_inv of the codes given ([1] > 0 and finite: the master
    * starts as fp8 value * scale_inv). `amax` (optional): a float32 tensor of one element
    * that receives the global amax. With an NCCL communicator the step stays on the stream
-   * (capturable); a host communicator synchronizes it once per step. */
+   * (capturable); a host communicator synchronizes it once per step.
+   * sa_param_options.margin (optional) divides the scale by 2^margin, leaving that many
+   * binades of headroom above the amax. */
   SA_SCALING_CURRENT = 4,
   /* as SA_SCALING_CURRENT, with the scale rounded down to a power of two: scale_inv is
    * exact and master * scale never exceeds fp8_max (no value saturates). */
@@ -492,10 +494,17 @@ typedef struct sa_param_options {
   DLManagedTensorVersioned* amax;
   /* fp8 params: an sa_param_scaling other than NONE (required); others: NONE */
   int32_t scaling;
+  /* SA_SCALING_CURRENT(_POW2) only: the scale is (fp8_max / amax) / 2^margin (Transformer
+   * Engine's margin), so values up to 2^margin * amax still fit before they saturate;
+   * 0 (the default) to 6, the largest margin that keeps the scale of every finite amax a
+   * normal float (exact division, finite scale_inv). Every rank holding a sharded param
+   * must give it the same margin (the first step checks). Other scalings: 0 (a delayed
+   * scaling casts with the engine's scale, to which the engine applies its margin). */
+  int32_t margin;
 } sa_param_options;
 
 #define SA_PARAM_OPTIONS_INIT \
-  { sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO, NULL, NULL, SA_SCALING_NONE }
+  { sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO, NULL, NULL, SA_SCALING_NONE, 0 }
 
 /**
  * Registers a local shard as a param of `group` under a unique `name` (the fully
@@ -552,12 +561,13 @@ typedef struct sa_param_info {
   int32_t master; /* resolved sa_master_kind (never AUTO) */
   DLDevice device;
   int32_t scaling; /* its sa_param_scaling */
+  int32_t margin;  /* its sa_param_options.margin */
 } sa_param_info;
 
 #define SA_PARAM_INFO_INIT                                                                      \
   {                                                                                             \
     sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, \
-        {kDLCPU, 0}, SA_SCALING_NONE                                                            \
+        {kDLCPU, 0}, SA_SCALING_NONE, 0                                                         \
   }
 
 /** Fills *out (out->struct_size must be set: use SA_PARAM_INFO_INIT). */

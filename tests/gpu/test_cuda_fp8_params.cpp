@@ -39,15 +39,17 @@ const Fp8Format kFormats[] = {{kE4m3, "float8_e4m3fn"}, {kE5m2, "float8_e5m2"}};
 struct ScalingCase {
   const char* label;
   int32_t scaling;
-  int64_t block;  // 0: per tensor
-  bool amax;      // delayed: with an amax tensor
+  int64_t block;   // 0: per tensor
+  bool amax;       // delayed: with an amax tensor
+  int32_t margin;  // current: sa_param_options.margin
 };
-const ScalingCase kCases[] = {{"delayed with amax", SA_SCALING_DELAYED, 0, true},
-                              {"delayed without amax", SA_SCALING_DELAYED, 0, false},
-                              {"mxfp8", SA_SCALING_MXFP8, 32, false},
-                              {"block128", SA_SCALING_BLOCK128, 128, false},
-                              {"current with amax", SA_SCALING_CURRENT, 0, true},
-                              {"current_pow2", SA_SCALING_CURRENT_POW2, 0, false}};
+const ScalingCase kCases[] = {{"delayed with amax", SA_SCALING_DELAYED, 0, true, 0},
+                              {"delayed without amax", SA_SCALING_DELAYED, 0, false, 0},
+                              {"mxfp8", SA_SCALING_MXFP8, 32, false, 0},
+                              {"block128", SA_SCALING_BLOCK128, 128, false, 0},
+                              {"current with amax", SA_SCALING_CURRENT, 0, true, 0},
+                              {"current_pow2", SA_SCALING_CURRENT_POW2, 0, false, 0},
+                              {"current, margin 3", SA_SCALING_CURRENT, 0, true, 3}};
 
 bool is_current(const ScalingCase& s) {
   return s.scaling == SA_SCALING_CURRENT || s.scaling == SA_SCALING_CURRENT_POW2;
@@ -163,6 +165,7 @@ struct Fp8Twin {
     }
     sa_param_options o = param_options(grad, moment, SA_MASTER_AUTO);
     o.scaling = scaling.scaling;
+    o.margin = scaling.margin;
     o.scale = s.scale->versioned();
     o.amax = s.amax ? s.amax->versioned() : nullptr;
     REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), name.c_str(), group,

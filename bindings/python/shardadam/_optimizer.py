@@ -38,16 +38,17 @@ class ParamInfo:
     ``global_offset``, ``numel`` (local elements), ``param_dtype``, ``grad_dtype``,
     ``moment_dtype`` (names such as ``"bfloat16"``), ``master`` (``"none"``, ``"fp32"`` or
     ``"remainder"``), ``device`` (a DLPack ``(device_type, device_id)`` tuple), ``scaling``
-    (how an fp8 param is cast from its master: ``"delayed"``, ``"mxfp8"``, ``"block128"``;
-    ``"none"`` for other params).
+    (how an fp8 param is cast from its master: ``"delayed"``, ``"mxfp8"``, ``"block128"``,
+    ``"current"``, ``"current_pow2"``; ``"none"`` for other params), ``margin`` (a current
+    scaling's; 0 otherwise).
     """
 
     __slots__ = ("index", "name", "group", "local_shape", "global_shape", "global_offset", "numel",
-                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device", "scaling")
+                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device", "scaling", "margin")
 
     def __init__(self, index, info):
         self.index = index
-        for key in ("name", "group", "local_shape", "global_shape", "global_offset", "numel", "device"):
+        for key in ("name", "group", "local_shape", "global_shape", "global_offset", "numel", "device", "margin"):
             setattr(self, key, info[key])
         for key in ("param_dtype", "grad_dtype", "moment_dtype"):
             setattr(self, key, dtype_name(info[key]))
@@ -281,7 +282,7 @@ class Optimizer(OwnsHandle):
         return len(self._names)
 
     def add_param(self, name, tensor, group=0, layout=None, grad_dtype=None, moment_dtype=None, master=None,
-                  *, scaling=None, scale=None, amax=None, stream=None):
+                  *, scaling=None, scale=None, amax=None, margin=0, stream=None):
         """Registers a local shard as a param and returns its index.
 
         Args:
@@ -326,6 +327,10 @@ class Optimizer(OwnsHandle):
                 float32 element into which every step writes the amax: delayed: max
                 |master| of this shard (reduce it over the ranks that hold the tensor, as
                 amax histories are); current: of the whole tensor. Held like ``tensor``.
+            margin: ``"current"`` and ``"current_pow2"`` only: the scale is divided by
+                ``2**margin`` (Transformer Engine's margin: values up to ``2**margin * amax``
+                fit before they saturate), 0 (the default) to 6; every rank holding a
+                sharded param gives it the same margin.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
         handle = self._handle_or_raise()
@@ -335,13 +340,15 @@ class Optimizer(OwnsHandle):
             raise ValueError(f"master must be one of {', '.join(repr(k) for k in _MASTER_KINDS)}, got {master!r}")
         if scaling is not None and scaling not in SCALING_INFO:
             raise ValueError(f"scaling must be one of {', '.join(repr(k) for k in SCALING_INFO)}, got {scaling!r}")
+        if type(margin) is not int:
+            raise TypeError(f"margin must be an int, got {type(margin).__name__}")
         options = None
-        if any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax)):
+        if margin or any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax)):
             scaling_value = SCALING_INFO[scaling or "none"]["value"]
             scale_capsule = None if scale is None else to_capsule(scale, self._stream_of(stream))
             amax_capsule = None if amax is None else to_capsule(amax, self._stream_of(stream))
             options = (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master], scaling_value,
-                       scale_capsule, amax_capsule)
+                       scale_capsule, amax_capsule, margin)
         capsule = to_capsule(tensor, self._stream_of(stream))
         info = CapsuleInfo(capsule)
         if layout is None:

@@ -53,17 +53,20 @@ class Fp8:
         amax: ``"delayed"`` / ``"current"`` only, optional: a float32 tensor of one element
             that every step overwrites with max |master| (delayed: of this rank's shard;
             current: of the whole tensor).
+        margin: ``"current"`` / ``"current_pow2"`` only: the scale is divided by
+            ``2**margin`` (Transformer Engine's margin), 0 (the default) to 6.
 
     A Transformer Engine ``Float8Tensor`` adapter passes its data and scale tensors here.
     """
 
-    __slots__ = ("scaling", "scale", "amax")
+    __slots__ = ("scaling", "scale", "amax", "margin")
 
-    def __init__(self, scaling, scale, amax=None):
-        self.scaling, self.scale, self.amax = scaling, scale, amax
+    def __init__(self, scaling, scale, amax=None, margin=0):
+        self.scaling, self.scale, self.amax, self.margin = scaling, scale, amax, margin
 
     def __repr__(self):
-        return f"Fp8({self.scaling!r}, scale={tuple(self.scale.shape)}, amax={self.amax is not None})"
+        return (f"Fp8({self.scaling!r}, scale={tuple(self.scale.shape)}, amax={self.amax is not None}, "
+                f"margin={self.margin})")
 
 
 class _Entry:
@@ -426,7 +429,7 @@ class FusedAdam(torch.optim.Optimizer):
                 param.grad_dtype = grad_dtype
         amax = None if spec.amax is None else _local_tensor(spec.amax).detach()
         return dict(self._param_options, grad_dtype=grad_dtype, scaling=spec.scaling,
-                    scale=_local_tensor(spec.scale).detach(), amax=amax)
+                    scale=_local_tensor(spec.scale).detach(), amax=amax, margin=spec.margin)
 
     # ---- step ----------------------------------------------------------------------------
     # Opaque to torch.compile: Dynamo does not trace the native call (nor the DLPack

@@ -117,23 +117,26 @@ def test_the_library_lists_the_scalings_the_header_defines():
             (0, "float32", True)
 
 
-def current_scale(amax, fmt, pow2):
-    """fp8_max / amax as block128's rule; pow2: 2^floor(log2 s), by numpy's frexp."""
-    s = block128_scale(np.asarray([amax], np.float32), fmt)[0]
+def current_scale(amax, fmt, pow2, margin=0):
+    """fp8_max / amax as block128's rule, / 2^margin by numpy's ldexp; pow2: 2^floor(log2 s),
+    by numpy's frexp."""
+    s = np.float32(np.ldexp(block128_scale(np.asarray([amax], np.float32), fmt)[0], -margin))
     return np.float32(np.ldexp(np.float32(1), np.frexp(s)[1] - 1)) if pow2 else s
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("scaling", ["current", "current_pow2"])
-def test_current_scaling_casts_with_the_whole_tensors_amax_and_writes_scale_and_inverse(fmt, scaling, rng):
+@pytest.mark.parametrize("scaling,margin", [("current", 0), ("current_pow2", 0), ("current", 4),
+                                            ("current_pow2", 1)])
+def test_current_scaling_casts_with_the_whole_tensors_amax_and_writes_scale_and_inverse(fmt, scaling, margin,
+                                                                                       rng):
     shape = (4, 96)
     start = fp8(rng.standard_normal(shape).astype(np.float32) * 40, fmt)
     scale = np.array([4.0, 0.25], np.float32)  # the codes above are master * 4
     amax = np.zeros(1, np.float32)
     param = start.copy()
     with shardadam.Optimizer(**HYPER) as opt, shardadam.Optimizer(**HYPER) as twin:
-        opt.add_param("w", param, scaling=scaling, scale=scale, amax=amax)
-        assert opt.param_info("w").scaling == scaling
+        opt.add_param("w", param, scaling=scaling, scale=scale, amax=amax, margin=margin)
+        assert (opt.param_info("w").scaling, opt.param_info("w").margin) == (scaling, margin)
         twin_param = start.astype(np.float32) * np.float32(0.25)
         twin.add_param("w", twin_param)
         master = opt.state("w", "master").numpy()
@@ -145,7 +148,7 @@ def test_current_scaling_casts_with_the_whole_tensors_amax_and_writes_scale_and_
             opt.step()
             twin.step()
             np.testing.assert_array_equal(as_bits(master), as_bits(twin_param))
-            want = current_scale(np.abs(twin_param).max(), fmt, scaling == "current_pow2")
+            want = current_scale(np.abs(twin_param).max(), fmt, scaling == "current_pow2", margin)
             assert amax[0] == np.abs(twin_param).max()
             assert (scale[0], scale[1]) == (want, np.float32(1) / want)
             np.testing.assert_array_equal(as_bits(param), as_bits(fp8(twin_param * want, fmt)))
@@ -247,6 +250,12 @@ def test_bad_fp8_options_raise_the_librarys_message_and_a_retry_works(rng):
                           layout=Mesh((2,), (1,), [Shard(1)], global_shape=(4, 384)))
         with pytest.raises(shardadam.InvalidArgument, match="dim 1 has 64 elements, not a multiple of 128"):
             opt.add_param("w", param, scaling="block128", scale=np.ones((4, 0), np.float32))
+        with pytest.raises(shardadam.InvalidArgument, match="options.margin is 7; it must be 0 to 6"):
+            opt.add_param("w", param, scaling="current", scale=np.ones(2, np.float32), margin=7)
+        with pytest.raises(shardadam.InvalidArgument, match="only SA_SCALING_CURRENT and SA_SCALING_CURRENT_POW2"):
+            opt.add_param("w", param, scaling="delayed", scale=one, margin=1)
+        with pytest.raises(TypeError, match="margin must be an int"):
+            opt.add_param("w", param, scaling="current", scale=np.ones(2, np.float32), margin=1.5)
         assert opt.param_infos() == []
         # On success the optimizer holds the scale and the amax (their DLPack tensors) until closed.
         amax = np.zeros(1, np.float32)

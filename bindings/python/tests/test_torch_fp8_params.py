@@ -189,16 +189,19 @@ def test_torch_distributed_checkpoint_saves_and_loads_an_fp8_optimizer_state(tmp
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(FORMATS))
-@pytest.mark.parametrize("scaling", ["current", "current_pow2"])
-def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_amax(dtype, scaling, device):
+@pytest.mark.parametrize("scaling,margin", [("current", 0), ("current_pow2", 0), ("current", 2),
+                                            ("current_pow2", 5)])
+def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_amax(dtype, scaling, margin,
+                                                                                   device):
     g = torch.Generator().manual_seed(11)
     largest, _ = FORMATS[dtype]
     param = torch.nn.Parameter(fp8(torch.randn((4, 96), generator=g) * 30, dtype).to(device), requires_grad=True)
     # the codes above stand for value * 0.25
     scale, amax = torch.tensor([4.0, 0.25], device=device), torch.zeros(1, device=device)
     twin = torch.nn.Parameter(param.detach().to(torch.float32) * 0.25)
-    opt = FusedAdam([param], fp8={param: Fp8(scaling, scale, amax)}, **HYPER)
+    opt = FusedAdam([param], fp8={param: Fp8(scaling, scale, amax, margin=margin)}, **HYPER)
     ref = FusedAdam([twin], **HYPER)
+    assert opt.native.param_info(0).margin == margin
     for k in range(3):
         grad = (torch.randn(param.shape, generator=g) * (1e3 if k == 1 else 1)).to(device)
         param.grad, twin.grad = grad.clone(), grad.clone()
@@ -206,8 +209,9 @@ def test_fused_adam_current_scaling_writes_scale_and_inverse_from_the_tensors_am
         ref.step()
         master = opt.state[param]["master"]
         assert torch.equal(master.view(torch.int32), twin.detach().view(torch.int32))
-        # scale = fp8_max / amax in float32; pow2: 2^floor(log2 scale), by torch's frexp
-        want = torch.tensor(largest, dtype=torch.float32) / master.abs().max()
+        # scale = fp8_max / amax / 2^margin in float32; pow2: 2^floor(log2 scale), by torch's frexp
+        want = torch.ldexp(torch.tensor(largest, dtype=torch.float32, device=device) / master.abs().max(),
+                           torch.tensor(-margin, device=device))
         if scaling == "current_pow2":
             want = torch.ldexp(torch.ones((), device=device), torch.frexp(want).exponent - 1)
         assert amax.item() == master.abs().max().item()

@@ -195,12 +195,14 @@ int main(void) {
   OFFSET(sa_param_options, scale);
   OFFSET(sa_param_options, amax);
   OFFSET(sa_param_options, scaling);
+  OFFSET(sa_param_options, margin);
   FACT("SA_PARAM_OPTIONS_INIT.struct_size", options.struct_size);
   FACT("SA_PARAM_OPTIONS_INIT.grad_dtype.bits", options.grad_dtype.bits);
   FACT("SA_PARAM_OPTIONS_INIT.moment_dtype.bits", options.moment_dtype.bits);
   FACT("SA_PARAM_OPTIONS_INIT.master", options.master);
   FACT("SA_PARAM_OPTIONS_INIT.null_pointers", options.scale == NULL && options.amax == NULL);
   FACT("SA_PARAM_OPTIONS_INIT.scaling", options.scaling);
+  FACT("SA_PARAM_OPTIONS_INIT.margin", options.margin);
 
   SIZE(sa_param_info);
   OFFSET(sa_param_info, struct_size);
@@ -217,9 +219,11 @@ int main(void) {
   OFFSET(sa_param_info, master);
   OFFSET(sa_param_info, device);
   OFFSET(sa_param_info, scaling);
+  OFFSET(sa_param_info, margin);
   FACT("SA_PARAM_INFO_INIT.struct_size", info.struct_size);
   FACT("SA_PARAM_INFO_INIT.device.device_type", info.device.device_type);
   FACT("SA_PARAM_INFO_INIT.scaling", info.scaling);
+  FACT("SA_PARAM_INFO_INIT.margin", info.margin);
 
   SIZE(sa_step_args);
   OFFSET(sa_step_args, struct_size);

@@ -257,6 +257,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_param_options, scale);
     offset!(sa_param_options, amax);
     offset!(sa_param_options, scaling);
+    offset!(sa_param_options, margin);
     let options = sa_param_options::default();
     fact(
         "SA_PARAM_OPTIONS_INIT.struct_size",
@@ -276,6 +277,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
         (options.scale.is_null() && options.amax.is_null()) as i64,
     );
     fact("SA_PARAM_OPTIONS_INIT.scaling", options.scaling as i64);
+    fact("SA_PARAM_OPTIONS_INIT.margin", options.margin as i64);
 
     size!(sa_param_info);
     offset!(sa_param_info, struct_size);
@@ -292,6 +294,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_param_info, master);
     offset!(sa_param_info, device);
     offset!(sa_param_info, scaling);
+    offset!(sa_param_info, margin);
     let info = sa_param_info::default();
     fact("SA_PARAM_INFO_INIT.struct_size", info.struct_size as i64);
     fact(
@@ -299,6 +302,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
         info.device.device_type as i64,
     );
     fact("SA_PARAM_INFO_INIT.scaling", info.scaling as i64);
+    fact("SA_PARAM_INFO_INIT.margin", info.margin as i64);
 
     size!(sa_step_args);
     offset!(sa_step_args, struct_size);

@@ -466,6 +466,9 @@ pub struct sa_param_options {
     pub amax: *mut DLManagedTensorVersioned,
     /// An `sa_param_scaling`: required (not NONE) for fp8 params, NONE for others.
     pub scaling: i32,
+    /// `SA_SCALING_CURRENT(_POW2)` only: the scale is `(fp8_max / amax) / 2^margin`, leaving
+    /// `margin` binades of headroom above the amax; 0 (the default) to 6. Others: 0.
+    pub margin: i32,
 }
 
 impl Default for sa_param_options {
@@ -479,6 +482,7 @@ impl Default for sa_param_options {
             scale: ptr::null_mut(),
             amax: ptr::null_mut(),
             scaling: SA_SCALING_NONE,
+            margin: 0,
         }
     }
 }
@@ -515,6 +519,8 @@ pub struct sa_param_info {
     pub device: DLDevice,
     /// Its `sa_param_scaling`.
     pub scaling: i32,
+    /// Its `sa_param_options::margin`.
+    pub margin: i32,
 }
 
 impl Default for sa_param_info {
@@ -538,6 +544,7 @@ impl Default for sa_param_info {
                 device_id: 0,
             },
             scaling: SA_SCALING_NONE,
+            margin: 0,
         }
     }
 }
