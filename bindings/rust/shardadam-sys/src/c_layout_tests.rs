@@ -232,10 +232,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
         "SA_PARAM_SCALING_INFO_INIT.value",
         scaling_info.value as i64,
     );
-    fact(
-        "SA_PARAM_SCALING_INFO_INIT.block",
-        scaling_info.block as i64,
-    );
+    fact("SA_PARAM_SCALING_INFO_INIT.block", scaling_info.block);
     fact(
         "SA_PARAM_SCALING_INFO_INIT.scale_dtype.bits",
         scaling_info.scale_dtype.bits as i64,

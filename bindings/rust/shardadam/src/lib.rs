@@ -21,6 +21,12 @@
 //! ([`Optimizer::step_on`]). The README's "A first step on the GPU from Rust" walks
 //! through it; docs/rust.md takes a first step from a crate of your own.
 //!
+//! fp8 params (float8_e4m3fn or float8_e5m2 codes, [`Tensor::from_bits8`] on the host)
+//! keep a float32 master, which every step updates and then casts into the codes by the
+//! param's [`Scaling`] (per-tensor delayed or current scaling, MXFP8 or 1x128 blocks; the
+//! library's table: [`scalings`]). [`Optimizer::add_fp8_tensor`] takes the codes with the
+//! scale (and amax) tensors that scaling names; the optimizer owns them from then on.
+//!
 //! A group's hyperparameters are a [`GroupConfig`] of named values; [`group_fields`] lists
 //! the names, defaults and valid values the loaded library knows, so this crate spells
 //! none of them.
@@ -198,11 +204,14 @@ fn handleless_result(code: sys::sa_status) -> Result<()> {
 
 // ---- dtypes, layouts, options --------------------------------------------------------------
 
-/// An element type of a param, grad or state: the dtypes this wrapper has typed
-/// accessors for, each by the library's name for it ([`DType::name`]). Their DLPack codes
-/// come from the library's table ([`dtypes`]), not from this crate. The library stores
-/// others too (float8_e5m2 and float8_e8m0fnu, of fp8 params, which this crate does not
-/// add yet): a tensor or state of one has no `DType` ([`Tensor::dtype`] is `None`).
+/// An element type of a param, grad, scale or state, each by the library's name for it
+/// ([`DType::name`]). Their DLPack codes come from the library's table ([`dtypes`]), not
+/// from this crate, which names every dtype of that table; a tensor or state of a dtype
+/// it does not name (a newer library's) has no `DType` ([`Tensor::dtype`] is `None`).
+///
+/// The 8-bit dtypes travel as raw codes (`u8`, [`Tensor::from_bits8`]): fp8 params
+/// (float8_e4m3fn, float8_e5m2, [`Optimizer::add_fp8_tensor`]), their MXFP8 block scales
+/// (float8_e8m0fnu) and the block moments (uint8, float8_e4m3fn).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     /// IEEE binary32.
@@ -213,8 +222,16 @@ pub enum DType {
     Float16,
     /// 8-bit blockwise moments (`ParamOptions::moment_dtype`).
     Uint8,
-    /// float8 e4m3fn moments with a scale per block (`ParamOptions::moment_dtype`).
+    /// float8 e4m3fn (1 sign, 4 exponent and 3 mantissa bits, no infinities), as raw `u8`
+    /// codes: fp8 params ([`Optimizer::add_fp8_tensor`]), and moments with a scale per
+    /// block (`ParamOptions::moment_dtype`).
     Float8E4m3fn,
+    /// float8 e5m2 (1 sign, 5 exponent and 2 mantissa bits, IEEE-like), as raw `u8` codes:
+    /// fp8 params ([`Optimizer::add_fp8_tensor`]).
+    Float8E5m2,
+    /// float8 e8m0fnu (an 8-bit power-of-two exponent, 2^(code - 127)), as raw `u8` codes:
+    /// the block scales of [`Scaling::Mxfp8`].
+    Float8E8m0fnu,
     /// The `int16` remainder state.
     Int16,
 }
@@ -292,12 +309,14 @@ fn read_dtype_table() -> Vec<DTypeInfo> {
 }
 
 impl DType {
-    const ALL: [DType; 6] = [
+    const ALL: [DType; 8] = [
         DType::Float32,
         DType::BFloat16,
         DType::Float16,
         DType::Uint8,
         DType::Float8E4m3fn,
+        DType::Float8E5m2,
+        DType::Float8E8m0fnu,
         DType::Int16,
     ];
 
@@ -309,6 +328,8 @@ impl DType {
             DType::Float16 => "float16",
             DType::Uint8 => "uint8",
             DType::Float8E4m3fn => "float8_e4m3fn",
+            DType::Float8E5m2 => "float8_e5m2",
+            DType::Float8E8m0fnu => "float8_e8m0fnu",
             DType::Int16 => "int16",
         }
     }
@@ -537,17 +558,150 @@ pub enum Master {
     Remainder,
 }
 
+/// How an fp8 param ([`DType::Float8E4m3fn`], [`DType::Float8E5m2`]) is cast from its
+/// float32 master after each update (`sa_param_scaling`; shardadam.h states each rule,
+/// and [`scalings`] lists them as the loaded library defines them: names, blocks, scale
+/// dtypes). The casts round to nearest even and saturate. Every fp8 param names one
+/// ([`ParamOptions::scaling`]); other params take [`Scaling::None`]. Blocks run along the
+/// last dim.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Scaling {
+    /// Not scaled: float32, bfloat16 and float16 params.
+    #[default]
+    None,
+    /// Per-tensor delayed scaling (Transformer Engine's DelayedScaling): param =
+    /// fp8(master * scale) with the engine's scale, a float32 tensor of one element that
+    /// every step reads (> 0 and finite when the param is added: the master starts as
+    /// fp8 value / scale). The amax tensor (optional, one float32) receives max |master|
+    /// of this rank's shard at every step.
+    Delayed,
+    /// OCP MXFP8: a power-of-two scale X per 32 elements, which the step writes into the
+    /// scale tensor as float8_e8m0fnu codes (127 + log2 X; the local shape with the last
+    /// dim divided by 32); param = fp8(master / X). The master starts as fp8 value * X.
+    /// No amax tensor.
+    Mxfp8,
+    /// 1x128 blocks with float32 scales (DeepSeek-V3's weights): scale = fp8_max / amax
+    /// per block, param = fp8(master * scale); the step writes each block's
+    /// scale_inv = 1 / scale into the scale tensor (the local shape with the last dim
+    /// divided by 128). The master starts as fp8 value * scale_inv. No amax tensor.
+    Block128,
+    /// Per-tensor current scaling (Transformer Engine's Float8CurrentScaling): each step
+    /// takes amax = max |master| of the whole tensor (reduced across the ranks through the
+    /// optimizer's communicator when the layout shards it: set it first) and writes the
+    /// scale tensor, two float32s [scale, scale_inv], with scale = (fp8_max / amax) /
+    /// 2^[`ParamOptions::margin`]. When the param is added the tensor holds the codes'
+    /// scale_inv (element 1). The amax tensor (optional, one float32) receives the amax.
+    Current,
+    /// As [`Scaling::Current`], the scale rounded down to a power of two.
+    CurrentPow2,
+    /// A value this crate does not name (from a newer library); handed on as it is.
+    Other(i32),
+}
+
+impl Scaling {
+    /// The scaling of an `sa_param_scaling` value.
+    pub fn from_code(code: sys::sa_param_scaling) -> Scaling {
+        match code {
+            sys::SA_SCALING_NONE => Scaling::None,
+            sys::SA_SCALING_DELAYED => Scaling::Delayed,
+            sys::SA_SCALING_MXFP8 => Scaling::Mxfp8,
+            sys::SA_SCALING_BLOCK128 => Scaling::Block128,
+            sys::SA_SCALING_CURRENT => Scaling::Current,
+            sys::SA_SCALING_CURRENT_POW2 => Scaling::CurrentPow2,
+            other => Scaling::Other(other),
+        }
+    }
+
+    /// Its `sa_param_scaling` value.
+    pub fn code(self) -> sys::sa_param_scaling {
+        match self {
+            Scaling::None => sys::SA_SCALING_NONE,
+            Scaling::Delayed => sys::SA_SCALING_DELAYED,
+            Scaling::Mxfp8 => sys::SA_SCALING_MXFP8,
+            Scaling::Block128 => sys::SA_SCALING_BLOCK128,
+            Scaling::Current => sys::SA_SCALING_CURRENT,
+            Scaling::CurrentPow2 => sys::SA_SCALING_CURRENT_POW2,
+            Scaling::Other(code) => code,
+        }
+    }
+}
+
+/// One param scaling as the library defines it (`sa_param_scaling_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScalingInfo {
+    /// Which scaling.
+    pub scaling: Scaling,
+    /// Its name ("none", "delayed", "mxfp8", "block128", "current", "current_pow2").
+    pub name: String,
+    /// Elements per block along the last dim; 0: one scale per tensor.
+    pub block: i64,
+    /// The dtype of its scale tensor (float32, or float8_e8m0fnu for MXFP8; [`Scaling::None`]
+    /// has none and says float32); `None` when this crate does not name it.
+    pub scale_dtype: Option<DType>,
+    /// The step writes the scale tensor (otherwise it reads it, or there is none).
+    pub step_writes_scale: bool,
+    /// What it is.
+    pub doc: String,
+}
+
+/// Every param scaling the loaded library defines, in its order (`sa_num_param_scalings`,
+/// `sa_param_scaling_describe`).
+///
+/// # Panics
+///
+/// If the library fails to describe a scaling it counts (a bug in the library).
+pub fn scalings() -> Vec<ScalingInfo> {
+    let n = unsafe { sys::sa_num_param_scalings() };
+    (0..n)
+        .map(|index| {
+            let mut raw = sys::sa_param_scaling_info::default();
+            // Every index below the count is described, so a failure is the library's bug.
+            if let Err(e) =
+                handleless_result(unsafe { sys::sa_param_scaling_describe(index, &mut raw) })
+            {
+                panic!("sa_param_scaling_describe({}) of {}: {}", index, n, e);
+            }
+            // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
+            unsafe {
+                ScalingInfo {
+                    scaling: Scaling::from_code(raw.value),
+                    name: cstr_to_string(raw.name),
+                    block: raw.block,
+                    scale_dtype: DType::from_dlpack(raw.scale_dtype),
+                    step_writes_scale: raw.step_writes_scale != 0,
+                    doc: cstr_to_string(raw.doc),
+                }
+            }
+        })
+        .collect()
+}
+
 /// Per-param choices of [`Optimizer::add_param`]. `Default` gives the library's defaults.
+///
+/// An fp8 param's scale and amax tensors are not options here but arguments of
+/// [`Optimizer::add_fp8_tensor`]: they are owned tensors that move into the optimizer
+/// with the param (or are dropped with it when the library refuses it), while options
+/// are plain values a caller copies, compares and reuses across params (hence `Clone`
+/// and `Eq`). `scaling` and `margin` are such values and stay here.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParamOptions {
     /// Where the shard sits in its global tensor; `None`: not sharded.
     pub layout: Option<Layout>,
-    /// The grad dtype; `None`: the param's dtype.
+    /// The grad dtype; `None`: the param's dtype (float32 for fp8 params).
     pub grad_dtype: Option<DType>,
     /// The moments' dtype; `None`: float32.
     pub moment_dtype: Option<DType>,
-    /// How the full-precision value is kept.
+    /// How the full-precision value is kept (fp8 params: `Auto` or `Fp32`, a float32
+    /// master).
     pub master: Master,
+    /// fp8 params: how the step casts the master into the param (required for them, with
+    /// the scale tensor it names: [`Optimizer::add_fp8_tensor`]). Others: `None`.
+    pub scaling: Scaling,
+    /// [`Scaling::Current`] and [`Scaling::CurrentPow2`] only: the scale is
+    /// `(fp8_max / amax) / 2^margin`, so values up to `2^margin * amax` still fit before
+    /// they saturate; 0 (the default) to 6. The library refuses others, and a non-zero
+    /// margin for any other scaling.
+    pub margin: i32,
 }
 
 impl ParamOptions {
@@ -566,6 +720,8 @@ impl ParamOptions {
             Master::Fp32 => sys::SA_MASTER_FP32,
             Master::Remainder => sys::SA_MASTER_REMAINDER,
         };
+        raw.scaling = self.scaling.code();
+        raw.margin = self.margin;
         Ok(raw)
     }
 }
@@ -972,10 +1128,11 @@ impl Param {
     }
 }
 
-/// What the library holds for a param whose memory Rust manages (a tensor from a `Vec` or
-/// from the caller's promise): the DLPack struct (its address is what the library keeps)
-/// and the tensor it describes. Boxed, so none of it moves; freed by `shard_deleter` when
-/// the optimizer is destroyed. A producer's managed tensor goes to the library as it is.
+/// What the library holds for a tensor whose memory Rust describes (a tensor from a `Vec`
+/// or from the caller's promise, or a legacy producer's scale tensor): the DLPack struct
+/// (its address is what the library keeps) and the tensor it describes. Boxed, so none of
+/// it moves; freed by `shard_deleter` when the optimizer is destroyed, which drops the
+/// tensor (a legacy producer's deleter called then).
 struct Shard {
     managed: sys::DLManagedTensorVersioned,
     tensor: Tensor,
@@ -987,15 +1144,168 @@ unsafe extern "C" fn shard_deleter(managed: *mut sys::DLManagedTensorVersioned) 
     }
 }
 
+impl Shard {
+    /// Boxes `tensor` behind a DLPack 1.0 struct whose deleter frees the box.
+    fn boxed(tensor: Tensor) -> *mut Shard {
+        let raw = tensor.raw;
+        let shard = Box::into_raw(Box::new(Shard {
+            managed: sys::DLManagedTensorVersioned {
+                version: sys::DLPackVersion { major: 1, minor: 0 },
+                manager_ctx: ptr::null_mut(),
+                deleter: Some(shard_deleter),
+                flags: 0,
+                // Its shape points into the tensor's Vec, which moves with it unmoved.
+                dl_tensor: raw,
+            },
+            tensor,
+        }));
+        // SAFETY: shard was just allocated.
+        unsafe { (*shard).managed.manager_ctx = shard as *mut c_void };
+        shard
+    }
+}
+
+/// A tensor handed to the library with a param (the param's own, its scale, its amax): a
+/// [`Shard`] this crate boxed, or a producer's managed tensor as it is. Until the library
+/// accepts it (`SA_OK`) this crate owns it, and [`Handed::refused`] drops it, once (a
+/// [`Pending`] does that unless the library took it); once accepted ([`Handed::taken`])
+/// the library owns it and calls its deleter when the optimizer is destroyed, and this
+/// crate only reads the tensor's description (and, for a `Vec` it boxed, the values)
+/// until then. It has no `Drop` of its own: a taken one is the library's to free.
+enum Handed {
+    Shard(*mut Shard),
+    Producer(Tensor),
+}
+
+impl Handed {
+    /// A param's tensor: a producer's (DLPack >= 1.0 or legacy) goes as it is, with its
+    /// flags (the library refuses read-only params); any other is boxed.
+    fn param(tensor: Tensor) -> Handed {
+        match tensor.keeper {
+            Keeper::Managed(_) | Keeper::Legacy(_) => Handed::Producer(tensor),
+            _ => Handed::Shard(Shard::boxed(tensor)),
+        }
+    }
+
+    /// A scale or amax tensor, which `sa_param_options` takes as a DLPack >= 1.0 struct
+    /// only: such a producer's goes as it is; any other is boxed (a legacy producer's
+    /// deleter then runs when the box is freed).
+    fn versioned(tensor: Tensor) -> Handed {
+        match tensor.keeper {
+            Keeper::Managed(_) => Handed::Producer(tensor),
+            _ => Handed::Shard(Shard::boxed(tensor)),
+        }
+    }
+
+    /// The DLPack >= 1.0 struct to hand over; NULL for a legacy producer's.
+    fn versioned_ptr(&self) -> *mut sys::DLManagedTensorVersioned {
+        match self {
+            // SAFETY: the box lives until it is refused or the library frees it.
+            Handed::Shard(shard) => unsafe { ptr::addr_of_mut!((**shard).managed) },
+            Handed::Producer(t) => match t.keeper {
+                Keeper::Managed(m) => m.as_ptr(),
+                _ => ptr::null_mut(),
+            },
+        }
+    }
+
+    /// A legacy producer's struct, which only a param can be
+    /// (`sa_optimizer_add_param_legacy`).
+    fn legacy_ptr(&self) -> Option<*mut sys::DLManagedTensor> {
+        match self {
+            Handed::Producer(t) => match t.keeper {
+                Keeper::Legacy(m) => Some(m.as_ptr()),
+                _ => None,
+            },
+            Handed::Shard(_) => None,
+        }
+    }
+
+    /// The library refused it, so the caller (this crate) still owns it: dropped here,
+    /// once (a producer's deleter called, a boxed `Vec` freed).
+    fn refused(self) {
+        match self {
+            // SAFETY: the library did not take the box, so nothing else frees it.
+            Handed::Shard(shard) => drop(unsafe { Box::from_raw(shard) }),
+            Handed::Producer(t) => drop(t),
+        }
+    }
+
+    /// The library took it: its deleter is the library's to call, at destroy.
+    fn taken(mut self) -> Handed {
+        if let Handed::Producer(t) = &mut self {
+            t.release_to_library();
+        }
+        self
+    }
+
+    /// The tensor it describes, valid while the optimizer that took it lives.
+    fn tensor(&self) -> &Tensor {
+        match self {
+            // SAFETY: the box lives until the optimizer is destroyed.
+            Handed::Shard(shard) => unsafe { &(**shard).tensor },
+            Handed::Producer(t) => t,
+        }
+    }
+
+    /// [`Handed::tensor`], writable (for its `Vec`'s values only: the library holds its
+    /// description, which must not change).
+    fn tensor_mut(&mut self) -> &mut Tensor {
+        match self {
+            // SAFETY: as tensor(); &mut self excludes every other borrow.
+            Handed::Shard(shard) => unsafe { &mut (**shard).tensor },
+            Handed::Producer(t) => t,
+        }
+    }
+}
+
+/// A [`Handed`] tensor awaiting the library's answer: dropped (refused: the caller keeps
+/// it, and drops it once) unless [`Pending::taken`] says the library took it. A guard, so
+/// that an early return or a panic between handing and answer cannot leak or free twice.
+struct Pending(Option<Handed>);
+
+impl Pending {
+    fn new(handed: Handed) -> Pending {
+        Pending(Some(handed))
+    }
+
+    fn handed(&self) -> &Handed {
+        self.0.as_ref().expect("a pending tensor")
+    }
+
+    /// The library took it (`SA_OK`).
+    fn taken(mut self) -> Handed {
+        self.0.take().expect("a pending tensor").taken()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(handed) = self.0.take() {
+            handed.refused();
+        }
+    }
+}
+
+/// The scale tensors that go with a param ([`Optimizer::add_fp8_tensor`]; none for
+/// others).
+#[derive(Default)]
+struct Scales {
+    scale: Option<Tensor>,
+    amax: Option<Tensor>,
+}
+
 /// The wrapper's record of a param.
 struct ParamSlot {
     name: String,
     dtype: Option<DType>,
     shape: Vec<i64>,
     numel: usize,
-    // The Vec-backed values, when Rust owns them (a Shard, owned by the library from
-    // add_param until destroy); NULL otherwise.
-    shard: *mut Shard,
+    // The param's tensor, and an fp8 param's scale and amax tensors, owned by the library
+    // from add_param until destroy.
+    tensor: Handed,
+    scale: Option<Handed>,
+    amax: Option<Handed>,
     grad: Option<Vec<u32>>, // the copying bindings' buffer: 4 bytes per element fit every grad dtype
     bound: Option<Tensor>,  // the tensor bind_grad bound, kept while it is bound
 }
@@ -1207,83 +1517,139 @@ impl Optimizer {
         tensor: Tensor,
         options: Option<&ParamOptions>,
     ) -> Result<Param> {
+        self.add(name, group, tensor, Scales::default(), options)
+    }
+
+    /// Registers the fp8 local shard `tensor` (codes of [`DType::Float8E4m3fn`] or
+    /// [`DType::Float8E5m2`]: [`Tensor::from_bits8`] on the host, or device memory) named
+    /// `name` in `group`, cast from a float32 master after every update by
+    /// `options.scaling` (required: not [`Scaling::None`]; `options.margin` for the current
+    /// scalings), with the tensors that scaling names (shardadam.h, `sa_param_scaling`;
+    /// [`Scaling`] says each):
+    ///
+    /// - `scale`: delayed, one float32 the step reads ([`Optimizer::scale_f32_mut`] writes
+    ///   the engine's next one); mxfp8, float8_e8m0fnu codes of the local shape with the
+    ///   last dim divided by 32; block128, float32s of the local shape with the last dim
+    ///   divided by 128; current, two float32s [scale, scale_inv]. The master starts as the
+    ///   codes' values dequantized by the scale as given: value / scale (delayed), value * X
+    ///   (mxfp8), value * scale_inv (block128, current).
+    /// - `amax`: delayed and current only, optional: one float32 the step writes.
+    ///
+    /// The library checks all of it (dtypes, shapes, device, the layout's blocks) and says
+    /// what was wrong. Read the codes back with [`Optimizer::param_bits8`], the scales with
+    /// [`Optimizer::scale_tensor`] and [`Optimizer::amax_tensor`], the master with
+    /// [`Optimizer::state`] (`"master"`). Grads are float32 unless `options.grad_dtype`
+    /// says otherwise.
+    ///
+    /// Ownership (`sa_param_options.scale`, `.amax`): the three tensors move in. When the
+    /// param is added the optimizer owns them all, as it owns a param: they live, and are
+    /// updated in place, until the optimizer is dropped, which drops each once (a
+    /// producer's deleter called by the library). When it is refused, they are dropped
+    /// before this returns, each once, and nothing is added.
+    ///
+    /// The scale and amax are arguments rather than [`ParamOptions`] fields because they
+    /// are owned tensors that belong to this one param, while options are plain values
+    /// (`Clone`, `Eq`) reused across params.
+    ///
+    /// ```
+    /// use shardadam::{DType, GroupConfig, Optimizer, ParamOptions, Scaling, Tensor};
+    ///
+    /// let mut opt = Optimizer::new(None)?;
+    /// let group = opt.add_group(&GroupConfig::new().set("lr", 0.1))?;
+    /// let codes = Tensor::from_bits8(DType::Float8E4m3fn, vec![0x38, 0xb8], &[2])?; // 1, -1
+    /// let options = ParamOptions {
+    ///     scaling: Scaling::Delayed,
+    ///     ..ParamOptions::default()
+    /// };
+    /// let scale = Tensor::from_f32(vec![2.0], &[1])?; // the master starts as [0.5, -0.5]
+    /// let amax = Tensor::from_f32(vec![0.0], &[1])?;
+    /// let w = opt.add_fp8_tensor("w", group, codes, scale, Some(amax), &options)?;
+    /// opt.set_grad(w, &[1.0, -1.0])?;
+    /// opt.step()?;
+    /// let master = opt.state(w, "master")?;
+    /// assert!(master[0] < 0.5 && master[1] > -0.5);
+    /// assert_eq!(opt.amax_tensor(w)?.unwrap().as_f32(), Some(&[master[0].abs()][..]));
+    /// # Ok::<(), shardadam::Error>(())
+    /// ```
+    pub fn add_fp8_tensor(
+        &mut self,
+        name: &str,
+        group: usize,
+        tensor: Tensor,
+        scale: Tensor,
+        amax: Option<Tensor>,
+        options: &ParamOptions,
+    ) -> Result<Param> {
+        let scales = Scales {
+            scale: Some(scale),
+            amax,
+        };
+        self.add(name, group, tensor, scales, Some(options))
+    }
+
+    /// `sa_optimizer_add_param` of `tensor` with `scales` (`add_tensor`, `add_fp8_tensor`):
+    /// on success the library owns all of them; on failure each is dropped here, once.
+    fn add(
+        &mut self,
+        name: &str,
+        group: usize,
+        tensor: Tensor,
+        scales: Scales,
+        options: Option<&ParamOptions>,
+    ) -> Result<Param> {
         let default_options = ParamOptions::default();
         let options = options.unwrap_or(&default_options);
+        // (An early return before the tensors are handed drops them as Rust values.)
         let c_name = CString::new(name).map_err(|_| {
             invalid(format!(
                 "add_param: param name {:?} contains a NUL byte",
                 name
             ))
         })?;
-        let raw_options = options.raw()?;
+        let mut raw_options = options.raw()?;
         let dtype = tensor.dtype();
         let shape = tensor.shape().to_vec();
         let numel = tensor.numel();
         let device = tensor.device();
-        let owned_values = matches!(tensor.keeper, Keeper::F32(_) | Keeper::Bits16(_));
 
-        enum Handed {
-            Shard(*mut Shard),
-            Producer(Tensor),
-        }
-        let mut handed = match tensor.keeper {
-            Keeper::Managed(_) | Keeper::Legacy(_) => Handed::Producer(tensor),
-            _ => {
-                let raw = tensor.raw;
-                let shard = Box::into_raw(Box::new(Shard {
-                    managed: sys::DLManagedTensorVersioned {
-                        version: sys::DLPackVersion { major: 1, minor: 0 },
-                        manager_ctx: ptr::null_mut(),
-                        deleter: Some(shard_deleter),
-                        flags: 0,
-                        // Its shape points into the tensor's Vec, which moves with it unmoved.
-                        dl_tensor: raw,
-                    },
-                    tensor,
-                }));
-                // SAFETY: shard was just allocated.
-                unsafe { (*shard).managed.manager_ctx = shard as *mut c_void };
-                Handed::Shard(shard)
-            }
+        // Each is dropped once by its guard unless the library takes it (SA_OK).
+        let handed = Pending::new(Handed::param(tensor));
+        let scale = scales.scale.map(|t| Pending::new(Handed::versioned(t)));
+        let amax = scales.amax.map(|t| Pending::new(Handed::versioned(t)));
+        let managed = |p: &Option<Pending>| {
+            p.as_ref()
+                .map_or(ptr::null_mut(), |p| p.handed().versioned_ptr())
         };
+        raw_options.scale = managed(&scale);
+        raw_options.amax = managed(&amax);
+        let legacy = handed.handed().legacy_ptr();
+        let versioned = handed.handed().versioned_ptr();
 
         let opt = self.raw.as_ptr();
         let mut index = -1i64;
-        let mut call = |layout: *const sys::sa_layout, index: &mut i64| -> sys::sa_status {
+        let call = |layout: *const sys::sa_layout, index: &mut i64| -> sys::sa_status {
             // SAFETY: every pointer is valid for the call; on SA_OK the library owns the
-            // managed tensor (the Shard, or the producer's).
+            // managed tensors (the Shards, or the producers').
             unsafe {
-                match &mut handed {
-                    Handed::Shard(shard) => sys::sa_optimizer_add_param(
+                match legacy {
+                    Some(m) => sys::sa_optimizer_add_param_legacy(
                         opt,
                         c_name.as_ptr(),
                         group as i32,
-                        &mut (**shard).managed,
+                        m,
                         layout,
                         &raw_options,
                         index,
                     ),
-                    Handed::Producer(t) => match t.keeper {
-                        Keeper::Managed(m) => sys::sa_optimizer_add_param(
-                            opt,
-                            c_name.as_ptr(),
-                            group as i32,
-                            m.as_ptr(),
-                            layout,
-                            &raw_options,
-                            index,
-                        ),
-                        Keeper::Legacy(m) => sys::sa_optimizer_add_param_legacy(
-                            opt,
-                            c_name.as_ptr(),
-                            group as i32,
-                            m.as_ptr(),
-                            layout,
-                            &raw_options,
-                            index,
-                        ),
-                        _ => unreachable!("only producers' tensors are handed as they are"),
-                    },
+                    None => sys::sa_optimizer_add_param(
+                        opt,
+                        c_name.as_ptr(),
+                        group as i32,
+                        versioned,
+                        layout,
+                        &raw_options,
+                        index,
+                    ),
                 }
             }
         };
@@ -1291,22 +1657,14 @@ impl Optimizer {
             None => self.check(call(ptr::null(), &mut index)),
             Some(layout) => layout.with_raw(|raw| self.check(call(raw, &mut index))),
         };
-        let shard = match (added, handed) {
-            // On failure the caller (we) keeps ownership, and drops it.
-            (Err(e), Handed::Shard(shard)) => {
-                drop(unsafe { Box::from_raw(shard) });
-                return Err(e);
-            }
-            (Err(e), Handed::Producer(t)) => {
-                drop(t);
-                return Err(e);
-            }
-            (Ok(()), Handed::Shard(shard)) => shard,
-            (Ok(()), Handed::Producer(mut t)) => {
-                t.release_to_library();
-                ptr::null_mut()
-            }
-        };
+        // On failure the caller (we) keeps ownership: the guards drop each tensor once.
+        added?;
+        // The library owns them now (before anything that could panic).
+        let (tensor, scale, amax) = (
+            handed.taken(),
+            scale.map(Pending::taken),
+            amax.map(Pending::taken),
+        );
         debug_assert_eq!(index as usize, self.params.len());
         self.device.get_or_insert(device);
         self.params.push(ParamSlot {
@@ -1314,7 +1672,9 @@ impl Optimizer {
             dtype,
             shape,
             numel,
-            shard: if owned_values { shard } else { ptr::null_mut() },
+            tensor,
+            scale,
+            amax,
             grad: None,
             bound: None,
         });
@@ -1335,11 +1695,12 @@ impl Optimizer {
     }
 
     /// The host values of a param whose `Vec` Rust owns ([`Optimizer::add_param`],
-    /// [`Optimizer::add_param16`], or a [`Tensor::from_f32`] / [`Tensor::from_bits16`]
-    /// given to [`Optimizer::add_tensor`]).
+    /// [`Optimizer::add_param16`], or a [`Tensor::from_f32`] / [`Tensor::from_bits16`] /
+    /// [`Tensor::from_bits8`] given to [`Optimizer::add_tensor`] or
+    /// [`Optimizer::add_fp8_tensor`]).
     fn owned_values(&self, param: Param, op: &str) -> Result<&Tensor> {
         let slot = self.slot(param)?;
-        if slot.shard.is_null() {
+        if !slot.tensor.tensor().owns_values() {
             return Err(Error {
                 status: Status::Unsupported,
                 message: format!(
@@ -1351,8 +1712,7 @@ impl Optimizer {
                 ),
             });
         }
-        // SAFETY: the shard lives until the optimizer is dropped, which &self prevents.
-        Ok(unsafe { &(*slot.shard).tensor })
+        Ok(slot.tensor.tensor())
     }
 
     /// A float32 param's values (what the last step left).
@@ -1365,12 +1725,16 @@ impl Optimizer {
     /// A float32 param's values, writable (e.g. to load weights between steps).
     pub fn param_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
         self.owned_values(param, "param_f32_mut")?;
-        let slot = self.slot_unchecked(param);
-        // SAFETY: as param_f32; &mut self excludes every other borrow and every library call.
-        match unsafe { (*slot.shard).tensor.as_f32_mut() } {
-            Some(v) => Ok(v),
-            None => Err(wrong_dtype(slot, "param_f32_mut")),
+        let slot = &mut self.params[param.index as usize];
+        if slot.tensor.tensor().as_f32().is_none() {
+            return Err(wrong_dtype(slot, "param_f32_mut"));
         }
+        // &mut self excludes every other borrow and every library call.
+        Ok(slot
+            .tensor
+            .tensor_mut()
+            .as_f32_mut()
+            .expect("the dtype was checked"))
     }
 
     /// A bfloat16 or float16 param's raw bits.
@@ -1378,6 +1742,99 @@ impl Optimizer {
         let t = self.owned_values(param, "param_bits16")?;
         t.as_bits16()
             .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_bits16"))
+    }
+
+    /// An 8-bit param's codes ([`Tensor::from_bits8`] given to
+    /// [`Optimizer::add_fp8_tensor`]): what the last step cast from the master.
+    pub fn param_bits8(&self, param: Param) -> Result<&[u8]> {
+        let t = self.owned_values(param, "param_bits8")?;
+        t.as_bits8()
+            .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_bits8"))
+    }
+
+    /// An 8-bit param's codes, writable (e.g. to load fp8 weights, then
+    /// [`Optimizer::reset_masters`] to start the master from them).
+    pub fn param_bits8_mut(&mut self, param: Param) -> Result<&mut [u8]> {
+        self.owned_values(param, "param_bits8_mut")?;
+        let slot = &mut self.params[param.index as usize];
+        if slot.tensor.tensor().as_bits8().is_none() {
+            return Err(wrong_dtype(slot, "param_bits8_mut"));
+        }
+        // &mut self excludes every other borrow and every library call.
+        Ok(slot
+            .tensor
+            .tensor_mut()
+            .as_bits8_mut()
+            .expect("the dtype was checked"))
+    }
+
+    /// The number of params (`sa_optimizer_num_params`).
+    pub fn num_params(&self) -> usize {
+        unsafe { sys::sa_optimizer_num_params(self.raw.as_ptr()) }.max(0) as usize
+    }
+
+    /// A param's scaling and margin, as the library registered them
+    /// (`sa_optimizer_param_info`: `scaling`, `margin`): [`Scaling::None`] and 0 for a
+    /// param that is not fp8.
+    pub fn param_scaling(&self, param: Param) -> Result<(Scaling, i32)> {
+        self.slot(param)?;
+        let mut info = sys::sa_param_info::default();
+        self.check(unsafe {
+            sys::sa_optimizer_param_info(self.raw.as_ptr(), param.index, &mut info)
+        })?;
+        Ok((Scaling::from_code(info.scaling), info.margin))
+    }
+
+    /// The scale tensor of an fp8 param ([`Optimizer::add_fp8_tensor`]; `None` for other
+    /// params), which the optimizer owns: read a host one's values with
+    /// [`Tensor::as_f32`] or [`Tensor::as_bits8`] (what the last step wrote, under a
+    /// scaling that writes it), a device one's at [`Tensor::data_ptr`].
+    pub fn scale_tensor(&self, param: Param) -> Result<Option<&Tensor>> {
+        Ok(self.slot(param)?.scale.as_ref().map(Handed::tensor))
+    }
+
+    /// The amax tensor of an fp8 param, if it was given one ([`Optimizer::add_fp8_tensor`]);
+    /// as [`Optimizer::scale_tensor`].
+    pub fn amax_tensor(&self, param: Param) -> Result<Option<&Tensor>> {
+        Ok(self.slot(param)?.amax.as_ref().map(Handed::tensor))
+    }
+
+    /// The values of an fp8 param's float32 host scale tensor ([`Tensor::from_f32`] given
+    /// to [`Optimizer::add_fp8_tensor`]), writable: under [`Scaling::Delayed`] write the
+    /// engine's next scale here before a step, in place.
+    pub fn scale_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
+        self.slot(param)?;
+        let slot = &mut self.params[param.index as usize];
+        let name = &slot.name;
+        slot.scale
+            .as_mut()
+            .and_then(|h| h.tensor_mut().as_f32_mut())
+            .ok_or_else(|| Error {
+                status: Status::State,
+                message: format!(
+                    "scale_f32_mut: param '{}' has no float32 host scale tensor that this                      crate owns (add_fp8_tensor with Tensor::from_f32)",
+                    name
+                ),
+            })
+    }
+
+    /// The codes of an fp8 param's 8-bit host scale tensor ([`Tensor::from_bits8`], the
+    /// float8_e8m0fnu scales of [`Scaling::Mxfp8`]), writable (e.g. to load them, then
+    /// [`Optimizer::reset_masters`]).
+    pub fn scale_bits8_mut(&mut self, param: Param) -> Result<&mut [u8]> {
+        self.slot(param)?;
+        let slot = &mut self.params[param.index as usize];
+        let name = &slot.name;
+        slot.scale
+            .as_mut()
+            .and_then(|h| h.tensor_mut().as_bits8_mut())
+            .ok_or_else(|| Error {
+                status: Status::State,
+                message: format!(
+                    "scale_bits8_mut: param '{}' has no 8-bit host scale tensor that this                      crate owns (add_fp8_tensor with Tensor::from_bits8)",
+                    name
+                ),
+            })
     }
 
     fn slot_unchecked(&self, param: Param) -> &ParamSlot {
@@ -1650,6 +2107,47 @@ impl Optimizer {
                 steps.len() as i64,
                 steps.as_ptr(),
             )
+        })
+    }
+
+    // ---- params and masters made to agree ----
+
+    /// Casts each fp8 param of indices `[first, first + n)` again from its master by its
+    /// scaling, as a step casts it after its update (`sa_optimizer_recast_params`): block
+    /// scales written; a delayed scaling reads its scale now and writes its amax tensor,
+    /// if any; a current scaling writes its scale from the amax of the whole tensor. Other
+    /// params are left as they are. Call it after writing masters outside a step (through
+    /// state views, or [`Optimizer::load`] of masters only).
+    ///
+    /// With a current-scaled sharded param in the range the call is collective: every rank
+    /// calls it with the same range, and a failing host communicator fails it with
+    /// [`Status::Comm`], the message ending with the closure's error. It synchronizes a
+    /// device backend, and changes nothing on error (a bad range).
+    pub fn recast_params(&mut self, first: usize, n: usize) -> Result<()> {
+        comm::clear_callback_error();
+        let code =
+            unsafe { sys::sa_optimizer_recast_params(self.raw.as_ptr(), first as i64, n as i64) };
+        self.check(code).map_err(|mut e| {
+            if e.status == Status::Comm {
+                if let Some(why) = comm::take_callback_error() {
+                    e.message = format!("{}: {}", e.message, why);
+                }
+            }
+            e
+        })
+    }
+
+    /// Sets the master of each param of indices `[first, first + n)` from the param's
+    /// value, as adding it did (`sa_optimizer_reset_masters`): an fp8 param's value times
+    /// its scale's inverse (the scale tensors as they are now), a 16-bit param's value
+    /// widened ([`Master::Fp32`]), a zero remainder ([`Master::Remainder`]). Moments and
+    /// step counts are left as they are, and so are params without a master. Call it
+    /// after writing params outside a step ([`Optimizer::param_bits8_mut`],
+    /// [`Optimizer::scale_f32_mut`], device copies). It synchronizes a device backend, and
+    /// changes nothing on error (a bad range).
+    pub fn reset_masters(&mut self, first: usize, n: usize) -> Result<()> {
+        self.check(unsafe {
+            sys::sa_optimizer_reset_masters(self.raw.as_ptr(), first as i64, n as i64)
         })
     }
 

@@ -51,6 +51,8 @@ pub(crate) enum Keeper {
     F32(Vec<f32>),
     /// Host 16-bit values (bfloat16, float16 bits) owned by the tensor.
     Bits16(Vec<u16>),
+    /// Host 8-bit codes (fp8 params and scales, uint8) owned by the tensor.
+    Bits8(Vec<u8>),
     /// A DLPack producer's tensor, its deleter called when the tensor is dropped.
     Managed(NonNull<sys::DLManagedTensorVersioned>),
     /// The same for a producer of the pre-1.0 `DLManagedTensor`.
@@ -60,8 +62,8 @@ pub(crate) enum Keeper {
 /// The memory of a param or a grad as the library takes it: a DLPack tensor (data
 /// pointer, device, dtype, shape, optional strides) plus whatever keeps the memory valid.
 ///
-/// A tensor made from a `Vec` ([`Tensor::from_f32`], [`Tensor::from_bits16`]) owns its
-/// values and is safe throughout. The other constructors are `unsafe`: Rust cannot see
+/// A tensor made from a `Vec` ([`Tensor::from_f32`], [`Tensor::from_bits16`],
+/// [`Tensor::from_bits8`]) owns its values and is safe throughout. The other constructors are `unsafe`: Rust cannot see
 /// device memory or a DLPack producer's memory, so the caller promises what the library
 /// relies on (see each constructor's "Safety"). The library checks everything a tensor
 /// says about itself (dtype, shape, device, strides, alignment) on every call that takes
@@ -70,6 +72,7 @@ pub(crate) enum Keeper {
 /// as it is used.
 ///
 /// A tensor moved into an optimizer ([`crate::Optimizer::add_tensor`],
+/// [`crate::Optimizer::add_fp8_tensor`] with its scale tensors,
 /// [`crate::Optimizer::bind_grad`]) is kept there as long as the optimizer uses it, and
 /// dropped (a producer's deleter called) when the optimizer is dropped or, for a grad,
 /// when the binding is replaced.
@@ -226,6 +229,32 @@ impl Tensor {
         ))
     }
 
+    /// A host tensor of an 8-bit dtype owning `codes` (raw codes, row-major): the codes of
+    /// an fp8 param ([`DType::Float8E4m3fn`], [`DType::Float8E5m2`]) or of MXFP8 block
+    /// scales ([`DType::Float8E8m0fnu`]), for [`crate::Optimizer::add_fp8_tensor`]. The
+    /// dtype's width is the library's ([`crate::dtypes`]): one that is not 8 bits wide is
+    /// refused.
+    pub fn from_bits8(dtype: DType, mut codes: Vec<u8>, shape: &[i64]) -> Result<Tensor> {
+        let dlpack = dtype.dlpack()?;
+        if dlpack.bits != 8 || dlpack.lanes != 1 {
+            return Err(invalid(format!(
+                "Tensor::from_bits8: dtype {:?} is not 8 bits wide",
+                dtype
+            )));
+        }
+        check_len("Tensor::from_bits8", codes.len(), shape)?;
+        let data = codes.as_mut_ptr() as *mut c_void;
+        Ok(Tensor::new(
+            data,
+            Device::Cpu.raw(),
+            dlpack,
+            shape.to_vec(),
+            None,
+            0,
+            Keeper::Bits8(codes),
+        ))
+    }
+
     /// A C-contiguous tensor of `dtype` and `shape` at `data` on `device`: device memory
     /// from `cudaMalloc` (or a caching allocator), or host memory the caller manages.
     ///
@@ -374,6 +403,30 @@ impl Tensor {
             Keeper::Bits16(v) => Some(v),
             _ => None,
         }
+    }
+
+    /// The codes of a tensor made by [`Tensor::from_bits8`].
+    pub fn as_bits8(&self) -> Option<&[u8]> {
+        match &self.keeper {
+            Keeper::Bits8(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The codes of a tensor made by [`Tensor::from_bits8`], writable.
+    pub fn as_bits8_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.keeper {
+            Keeper::Bits8(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Whether the tensor owns its values (a `Vec`): then this crate can read them.
+    pub(crate) fn owns_values(&self) -> bool {
+        matches!(
+            self.keeper,
+            Keeper::F32(_) | Keeper::Bits16(_) | Keeper::Bits8(_)
+        )
     }
 
     /// Gives up the deleter of a managed tensor, whose ownership the library took.

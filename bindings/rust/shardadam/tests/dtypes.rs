@@ -16,7 +16,7 @@ const BLOCK: i32 = sys::SA_DTYPE_BLOCK_MOMENT;
 const SCALE: i32 = sys::SA_DTYPE_SCALE;
 
 /// Every dtype of the header: name, DLPack code and bits, roles, and the [`DType`] that
-/// names it (`None`: this crate has no typed accessor for it).
+/// names it (this crate names every one).
 ///
 /// Roles, from shardadam.h: params are float32, bfloat16, float16 and (with a scaling)
 /// float8_e4m3fn, float8_e5m2; grads float32, bfloat16, float16; moments float32,
@@ -60,8 +60,20 @@ fn expected() -> Vec<(&'static str, u8, u8, i32, Option<DType>)> {
             PARAM | MOMENT | STATE | BLOCK,
             Some(DType::Float8E4m3fn),
         ),
-        ("float8_e5m2", sys::kDLFloat8_e5m2, 8, PARAM, None),
-        ("float8_e8m0fnu", sys::kDLFloat8_e8m0fnu, 8, SCALE, None),
+        (
+            "float8_e5m2",
+            sys::kDLFloat8_e5m2,
+            8,
+            PARAM,
+            Some(DType::Float8E5m2),
+        ),
+        (
+            "float8_e8m0fnu",
+            sys::kDLFloat8_e8m0fnu,
+            8,
+            SCALE,
+            Some(DType::Float8E8m0fnu),
+        ),
         ("int16", sys::kDLInt, 16, STATE | FILE, Some(DType::Int16)),
     ]
 }
@@ -96,10 +108,10 @@ fn the_dtype_table_is_the_librarys_with_dlpack_codes_and_the_headers_roles() {
     }
 }
 
-/// A tensor of a dtype that [`DType`] does not name reports none, rather than one of
-/// the same width.
+/// A tensor reports the [`DType`] of its DLPack dtype, never another of the same width
+/// (the 8-bit ones are four), and none for a dtype that no [`DType`] names.
 #[test]
-fn a_tensor_of_a_dtype_this_crate_does_not_name_has_no_dtype() {
+fn a_tensor_reports_the_dtype_of_its_dlpack_code() {
     for (name, code, bits, _, dtype) in expected() {
         let mut memory = [0u8; 8];
         let mut shape = [2i64];
@@ -123,6 +135,28 @@ fn a_tensor_of_a_dtype_this_crate_does_not_name_has_no_dtype() {
         let tensor = unsafe { Tensor::from_dl_tensor(&raw) }.unwrap();
         assert_eq!(tensor.dtype(), dtype, "a tensor of {}", name);
     }
+    // kDLFloat8_e4m3fnuz (the code after kDLFloat8_e4m3fn in dlpack.h 1.x): 8 bits wide,
+    // and no dtype of the library's.
+    let mut shape = [1i64];
+    let raw = sys::DLTensor {
+        data: std::ptr::null_mut(),
+        device: sys::DLDevice {
+            device_type: sys::kDLCPU,
+            device_id: 0,
+        },
+        ndim: 1,
+        dtype: sys::DLDataType {
+            code: sys::kDLFloat8_e4m3fn + 1,
+            bits: 8,
+            lanes: 1,
+        },
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    // SAFETY: the shape outlives the tensor, which is only asked its dtype.
+    let tensor = unsafe { Tensor::from_dl_tensor(&raw) }.unwrap();
+    assert_eq!(tensor.dtype(), None);
 }
 
 #[test]
@@ -133,6 +167,8 @@ fn the_moment_role_is_what_add_param_accepts() {
         DType::Float16,
         DType::Uint8,
         DType::Float8E4m3fn,
+        DType::Float8E5m2,
+        DType::Float8E8m0fnu,
         DType::Int16,
     ] {
         let info = dtypes()

@@ -136,8 +136,8 @@ fn set_grads_is_checked_and_all_or_nothing() {
         &["param 'b'"],
     );
     f.opt.step().unwrap();
-    for i in 0..3 {
-        f.refs[i].step(&g[i], &f.hp, 1, 1.0);
+    for (reference, grad) in f.refs.iter_mut().zip(&g) {
+        reference.step(grad, &f.hp, 1, 1.0);
     }
     f.check_against_reference("the grads bound before the refused call");
     assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![1, 1, 1]);
@@ -214,9 +214,8 @@ fn per_param_steps_drive_bias_correction() {
     f.opt.set_param_steps(0, &[6, 6, 3]).unwrap();
     assert_eq!(f.opt.param_steps(1, 2).unwrap(), vec![6, 3]);
     let g = f.fresh_grads();
-    for i in 0..3 {
-        let p = f.params[i];
-        f.opt.set_grad(p, &g[i]).unwrap();
+    for (&p, grad) in f.params.iter().zip(&g) {
+        f.opt.set_grad(p, grad).unwrap();
     }
     f.opt.step().unwrap();
     for (i, t) in [7, 7, 4].iter().enumerate() {
