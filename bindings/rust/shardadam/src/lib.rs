@@ -280,32 +280,50 @@ fn dtype_table() -> &'static [DTypeInfo] {
     }
 }
 
+/// One of the library's tables: the `n` entries that `describe(index, &mut raw)` (named
+/// `what`) fills, each made a `T` by `entry`, which may read the raw entry's C strings
+/// (the library's static ones, or NULL).
+///
+/// # Panics
+///
+/// If the library fails to describe an entry it counts (a bug in the library).
+fn read_table<R: Default, T>(
+    n: i32,
+    what: &str,
+    describe: unsafe extern "C" fn(i32, *mut R) -> sys::sa_status,
+    entry: impl Fn(&R) -> T,
+) -> Vec<T> {
+    (0..n)
+        .map(|index| {
+            let mut raw = R::default();
+            // Every index below the count is described, so a failure is the library's bug.
+            if let Err(e) = handleless_result(unsafe { describe(index, &mut raw) }) {
+                panic!("{}({}) of {}: {}", what, index, n, e);
+            }
+            entry(&raw)
+        })
+        .collect()
+}
+
 /// The library's dtypes (`sa_num_dtypes`, `sa_dtype`), read from it.
 fn read_dtype_table() -> Vec<DTypeInfo> {
     let n = unsafe { sys::sa_num_dtypes() };
-    (0..n)
-        .map(|index| {
-            let mut raw = sys::sa_dtype_info::default();
-            // Every index below the count is described, so a failure is the library's bug.
-            if let Err(e) = handleless_result(unsafe { sys::sa_dtype(index, &mut raw) }) {
-                panic!("sa_dtype({}) of {}: {}", index, n, e);
+    read_table(n, "sa_dtype", sys::sa_dtype, |raw: &sys::sa_dtype_info| {
+        // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
+        unsafe {
+            DTypeInfo {
+                name: cstr_to_string(raw.name),
+                dtype: raw.dtype,
+                roles: raw.roles,
+                safetensors_name: if raw.safetensors_name.is_null() {
+                    None
+                } else {
+                    Some(cstr_to_string(raw.safetensors_name))
+                },
+                doc: cstr_to_string(raw.doc),
             }
-            // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
-            unsafe {
-                DTypeInfo {
-                    name: cstr_to_string(raw.name),
-                    dtype: raw.dtype,
-                    roles: raw.roles,
-                    safetensors_name: if raw.safetensors_name.is_null() {
-                        None
-                    } else {
-                        Some(cstr_to_string(raw.safetensors_name))
-                    },
-                    doc: cstr_to_string(raw.doc),
-                }
-            }
-        })
-        .collect()
+        }
+    })
 }
 
 impl DType {
@@ -652,15 +670,11 @@ pub struct ScalingInfo {
 /// If the library fails to describe a scaling it counts (a bug in the library).
 pub fn scalings() -> Vec<ScalingInfo> {
     let n = unsafe { sys::sa_num_param_scalings() };
-    (0..n)
-        .map(|index| {
-            let mut raw = sys::sa_param_scaling_info::default();
-            // Every index below the count is described, so a failure is the library's bug.
-            if let Err(e) =
-                handleless_result(unsafe { sys::sa_param_scaling_describe(index, &mut raw) })
-            {
-                panic!("sa_param_scaling_describe({}) of {}: {}", index, n, e);
-            }
+    read_table(
+        n,
+        "sa_param_scaling_describe",
+        sys::sa_param_scaling_describe,
+        |raw: &sys::sa_param_scaling_info| {
             // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
             unsafe {
                 ScalingInfo {
@@ -672,8 +686,8 @@ pub fn scalings() -> Vec<ScalingInfo> {
                     doc: cstr_to_string(raw.doc),
                 }
             }
-        })
-        .collect()
+        },
+    )
 }
 
 /// Per-param choices of [`Optimizer::add_param`]. `Default` gives the library's defaults.
@@ -769,15 +783,11 @@ pub struct FieldInfo {
 /// If the library fails to describe a field it counts (a bug in the library).
 pub fn group_fields() -> Vec<FieldInfo> {
     let n = unsafe { sys::sa_group_config_num_fields() };
-    (0..n)
-        .map(|index| {
-            let mut raw = sys::sa_field_info::default();
-            // Every index below the count is described, so a failure is the library's bug.
-            if let Err(e) =
-                handleless_result(unsafe { sys::sa_group_config_field(index, &mut raw) })
-            {
-                panic!("sa_group_config_field({}) of {}: {}", index, n, e);
-            }
+    read_table(
+        n,
+        "sa_group_config_field",
+        sys::sa_group_config_field,
+        |raw: &sys::sa_field_info| {
             // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
             unsafe {
                 FieldInfo {
@@ -792,8 +802,8 @@ pub fn group_fields() -> Vec<FieldInfo> {
                     doc: cstr_to_string(raw.doc),
                 }
             }
-        })
-        .collect()
+        },
+    )
 }
 
 /// Hyperparameters of a param group, by name: the names and values of
