@@ -178,6 +178,22 @@ std::vector<float> step_twins(sa_optimizer* opt, sa_optimizer* twin, const HostT
   return m;
 }
 
+// Adds `param` with `options` to `opt` and its float32 twin `reference` to `twin` (param 0 of
+// each, group 0), checks that the fp8 param's master starts as the twin, and returns the
+// fp8 param's info.
+sa_param_info add_twins(sa_optimizer* opt, sa_optimizer* twin, HostTensor& param,
+                        HostTensor& reference, const sa_param_options& options) {
+  REQUIRE_SA_OK(opt,
+                sa_optimizer_add_param(opt, "w", 0, param.versioned(), nullptr, &options, nullptr));
+  REQUIRE_SA_OK(
+      twin, sa_optimizer_add_param(twin, "w", 0, reference.versioned(), nullptr, nullptr, nullptr));
+  sa_param_info info = SA_PARAM_INFO_INIT;
+  REQUIRE_SA_OK(opt, sa_optimizer_param_info(opt, 0, &info));
+  const std::vector<float> m = master_of(opt, 0);
+  CHECK(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
+  return info;
+}
+
 int32_t add_group(sa_optimizer* opt, const sa_group_config& c) {
   int32_t g = -1;
   REQUIRE_SA_OK(opt, sa_optimizer_add_group(opt, &c, &g));
@@ -224,18 +240,9 @@ TEST_CASE("an fp8 param's master steps as a float32 param, and the param is its 
   add_group(opt.get(), config);
   add_group(ref.get(), config);
   const sa_param_options options = fp8_options(s, scale, s.block == 0 ? &amax : nullptr);
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
-                                                  &options, nullptr));
-  REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(), nullptr,
-                                                  nullptr, nullptr));
-  sa_param_info info = SA_PARAM_INFO_INIT;
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 0, &info));
+  const sa_param_info info = add_twins(opt.get(), ref.get(), param, reference, options);
   CHECK(info.scaling == s.value);
   CHECK(info.master == SA_MASTER_FP32);
-  {
-    const std::vector<float> m = master_of(opt.get(), 0);
-    CHECK(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
-  }
 
   HostTensor grad(shape, kFloat32);
   for (int step = 0; step < 4; ++step) {
@@ -679,17 +686,8 @@ TEST_CASE(
   add_group(ref.get(), config);
   sa_param_options options = fp8_options(c.scaling, scale, &amax);
   options.margin = margin;
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, param.versioned(), nullptr,
-                                                  &options, nullptr));
-  REQUIRE_SA_OK(ref.get(), sa_optimizer_add_param(ref.get(), "w", 0, reference.versioned(), nullptr,
-                                                  nullptr, nullptr));
-  sa_param_info info = SA_PARAM_INFO_INIT;
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), 0, &info));
-  CHECK(info.margin == margin);
-  {  // fp8 value * scale_inv
-    const std::vector<float> m = master_of(opt.get(), 0);
-    CHECK(std::memcmp(m.data(), reference.data(), reference.bytes()) == 0);
-  }
+  // The master starts as fp8 value * scale_inv.
+  CHECK(add_twins(opt.get(), ref.get(), param, reference, options).margin == margin);
   HostTensor grad(shape, kFloat32);
   for (int step = 0; step < 3; ++step) {
     INFO("step " << step);
