@@ -1725,57 +1725,58 @@ impl Optimizer {
         Ok(slot.tensor.tensor())
     }
 
+    /// The host values of an owned param as `values` reads them (`None`: another dtype).
+    fn param_values<'a, T>(
+        &'a self,
+        param: Param,
+        op: &str,
+        values: impl Fn(&'a Tensor) -> Option<&'a [T]>,
+    ) -> Result<&'a [T]> {
+        let t = self.owned_values(param, op)?;
+        values(t).ok_or_else(|| wrong_dtype(self.slot_unchecked(param), op))
+    }
+
+    /// [`Optimizer::param_values`], writable.
+    fn param_values_mut<T>(
+        &mut self,
+        param: Param,
+        op: &str,
+        values: impl Fn(&mut Tensor) -> Option<&mut [T]>,
+    ) -> Result<&mut [T]> {
+        self.owned_values(param, op)?;
+        let slot = &mut self.params[param.index as usize];
+        if values(slot.tensor.tensor_mut()).is_none() {
+            return Err(wrong_dtype(slot, op));
+        }
+        // &mut self excludes every other borrow and every library call.
+        Ok(values(slot.tensor.tensor_mut()).expect("the dtype was checked"))
+    }
+
     /// A float32 param's values (what the last step left).
     pub fn param_f32(&self, param: Param) -> Result<&[f32]> {
-        let t = self.owned_values(param, "param_f32")?;
-        t.as_f32()
-            .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_f32"))
+        self.param_values(param, "param_f32", Tensor::as_f32)
     }
 
     /// A float32 param's values, writable (e.g. to load weights between steps).
     pub fn param_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
-        self.owned_values(param, "param_f32_mut")?;
-        let slot = &mut self.params[param.index as usize];
-        if slot.tensor.tensor().as_f32().is_none() {
-            return Err(wrong_dtype(slot, "param_f32_mut"));
-        }
-        // &mut self excludes every other borrow and every library call.
-        Ok(slot
-            .tensor
-            .tensor_mut()
-            .as_f32_mut()
-            .expect("the dtype was checked"))
+        self.param_values_mut(param, "param_f32_mut", Tensor::as_f32_mut)
     }
 
     /// A bfloat16 or float16 param's raw bits.
     pub fn param_bits16(&self, param: Param) -> Result<&[u16]> {
-        let t = self.owned_values(param, "param_bits16")?;
-        t.as_bits16()
-            .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_bits16"))
+        self.param_values(param, "param_bits16", Tensor::as_bits16)
     }
 
     /// An 8-bit param's codes ([`Tensor::from_bits8`] given to
     /// [`Optimizer::add_fp8_tensor`]): what the last step cast from the master.
     pub fn param_bits8(&self, param: Param) -> Result<&[u8]> {
-        let t = self.owned_values(param, "param_bits8")?;
-        t.as_bits8()
-            .ok_or_else(|| wrong_dtype(self.slot_unchecked(param), "param_bits8"))
+        self.param_values(param, "param_bits8", Tensor::as_bits8)
     }
 
     /// An 8-bit param's codes, writable (e.g. to load fp8 weights, then
     /// [`Optimizer::reset_masters`] to start the master from them).
     pub fn param_bits8_mut(&mut self, param: Param) -> Result<&mut [u8]> {
-        self.owned_values(param, "param_bits8_mut")?;
-        let slot = &mut self.params[param.index as usize];
-        if slot.tensor.tensor().as_bits8().is_none() {
-            return Err(wrong_dtype(slot, "param_bits8_mut"));
-        }
-        // &mut self excludes every other borrow and every library call.
-        Ok(slot
-            .tensor
-            .tensor_mut()
-            .as_bits8_mut()
-            .expect("the dtype was checked"))
+        self.param_values_mut(param, "param_bits8_mut", Tensor::as_bits8_mut)
     }
 
     /// The number of params (`sa_optimizer_num_params`).
@@ -1813,36 +1814,46 @@ impl Optimizer {
     /// to [`Optimizer::add_fp8_tensor`]), writable: under [`Scaling::Delayed`] write the
     /// engine's next scale here before a step, in place.
     pub fn scale_f32_mut(&mut self, param: Param) -> Result<&mut [f32]> {
-        self.slot(param)?;
-        let slot = &mut self.params[param.index as usize];
-        let name = &slot.name;
-        slot.scale
-            .as_mut()
-            .and_then(|h| h.tensor_mut().as_f32_mut())
-            .ok_or_else(|| Error {
-                status: Status::State,
-                message: format!(
-                    "scale_f32_mut: param '{}' has no float32 host scale tensor that this                      crate owns (add_fp8_tensor with Tensor::from_f32)",
-                    name
-                ),
-            })
+        self.scale_values_mut(param, "scale_f32_mut", "float32", "Tensor::from_f32", |t| {
+            t.as_f32_mut()
+        })
     }
 
     /// The codes of an fp8 param's 8-bit host scale tensor ([`Tensor::from_bits8`], the
     /// float8_e8m0fnu scales of [`Scaling::Mxfp8`]), writable (e.g. to load them, then
     /// [`Optimizer::reset_masters`]).
     pub fn scale_bits8_mut(&mut self, param: Param) -> Result<&mut [u8]> {
+        self.scale_values_mut(
+            param,
+            "scale_bits8_mut",
+            "8-bit",
+            "Tensor::from_bits8",
+            |t| t.as_bits8_mut(),
+        )
+    }
+
+    /// The values of a param's host scale tensor as `values` reads them, writable; an
+    /// error names the `kind` of tensor and the constructor (`made_by`) that gives one.
+    fn scale_values_mut<T>(
+        &mut self,
+        param: Param,
+        op: &str,
+        kind: &str,
+        made_by: &str,
+        values: impl Fn(&mut Tensor) -> Option<&mut [T]>,
+    ) -> Result<&mut [T]> {
         self.slot(param)?;
         let slot = &mut self.params[param.index as usize];
         let name = &slot.name;
         slot.scale
             .as_mut()
-            .and_then(|h| h.tensor_mut().as_bits8_mut())
+            .and_then(|h| values(h.tensor_mut()))
             .ok_or_else(|| Error {
                 status: Status::State,
                 message: format!(
-                    "scale_bits8_mut: param '{}' has no 8-bit host scale tensor that this                      crate owns (add_fp8_tensor with Tensor::from_bits8)",
-                    name
+                    "{}: param '{}' has no {} host scale tensor that this crate owns \
+                     (add_fp8_tensor with {})",
+                    op, name, kind, made_by
                 ),
             })
     }

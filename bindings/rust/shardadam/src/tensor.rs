@@ -193,17 +193,27 @@ impl Tensor {
         ))
     }
 
+    /// A contiguous host tensor at `data`, which `keeper` (the `Vec` it points into) owns.
+    fn host(data: *mut c_void, dtype: sys::DLDataType, shape: &[i64], keeper: Keeper) -> Tensor {
+        Tensor::new(
+            data,
+            Device::Cpu.raw(),
+            dtype,
+            shape.to_vec(),
+            None,
+            0,
+            keeper,
+        )
+    }
+
     /// A host float32 tensor owning `values` (row-major, `shape`'s element count).
     pub fn from_f32(mut values: Vec<f32>, shape: &[i64]) -> Result<Tensor> {
         check_len("Tensor::from_f32", values.len(), shape)?;
         let data = values.as_mut_ptr() as *mut c_void;
-        Ok(Tensor::new(
+        Ok(Tensor::host(
             data,
-            Device::Cpu.raw(),
             DType::Float32.dlpack()?,
-            shape.to_vec(),
-            None,
-            0,
+            shape,
             Keeper::F32(values),
         ))
     }
@@ -218,13 +228,10 @@ impl Tensor {
         }
         check_len("Tensor::from_bits16", bits.len(), shape)?;
         let data = bits.as_mut_ptr() as *mut c_void;
-        Ok(Tensor::new(
+        Ok(Tensor::host(
             data,
-            Device::Cpu.raw(),
             dtype.dlpack()?,
-            shape.to_vec(),
-            None,
-            0,
+            shape,
             Keeper::Bits16(bits),
         ))
     }
@@ -244,15 +251,7 @@ impl Tensor {
         }
         check_len("Tensor::from_bits8", codes.len(), shape)?;
         let data = codes.as_mut_ptr() as *mut c_void;
-        Ok(Tensor::new(
-            data,
-            Device::Cpu.raw(),
-            dlpack,
-            shape.to_vec(),
-            None,
-            0,
-            Keeper::Bits8(codes),
-        ))
+        Ok(Tensor::host(data, dlpack, shape, Keeper::Bits8(codes)))
     }
 
     /// A C-contiguous tensor of `dtype` and `shape` at `data` on `device`: device memory
