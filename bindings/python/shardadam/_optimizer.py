@@ -340,8 +340,9 @@ class Optimizer(OwnsHandle):
             raise ValueError(f"master must be one of {', '.join(repr(k) for k in _MASTER_KINDS)}, got {master!r}")
         if scaling is not None and scaling not in SCALING_INFO:
             raise ValueError(f"scaling must be one of {', '.join(repr(k) for k in SCALING_INFO)}, got {scaling!r}")
-        if type(margin) is not int:
+        if isinstance(margin, bool) or not isinstance(margin, numbers.Integral):
             raise TypeError(f"margin must be an int, got {type(margin).__name__}")
+        margin = int(margin)
         options = None
         if margin or any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax)):
             scaling_value = SCALING_INFO[scaling or "none"]["value"]
