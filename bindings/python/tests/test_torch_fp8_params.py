@@ -110,6 +110,42 @@ def test_fused_adam_steps_the_master_as_a_float32_param_and_casts_the_float8_par
     assert (info.scaling, info.grad_dtype) == (scaling, "float32")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(FORMATS))
+def test_mxfp8_params_and_scales_are_torchaos_to_mx_of_the_master(dtype, device):
+    """torchao's MX cast (``to_mx``, its default FLOOR scale rule: 2^(floor(log2 amax) -
+    emax), a clamped cast) of each stepped master gives the param's codes and e8m0 scales
+    bit for bit. Six params of magnitudes 2^-90 to 2^60, each in a group whose lr is
+    scaled alike, so that the scales range widely at every step. Blocks with an amax below
+    2^-118 are left out: their e8m0 code is 0 (2^-127) in both, but torchao then divides by
+    2^-126, the smallest normal float (its comment: triton's subnormals)."""
+    to_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor",
+                                reason="needs torchao (pip install torchao)").to_mx
+    g = torch.Generator().manual_seed(17)
+    exponents = (-90, -20, -1, 0, 7, 60)
+    shape, magnitudes = (2, 128), [2.0 ** e for e in exponents]
+    params, scales = [], []
+    for e in exponents:  # codes of about 2^5, an e8m0 scale of 2^(e - 5): masters of about 2^e
+        params.append(torch.nn.Parameter(fp8(torch.randn(shape, generator=g) * 32, dtype).to(device)))
+        scales.append(torch.full((2, 4), 127 + e - 5, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu))
+    hyper = {k: v for k, v in HYPER.items() if k != "lr"}
+    groups = [{"params": [p], "lr": 1e-2 * m} for p, m in zip(params, magnitudes)]
+    opt = FusedAdam(groups, fp8={p: Fp8("mxfp8", s) for p, s in zip(params, scales)}, **hyper)
+    for _ in range(3):
+        for p, m in zip(params, magnitudes):
+            p.grad = (torch.randn(shape, generator=g) * m).to(device)
+        opt.step()
+        codes = set()
+        for p, scale in zip(params, scales):
+            master = opt.state[p]["master"]
+            assert master.abs().reshape(-1, 32).amax(dim=1).min().item() > 2.0 ** -118
+            want_scale, want = to_mx(master.contiguous(), dtype, 32)
+            assert torch.equal(scale.view(torch.uint8), want_scale.view(torch.uint8))
+            assert torch.equal(bits(p.detach()), bits(want))
+            codes |= set(scale.view(torch.uint8).flatten().tolist())
+        assert min(codes) < 127 - 80 and max(codes) > 127 + 40  # the scales do range
+
+
 @pytest.mark.parametrize("dtype,scaling", [(torch.float8_e4m3fn, "mxfp8"), (torch.float8_e5m2, "block128"),
                                            (torch.float8_e4m3fn, "delayed")])
 def test_a_state_dict_loads_into_a_fresh_optimizer_and_the_param_is_cast_from_its_master(dtype, scaling):

@@ -18,8 +18,8 @@
 # Run from the repository root. Carry with the tree (git-ignored): .debs/ with the Debian
 # packages of Catch2, Highway, nlohmann-json and SWIG (swig, swig4.0, libpcre2-8-0), the
 # wheels of scikit-build-core (packaging, pathspec) and pytest-xdist (execnet) in .debs/wheels,
-# .deps/dlpack/dlpack/dlpack.h, and bitsandbytes 0.50's wheel in .wheels-gpu/ (pip download
-# --only-binary=:all: --python-version 3.12 --platform manylinux_2_24_x86_64 --no-deps).
+# .deps/dlpack/dlpack/dlpack.h, and the wheels of bitsandbytes 0.50 and torchao 0.18 in .wheels-gpu/
+# (pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_24_x86_64 --no-deps).
 # Logs go to $OUT (default ./gpu_out).
 set -uo pipefail
 repo=$(pwd)
@@ -37,6 +37,8 @@ echo "python $(python3 -c 'import sys; print(sys.version.split()[0])'), torch $(
 python3 -m pip install --quiet --no-index --find-links .debs/wheels scikit-build-core pytest-xdist > "$OUT/pip_tools.log" 2>&1
 python3 -m pip install --quiet --no-index --no-deps .wheels-gpu/bitsandbytes-*.whl > "$OUT/pip_bnb.log" 2>&1 ||
   echo "bitsandbytes not installed ($(tail -1 "$OUT/pip_bnb.log")): its comparisons skip"
+python3 -m pip install --quiet --no-index --no-deps .wheels-gpu/torchao-*.whl > "$OUT/pip_torchao.log" 2>&1 ||
+  echo "torchao not installed ($(tail -1 "$OUT/pip_torchao.log")): its comparisons skip"
 start=$(date +%s)
 # The library once, on all cores (a pip build would compile it on one); the wheel around it.
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDADAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
