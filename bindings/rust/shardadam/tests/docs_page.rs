@@ -2,7 +2,7 @@
 //! (`rust_binding_gpu_example`), in its `rust ignore` blocks (rustdoc does not compile
 //! them: they need the example's `cudart` module). The quotes must not drift from the
 //! file: each block is a run of the example's lines, as they are. (The page's other Rust
-//! block is a doctest of the crate.)
+//! blocks, the CPU step and the float8 param, are doctests of the crate.)
 use std::path::Path;
 
 #[test]
