@@ -26,7 +26,9 @@ namespace {
 // does not depend on the order its values are met in). A block whose 256 elements are all
 // in the shard, with arrays that allow it, moves a lane's runs of 4 in 16-byte (float32),
 // 8-byte (16-bit) and 4-byte (codes) accesses; the shard's last, partial block and
-// unaligned arrays go an element at a time (kWhole false).
+// unaligned arrays go an element at a time (kWhole false). Along a run of whole blocks a
+// warp loads its next block before it encodes the current one, so those loads are in
+// flight while it encodes (measured: 7% faster; bench/cuda_tuning.md).
 //
 // The grid is persistent (kBlockMomentBlocksPerSm thread blocks per multiprocessor, each taking
 // every gridDim.x-th chunk), so each thread block copies q8's 16 KB of code-book tables
@@ -34,9 +36,10 @@ namespace {
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
 // Tuning knob (bench/cuda_tuning.md): resident thread blocks per multiprocessor, the
-// register budget they leave (65536 / (256 * 3) = 85, so 80 per thread) and the grid size.
+// register budget they leave (65536 / (256 * 2) = 128 per thread: the pipelined loads need
+// them; 3 blocks' 80 spill) and the grid size.
 #ifndef SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM
-#define SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM 3
+#define SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM 2
 #endif
 constexpr int kBlockMomentBlocksPerSm = SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM;
 
@@ -81,17 +84,71 @@ constexpr int kRun = kVec / 2;
 constexpr int kRuns = 2;
 static_assert(kQuant8Block == kRuns * 32 * kRun, "two runs of kRun per lane cover a block");
 
-template <bool kWhole>
-__device__ __forceinline__ void load_codes(const uint8_t* codes, int64_t first, int n,
-                                           uint8_t (&c)[kRun]) {
-  if (kWhole) {
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + first);
+// A lane's share of a block, as loaded: the param (full precision) and grad of each run,
+// and each moment's codes (a run's kRun codes as one word, the first in the low byte) and
+// absmax. Loading is apart from the update so that a warp can issue its next block's loads
+// before it encodes the current one (update_chunk): they are then in flight while it works.
+template <class S>
+struct BlockInputs {
+  float p[kRuns][kRun], g[kRuns][kRun];
+  uint32_t codes[kNumMoments][kRuns];
+  float absmax[kNumMoments];
+};
+
+// The lane's runs of a block: [first, first + n) of the shard.
+struct LaneRuns {
+  int64_t first[kRuns];
+  int n[kRuns];
+  template <bool kWhole>
+  __device__ __forceinline__ static LaneRuns make(int64_t block, int64_t numel, int lane) {
+    LaneRuns runs;
 #pragma unroll
-    for (int j = 0; j < kRun; ++j) c[j] = static_cast<uint8_t>(w >> (8 * j));
-  } else {
-#pragma unroll
-    for (int j = 0; j < kRun; ++j) c[j] = j < n ? codes[first + j] : 0;
+    for (int r = 0; r < kRuns; ++r) {
+      runs.first[r] = block * kQuant8Block + r * (kQuant8Block / kRuns) + lane * kRun;
+      const int64_t left = numel - runs.first[r];
+      runs.n[r] = kWhole || left >= kRun ? kRun : left > 0 ? static_cast<int>(left) : 0;
+    }
+    return runs;
   }
+};
+
+template <class S, bool kWhole>
+__device__ __forceinline__ void load_block(const TypedSlot<S>& a, const TensorSlot& slot,
+                                           int64_t block, const LaneRuns& runs,
+                                           BlockInputs<S>& in) {
+  using P = Master<S::kParam, S::kMaster>;
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) {
+    const int64_t first = runs.first[r];
+    if (kWhole) {
+      P::load_vec(a, first, in.p[r]);
+      Storage<S::kGrad>::load_vec(a.grad, first, in.g[r]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kRun; ++j) {
+        in.p[r][j] = j < runs.n[r] ? P::load(a, first + j) : 0.0f;
+        in.g[r][j] = j < runs.n[r] ? Storage<S::kGrad>::load(a.grad, first + j) : 0.0f;
+      }
+    }
+  }
+  for_each_moment<S>([&](auto k) {
+    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r) {
+      const int64_t first = runs.first[r];
+      uint32_t w = 0;
+      if (kWhole) {
+        w = *reinterpret_cast<const uint32_t*>(codes + first);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kRun; ++j)
+          w |= j < runs.n[r] ? static_cast<uint32_t>(codes[first + j]) << (8 * j) : 0u;
+      }
+      in.codes[k][r] = w;
+    }
+    in.absmax[k] =
+        static_cast<const float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block];
+  });
 }
 
 template <bool kWhole>
@@ -109,23 +166,6 @@ __device__ __forceinline__ void store_codes(uint8_t* codes, int64_t first, int n
   }
 }
 
-// The param (full precision) and grad of one run.
-template <class S, bool kWhole>
-__device__ __forceinline__ void load_run(const TypedSlot<S>& a, int64_t first, int n,
-                                         float (&p)[kRun], float (&g)[kRun]) {
-  using P = Master<S::kParam, S::kMaster>;
-  if (kWhole) {
-    P::load_vec(a, first, p);
-    Storage<S::kGrad>::load_vec(a.grad, first, g);
-  } else {
-#pragma unroll
-    for (int j = 0; j < kRun; ++j) {
-      p[j] = j < n ? P::load(a, first + j) : 0.0f;
-      g[j] = j < n ? Storage<S::kGrad>::load(a.grad, first + j) : 0.0f;
-    }
-  }
-}
-
 template <class S, bool kWhole>
 __device__ __forceinline__ void store_run(const TypedSlot<S>& a, int64_t first, int n,
                                           const float (&p)[kRun]) {
@@ -139,57 +179,49 @@ __device__ __forceinline__ void store_run(const TypedSlot<S>& a, int64_t first, 
   }
 }
 
-template <ElemType T, class S, bool kL2, bool kWhole>
+// Updates block `block` from its loaded inputs `in`. After the params are stored and
+// before the codes are encoded, calls then() (which may load the warp's next block into
+// `in`: nothing of it is read after that).
+template <ElemType T, class S, bool kL2, bool kWhole, class Then>
 __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const TensorSlot& slot,
-                                             int64_t block, const AdamCoeffs<float>& c,
-                                             const BlockTables<T>& t, int lane) {
+                                             int64_t block, const LaneRuns& runs,
+                                             BlockInputs<S>& in, const AdamCoeffs<float>& c,
+                                             const BlockTables<T>& t, int lane, Then then) {
   using Codec = BlockCodec<T>;
-  int64_t first[kRuns];  // the lane's runs: [first, first + n) of the shard
-  int n[kRuns];
-#pragma unroll
-  for (int r = 0; r < kRuns; ++r) {
-    first[r] = block * kQuant8Block + r * (kQuant8Block / kRuns) + lane * kRun;
-    const int64_t left = slot.numel - first[r];
-    n[r] = kWhole || left >= kRun ? kRun : left > 0 ? static_cast<int>(left) : 0;
-  }
   float mom[kNumMoments][kRuns][kRun];
   for_each_moment<S>([&](auto k) {
-    const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
-    const float factor = Codec::decode_factor(
-        static_cast<const float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block]);
+    const float factor = Codec::decode_factor(in.absmax[k]);
     const auto book = t.book(moment_signed(k));
 #pragma unroll
-    for (int r = 0; r < kRuns; ++r) {
-      uint8_t code[kRun];
-      load_codes<kWhole>(codes, first[r], n[r], code);
+    for (int r = 0; r < kRuns; ++r)
 #pragma unroll
       for (int j = 0; j < kRun; ++j)
-        mom[k][r][j] = j < n[r] ? Codec::decode(book, code[j], factor) : 0.0f;
-    }
+        mom[k][r][j] =
+            j < runs.n[r]
+                ? Codec::decode(book, static_cast<uint8_t>(in.codes[k][r] >> (8 * j)), factor)
+                : 0.0f;
   });
-  // Every load of the block is issued before the first update waits on one (measured: 3%
-  // faster than a run at a time, which needs fewer registers; bench/cuda_tuning.md).
-  float p[kRuns][kRun], g[kRuns][kRun];
-#pragma unroll
-  for (int r = 0; r < kRuns; ++r) load_run<S, kWhole>(a, first[r], n[r], p[r], g[r]);
 #pragma unroll
   for (int r = 0; r < kRuns; ++r) {
+    float p[kRun];
 #pragma unroll
     for (int j = 0; j < kRun; ++j) {
       float e[kNumMoments];  // the element's moments
       for_each_moment<S>([&](auto k) { e[k] = mom[k][r][j]; });
-      adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, g[r][j], p[r][j], e);
+      p[j] = in.p[r][j];
+      adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, in.g[r][j], p[j], e);
       for_each_moment<S>([&](auto k) { mom[k][r][j] = e[k]; });
     }
-    store_run<S, kWhole>(a, first[r], n[r], p[r]);
+    store_run<S, kWhole>(a, runs.first[r], runs.n[r], p);
   }
+  then();
   for_each_moment<S>([&](auto k) {
     uint32_t bits = 0;  // the absmax's bits (quant8_absmax): over the lane, then the warp
 #pragma unroll
     for (int r = 0; r < kRuns; ++r)
 #pragma unroll
       for (int j = 0; j < kRun; ++j)
-        if (j < n[r]) bits = quant8_absmax_combine(bits, quant8_magnitude_bits(mom[k][r][j]));
+        if (j < runs.n[r]) bits = quant8_absmax_combine(bits, quant8_magnitude_bits(mom[k][r][j]));
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
       bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
@@ -202,17 +234,23 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
       uint8_t code[kRun];
 #pragma unroll
       for (int j = 0; j < kRun; ++j) code[j] = Codec::encode(book, mom[k][r][j], factor);
-      store_codes<kWhole>(codes, first[r], n[r], code);
+      store_codes<kWhole>(codes, runs.first[r], runs.n[r], code);
     }
     if (lane == 0)
       static_cast<float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block] = absmax;
   });
 }
 
-// Tuning knob (bench/cuda_tuning.md): 1 asks L2 for the warp's next block of a chunk while
-// it updates the current one (the kernel waits on its loads: ncu), one line per lane.
+// Tuning knob (bench/cuda_tuning.md): 1 asks L2 for a block of the warp's further along the
+// chunk while it updates the current one (the kernel waits on its loads: ncu), one line per
+// lane.
 #ifndef SA_CUDA_BLOCK_PREFETCH
 #define SA_CUDA_BLOCK_PREFETCH 1
+#endif
+// How far ahead, in the warp's blocks beyond the next (whose loads the pipeline issues
+// itself), the L2 prefetch reaches.
+#ifndef SA_CUDA_BLOCK_PREFETCH_AHEAD
+#define SA_CUDA_BLOCK_PREFETCH_AHEAD 1
 #endif
 
 __device__ __forceinline__ void prefetch_lines(const void* base, int64_t bytes, int lane) {
@@ -234,7 +272,8 @@ __device__ __forceinline__ void prefetch_block(const TypedSlot<S>& a, int64_t b,
   });
 }
 
-// The blocks of one chunk, a warp per block.
+// The blocks of one chunk, a warp per block. A run of whole blocks is pipelined: each
+// block's update loads the warp's next block before it encodes (update_block's then).
 template <ElemType T, class S, bool kL2>
 __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   const TypedSlot<S> a(w.slot);
@@ -243,14 +282,35 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
     vec_ok = vec_ok && aligned(w.slot.state[static_cast<int>(moment_state(k))], kRun);
   });
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  for (int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
-       b * kQuant8Block < w.end; b += warps) {
-    if (SA_CUDA_BLOCK_PREFETCH && (b + warps) * kQuant8Block < w.end)
-      prefetch_block(a, b + warps, lane);
-    if (vec_ok && (b + 1) * kQuant8Block <= w.slot.numel)
-      update_block<T, S, kL2, true>(a, w.slot, b, w.coeffs.c, t, lane);
-    else
-      update_block<T, S, kL2, false>(a, w.slot, b, w.coeffs.c, t, lane);
+  const int64_t numel = w.slot.numel;
+  const auto mine = [&](int64_t b) { return b * kQuant8Block < w.end; };
+  const auto whole = [&](int64_t b) { return vec_ok && (b + 1) * kQuant8Block <= numel; };
+  const auto prefetch = [&](int64_t b) {
+    if (SA_CUDA_BLOCK_PREFETCH && mine(b)) prefetch_block(a, b, lane);
+  };
+  int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
+  while (mine(b)) {
+    BlockInputs<S> in;
+    if (whole(b)) {
+      load_block<S, true>(a, w.slot, b, LaneRuns::make<true>(b, numel, lane), in);
+      for (bool more = true; more;) {
+        const int64_t next = b + warps;
+        more = mine(next) && whole(next);
+        prefetch(next + SA_CUDA_BLOCK_PREFETCH_AHEAD * warps);
+        const auto load_next = [&] {
+          if (more)
+            load_block<S, true>(a, w.slot, next, LaneRuns::make<true>(next, numel, lane), in);
+        };
+        update_block<T, S, kL2, true>(a, w.slot, b, LaneRuns::make<true>(b, numel, lane), in,
+                                      w.coeffs.c, t, lane, load_next);
+        b = next;
+      }
+    } else {
+      const auto runs = LaneRuns::make<false>(b, numel, lane);
+      load_block<S, false>(a, w.slot, b, runs, in);
+      update_block<T, S, kL2, false>(a, w.slot, b, runs, in, w.coeffs.c, t, lane, [] {});
+      b += warps;
+    }
   }
 }
 
