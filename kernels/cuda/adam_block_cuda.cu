@@ -113,9 +113,8 @@ struct LaneRuns {
 };
 
 template <class S, bool kWhole>
-__device__ __forceinline__ void load_block(const TypedSlot<S>& a, const TensorSlot& slot,
-                                           int64_t block, const LaneRuns& runs,
-                                           BlockInputs<S>& in) {
+__device__ __forceinline__ void load_values(const TypedSlot<S>& a, const LaneRuns& runs,
+                                            BlockInputs<S>& in) {
   using P = Master<S::kParam, S::kMaster>;
 #pragma unroll
   for (int r = 0; r < kRuns; ++r) {
@@ -131,6 +130,11 @@ __device__ __forceinline__ void load_block(const TypedSlot<S>& a, const TensorSl
       }
     }
   }
+}
+
+template <class S, bool kWhole>
+__device__ __forceinline__ void load_codes(const TensorSlot& slot, int64_t block,
+                                           const LaneRuns& runs, BlockInputs<S>& in) {
   for_each_moment<S>([&](auto k) {
     const auto* codes = static_cast<const uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
 #pragma unroll
@@ -179,14 +183,16 @@ __device__ __forceinline__ void store_run(const TypedSlot<S>& a, int64_t first, 
   }
 }
 
-// Updates block `block` from its loaded inputs `in`. After the params are stored and
-// before the codes are encoded, calls then() (which may load the warp's next block into
-// `in`: nothing of it is read after that).
-template <ElemType T, class S, bool kL2, bool kWhole, class Then>
+// Updates block `block` from its loaded inputs `in`. Calls decoded() once the codes are
+// decoded (it may load the warp's next block's codes into `in`), and stored() once the
+// params are stored, before the encode (it may load the next block's params and grads):
+// nothing of `in` they replace is read after that.
+template <ElemType T, class S, bool kL2, bool kWhole, class Decoded, class Stored>
 __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const TensorSlot& slot,
                                              int64_t block, const LaneRuns& runs,
                                              BlockInputs<S>& in, const AdamCoeffs<float>& c,
-                                             const BlockTables<T>& t, int lane, Then then) {
+                                             const BlockTables<T>& t, int lane, Decoded decoded,
+                                             Stored stored) {
   using Codec = BlockCodec<T>;
   float mom[kNumMoments][kRuns][kRun];
   for_each_moment<S>([&](auto k) {
@@ -201,31 +207,46 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
                 ? Codec::decode(book, static_cast<uint8_t>(in.codes[k][r] >> (8 * j)), factor)
                 : 0.0f;
   });
+  decoded();
+  const auto lane_c = broadcast<kRun>(c);
 #pragma unroll
-  for (int r = 0; r < kRuns; ++r) {
+  for (int r = 0; r < kRuns; ++r) {  // a run's elements side by side (CudaLaneOps)
+    CudaLanes<kRun> pr, gr, e[kNumMoments];
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) {
+      pr.x[j] = in.p[r][j];
+      gr.x[j] = in.g[r][j];
+      for_each_moment<S>([&](auto k) { e[k].x[j] = mom[k][r][j]; });
+    }
+    adam_update<kL2, S::kAmsgrad>(CudaLaneOps<kRun>{}, lane_c, gr, pr, e);
     float p[kRun];
 #pragma unroll
     for (int j = 0; j < kRun; ++j) {
-      float e[kNumMoments];  // the element's moments
-      for_each_moment<S>([&](auto k) { e[k] = mom[k][r][j]; });
-      p[j] = in.p[r][j];
-      adam_update<kL2, S::kAmsgrad>(CudaOps{}, c, in.g[r][j], p[j], e);
-      for_each_moment<S>([&](auto k) { mom[k][r][j] = e[k]; });
+      p[j] = pr.x[j];
+      for_each_moment<S>([&](auto k) { mom[k][r][j] = e[k].x[j]; });
     }
     store_run<S, kWhole>(a, runs.first[r], runs.n[r], p);
   }
-  then();
+  stored();
+  // Each moment's absmax bits (quant8_absmax): over the lane, then over the warp, the
+  // moments' shuffles side by side.
+  uint32_t bits[kNumMoments];
   for_each_moment<S>([&](auto k) {
-    uint32_t bits = 0;  // the absmax's bits (quant8_absmax): over the lane, then the warp
+    bits[k] = 0;
 #pragma unroll
     for (int r = 0; r < kRuns; ++r)
 #pragma unroll
       for (int j = 0; j < kRun; ++j)
-        if (j < runs.n[r]) bits = quant8_absmax_combine(bits, quant8_magnitude_bits(mom[k][r][j]));
+        if (j < runs.n[r])
+          bits[k] = quant8_absmax_combine(bits[k], quant8_magnitude_bits(mom[k][r][j]));
+  });
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      bits = quant8_absmax_combine(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-    const float absmax = bits_float(bits);
+  for (int offset = 16; offset > 0; offset /= 2)
+    for_each_moment<S>([&](auto k) {
+      bits[k] = quant8_absmax_combine(bits[k], __shfl_xor_sync(0xFFFFFFFFu, bits[k], offset));
+    });
+  for_each_moment<S>([&](auto k) {
+    const float absmax = bits_float(bits[k]);
     const auto factor = Codec::encode_factor(absmax);
     const auto book = t.book(moment_signed(k));
     auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
@@ -252,6 +273,11 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
 #ifndef SA_CUDA_BLOCK_PREFETCH_AHEAD
 #define SA_CUDA_BLOCK_PREFETCH_AHEAD 1
 #endif
+// Tuning knob: 1 loads the next block's codes as soon as the current block's are decoded
+// (6 registers more, live through the update), 0 with its params and grads.
+#ifndef SA_CUDA_BLOCK_EARLY_CODES
+#define SA_CUDA_BLOCK_EARLY_CODES 1
+#endif
 
 __device__ __forceinline__ void prefetch_lines(const void* base, int64_t bytes, int lane) {
   if (base != nullptr && lane * 128 < bytes)
@@ -273,7 +299,8 @@ __device__ __forceinline__ void prefetch_block(const TypedSlot<S>& a, int64_t b,
 }
 
 // The blocks of one chunk, a warp per block. A run of whole blocks is pipelined: each
-// block's update loads the warp's next block before it encodes (update_block's then).
+// block's update loads the warp's next block while it runs (update_block's decoded and
+// stored).
 template <ElemType T, class S, bool kL2>
 __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   const TypedSlot<S> a(w.slot);
@@ -292,23 +319,32 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   while (mine(b)) {
     BlockInputs<S> in;
     if (whole(b)) {
-      load_block<S, true>(a, w.slot, b, LaneRuns::make<true>(b, numel, lane), in);
+      auto runs = LaneRuns::make<true>(b, numel, lane);
+      load_values<S, true>(a, runs, in);
+      load_codes<S, true>(w.slot, b, runs, in);
       for (bool more = true; more;) {
         const int64_t next = b + warps;
+        const auto next_runs = LaneRuns::make<true>(next, numel, lane);
         more = mine(next) && whole(next);
         prefetch(next + SA_CUDA_BLOCK_PREFETCH_AHEAD * warps);
-        const auto load_next = [&] {
-          if (more)
-            load_block<S, true>(a, w.slot, next, LaneRuns::make<true>(next, numel, lane), in);
+        const auto next_codes = [&] {
+          if (more && SA_CUDA_BLOCK_EARLY_CODES) load_codes<S, true>(w.slot, next, next_runs, in);
         };
-        update_block<T, S, kL2, true>(a, w.slot, b, LaneRuns::make<true>(b, numel, lane), in,
-                                      w.coeffs.c, t, lane, load_next);
+        const auto next_values = [&] {
+          if (more) load_values<S, true>(a, next_runs, in);
+          if (more && !SA_CUDA_BLOCK_EARLY_CODES) load_codes<S, true>(w.slot, next, next_runs, in);
+        };
+        update_block<T, S, kL2, true>(a, w.slot, b, runs, in, w.coeffs.c, t, lane, next_codes,
+                                      next_values);
         b = next;
+        runs = next_runs;
       }
     } else {
       const auto runs = LaneRuns::make<false>(b, numel, lane);
-      load_block<S, false>(a, w.slot, b, runs, in);
-      update_block<T, S, kL2, false>(a, w.slot, b, runs, in, w.coeffs.c, t, lane, [] {});
+      load_values<S, false>(a, runs, in);
+      load_codes<S, false>(w.slot, b, runs, in);
+      update_block<T, S, kL2, false>(
+          a, w.slot, b, runs, in, w.coeffs.c, t, lane, [] {}, [] {});
       b += warps;
     }
   }
