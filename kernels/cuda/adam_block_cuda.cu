@@ -27,8 +27,10 @@ namespace {
 // in the shard, with arrays that allow it, moves a lane's runs of 4 in 16-byte (float32),
 // 8-byte (16-bit) and 4-byte (codes) accesses; the shard's last, partial block and
 // unaligned arrays go an element at a time (kWhole false). Along a run of whole blocks a
-// warp loads its next block before it encodes the current one, so those loads are in
-// flight while it encodes (measured: 7% faster; bench/cuda_tuning.md).
+// warp loads its next block's codes once it has decoded the current block's, and the next
+// params and grads once it has stored the current params, so those loads are in flight
+// while it works (measured: 7% faster with q8, 11% with f8e4m3; bench/cuda_tuning.md). A
+// run's kRun elements go through adam_update side by side (CudaLaneOps).
 //
 // The grid is persistent (kBlockMomentBlocksPerSm thread blocks per multiprocessor, each taking
 // every gridDim.x-th chunk), so each thread block copies q8's 16 KB of code-book tables
@@ -87,7 +89,7 @@ static_assert(kQuant8Block == kRuns * 32 * kRun, "two runs of kRun per lane cove
 // A lane's share of a block, as loaded: the param (full precision) and grad of each run,
 // and each moment's codes (a run's kRun codes as one word, the first in the low byte) and
 // absmax. Loading is apart from the update so that a warp can issue its next block's loads
-// before it encodes the current one (update_chunk): they are then in flight while it works.
+// while it updates the current one (update_chunk).
 template <class S>
 struct BlockInputs {
   float p[kRuns][kRun], g[kRuns][kRun];
