@@ -20,7 +20,8 @@
 # wheels of scikit-build-core (packaging, pathspec) and pytest-xdist (execnet) in .debs/wheels,
 # .deps/dlpack/dlpack/dlpack.h, and the wheels of bitsandbytes 0.50 and torchao 0.18 in .wheels-gpu/
 # (pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_24_x86_64 --no-deps).
-# Logs go to $OUT (default ./gpu_out).
+# SHARDADAM_PREBUILT=<dir> packages a library staged there by stage_prebuilt.sh (carried with
+# the tree) instead of building one here. Logs go to $OUT (default ./gpu_out).
 set -uo pipefail
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu_out}
@@ -40,15 +41,22 @@ python3 -m pip install --quiet --no-index --no-deps .wheels-gpu/bitsandbytes-*.w
 python3 -m pip install --quiet --no-index --no-deps .wheels-gpu/torchao-*.whl > "$OUT/pip_torchao.log" 2>&1 ||
   echo "torchao not installed ($(tail -1 "$OUT/pip_torchao.log")): its comparisons skip"
 start=$(date +%s)
-# The library once, on all cores (a pip build would compile it on one); the wheel around it.
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDADAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DDLPack_INCLUDE_DIR="$repo/.deps/dlpack" -DSHARDADAM_WERROR=ON \
-  -DSHARDADAM_BUILD_TESTS=OFF -DSHARDADAM_BUILD_BENCH=OFF -DSHARDADAM_BUILD_EXAMPLES=OFF > "$OUT/configure.log" 2>&1 &&
-  cmake --build build-gpu -j "$(nproc)" --target shardadam shardadam_cuda > "$OUT/build.log" 2>&1 ||
-  { grep -B2 -A10 error "$OUT/configure.log" "$OUT/build.log" | head -60; exit 1; }
+if [ -n "${SHARDADAM_PREBUILT:-}" ]; then
+  # A library built elsewhere and staged with stage_prebuilt.sh: only the extensions compile.
+  prebuilt=$(cd "$SHARDADAM_PREBUILT" && pwd)
+  echo "the prebuilt library of $prebuilt"
+else
+  # The library once, on all cores (a pip build would compile it on one); the wheel around it.
+  prebuilt=$repo/build-gpu
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDADAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DDLPack_INCLUDE_DIR="$repo/.deps/dlpack" -DSHARDADAM_WERROR=ON \
+    -DSHARDADAM_BUILD_TESTS=OFF -DSHARDADAM_BUILD_BENCH=OFF -DSHARDADAM_BUILD_EXAMPLES=OFF > "$OUT/configure.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" --target shardadam shardadam_cuda > "$OUT/build.log" 2>&1 ||
+    { grep -B2 -A10 error "$OUT/configure.log" "$OUT/build.log" | head -60; exit 1; }
+fi
 rm -rf /tmp/sa_wheel
 python3 -m pip wheel --quiet --no-build-isolation --no-deps -w /tmp/sa_wheel ./bindings/python -C build-dir=/tmp/skb \
-  -C cmake.define.SHARDADAM_PREBUILT="$repo/build-gpu" -C cmake.define.DLPack_INCLUDE_DIR="$repo/.deps/dlpack" \
+  -C cmake.define.SHARDADAM_PREBUILT="$prebuilt" -C cmake.define.DLPack_INCLUDE_DIR="$repo/.deps/dlpack" \
   -C cmake.define.CMAKE_POLICY_VERSION_MINIMUM=3.5 -C cmake.define.SHARDADAM_WERROR=ON \
   > "$OUT/pip.log" 2>&1 || { tail -60 "$OUT/pip.log"; exit 1; }
 python3 -m pip install --quiet --no-index --no-deps --force-reinstall /tmp/sa_wheel/shardadam-*.whl >> "$OUT/pip.log" 2>&1 ||
