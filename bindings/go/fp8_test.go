@@ -332,6 +332,33 @@ func TestFP8CurrentScalingTakesAMargin(t *testing.T) {
 	}
 }
 
+// An fp8 param under a current scaling with margin 2: Param.Info reports the scaling and
+// the margin it was registered with, and the float32 grads and master the library gives
+// fp8 params.
+func TestParamInfoReportsAnFP8ParamsScalingAndMargin(t *testing.T) {
+	for _, scaling := range []Scaling{ScalingCurrent, ScalingCurrentPow2} {
+		opt := newOptimizer(t)
+		mustAddGroup(t, opt, DefaultGroupConfig())
+		param := newHost(t, Float8E4M3FN, 4, 64)
+		scale := newHost(t, Float32, 2)
+		scale.Float32()[0], scale.Float32()[1] = 1, 1
+		st := scale.Tensor()
+		p, err := opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: scaling, Scale: &st, Margin: 2})
+		if err != nil {
+			t.Fatalf("AddParamTensor(scaling %d): %v", scaling, err)
+		}
+		info, err := p.Info()
+		if err != nil {
+			t.Fatalf("Info: %v", err)
+		}
+		if info.Scaling != scaling || info.Margin != 2 || info.DType != Float8E4M3FN ||
+			info.GradDType != Float32 || info.Master != MasterFP32 || info.Numel != 4*64 {
+			t.Errorf("Info() = %+v; want scaling %d, margin 2, dtype %s, grads %s, master %d, numel %d",
+				info, scaling, Float8E4M3FN, Float32, MasterFP32, 4*64)
+		}
+	}
+}
+
 // A margin the current scalings cannot take, and one on a scaling without a margin, are
 // refused with the library's message, and nothing is added.
 func TestFP8MarginsThatDoNotFitAreRefused(t *testing.T) {

@@ -168,10 +168,10 @@ type MasterKind int
 
 // The master kinds.
 const (
-	MasterAuto      MasterKind = 0 // none for float32 params, float32 master for 16-bit params
-	MasterNone      MasterKind = 1 // update the param in its own dtype (float32 params only)
-	MasterFP32      MasterKind = 2 // keep a float32 master copy; the param is its rounding
-	MasterRemainder MasterKind = 3 // bfloat16 params: keep the int16 low half of the float32
+	MasterAuto      MasterKind = C.SA_MASTER_AUTO      // none for float32 params, float32 master for 16-bit params
+	MasterNone      MasterKind = C.SA_MASTER_NONE      // update the param in its own dtype (float32 params only)
+	MasterFP32      MasterKind = C.SA_MASTER_FP32      // keep a float32 master copy; the param is its rounding
+	MasterRemainder MasterKind = C.SA_MASTER_REMAINDER // bfloat16 params: keep the int16 low half of the float32
 )
 
 // Scaling says how an fp8 param (Float8E4M3FN, Float8E5M2) is cast from its float32 master
@@ -436,12 +436,11 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 	}
 	// The grad dtype as the library resolved it (its default is its own fact: the param's
 	// dtype, float32 for an fp8 param).
-	info := C.sa_param_info{struct_size: C.sizeof_sa_param_info}
-	if err := o.check(C.sa_optimizer_param_info(o.handle, index, &info)); err != nil {
+	info, err := o.paramInfo(int64(index))
+	if err != nil {
 		panic("shardadam: reading the param just added: " + err.Error()) // a broken library
 	}
-	gradDType := dtypeOfDLPack(int(info.grad_dtype.code), int(info.grad_dtype.bits))
-	p := &Param{Index: int64(index), Name: name, DType: t.DType, GradDType: gradDType,
+	p := &Param{Index: int64(index), Name: name, DType: t.DType, GradDType: info.GradDType,
 		Shape: append([]int64(nil), t.Shape...), Device: t.Device, opt: o, numel: numel, data: t.Data}
 	if t.Device.Kind == KindCPU {
 		p.host = pointerAt(t.Data)
@@ -451,6 +450,64 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 	}
 	o.params = append(o.params, p)
 	return p, nil
+}
+
+// ParamInfo is what the optimizer knows about a param, as the library registered and
+// resolved it (sa_param_info): defaults filled in, the layout resolved to a box.
+type ParamInfo struct {
+	Index        int64      // the library's index of the param
+	Name         string     // its fully qualified name
+	Group        int32      // the group it belongs to
+	LocalShape   []int64    // the shape of this rank's shard
+	GlobalShape  []int64    // the shape of the whole tensor (LocalShape when not sharded)
+	GlobalOffset []int64    // where the shard starts in the whole tensor, one per dim
+	Numel        int64      // the local elements
+	DType        DType      // the dtype of the param's data
+	GradDType    DType      // the dtype its grads must have
+	MomentDType  DType      // the dtype its moments are stored in
+	Master       MasterKind // how its full-precision value is kept (never MasterAuto)
+	Device       Device     // where its data lives
+	Scaling      Scaling    // how an fp8 param is cast from its master; ScalingNone for others
+	Margin       int32      // the margin of a current scaling; 0 otherwise
+}
+
+// Info returns what the optimizer knows about the param (sa_optimizer_param_info).
+// StatusState once its optimizer is closed.
+func (p *Param) Info() (ParamInfo, error) {
+	const op = "shardadam.Param.Info"
+	if p == nil || p.opt == nil {
+		return ParamInfo{}, bindingError(StatusInvalidArgument, "%s: the param was not returned by an optimizer", op)
+	}
+	o := p.opt
+	if err := o.lock(op); err != nil {
+		return ParamInfo{}, err
+	}
+	defer o.mu.Unlock()
+	return o.paramInfo(p.Index)
+}
+
+// paramInfo reads the param of index from the library, its arrays and name copied out of
+// the optimizer's memory (which Close frees). The caller holds the lock.
+func (o *Optimizer) paramInfo(index int64) (ParamInfo, error) {
+	info := C.sa_param_info{struct_size: C.sizeof_sa_param_info}
+	if err := o.check(C.sa_optimizer_param_info(o.handle, C.int64_t(index), &info)); err != nil {
+		return ParamInfo{}, err
+	}
+	ndim := int(info.ndim)
+	dims := func(a *C.int64_t) []int64 {
+		if ndim == 0 {
+			return []int64{}
+		}
+		return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(a)), ndim)...)
+	}
+	dtype := func(d C.DLDataType) DType { return dtypeOfDLPack(int(d.code), int(d.bits)) }
+	return ParamInfo{Index: index, Name: C.GoString(info.name), Group: int32(info.group),
+		LocalShape: dims(info.local_shape), GlobalShape: dims(info.global_shape),
+		GlobalOffset: dims(info.global_offset), Numel: int64(info.numel),
+		DType: dtype(info.param_dtype), GradDType: dtype(info.grad_dtype), MomentDType: dtype(info.moment_dtype),
+		Master:  MasterKind(info.master),
+		Device:  Device{Kind: DeviceKind(info.device.device_type), ID: int(info.device.device_id)},
+		Scaling: Scaling(info.scaling), Margin: int32(info.margin)}, nil
 }
 
 // firstElem points to values[0], or is nil for an empty slice.

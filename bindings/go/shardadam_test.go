@@ -334,6 +334,80 @@ func TestLocalBoxFollowsTorchChunk(t *testing.T) {
 	}
 }
 
+// torchChunk is this coordinate's part of a dim of n split k ways by torch.chunk: chunks
+// of ceil(n/k), so trailing coordinates get a smaller chunk or none.
+func torchChunk(n, k, coord int64) (size, offset int64) {
+	chunk := (n + k - 1) / k
+	offset = coord * chunk
+	if offset > n {
+		offset = n
+	}
+	size = chunk
+	if n-offset < size {
+		size = n - offset
+	}
+	return size, offset
+}
+
+// Every coordinate of a 4x3 mesh holds a bfloat16 shard of a tensor split along both dims
+// (some shards smaller, some empty): Param.Info reports what was registered and what the
+// library resolved, the global shape and the torch.chunk offset of each coordinate.
+func TestParamInfoReportsTheShardsPlaceAndWhatTheLibraryResolved(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	opt := newOptimizer(t)
+	mustAddGroup(t, opt, DefaultGroupConfig())
+	group := mustAddGroup(t, opt, GroupConfig{"lr": 1e-3})
+	mesh := []int64{4, 3}
+	for _, global := range [][]int64{{10, 7}, {2, 5}} {
+		for r := int64(0); r < mesh[0]; r++ {
+			for c := int64(0); c < mesh[1]; c++ {
+				name := fmt.Sprintf("w%v.%d.%d", global, r, c)
+				rows, rowOffset := torchChunk(global[0], mesh[0], r)
+				cols, colOffset := torchChunk(global[1], mesh[1], c)
+				local := []int64{rows, cols}
+				init := make([]uint16, rows*cols)
+				for i := range init {
+					init[i] = Float32ToBFloat16(float32(rng.NormFloat64()))
+				}
+				layout := Layout{GlobalShape: global, MeshShape: mesh, MeshCoord: []int64{r, c},
+					Placements: []Placement{Shard(0), Shard(1)}}
+				p, err := opt.AddParam16(name, group, BFloat16, local, init, &ParamOptions{Layout: &layout,
+					GradDType: Float32, MomentDType: BFloat16, Master: MasterRemainder})
+				if err != nil {
+					t.Fatalf("AddParam16(%s): %v", name, err)
+				}
+				got, err := p.Info()
+				if err != nil {
+					t.Fatalf("%s: Info: %v", name, err)
+				}
+				want := ParamInfo{Index: p.Index, Name: name, Group: int32(group), LocalShape: local,
+					GlobalShape: global, GlobalOffset: []int64{rowOffset, colOffset}, Numel: rows * cols,
+					DType: BFloat16, GradDType: Float32, MomentDType: BFloat16, Master: MasterRemainder,
+					Device: CPU(), Scaling: ScalingNone, Margin: 0}
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("%s: Info() =\n  %+v\nwant\n  %+v", name, got, want)
+				}
+			}
+		}
+	}
+	// The defaults the library resolves: the grad and moment dtypes of a float32 param, and
+	// no master (never MasterAuto).
+	p, err := opt.AddParam("bias", 0, []int64{7}, randomValues(rng, 7), nil)
+	if err != nil {
+		t.Fatalf("AddParam(bias): %v", err)
+	}
+	got, err := p.Info()
+	if err != nil {
+		t.Fatalf("bias: Info: %v", err)
+	}
+	want := ParamInfo{Index: p.Index, Name: "bias", Group: 0, LocalShape: []int64{7}, GlobalShape: []int64{7},
+		GlobalOffset: []int64{0}, Numel: 7, DType: Float32, GradDType: Float32, MomentDType: Float32,
+		Master: MasterNone, Device: CPU(), Scaling: ScalingNone}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("bias: Info() =\n  %+v\nwant\n  %+v", got, want)
+	}
+}
+
 // Two groups (AdamW; Adam with L2 decay, AMSGrad and maximize), a float32 param that is
 // not sharded, a row shard of a mesh layout, a box-form shard and an empty shard; five
 // steps with random grads and an LR change: params and states match a float64 reference.
@@ -701,6 +775,9 @@ func TestCloseReleasesEverythingAndIsIdempotent(t *testing.T) {
 	if err := opt.SetGrad(p, []float32{1, 1}); err != nil {
 		t.Fatalf("SetGrad: %v", err)
 	}
+	if info, err := p.Info(); err != nil || info.Name != "w" {
+		t.Fatalf("Param.Info before Close = %+v, %v", info, err)
+	}
 	if err := opt.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -709,6 +786,9 @@ func TestCloseReleasesEverythingAndIsIdempotent(t *testing.T) {
 	}
 	if p.Float32() != nil {
 		t.Errorf("Param.Float32 after Close is not nil")
+	}
+	if info, err := p.Info(); err == nil || asError(t, err).Status != StatusState || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("Param.Info after Close = %+v, %v; want StatusState saying the optimizer is closed", info, err)
 	}
 	if e := asError(t, opt.Step()); e.Status != StatusState || !strings.Contains(e.Message, "closed") {
 		t.Errorf("Step after Close: %v", e)
