@@ -506,6 +506,7 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_optimizer_step,
         sa_optimizer_flush,
         sa_optimizer_state_view,
+        sa_optimizer_get_moment_values,
         sa_optimizer_recast_params,
         sa_optimizer_reset_masters,
         sa_file_writer,

@@ -945,6 +945,16 @@ extern "C" {
         out: *mut *mut DLManagedTensorVersioned,
     ) -> sa_status;
 
+    /// A moment ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") as float32 values whatever its
+    /// storage (8-bit codes decoded as shard files hold them), into `out`: float32,
+    /// C-contiguous, host memory, the param's local shape. Synchronizes a device backend.
+    pub fn sa_optimizer_get_moment_values(
+        opt: *const sa_optimizer,
+        param: i64,
+        key: *const c_char,
+        out: *const DLTensor,
+    ) -> sa_status;
+
     /// Casts the fp8 params `[first, first + n)` again from their masters (after masters
     /// were written through state views); synchronizes a device backend.
     pub fn sa_optimizer_recast_params(opt: *mut sa_optimizer, first: i64, n: i64) -> sa_status;

@@ -2384,8 +2384,10 @@ impl Optimizer {
 
     /// A copy of one state of a param as f32: "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
     /// (amsgrad) or "master" (fp32 master). bfloat16 moments are widened exactly; for the
-    /// int16 "remainder" use [`Optimizer::state_i16`].
+    /// int16 "remainder" use [`Optimizer::state_i16`], for moments stored as 8-bit or
+    /// float8 block codes [`Optimizer::moment_values`].
     pub fn state(&mut self, param: Param, key: &str) -> Result<Vec<f32>> {
+        let name = self.slot(param)?.name.clone();
         self.with_state(param, key, |dtype, bytes| match dtype {
             DType::Float32 => Ok(bytes
                 .chunks_exact(4)
@@ -2397,9 +2399,62 @@ impl Optimizer {
                 .collect()),
             other => Err(Error {
                 status: Status::Unsupported,
-                message: format!("state: '{}' is {:?}; use state_i16", key, other),
+                message: format!(
+                    "state: '{}' of param '{}' {}",
+                    key,
+                    name,
+                    match other {
+                        DType::Int16 => "is int16; use state_i16".to_string(),
+                        DType::Uint8 => "holds uint8 codes (8-bit moments); moment_values \
+                                         gives their float32 values"
+                            .to_string(),
+                        DType::Float8E4m3fn => "holds float8_e4m3fn codes (moments with a \
+                                                scale per block); moment_values gives their \
+                                                float32 values"
+                            .to_string(),
+                        _ => format!(
+                            "is {}, which state does not read (it reads float32 and bfloat16)",
+                            other.name()
+                        ),
+                    }
+                ),
             }),
         })
+    }
+
+    /// A moment of a param ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") as float32 values
+    /// in row-major order of its local shape (`sa_optimizer_get_moment_values`), whatever
+    /// its storage: float32 as is, bfloat16 widened, 8-bit and float8 block codes decoded
+    /// as shard files hold them (README.md: 8-bit moments). Works on any device: a device
+    /// backend is synchronized and the values copied to the host. Other keys fail with the
+    /// library's message.
+    pub fn moment_values(&mut self, param: Param, key: &str) -> Result<Vec<f32>> {
+        let slot = self.slot(param)?;
+        let c_key = CString::new(key)
+            .map_err(|_| invalid(format!("moment_values: key {:?} contains a NUL byte", key)))?;
+        let mut values = vec![0f32; slot.numel];
+        let out = sys::DLTensor {
+            data: values.as_mut_ptr() as *mut c_void,
+            device: sys::DLDevice {
+                device_type: sys::kDLCPU,
+                device_id: 0,
+            },
+            ndim: slot.shape.len() as i32,
+            dtype: DType::Float32.dlpack()?,
+            // The library reads the shape during the call and never writes it.
+            shape: slot.shape.as_ptr() as *mut i64,
+            strides: ptr::null_mut(),
+            byte_offset: 0,
+        };
+        self.check(unsafe {
+            sys::sa_optimizer_get_moment_values(
+                self.raw.as_ptr(),
+                param.index,
+                c_key.as_ptr(),
+                &out,
+            )
+        })?;
+        Ok(values)
     }
 
     /// A copy of the int16 "remainder" state of a param.
