@@ -116,6 +116,15 @@ func newHost(t *testing.T, dtype DType, shape ...int64) *HostTensor {
 	return h
 }
 
+// unitCurrentScale is a current scaling's [scale, scale_inv] tensor, both 1 (freed at the
+// test's end).
+func unitCurrentScale(t *testing.T) Tensor {
+	t.Helper()
+	s := newHost(t, Float32, 2)
+	s.Float32()[0], s.Float32()[1] = 1, 1
+	return s.Tensor()
+}
+
 // An fp8 param under delayed scaling (e4m3fn) and MXFP8 (e5m2): over several steps its
 // master is the float32 twin's param bit for bit, its codes the reference cast of the
 // master, its amax / block scales the reference rule's.
@@ -340,9 +349,7 @@ func TestParamInfoReportsAnFP8ParamsScalingAndMargin(t *testing.T) {
 		opt := newOptimizer(t)
 		mustAddGroup(t, opt, DefaultGroupConfig())
 		param := newHost(t, Float8E4M3FN, 4, 64)
-		scale := newHost(t, Float32, 2)
-		scale.Float32()[0], scale.Float32()[1] = 1, 1
-		st := scale.Tensor()
+		st := unitCurrentScale(t)
 		p, err := opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: scaling, Scale: &st, Margin: 2})
 		if err != nil {
 			t.Fatalf("AddParamTensor(scaling %d): %v", scaling, err)
@@ -365,9 +372,7 @@ func TestFP8MarginsThatDoNotFitAreRefused(t *testing.T) {
 	opt := newOptimizer(t)
 	mustAddGroup(t, opt, DefaultGroupConfig())
 	param := newHost(t, Float8E4M3FN, 4, 64)
-	current := newHost(t, Float32, 2)
-	current.Float32()[0], current.Float32()[1] = 1, 1
-	cs := current.Tensor()
+	cs := unitCurrentScale(t)
 	_, err := opt.AddParamTensor("w", 0, param.Tensor(), &ParamOptions{Scaling: ScalingCurrent, Scale: &cs, Margin: 7})
 	expectError(t, "margin 7", err, StatusInvalidArgument, "options.margin is 7; it must be 0 to 6")
 	delayed := newHost(t, Float32, 1)
