@@ -157,6 +157,15 @@ __device__ __forceinline__ void load_codes(const TensorSlot& slot, int64_t block
   });
 }
 
+// All of a block's inputs (a run's first block, or a block outside the pipeline).
+template <class S, bool kWhole>
+__device__ __forceinline__ void load_block(const TypedSlot<S>& a, const TensorSlot& slot,
+                                           int64_t block, const LaneRuns& runs,
+                                           BlockInputs<S>& in) {
+  load_values<S, kWhole>(a, runs, in);
+  load_codes<S, kWhole>(slot, block, runs, in);
+}
+
 template <bool kWhole>
 __device__ __forceinline__ void store_codes(uint8_t* codes, int64_t first, int n,
                                             const uint8_t (&c)[kRun]) {
@@ -322,8 +331,7 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
     BlockInputs<S> in;
     if (whole(b)) {
       auto runs = LaneRuns::make<true>(b, numel, lane);
-      load_values<S, true>(a, runs, in);
-      load_codes<S, true>(w.slot, b, runs, in);
+      load_block<S, true>(a, w.slot, b, runs, in);
       for (bool more = true; more;) {
         const int64_t next = b + warps;
         const auto next_runs = LaneRuns::make<true>(next, numel, lane);
@@ -343,8 +351,7 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
       }
     } else {
       const auto runs = LaneRuns::make<false>(b, numel, lane);
-      load_values<S, false>(a, runs, in);
-      load_codes<S, false>(w.slot, b, runs, in);
+      load_block<S, false>(a, w.slot, b, runs, in);
       update_block<T, S, kL2, false>(
           a, w.slot, b, runs, in, w.coeffs.c, t, lane, [] {}, [] {});
       b += warps;

@@ -183,6 +183,23 @@ impl std::error::Error for Error {}
 /// The result of a shardadam call.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// A C-contiguous host DLTensor of `dtype` over `data`, borrowing `shape`: for a call that
+/// reads or writes it while both are alive (the library never writes the shape).
+fn host_dl_tensor(data: *mut c_void, dtype: DType, shape: &[i64]) -> Result<sys::DLTensor> {
+    Ok(sys::DLTensor {
+        data,
+        device: sys::DLDevice {
+            device_type: sys::kDLCPU,
+            device_id: 0,
+        },
+        ndim: shape.len() as i32,
+        dtype: dtype.dlpack()?,
+        shape: shape.as_ptr() as *mut i64,
+        strides: ptr::null_mut(),
+        byte_offset: 0,
+    })
+}
+
 fn invalid(message: String) -> Error {
     Error {
         status: Status::InvalidArgument,
@@ -2076,19 +2093,11 @@ impl Optimizer {
         }
         let numel = slot.numel;
         let buffer = slot.grad.get_or_insert_with(|| vec![0u32; numel.max(1)]);
-        Ok(sys::DLTensor {
-            data: buffer.as_mut_ptr() as *mut c_void,
-            device: sys::DLDevice {
-                device_type: sys::kDLCPU,
-                device_id: 0,
-            },
-            ndim: slot.shape.len() as i32,
-            dtype: grad.dtype().dlpack()?,
-            // The library reads the shape during the call and never writes it.
-            shape: slot.shape.as_ptr() as *mut i64,
-            strides: ptr::null_mut(),
-            byte_offset: 0,
-        })
+        host_dl_tensor(
+            buffer.as_mut_ptr() as *mut c_void,
+            grad.dtype(),
+            &slot.shape,
+        )
     }
 
     /// Copies a grad the library accepted into param `index`'s buffer (from stage_grad).
@@ -2433,19 +2442,11 @@ impl Optimizer {
         let c_key = CString::new(key)
             .map_err(|_| invalid(format!("moment_values: key {:?} contains a NUL byte", key)))?;
         let mut values = vec![0f32; slot.numel];
-        let out = sys::DLTensor {
-            data: values.as_mut_ptr() as *mut c_void,
-            device: sys::DLDevice {
-                device_type: sys::kDLCPU,
-                device_id: 0,
-            },
-            ndim: slot.shape.len() as i32,
-            dtype: DType::Float32.dlpack()?,
-            // The library reads the shape during the call and never writes it.
-            shape: slot.shape.as_ptr() as *mut i64,
-            strides: ptr::null_mut(),
-            byte_offset: 0,
-        };
+        let out = host_dl_tensor(
+            values.as_mut_ptr() as *mut c_void,
+            DType::Float32,
+            &slot.shape,
+        )?;
         self.check(unsafe {
             sys::sa_optimizer_get_moment_values(
                 self.raw.as_ptr(),
