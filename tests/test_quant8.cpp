@@ -139,6 +139,125 @@ TEST_CASE("quant8: the bucket search gives quant8_search's code for every value"
   }
 }
 
+// The CUDA kernel's encode (quant8_key_code over a table quant8_fill_keys builds). Its
+// domain is |scaled| < 1.0078125, no NaN. Within a bucket both it and quant8_search are
+// monotonic step functions of the key that step at most once (at the one midpoint a bucket
+// may hold), so agreeing at each bucket's two ends and on either side of each midpoint is
+// agreeing everywhere; the GPU test checks every float32 of the domain besides
+// (tests/gpu/test_quant8_keys.cu).
+std::vector<uint32_t> quant8_key_entries(bool is_signed) {
+  using namespace sa::kernels;
+  const Quant8KeyTable k = quant8_keys(is_signed);
+  int32_t mid_keys[255];
+  quant8_mid_keys(quant8_map(is_signed), is_signed, mid_keys);
+  std::vector<uint32_t> entries(static_cast<std::size_t>(k.count));
+  quant8_fill_keys(k, mid_keys, 0, k.count, entries.data());
+  return entries;
+}
+
+// The value of a key (the keys' inverse, for keys of values at or above 2^-23 when unsigned).
+float quant8_key_value(bool is_signed, int32_t key) {
+  if (!is_signed) return sa::kernels::bits_float(static_cast<uint32_t>(key));
+  return sa::kernels::bits_float(static_cast<uint32_t>(key ^ ((key >> 31) & 0x7FFFFFFF)));
+}
+
+TEST_CASE("quant8: the key tables cover the domain, with at most one midpoint per bucket",
+          "[quant8]") {
+  using namespace sa::kernels;
+  for (const bool is_signed : {true, false}) {
+    INFO((is_signed ? "signed" : "unsigned") << " map");
+    const Quant8KeyTable k = quant8_keys(is_signed);
+    const uint32_t* map = quant8_map(is_signed);
+    int32_t mid_keys[255];
+    quant8_mid_keys(map, is_signed, mid_keys);
+    std::vector<int> in_bucket(static_cast<std::size_t>(k.count), 0);
+    for (int j = 0; j < 255; ++j) {
+      const float mid = quant8_midpoint(map, j);
+      CHECK(mid != 0.0f);
+      if (!is_signed) CHECK(mid > kQuant8UnsignedKeyLow);  // the keys below it are one
+      if (j > 0) CHECK(mid_keys[j] > mid_keys[j - 1]);
+      const int32_t e = (mid_keys[j] >> k.shift) - k.first;
+      REQUIRE(e >= 0);
+      REQUIRE(e < k.count);
+      ++in_bucket[static_cast<std::size_t>(e)];
+    }
+    CHECK(*std::max_element(in_bucket.begin(), in_bucket.end()) == 1);
+    // The domain's ends and 0 fall in the table.
+    const float ends[] = {1.0078124f, 0.0f, -0.0f, is_signed ? -1.0078124f : 1e-45f};
+    for (const float x : ends) {
+      const int32_t e = (quant8_key(is_signed, x) >> k.shift) - k.first;
+      CHECK(e >= 0);
+      CHECK(e < k.count);
+    }
+  }
+}
+
+TEST_CASE("quant8: the key table gives quant8_search's code across its domain", "[quant8]") {
+  using namespace sa::kernels;
+  for (const bool is_signed : {true, false}) {
+    const Quant8KeyTable k = quant8_keys(is_signed);
+    const uint32_t* map = quant8_map(is_signed);
+    const std::vector<uint32_t> entries = quant8_key_entries(is_signed);
+    int32_t mid_keys[255];
+    quant8_mid_keys(map, is_signed, mid_keys);
+    std::vector<float> values = {0.0f,
+                                 -0.0f,
+                                 1e-45f,
+                                 -1e-45f,
+                                 1e-38f,
+                                 kQuant8UnsignedKeyLow,
+                                 std::nextafter(kQuant8UnsignedKeyLow, 0.0f),
+                                 1.0f,
+                                 -1.0f,
+                                 1.0078124f,
+                                 -1.0078124f};
+    const auto keys_around = [&](int32_t key) {
+      for (int32_t d = -2; d <= 2; ++d) values.push_back(quant8_key_value(is_signed, key + d));
+    };
+    for (int32_t e = 0; e < k.count; ++e) {
+      const int32_t low = static_cast<int32_t>(static_cast<uint32_t>(k.first + e) << k.shift);
+      keys_around(low);
+      keys_around(low + (1 << k.shift) - 1);
+    }
+    for (int j = 0; j < 255; ++j) keys_around(mid_keys[j]);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> uniform(-1.0078f, 1.0078f);
+    std::uniform_real_distribution<float> exponent(-130.0f, 0.0f);
+    for (int i = 0; i < 100000; ++i) {
+      values.push_back(uniform(rng));
+      values.push_back(std::copysign(std::pow(2.0f, exponent(rng)), uniform(rng)));
+    }
+    int checked = 0, mismatches = 0;
+    for (float x : values) {
+      if (!is_signed) x = std::fabs(x);
+      if (!(std::fabs(x) < 1.0078125f)) continue;  // outside the domain
+      ++checked;
+      const uint8_t want = quant8_search(map, quant8_scaled(x, 1.0f));
+      if (quant8_key_code(k, entries.data(), quant8_key(is_signed, x)) != want) {
+        if (mismatches++ < 5) UNSCOPED_INFO("x = " << x << " want " << int{want});
+      }
+    }
+    INFO((is_signed ? "signed" : "unsigned") << " map, " << checked << " values");
+    CHECK(checked > 200000);
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("quant8: a key table filled in slices equals one filled whole", "[quant8]") {
+  using namespace sa::kernels;
+  for (const bool is_signed : {true, false}) {
+    const Quant8KeyTable k = quant8_keys(is_signed);
+    int32_t mid_keys[255];
+    quant8_mid_keys(quant8_map(is_signed), is_signed, mid_keys);
+    std::vector<uint32_t> sliced(static_cast<std::size_t>(k.count), 0);
+    const int32_t slices = 256, per = (k.count + slices - 1) / slices;
+    for (int32_t i = 0; i < slices; ++i)
+      quant8_fill_keys(k, mid_keys, std::min(i * per, k.count), std::min((i + 1) * per, k.count),
+                       sliced.data());
+    CHECK(sliced == quant8_key_entries(is_signed));
+  }
+}
+
 TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is a nearest entry",
           "[quant8]") {
   std::mt19937_64 rng(7);
@@ -262,9 +381,9 @@ TEST_CASE(
   for (const ElemType moment : {ElemType::q8, ElemType::f8e4m3})
     for (const ElemType param : {ElemType::f32, ElemType::bf16}) {
       for (const bool amsgrad : {false, true}) {
-        const Variant v{param, ElemType::f32, moment,
-                        param == ElemType::f32 ? MasterKind::none : MasterKind::fp32, amsgrad,
-                        sa::kernels::ParamScaling::none};
+        const Variant v{param,   ElemType::f32,
+                        moment,  param == ElemType::f32 ? MasterKind::none : MasterKind::fp32,
+                        amsgrad, sa::kernels::ParamScaling::none};
         const int64_t n = 3 * kQuant8Block + 77;
         std::mt19937_64 rng(11);
         const Q8Shard start(v, n, rng);
@@ -385,7 +504,8 @@ TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[
   CHECK_SA_FAILS(
       f.opt.get(), SA_ERR_UNSUPPORTED,
       sa_optimizer_add_param(f.opt.get(), "u", 0, u8.versioned(), nullptr, nullptr, nullptr),
-      "param dtype uint8 is not supported; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2");
+      "param dtype uint8 is not supported; use float32, bfloat16, float16, float8_e4m3fn or "
+      "float8_e5m2");
   const sa_param_options u8_grad = param_options(kUint8, kDefaultDtype, SA_MASTER_AUTO);
   CHECK_SA_FAILS(
       f.opt.get(), SA_ERR_UNSUPPORTED,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../block_moment.h"
 #include "../variants.h"
@@ -30,11 +31,13 @@ namespace {
 // warp loads its next block's codes once it has decoded the current block's, and the next
 // params and grads once it has stored the current params, so those loads are in flight
 // while it works (measured: 7% faster with q8, 11% with f8e4m3; bench/cuda_tuning.md). A
-// run's kRun elements go through adam_update side by side (CudaLaneOps).
+// run's kRun elements go through adam_update side by side (CudaLaneOps). q8 encodes a block
+// of finite absmax by one shared-memory table read per code (quant8.h's key tables; 20%
+// fewer instructions than the bucket search's two reads and clamps).
 //
 // The grid is persistent (kBlockMomentBlocksPerSm thread blocks per multiprocessor, each taking
-// every gridDim.x-th chunk), so each thread block copies q8's 16 KB of code-book tables
-// into shared memory once per launch, not once per chunk.
+// one stretch of the chunks), so each thread block builds q8's tables in shared memory once
+// per launch, not once per chunk.
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
 // Tuning knob (bench/cuda_tuning.md): resident thread blocks per multiprocessor, the
@@ -45,51 +48,110 @@ static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block bou
 #endif
 constexpr int kBlockMomentBlocksPerSm = SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM;
 
-// What a block storage's codes need in shared memory: q8's two code books (Quant8Book),
-// [0] signed (exp_avg), [1] unsigned; nothing for f8e4m3.
+// A lane's run of codes as one word, the first in the low byte.
+constexpr int kRun = kVec / 2;
+static_assert(kRun == 4, "a run's codes are one 32-bit word");
+
+template <int N>
+__device__ __forceinline__ uint32_t pack_codes(const uint8_t (&c)[N]) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) w |= static_cast<uint32_t>(c[j]) << (8 * j);
+  return w;
+}
+
+// What a block storage's codes need in shared memory (the kernel's dynamic shared memory,
+// kBlockTableBytes of it), and its encode of a lane's run of a block: for q8 the two code
+// books (Quant8Book) to decode and the two key tables (quant8.h's Quant8KeyTable) to
+// encode, [0] signed (exp_avg), [1] unsigned; nothing for f8e4m3, which encodes by its codec.
 template <ElemType T>
 struct BlockTables {
+  static constexpr bool kFinitePath = false;  // encode<kSigned, true> is encode<kSigned, false>
   __device__ void load() {}
   __device__ typename BlockCodec<T>::Book book(bool) const { return {}; }
+  template <bool kSigned, bool kFinite>
+  __device__ __forceinline__ uint32_t encode(float absmax, const float (&x)[kRun]) const {
+    const auto factor = BlockCodec<T>::encode_factor(absmax);
+    uint8_t code[kRun];
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) code[j] = BlockCodec<T>::encode({}, x[j], factor);
+    return pack_codes(code);
+  }
 };
 
 template <>
 struct BlockTables<ElemType::q8> {
   uint32_t map[2][256];
-  uint32_t mids[2][256];
-  uint8_t buckets[2][kQuant8Buckets];
+  uint32_t signed_keys[quant8_keys(true).count];
+  uint32_t unsigned_keys[quant8_keys(false).count];
+  int32_t mid_keys[2][256];  // scratch of load()
   __device__ void load();
-  __device__ Quant8Book book(bool is_signed) const {
-    const int i = is_signed ? 0 : 1;
-    return {map[i], mids[i], buckets[i]};
+  __device__ Quant8Book book(bool is_signed) const { return {map[is_signed ? 0 : 1], {}, {}}; }
+  // kFinite (the caller has checked that the block's absmax is finite: every |x * inverse|
+  // < 1.0078, no NaN): by the key table, the codes picked out of the sums by byte permutes.
+  // Otherwise (an infinite or NaN absmax, rare) by quant8_search, the same codes as the
+  // CPU's quant8_code.
+  static constexpr bool kFinitePath = true;
+  template <bool kSigned, bool kFinite>
+  __device__ __forceinline__ uint32_t encode(float absmax, const float (&x)[kRun]) const {
+    const float inverse = quant8_inverse(absmax);
+    if (kFinite) {
+      constexpr Quant8KeyTable k = quant8_keys(kSigned);
+      static_assert(k.code_bit % 8 == 0, "the code is a byte of the sum");
+      constexpr uint32_t b = k.code_bit / 8, pick = b | (b + 4) << 4;  // byte b of each
+      const uint32_t* entries = kSigned ? signed_keys : unsigned_keys;
+      uint32_t sum[kRun];
+#pragma unroll
+      for (int j = 0; j < kRun; ++j)
+        sum[j] = quant8_key_sum(k, entries, quant8_key(kSigned, x[j] * inverse));
+      return __byte_perm(__byte_perm(sum[0], sum[1], pick), __byte_perm(sum[2], sum[3], pick),
+                         0x5410);
+    }
+    uint8_t code[kRun];
+#pragma unroll
+    for (int j = 0; j < kRun; ++j)
+      code[j] = quant8_search(map[kSigned ? 0 : 1], quant8_scaled(x[j], inverse));
+    return pack_codes(code);
   }
 };
 
+// The dynamic shared memory of the kernel for storage T.
+template <ElemType T>
+constexpr int kBlockTableBytes = std::is_empty<BlockTables<T>>::value ? 0 : sizeof(BlockTables<T>);
+
+// Copies the code books and fills the key tables, each thread a slice of each
+// (quant8_fill_keys); the caller syncs the block before reading them.
 __device__ void BlockTables<ElemType::q8>::load() {
   BlockTables& t = *this;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
     t.map[0][i] = kQuant8SignedMap[i];
     t.map[1][i] = kQuant8UnsignedMap[i];
-    t.mids[0][i] = kQuant8SignedMids[i];
-    t.mids[1][i] = kQuant8UnsignedMids[i];
   }
-  for (int i = threadIdx.x; i < kQuant8Buckets; i += blockDim.x) {
-    t.buckets[0][i] = kQuant8SignedBuckets[i];
-    t.buckets[1][i] = kQuant8UnsignedBuckets[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < 255; j += blockDim.x) {
+    t.mid_keys[0][j] = quant8_signed_key(quant8_midpoint(t.map[0], j));
+    t.mid_keys[1][j] = quant8_unsigned_key(quant8_midpoint(t.map[1], j));
   }
+  __syncthreads();
+  const auto fill = [&](Quant8KeyTable k, const int32_t* mid_keys, uint32_t* entries) {
+    const int32_t per = (k.count + static_cast<int32_t>(blockDim.x) - 1) / blockDim.x;
+    const int32_t begin = min(k.count, static_cast<int32_t>(threadIdx.x) * per);
+    quant8_fill_keys(k, mid_keys, begin, min(k.count, begin + per), entries);
+  };
+  fill(quant8_keys(true), t.mid_keys[0], t.signed_keys);
+  fill(quant8_keys(false), t.mid_keys[1], t.unsigned_keys);
 }
 
 // A lane's elements of a q8 block: two runs of kRun, at lane * kRun in each half of the
 // block, so that each access of a warp covers one contiguous run of the block (512 bytes
 // of a float32 array, 128 of the codes).
-constexpr int kRun = kVec / 2;
 constexpr int kRuns = 2;
 static_assert(kQuant8Block == kRuns * 32 * kRun, "two runs of kRun per lane cover a block");
 
 // A lane's share of a block, as loaded: the param (full precision) and grad of each run,
 // and each moment's codes (a run's kRun codes as one word, the first in the low byte) and
 // absmax. Loading is apart from the update so that a warp can issue its next block's loads
-// while it updates the current one (update_chunk).
+// while it updates the current one (update_run).
 template <class S>
 struct BlockInputs {
   float p[kRuns][kRun], g[kRuns][kRun];
@@ -167,17 +229,13 @@ __device__ __forceinline__ void load_block(const TypedSlot<S>& a, const TensorSl
 }
 
 template <bool kWhole>
-__device__ __forceinline__ void store_codes(uint8_t* codes, int64_t first, int n,
-                                            const uint8_t (&c)[kRun]) {
+__device__ __forceinline__ void store_codes(uint8_t* codes, int64_t first, int n, uint32_t w) {
   if (kWhole) {
-    uint32_t w = 0;
-#pragma unroll
-    for (int j = 0; j < kRun; ++j) w |= static_cast<uint32_t>(c[j]) << (8 * j);
     *reinterpret_cast<uint32_t*>(codes + first) = w;
   } else {
 #pragma unroll
     for (int j = 0; j < kRun; ++j)
-      if (j < n) codes[first + j] = c[j];
+      if (j < n) codes[first + j] = static_cast<uint8_t>(w >> (8 * j));
   }
 }
 
@@ -256,21 +314,30 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
     for_each_moment<S>([&](auto k) {
       bits[k] = quant8_absmax_combine(bits[k], __shfl_xor_sync(0xFFFFFFFFu, bits[k], offset));
     });
-  for_each_moment<S>([&](auto k) {
-    const float absmax = bits_float(bits[k]);
-    const auto factor = Codec::encode_factor(absmax);
-    const auto book = t.book(moment_signed(k));
-    auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
+  // The encode, with every moment's absmax finite (BlockTables' kFinitePath) or not: one
+  // branch per block, the same way for the whole warp.
+  const auto encode = [&](auto finite) {
+    for_each_moment<S>([&](auto k) {
+      constexpr bool kSigned = moment_signed(decltype(k){});
+      auto* codes = static_cast<uint8_t*>(slot.state[static_cast<int>(moment_state(k))]);
 #pragma unroll
-    for (int r = 0; r < kRuns; ++r) {
-      uint8_t code[kRun];
-#pragma unroll
-      for (int j = 0; j < kRun; ++j) code[j] = Codec::encode(book, mom[k][r][j], factor);
-      store_codes<kWhole>(codes, runs.first[r], runs.n[r], code);
-    }
-    if (lane == 0)
-      static_cast<float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block] = absmax;
-  });
+      for (int r = 0; r < kRuns; ++r)
+        store_codes<kWhole>(
+            codes, runs.first[r], runs.n[r],
+            t.template encode<kSigned, decltype(finite)::value>(bits_float(bits[k]), mom[k][r]));
+    });
+  };
+  bool finite = BlockTables<T>::kFinitePath;
+  for_each_moment<S>([&](auto k) { finite = finite && bits[k] < 0x7F800000u; });
+  if (finite)
+    encode(std::true_type{});
+  else
+    encode(std::false_type{});
+  if (lane == 0)
+    for_each_moment<S>([&](auto k) {
+      static_cast<float*>(slot.state[static_cast<int>(moment_absmax_state(k))])[block] =
+          bits_float(bits[k]);
+    });
 }
 
 // Tuning knob (bench/cuda_tuning.md): 1 asks L2 for a block of the warp's further along the
@@ -290,30 +357,42 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
 #define SA_CUDA_BLOCK_EARLY_CODES 1
 #endif
 
-__device__ __forceinline__ void prefetch_lines(const void* base, int64_t bytes, int lane) {
-  if (base != nullptr && lane * 128 < bytes)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + lane * 128));
-}
-
-// The lines of block b's arrays (param, grad, master, each moment's codes), lane i the i-th
-// line of each; the caller keeps b within the slot.
+// The one line of a block's arrays that a lane asks L2 for: lane i the i-th line of the
+// param's, grad's, master's and each moment's codes (in that order: 20 lines for float32
+// params and grads, 26 at most), found once per chunk so that a prefetch costs an address
+// and the instruction. A lane past the lines asks for nothing.
 template <class S>
-__device__ __forceinline__ void prefetch_block(const TypedSlot<S>& a, int64_t b, int lane) {
-  const int64_t first = b * kQuant8Block;
-  prefetch_lines(a.param + first, kQuant8Block * sizeof(*a.param), lane);
-  prefetch_lines(a.grad + first, kQuant8Block * sizeof(*a.grad), lane);
-  if (S::kMaster != MasterKind::none)
-    prefetch_lines(a.master + first, kQuant8Block * sizeof(*a.master), lane);
-  for_each_moment<S>([&](auto k) {
-    prefetch_lines(reinterpret_cast<const uint8_t*>(a.moment[k]) + first, kQuant8Block, lane);
-  });
-}
+struct PrefetchLine {
+  const char* line = nullptr;  // the lane's line in block 0
+  int64_t block_bytes = 0;     // its array's bytes per block
 
-// The blocks of one chunk, a warp per block. A run of whole blocks is pipelined: each
-// block's update loads the warp's next block while it runs (update_block's decoded and
-// stored).
+  __device__ __forceinline__ static PrefetchLine make(const TypedSlot<S>& a, int lane) {
+    PrefetchLine p;
+    int i = lane;
+    const auto take = [&](const void* array, int elem_bytes) {
+      const int lines = static_cast<int>(kQuant8Block) * elem_bytes / 128;
+      if (i >= 0 && i < lines) {
+        p.line = static_cast<const char*>(array) + 128 * i;
+        p.block_bytes = kQuant8Block * elem_bytes;
+      }
+      i -= lines;
+    };
+    take(a.param, sizeof(*a.param));
+    take(a.grad, sizeof(*a.grad));
+    if (S::kMaster != MasterKind::none) take(a.master, sizeof(*a.master));
+    for_each_moment<S>([&](auto k) { take(a.moment[k], 1); });  // q8 / f8 codes
+    return p;
+  }
+  __device__ __forceinline__ void operator()(int64_t b) const {
+    if (line != nullptr) asm volatile("prefetch.global.L2 [%0];" ::"l"(line + b * block_bytes));
+  }
+};
+
+// The blocks of w's elements (a run of a slot's chunks), a warp per block. A run of whole
+// blocks is pipelined: each block's update loads the warp's next block while it runs
+// (update_block's decoded and stored).
 template <ElemType T, class S, bool kL2>
-__device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
+__device__ void update_run(const ChunkWork& w, const BlockTables<T>& t) {
   const TypedSlot<S> a(w.slot);
   bool vec_ok = param_vec_aligned(a);
   for_each_moment<S>([&](auto k) {
@@ -323,8 +402,9 @@ __device__ void update_chunk(const ChunkWork& w, const BlockTables<T>& t) {
   const int64_t numel = w.slot.numel;
   const auto mine = [&](int64_t b) { return b * kQuant8Block < w.end; };
   const auto whole = [&](int64_t b) { return vec_ok && (b + 1) * kQuant8Block <= numel; };
+  const auto prefetch_line = PrefetchLine<S>::make(a, lane);
   const auto prefetch = [&](int64_t b) {
-    if (SA_CUDA_BLOCK_PREFETCH && mine(b)) prefetch_block(a, b, lane);
+    if (SA_CUDA_BLOCK_PREFETCH && mine(b)) prefetch_line(b);
   };
   int64_t b = w.begin / kQuant8Block + static_cast<int>(threadIdx.x) / 32;
   while (mine(b)) {
@@ -364,16 +444,29 @@ template <ElemType T, class S>
 __global__ void __launch_bounds__(kCudaBlockThreads, kBlockMomentBlocksPerSm)
     adam_bucket_kernel_blocks(DeviceBucket bucket, DeviceStep step) {
   if (step.verdict->skip) return;
-  __shared__ BlockTables<T> tables;
+  extern __shared__ uint4 shared[];  // kBlockTableBytes<T>
+  BlockTables<T>& tables = *reinterpret_cast<BlockTables<T>*>(shared);
   tables.load();
   __syncthreads();
-  for (int64_t chunk = blockIdx.x; chunk < bucket.num_chunks; chunk += gridDim.x) {
+  // The thread block's chunks are one stretch of the bucket's, [first, last), taken a slot
+  // at a time: a warp's blocks run on across the chunks of a slot, so its pipeline and the
+  // L2 prefetch restart only where the slot changes (with chunks dealt out in turn they
+  // restarted at every chunk, a warp's 8 blocks: a quarter of the blocks came unprefetched).
+  const int64_t first = bucket.num_chunks * blockIdx.x / gridDim.x;
+  const int64_t last = bucket.num_chunks * (blockIdx.x + 1) / gridDim.x;
+  for (int64_t chunk = first; chunk < last;) {
+    const int32_t s = slot_of_chunk(bucket, chunk);
+    const int64_t slot_first = bucket.chunk_offsets[s];
+    const int64_t run_end = min(last, bucket.chunk_offsets[s + 1]);
     ChunkWork w;
-    if (!chunk_work(bucket, step, chunk, w)) continue;
-    if (w.coeffs.l2)
-      update_chunk<T, S, true>(w, tables);
-    else
-      update_chunk<T, S, false>(w, tables);
+    if (chunk_work(bucket, step, chunk, w)) {
+      w.end = min(w.slot.numel, (run_end - slot_first) * kCudaChunkElems);
+      if (w.coeffs.l2)
+        update_run<T, S, true>(w, tables);
+      else
+        update_run<T, S, false>(w, tables);
+    }
+    chunk = run_end;
   }
 }
 
@@ -386,8 +479,14 @@ cudaError_t launch_typed_blocks(const DeviceBucket& bucket, const DeviceStep& st
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const int64_t grid = std::min<int64_t>(bucket.num_chunks, int64_t{sms} * kBlockMomentBlocksPerSm);
+  constexpr int kBytes = kBlockTableBytes<T>;
+  if (kBytes > 48 * 1024) {  // past what a launch gets without asking
+    err = cudaFuncSetAttribute(adam_bucket_kernel_blocks<T, S>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    if (err != cudaSuccess) return err;
+  }
   adam_bucket_kernel_blocks<T, S>
-      <<<static_cast<unsigned>(grid), kCudaBlockThreads, 0, stream>>>(bucket, step);
+      <<<static_cast<unsigned>(grid), kCudaBlockThreads, kBytes, stream>>>(bucket, step);
   return cudaGetLastError();
 }
 

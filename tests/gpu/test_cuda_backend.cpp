@@ -9,7 +9,9 @@
 // when no CUDA device is usable.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +70,81 @@ TEST_CASE("block moments over more chunks than the kernel's grid equal the CPU b
         t.step_both(1.0f, 0.0f, nullptr);
       }
       t.require_identical();
+    }
+  }
+}
+
+// Float32 arrays equal bit for bit, except that a NaN equals any NaN (the GPU's arithmetic
+// makes the canonical NaN, x86's another payload).
+bool same_floats_nan_aside(const std::vector<unsigned char>& a,
+                           const std::vector<unsigned char>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i + 4 <= a.size(); i += 4) {
+    float x, y;
+    std::memcpy(&x, a.data() + i, 4);
+    std::memcpy(&y, b.data() + i, 4);
+    if (std::isnan(x) ? !std::isnan(y) : std::memcmp(&x, &y, 4) != 0) return false;
+  }
+  return true;
+}
+
+// Code arrays equal byte for byte, except that for float8 codes a NaN (0x7F or 0xFF: the
+// NaN's sign, which arithmetic leaves as it may) equals any NaN.
+bool same_codes_nan_aside(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b,
+                          bool float8) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i] && !(float8 && (a[i] & 0x7Fu) == 0x7Fu && (b[i] & 0x7Fu) == 0x7Fu))
+      return false;
+  return true;
+}
+
+// A block whose moment holds an infinity or a NaN has a non-finite absmax: the kernel
+// encodes it by the search, not by the key tables (adam_block_cuda.cu), and must still give
+// the CPU's codes; its neighbours stay on the tables.
+TEST_CASE("block moments holding an infinity or a NaN encode as the CPU's", "[gpu]") {
+  for (const VariantSpec& v : kVariants) {
+    if (!same_dtype(v.moment, kUint8) && !same_dtype(v.moment, kFloat8E4m3fn)) continue;
+    DYNAMIC_SECTION(v.label) {
+      Rng rng(0x1F);
+      Twin t;
+      t.add_groups(v.amsgrad);
+      const int64_t n = 6 * 256 + 40;
+      t.add("w", 0, v, {n}, 0, rng);
+      t.bind_new_grads(rng, false, /*through_ptrs=*/true);
+      t.step_both(1.0f, 0.0f, nullptr);
+      HostTensor& grad = *t.host_grads_a[0];
+      fill_log_uniform(grad, rng, 1e-4, 3.0);
+      grad.set(256 + 3, std::numeric_limits<float>::infinity());         // block 1
+      grad.set(3 * 256 + 200, -std::numeric_limits<float>::infinity());  // block 3
+      grad.set(5 * 256 + 7, std::numeric_limits<float>::quiet_NaN());    // block 5
+      grad.set(n - 1, std::numeric_limits<float>::quiet_NaN());          // the partial block
+      t.dev_grads_a[0]->upload(grad);
+      const DLTensor h = grad.dl(), d = t.dev_grads_a[0]->dl();
+      REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_set_grad(t.cpu.get(), 0, &h));
+      REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_set_grad(t.gpu.get(), 0, &d));
+      t.step_both(1.0f, 0.0f, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const char* keys[16] = {};
+      int32_t num_keys = 0;
+      REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_state_keys(t.cpu.get(), 0, keys, 16, &num_keys));
+      int non_finite_blocks = 0;
+      for (const char* key : std::vector<const char*>(keys, keys + num_keys)) {
+        INFO("state " << key);
+        const StateView c = state_view(t.cpu.get(), 0, key);
+        const StateView g = state_view(t.gpu.get(), 0, key);
+        if (same_dtype(c.view->dl_tensor.dtype, kFloat32)) {
+          CHECK(same_floats_nan_aside(download_view(g), c.raw_bytes()));
+          if (std::string(key).find("absmax") != std::string::npos)
+            for (int64_t b = 0; b < c.numel(); ++b) non_finite_blocks += !std::isfinite(c.get(b));
+        } else {
+          CHECK(same_codes_nan_aside(download_view(g), c.raw_bytes(),
+                                     same_dtype(v.moment, kFloat8E4m3fn)));
+        }
+      }
+      CHECK(non_finite_blocks >= 4 * 2);  // both moments of the four blocks, at least
+      if (same_dtype(v.param, kFloat32))
+        CHECK(same_floats_nan_aside(t.dev_params[0]->download(), t.host_params[0]->raw_bytes()));
     }
   }
 }
