@@ -95,7 +95,7 @@ struct BlockTables<ElemType::q8> {
   template <bool kSigned, bool kFinite>
   __device__ __forceinline__ uint32_t encode(float absmax, const float (&x)[kRun]) const {
     const float inverse = quant8_inverse(absmax);
-    if (kFinite) {
+    if constexpr (kFinite) {
       constexpr Quant8KeyTable k = quant8_keys(kSigned);
       static_assert(k.code_bit % 8 == 0, "the code is a byte of the sum");
       constexpr uint32_t b = k.code_bit / 8, pick = b | (b + 4) << 4;  // byte b of each
@@ -106,12 +106,13 @@ struct BlockTables<ElemType::q8> {
         sum[j] = quant8_key_sum(k, entries, quant8_key(kSigned, x[j] * inverse));
       return __byte_perm(__byte_perm(sum[0], sum[1], pick), __byte_perm(sum[2], sum[3], pick),
                          0x5410);
-    }
-    uint8_t code[kRun];
+    } else {
+      uint8_t code[kRun];
 #pragma unroll
-    for (int j = 0; j < kRun; ++j)
-      code[j] = quant8_search(map[kSigned ? 0 : 1], quant8_scaled(x[j], inverse));
-    return pack_codes(code);
+      for (int j = 0; j < kRun; ++j)
+        code[j] = quant8_search(map[kSigned ? 0 : 1], quant8_scaled(x[j], inverse));
+      return pack_codes(code);
+    }
   }
 };
 
