@@ -188,9 +188,21 @@ SA_HD void quant8_fill_keys(Quant8KeyTable k, const int32_t* mid_keys, int32_t b
   }
 }
 
-// The keys of a code book's 255 midpoints.
+// Part `part` of `parts` equal slices of table k (the last ones shorter or empty): what
+// thread `part` of a thread block of `parts` fills.
+SA_HD void quant8_fill_keys_part(Quant8KeyTable k, const int32_t* mid_keys, int32_t part,
+                                 int32_t parts, uint32_t* entries) {
+  const int32_t per = (k.count + parts - 1) / parts;
+  const int32_t begin = part * per < k.count ? part * per : k.count;
+  quant8_fill_keys(k, mid_keys, begin, begin + per < k.count ? begin + per : k.count, entries);
+}
+
+// The key of a code book's midpoint j (< 255), and all 255 of them.
+SA_HD int32_t quant8_mid_key(const uint32_t* map, bool is_signed, int j) {
+  return quant8_key(is_signed, quant8_midpoint(map, j));
+}
 SA_HD void quant8_mid_keys(const uint32_t* map, bool is_signed, int32_t* mid_keys) {
-  for (int j = 0; j < 255; ++j) mid_keys[j] = quant8_key(is_signed, quant8_midpoint(map, j));
+  for (int j = 0; j < 255; ++j) mid_keys[j] = quant8_mid_key(map, is_signed, j);
 }
 
 }  // namespace kernels

@@ -121,7 +121,7 @@ template <ElemType T>
 constexpr int kBlockTableBytes = std::is_empty<BlockTables<T>>::value ? 0 : sizeof(BlockTables<T>);
 
 // Copies the code books and fills the key tables, each thread a slice of each
-// (quant8_fill_keys); the caller syncs the block before reading them.
+// (quant8_fill_keys_part); the caller syncs the block before reading them.
 __device__ void BlockTables<ElemType::q8>::load() {
   BlockTables& t = *this;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
@@ -130,17 +130,13 @@ __device__ void BlockTables<ElemType::q8>::load() {
   }
   __syncthreads();
   for (int j = threadIdx.x; j < 255; j += blockDim.x) {
-    t.mid_keys[0][j] = quant8_signed_key(quant8_midpoint(t.map[0], j));
-    t.mid_keys[1][j] = quant8_unsigned_key(quant8_midpoint(t.map[1], j));
+    t.mid_keys[0][j] = quant8_mid_key(t.map[0], true, j);
+    t.mid_keys[1][j] = quant8_mid_key(t.map[1], false, j);
   }
   __syncthreads();
-  const auto fill = [&](Quant8KeyTable k, const int32_t* mid_keys, uint32_t* entries) {
-    const int32_t per = (k.count + static_cast<int32_t>(blockDim.x) - 1) / blockDim.x;
-    const int32_t begin = min(k.count, static_cast<int32_t>(threadIdx.x) * per);
-    quant8_fill_keys(k, mid_keys, begin, min(k.count, begin + per), entries);
-  };
-  fill(quant8_keys(true), t.mid_keys[0], t.signed_keys);
-  fill(quant8_keys(false), t.mid_keys[1], t.unsigned_keys);
+  const auto part = static_cast<int32_t>(threadIdx.x), parts = static_cast<int32_t>(blockDim.x);
+  quant8_fill_keys_part(quant8_keys(true), t.mid_keys[0], part, parts, t.signed_keys);
+  quant8_fill_keys_part(quant8_keys(false), t.mid_keys[1], part, parts, t.unsigned_keys);
 }
 
 // A lane's elements of a q8 block: two runs of kRun, at lane * kRun in each half of the
@@ -360,7 +356,7 @@ __device__ __forceinline__ void update_block(const TypedSlot<S>& a, const Tensor
 
 // The one line of a block's arrays that a lane asks L2 for: lane i the i-th line of the
 // param's, grad's, master's and each moment's codes (in that order: 20 lines for float32
-// params and grads, 26 at most), found once per chunk so that a prefetch costs an address
+// params and grads, 26 at most), found once per run so that a prefetch costs an address
 // and the instruction. A lane past the lines asks for nothing.
 template <class S>
 struct PrefetchLine {

@@ -22,7 +22,7 @@ constexpr uint32_t kDomainEnd = 0x3F810000u;  // 1.0078125: magnitudes below it
 
 // A code book and its key table in device memory, made on the device as the kernel makes
 // its shared copy (BlockTables<q8>::load): the map, its midpoints' keys, then the entries,
-// a slice per thread.
+// a slice per thread (quant8_fill_keys_part).
 struct Book {
   uint32_t map[256];
   int32_t mid_keys[255];
@@ -34,13 +34,11 @@ __global__ void make_book(bool is_signed, Book* book, uint32_t* entries) {
         is_signed ? sa::kernels::kQuant8SignedMap[i] : sa::kernels::kQuant8UnsignedMap[i];
   __syncthreads();
   for (int j = threadIdx.x; j < 255; j += blockDim.x)
-    book->mid_keys[j] =
-        sa::kernels::quant8_key(is_signed, sa::kernels::quant8_midpoint(book->map, j));
+    book->mid_keys[j] = sa::kernels::quant8_mid_key(book->map, is_signed, j);
   __syncthreads();
-  const Quant8KeyTable k = sa::kernels::quant8_keys(is_signed);
-  const int32_t per = (k.count + static_cast<int32_t>(blockDim.x) - 1) / blockDim.x;
-  const int32_t begin = min(k.count, static_cast<int32_t>(threadIdx.x) * per);
-  sa::kernels::quant8_fill_keys(k, book->mid_keys, begin, min(k.count, begin + per), entries);
+  sa::kernels::quant8_fill_keys_part(sa::kernels::quant8_keys(is_signed), book->mid_keys,
+                                     static_cast<int32_t>(threadIdx.x),
+                                     static_cast<int32_t>(blockDim.x), entries);
 }
 
 // Patterns [0, kDomainEnd) of magnitude, with the sign bit `sign`.
