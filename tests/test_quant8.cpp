@@ -249,10 +249,13 @@ TEST_CASE("quant8: a key table filled in slices equals one filled whole", "[quan
     const Quant8KeyTable k = quant8_keys(is_signed);
     int32_t mid_keys[255];
     quant8_mid_keys(quant8_map(is_signed), is_signed, mid_keys);
-    std::vector<uint32_t> sliced(static_cast<std::size_t>(k.count), 0);
-    for (int32_t part = 0; part < 256; ++part)
-      quant8_fill_keys_part(k, mid_keys, part, 256, sliced.data());
-    CHECK(sliced == quant8_key_entries(is_signed));
+    for (const int32_t parts : {1, 256, 640, 1024}) {  // thread blocks' sizes
+      std::vector<uint32_t> sliced(static_cast<std::size_t>(k.count), 0);
+      for (int32_t part = 0; part < parts; ++part)
+        quant8_fill_keys_part(k, mid_keys, part, parts, sliced.data());
+      INFO(parts << " parts");
+      CHECK(sliced == quant8_key_entries(is_signed));
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "../block_moment.h"
+#include "../guided.h"
 #include "../variants.h"
 #include "adam_cuda.cuh"
 #include "cuda_ops.cuh"
@@ -36,16 +37,23 @@ namespace {
 // fewer instructions than the bucket search's two reads and clamps).
 //
 // The grid is persistent (kBlockMomentBlocksPerSm thread blocks per multiprocessor, each taking
-// one stretch of the chunks), so each thread block builds q8's tables in shared memory once
-// per launch, not once per chunk.
+// stretches of the chunks as it asks for them), so each thread block builds q8's tables in
+// shared memory once per launch, not once per chunk.
 static_assert(kCudaChunkElems % kQuant8Block == 0, "chunks start on q8 block boundaries");
 
-// Tuning knob (bench/cuda_tuning.md): resident thread blocks per multiprocessor, the
-// register budget they leave (65536 / (256 * 2) = 128 per thread: the pipelined loads need
-// them; 3 blocks' 80 spill) and the grid size.
-#ifndef SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM
-#define SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM 2
+// Tuning knobs (bench/cuda_tuning.md): threads per thread block and resident thread blocks
+// per multiprocessor, which set the register budget (65536 / (512 * 1) = 128 per thread:
+// the pipelined loads need them; at 96 or 80 the kernel spills) and the grid. One thread
+// block of 512 per multiprocessor rather than two of 256 keeps one copy of q8's tables in
+// shared memory instead of two (79 KB each), which leaves the L1 cache more room: (f) 2.5%
+// faster at the same 16 warps.
+#ifndef SA_CUDA_BLOCK_MOMENT_THREADS
+#define SA_CUDA_BLOCK_MOMENT_THREADS 512
 #endif
+#ifndef SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM
+#define SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM 1
+#endif
+constexpr int kBlockMomentThreads = SA_CUDA_BLOCK_MOMENT_THREADS;
 constexpr int kBlockMomentBlocksPerSm = SA_CUDA_BLOCK_MOMENT_BLOCKS_PER_SM;
 
 // A lane's run of codes as one word, the first in the low byte.
@@ -436,34 +444,71 @@ __device__ void update_run(const ChunkWork& w, const BlockTables<T>& t) {
   }
 }
 
-// T: the bucket's block storage; S: the float32-moment Signature of its Variant.
+// Chunks [first, last) of the bucket, a slot at a time: a warp's blocks run on across the
+// chunks of a slot, so its pipeline and the L2 prefetch restart only where a slot or a
+// stretch begins (with chunks dealt out in turn they restarted at every chunk, a warp's 8
+// blocks: a quarter of the blocks came unprefetched).
 template <ElemType T, class S>
-__global__ void __launch_bounds__(kCudaBlockThreads, kBlockMomentBlocksPerSm)
-    adam_bucket_kernel_blocks(DeviceBucket bucket, DeviceStep step) {
-  if (step.verdict->skip) return;
-  extern __shared__ uint4 shared[];  // kBlockTableBytes<T>
-  BlockTables<T>& tables = *reinterpret_cast<BlockTables<T>*>(shared);
-  tables.load();
-  __syncthreads();
-  // The thread block's chunks are one stretch of the bucket's, [first, last), taken a slot
-  // at a time: a warp's blocks run on across the chunks of a slot, so its pipeline and the
-  // L2 prefetch restart only where the slot changes (with chunks dealt out in turn they
-  // restarted at every chunk, a warp's 8 blocks: a quarter of the blocks came unprefetched).
-  const int64_t first = bucket.num_chunks * blockIdx.x / gridDim.x;
-  const int64_t last = bucket.num_chunks * (blockIdx.x + 1) / gridDim.x;
+__device__ void update_stretch(const DeviceBucket& bucket, const DeviceStep& step, int64_t first,
+                               int64_t last, const BlockTables<T>& tables) {
+  // The slot of the stretch's first chunk is searched for once; from there the runs walk
+  // the slots (a search per run was 1.2% of the (f) launch's stall samples).
+  int32_t s = slot_of_chunk(bucket, first);
   for (int64_t chunk = first; chunk < last;) {
-    const int32_t s = slot_of_chunk(bucket, chunk);
-    const int64_t slot_first = bucket.chunk_offsets[s];
+    while (bucket.chunk_offsets[s + 1] <= chunk) ++s;  // past a run's slot, and empty ones
     const int64_t run_end = min(last, bucket.chunk_offsets[s + 1]);
     ChunkWork w;
-    if (chunk_work(bucket, step, chunk, w)) {
-      w.end = min(w.slot.numel, (run_end - slot_first) * kCudaChunkElems);
+    if (chunk_work(bucket, step, s, chunk, w)) {
+      w.end = min(w.slot.numel, (run_end - bucket.chunk_offsets[s]) * kCudaChunkElems);
       if (w.coeffs.l2)
         update_run<T, S, true>(w, tables);
       else
         update_run<T, S, false>(w, tables);
     }
     chunk = run_end;
+  }
+}
+
+// The next stretch for a thread block that asks (thread 0): the next of the bucket's
+// counter of stretches handed out (DeviceBucket::work[0]).
+__device__ __forceinline__ Stretch take_stretch(const DeviceBucket& bucket) {
+  return guided_stretch(atomicAdd(&bucket.work[0], 1u), static_cast<uint32_t>(bucket.num_chunks),
+                        gridDim.x);
+}
+
+// T: the bucket's block storage; S: the float32-moment Signature of its Variant.
+//
+// The thread blocks take the chunks in stretches, as they ask (take_stretch). With one
+// stretch per thread block fixed in advance, the multiprocessors of bench/gpu_step's (f)
+// launch were busy 78% to 100% of it, 94% on average (ncu sm__cycles_active): the thread
+// blocks' speeds differ, not only their work; asking made (f) 2% faster. Thread 0 asks for
+// the next stretch as the current one begins, so the answer's latency is hidden behind the
+// work; the last thread block to finish zeroes the counters for the next launch.
+template <ElemType T, class S>
+__global__ void __launch_bounds__(kBlockMomentThreads, kBlockMomentBlocksPerSm)
+    adam_bucket_kernel_blocks(DeviceBucket bucket, DeviceStep step) {
+  if (step.verdict->skip) return;
+  extern __shared__ uint4 shared[];  // kBlockTableBytes<T>
+  BlockTables<T>& tables = *reinterpret_cast<BlockTables<T>*>(shared);
+  __shared__ Stretch stretch[2];  // the one being worked on, and the next
+  if (threadIdx.x == 0) stretch[0] = take_stretch(bucket);
+  tables.load();
+  __syncthreads();
+  for (int k = 0;; k ^= 1) {
+    const Stretch mine = stretch[k];
+    if (mine.first == mine.last) break;
+    Stretch next{};
+    if (threadIdx.x == 0) next = take_stretch(bucket);
+    update_stretch<T, S>(bucket, step, mine.first, mine.last, tables);
+    if (threadIdx.x == 0) stretch[k ^ 1] = next;
+    __syncthreads();  // stretch[k] is read by all before thread 0 writes it again
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();  // this thread block's last take_stretch before it counts itself done
+    if (atomicAdd(&bucket.work[1], 1u) == gridDim.x - 1) {
+      bucket.work[0] = 0;
+      bucket.work[1] = 0;
+    }
   }
 }
 
@@ -483,7 +528,7 @@ cudaError_t launch_typed_blocks(const DeviceBucket& bucket, const DeviceStep& st
     if (err != cudaSuccess) return err;
   }
   adam_bucket_kernel_blocks<T, S>
-      <<<static_cast<unsigned>(grid), kCudaBlockThreads, kBytes, stream>>>(bucket, step);
+      <<<static_cast<unsigned>(grid), kBlockMomentThreads, kBytes, stream>>>(bucket, step);
   return cudaGetLastError();
 }
 

@@ -26,12 +26,15 @@ constexpr int64_t kCudaChunkElems = SA_CUDA_CHUNK_ELEMS;
 constexpr int kCudaBlockThreads = 256;
 
 // One bucket's device-resident tables: the slots and the prefix sums of their chunk
-// counts (chunk_offsets[s] = first chunk of slot s; chunk_offsets[num_slots] = total).
+// counts (chunk_offsets[s] = first chunk of slot s; chunk_offsets[num_slots] = total), and
+// two counters that the block-moment kernel hands its chunks out by (adam_block_cuda.cu):
+// zero between its launches, which leave them so.
 struct DeviceBucket {
   const TensorSlot* slots;
   const int64_t* chunk_offsets;
   int32_t num_slots;
   int64_t num_chunks;
+  uint32_t* work;  // [2]
 };
 
 // The chunk `chunk` of a bucket belongs to the last slot s with chunk_offsets[s] <= chunk.
@@ -61,10 +64,16 @@ struct ChunkRange {
   int64_t end;
 };
 
-__device__ __forceinline__ ChunkRange chunk_range(const DeviceBucket& bucket, int64_t chunk) {
-  const int32_t s = slot_of_chunk(bucket, chunk);
+// Of chunk `chunk` of slot s (a kernel that walks the slots knows s),
+__device__ __forceinline__ ChunkRange chunk_range(const DeviceBucket& bucket, int32_t s,
+                                                  int64_t chunk) {
   const int64_t begin = (chunk - bucket.chunk_offsets[s]) * kCudaChunkElems;
   return {bucket.slots[s], begin, min(begin + kCudaChunkElems, bucket.slots[s].numel)};
+}
+
+// or of chunk `chunk`, its slot found.
+__device__ __forceinline__ ChunkRange chunk_range(const DeviceBucket& bucket, int64_t chunk) {
+  return chunk_range(bucket, slot_of_chunk(bucket, chunk), chunk);
 }
 
 // What the thread block that takes chunk `chunk` updates in a bucket launch: its slot, the
@@ -76,13 +85,19 @@ struct ChunkWork {
   int64_t end;
 };
 
-// The chunk's ChunkWork, or false when its param has no grad at this step.
+// The ChunkWork of chunk `chunk` of slot s, or false when its param has no grad at this step.
 __device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const DeviceStep& step,
-                                           int64_t chunk, ChunkWork& work) {
-  const ChunkRange r = chunk_range(bucket, chunk);
+                                           int32_t s, int64_t chunk, ChunkWork& work) {
+  const ChunkRange r = chunk_range(bucket, s, chunk);
   if (r.slot.grad == nullptr) return false;
   work = {r.slot, step.coeffs[r.slot.param_index], r.begin, r.end};
   return true;
+}
+
+// The same, the chunk's slot found.
+__device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const DeviceStep& step,
+                                           int64_t chunk, ChunkWork& work) {
+  return chunk_work(bucket, step, slot_of_chunk(bucket, chunk), chunk, work);
 }
 
 // One launch updates every chunk of every slot of the bucket (of scaled fp8 params with

@@ -144,6 +144,7 @@ class StagingRing {
 struct DeviceTables {
   std::shared_ptr<Buffer> slots;          // TensorSlot[num_slots]
   std::shared_ptr<Buffer> chunk_offsets;  // int64_t[num_slots + 1]
+  std::shared_ptr<Buffer> work;           // uint32_t[2], zeros: DeviceBucket::work
   kernels::DeviceBucket view{};
   // fp8 params with block moments only: the slots as their masters' update sees them
   // (kernels::fp8_master_slot), for the block-moment kernel; NULL otherwise.
@@ -269,9 +270,13 @@ class CudaBackend final : public Backend {
       copy_from_host(t.slots->data(), bucket.slots.data(),
                      bucket.slots.size() * sizeof(kernels::TensorSlot));
       copy_from_host(t.chunk_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t));
+      const uint32_t zeros[2] = {0, 0};
+      t.work = allocate(sizeof(zeros));
+      copy_from_host(t.work->data(), zeros, sizeof(zeros));
       t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
                 static_cast<const int64_t*>(t.chunk_offsets->data()),
-                static_cast<int32_t>(bucket.slots.size()), offsets.back()};
+                static_cast<int32_t>(bucket.slots.size()), offsets.back(),
+                static_cast<uint32_t*>(t.work->data())};
       if (steps_masters_apart(bucket.variant)) {
         const std::vector<kernels::TensorSlot> masters = master_slots_of(bucket);
         t.master_slots = allocate(masters.size() * sizeof(kernels::TensorSlot));
