@@ -84,7 +84,7 @@ TEST_CASE("C++ wrapper: export on 2 ranks to memory, inspect, import on 1 rank b
   CHECK(one.ranks[0].step_count(0) == 2);
 }
 
-TEST_CASE("C++ wrapper: export to files and import them; a bad blob throws with its status", "[cpp][state_io]") {
+TEST_CASE("C++ wrapper: export to files and import them, a bad blob throws with its status", "[cpp][state_io]") {
   Run two(2);
   two.step();
   const std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");

@@ -716,7 +716,7 @@ TEST_CASE(
 TEST_CASE(
     "4 ranks with a host communicator: a sharded current-scaled param is cast with the "
     "whole tensor's scale on every rank (an empty shard's too), an unsharded one with its "
-    "own; recast_params and an import onto one rank give the same codes",
+    "own, recast_params and an import onto one rank give the same codes",
     "[fp8param][current][comm]") {
   constexpr int kRanks = 4;
   const Current& c = kCurrents[GENERATE(0, 1)];

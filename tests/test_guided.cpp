@@ -10,7 +10,7 @@
 using sa::kernels::guided_stretch;
 using sa::kernels::Stretch;
 
-TEST_CASE("guided stretches tile [0, n) in order, then come empty", "[guided]") {
+TEST_CASE("guided stretches tile the n chunks in order, then come empty", "[guided]") {
   for (const uint32_t g : {1u, 2u, 7u, 264u, 528u}) {
     for (const uint32_t n : {1u, 2u, 3u, 100u, 263u, 264u, 529u, 1056u, 48750u, 3000017u}) {
       INFO("n " << n << ", g " << g);

@@ -95,7 +95,7 @@ TEST_CASE("a dim of size 0 gives every rank an empty shard at offset 0", "[layou
   CHECK(offsets_of(boxes, 0) == Dims{0, 0, 0});
 }
 
-TEST_CASE("one rank holds the whole dim; a 1-rank mesh is not a split", "[layout]") {
+TEST_CASE("one rank holds the whole dim, a 1-rank mesh is not a split", "[layout]") {
   const auto boxes = row_boxes(7, 1);
   CHECK(sizes_of(boxes, 0) == Dims{7});
   CHECK(offsets_of(boxes, 0) == Dims{0});
@@ -142,7 +142,7 @@ TEST_CASE("placements name tensor dims, not mesh dims: Shard(1),Shard(0) on a 2x
   CHECK(b.global_offset == Dims{6, 3});
 }
 
-TEST_CASE("Replicate mesh dims leave the tensor whole; only Shard dims cut it", "[layout]") {
+TEST_CASE("Replicate mesh dims leave the tensor whole, only Shard dims cut it", "[layout]") {
   SECTION("HSDP (Replicate, Shard(0)): both replicas of a shard hold the same rows") {
     for (int64_t replica = 0; replica < 2; ++replica) {
       const Dims sizes = {

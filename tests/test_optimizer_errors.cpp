@@ -471,7 +471,7 @@ TEST_CASE("one optimizer serves one device: a shard on another device is SA_ERR_
   CHECK(t.deleter_calls() == 0);
 }
 
-TEST_CASE("a non-contiguous shard is rejected; any stride on a dim of size 1 or 0 is fine",
+TEST_CASE("a non-contiguous shard is rejected, any stride on a dim of size 1 or 0 is fine",
           "[errors]") {
   HostTensor t({4, 3}, kFloat32), column({4, 1}, kFloat32), empty({0, 5}, kFloat32);
   Trained f;  // after the shards it takes: destroyed first
@@ -651,7 +651,7 @@ TEST_CASE("bad hyperparameters are rejected by add_group, set_group and set_lr, 
 }
 
 TEST_CASE(
-    "amsgrad cannot change once a group holds params (SA_ERR_STATE); an empty group may change it",
+    "amsgrad cannot change once a group holds params (SA_ERR_STATE), an empty group may change it",
     "[errors]") {
   HostTensor t({3}, kFloat32);
   Trained f;
@@ -1009,7 +1009,7 @@ TEST_CASE("out-of-range group and param indices are rejected by every call that 
 
 // ---- ownership ----------------------------------------------------------------------------------
 
-TEST_CASE("an accepted shard's deleter runs exactly once, at destroy; a rejected shard's never",
+TEST_CASE("an accepted shard's deleter runs exactly once, at destroy, a rejected shard's never",
           "[errors][dlpack]") {
   HostTensor accepted({3}, kFloat32), accepted_legacy({2}, kBfloat16), rejected({3}, kFloat64),
       rejected_legacy({2}, kInt32);

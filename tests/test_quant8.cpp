@@ -294,7 +294,7 @@ TEST_CASE("quant8: the absmax is the block's largest magnitude and every code is
   }
 }
 
-TEST_CASE("quant8: an all-zero block decodes to zeros; a NaN makes the whole block NaN",
+TEST_CASE("quant8: an all-zero block decodes to zeros, a NaN makes the whole block NaN",
           "[quant8]") {
   const uint32_t* map = quant8_map(true);
   std::vector<float> x(40, 0.0f);
@@ -749,7 +749,7 @@ TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new 
 }
 
 TEST_CASE(
-    "moment values: an 8-bit moment read as float32 and written back is unchanged; float32 "
+    "moment values: an 8-bit moment read as float32 and written back is unchanged, float32 "
     "values are quantized by the local blocks",
     "[quant8]") {
   Q8Fixture f;

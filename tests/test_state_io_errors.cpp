@@ -473,7 +473,7 @@ TEST_CASE("files of another format: SA_ERR_FORMAT saying what they are not", "[s
   target.check_unchanged();
 }
 
-TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED; an edit without resealing: the header checksum",
+TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED, an edit without resealing: the header checksum",
           "[state_io][errors]") {
   Target target;
   const Bytes v3 = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format_version"] = "3"; });
@@ -492,8 +492,8 @@ TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED; an edit without resealing
   target.check_unchanged();
 }
 
-TEST_CASE("per-param step counts travel in the files (format 2); a version 1 file gives each param its "
-          "group's count; files that disagree about a param's count are SA_ERR_MISMATCH",
+TEST_CASE("per-param step counts travel in the files (format 2), a version 1 file gives each param its "
+          "group's count, files that disagree about a param's count are SA_ERR_MISMATCH",
           "[state_io][errors][steps]") {
   const Problem& prob = io_problem();
   const auto n = static_cast<int64_t>(prob.params.size());
