@@ -68,7 +68,7 @@ def main():
             p.grad = g
         kw = dict(lr=1e-3, weight_decay=1e-2)
         if kind == "sa8":
-            return FusedAdam(params, moment_dtype=torch.uint8, num_threads=args.threads, **kw)
+            return FusedAdam(params, moment_dtype=torch.uint8, min_8bit_size=0, num_threads=args.threads, **kw)
         if kind == "sa32":
             return FusedAdam(params, num_threads=args.threads, **kw)
         if kind == "bnb8":

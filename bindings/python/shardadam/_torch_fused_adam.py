@@ -7,6 +7,7 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _grad_intake, _schema
 from ._comm import Comm, nccl_unique_id
+from ._dlpack import BLOCK_MOMENT_DTYPES, dtype_name, to_dtype
 from ._errors import InvalidArgument, check
 from ._optimizer import Optimizer, _clip_args
 from .layout import Mesh, Replicate, Shard
@@ -286,6 +287,12 @@ class FusedAdam(torch.optim.Optimizer):
             torchao's ``AdamWFp8`` keeps them (the same absmax states); shard files and
             ``state_dict()`` hold block moments as float32 values (no absmax), which reshard
             (DCP too), load into any moment dtype, and load back bit for bit.
+        min_8bit_size: with block moments (``moment_dtype`` ``torch.uint8`` or
+            ``torch.float8_e4m3fn``), a param of fewer elements keeps float32 moments, as in
+            bitsandbytes' ``AdamW8bit`` (``min_8bit_size``, default 4096) and torchao's
+            8-bit optimizers (4096): their state is small, and a block each costs its
+            absmax. The whole tensor's element count decides (a DTensor's global one), so
+            every rank agrees. 0: every param takes ``moment_dtype``.
         num_threads: CPU params: worker threads (0: one per hardware thread).
         fp8: ``{param: Fp8(scaling, scale, amax=None)}`` for every param of
             ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` data (see :class:`Fp8`): the
@@ -315,8 +322,8 @@ class FusedAdam(torch.optim.Optimizer):
                  weight_decay=_DEFAULTS["weight_decay"], *,
                  decoupled_weight_decay=_DEFAULTS["decoupled_weight_decay"], amsgrad=_DEFAULTS["amsgrad"],
                  maximize=_DEFAULTS["maximize"], bias_correction=_DEFAULTS["bias_correction"], master=None,
-                 grad_dtype=None, moment_dtype=None, num_threads=0, max_grad_norm=None, norm_type=2.0,
-                 process_group=None, comm=None, fp8=None, **hyperparameters):
+                 grad_dtype=None, moment_dtype=None, min_8bit_size=4096, num_threads=0, max_grad_norm=None,
+                 norm_type=2.0, process_group=None, comm=None, fp8=None, **hyperparameters):
         unknown = set(hyperparameters) - set(_schema.KEYS)
         if unknown:
             raise TypeError(f"FusedAdam got unexpected keyword arguments {sorted(unknown)}")
@@ -327,6 +334,11 @@ class FusedAdam(torch.optim.Optimizer):
                         bias_correction=bias_correction)
         # Set before super().__init__, which calls add_param_group for every group.
         self._param_options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype)
+        if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"FusedAdam: min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
+        # The element count below which a param keeps float32 moments (block moments only).
+        block = moment_dtype is not None and dtype_name(to_dtype(moment_dtype)) in BLOCK_MOMENT_DTYPES
+        self._min_block_numel = min_8bit_size if block else 0
         self._fp8 = dict(fp8) if fp8 else {}
         self._num_threads = num_threads
         self.native = None
@@ -384,8 +396,10 @@ class FusedAdam(torch.optim.Optimizer):
             mesh, placements, layout = None, None, None
         local = _local_tensor(param).detach()  # no autograd record either way: no no_grad() (~5 us a param)
         options = self._param_options
+        if param.numel() < self._min_block_numel:  # min_8bit_size
+            options = dict(options, moment_dtype=torch.float32)
         if local.dtype in _FP8_DTYPES or (self._fp8 and param in self._fp8):
-            options = self._fp8_options(param, name, local)
+            options = self._fp8_options(param, name, local, options)
             if options["scaling"] in _CURRENT_SCALINGS and _splits_across_ranks(param):
                 # Its amax is reduced across the ranks at every step: the library takes the
                 # param only with a communicator (a collective: every rank registers it).
@@ -411,9 +425,9 @@ class FusedAdam(torch.optim.Optimizer):
             self.state = _torch_state_dict.LazyStates(self, self.state)
         self.state.defer(param, entry)
 
-    def _fp8_options(self, param, name, local):
-        """add_param's options of an fp8 param: its Fp8's scaling and tensors, and float32
-        grads (``param.grad_dtype`` is set to float32 unless it names a grad dtype the
+    def _fp8_options(self, param, name, local, options):
+        """add_param's options of an fp8 param: ``options`` with its Fp8's scaling and tensors,
+        and float32 grads (``param.grad_dtype`` is set to float32 unless it names a grad dtype the
         library takes: torch would otherwise refuse a float32 ``.grad`` on a float8 param)."""
         spec = self._fp8.get(param) if self._fp8 else None
         if local.dtype not in _FP8_DTYPES:
@@ -428,7 +442,7 @@ class FusedAdam(torch.optim.Optimizer):
             if hasattr(param, "grad_dtype"):
                 param.grad_dtype = grad_dtype
         amax = None if spec.amax is None else _local_tensor(spec.amax).detach()
-        return dict(self._param_options, grad_dtype=grad_dtype, scaling=spec.scaling,
+        return dict(options, grad_dtype=grad_dtype, scaling=spec.scaling,
                     scale=_local_tensor(spec.scale).detach(), amax=amax, margin=spec.margin)
 
     # ---- step ----------------------------------------------------------------------------

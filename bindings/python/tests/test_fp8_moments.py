@@ -18,7 +18,7 @@ def first_step(n, seed=0, **kwargs):
     g = torch.Generator().manual_seed(seed)
     param = torch.nn.Parameter(torch.randn(n, generator=g))
     grad = torch.randn(n, generator=g) * 0.1
-    opt = FusedAdam([param], lr=1e-2, moment_dtype=F8, num_threads=1, **kwargs)
+    opt = FusedAdam([param], lr=1e-2, moment_dtype=F8, min_8bit_size=0, num_threads=1, **kwargs)
     param.grad = grad
     opt.step()
     return opt, param, grad
@@ -67,7 +67,7 @@ def test_the_state_dict_loads_back_bit_for_bit_and_into_float32_moments():
     assert saved["state"][0]["exp_avg"].dtype == torch.float32  # values, not codes
     assert "exp_avg_absmax" not in saved["state"][0]
     twin = torch.nn.Parameter(param.detach().clone())
-    again = FusedAdam([twin], lr=1e-2, moment_dtype=F8, num_threads=1)
+    again = FusedAdam([twin], lr=1e-2, moment_dtype=F8, min_8bit_size=0, num_threads=1)
     again.load_state_dict(saved)
     for key, value in opt.state[param].items():
         got = again.state[twin][key]
@@ -92,7 +92,7 @@ def test_values_requantized_by_other_blocks_are_within_one_float8_step():
     values = opt.state_dict()["state"][0]["exp_avg"]
     # Another layout's blocks: the same values from element 100 on.
     shifted = torch.nn.Parameter(param.detach()[100:].clone())
-    other = FusedAdam([shifted], lr=1e-2, moment_dtype=F8, num_threads=1)
+    other = FusedAdam([shifted], lr=1e-2, moment_dtype=F8, min_8bit_size=0, num_threads=1)
     shifted.grad = torch.zeros_like(shifted)
     other.step()  # allocates the states (zero grads: moments stay zero)
     saved = other.state_dict()

@@ -31,7 +31,7 @@ def checkpoint_values(codes, absmax, signed):
 
 
 def fused(params, **kw):
-    return FusedAdam(params, moment_dtype=torch.uint8, num_threads=1, **kw)
+    return FusedAdam(params, moment_dtype=torch.uint8, min_8bit_size=0, num_threads=1, **kw)
 
 
 def test_the_code_books_are_bitsandbytes_dynamic_maps():
@@ -119,6 +119,28 @@ def test_steps_track_bitsandbytes_adamw8bit():
         m = book[opt.state[a]["exp_avg"].reshape(-1).long()].reshape(-1, BLOCK) * absmax
         ref_m = book[ref.state[b]["state1"].reshape(-1).long()].reshape(-1, BLOCK) * ref_absmax
         assert float(((m - ref_m).abs() / ref_absmax).max()) <= 0.1  # measured <= 0.03
+
+
+@pytest.mark.parametrize("moment_dtype", [torch.uint8, torch.float8_e4m3fn])
+def test_params_under_min_8bit_size_keep_float32_moments_as_bitsandbytes_does(moment_dtype):
+    shapes = [(100,), (4095,), (4096,), (64, 64), (63, 65), (3, 4096)]
+    for kw in ({}, {"min_8bit_size": 0}, {"min_8bit_size": 5000}):
+        ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+        theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+        opt = FusedAdam(ours, lr=1e-3, moment_dtype=moment_dtype, num_threads=1, **kw)
+        ref = bnb.optim.AdamW8bit(theirs, lr=1e-3, **kw)  # its default min_8bit_size: 4096
+        for a, b in zip(ours, theirs):
+            a.grad = b.grad = torch.randn(a.shape)
+        opt.step()
+        ref.step()
+        block_name = "uint8" if moment_dtype == torch.uint8 else "float8_e4m3fn"
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            blockwise = ref.state[b]["state1"].dtype == torch.uint8  # bitsandbytes' choice
+            assert ("exp_avg_absmax" in opt.state[a]) == blockwise, (a.shape, kw)
+            expected = block_name if blockwise else "float32"
+            assert opt.native.param_info(index).moment_dtype == expected, (a.shape, kw)
+    with pytest.raises(ValueError, match="min_8bit_size"):
+        FusedAdam([torch.nn.Parameter(torch.zeros(3))], moment_dtype=torch.uint8, min_8bit_size=-1)
 
 
 def test_8bit_moments_are_a_quarter_of_float32_moments():

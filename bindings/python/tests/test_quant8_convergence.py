@@ -75,7 +75,7 @@ def train(make_optimizer, device, seed=0):
 
 def fused(moment_dtype):
     return lambda model: FusedAdam(model.named_parameters(), lr=LR, weight_decay=0.01,
-                                   moment_dtype=moment_dtype, num_threads=2)
+                                   moment_dtype=moment_dtype, min_8bit_size=0, num_threads=2)
 
 
 @pytest.fixture(scope="module", params=DEVICES)
@@ -108,7 +108,7 @@ def test_float8_moments_converge_like_float32_moments(float32_run, device):
 
 def test_bitsandbytes_adamw8bit_converges_alike(float32_run, device):
     bnb = pytest.importorskip("bitsandbytes")
-    # min_8bit_size=0: every param 8-bit, as FusedAdam's uint8 moments are.
+    # min_8bit_size=0: every param 8-bit, as FusedAdam's (min_8bit_size=0 too).
     assert_close(train(lambda model: bnb.optim.AdamW8bit(model.parameters(), lr=LR,
                                                          weight_decay=0.01, min_8bit_size=0),
                        device), float32_run)

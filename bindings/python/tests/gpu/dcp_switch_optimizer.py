@@ -95,7 +95,9 @@ def build(precision, which, mesh, device, seed):
     model = Transformer(CONFIG).to(device=device, dtype=param_dtype)
     shard_model(model, mesh, MixedPrecisionPolicy(reduce_dtype=reduce_dtype))
     kind = torch.optim.AdamW if which == "AdamW" else FusedAdam
-    extra = {"moment_dtype": MOMENTS[precision]} if precision in MOMENTS and which == "FusedAdam" else {}
+    # min_8bit_size=0: the model's params are all small, and every one is to take block moments.
+    extra = ({"moment_dtype": MOMENTS[precision], "min_8bit_size": 0}
+             if precision in MOMENTS and which == "FusedAdam" else {})
     opt = kind(model.named_parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, **extra)
     return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup)
 
