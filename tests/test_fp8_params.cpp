@@ -159,7 +159,8 @@ sa_param_options fp8_options(const Scaling& s, HostTensor& scale, HostTensor* am
 std::vector<float> master_of(sa_optimizer* opt, int64_t param) {
   const StateView v = state_view(opt, param, "master");
   std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  std::memcpy(out.data(), v.data(), out.size() * sizeof(float));
+  if (!out.empty())  // an empty shard's view has no data pointer (memcpy from NULL is UB)
+    std::memcpy(out.data(), v.data(), out.size() * sizeof(float));
   return out;
 }
 

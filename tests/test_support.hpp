@@ -361,7 +361,9 @@ inline sa_placement partial() { return sa_placement{SA_PLACEMENT_PARTIAL, 0}; }
     INFO(#call << "\n  returned " << sa_status_string(sa_status_) << "\n  message: \"" \
                << sa_message_ << "\"");                                                \
     CHECK(std::string(sa_status_string(sa_status_)) == sa_status_string(expected));    \
-    for (const char* sa_part_ : std::initializer_list<const char*>{__VA_ARGS__})       \
+    /* strings, not pointers: a part may point into a temporary of the range's */      \
+    /* initializer, which dies before the loop's body runs */                         \
+    for (const std::string& sa_part_ : std::initializer_list<std::string>{__VA_ARGS__}) \
       CHECK_THAT(sa_message_, Catch::Contains(sa_part_));                              \
   } while (0)
 
