@@ -194,7 +194,7 @@ SA_HD void quant8_fill_keys(Quant8KeyTable k, const int32_t* mid_keys, int32_t b
 // (at 64 they were in one, a 32-way conflict per store).
 SA_HD void quant8_fill_keys_part(Quant8KeyTable k, const int32_t* mid_keys, int32_t part,
                                  int32_t parts, uint32_t* entries) {
-  const int32_t per = (k.count + parts - 1) / parts | 1;
+  const int32_t per = ((k.count + parts - 1) / parts) | 1;
   const int32_t begin = part * per < k.count ? part * per : k.count;
   quant8_fill_keys(k, mid_keys, begin, begin + per < k.count ? begin + per : k.count, entries);
 }

@@ -270,9 +270,7 @@ class CudaBackend final : public Backend {
       copy_from_host(t.slots->data(), bucket.slots.data(),
                      bucket.slots.size() * sizeof(kernels::TensorSlot));
       copy_from_host(t.chunk_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t));
-      const uint32_t zeros[2] = {0, 0};
-      t.work = allocate(sizeof(zeros));
-      copy_from_host(t.work->data(), zeros, sizeof(zeros));
+      t.work = allocate(2 * sizeof(uint32_t));  // zero-filled, as allocate's are
       t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
                 static_cast<const int64_t*>(t.chunk_offsets->data()),
                 static_cast<int32_t>(bucket.slots.size()), offsets.back(),
