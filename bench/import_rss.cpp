@@ -15,10 +15,11 @@
 //    (exit 1) when it exceeds staging + 16 MiB + 4x the headers.
 // Correctness: every imported state is compared (by a 64-bit hash) with what its rank held.
 //
-// With --moments uint8 the moments are 8-bit block moments: the import lands their values
-// in host memory and quantizes them by the loading optimizer's blocks (a multiple of the
-// 1024-element rows here, so they come back bitwise); with that landing the bound is twice
-// the staging size (sa_import_options).
+// With --moments uint8 the moments are 8-bit block moments, which the files hold as their
+// codes and absmax: the import lands them in host memory, where each block a saved block
+// holds whole (here every one: the block grid of 1024-element rows agrees on any Shard(0)
+// split) is taken as saved, any other quantized from its decoded values; with that landing
+// the bound is twice the staging size (sa_import_options).
 //
 //   import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]
 #include <sys/resource.h>
@@ -236,8 +237,9 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
 
   // Params [rows, 1024] fp32 of uneven row counts; state = exp_avg + exp_avg_sq = 8 B/elem
-  // (8-bit: a code each and a float32 absmax per 256 elements each, 2 + 8/256 B/elem; the
-  // element count is the same, so the import lands about G GiB of float32 values).
+  // (8-bit: a code each and a float32 absmax per 256 elements each, 2 + 8/256 B/elem, in
+  // the files too; rows of 1024 keep the block grids of any Shard(0) split in step, so the
+  // import copies every block as saved, through the landing arena).
   const int64_t total_rows = static_cast<int64_t>(o.gib * double(1 << 30) / 8.0 / kCols);
   const std::vector<const char*> keys =
       o.uint8_moments ? std::vector<const char*>{"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"}
@@ -348,8 +350,8 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < keys.size(); ++i) mismatches += loaded.state_hash(k, keys[i], r0, n) != want[i];
     }
 
-  // Shard files hold block moments as float32 values (8 B/elem either way).
-  const double header_bytes = double(file_bytes) - double(total_rows) * kCols * 8;
+  // Shard files hold the state as the optimizer does (block moments: codes and absmax).
+  const double header_bytes = double(file_bytes) - state_bytes;
   const double staging = double(o.staging_mib << 20);
   // Block moments land in an arena of up to the staging size again (sa_import_options).
   const double limit = staging * (o.uint8_moments ? 2 : 1) + double(16 << 20) + 4 * header_bytes;

@@ -53,14 +53,13 @@ namespace kernels {
   X(bf16, uint16_t, 4 /* kDLBfloat */, 16, "bfloat16", "BF16", 0,                         \
     "bfloat16: the high half of a float32 (round to nearest even)")                       \
   X(f16, uint16_t, 2 /* kDLFloat */, 16, "float16", "F16", 0, "IEEE binary16")            \
-  X(q8, uint8_t, 1 /* kDLUInt */, 8, "uint8", nullptr, 1,                                 \
+  X(q8, uint8_t, 1 /* kDLUInt */, 8, "uint8", "U8", 1,                                    \
     "8-bit blockwise dynamic quantization (moments only): a code per element, a float32 " \
-    "absmax per block of 256; shard files hold the values as float32")                    \
-  X(f8e4m3, uint8_t, 10 /* kDLFloat8_e4m3fn */, 8, "float8_e4m3fn", nullptr, 2,           \
+    "absmax per block of 256 (shard files hold both)")                                    \
+  X(f8e4m3, uint8_t, 10 /* kDLFloat8_e4m3fn */, 8, "float8_e4m3fn", "F8_E4M3", 2,         \
     "float8 e4m3fn (no infinities; saturating round to nearest even). As moments: "       \
     "each element divided by its block's scale (a float32 absmax per 256 elements, "      \
-    "scale = max(absmax, 1e-12) / 448, torchao's AdamWFp8); shard files hold the "        \
-    "values as float32")                                                                  \
+    "scale = max(absmax, 1e-12) / 448, torchao's AdamWFp8; shard files hold both)")       \
   X(f8e5m2, uint8_t, 12 /* kDLFloat8_e5m2 */, 8, "float8_e5m2", nullptr, 0,               \
     "float8 e5m2 (params only; saturating round to nearest even: a magnitude beyond "     \
     "57344, infinities included, becomes 57344)")                                         \

@@ -125,6 +125,16 @@ const char* safetensors_name(DLDataType dtype) {
   return nullptr;
 }
 
+const char* safetensors_names() {
+  static const std::string names = [] {
+    std::vector<const char*> found;
+    for (int32_t i = 0; i < kNumDtypes; ++i)
+      if (public_row(i).safetensors != nullptr) found.push_back(public_row(i).safetensors);
+    return words_list(found, " and ");
+  }();
+  return names.c_str();
+}
+
 std::string dtype_name(DLDataType dtype) {
   for (int32_t i = 0; i < kNumDtypes; ++i)
     if (same_dtype(public_row(i).dl, dtype)) return public_row(i).name;

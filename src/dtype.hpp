@@ -79,14 +79,18 @@ void convert_elems(ElemType from, const void* src, ElemType to, void* dst, int64
 
 // ---- shard files ------------------------------------------------------------------------
 // The dtypes a shard file (safetensors) may hold, by their safetensors names: those of
-// SA_ELEM_TYPES that have one (F32, BF16, F16) and I16 (the remainder). A name outside
-// this table is refused on reading.
+// SA_ELEM_TYPES that have one (F32, BF16, F16, and U8 and F8_E4M3 for block moments' codes)
+// and I16 (the remainder). A name outside this table is refused on reading.
 
 // The DLPack dtype of a safetensors dtype name, or nothing for a name not in the table.
 std::optional<DLDataType> dtype_of_safetensors_name(const std::string& name);
 
 // The safetensors name of a dtype in the table ("F32"), or nullptr.
 const char* safetensors_name(DLDataType dtype);
+
+// The safetensors names shard files may hold, for messages: "F32, BF16, F16, U8, F8_E4M3
+// and I16".
+const char* safetensors_names();
 
 // Bytes per element of a single-lane dtype of whole bytes.
 inline std::size_t dtype_size(DLDataType dtype) { return dtype.bits / 8u; }

@@ -86,6 +86,15 @@ void read_moment_values(Backend& backend, const FileState& f, int64_t n, float* 
   }
 }
 
+void write_block_codes(Backend& backend, const FileState& f, int64_t n, const uint8_t* codes,
+                       const float* absmax) {
+  if (n == 0) return;
+  backend.synchronize();
+  backend.copy_from_host(f.state.buffer->data(), codes, static_cast<std::size_t>(n));
+  backend.copy_from_host(f.absmax->data(), absmax,
+                         static_cast<std::size_t>(blocks_of(n)) * sizeof(float));
+}
+
 void write_moment_values(Backend& backend, const FileState& f, int64_t n, const float* values) {
   if (n == 0) return;
   void* data = f.state.buffer->data();
@@ -93,9 +102,7 @@ void write_moment_values(Backend& backend, const FileState& f, int64_t n, const 
     std::vector<uint8_t> codes = host_vector<uint8_t>(n);
     std::vector<float> absmax = host_vector<float>(blocks_of(n));
     block_from_values(f.block, f.is_signed, values, n, codes.data(), absmax.data());
-    backend.synchronize();
-    backend.copy_from_host(data, codes.data(), codes.size());
-    backend.copy_from_host(f.absmax->data(), absmax.data(), absmax.size() * sizeof(float));
+    write_block_codes(backend, f, n, codes.data(), absmax.data());
   } else if (const ElemType type = moment_type(f); type != ElemType::f32) {
     std::vector<unsigned char> stored =
         host_vector<unsigned char>(n * static_cast<int64_t>(elem_size(type)));

@@ -1,8 +1,8 @@
-// src/moment_values.hpp — a moment's values as float32, whatever its storage, the one form
-// in which moments leave and enter the library for checkpoints (shard files, the torch
-// face's state dicts): float32 as is, bfloat16 widened, block codes (8-bit, float8) decoded.
-// Coming in, they are stored in the moment's dtype: block ones quantized by the local
-// shard's blocks, as a step quantizes them.
+// src/moment_values.hpp — a moment's values as float32, whatever its storage: float32 as
+// is, bfloat16 widened, block codes (8-bit, float8) decoded. The torch face's state dicts
+// hold moments so, and shard files reshard block moments through them. Coming in, they are
+// stored in the moment's dtype: block ones quantized by the local shard's blocks, as a step
+// quantizes them.
 #ifndef SHARDADAM_SRC_MOMENT_VALUES_HPP_
 #define SHARDADAM_SRC_MOMENT_VALUES_HPP_
 
@@ -32,6 +32,11 @@ void block_from_values(ElemType type, bool is_signed, const float* values, int64
 // The moment `f` (a FileState whose state is a moment) of a param of n elements as n
 // float32 values in host memory. Synchronizes the backend.
 void read_moment_values(Backend& backend, const FileState& f, int64_t n, float* out);
+
+// Stores n codes and their blocks' absmax values (host memory) into the block moment `f`
+// of a param of n elements. Synchronizes the backend.
+void write_block_codes(Backend& backend, const FileState& f, int64_t n, const uint8_t* codes,
+                       const float* absmax);
 
 // Stores n float32 values (host memory) into the moment `f` of a param of n elements, in
 // its dtype (bfloat16: rounded to nearest even; block moments: block_from_values). Synchronizes

@@ -920,15 +920,14 @@ std::vector<NamedState> named_states(const Param& p) {
 std::vector<FileState> file_states(const Param& p) {
   std::vector<FileState> out;
   for (const NamedState& s : named_states(p)) {
-    if (state_kind_info(s.kind).per_block) continue;  // derived from the moment's values
-    FileState f{s, s.dtype, nullptr, false, p.moment_type};
+    if (state_kind_info(s.kind).per_block) continue;  // in its moment's FileState (absmax)
+    FileState f{s, nullptr, false, p.moment_type};
     if (kernels::is_block_storage(p.moment_type) &&
         state_kind_info(s.kind).storage == StateStorage::moment) {
       int k = 0;
       is_moment_state(s.kind, &k);  // a moment: StateStorage::moment
       f.absmax = p.state[moment_absmax_state(k)];
       f.is_signed = moment_signed(k);
-      f.dtype = dl_dtype_of(ElemType::f32);
     }
     out.push_back(std::move(f));
   }

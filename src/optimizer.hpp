@@ -78,13 +78,10 @@ std::vector<int64_t> state_shape(const Param& p, StateKind kind);
 // 8-bit moments.
 std::vector<NamedState> named_states(const Param& p);
 
-// A state as shard files hold it. Files hold no 8-bit codes and no block absmax: an 8-bit
-// moment is saved as the float32 values its codes stand for (map[code] * absmax), so it
-// reshards like any float32 moment, to any layout, and loads into optimizers with other
-// moment dtypes (and theirs into an 8-bit one, which quantizes them by its own blocks).
+// A state as shard files hold it: in its own dtype, and a block moment (8-bit, float8) as
+// its codes together with its blocks' absmax (the per-block state "<moment>_absmax").
 struct FileState {
   NamedState state;                // the state itself (the codes of a block moment)
-  DLDataType dtype;                // as files hold it
   std::shared_ptr<Buffer> absmax;  // a block moment's absmax values, else null
   bool is_signed;                  // a block moment: exp_avg (q8: coded by the signed map)
   ElemType block;                  // a block moment: its storage (q8, f8e4m3)

@@ -28,9 +28,9 @@ const StateKindInfo* find_state_kind(const std::string& key) {
 
 bool storage_accepts(StateStorage storage, DLDataType dtype) {
   switch (storage) {
-    case StateStorage::moment: {  // a moment element dtype (files hold block storages as float32)
+    case StateStorage::moment: {  // a moment dtype (a block storage's codes come with scales)
       const std::optional<ElemType> type = elem_type_of(dtype);
-      return type && (elem_roles(*type) & SA_DTYPE_MOMENT) && !kernels::is_block_storage(*type);
+      return type && (elem_roles(*type) & SA_DTYPE_MOMENT);
     }
     case StateStorage::f32:
       return same_dtype(dtype, dl_dtype_of(ElemType::f32));
@@ -42,7 +42,8 @@ bool storage_accepts(StateStorage storage, DLDataType dtype) {
 
 const char* storage_file_dtypes(StateStorage storage) {
   switch (storage) {
-    case StateStorage::moment: {  // "F32 or BF16": the element moment dtypes of storage_accepts
+    case StateStorage::moment: {  // "F32, BF16, U8 or F8_E4M3": the moment dtypes of
+                                  // storage_accepts
       static const std::string names = [] {
         std::vector<const char*> found;
         for (int i = 0; i < kernels::kNumElemTypes; ++i) {

@@ -21,7 +21,7 @@ namespace sa {
 
 // How a state is stored.
 enum class StateStorage : uint8_t {
-  moment,  // the param's moment dtype (float32 or bfloat16); files may hold either
+  moment,  // the param's moment dtype; files may hold any (block codes with their scales)
   f32,     // float32
   i16      // int16
 };

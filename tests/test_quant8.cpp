@@ -5,10 +5,11 @@
 //  - through the C ABI: the states and their shapes, a first step against float64, a few
 //    steps against float32 moments, and the refusals (a uint8 param or grad) that leave
 //    nothing changed;
-//  - shard files: 8-bit moments are saved as the float32 values their codes stand for,
-//    load back bit for bit onto the same layout, reshard onto other layouts by
-//    re-quantizing (checked in float64 against nearest codes), and cross with float32
-//    moments both ways. (tests/gpu: CUDA equals this CPU kernel bit for bit.)
+//  - shard files: 8-bit (and float8) moments are saved as their codes and absmax, load
+//    back bit for bit onto the same layout and wherever the block grids agree, reshard
+//    elsewhere by re-quantizing the values the codes stand for (checked in float64
+//    against nearest codes), and cross with float32 moments both ways. (tests/gpu: CUDA
+//    equals this CPU kernel bit for bit.)
 // bitsandbytes, the independent reference for codes and steps, is used by
 // bindings/python/tests/test_quant8_bitsandbytes.py.
 #include <math.h>
@@ -550,31 +551,35 @@ std::vector<float> floats(const StateView& v) {
   return std::vector<float>(p, p + v.numel());
 }
 
+// Checks that m codes and their absmax `a` quantize the float32 values x: `a` is the
+// largest |x| exactly, and each code a nearest entry of the map to x / a, in float64.
+void check_block_quantizes(const uint8_t* codes, float a, const float* x, int64_t m,
+                           bool is_signed) {
+  const uint32_t* map = quant8_map(is_signed);
+  float largest = 0.0f;
+  for (int64_t i = 0; i < m; ++i) largest = std::max(largest, std::fabs(x[i]));
+  CHECK(a == largest);
+  for (int64_t i = 0; i < m; ++i) {
+    const double scaled = a > 0.0f ? static_cast<double>(x[i]) / a : 0.0;
+    double nearest = 1e300;
+    for (int c = 0; c < 256; ++c) nearest = std::min(nearest, std::fabs(map_value(map, c) - scaled));
+    CHECK(std::fabs(map_value(map, codes[i]) - scaled) <= nearest + 1e-6);
+  }
+}
+
 // Checks that the q8 state `key` of `param` quantizes `x` (its float32 values, in local
-// order) by the param's own blocks: each absmax is its block's largest |x| exactly, and
-// each code a nearest entry of the map to x / absmax, in float64.
+// order) by the param's own blocks (check_block_quantizes).
 void check_quantizes(sa_optimizer* opt, int64_t param, const std::string& key, bool is_signed,
                      const std::vector<float>& x) {
   const StateView codes = state_view(opt, param, key.c_str());
   const StateView absmax = state_view(opt, param, (key + "_absmax").c_str());
   REQUIRE(codes.numel() == static_cast<int64_t>(x.size()));
-  const uint32_t* map = quant8_map(is_signed);
   for (int64_t b = 0; b * kQuant8Block < codes.numel(); ++b) {
     const int64_t begin = b * kQuant8Block;
-    const int64_t end = std::min<int64_t>(begin + kQuant8Block, codes.numel());
-    float largest = 0.0f;
-    for (int64_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(x[i]));
-    const float a = static_cast<const float*>(absmax.data())[b];
     INFO(key << " block " << b);
-    CHECK(a == largest);
-    for (int64_t i = begin; i < end; ++i) {
-      const double scaled = a > 0.0f ? static_cast<double>(x[i]) / a : 0.0;
-      const int code = static_cast<const uint8_t*>(codes.data())[i];
-      double nearest = 1e300;
-      for (int c = 0; c < 256; ++c)
-        nearest = std::min(nearest, std::fabs(map_value(map, c) - scaled));
-      CHECK(std::fabs(map_value(map, code) - scaled) <= nearest + 1e-6);
-    }
+    check_block_quantizes(static_cast<const uint8_t*>(codes.data()) + begin,
+                          static_cast<const float*>(absmax.data())[b], x.data() + begin,
+                          std::min<int64_t>(kQuant8Block, codes.numel() - begin), is_signed);
   }
 }
 
@@ -637,8 +642,8 @@ TEST_CASE("quant8: a block's file values quantize back to its codes and absmax",
 }
 
 TEST_CASE(
-    "q8 moments in shard files: float32 values of the codes, loaded back bit for bit onto "
-    "the same layout",
+    "q8 moments in shard files: the values of the codes in float32 moments, the codes and "
+    "absmax bit for bit onto the same layout",
     "[quant8][state_io]") {
   Q8Fixture f;
   std::mt19937_64 rng(11);
@@ -745,6 +750,141 @@ TEST_CASE("q8 moments reshard from 3 ranks onto 2 by re-quantizing with the new 
     REQUIRE_SA_OK(dst32.get(), import_blobs(dst32.get(), blobs));
     CHECK(floats(state_view(dst32.get(), 0, "exp_avg")) ==
           std::vector<float>(global_m.begin() + box[0], global_m.begin() + box[0] + box[1]));
+  }
+}
+
+// Saved codes of a 1-D param, one rank's box [offset, offset + size) of the global tensor.
+struct SavedBox {
+  int64_t offset, size;
+  std::vector<uint8_t> codes[2];  // exp_avg, exp_avg_sq
+  std::vector<float> absmax[2];
+};
+
+std::vector<uint8_t> codes_of(sa_optimizer* opt, const char* key) {
+  const StateView v = state_view(opt, 0, key);
+  const auto* c = static_cast<const uint8_t*>(v.data());
+  return std::vector<uint8_t>(c, c + v.numel());
+}
+
+std::vector<uint32_t> bits_of(const std::vector<float>& x) {
+  std::vector<uint32_t> out(x.size());
+  if (!x.empty()) std::memcpy(out.data(), x.data(), x.size() * sizeof(float));
+  return out;
+}
+
+// Checks that m float8 codes and their absmax `a` quantize the float32 values x: `a` is
+// the largest |x| exactly, each code within half a float8 step of x / scale (1/16 of the
+// value, or 2^-10 for a subnormal code), scale = max(a, 1e-12) / 448 in float64.
+void check_f8_block_quantizes(const uint8_t* codes, float a, const float* x, int64_t m) {
+  float largest = 0.0f;
+  for (int64_t i = 0; i < m; ++i) largest = std::max(largest, std::fabs(x[i]));
+  CHECK(a == largest);
+  const double scale = std::max(static_cast<double>(a), 1e-12) / 448.0;
+  for (int64_t i = 0; i < m; ++i) {
+    const double scaled = x[i] / scale;
+    CHECK(std::fabs(sa::kernels::e4m3fn_to_float(codes[i]) - scaled) <=
+          std::max(std::fabs(scaled) / 16, std::ldexp(1.0, -10)) * 1.0001);
+  }
+}
+
+// Where the block grids of the saved and the loading boxes agree, a block is loaded as
+// saved, bit for bit (tiny absmax values below float32's normal range included); elsewhere
+// it is quantized again from the saved values. Which local blocks a saved block holds
+// whole (the same global elements) is worked out here from the boxes alone.
+TEST_CASE(
+    "8-bit and float8 moments reshard bit for bit where the block grids agree, re-quantized "
+    "elsewhere",
+    "[quant8][state_io]") {
+  const int64_t n = 1000;
+  using Boxes = std::vector<std::pair<int64_t, int64_t>>;  // offset, size
+  const struct {
+    const char* what;
+    Boxes from, to;
+    int whole;  // local blocks held whole by a saved block, of each moment
+  } layouts[] = {
+      {"2 ranks onto 2 others, on block boundaries", {{0, 512}, {512, 488}}, {{0, 256}, {256, 744}}, 4},
+      {"2 ranks onto 1", {{0, 512}, {512, 488}}, {{0, 1000}}, 4},
+      {"2 ranks onto 2 split at 300", {{0, 512}, {512, 488}}, {{0, 300}, {300, 700}}, 1},
+      {"3 uneven ranks onto 1", {{0, 300}, {300, 400}, {700, 300}}, {{0, 1000}}, 1},
+  };
+  // The moments' global values: block [0, 256) tiny (below 1.2e-38: float32 subnormals,
+  // whose decoded values do not quantize back to the same codes), the rest of varied
+  // scales, zeros at the end.
+  std::mt19937_64 rng(15);
+  std::vector<float> global[2];
+  for (int k = 0; k < 2; ++k) {
+    for (int64_t b = 0; b < n; b += 128) {
+      const double scale = b < 256 ? 1e-39 : b >= 768 ? 0.0 : std::pow(10.0, -8.0 + 0.5 * b / 128);
+      const std::vector<float> x = random_block(rng, std::min<int64_t>(128, n - b), scale, k == 0);
+      global[k].insert(global[k].end(), x.begin(), x.end());
+    }
+  }
+  const char* keys[2] = {"exp_avg", "exp_avg_sq"};
+  for (const DLDataType moment : {kUint8, kFloat8E4m3fn}) {
+    const bool q8 = same_dtype(moment, kUint8);
+    for (const auto& layout : layouts) {
+      INFO((q8 ? "uint8: " : "float8_e4m3fn: ") << layout.what);
+      std::vector<SavedBox> saved;
+      std::vector<Bytes> blobs;
+      // The saved values: q8 decoded here (README's rule), float8 by the library.
+      std::vector<float> values[2] = {std::vector<float>(n), std::vector<float>(n)};
+      for (const auto& [offset, size] : layout.from) {
+        HostTensor p({size}, kFloat32);
+        OptimizerPtr src = one_param("w", n, offset, p, moment);
+        SavedBox box{offset, size, {}, {}};
+        for (int k = 0; k < 2; ++k) {
+          HostTensor x({size}, kFloat32);
+          std::copy_n(global[k].begin() + offset, size, x.as<float>());
+          DLTensor t = x.dl();
+          REQUIRE_SA_OK(src.get(), sa_optimizer_set_moment_values(src.get(), 0, keys[k], &t));
+          box.codes[k] = codes_of(src.get(), keys[k]);
+          box.absmax[k] =
+              floats(state_view(src.get(), 0, (std::string(keys[k]) + "_absmax").c_str()));
+          REQUIRE_SA_OK(src.get(), sa_optimizer_get_moment_values(src.get(), 0, keys[k], &t));
+          const std::vector<float> d =
+              q8 ? decoded(src.get(), 0, keys[k], k == 0)
+                 : std::vector<float>(x.as<float>(), x.as<float>() + size);
+          std::copy(d.begin(), d.end(), values[k].begin() + offset);
+        }
+        saved.push_back(std::move(box));
+        blobs.push_back(export_blob(src.get()));
+      }
+      int whole[2] = {0, 0};
+      for (const auto& [offset, size] : layout.to) {
+        HostTensor p({size}, kFloat32);
+        OptimizerPtr dst = one_param("w", n, offset, p, moment);
+        REQUIRE_SA_OK(dst.get(), import_blobs(dst.get(), blobs));
+        for (int k = 0; k < 2; ++k) {
+          const std::vector<uint8_t> codes = codes_of(dst.get(), keys[k]);
+          const std::vector<float> absmax =
+              floats(state_view(dst.get(), 0, (std::string(keys[k]) + "_absmax").c_str()));
+          for (int64_t b = 0; b * kQuant8Block < size; ++b) {
+            const int64_t begin = offset + b * kQuant8Block;  // global
+            const int64_t m = std::min<int64_t>(kQuant8Block, size - b * kQuant8Block);
+            const auto holder = std::find_if(saved.begin(), saved.end(), [&](const SavedBox& s) {
+              return s.offset <= begin && begin < s.offset + s.size;
+            });
+            REQUIRE(holder != saved.end());
+            const int64_t at = begin - holder->offset;  // in the saved box
+            const uint8_t* c = codes.data() + b * kQuant8Block;
+            const float a = absmax[static_cast<std::size_t>(b)];
+            INFO(keys[k] << " local block " << b << " (global " << begin << ")");
+            if (at % kQuant8Block == 0 && std::min<int64_t>(kQuant8Block, holder->size - at) == m) {
+              ++whole[k];
+              CHECK(std::equal(c, c + m, holder->codes[k].begin() + at));
+              CHECK(bits_of({a}) ==
+                    bits_of({holder->absmax[k][static_cast<std::size_t>(at / kQuant8Block)]}));
+            } else if (q8) {  // quantized from the saved values (never the tiny ones here)
+              check_block_quantizes(c, a, values[k].data() + begin, m, k == 0);
+            } else {
+              check_f8_block_quantizes(c, a, values[k].data() + begin, m);
+            }
+          }
+        }
+      }
+      CHECK(whole[0] == layout.whole);
+      CHECK(whole[1] == layout.whole);
+    }
   }
 }
 

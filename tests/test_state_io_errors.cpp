@@ -443,7 +443,7 @@ TEST_CASE("an unknown dtype, or a dtype a state key never has: SA_ERR_FORMAT", "
     h["bf16.master.amsgrad.bf16moments/exp_avg"]["dtype"] = "F16";
   });
   CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {f16, saved_blobs()[1]}),
-                 "stored as F16", "exp_avg is stored as F32 or BF16");
+                 "stored as F16", "exp_avg is stored as F32, BF16, U8 or F8_E4M3");
   target.check_unchanged();
 }
 
@@ -476,9 +476,9 @@ TEST_CASE("files of another format: SA_ERR_FORMAT saying what they are not", "[s
 TEST_CASE("a newer format version: SA_ERR_UNSUPPORTED, an edit without resealing: the header checksum",
           "[state_io][errors]") {
   Target target;
-  const Bytes v3 = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format_version"] = "3"; });
-  CHECK_SA_FAILS(target.opt(), SA_ERR_UNSUPPORTED, import_blobs(target.opt(), {v3, saved_blobs()[1]}),
-                 "format version '3'", "reads versions 1 to 2", "newer shardadam");
+  const Bytes v4 = edit_header(saved_blobs()[0], [](json& h) { h["__metadata__"]["format_version"] = "4"; });
+  CHECK_SA_FAILS(target.opt(), SA_ERR_UNSUPPORTED, import_blobs(target.opt(), {v4, saved_blobs()[1]}),
+                 "format version '4'", "reads versions 1 to 3", "newer shardadam");
   const Bytes edited = edit_header(
       saved_blobs()[0],
       [](json& h) { edit_metadata(h, "groups", [](json& g) { g[0]["lr"] = 1.0; }); }, false);
@@ -776,4 +776,128 @@ TEST_CASE("a writer that fails: SA_ERR_IO, and commit is never called", "[state_
     }
   }
   target.check_unchanged();
+}
+
+namespace {
+
+// Block moments: an optimizer of an 8-bit param "q8", a float8 one "f8" (600 elements:
+// blocks of 256, 256, 88) and a float32 one "f32", one step in with grads of `scale`.
+struct BlockMoments {
+  HostTensor params[3] = {HostTensor({3, 200}, kFloat32), HostTensor({3, 200}, kFloat32),
+                          HostTensor({3, 200}, kFloat32)};
+  OptimizerPtr opt = make_optimizer();
+  explicit BlockMoments(float scale) {
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &io_groups()[0], nullptr));
+    const char* names[3] = {"q8", "f8", "f32"};
+    const DLDataType moments[3] = {kUint8, kFloat8E4m3fn, kFloat32};
+    HostTensor grad({3, 200}, kFloat32);
+    for (int64_t i = 0; i < grad.numel(); ++i) grad.as<float>()[i] = scale * static_cast<float>(i % 17 - 8);
+    for (int k = 0; k < 3; ++k) {
+      const sa_param_options options = param_options(kDefaultDtype, moments[k], SA_MASTER_AUTO);
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), names[k], 0, params[k].versioned(),
+                                                      nullptr, &options, nullptr));
+      const DLTensor g = grad.dl();
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), k, &g));
+    }
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+  }
+};
+
+// Where tensor `name`'s data sits in `blob`.
+std::pair<std::size_t, std::size_t> data_range(const Bytes& blob, const std::string& name) {
+  const json entry = header_of(blob).at(name);
+  const std::size_t base = 8 + header_length(blob);
+  return {base + entry["data_offsets"][0].get<std::size_t>(), base + entry["data_offsets"][1].get<std::size_t>()};
+}
+
+}  // namespace
+
+// The shard-file corpus for block moments: codes without their scales, scales without
+// codes or of the wrong length or shape, another block size, checksum blocks that cut a
+// block of codes, a negative absmax. Each is refused with a message naming the tensor,
+// and the optimizer is left as it was.
+TEST_CASE("block moments' codes and scales that do not belong together: SA_ERR_FORMAT, nothing changed",
+          "[state_io][errors][quant8]") {
+  BlockMoments saved(0.01f);
+  const Bytes blob = export_blob(saved.opt.get());
+  BlockMoments target(0.02f);
+  const Bytes before = export_blob(target.opt.get());
+  const auto unchanged = [&] { CHECK(export_blob(target.opt.get()) == before); };
+  REQUIRE(header_of(blob).at("q8/exp_avg")["dtype"] == "U8");
+  REQUIRE(header_of(blob).at("f8/exp_avg_sq")["dtype"] == "F8_E4M3");
+  REQUIRE(header_of(blob).at("q8/exp_avg_absmax")["shape"] == json::array({3}));
+
+  const auto without = [](const std::string& name) {
+    return [name](json& h) {
+      h.erase(name);
+      edit_metadata(h, "tensors", [&](json& t) { t.erase(name); });
+    };
+  };
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {edit_header(blob, without("q8/exp_avg_absmax"))}),
+                 "blob 0", "tensor 'q8/exp_avg' holds U8 codes but the file has no tensor 'q8/exp_avg_absmax'");
+  unchanged();
+  // The scales of a float32 moment (renamed from q8's): no codes to go with.
+  const Bytes moved = edit_header(blob, [](json& h) {
+    h["f32/exp_avg_absmax"] = h["q8/exp_avg_absmax"];
+    h.erase("q8/exp_avg_absmax");
+    edit_metadata(h, "tensors", [](json& t) {
+      t["f32/exp_avg_absmax"] = t["q8/exp_avg_absmax"];
+      t.erase("q8/exp_avg_absmax");
+    });
+  });
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {moved}),
+                 "tensor 'f32/exp_avg_absmax' holds block scales but the file holds no block codes as tensor 'f32/exp_avg'");
+  unchanged();
+  // Two scales for three blocks (the third's bytes left out of every tensor).
+  const Bytes shorter = edit_header(blob, [](json& h) {
+    json& e = h["f8/exp_avg_absmax"];
+    e["shape"] = {2};
+    e["data_offsets"][1] = e["data_offsets"][0].get<int64_t>() + 8;
+    edit_metadata(h, "tensors", [](json& t) { t["f8/exp_avg_absmax"]["crc32c"] = {0}; });
+  });
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {shorter}),
+                 "tensor 'f8/exp_avg_absmax' has shape [2] but 'f8/exp_avg' has 600 elements: 3 blocks of 256");
+  unchanged();
+  const Bytes square = edit_header(blob, [](json& h) { h["q8/exp_avg_sq_absmax"]["shape"] = {3, 1}; });
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {square}),
+                 "tensor 'q8/exp_avg_sq_absmax' has shape [3, 1]", "one-dimensional");
+  unchanged();
+  const Bytes other_blocks = edit_header(blob, [](json& h) {
+    edit_metadata(h, "tensors", [](json& t) { t["q8/exp_avg_absmax"]["block_elems"] = 128; });
+  });
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_UNSUPPORTED, import_blobs(target.opt.get(), {other_blocks}),
+                 "tensors['q8/exp_avg_absmax'].block_elems is 128", "blocks of 256 elements");
+  unchanged();
+  // Checksum blocks of 200 bytes cut blocks of codes (every checksum recomputed to match).
+  const Bytes cut = edit_header(blob, [&](json& h) {
+    edit_metadata(h, "checksum", [](json& c) { c["block_bytes"] = 200; });
+    edit_metadata(h, "tensors", [&](json& t) {
+      for (auto& [name, entry] : t.items()) {
+        const auto [begin, end] = data_range(blob, name);
+        json crcs = json::array();
+        for (std::size_t at = begin; at < end; at += 200)
+          crcs.push_back(sa::crc32c(0, blob.data() + at, std::min<std::size_t>(200, end - at)));
+        entry["crc32c"] = crcs;
+      }
+    });
+  });
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {cut}),
+                 "checksum.block_bytes 200 is not a multiple of 256");
+  unchanged();
+  // A negative absmax, its checksum made to match: found when the data are read.
+  Bytes negative = blob;
+  const auto [begin, end] = data_range(blob, "q8/exp_avg_absmax");
+  negative[begin + 4 + 3] ^= 0x80;  // the sign of block 1's absmax
+  negative = edit_header(negative, [&](json& h) {
+    edit_metadata(h, "tensors", [&](json& t) {
+      t["q8/exp_avg_absmax"]["crc32c"] = {sa::crc32c(0, negative.data() + begin, end - begin)};
+    });
+  });
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {negative}),
+                 "tensor 'q8/exp_avg_absmax': block 1 has absmax -", "never negative");
+  unchanged();
+  // The blob itself loads, and restores the saved state bit for bit.
+  REQUIRE(before != blob);
+  REQUIRE_SA_OK(target.opt.get(), import_blobs(target.opt.get(), {blob}));
+  CHECK(export_blob(target.opt.get()) == blob);
 }

@@ -84,6 +84,10 @@ void print_summary(const json& r) {
   for (const json& t : r["tensors"]) {
     std::string dtypes;
     for (const json& d : t["dtypes"]) dtypes += (dtypes.empty() ? "" : "+") + d.get<std::string>();
+    if (t.contains("block_scales"))
+      dtypes += " codes, F32 absmax per " +
+                std::to_string(t["block_scales"]["block_elems"].get<int64_t>()) + " in " +
+                t["block_scales"]["key"].get<std::string>();
     const bool exact = t["coverage"] == "exact";
     std::printf("  %s: global shape %s, %s, %zu box(es): %s\n",
                 t["name"].get<std::string>().c_str(), dims(t["global_shape"]).c_str(),

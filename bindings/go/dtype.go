@@ -44,7 +44,7 @@ const (
 	RoleState  = 8  // some state is stored in it
 	RoleFile   = 16 // shard files hold tensors of it
 	// RoleBlockMoment: as a moment, stored in blocks (a code per element, a float32 absmax
-	// per 256 elements: states "<moment>_absmax"); shard files hold the values as float32.
+	// per 256 elements: states "<moment>_absmax"); shard files hold both.
 	RoleBlockMoment = 32
 	// RoleScale: the dtype of an fp8 param's scale tensor under some scaling
 	// (sa_param_options.scale).

@@ -474,10 +474,11 @@ typedef struct sa_param_options {
    *   nearest even), scale = max(absmax, 1e-12) / 448.
    * The update decodes a block, updates it in float32, and encodes it again with its new
    * absmax; the CPU and CUDA backends compute the same bits. Shard files hold block
-   * moments as float32 values (what the codes stand for; README.md: shard files), so
-   * they reshard to any layout and cross with float32/bfloat16 moments; an import
-   * quantizes them by the local shard's blocks, and onto the same layout restores the
-   * codes and absmax bit for bit. */
+   * moments as their codes and absmax (README.md: shard files); an import takes each
+   * block a saved block holds whole (the same elements: the block grids agree) as saved,
+   * bit for bit, and quantizes the others by the local shard's blocks from the values the
+   * codes stand for, so they reshard to any layout and cross with float32/bfloat16
+   * moments. */
   DLDataType moment_dtype;
   int32_t master; /* an sa_master_kind (fp8 params: AUTO or FP32) */
   /* (The fields below begin at the next 8-byte boundary, past the tail padding of the
@@ -1082,6 +1083,7 @@ SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_read
  * Describes what a set of shard files holds, as a JSON text (the caller frees it with
  * sa_free): per global tensor (param and state key) its global shape, dtype, the boxes
  * saved and by which file, whether they cover the tensor exactly once (and where not),
+ * and for block codes their scales ("block_scales": the key and the block's elements),
  * and per file whether its header parses (the same checks as sa_optimizer_import: bytes
  * after the data section make a header "bad") and its checksums match. `verify_data` 0
  * skips reading the data (headers only). A bad file is described in the report, not an

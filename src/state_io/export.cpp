@@ -1,15 +1,15 @@
 // src/state_io/export.cpp — one rank's state as a shard file. The header (which holds
 // every block's checksum) precedes the data and the writer only appends, so the state is
 // streamed twice: once to checksum it, once to write it. Device state goes through one
-// bounded staging buffer both times; host state is read in place. 8-bit moments are
-// decoded to float32 on the way (file_states).
+// bounded staging buffer both times; host state is read in place. A block moment is two
+// tensors: its codes and its blocks' absmax.
 #include <algorithm>
 #include <numeric>
 
 #include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
-#include "../moment_values.hpp"
+#include "../state_kinds.hpp"
 #include "crc32c.hpp"
 #include "metadata.hpp"
 #include "state_io.hpp"
@@ -55,55 +55,6 @@ class HostChunks {
   std::shared_ptr<Buffer> staging_;
 };
 
-// A tensor's data as the file holds it: backend memory as it is, or an 8-bit moment
-// decoded to float32 (map[code] * absmax, the values the kernels compute with).
-struct Source {
-  const void* data;    // backend memory (an 8-bit moment: its codes); null when empty
-  const void* absmax;  // a block moment: its block absmax values, else null
-  bool is_signed;
-  ElemType block;  // a block moment: its storage
-};
-
-// Decodes chunks of 8-bit moments into host memory. A chunk starts at a multiple of the
-// checksum block, hence of kQuant8Block elements, so it holds whole blocks.
-class Decoder {
- public:
-  Decoder(Backend* backend, uint64_t chunk_bytes)
-      : backend_(backend), elems_(static_cast<std::size_t>(chunk_bytes / sizeof(float))) {}
-
-  const unsigned char* view(const Source& s, uint64_t offset, uint64_t bytes) {
-    const int64_t first = static_cast<int64_t>(offset / sizeof(float));
-    const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-    const int64_t block = kernels::kQuant8Block;
-    if (first % block != 0) fail(SA_ERR_INTERNAL, "an 8-bit chunk starts inside a block");
-    const int64_t blocks = (n + block - 1) / block;
-    if (out_.empty()) {  // first use: host memory for one chunk
-      out_.resize(elems_);
-      codes_.resize(elems_);
-      absmax_.resize(elems_ / static_cast<std::size_t>(block) + 1);
-    }
-    const auto* codes = static_cast<const uint8_t*>(s.data) + first;
-    const auto* absmax = static_cast<const float*>(s.absmax) + first / block;
-    if (!backend_->host_memory()) {
-      backend_->copy_to_host(codes_.data(), codes, static_cast<std::size_t>(n));
-      backend_->copy_to_host(absmax_.data(), absmax,
-                             static_cast<std::size_t>(blocks) * sizeof(float));
-      codes = codes_.data();
-      absmax = absmax_.data();
-    }
-    block_values(s.block, s.is_signed, codes, absmax, n,
-                 out_.data());  // the one rule (moment_values)
-    return reinterpret_cast<const unsigned char*>(out_.data());
-  }
-
- private:
-  Backend* backend_;
-  std::size_t elems_;
-  std::vector<float> out_;
-  std::vector<uint8_t> codes_;
-  std::vector<float> absmax_;
-};
-
 }  // namespace
 
 void export_state(Optimizer& opt, const sa_writer* writer_table) {
@@ -123,7 +74,7 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   opt.get_param_steps(0, opt.num_params(), param_steps.data());
 
   std::vector<SavedTensor> tensors;
-  std::vector<Source> sources;
+  std::vector<const void*> sources;  // each tensor's backend memory (null when empty)
   for (std::size_t i = 0; i < opt.params().size(); ++i) {
     const auto& p = opt.params()[i];
     if (!primary_replica(p->layout)) continue;
@@ -132,15 +83,28 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
       SavedTensor t;
       t.param = p->name;
       t.key = f.state.key;
-      t.dtype = f.dtype;
+      t.dtype = f.state.dtype;
       t.shape = p->layout.local_shape;
       t.global_shape = p->layout.global_shape;
       t.global_offset = p->layout.global_offset;
-      t.bytes = static_cast<uint64_t>(p->numel) * dtype_size(f.dtype);
-      const bool data = f.state.buffer && t.bytes > 0;
-      sources.push_back({data ? f.state.buffer->data() : nullptr,
-                         data && f.absmax ? f.absmax->data() : nullptr, f.is_signed, f.block});
-      tensors.push_back(std::move(t));
+      t.bytes = static_cast<uint64_t>(p->numel) * dtype_size(t.dtype);
+      sources.push_back(t.bytes > 0 ? f.state.buffer->data() : nullptr);
+      tensors.push_back(t);
+      const std::optional<ElemType> type = elem_type_of(t.dtype);
+      if (!type || !kernels::is_block_storage(*type)) continue;
+      // A block moment's codes; then its blocks' absmax: no box of their own, a float32 per
+      // block of the codes' flat order.
+      int k = 0;
+      is_moment_state(f.state.kind, &k);  // only moments are block-stored
+      SavedTensor scales;
+      scales.param = p->name;
+      scales.key = state_kind_info(moment_absmax_state(k)).key;
+      scales.dtype = dl_dtype_of(ElemType::f32);
+      scales.block_elems = kernels::kQuant8Block;
+      scales.shape = {(p->numel + scales.block_elems - 1) / scales.block_elems};
+      scales.bytes = static_cast<uint64_t>(scales.shape[0]) * sizeof(float);
+      sources.push_back(scales.bytes > 0 ? f.absmax->data() : nullptr);
+      tensors.push_back(std::move(scales));
     }
   }
   // Wider dtypes first: with the data section 8-byte aligned, every tensor then starts at
@@ -161,15 +125,11 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   }
 
   HostChunks chunks(backend, largest, kDefaultStagingBytes);
-  Decoder decoder(backend, chunks.chunk());
   auto stream = [&](std::size_t i, auto&& consume) {
     const SavedTensor& t = tensors[i];
-    const Source& source = sources[i];
     for (uint64_t offset = 0; offset < t.bytes; offset += chunks.chunk()) {
       const uint64_t n = std::min(chunks.chunk(), t.bytes - offset);
-      consume(offset,
-              source.absmax ? decoder.view(source, offset, n) : chunks.view(source.data, offset, n),
-              n);
+      consume(offset, chunks.view(sources[i], offset, n), n);
     }
   };
 

@@ -9,6 +9,8 @@
 // The unit of reading is a checksum block, so that every byte copied into state has had
 // its checksum checked when it is copied, even if the blob changes between phases 2 and 3.
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <new>
@@ -16,6 +18,7 @@
 #include <unordered_map>
 
 #include "../../kernels/adam_math.h"
+#include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../moment_values.hpp"
@@ -31,6 +34,10 @@ namespace {
 
 // Dtype conversions on the way to a device go through a pinned buffer of this size.
 constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
+// Block moments' blocks, and how many decoded elements go to a state that is not one at a
+// time.
+constexpr int64_t kBlock = kernels::kQuant8Block;
+constexpr int64_t kDecodeElems = int64_t{1} << 16;
 
 struct SavedRef {
   std::size_t file;
@@ -45,27 +52,42 @@ struct SavedParam {
 
 // What one saved tensor gives one local state: the box they share.
 struct Piece {
-  std::size_t file;
-  const SavedTensor* saved;
-  Box box;               // the intersection, in global coordinates
-  Box from;              // the saved tensor's box
-  Box to;                // the local state's box
-  void* dst;             // backend memory, or null for an 8-bit moment (see `landing`)
-  DLDataType dst_dtype;  // as the file state is held (float32 for an 8-bit moment)
-  std::string what;      // "param 'w' state exp_avg", for messages
-  int landing;           // an 8-bit moment: its Landing, else -1
+  std::size_t file = 0;
+  const SavedTensor* saved = nullptr;
+  Box box;                 // the intersection, in global coordinates
+  Box from;                // the saved tensor's box
+  Box to;                  // the local state's box
+  void* dst = nullptr;     // backend memory, or null for a block moment (see `landing`)
+  DLDataType dst_dtype{};  // as the state is held (float32 for a block moment: its values)
+  std::string what;        // "param 'w' state exp_avg", for messages
+  int landing = -1;        // a block moment: its Landing, else -1
+  // The saved tensor holds block codes (version 3): their scales, and what decodes them.
+  const SavedTensor* scales = nullptr;
+  ElemType coded = ElemType::f32;  // the codes' storage (q8, f8e4m3)
+  bool is_signed = false;          // exp_avg (q8's signed map)
+  int64_t saved_numel = 0;
+  // The saved elements [src_begin, src_end) hold every run (plan_chunks), and phase 2
+  // reads the scales of their blocks, from block scales_first on.
+  int64_t src_begin = 0, src_end = 0;
+  int64_t scales_first = 0;
+  std::vector<float> scale_values;
 };
 
-// A block moment (8-bit, float8) lands as float32 values in host memory, then is quantized
-// by this param's own blocks (the files' came from other shards) into its codes and absmax.
-// Landings go in rounds of at most the staging size (or one landing, if larger), each
-// round's values in the same host arena: peak memory stays the staging size, not 4 bytes
-// per element of every block moment.
+// A block moment (8-bit, float8) lands in host memory, then is stored: a block that the
+// files hold whole (the same elements in one saved block of the same storage: the block
+// grids agree there) as its saved codes and absmax, bit for bit; any other block as
+// float32 values (decoded from the saved codes, or the saved float32 or bfloat16 values),
+// which are quantized by this param's blocks, as a step quantizes. Landings go in rounds
+// of at most the staging size (or one landing, if larger), each round in the same host
+// arenas: peak memory stays the staging size, not 5 bytes per element of every block
+// moment.
 struct Landing {
   FileState state;
   int64_t numel;
-  int round = 0;          // landings of one round share the arena
-  uint64_t arena_at = 0;  // where its values sit in the arena (bytes)
+  int64_t blocks;
+  int round = 0;    // landings of one round share the arenas
+  uint64_t at = 0;  // its entries in them: values_ its values, then its blocks' absmax;
+                    // codes_ its codes, then a flag per block: held whole
 };
 
 // Whole checksum blocks of one piece's saved tensor, read at once.
@@ -141,7 +163,8 @@ class Importer {
     check_groups_agree(headers_, readers_);
     for (std::size_t f = 0; f < headers_.size(); ++f)
       for (const SavedTensor& t : headers_[f].tensors)
-        saved_[t.param].keys[t.key].push_back({f, &t});
+        if (t.block_elems == 0)  // block scales come with their codes (SavedTensor::scales)
+          saved_[t.param].keys[t.key].push_back({f, &t});
 
     // Only the params imported are checked against the files (tiling, shapes, keys):
     // those allow_unexpected ignores are never read, so a broken set of their boxes
@@ -215,7 +238,7 @@ class Importer {
       int landing = -1;
       if (f.absmax && p.numel > 0) {
         landing = static_cast<int>(landings_.size());
-        landings_.push_back({f, p.numel});
+        landings_.push_back({f, p.numel, (p.numel + kBlock - 1) / kBlock});
       }
       const std::vector<SavedRef>& refs = saved.keys.at(s.key);
       std::vector<Box> saved_boxes;
@@ -226,10 +249,10 @@ class Importer {
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(),
                " holds it with global shape ", format_dims(t.global_shape),
                " but this param's global shape is ", format_dims(p.layout.global_shape));
-        if (!same_dtype(t.dtype, f.dtype) &&
+        if (!same_dtype(t.dtype, s.dtype) &&
             find_state_kind(s.key)->storage != StateStorage::moment)  // moments convert
           fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
-               safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(f.dtype));
+               safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
         saved_boxes.push_back({t.global_offset, t.shape});
         global_shapes.push_back(t.global_shape);
       }
@@ -243,12 +266,31 @@ class Importer {
         fail(SA_ERR_MISMATCH, what, ": the shard files do not cover its global shape ",
              format_dims(p.layout.global_shape), " exactly once: ", tiling.detail,
              " (every file of the checkpoint must be given, each once)");
+      int k = 0;
+      const bool is_signed = is_moment_state(s.kind, &k) && moment_signed(k);
       for (std::size_t i = 0; i < refs.size(); ++i) {
         Box shared;
         if (!intersect(local, saved_boxes[i], shared)) continue;
-        pieces_.push_back({refs[i].file, refs[i].tensor, shared, saved_boxes[i], local,
-                           landing >= 0 ? nullptr : s.buffer->data(), f.dtype, what, landing});
-        converts_ = converts_ || !same_dtype(refs[i].tensor->dtype, f.dtype);
+        const SavedTensor& t = *refs[i].tensor;
+        const DLDataType dst_dtype = landing >= 0 ? dl_dtype_of(ElemType::f32) : s.dtype;
+        Piece piece;
+        piece.file = refs[i].file;
+        piece.saved = &t;
+        piece.box = shared;
+        piece.from = saved_boxes[i];
+        piece.to = local;
+        piece.dst = landing >= 0 ? nullptr : s.buffer->data();
+        piece.dst_dtype = dst_dtype;
+        piece.what = what;
+        piece.landing = landing;
+        piece.saved_numel = static_cast<int64_t>(t.bytes / dtype_size(t.dtype));
+        if (t.scales >= 0) {
+          piece.scales = &headers_[refs[i].file].tensors[static_cast<std::size_t>(t.scales)];
+          piece.coded = *elem_type_of(t.dtype);  // link_block_scales: a block storage
+          piece.is_signed = is_signed;
+        }
+        converts_ = converts_ || !same_dtype(t.dtype, dst_dtype);
+        pieces_.push_back(std::move(piece));
       }
     }
     return true;
@@ -288,12 +330,15 @@ class Importer {
         pieces_.size());  // blocks [a, b)
     uint64_t total = 0, largest_block = 0;
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      const Piece& piece = pieces_[i];
+      Piece& piece = pieces_[i];
       const uint64_t block = headers_[piece.file].block_bytes;
       const uint64_t elem = dtype_size(piece.saved->dtype);
       largest_block = std::max(largest_block, block);
       auto& r = ranges[i];
+      piece.src_begin = -1;
       for (RunCursor c(piece.box, piece.from, piece.to); !c.done(); c.advance(c.remaining())) {
+        if (piece.src_begin < 0) piece.src_begin = c.src();
+        piece.src_end = c.src() + c.remaining();
         const uint64_t begin = static_cast<uint64_t>(c.src()) * elem;
         const uint64_t end = begin + static_cast<uint64_t>(c.remaining()) * elem;
         const uint64_t first = begin / block, last = (end - 1) / block + 1;
@@ -338,44 +383,72 @@ class Importer {
     uint64_t at = 0;
     int round = 0;
     for (Landing& l : landings_) {
-      const uint64_t bytes = static_cast<uint64_t>(l.numel) * sizeof(float);
-      if (at > 0 && at + bytes > settings_.staging_bytes) ++round, at = 0;
+      const auto entries = static_cast<uint64_t>(l.numel + l.blocks);
+      if (at > 0 && (at + entries) * (sizeof(float) + 1) > settings_.staging_bytes) ++round, at = 0;
       l.round = round;
-      l.arena_at = at;
-      at += bytes;
-      arena_bytes_ = std::max(arena_bytes_, at);
+      l.at = at;
+      at += entries;
+      arena_entries_ = std::max(arena_entries_, at);
     }
     rounds_ = landings_.empty() ? 1 : round + 1;
   }
 
-  // Reads a chunk into `dst` and checks the checksum of every block in it. `status` is
-  // what a mismatch reports: SA_ERR_FORMAT in phase 2 (a corrupt blob), SA_ERR_IO in
-  // phase 3 (the blob changed since phase 2 checked it).
-  void read_checked(const Chunk& c, unsigned char* dst, sa_status status) {
-    const Piece& piece = pieces_[c.piece];
-    const SavedTensor& t = *piece.saved;
-    const ShardHeader& header = headers_[piece.file];
-    const BlobReader& reader = readers_[piece.file];
+  // Reads `bytes` bytes of file `file`'s tensor `t` from `begin` (a checksum block
+  // boundary; the end one too, or the tensor's end) into `dst` and checks the checksum of
+  // every block. `status` is what a mismatch reports: SA_ERR_FORMAT in phase 2 (a corrupt
+  // blob), SA_ERR_IO in phase 3 (the blob changed since phase 2 checked it).
+  void read_checked(std::size_t file, const SavedTensor& t, uint64_t begin, uint64_t bytes,
+                    unsigned char* dst, sa_status status) {
+    const ShardHeader& header = headers_[file];
+    const BlobReader& reader = readers_[file];
     const std::string what = concat("tensor '", t.name(), "'");
-    reader.read(header.data_section + t.data_begin + c.begin, dst,
-                static_cast<std::size_t>(c.bytes), what.c_str());
-    const uint64_t first = c.begin / header.block_bytes;
+    reader.read(header.data_section + t.data_begin + begin, dst, static_cast<std::size_t>(bytes),
+                what.c_str());
+    const uint64_t first = begin / header.block_bytes;
     std::vector<uint32_t>& crcs = crc_scratch_;
-    crcs.resize(static_cast<std::size_t>(block_count(c.bytes, header.block_bytes)));
-    crc32c_blocks(dst, static_cast<std::size_t>(c.bytes),
+    crcs.resize(static_cast<std::size_t>(block_count(bytes, header.block_bytes)));
+    crc32c_blocks(dst, static_cast<std::size_t>(bytes),
                   static_cast<std::size_t>(header.block_bytes), crcs.data());
     for (std::size_t i = 0; i < crcs.size(); ++i) {
       const uint64_t at = i * header.block_bytes;
-      const uint64_t n = std::min(header.block_bytes, c.bytes - at);
+      const uint64_t n = std::min(header.block_bytes, bytes - at);
       const uint64_t block = first + i;
       const uint32_t crc = crcs[i];
       if (crc != t.crc32c[block])
         fail(status, reader.name(), ": tensor '", t.name(), "': block ", block, " (bytes ",
-             c.begin + at, " to ", c.begin + at + n, " of its data) has checksum ", crc,
+             begin + at, " to ", begin + at + n, " of its data) has checksum ", crc,
              " but the header says ", t.crc32c[block],
              status == SA_ERR_FORMAT ? ": the file is corrupt"
                                      : ": the blob changed during the import");
     }
+  }
+
+  void read_checked(const Chunk& c, unsigned char* dst, sa_status status) {
+    const Piece& piece = pieces_[c.piece];
+    read_checked(piece.file, *piece.saved, c.begin, c.bytes, dst, status);
+  }
+
+  // Keeps the scales of the saved blocks a coded piece's runs touch in host memory (1/64
+  // of the codes' bytes), read once and checked here: a negative absmax is no block's.
+  void read_scales(Piece& piece) {
+    const SavedTensor& t = *piece.scales;
+    const uint64_t block_bytes = headers_[piece.file].block_bytes;
+    const int64_t lo = piece.src_begin / t.block_elems;
+    const int64_t hi = (piece.src_end + t.block_elems - 1) / t.block_elems;
+    const uint64_t begin = static_cast<uint64_t>(lo) * sizeof(float) / block_bytes * block_bytes;
+    const uint64_t end = std::min(
+        block_count(static_cast<uint64_t>(hi) * sizeof(float), block_bytes) * block_bytes, t.bytes);
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(end - begin));
+    read_checked(piece.file, t, begin, end - begin, bytes.data(), SA_ERR_FORMAT);
+    piece.scales_first = lo;
+    piece.scale_values.resize(static_cast<std::size_t>(hi - lo));
+    std::memcpy(piece.scale_values.data(), bytes.data() + (lo * sizeof(float) - begin),
+                piece.scale_values.size() * sizeof(float));
+    for (std::size_t i = 0; i < piece.scale_values.size(); ++i)
+      if (piece.scale_values[i] < 0.0f)
+        fail(SA_ERR_FORMAT, readers_[piece.file].name(), ": tensor '", t.name(), "': block ",
+             lo + static_cast<int64_t>(i), " has absmax ", piece.scale_values[i],
+             "; an absmax is the largest magnitude of its block, never negative");
   }
 
   void verify() {
@@ -385,6 +458,8 @@ class Importer {
     staging_ = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
     auto* base = static_cast<unsigned char*>(staging_->data());
     for (const Chunk& c : chunks_) read_checked(c, base + c.cache_at, SA_ERR_FORMAT);
+    for (Piece& piece : pieces_)
+      if (piece.scales != nullptr) read_scales(piece);
   }
 
   // ---- phase 3 ------------------------------------------------------------------------
@@ -400,9 +475,11 @@ class Importer {
       std::shared_ptr<Buffer> bounce;
       if (converts_ && !backend->host_memory()) bounce = backend->allocate_staging(kBounceBytes);
       try {
-        arena_.resize(static_cast<std::size_t>(arena_bytes_ / sizeof(float)));
+        values_.resize(static_cast<std::size_t>(arena_entries_));
+        codes_.resize(static_cast<std::size_t>(arena_entries_));
+        decoded_.resize(kDecodeElems);
       } catch (const std::bad_alloc&) {
-        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the ", arena_bytes_,
+        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the ", arena_entries_ * (sizeof(float) + 1),
              " bytes of host memory that block moments land in; nothing was changed");
       }
       backend->synchronize();  // no step in flight may still use the state
@@ -412,10 +489,11 @@ class Importer {
         // quantizes those by this param's blocks and writes them up. A chunk belongs to
         // one piece, and so to one round: each is read once.
         for (int round = 0; round < rounds_; ++round) {
+          for (const Landing& l : landings_)
+            if (l.round == round) std::fill_n(landing_codes(l) + l.numel, l.blocks, uint8_t{0});
           copy_chunks(*backend, cursors, bounce.get(), round);
           for (const Landing& l : landings_)
-            if (l.round == round)
-              write_moment_values(*backend, l.state, l.numel, landing_values(l));
+            if (l.round == round) store_landing(*backend, l);
         }
         // An fp8 param follows from its master, which was just loaded: cast it (and its
         // scales) with its scaling, as a step would.
@@ -464,45 +542,150 @@ class Importer {
     }
   }
 
-  // Copies the part of a piece's runs that lies in chunk `c` (held at `data`) into state.
+  // Copies the part of a piece's runs that lies in chunk `c` (held at `data`) into state:
+  // elements [first, end) of its saved tensor.
   void scatter(const Chunk& c, const unsigned char* data, RunCursor& cursor, Backend& backend,
                Buffer* bounce) {
     const Piece& piece = pieces_[c.piece];
-    const DLDataType from = piece.saved->dtype;
-    const uint64_t src_size = dtype_size(from), dst_size = dtype_size(piece.dst_dtype);
-    const int64_t first = static_cast<int64_t>(c.begin / src_size);
-    const int64_t end = static_cast<int64_t>((c.begin + c.bytes) / src_size);
+    const uint64_t src_size = dtype_size(piece.saved->dtype);
+    const uint64_t dst_size = dtype_size(piece.dst_dtype);
+    const Span span{data, static_cast<int64_t>(c.begin / src_size),
+                    static_cast<int64_t>((c.begin + c.bytes) / src_size)};
     // A block moment lands in host memory (see Landing); everything else goes to state.
-    const bool landing = piece.landing >= 0;
-    const bool host = landing || backend.host_memory();
-    auto* dst_base = landing ? reinterpret_cast<unsigned char*>(landing_values(
-                                   landings_[static_cast<std::size_t>(piece.landing)]))
-                             : static_cast<unsigned char*>(piece.dst);
-    while (!cursor.done() && cursor.src() < end) {
-      if (cursor.src() < first)
+    auto* dst_base = piece.landing >= 0 ? reinterpret_cast<unsigned char*>(landing_values(
+                                              landings_[static_cast<std::size_t>(piece.landing)]))
+                                        : static_cast<unsigned char*>(piece.dst);
+    while (!cursor.done() && cursor.src() < span.end) {
+      if (cursor.src() < span.first)
         fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
-      const int64_t n = std::min(cursor.remaining(), end - cursor.src());
-      const unsigned char* src = data + static_cast<uint64_t>(cursor.src() - first) * src_size;
+      const int64_t n = std::min(cursor.remaining(), span.end - cursor.src());
       unsigned char* dst = dst_base + static_cast<uint64_t>(cursor.dst()) * dst_size;
-      if (same_dtype(from, piece.dst_dtype)) {
-        if (landing)
-          std::memcpy(dst, src, static_cast<std::size_t>(n) * dst_size);
-        else
-          backend.copy_from_host(dst, src, static_cast<std::size_t>(n) * dst_size);
-      } else if (host) {
-        convert(src, from, dst, piece.dst_dtype, n);
-      } else {
-        const int64_t step = static_cast<int64_t>(kBounceBytes / std::max(src_size, dst_size));
-        auto* tmp = static_cast<unsigned char*>(bounce->data());
-        for (int64_t i = 0; i < n; i += step) {
-          const int64_t m = std::min(step, n - i);
-          convert(src + static_cast<uint64_t>(i) * src_size, from, tmp, piece.dst_dtype, m);
-          backend.copy_from_host(dst + static_cast<uint64_t>(i) * dst_size, tmp,
-                                 static_cast<std::size_t>(m) * dst_size);
+      if (piece.scales != nullptr && piece.landing >= 0) {
+        land_codes(c.piece, span, cursor.src(), cursor.dst(), n);
+      } else if (piece.scales != nullptr) {  // decoded, then as float32 values
+        for (int64_t i = 0; i < n; i += kDecodeElems) {
+          const int64_t m = std::min<int64_t>(kDecodeElems, n - i);
+          decode(c.piece, span, cursor.src() + i, m, decoded_.data());
+          put(reinterpret_cast<const unsigned char*>(decoded_.data()), dl_dtype_of(ElemType::f32),
+              dst + static_cast<uint64_t>(i) * dst_size, piece, m, backend, bounce);
         }
+      } else {
+        put(data + static_cast<uint64_t>(cursor.src() - span.first) * src_size, piece.saved->dtype,
+            dst, piece, n, backend, bounce);
       }
       cursor.advance(n);
     }
+  }
+
+  // Puts n elements (host memory, of dtype `from`) at `dst`, in piece's state (or its
+  // landing), converted to its dtype.
+  void put(const unsigned char* src, DLDataType from, unsigned char* dst, const Piece& piece,
+           int64_t n, Backend& backend, Buffer* bounce) const {
+    const DLDataType to = piece.dst_dtype;
+    const uint64_t src_size = dtype_size(from), dst_size = dtype_size(to);
+    const bool host = piece.landing >= 0 || backend.host_memory();
+    if (same_dtype(from, to) && piece.landing >= 0) {
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * dst_size);
+    } else if (same_dtype(from, to)) {
+      backend.copy_from_host(dst, src, static_cast<std::size_t>(n) * dst_size);
+    } else if (host) {
+      convert(src, from, dst, to, n);
+    } else {
+      const int64_t step = static_cast<int64_t>(kBounceBytes / std::max(src_size, dst_size));
+      auto* tmp = static_cast<unsigned char*>(bounce->data());
+      for (int64_t i = 0; i < n; i += step) {
+        const int64_t m = std::min(step, n - i);
+        convert(src + static_cast<uint64_t>(i) * src_size, from, tmp, to, m);
+        backend.copy_from_host(dst + static_cast<uint64_t>(i) * dst_size, tmp,
+                               static_cast<std::size_t>(m) * dst_size);
+      }
+    }
+  }
+
+  // A chunk's data: elements [first, end) of its saved tensor.
+  struct Span {
+    const unsigned char* data;
+    int64_t first, end;
+  };
+
+  // Lands saved elements [s, s + n) of coded piece `index` at landing element d: each
+  // local block that one saved block of the same storage holds whole, the same elements,
+  // as that block's codes and absmax; the other elements as their decoded values.
+  void land_codes(std::size_t index, const Span& span, int64_t s, int64_t d, int64_t n) {
+    const Piece& piece = pieces_[index];
+    const Landing& l = landings_[static_cast<std::size_t>(piece.landing)];
+    float* values = landing_values(l);
+    float* absmax = values + l.numel;
+    uint8_t* codes = landing_codes(l);
+    uint8_t* whole = codes + l.numel;
+    const bool same = piece.coded == l.state.block;
+    while (n > 0) {
+      if (same && s % kBlock == 0 && d % kBlock == 0) {
+        const int64_t m = std::min(kBlock, l.numel - d);
+        if (m <= n && m == std::min(kBlock, piece.saved_numel - s)) {
+          std::memcpy(codes + d, span.data + (s - span.first), static_cast<std::size_t>(m));
+          absmax[d / kBlock] = scale(piece, s / kBlock);
+          whole[d / kBlock] = 1;
+          s += m, d += m, n -= m;
+          continue;
+        }
+      }
+      const int64_t m = std::min({n, kBlock - s % kBlock, kBlock - d % kBlock});
+      decode(index, span, s, m, values + d);
+      s += m, d += m, n -= m;
+    }
+  }
+
+  // The float32 values of saved elements [s, s + n) of coded piece `index`: each block
+  // decoded whole (moment_values' block_values), since which element reads as the absmax
+  // depends on the whole block; the last block decoded is kept for the next call.
+  void decode(std::size_t index, const Span& span, int64_t s, int64_t n, float* out) {
+    const Piece& piece = pieces_[index];
+    while (n > 0) {
+      const int64_t b = s / kBlock, at = s % kBlock, m = std::min(n, kBlock - at);
+      if (decoded_piece_ != index || decoded_block_ != b) {
+        const int64_t begin = b * kBlock, len = std::min(kBlock, piece.saved_numel - begin);
+        if (begin < span.first || begin + len > span.end)
+          fail(SA_ERR_INTERNAL, piece.what, ": a block of codes crosses its chunk");
+        const float a = scale(piece, b);
+        block_values(piece.coded, piece.is_signed, span.data + (begin - span.first), &a, len,
+                     block_.data());
+        decoded_piece_ = index;
+        decoded_block_ = b;
+      }
+      std::memcpy(out, block_.data() + at, static_cast<std::size_t>(m) * sizeof(float));
+      s += m, out += m, n -= m;
+    }
+  }
+
+  // The absmax of saved block b of a coded piece (read in phase 2).
+  static float scale(const Piece& piece, int64_t b) {
+    const int64_t i = b - piece.scales_first;
+    if (i < 0 || i >= static_cast<int64_t>(piece.scale_values.size()))
+      fail(SA_ERR_INTERNAL, piece.what, ": block ", b, " has no scale read");
+    return piece.scale_values[static_cast<std::size_t>(i)];
+  }
+
+  // Stores a landing: its blocks held whole as they are, the others quantized from their
+  // values by this param's blocks, in runs of such blocks.
+  void store_landing(Backend& backend, const Landing& l) {
+    const float* values = landing_values(l);
+    float* absmax = landing_values(l) + l.numel;
+    uint8_t* codes = landing_codes(l);
+    const uint8_t* whole = codes + l.numel;
+    for (int64_t b = 0; b < l.blocks;) {
+      if (whole[b]) {
+        ++b;
+        continue;
+      }
+      int64_t e = b + 1;
+      while (e < l.blocks && !whole[e]) ++e;
+      const int64_t begin = b * kBlock, end = std::min(e * kBlock, l.numel);
+      block_from_values(l.state.block, l.state.is_signed, values + begin, end - begin,
+                        codes + begin, absmax + b);
+      b = e;
+    }
+    write_block_codes(backend, l.state, l.numel, codes, absmax);
   }
 
   Optimizer& opt_;
@@ -513,9 +696,18 @@ class Importer {
   std::vector<Piece> pieces_;
   std::vector<Landing> landings_;
   int rounds_ = 1;
-  uint64_t arena_bytes_ = 0;
-  std::vector<float> arena_;  // the values of one round's landings (allocated in phase 3)
-  float* landing_values(const Landing& l) { return arena_.data() + l.arena_at / sizeof(float); }
+  // The arenas of one round's landings (allocated in phase 3; see Landing::at).
+  uint64_t arena_entries_ = 0;
+  std::vector<float> values_;
+  std::vector<uint8_t> codes_;
+  float* landing_values(const Landing& l) { return values_.data() + l.at; }
+  uint8_t* landing_codes(const Landing& l) { return codes_.data() + l.at; }
+  // A block of codes decoded (decode), and whose it is; decoded_: decoded elements on their
+  // way into state that is not a block moment.
+  std::array<float, kernels::kQuant8Block> block_{};
+  std::size_t decoded_piece_ = SIZE_MAX;
+  int64_t decoded_block_ = -1;
+  std::vector<float> decoded_;
   std::vector<Chunk> chunks_;
   bool converts_ = false;
   bool cached_ = false;

@@ -1,7 +1,7 @@
 // src/state_io/inspect.cpp — what a set of shard files holds, as a JSON report: per file,
 // whether its header parses and its checksums match; per global tensor (param and state
-// key), the boxes saved and whether they cover it exactly once. Never throws for a bad
-// file: finding bad files is its job.
+// key), the boxes saved and whether they cover it exactly once (block scales go with their
+// codes: "block_scales"). Never throws for a bad file: finding bad files is its job.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "box.hpp"
@@ -61,6 +62,7 @@ void verify_file(const BlobReader& reader, const ShardHeader& header, ordered_js
 
 struct GlobalTensor {
   std::string param, key;
+  std::string scales;  // block codes: the key of their scales (a float32 absmax per block)
   std::vector<Box> boxes;
   std::vector<std::size_t> files;
   std::vector<Dims> global_shapes;
@@ -137,7 +139,9 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
   for (std::size_t f = 0; f < headers.size(); ++f) {
     if (!headers[f]) continue;
     for (const SavedTensor& t : headers[f]->tensors) {
+      if (t.block_elems > 0) continue;  // block scales: their codes' box
       GlobalTensor& g = tensors[t.name()];
+      if (t.scales >= 0) g.scales = headers[f]->tensors[static_cast<std::size_t>(t.scales)].key;
       g.param = t.param;
       g.key = t.key;
       g.boxes.push_back({t.global_offset, t.shape});
@@ -157,6 +161,8 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
     ordered_json entry = {{"name", name},       {"param", g.param},
                           {"key", g.key},       {"global_shape", g.global_shapes[0]},
                           {"dtypes", g.dtypes}, {"boxes", boxes}};
+    if (!g.scales.empty())
+      entry["block_scales"] = {{"key", g.scales}, {"block_elems", kernels::kQuant8Block}};
     const Tiling tiling = check_tiling(g.boxes, g.global_shapes,
                                        [&](std::size_t i) { return concat("file ", g.files[i]); });
     entry["coverage"] = tiling_kind_name(tiling.kind);

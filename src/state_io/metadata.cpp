@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../state_kinds.hpp"
@@ -173,6 +174,36 @@ std::vector<WriterMesh> parse_meshes(const json& writer, const FieldReader& in,
   return out;
 }
 
+void parse_box(const json& entry, const std::string& where, SavedTensor& s, const FieldReader& in) {
+  s.global_shape = in.dims(entry, "global_shape", where);
+  s.global_offset = in.dims(entry, "global_offset", where);
+  if (s.global_shape.size() != s.shape.size() || s.global_offset.size() != s.shape.size())
+    fail(SA_ERR_FORMAT, in.blob(), ": ", where, " has global_shape ", format_dims(s.global_shape),
+         " and global_offset ", format_dims(s.global_offset), " but the tensor has shape ",
+         format_dims(s.shape));
+  for (std::size_t d = 0; d < s.shape.size(); ++d)
+    if (s.global_offset[d] > s.global_shape[d] ||
+        s.shape[d] > s.global_shape[d] - s.global_offset[d])
+      fail(SA_ERR_FORMAT, in.blob(), ": ", where, ": the box of offset ",
+           format_dims(s.global_offset), " and shape ", format_dims(s.shape),
+           " does not fit the global shape ", format_dims(s.global_shape));
+}
+
+std::vector<uint32_t> parse_checksums(const json& entry, const std::string& where, uint64_t bytes,
+                                      uint64_t block_bytes, const FieldReader& in) {
+  const json& crcs = in.member(entry, "crc32c", where);
+  const uint64_t blocks = block_count(bytes, block_bytes);
+  if (!crcs.is_array() || crcs.size() != blocks)
+    fail(SA_ERR_FORMAT, in.blob(), ": ", where, ".crc32c must list ", blocks,
+         " checksums (one per block of ", block_bytes, " bytes of its ", bytes, " bytes)");
+  std::vector<uint32_t> out;
+  out.reserve(crcs.size());
+  for (const json& c : crcs)
+    out.push_back(
+        static_cast<uint32_t>(in.integer_value(c, where + ".crc32c entry", 0, UINT32_MAX)));
+  return out;
+}
+
 SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors,
                                uint64_t block_bytes, const FieldReader& in) {
   SavedTensor s;
@@ -198,29 +229,65 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors,
     fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name,
          "' has no entry in __metadata__ \"tensors\"");
   const std::string where = concat("tensors['", t.name, "']");
-  s.global_shape = in.dims(*entry, "global_shape", where);
-  s.global_offset = in.dims(*entry, "global_offset", where);
-  if (s.global_shape.size() != s.shape.size() || s.global_offset.size() != s.shape.size())
-    fail(SA_ERR_FORMAT, in.blob(), ": ", where, " has global_shape ", format_dims(s.global_shape),
-         " and global_offset ", format_dims(s.global_offset), " but the tensor has shape ",
-         format_dims(s.shape));
-  for (std::size_t d = 0; d < s.shape.size(); ++d)
-    if (s.global_offset[d] > s.global_shape[d] ||
-        s.shape[d] > s.global_shape[d] - s.global_offset[d])
-      fail(SA_ERR_FORMAT, in.blob(), ": ", where, ": the box of offset ",
-           format_dims(s.global_offset), " and shape ", format_dims(s.shape),
-           " does not fit the global shape ", format_dims(s.global_shape));
-
-  const json& crcs = in.member(*entry, "crc32c", where);
-  const uint64_t blocks = block_count(s.bytes, block_bytes);
-  if (!crcs.is_array() || crcs.size() != blocks)
-    fail(SA_ERR_FORMAT, in.blob(), ": ", where, ".crc32c must list ", blocks,
-         " checksums (one per block of ", block_bytes, " bytes of its ", s.bytes, " bytes)");
-  s.crc32c.reserve(crcs.size());
-  for (const json& c : crcs)
-    s.crc32c.push_back(
-        static_cast<uint32_t>(in.integer_value(c, where + ".crc32c entry", 0, UINT32_MAX)));
+  if (kind->per_block) {
+    s.block_elems = in.integer(*entry, "block_elems", where, 1, INT32_MAX);
+    if (s.block_elems != kernels::kQuant8Block)
+      fail(SA_ERR_UNSUPPORTED, in.blob(), ": ", where, ".block_elems is ", s.block_elems,
+           "; this library's block moments have blocks of ", kernels::kQuant8Block, " elements");
+    if (s.shape.size() != 1)
+      fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' has shape ", format_dims(s.shape),
+           "; block scales are one-dimensional");
+  } else {
+    parse_box(*entry, where, s, in);
+  }
+  s.crc32c = parse_checksums(*entry, where, s.bytes, block_bytes, in);
   return s;
+}
+
+// Pairs each block moment's codes with its scales ("<param>/<moment>_absmax", in the same
+// file), which must be there, of one entry per block of the codes, and checksummed in
+// whole blocks of codes (an import decodes a block from the chunk that holds it).
+void link_block_scales(ShardHeader& h, const FieldReader& in) {
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < h.tensors.size(); ++i) index[h.tensors[i].name()] = i;
+  auto is_codes = [](const SavedTensor& t) {
+    const std::optional<ElemType> type = elem_type_of(t.dtype);
+    return type && kernels::is_block_storage(*type);
+  };
+  for (std::size_t i = 0; i < h.tensors.size(); ++i) {
+    const SavedTensor& scales = h.tensors[i];
+    int k = 0;
+    if (scales.block_elems == 0) continue;
+    if (!is_absmax_state(find_state_kind(scales.key)->kind, &k))  // the per-block kinds
+      fail(SA_ERR_INTERNAL, "block scales of state ", scales.key);
+    const std::string codes_name = concat(scales.param, "/", state_kind_info(moment_state(k)).key);
+    const auto found = index.find(codes_name);
+    if (found == index.end() || !is_codes(h.tensors[found->second]))
+      fail(SA_ERR_FORMAT, in.blob(), ": tensor '", scales.name(),
+           "' holds block scales but the file ",
+           found == index.end() ? "has no tensor '" : "holds no block codes as tensor '",
+           codes_name, "'");
+    SavedTensor& codes = h.tensors[found->second];
+    const auto n = static_cast<int64_t>(codes.bytes);  // one byte per code
+    const int64_t blocks = (n + scales.block_elems - 1) / scales.block_elems;
+    if (scales.shape != Dims{blocks})
+      fail(SA_ERR_FORMAT, in.blob(), ": tensor '", scales.name(), "' has shape ",
+           format_dims(scales.shape), " but '", codes_name, "' has ", n, " elements: ", blocks,
+           " blocks of ", scales.block_elems);
+    if (h.block_bytes % static_cast<uint64_t>(scales.block_elems) != 0)
+      fail(SA_ERR_FORMAT, in.blob(), ": checksum.block_bytes ", h.block_bytes,
+           " is not a multiple of ", scales.block_elems,
+           ", the codes of one block (the file holds block moments)");
+    codes.scales = static_cast<int64_t>(i);
+  }
+  for (const SavedTensor& codes : h.tensors) {
+    if (!is_codes(codes) || codes.scales >= 0) continue;
+    int k = 0;
+    is_moment_state(find_state_kind(codes.key)->kind, &k);  // storage_accepts: a moment
+    fail(SA_ERR_FORMAT, in.blob(), ": tensor '", codes.name(), "' holds ",
+         safetensors_name(codes.dtype), " codes but the file has no tensor '", codes.param, "/",
+         state_kind_info(moment_absmax_state(k)).key, "' with their block scales");
+  }
 }
 
 // "params": {"<param>": {"step": N}, ...}, one entry for exactly the params the file holds
@@ -273,8 +340,11 @@ std::string encode_shard_header(const ShardHeader& header) {
   json tensors = json::object();
   std::vector<SafetensorsTensor> entries;
   for (const SavedTensor& t : header.tensors) {
-    tensors[t.name()] = {
-        {"global_shape", t.global_shape}, {"global_offset", t.global_offset}, {"crc32c", t.crc32c}};
+    tensors[t.name()] = t.block_elems > 0
+                            ? json{{"block_elems", t.block_elems}, {"crc32c", t.crc32c}}
+                            : json{{"global_shape", t.global_shape},
+                                   {"global_offset", t.global_offset},
+                                   {"crc32c", t.crc32c}};
     entries.push_back({t.name(), safetensors_name(t.dtype), t.dtype, t.shape, t.data_begin,
                        t.data_begin + t.bytes});
   }
@@ -353,6 +423,7 @@ ShardHeader parse_shard_header(std::string_view text, uint64_t blob_size, const 
          " tensors but the header holds ", st.tensors.size());
   for (const SafetensorsTensor& t : st.tensors)
     h.tensors.push_back(parse_saved_tensor(t, tensors, h.block_bytes, in));
+  link_block_scales(h, in);
   h.version = version_number;
   if (h.version >= 2)
     h.param_steps = parse_param_steps(in.parse(st.metadata, kKeyParams), h.tensors, in);

@@ -22,9 +22,11 @@
 namespace sa {
 
 inline constexpr const char* kShardFormat = "shardadam";
+// 3: block moments (8-bit, float8) as their codes (U8, F8_E4M3) and their blocks' absmax
+//    (the tensor "<param>/<moment>_absmax"). Version 2 files hold them as float32 values.
 // 2: per-param step counts ("params"). Version 1 files (no "params") still load: each
-// param then takes its group's step count.
-inline constexpr int kShardFormatVersion = 2;
+//    param then takes its group's step count.
+inline constexpr int kShardFormatVersion = 3;
 inline constexpr int kOldestShardFormatVersion = 1;
 // Bytes per checksummed block of a tensor's data (the last block of a tensor is shorter).
 // 1 MiB: the checksum list stays ~1e-6 of the data, and a partial read of a tensor reads
@@ -49,6 +51,13 @@ struct SavedTensor {
   Dims shape;  // the saved shard's (local) shape
   Dims global_shape;
   Dims global_offset;
+  // The block scales of a block moment (a per-block key, "<moment>_absmax"): one float32
+  // per block of this many elements of the moment's tensor in the same file, in its flat
+  // order. They have no box of their own (global_shape and global_offset are empty).
+  int64_t block_elems = 0;
+  // A block moment's codes (dtype U8 or F8_E4M3): the index in the header's tensors of its
+  // scales; -1 for any other tensor.
+  int64_t scales = -1;
   uint64_t data_begin = 0;  // relative to the data section
   uint64_t bytes = 0;
   std::vector<uint32_t> crc32c;  // one per block of kChecksumBlockBytes (or the file's size)

@@ -72,7 +72,7 @@ SafetensorsTensor parse_tensor(const std::string& name, const json& entry, uint6
   const auto dl = dtype_of_safetensors_name(t.dtype_name);
   if (!dl)
     fail(SA_ERR_FORMAT, blob, ": ", where, " has dtype '", t.dtype_name,
-         "', which shard files never hold (they hold F32, BF16, F16 and I16)");
+         "', which shard files never hold (they hold ", safetensors_names(), ")");
   t.dtype = *dl;
 
   const auto shape = entry.find("shape");

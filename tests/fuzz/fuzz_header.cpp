@@ -25,8 +25,16 @@ void check_parsed(const sa::ShardHeader& h, uint64_t blob_size) {
   for (const sa::SavedTensor& t : h.tensors) {
     if (h.data_section + t.data_begin + t.bytes > blob_size) __builtin_trap();
     if (t.crc32c.size() != sa::block_count(t.bytes, h.block_bytes)) __builtin_trap();
+    if (t.block_elems > 0) continue;  // block scales: no box; checked with their codes
     for (std::size_t d = 0; d < t.shape.size(); ++d)
       if (t.global_offset[d] + t.shape[d] > t.global_shape[d]) __builtin_trap();
+    if (t.scales < 0) continue;
+    // Block codes (one byte each) and their scales: one per block, in the same header.
+    if (static_cast<std::size_t>(t.scales) >= h.tensors.size()) __builtin_trap();
+    const sa::SavedTensor& s = h.tensors[static_cast<std::size_t>(t.scales)];
+    const auto blocks = static_cast<int64_t>((t.bytes + 255) / 256);
+    if (s.block_elems != 256 || s.shape != sa::Dims{blocks} || h.block_bytes % 256 != 0)
+      __builtin_trap();
   }
 }
 

@@ -168,6 +168,28 @@ TEST_CASE("CUDA shard files: the same bytes as the CPU's, and imports into anoth
     check_same(q8, *gpu8[r], *cpu8[r]);
     CHECK(export_blob(gpu8[r]->opt()) == cpu8[r]->export_blob());
   }
+
+  // Those files (8-bit codes and absmax) into 8-bit moments on another layout (blocks
+  // copied where the grids agree, re-quantized elsewhere) and into the float32 and
+  // bfloat16 moments of io_params (decoded on the host, then up, cast through the pinned
+  // bounce), staged whole and a block at a time: the GPU's states equal the CPU's.
+  std::vector<Bytes> blobs8;
+  for (auto& r : gpu8) blobs8.push_back(export_blob(r->opt()));
+  const Scenario columns = mesh_scenario("Shard(1) over 3", {3}, {shard(1)});
+  for (const Problem* into : {&q8, &prob}) {
+    for (uint64_t staging : {uint64_t{0}, uint64_t{1}}) {
+      auto cpu_in = make_ranks(*into, columns, values);
+      auto gpu_in = make_gpu_ranks(*into, columns, values);
+      const sa_import_options options = import_options(staging);
+      for (std::size_t r = 0; r < gpu_in.size(); ++r) {
+        INFO((into == &q8 ? "8-bit files into 8-bit moments" : "8-bit files into io_params' moments")
+             << ", staging_bytes " << staging << ", rank " << r);
+        REQUIRE_SA_OK(cpu_in[r]->opt(), import_blobs(cpu_in[r]->opt(), blobs8, &options));
+        REQUIRE_SA_OK(gpu_in[r]->opt(), import_blobs(gpu_in[r]->opt(), blobs8, &options));
+        check_same(*into, *gpu_in[r], *cpu_in[r]);
+      }
+    }
+  }
 }
 
 TEST_CASE("CUDA export and import of ~1 GiB of state: throughput (printed)", "[gpu][state_io][bench]") {

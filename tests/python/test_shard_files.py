@@ -1,6 +1,7 @@
 # tests/python/test_shard_files.py — shard files are safetensors files: the real safetensors
 # package (PyPI) opens every file shardadam writes, returns tensors equal to the optimizer's
-# own state views, and the __metadata__ reads as README.md ("Shard files") documents it.
+# own state views (8-bit and float8 moments as uint8 / float8_e4m3fn codes and a float32
+# absmax per block), and the __metadata__ reads as README.md ("Shard files") documents it.
 # Everything here is computed independently of shardadam: the CRC-32C, the header
 # checksum recipe, the torch.chunk boxes and the coverage count.
 import json
@@ -14,8 +15,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 MESHES = ("fsdp", "hsdp")
-STATE_KEYS = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master", "remainder"}
-NUMPY_DTYPES = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "I16": np.int16}
+MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+STATE_KEYS = {*MOMENTS, "master", "remainder"}
+SCALE_KEYS = {m + "_absmax" for m in MOMENTS}  # a block moment's float32 absmax per block
+BLOCK = 256
+NUMPY_DTYPES = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "I16": np.int16, "U8": np.uint8,
+                "F8_E4M3": ml_dtypes.float8_e4m3fn}
 
 
 def _crc32c_table():
@@ -97,6 +102,25 @@ def test_safe_open_reads_every_tensor_as_the_optimizer_holds_it(shard_dir, mesh)
         assert set(loaded) == keys
 
 
+def test_block_moments_are_their_codes_and_a_float32_absmax_per_block(shard_dir):
+    # The 8-bit param's moments are uint8 codes, the float8 one's float8_e4m3fn codes
+    # (amsgrad's max_exp_avg_sq too), each with its scales; the other params have none.
+    seen = {}
+    for path, _ in files(shard_dir, "fsdp"):
+        with safe_open(str(path), framework="numpy") as f:
+            for name in f.keys():
+                seen.setdefault(name, set()).add(f.get_tensor(name).dtype)
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert seen[f"q8/{key}"] == {np.dtype(np.uint8)}
+        assert seen[f"q8/{key}_absmax"] == {np.dtype(np.float32)}
+    for key in MOMENTS:
+        assert seen[f"fp8.amsgrad/{key}"] == {np.dtype(ml_dtypes.float8_e4m3fn)}
+        assert seen[f"fp8.amsgrad/{key}_absmax"] == {np.dtype(np.float32)}
+    assert "q8/max_exp_avg_sq" not in seen
+    assert {name for name in seen if name.endswith("_absmax")} == {
+        f"q8/{k}_absmax" for k in ("exp_avg", "exp_avg_sq")} | {f"fp8.amsgrad/{k}_absmax" for k in MOMENTS}
+
+
 @pytest.mark.parametrize("mesh", MESHES)
 def test_metadata_is_as_documented(shard_dir, mesh):
     m = manifest(shard_dir, mesh)
@@ -108,7 +132,7 @@ def test_metadata_is_as_documented(shard_dir, mesh):
             tensors_by_name = {name: f.get_tensor(name) for name in f.keys()}
         assert meta == header["__metadata__"]
         assert meta["format"] == "shardadam"
-        assert meta["format_version"] == "2"
+        assert meta["format_version"] == "3"
 
         # header_crc32c: CRC-32C of the compact, key-sorted JSON of the metadata without
         # header_crc32c, plus each tensor's dtype and shape.
@@ -139,15 +163,24 @@ def test_metadata_is_as_documented(shard_dir, mesh):
         assert all(entry == {"step": 3} for entry in params.values())
         for name, entry in described.items():
             param, key = name.rsplit("/", 1)
+            raw = tensors_by_name[name].tobytes()
+            block = checksum["block_bytes"]
+            assert entry["crc32c"] == [crc32c(raw[i:i + block]) for i in range(0, len(raw), block)], name
+            if key in SCALE_KEYS:
+                # Block scales: no box of their own; one per block of their moment's codes.
+                assert set(entry) == {"block_elems", "crc32c"}, name
+                assert entry["block_elems"] == BLOCK
+                codes = tensors_by_name[f"{param}/{key[:-len('_absmax')]}"]
+                assert codes.dtype in (np.uint8, ml_dtypes.float8_e4m3fn), name
+                assert tensors_by_name[name].dtype == np.float32
+                assert tensors_by_name[name].shape == (-(-codes.size // BLOCK),), name
+                continue
             assert key in STATE_KEYS
             shape = list(tensors_by_name[name].shape)
             offset, want_shape = expected_box(entry["global_shape"], m["mesh_shape"], rank["mesh_coord"],
                                               PLACEMENTS[mesh])
             assert entry["global_offset"] == offset, name
             assert want_shape == shape, name
-            raw = tensors_by_name[name].tobytes()
-            block = checksum["block_bytes"]
-            assert entry["crc32c"] == [crc32c(raw[i:i + block]) for i in range(0, len(raw), block)], name
 
 
 @pytest.mark.parametrize("mesh", MESHES)
@@ -158,6 +191,8 @@ def test_the_files_cover_every_global_tensor_exactly_once(shard_dir, mesh):
             described = json.loads(f.metadata()["tensors"])
             for name in f.keys():
                 entry = described[name]
+                if "block_elems" in entry:
+                    continue  # block scales: their moment's box
                 c = counts.setdefault(name, np.zeros(entry["global_shape"], dtype=np.int32))
                 index = tuple(slice(o, o + s) for o, s in zip(entry["global_offset"], f.get_tensor(name).shape))
                 c[index] += 1
@@ -177,9 +212,17 @@ def test_inspect_cli_says_whole_sets_are_whole(shard_dir, inspect_tool, mesh):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK: every file is sound" in r.stdout
     assert "covered exactly once" in r.stdout
+    assert "q8/exp_avg: global shape [9, 70], U8 codes, F32 absmax per 256 in exp_avg_absmax" in r.stdout
     report = json.loads(run_inspect(inspect_tool, paths, "--json").stdout)
     assert report["ok"] is True
     assert all(t["coverage"] == "exact" for t in report["tensors"])
+    # Block scales go with their codes' entry, not as global tensors of their own.
+    names = {t["name"] for t in report["tensors"]}
+    assert not any(name.endswith("_absmax") for name in names)
+    scales = {t["name"]: t["block_scales"] for t in report["tensors"] if "block_scales" in t}
+    assert scales["fp8.amsgrad/max_exp_avg_sq"] == {"key": "max_exp_avg_sq_absmax", "block_elems": 256}
+    assert set(scales) == {"q8/exp_avg", "q8/exp_avg_sq", "fp8.amsgrad/exp_avg", "fp8.amsgrad/exp_avg_sq",
+                           "fp8.amsgrad/max_exp_avg_sq"}
 
 
 def test_inspect_cli_finds_gaps_corruption_and_foreign_files(shard_dir, inspect_tool, tmp_path):

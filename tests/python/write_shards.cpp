@@ -1,6 +1,6 @@
 // tests/python/write_shards.cpp — writes the shard files the Python tests read with the
 // real safetensors package: `shardadam_write_shards OUTDIR` trains a small model of every
-// storage variant for 3 steps on simulated ranks of two meshes and writes, per mesh,
+// storage variant (8-bit and float8 moments among them) for 3 steps on simulated ranks of two meshes and writes, per mesh,
 //   OUTDIR/<mesh>/rank<r>.safetensors   through sa_file_writer (what is being tested)
 //   OUTDIR/<mesh>/manifest.json         each rank's mesh coordinate, groups, and every
 //                                       state view's dtype, shape and bytes (hex)
@@ -43,6 +43,7 @@ struct ParamSpec {
 };
 
 const DLDataType kF32{kDLFloat, 32, 1}, kBF16{kDLBfloat, 16, 1}, kF16{kDLFloat, 16, 1};
+const DLDataType kU8{kDLUInt, 8, 1}, kF8{kDLFloat8_e4m3fn, 8, 1};  // block moments
 
 const std::vector<ParamSpec> kParams = {
     {"w", {7, 5}, kF32, kF32, SA_MASTER_NONE, 0},
@@ -51,6 +52,8 @@ const std::vector<ParamSpec> kParams = {
     {"h", {4, 4}, kF16, kF32, SA_MASTER_FP32, 1},
     {"cube", {3, 2, 4}, kF32, kF32, SA_MASTER_NONE, 0},
     {"e", {0, 3}, kF32, kF32, SA_MASTER_NONE, 0},
+    {"q8", {9, 70}, kF32, kU8, SA_MASTER_NONE, 0},
+    {"fp8.amsgrad", {7, 130}, kF32, kF8, SA_MASTER_NONE, 1},
 };
 
 int64_t numel(const Dims& d) {
@@ -173,12 +176,17 @@ void write_mesh(const std::string& dir, const char* label, const Dims& mesh, con
 
     json states = json::object();
     for (std::size_t k = 0; k < kParams.size(); ++k) {
-      for (const char* key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master", "remainder"}) {
+      for (const char* key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master", "remainder", "exp_avg_absmax",
+                              "exp_avg_sq_absmax", "max_exp_avg_sq_absmax"}) {
         DLManagedTensorVersioned* view = nullptr;
         if (sa_optimizer_state_view(opt, static_cast<int64_t>(k), key, &view) != SA_OK) continue;
         const DLTensor& t = view->dl_tensor;
         const Dims shape(t.shape, t.shape + t.ndim);
-        const char* dtype = t.dtype.code == kDLInt ? "I16" : t.dtype.code == kDLBfloat ? "BF16" : "F32";
+        const char* dtype = t.dtype.code == kDLInt             ? "I16"
+                            : t.dtype.code == kDLBfloat        ? "BF16"
+                            : t.dtype.code == kDLUInt          ? "U8"
+                            : t.dtype.code == kDLFloat8_e4m3fn ? "F8_E4M3"
+                                                               : "F32";
         states[std::string(kParams[k].name) + "/" + key] = {
             {"dtype", dtype}, {"shape", shape}, {"hex", hex(t.data, static_cast<std::size_t>(numel(shape)) * (t.dtype.bits / 8u))}};
         view->deleter(view);

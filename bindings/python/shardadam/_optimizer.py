@@ -301,7 +301,7 @@ class Optimizer(OwnsHandle):
             moment_dtype: ``"float32"`` (default), ``"bfloat16"``, or a block storage (see
                 ``sa_param_options.moment_dtype``): ``"uint8"`` (8-bit blockwise moments) or
                 ``"float8_e4m3fn"`` (float8 with a scale per block); shard files hold those
-                as float32 values.
+                as their codes and a float32 absmax per block.
             master: None/``"auto"`` (fp32 master for 16-bit and fp8 params), ``"none"``,
                 ``"fp32"`` or ``"remainder"`` (bfloat16 params: keep the int16 low half of
                 the fp32 value).

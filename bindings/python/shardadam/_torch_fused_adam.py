@@ -284,9 +284,9 @@ class FusedAdam(torch.optim.Optimizer):
             blockwise moments as bitsandbytes' ``AdamW8bit`` keeps them (codes of its dynamic
             maps, a float32 absmax per 256 elements, states ``exp_avg_absmax`` ...), or
             ``torch.float8_e4m3fn``: float8 moments with a scale per 256 elements, as
-            torchao's ``AdamWFp8`` keeps them (the same absmax states); shard files and
-            ``state_dict()`` hold block moments as float32 values (no absmax), which reshard
-            (DCP too), load into any moment dtype, and load back bit for bit.
+            torchao's ``AdamWFp8`` keeps them (the same absmax states); shard files hold their
+            codes and absmax, ``state_dict()`` float32 values (no absmax); both reshard (the
+            state dict through DCP), load into any moment dtype, and load back bit for bit.
         min_8bit_size: with block moments (``moment_dtype`` ``torch.uint8`` or
             ``torch.float8_e4m3fn``), a param of fewer elements keeps float32 moments, as in
             bitsandbytes' ``AdamW8bit`` (``min_8bit_size``, default 4096) and torchao's

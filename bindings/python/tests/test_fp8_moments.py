@@ -1,8 +1,9 @@
 """float8 e4m3fn moments (FusedAdam(moment_dtype=torch.float8_e4m3fn)): torchao's AdamWFp8
 scheme, checked against independent references on the same input: torch's own float8 cast
 and ml_dtypes' for the codes of a first step (scale = max(absmax, 1e-12) / 448 per block of
-256, code = float8(x / scale)); the state dict (float32 values) loading back bit for bit,
-crossing to float32 moments, and resharding onto other blocks within one float8 step."""
+256, code = float8(x / scale)); shard files holding the codes and absmax (read by the
+safetensors package) and the state dict (float32 values) loading back bit for bit, crossing
+to float32 moments, and resharding onto other blocks within one float8 step."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -85,6 +86,53 @@ def test_the_state_dict_loads_back_bit_for_bit_and_into_float32_moments():
         scale = (opt.state[param][key + "_absmax"].clamp(min=1e-12) / 448.0).repeat_interleave(BLOCK)[:1000]
         close = (codes * scale - decoded).abs() <= scale * 2.0 ** -20 + decoded.abs() * 2.0 ** -23
         assert close.float().mean() > 0.99, key
+
+
+def file_values(codes, absmax):
+    """What README.md says float8 codes and their absmax stand for: float8 value * scale,
+    scale = max(absmax, 1e-12) / 448 (float32), except that the elements of a block's
+    largest code magnitude hold +-absmax, the value they were quantized from."""
+    n = codes.numel()
+    scale = (absmax.clamp(min=1e-12) / 448.0).repeat_interleave(BLOCK)[:n]
+    values = codes.to(torch.float32) * scale
+    magnitude = codes.view(torch.uint8).to(torch.int32) & 0x7F
+    for b, start in enumerate(range(0, n, BLOCK)):
+        block = magnitude[start:start + BLOCK]
+        top = block == block.max()
+        sign = torch.where(codes[start:start + BLOCK].to(torch.float32) < 0, -1.0, 1.0)
+        values[start:start + BLOCK][top] = (sign * absmax[b])[top]
+    return values
+
+
+def test_shard_files_hold_float8_codes_and_absmax_that_load_as_their_values(tmp_path):
+    """The real safetensors package (its torch face) reads a float8 moment from a shard file
+    as float8_e4m3fn codes and a float32 absmax per block, the optimizer's own; a load into
+    float32 moments gives file_values of them, one into float8 moments the same bits."""
+    st = pytest.importorskip("safetensors.torch")
+    opt, param, _ = first_step(1000, seed=4)
+    path = tmp_path / "rank0.safetensors"
+    opt.save_shard_file(path)
+    saved = st.load_file(str(path))
+    for key in ("exp_avg", "exp_avg_sq"):
+        codes, absmax = saved[f"params.0/{key}"], saved[f"params.0/{key}_absmax"]
+        assert codes.dtype == F8 and codes.shape == (1000,)
+        assert absmax.dtype == torch.float32 and absmax.shape == (4,)
+        assert torch.equal(codes.view(torch.uint8), opt.state[param][key].view(torch.uint8)), key
+        assert torch.equal(absmax, opt.state[param][key + "_absmax"]), key
+    wide = torch.nn.Parameter(param.detach().clone())
+    f32 = FusedAdam([wide], lr=1e-2, num_threads=1)
+    f32.load_shard_files([path])
+    for key in ("exp_avg", "exp_avg_sq"):
+        want = file_values(saved[f"params.0/{key}"], saved[f"params.0/{key}_absmax"])
+        assert torch.equal(f32.state[wide][key], want), key
+    twin = torch.nn.Parameter(param.detach().clone())
+    again = FusedAdam([twin], lr=1e-2, moment_dtype=F8, min_8bit_size=0, num_threads=1)
+    again.load_shard_files([path])
+    for key in ("exp_avg", "exp_avg_absmax", "exp_avg_sq", "exp_avg_sq_absmax"):
+        got, value = again.state[twin][key], opt.state[param][key]
+        if value.dtype == F8:
+            value, got = value.view(torch.uint8), got.view(torch.uint8)
+        assert torch.equal(got, value), key
 
 
 def test_values_requantized_by_other_blocks_are_within_one_float8_step():

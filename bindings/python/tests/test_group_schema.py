@@ -133,8 +133,9 @@ def test_dtype_table_matches_numpy_and_the_add_param_checks():
             assert (code, bits) == (kind_codes[np.dtype(name).kind], np.dtype(name).itemsize * 8)
         assert lanes == 1
         assert d["doc"]
-    assert table["uint8"]["safetensors_name"] is None
-    assert table["float8_e4m3fn"]["safetensors_name"] is None
+    # Shard files hold block moments as their codes (and a float32 absmax per block).
+    assert table["uint8"]["safetensors_name"] == "U8"
+    assert table["float8_e4m3fn"]["safetensors_name"] == "F8_E4M3"
     block_role = 32  # SA_DTYPE_BLOCK_MOMENT: moments of it are codes and a per-block absmax
     assert {n for n, d in table.items() if d["roles"] & block_role} == {"uint8", "float8_e4m3fn"}
     assert [table[n]["safetensors_name"] for n in ("float32", "bfloat16", "float16", "int16")] == [

@@ -159,9 +159,10 @@ def test_8bit_moments_are_a_quarter_of_float32_moments():
     assert bytes32 == 8 * p32.numel()
 
 
-def test_shard_files_hold_what_bitsandbytes_decodes_and_load_back_bit_for_bit(tmp_path):
-    """A shard file read by the real safetensors package holds bitsandbytes'
-    dequantize_blockwise of the codes and absmax (but for the one element per signed block
+def test_shard_files_hold_the_codes_and_absmax_that_load_as_bitsandbytes_decodes_them(tmp_path):
+    """A shard file read by the real safetensors package holds each 8-bit moment's uint8
+    codes and float32 absmax as the optimizer keeps them; loaded into float32 moments they
+    are bitsandbytes' dequantize_blockwise of those (but for the one element per signed block
     that README.md says holds -absmax), and a load into 8-bit moments restores both."""
     st = pytest.importorskip("safetensors.torch")
     torch.manual_seed(2)
@@ -174,13 +175,20 @@ def test_shard_files_hold_what_bitsandbytes_decodes_and_load_back_bit_for_bit(tm
     path = tmp_path / "rank0.safetensors"
     opt.save_shard_file(path)
     saved = st.load_file(str(path))
+    for key in ("exp_avg", "exp_avg_sq"):
+        codes, absmax = saved[f"params.0/{key}"], saved[f"params.0/{key}_absmax"]
+        assert codes.dtype == torch.uint8 and codes.shape == (n,)
+        assert absmax.dtype == torch.float32 and absmax.shape == (math.ceil(n / BLOCK),)
+        assert torch.equal(codes, opt.state[p][key].reshape(-1)), key
+        assert torch.equal(absmax, opt.state[p][key + "_absmax"]), key
+
+    wide = torch.randn(n)
+    f32 = FusedAdam([wide], lr=1e-3, num_threads=1)  # float32 moments
+    f32.load_shard_files([path])
     for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
-        codes = opt.state[p][key].reshape(-1)
-        absmax = opt.state[p][key + "_absmax"]
-        want = checkpoint_values(codes, absmax, signed)
-        got = saved[f"params.0/{key}"]
-        assert got.dtype == torch.float32 and got.shape == (n,)
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        want = checkpoint_values(saved[f"params.0/{key}"], saved[f"params.0/{key}_absmax"], signed)
+        torch.testing.assert_close(f32.state[wide][key], want, rtol=0, atol=0)
+
     q = p.clone()
     again = fused([q], lr=1e-3)
     again.load_shard_files([path])

@@ -50,14 +50,14 @@ fn expected() -> Vec<(&'static str, u8, u8, i32, Option<DType>)> {
             "uint8",
             sys::kDLUInt,
             8,
-            MOMENT | STATE | BLOCK,
+            MOMENT | STATE | BLOCK | FILE,
             Some(DType::Uint8),
         ),
         (
             "float8_e4m3fn",
             sys::kDLFloat8_e4m3fn,
             8,
-            PARAM | MOMENT | STATE | BLOCK,
+            PARAM | MOMENT | STATE | BLOCK | FILE,
             Some(DType::Float8E4m3fn),
         ),
         (
