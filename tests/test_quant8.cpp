@@ -806,6 +806,7 @@ TEST_CASE(
       {"2 ranks onto 1", {{0, 512}, {512, 488}}, {{0, 1000}}, 4},
       {"2 ranks onto 2 split at 300", {{0, 512}, {512, 488}}, {{0, 300}, {300, 700}}, 1},
       {"3 uneven ranks onto 1", {{0, 300}, {300, 400}, {700, 300}}, {{0, 1000}}, 1},
+      {"3 ranks, one empty, onto 2, one empty", {{0, 512}, {512, 0}, {512, 488}}, {{0, 1000}, {1000, 0}}, 4},
   };
   // The moments' global values: block [0, 256) tiny (below 1.2e-38: float32 subnormals,
   // whose decoded values do not quantize back to the same codes), the rest of varied

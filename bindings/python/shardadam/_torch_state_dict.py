@@ -228,8 +228,8 @@ def state_dict(optimizer):
 # A state dict holds block moments (codes and a per-block absmax: uint8, float8_e4m3fn) as
 # the float32 values their codes stand for, of the param's shape (DTensors for DTensor
 # params), and not their per-block absmax: so torch.optim.AdamW reads it, DCP reshards it
-# like any float32 moment, and a load quantizes it by the local shard's blocks (as shard
-# files do; README.md).
+# like any float32 moment, and a load quantizes it by the local shard's blocks (as a shard
+# file's import does with the blocks whose grid is not its own; README.md).
 _BLOCK_MOMENT_DTYPES = frozenset(getattr(torch, name) for name in BLOCK_MOMENT_DTYPES
                                  if isinstance(getattr(torch, name, None), torch.dtype))
 
