@@ -1,8 +1,8 @@
 // src/state_io/export.cpp — one rank's state as a shard file. The header (which holds
 // every block's checksum) precedes the data and the writer only appends, so the state is
 // streamed twice: once to checksum it, once to write it. Device state goes through one
-// bounded staging buffer both times; host state is read in place. A block moment is two
-// tensors: its codes and its blocks' absmax.
+// bounded staging buffer both times; host state is read in place. Every named state is a
+// tensor: a block moment's codes, and its blocks' absmax beside them.
 #include <algorithm>
 #include <numeric>
 
@@ -79,32 +79,23 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
     const auto& p = opt.params()[i];
     if (!primary_replica(p->layout)) continue;
     header.param_steps[p->name] = param_steps[i];
-    for (const FileState& f : file_states(*p)) {
+    for (const NamedState& state : named_states(*p)) {
       SavedTensor t;
       t.param = p->name;
-      t.key = f.state.key;
-      t.dtype = f.state.dtype;
-      t.shape = p->layout.local_shape;
-      t.global_shape = p->layout.global_shape;
-      t.global_offset = p->layout.global_offset;
-      t.bytes = static_cast<uint64_t>(p->numel) * dtype_size(t.dtype);
-      sources.push_back(t.bytes > 0 ? f.state.buffer->data() : nullptr);
-      tensors.push_back(t);
-      const std::optional<ElemType> type = elem_type_of(t.dtype);
-      if (!type || !kernels::is_block_storage(*type)) continue;
-      // A block moment's codes; then its blocks' absmax: no box of their own, a float32 per
-      // block of the codes' flat order.
-      int k = 0;
-      is_moment_state(f.state.kind, &k);  // only moments are block-stored
-      SavedTensor scales;
-      scales.param = p->name;
-      scales.key = state_kind_info(moment_absmax_state(k)).key;
-      scales.dtype = dl_dtype_of(ElemType::f32);
-      scales.block_elems = kernels::kQuant8Block;
-      scales.shape = {(p->numel + scales.block_elems - 1) / scales.block_elems};
-      scales.bytes = static_cast<uint64_t>(scales.shape[0]) * sizeof(float);
-      sources.push_back(scales.bytes > 0 ? f.absmax->data() : nullptr);
-      tensors.push_back(std::move(scales));
+      t.key = state.key;
+      t.dtype = state.dtype;
+      t.shape = state_shape(*p, state.kind);
+      if (state_kind_info(state.kind).per_block) {
+        t.block_elems = kernels::kQuant8Block;  // a block moment's absmax: no box of its own
+      } else {
+        t.global_shape = p->layout.global_shape;
+        t.global_offset = p->layout.global_offset;
+      }
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      t.bytes = static_cast<uint64_t>(numel) * dtype_size(t.dtype);
+      sources.push_back(t.bytes > 0 ? state.buffer->data() : nullptr);
+      tensors.push_back(std::move(t));
     }
   }
   // Wider dtypes first: with the data section 8-byte aligned, every tensor then starts at

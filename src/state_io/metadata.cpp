@@ -256,8 +256,8 @@ void link_block_scales(ShardHeader& h, const FieldReader& in) {
   };
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const SavedTensor& scales = h.tensors[i];
-    int k = 0;
     if (scales.block_elems == 0) continue;
+    int k = 0;
     if (!is_absmax_state(find_state_kind(scales.key)->kind, &k))  // the per-block kinds
       fail(SA_ERR_INTERNAL, "block scales of state ", scales.key);
     const std::string codes_name = concat(scales.param, "/", state_kind_info(moment_state(k)).key);
