@@ -6,14 +6,16 @@
 # and the page's "It prints:" block). Where the library has its CUDA backend, the page's
 # CMakeLists.txt must also have built the GPU program. MODE=gpu (docs_c_page_gpu, after
 # docs_c_page): runs the page's GPU script and judges its output the same way, or says
-# SKIPPED and why (no CUDA device, or a library without CUDA). MODE=readme (docs_readme_c):
-# README.md's C quick start the same way: its program and its pkg-config script, run in a
-# project directory that holds a copy of the checkout's examples/ as the script names them
-# from the root of a clone, the program's output judged as docs/c.md's.
+# SKIPPED and why (no CUDA device, or a library without CUDA). MODE=program (docs_readme_c,
+# docs_shard_files_page): a page's one C program the same way: its blocks PROGRAM.c, the
+# script PROGRAM and the output PROGRAM, the script run in a project directory that holds a
+# copy of the checkout's examples/ (as a script names them from the root of a clone), and
+# the output judged as docs/c.md's.
 #
-#   cmake -DMODE=page|gpu|readme -DSHARDADAM_BINARY_DIR=<build dir> -DPAGE=<docs/c.md>
+#   cmake -DMODE=page|gpu|program -DSHARDADAM_BINARY_DIR=<build dir> -DPAGE=<docs/c.md>
 #         -DDOC_BLOCKS=<doc_blocks> -DCHECK=<first_step_check> -DWORK_DIR=<scratch dir>
-#         [-DSHARDADAM_SOURCE_DIR=<checkout>: MODE=readme] -P run_c_page_test.cmake
+#         [-DSHARDADAM_SOURCE_DIR=<checkout> -DPROGRAM=<name>: MODE=program]
+#         -P run_c_page_test.cmake
 #
 # The compilers and flags are the shardadam build's (a sanitizer build gets programs with
 # the same runtime), with warnings as errors: for CMake through CC/CXX/CFLAGS/CXXFLAGS/
@@ -81,18 +83,18 @@ if(MODE STREQUAL "page")
   endif()
   page_test_run(pkg_config "${project}/pkg_config.sh" "${project}" ${env})
   page_test_check(pkg_config "${project}/first_step.out")
-elseif(MODE STREQUAL "readme")
-  if(NOT SHARDADAM_SOURCE_DIR)
-    message(FATAL_ERROR "run_c_page_test: MODE=readme needs -DSHARDADAM_SOURCE_DIR=<checkout>")
+elseif(MODE STREQUAL "program")
+  if(NOT SHARDADAM_SOURCE_DIR OR NOT PROGRAM)
+    message(FATAL_ERROR "run_c_page_test: MODE=program needs -DSHARDADAM_SOURCE_DIR=<checkout> -DPROGRAM=<name>")
   endif()
   file(REMOVE_RECURSE "${WORK_DIR}")
   file(MAKE_DIRECTORY "${shims}")
   page_test_install("${prefix}")
-  page_test_extract("${project}" step.c readme.sh step.out)
+  page_test_extract("${project}" ${PROGRAM}.c ${PROGRAM}.sh ${PROGRAM}.out)
   file(COPY "${SHARDADAM_SOURCE_DIR}/examples" DESTINATION "${project}")
   write_cc_shim()
-  page_test_run(readme "${project}/readme.sh" "${project}" ${env})
-  page_test_check(readme "${project}/step.out")
+  page_test_run(${PROGRAM} "${project}/${PROGRAM}.sh" "${project}" ${env})
+  page_test_check(${PROGRAM} "${project}/${PROGRAM}.out")
 elseif(MODE STREQUAL "gpu")
   if(NOT cuda_module)
     message(STATUS "SKIPPED: the library was built without its CUDA backend")
@@ -108,5 +110,5 @@ elseif(MODE STREQUAL "gpu")
   endif()
   page_test_check(gpu "${project}/first_step.out")
 else()
-  message(FATAL_ERROR "run_c_page_test: MODE is page, gpu or readme, not '${MODE}'")
+  message(FATAL_ERROR "run_c_page_test: MODE is page, gpu or program, not '${MODE}'")
 endif()
