@@ -15,6 +15,8 @@
  * rank 3 holds an empty shard of W2 and of b2, and still takes part in every step.
  *
  * Exits nonzero if a call fails or the final loss is not below 5% of the initial loss.
+ * scripts/demo builds and runs it; README.md ("Quick start: C") builds it against an
+ * install with pkg-config, adding -lm for the libm this file uses (the docs_readme_c test).
  */
 #include <math.h>
 #include <stdio.h>

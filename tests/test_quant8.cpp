@@ -520,7 +520,7 @@ TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[
 
 // ---- shard files ------------------------------------------------------------------------
 
-// The float32 values a shard file holds for a q8 state, as README.md specifies them:
+// The float32 values a shard file holds for a q8 state, as docs/precision.md specifies them:
 // map[code] * absmax, except that in a block of a signed moment where no code is 255 the
 // first element with code 0 holds -absmax.
 std::vector<float> decoded(sa_optimizer* opt, int64_t param, const std::string& key,
@@ -827,7 +827,7 @@ TEST_CASE(
       INFO((q8 ? "uint8: " : "float8_e4m3fn: ") << layout.what);
       std::vector<SavedBox> saved;
       std::vector<Bytes> blobs;
-      // The saved values: q8 decoded here (README's rule), float8 by the library.
+      // The saved values: q8 decoded here (docs/precision.md's rule), float8 by the library.
       std::vector<float> values[2] = {std::vector<float>(n), std::vector<float>(n)};
       for (const auto& [offset, size] : layout.from) {
         HostTensor p({size}, kFloat32);

@@ -37,7 +37,7 @@ json header_of(const Bytes& blob) {
   return json::parse(blob.begin() + 8, blob.begin() + 8 + static_cast<std::ptrdiff_t>(n));
 }
 
-// The header checksum as README.md ("Shard files") defines it, written from that text:
+// The header checksum as docs/shard-files.md defines it, written from that text:
 // CRC-32C of the compact, key-sorted JSON of the metadata without header_crc32c plus each
 // tensor's dtype and shape.
 std::string header_crc_of(const json& header) {

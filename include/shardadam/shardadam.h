@@ -474,7 +474,7 @@ typedef struct sa_param_options {
    *   nearest even), scale = max(absmax, 1e-12) / 448.
    * The update decodes a block, updates it in float32, and encodes it again with its new
    * absmax; the CPU and CUDA backends compute the same bits. Shard files hold block
-   * moments as their codes and absmax (README.md: shard files); an import takes each
+   * moments as their codes and absmax (docs/shard-files.md); an import takes each
    * block a saved block holds whole (the same elements: the block grids agree) as saved,
    * bit for bit, and quantizes the others by the local shard's blocks from the values the
    * codes stand for, so they reshard to any layout and cross with float32/bfloat16
@@ -877,7 +877,7 @@ SA_API sa_status sa_optimizer_reset_masters(sa_optimizer* opt, int64_t first, in
 /**
  * A moment of a param ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") as float32 values,
  * whatever its storage: float32 as is, bfloat16 widened, 8-bit codes decoded as shard
- * files hold them (README.md: 8-bit moments). For state dicts that hold float32 moments
+ * files hold them (docs/precision.md: 8-bit moments). For state dicts that hold float32 moments
  * (the torch face's, which torch's AdamW and DCP resharding read).
  *
  * get: writes the values into `out`. set: stores `values` in the moment's dtype
@@ -919,7 +919,7 @@ SA_API sa_status sa_optimizer_checkpoint_keys(const sa_optimizer* opt, int64_t p
  * holding the format ("shardadam", version 2), the optimizer's groups (hyperparameters and
  * step counts), each param's own step count, the writer's mesh coordinate, each tensor's
  * global shape and offset, and CRC-32C checksums over fixed-size blocks of each tensor's
- * data (version 1 files, without per-param counts, still load). README.md documents the
+ * data (version 1 files, without per-param counts, still load). docs/shard-files.md documents the
  * metadata keys. Any safetensors reader opens it; shardadam reads any set of such files
  * written by N ranks into an optimizer with any layout on M ranks.
  */
@@ -1089,8 +1089,8 @@ SA_API sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_read
  * skips reading the data (headers only). A bad file is described in the report, not an
  * error: the call returns SA_OK whenever it produced a report, and the report's "ok" says
  * whether every file is sound, the files agree on the groups (else "groups" names the
- * group, field and both values) and every tensor is covered exactly once (README.md,
- * "Shard files", shows the report). `n` 0 is SA_ERR_INVALID_ARGUMENT, not a report: no
+ * group, field and both values) and every tensor is covered exactly once (docs/shard-files.md,
+ * "Inspecting files", shows the report). `n` 0 is SA_ERR_INVALID_ARGUMENT, not a report: no
  * file proves nothing whole. Handle-less: errors go to sa_last_error(). The
  * shardadam-inspect tool prints this report for files given on its command line.
  */

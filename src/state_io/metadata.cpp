@@ -20,7 +20,7 @@ namespace {
 
 using nlohmann::json;
 
-// The __metadata__ keys (README.md, "Shard files").
+// The __metadata__ keys (docs/shard-files.md, "The file format").
 constexpr const char* kKeyFormat = "format";
 constexpr const char* kKeyVersion = "format_version";
 constexpr const char* kKeyHeaderCrc = "header_crc32c";

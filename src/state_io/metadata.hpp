@@ -1,6 +1,6 @@
 // src/state_io/metadata.hpp — what makes a safetensors file a shardadam shard file: the
 // tensor naming ("<param>/<state key>"), which dtype each state key may have, and the
-// __metadata__ keys (README.md, "Shard files", documents each one for other readers).
+// __metadata__ keys (docs/shard-files.md documents each one for other readers).
 #ifndef SHARDADAM_SRC_STATE_IO_METADATA_HPP_
 #define SHARDADAM_SRC_STATE_IO_METADATA_HPP_
 
@@ -84,7 +84,7 @@ inline uint64_t block_count(uint64_t bytes, uint64_t block_bytes) {
 
 // The value of the "header_crc32c" metadata key (8 lowercase hex digits) for a header
 // holding `metadata` (its own "header_crc32c", if any, is ignored) and `tensors`. Its
-// definition, which other writers of shard files follow, is in README.md.
+// definition, which other writers of shard files follow, is in docs/shard-files.md.
 std::string header_checksum(const std::map<std::string, std::string>& metadata,
                             const std::vector<SafetensorsTensor>& tensors);
 

@@ -143,7 +143,7 @@ foreach(program IN ITEMS consumer_c consumer_cpp)
 endforeach()
 
 # 4. (b) pkg-config, through a shell as a user types it: PKG_CONFIG_PATH names the moved
-# install, and the program finds the library through the rpath the README suggests.
+# install, and the program finds the library through the rpath docs/build.md suggests.
 find_program(PKG_CONFIG_EXECUTABLE NAMES pkg-config pkgconf)
 if(NOT PKG_CONFIG_EXECUTABLE)
   message(FATAL_ERROR "run_consumer_test: pkg-config not found (Debian: pkgconf), so the installed shardadam.pc cannot be checked")

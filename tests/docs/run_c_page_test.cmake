@@ -6,10 +6,15 @@
 # and the page's "It prints:" block). Where the library has its CUDA backend, the page's
 # CMakeLists.txt must also have built the GPU program. MODE=gpu (docs_c_page_gpu, after
 # docs_c_page): runs the page's GPU script and judges its output the same way, or says
-# SKIPPED and why (no CUDA device, or a library without CUDA).
+# SKIPPED and why (no CUDA device, or a library without CUDA). MODE=program (docs_readme_c,
+# docs_shard_files_page): a page's one C program the same way: its blocks PROGRAM.c, the
+# script PROGRAM and the output PROGRAM, the script run in a project directory that holds a
+# copy of the checkout's examples/ (as a script names them from the root of a clone), and
+# the output judged as docs/c.md's.
 #
-#   cmake -DMODE=page|gpu -DSHARDADAM_BINARY_DIR=<build dir> -DPAGE=<docs/c.md>
+#   cmake -DMODE=page|gpu|program -DSHARDADAM_BINARY_DIR=<build dir> -DPAGE=<docs/c.md>
 #         -DDOC_BLOCKS=<doc_blocks> -DCHECK=<first_step_check> -DWORK_DIR=<scratch dir>
+#         [-DSHARDADAM_SOURCE_DIR=<checkout> -DPROGRAM=<name>: MODE=program]
 #         -P run_c_page_test.cmake
 #
 # The compilers and flags are the shardadam build's (a sanitizer build gets programs with
@@ -55,16 +60,20 @@ if(SA_CMAKE_CUDA_COMPILER)
   list(APPEND env "CUDAToolkit_ROOT=${toolkit}")
 endif()
 
+# The page's `cc`: the build's C compiler, its flags, and warnings as errors.
+function(write_cc_shim)
+  file(WRITE "${shims}/cc"
+    "#!/bin/sh\nexec \"${SA_CMAKE_C_COMPILER}\" ${SA_CMAKE_C_FLAGS} ${strict} \"$@\" ${SA_CMAKE_EXE_LINKER_FLAGS}\n")
+  file(CHMOD "${shims}/cc" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE)
+endfunction()
+
 if(MODE STREQUAL "page")
   file(REMOVE_RECURSE "${WORK_DIR}")
   file(MAKE_DIRECTORY "${shims}")
   page_test_install("${prefix}")
   page_test_extract("${project}" CMakeLists.txt first_step.c first_step_gpu.cpp
                     find_package.sh pkg_config.sh gpu.sh first_step.out)
-  # The page's `cc`: the build's C compiler, its flags, and warnings as errors.
-  file(WRITE "${shims}/cc"
-    "#!/bin/sh\nexec \"${SA_CMAKE_C_COMPILER}\" ${SA_CMAKE_C_FLAGS} ${strict} \"$@\" ${SA_CMAKE_EXE_LINKER_FLAGS}\n")
-  file(CHMOD "${shims}/cc" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE)
+  write_cc_shim()
 
   page_test_run(find_package "${project}/find_package.sh" "${project}" ${env})
   page_test_check(find_package "${project}/first_step.out")
@@ -74,6 +83,18 @@ if(MODE STREQUAL "page")
   endif()
   page_test_run(pkg_config "${project}/pkg_config.sh" "${project}" ${env})
   page_test_check(pkg_config "${project}/first_step.out")
+elseif(MODE STREQUAL "program")
+  if(NOT SHARDADAM_SOURCE_DIR OR NOT PROGRAM)
+    message(FATAL_ERROR "run_c_page_test: MODE=program needs -DSHARDADAM_SOURCE_DIR=<checkout> -DPROGRAM=<name>")
+  endif()
+  file(REMOVE_RECURSE "${WORK_DIR}")
+  file(MAKE_DIRECTORY "${shims}")
+  page_test_install("${prefix}")
+  page_test_extract("${project}" ${PROGRAM}.c ${PROGRAM}.sh ${PROGRAM}.out)
+  file(COPY "${SHARDADAM_SOURCE_DIR}/examples" DESTINATION "${project}")
+  write_cc_shim()
+  page_test_run(${PROGRAM} "${project}/${PROGRAM}.sh" "${project}" ${env})
+  page_test_check(${PROGRAM} "${project}/${PROGRAM}.out")
 elseif(MODE STREQUAL "gpu")
   if(NOT cuda_module)
     message(STATUS "SKIPPED: the library was built without its CUDA backend")
@@ -89,5 +110,5 @@ elseif(MODE STREQUAL "gpu")
   endif()
   page_test_check(gpu "${project}/first_step.out")
 else()
-  message(FATAL_ERROR "run_c_page_test: MODE is page or gpu, not '${MODE}'")
+  message(FATAL_ERROR "run_c_page_test: MODE is page, gpu or program, not '${MODE}'")
 endif()

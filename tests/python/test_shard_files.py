@@ -1,7 +1,7 @@
 # tests/python/test_shard_files.py — shard files are safetensors files: the real safetensors
 # package (PyPI) opens every file shardadam writes, returns tensors equal to the optimizer's
 # own state views (8-bit and float8 moments as uint8 / float8_e4m3fn codes and a float32
-# absmax per block), and the __metadata__ reads as README.md ("Shard files") documents it.
+# absmax per block), and the __metadata__ reads as docs/shard-files.md documents it.
 # Everything here is computed independently of shardadam: the CRC-32C, the header
 # checksum recipe, the torch.chunk boxes and the coverage count.
 import json

@@ -229,7 +229,7 @@ def state_dict(optimizer):
 # the float32 values their codes stand for, of the param's shape (DTensors for DTensor
 # params), and not their per-block absmax: so torch.optim.AdamW reads it, DCP reshards it
 # like any float32 moment, and a load quantizes it by the local shard's blocks (as a shard
-# file's import does with the blocks whose grid is not its own; README.md).
+# file's import does with the blocks whose grid is not its own; docs/precision.md).
 _BLOCK_MOMENT_DTYPES = frozenset(getattr(torch, name) for name in BLOCK_MOMENT_DTYPES
                                  if isinstance(getattr(torch, name, None), torch.dtype))
 

@@ -89,7 +89,7 @@ def test_the_state_dict_loads_back_bit_for_bit_and_into_float32_moments():
 
 
 def file_values(codes, absmax):
-    """What README.md says float8 codes and their absmax stand for: float8 value * scale,
+    """What docs/precision.md says float8 codes and their absmax stand for: float8 value * scale,
     scale = max(absmax, 1e-12) / 448 (float32), except that the elements of a block's
     largest code magnitude hold +-absmax, the value they were quantized from."""
     n = codes.numel()

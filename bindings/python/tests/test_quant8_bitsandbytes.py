@@ -16,7 +16,7 @@ BLOCK = 256
 
 
 def checkpoint_values(codes, absmax, signed):
-    """What checkpoints hold for an 8-bit moment (README.md): bitsandbytes'
+    """What checkpoints hold for an 8-bit moment (docs/precision.md): bitsandbytes'
     dequantize_blockwise of its codes and absmax, except that in a signed block with no code
     255 the first element of code 0 holds -absmax."""
     n = codes.numel()
@@ -163,7 +163,7 @@ def test_shard_files_hold_the_codes_and_absmax_that_load_as_bitsandbytes_decodes
     """A shard file read by the real safetensors package holds each 8-bit moment's uint8
     codes and float32 absmax as the optimizer keeps them; loaded into float32 moments they
     are bitsandbytes' dequantize_blockwise of those (but for the one element per signed block
-    that README.md says holds -absmax), and a load into 8-bit moments restores both."""
+    that docs/precision.md says holds -absmax), and a load into 8-bit moments restores both."""
     st = pytest.importorskip("safetensors.torch")
     torch.manual_seed(2)
     n = 3 * BLOCK + 40

@@ -18,7 +18,7 @@
 //! [`Optimizer::add_tensor`] makes it a param, and [`Optimizer::bind_grad`] /
 //! [`Optimizer::bind_grads`] bind a grad's memory once, after which steps read it in place
 //! and copy nothing. CUDA steps are enqueued on the caller's stream
-//! ([`Optimizer::step_on`]). The README's "A first step on the GPU from Rust" walks
+//! ([`Optimizer::step_on`]). docs/rust.md, "The same step in CUDA device memory", walks
 //! through it; docs/rust.md takes a first step from a crate of your own.
 //!
 //! fp8 params (float8_e4m3fn or float8_e5m2 codes, [`Tensor::from_bits8`] on the host)
@@ -2434,7 +2434,7 @@ impl Optimizer {
     /// A moment of a param ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") as float32 values
     /// in row-major order of its local shape (`sa_optimizer_get_moment_values`), whatever
     /// its storage: float32 as is, bfloat16 widened, 8-bit and float8 block codes decoded
-    /// as shard files hold them (README.md: 8-bit moments). Works on any device: a device
+    /// as shard files hold them (docs/precision.md: 8-bit moments). Works on any device: a device
     /// backend is synchronized and the values copied to the host. Other keys fail with the
     /// library's message.
     pub fn moment_values(&mut self, param: Param, key: &str) -> Result<Vec<f32>> {

@@ -1,6 +1,6 @@
 //! `Optimizer::moment_values` (`sa_optimizer_get_moment_values`): a moment as float32
 //! values whatever its storage. The expected values come from the update formula of
-//! shardadam.h and README.md's "8-bit moments", computed here in f32.
+//! shardadam.h and docs/precision.md's "8-bit moments", computed here in f32.
 mod common;
 
 use common::{expect_error, Rng};
@@ -17,7 +17,7 @@ const BETA1: f32 = 0.5;
 /// Seeded grads in [-1, 1) with one planted extreme per block, negative in the first block
 /// and positive in the partial one. Planted apart from the rest: an element within a code
 /// step of the extreme would share its code, and of a negative block's top code only the
-/// first element reads -absmax (README.md: 8-bit moments).
+/// first element reads -absmax (docs/precision.md: 8-bit moments).
 fn grads() -> Vec<f32> {
     let mut g: Vec<f32> = Rng(7).values(N).iter().map(|x| x / 2.0).collect();
     g[100] = -1.75;
