@@ -3,8 +3,10 @@
 
     python3 bench/plot_headlines.py [-o docs/performance.png] LOG...
 
-Each LOG is the printed output of one benchmark run, saved as it was printed; the script
-recognizes what each of these prints:
+Each LOG is the printed output of one benchmark run, saved as it was printed, or a Markdown
+page whose text blocks are such outputs (docs/performance.md: `python3 bench/plot_headlines.py
+docs/performance.md` draws the page's own tables); the script recognizes what each of these
+prints:
 
   bench/gpu_step.py       its table: "vs torch" (the baseline's wall time over shardadam's,
                           on the same tensors) and "/copy" (the step's bandwidth over the
@@ -107,6 +109,12 @@ def parse_log(name, text):
     return headlines
 
 
+def page_outputs(text):
+    """The benchmark outputs a Markdown page records: its ```text (or bare ```) blocks, which
+    docs/performance.md holds as the benchmarks printed them."""
+    return "\n\n".join(re.findall(r"^```(?:text)?\n(.*?)^```$", text, flags=re.M | re.S))
+
+
 def draw(headlines, out):
     import matplotlib
 
@@ -145,7 +153,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     headlines = []
     for log in args.logs:
-        found = parse_log(str(log), log.read_text())
+        text = log.read_text()
+        found = parse_log(str(log), page_outputs(text) if log.suffix == ".md" else text)
         if not found:
             print(f"plot_headlines: {log}: no headline ratio in a format this script knows", file=sys.stderr)
             return 1

@@ -3,7 +3,6 @@
 # performance table quotes. Parsing only: matplotlib is not needed.
 import importlib.util
 import pathlib
-import re
 
 import pytest
 
@@ -16,8 +15,7 @@ spec.loader.exec_module(plot_headlines)
 @pytest.fixture(scope="module")
 def headlines():
     page = (ROOT / "docs" / "performance.md").read_text()
-    blocks = re.findall(r"^```(?:text)?\n(.*?)^```$", page, flags=re.M | re.S)
-    found = plot_headlines.parse_log("docs/performance.md", "\n\n".join(blocks))
+    found = plot_headlines.parse_log("docs/performance.md", plot_headlines.page_outputs(page))
     return {label: value for _, label, value, _ in found}
 
 
