@@ -2,8 +2,11 @@
 // and a message that says what is wrong and where, and leaves the optimizer exactly as it
 // was (states, groups, step counts, and a step still allowed). A failure while the state
 // is being copied marks the optimizer unusable until an import succeeds.
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "src/state_io/crc32c.hpp"
 #include "test_state_io_support.hpp"
@@ -884,18 +887,35 @@ TEST_CASE("block moments' codes and scales that do not belong together: SA_ERR_F
   CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {cut}),
                  "checksum.block_bytes 200 is not a multiple of 256");
   unchanged();
-  // A negative absmax, its checksum made to match: found when the data are read.
-  Bytes negative = blob;
+  // An absmax that no block has, its checksum made to match: found when the data are read.
+  // A negative one, and those a `< 0` test lets through: -0.0 and a NaN with its sign bit
+  // set; a NaN and an infinity (the writer writes neither).
   const auto [begin, end] = data_range(blob, "q8/exp_avg_absmax");
-  negative[begin + 4 + 3] ^= 0x80;  // the sign of block 1's absmax
-  negative = edit_header(negative, [&](json& h) {
-    edit_metadata(h, "tensors", [&](json& t) {
-      t["q8/exp_avg_absmax"]["crc32c"] = {sa::crc32c(0, negative.data() + begin, end - begin)};
+  const auto with_absmax_bits = [&](uint32_t bits, bool keep_magnitude) {
+    Bytes damaged = blob;
+    unsigned char* block1 = damaged.data() + begin + 4;  // block 1's absmax, little-endian
+    uint32_t value = 0;
+    std::memcpy(&value, block1, 4);
+    value = keep_magnitude ? (value | bits) : bits;
+    std::memcpy(block1, &value, 4);
+    return edit_header(damaged, [&](json& h) {
+      edit_metadata(h, "tensors", [&](json& t) {
+        t["q8/exp_avg_absmax"]["crc32c"] = {sa::crc32c(0, damaged.data() + begin, end - begin)};
+      });
     });
-  });
-  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {negative}),
-                 "tensor 'q8/exp_avg_absmax': block 1 has absmax -", "never negative");
+  };
+  const std::pair<uint32_t, const char*> damaged_absmax[] = {
+      {0x80000000u, "absmax -0.0"}, {0xffc00000u, "a NaN with its sign bit"},
+      {0x7fc00000u, "a NaN"}, {0x7f800000u, "infinity"}};
+  CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {with_absmax_bits(0x80000000u, true)}),
+                 "tensor 'q8/exp_avg_absmax': block 1 has absmax -", "finite, its sign bit clear");
   unchanged();
+  for (const auto& [bits, what] : damaged_absmax) {
+    INFO(what);
+    CHECK_SA_FAILS(target.opt.get(), SA_ERR_FORMAT, import_blobs(target.opt.get(), {with_absmax_bits(bits, false)}),
+                   "tensor 'q8/exp_avg_absmax': block 1 has absmax ", "finite, its sign bit clear");
+    unchanged();
+  }
   // The blob itself loads, and restores the saved state bit for bit.
   REQUIRE(before != blob);
   REQUIRE_SA_OK(target.opt.get(), import_blobs(target.opt.get(), {blob}));

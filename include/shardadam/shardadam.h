@@ -916,10 +916,13 @@ SA_API sa_status sa_optimizer_checkpoint_keys(const sa_optimizer* opt, int64_t p
 /*
  * A shard file is one rank's optimizer state as a valid safetensors file: tensors named
  * "<param name>/<state key>" in their storage dtype and local shape, and a __metadata__
- * holding the format ("shardadam", version 2), the optimizer's groups (hyperparameters and
+ * holding the format ("shardadam", version 3), the optimizer's groups (hyperparameters and
  * step counts), each param's own step count, the writer's mesh coordinate, each tensor's
  * global shape and offset, and CRC-32C checksums over fixed-size blocks of each tensor's
- * data (version 1 files, without per-param counts, still load). docs/shard-files.md documents the
+ * data. A block moment (8-bit, float8) is its codes and a float32 absmax per block, which
+ * an import refuses unless finite with its sign bit clear (the writer writes no other).
+ * Version 1 files (without per-param counts) and version 2 files (block moments as float32
+ * values) still load. docs/shard-files.md documents the
  * metadata keys. Any safetensors reader opens it; shardadam reads any set of such files
  * written by N ranks into an optimizer with any layout on M ranks.
  */

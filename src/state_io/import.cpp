@@ -10,6 +10,7 @@
 // its checksum checked when it is copied, even if the blob changes between phases 2 and 3.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -429,7 +430,10 @@ class Importer {
   }
 
   // Keeps the scales of the saved blocks a coded piece's runs touch in host memory (1/64
-  // of the codes' bytes), read once and checked here: a negative absmax is no block's.
+  // of the codes' bytes), read once and checked here. An absmax is the largest magnitude of
+  // its block: finite, its sign bit clear. The writer never writes another, so a set sign
+  // bit (-0.0 passes `< 0`, a NaN compares false to everything), a NaN or an infinity is
+  // damage, refused before anything changes.
   void read_scales(Piece& piece) {
     const SavedTensor& t = *piece.scales;
     const uint64_t block_bytes = headers_[piece.file].block_bytes;
@@ -444,11 +448,13 @@ class Importer {
     piece.scale_values.resize(static_cast<std::size_t>(hi - lo));
     std::memcpy(piece.scale_values.data(), bytes.data() + (lo * sizeof(float) - begin),
                 piece.scale_values.size() * sizeof(float));
-    for (std::size_t i = 0; i < piece.scale_values.size(); ++i)
-      if (piece.scale_values[i] < 0.0f)
+    for (std::size_t i = 0; i < piece.scale_values.size(); ++i) {
+      const float absmax = piece.scale_values[i];
+      if (std::signbit(absmax) || !std::isfinite(absmax))
         fail(SA_ERR_FORMAT, readers_[piece.file].name(), ": tensor '", t.name(), "': block ",
-             lo + static_cast<int64_t>(i), " has absmax ", piece.scale_values[i],
-             "; an absmax is the largest magnitude of its block, never negative");
+             lo + static_cast<int64_t>(i), " has absmax ", absmax,
+             "; an absmax is the largest magnitude of its block: finite, its sign bit clear");
+    }
   }
 
   void verify() {
