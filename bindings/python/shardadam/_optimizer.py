@@ -393,12 +393,13 @@ class Optimizer(OwnsHandle):
         return [self.param_info(i) for i in range(len(self._names))]
 
     # ---- step counts ------------------------------------------------------------------
-    def param_steps(self):
-        """Every param's step count, by index: the steps in which it had a grad and the
-        step was not skipped (torch's ``state[p]["step"]``); its bias correction uses it.
-        On CUDA reading them may synchronize."""
+    def param_steps(self, first=0, n=None):
+        """The step counts of params ``first, first + 1, ...`` (``n`` of them; None: to the
+        last param), by index: the steps in which each had a grad and the step was not
+        skipped (torch's ``state[p]["step"]``); its bias correction uses it. On CUDA
+        reading them may synchronize."""
         handle = self._handle_or_raise()
-        status, steps = _C.param_steps_get(handle)
+        status, steps = _C.param_steps_get(handle, int(first), -1 if n is None else int(n))
         check(status, handle)
         return steps
 

@@ -1,5 +1,6 @@
 """FusedAdam: torch.optim.Optimizer over shardadam (imported lazily by shardadam.torch)."""
 import contextlib
+import copy
 import gc
 
 import torch
@@ -22,6 +23,55 @@ except ImportError:  # torch built without distributed
 from . import _torch_state_dict  # noqa: E402 (it reads this module's helpers at call time)
 
 _DEFAULTS = _schema.defaults()  # the library's: torch.optim.AdamW's
+
+
+def _adamw_group():
+    """The keys and default values of a ``torch.optim.AdamW`` param group, read off a real
+    one (torch's own, never retyped here)."""
+    group = torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).param_groups[0]
+    return {key: value for key, value in group.items() if key != "params"}
+
+
+_ADAMW_GROUP = _adamw_group()
+#: torch's implementation choices: the keys of AdamW's groups that are not hyperparameters
+#: of the library (foreach, fused, capturable, differentiable), with AdamW's defaults.
+#: FusedAdam's groups hold them too, so that checkpoints of either optimizer load into the
+#: other through every path that matches group keys (DCP, flattened state dicts).
+IMPLEMENTATION_DEFAULTS = {key: value for key, value in _ADAMW_GROUP.items() if key not in _schema.KEYS}
+# FusedAdam's own hyperparameters (bias_correction): a group holds one only once it is set,
+# so that FusedAdam's groups at its defaults have exactly AdamW's keys.
+_OWN_KEYS = tuple(key for key in _schema.KEYS if key not in _ADAMW_GROUP)
+
+# What each implementation choice may be in a FusedAdam, and why: FusedAdam has one
+# implementation, a fused step over every param. A key torch adds later takes its default only.
+_IMPLEMENTATION_RULES = {
+    "foreach": ((None, False, True), "FusedAdam has one implementation, a fused multi-tensor step, whatever "
+                "torch's foreach would choose between; the math is AdamW's either way"),
+    "fused": ((None, True), "FusedAdam's step is always fused; for torch's unfused step use torch.optim.AdamW"),
+    "capturable": ((False,), "FusedAdam's Python step reads every p.grad on the host, so it cannot be captured "
+                   "in a CUDA graph"),
+    "differentiable": ((False,), "FusedAdam's step runs outside autograd"),
+}
+
+
+def _check_implementation(values, where):
+    """Raises ValueError naming the key unless each of torch's implementation keys in
+    ``values`` (a dict) holds a value that means what FusedAdam does."""
+    for key in IMPLEMENTATION_DEFAULTS.keys() & values.keys():
+        allowed, why = _IMPLEMENTATION_RULES.get(key, ((IMPLEMENTATION_DEFAULTS[key],), "torch's default only"))
+        value = values[key]
+        if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+            raise ValueError(f"{where}: {key}={value!r} is not supported; {key} may be "
+                             f"{' or '.join(map(repr, allowed))}: {why}")
+
+
+def set_group_hyperparameters(group, hyperparameters):
+    """Writes the library's hyperparameters into a torch param group, leaving out a
+    FusedAdam-only key (bias_correction) that the group lacks and that is at its default."""
+    for key, value in hyperparameters.items():
+        if key in _OWN_KEYS and key not in group and value == _DEFAULTS[key]:
+            continue
+        group[key] = value
 
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -142,7 +192,7 @@ def _hyperparameters(group):
     lr = group["lr"]
     if isinstance(lr, torch.Tensor):
         lr = lr.item()  # a device lr synchronizes here; keep lr a float for a sync-free step
-    return {key: _schema.coerce(key, lr if key == "lr" else group[key]) for key in _schema.KEYS}
+    return {key: _schema.coerce(key, lr if key == "lr" else group.get(key, _DEFAULTS[key])) for key in _schema.KEYS}
 
 
 _no_subclass_torch_function = torch._C.DisableTorchFunctionSubclass
@@ -308,6 +358,16 @@ class FusedAdam(torch.optim.Optimizer):
         process_group: the torch.distributed group spanning every rank that holds params
             (default: the world).
         comm: a :class:`shardadam.Comm` to use instead of creating one.
+        foreach, fused, capturable, differentiable: torch's implementation choices, taken
+            where they mean what FusedAdam does (``foreach`` None/False/True, ``fused``
+            None/True, ``capturable`` and ``differentiable`` False) and kept in the groups
+            as AdamW keeps them; any other value raises ValueError saying why
+            (docs/python.md). Also in param-group dicts.
+
+    - **state**: a param is a key of ``self.state`` once it has state as torch means it
+      (a step gave it a grad, a load a state, or it was read by key); ``state[p]["step"]``
+      is its live count (an assignment sets it). ``copy.deepcopy`` gives a working copy;
+      pickling raises (save ``state_dict()``). Sparse grads are refused.
 
     - **save_shard_file() / load_shard_files()**: shardadam's own checkpoint of the optimizer
       state (one safetensors shard file per rank, any N ranks loaded onto any M); the model
@@ -324,16 +384,25 @@ class FusedAdam(torch.optim.Optimizer):
                  maximize=_DEFAULTS["maximize"], bias_correction=_DEFAULTS["bias_correction"], master=None,
                  grad_dtype=None, moment_dtype=None, min_8bit_size=4096, num_threads=0, max_grad_norm=None,
                  norm_type=2.0, process_group=None, comm=None, fp8=None, **hyperparameters):
-        unknown = set(hyperparameters) - set(_schema.KEYS)
+        unknown = set(hyperparameters) - set(_schema.KEYS) - set(IMPLEMENTATION_DEFAULTS)
         if unknown:
             raise TypeError(f"FusedAdam got unexpected keyword arguments {sorted(unknown)}")
-        # The library's other hyperparameters (none today) are keywords too, with its defaults.
-        defaults = {**_DEFAULTS, **hyperparameters}
+        _check_implementation(hyperparameters, "FusedAdam")
+        # The library's other hyperparameters (none today) and torch's implementation keys
+        # are keywords too, with their defaults; the groups hold what AdamW's groups hold.
+        defaults = {**_DEFAULTS, **IMPLEMENTATION_DEFAULTS, **hyperparameters}
         defaults.update(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize,
                         bias_correction=bias_correction)
+        for key in _OWN_KEYS:
+            if defaults[key] == _DEFAULTS[key]:
+                del defaults[key]  # set_group_hyperparameters: kept out of the groups at its default
+        # What copy.deepcopy needs to build another FusedAdam like this one.
+        self._options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype,
+                             min_8bit_size=min_8bit_size, num_threads=num_threads, norm_type=norm_type,
+                             process_group=process_group, comm=comm)
         # Set before super().__init__, which calls add_param_group for every group.
-        self._param_options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype)
+        self._param_options = {key: self._options[key] for key in ("master", "grad_dtype", "moment_dtype")}
         if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
             raise ValueError(f"FusedAdam: min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
         # The element count below which a param keeps float32 moments (block moments only).
@@ -373,6 +442,8 @@ class FusedAdam(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         """Adds a param group (as ``torch.optim.Optimizer.add_param_group``) and registers
         its params with the library."""
+        if isinstance(param_group, dict):
+            _check_implementation(param_group, "FusedAdam.add_param_group")
         with _cyclic_gc_paused():
             super().add_param_group(param_group)
             group = self.param_groups[-1]
@@ -423,7 +494,7 @@ class FusedAdam(torch.optim.Optimizer):
         self._names.append(name)
         if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
             self.state = _torch_state_dict.LazyStates(self, self.state)
-        self.state.defer(param, entry)
+        self.state.register(param, entry)
 
     def _fp8_options(self, param, name, local, options):
         """add_param's options of an fp8 param: ``options`` with its Fp8's scaling and tensors,
@@ -542,10 +613,14 @@ class FusedAdam(torch.optim.Optimizer):
             # `.grad` of a tensor-subclass param (a DTensor) goes through __torch_function__
             # dispatch, ~0.3 us per param, to reach the same getter; DTensor's __torch_function__
             # is torch's disabled one, so turning subclass dispatch off reads the same grads.
-            with _no_subclass_torch_function():
-                status, count, misplaced = _grad_intake.bind_param_grads(
-                    handle, self._params, self._names, DTensor, to_dlpack, self._placements,
-                    self._seen_placements, _TorchShard, _TorchReplicate)
+            try:
+                with _no_subclass_torch_function():
+                    status, count, misplaced = _grad_intake.bind_param_grads(
+                        handle, self._params, self._names, DTensor, to_dlpack, self._placements,
+                        self._seen_placements, _TorchShard, _TorchReplicate)
+            except TypeError:
+                self._refuse_sparse_grads()  # DLPack's own error for them never says "sparse"
+                raise
             if not misplaced:
                 break
             if attempt:
@@ -556,6 +631,17 @@ class FusedAdam(torch.optim.Optimizer):
                 param.grad = param.grad.redistribute(param.device_mesh, param.placements)
         check(status, handle)
         return count
+
+    def _refuse_sparse_grads(self):
+        """Raises a TypeError naming the first param whose grad is sparse (a failed bind
+        only: the steady step does not look)."""
+        for param, name in zip(self._params, self._names):
+            grad = param.grad
+            if grad is not None and _local_tensor(grad).layout != torch.strided:
+                raise TypeError(
+                    f"FusedAdam: param {name!r} has a sparse grad ({_local_tensor(grad).layout}); FusedAdam, like "
+                    "torch's AdamW, steps dense grads only. Make the layer's grads dense (e.g. "
+                    "nn.Embedding(..., sparse=False)), or give the param to torch.optim.SparseAdam") from None
 
     def _unbind_grads(self):
         """After the step: the library keeps no pointer into grads that zero_grad() may free
@@ -577,9 +663,9 @@ class FusedAdam(torch.optim.Optimizer):
                 if entry.fp8:  # its master from its value (which may have been loaded since)
                     self.native.reset_masters(entry.index, 1)
                     continue
-                if not entry.sixteen_bit and not self.state.is_made(entry.param):
+                if not entry.sixteen_bit:
                     continue  # a float32 param has neither master nor remainder (the library refuses both)
-                state = self.state[entry.param]
+                state = self.state.views(entry.param)
                 local_param = _local_tensor(entry.param)
                 if "master" in state:
                     _local_tensor(state["master"]).copy_(local_param)
@@ -589,7 +675,8 @@ class FusedAdam(torch.optim.Optimizer):
 
     def _reregister(self):
         """A fresh native optimizer over the params' current memory, keeping the state."""
-        old_native, old_states = self.native, {e.param: self.state[e.param] for e in self._entries}
+        old_native, old_states = self.native, {e.param: self.state.views(e.param) for e in self._entries}
+        shown = list(dict.keys(self.state))  # the params that are keys of self.state
         steps = [group.step for group in old_native.param_groups]
         param_steps = _torch_state_dict.param_steps(self)
         self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
@@ -604,12 +691,13 @@ class FusedAdam(torch.optim.Optimizer):
                     self._register(param, names[position] if names else f"params.{len(self._entries)}",
                                    group_index)
         for param, old in old_states.items():
-            for key, value in old.items():
-                if key != "step":
-                    _local_tensor(self.state[param][key]).copy_(_local_tensor(value))
+            new = self.state.views(param)
+            for key, value in old.tensors():
+                _local_tensor(new[key]).copy_(_local_tensor(value))
         for group, step in zip(self.native.param_groups, steps):
             group.step = step
         _torch_state_dict.set_param_steps(self, param_steps)  # after the groups': setting those sets these
+        self.state.show_only(shown)
         old_native.close()
 
     def _push_hyperparameters(self):
@@ -623,6 +711,52 @@ class FusedAdam(torch.optim.Optimizer):
                 else:
                     native_group.update(**hyperparameters)
                 self._pushed[index] = hyperparameters
+
+    # ---- copies ----------------------------------------------------------------------------
+    def __getstate__(self):
+        raise TypeError(
+            "FusedAdam cannot be pickled or shallow-copied (pickle, torch.save(optimizer), copy.copy): its state lives "
+            "in the native library. Save optimizer.state_dict() instead (torch.save(optimizer.state_dict(), path)) "
+            "and load it into a new FusedAdam with load_state_dict(); copy.deepcopy(optimizer) makes a working copy.")
+
+    def __deepcopy__(self, memo):
+        """A FusedAdam of its own, as ``copy.deepcopy`` of a torch optimizer gives: the
+        params deep-copied through ``memo`` (so ``copy.deepcopy((model, optimizer))`` gives
+        an optimizer over the copied model's params), the same options and hyperparameters,
+        every state copied bit for bit (8-bit codes and absmax, masters), the same step
+        counts, and its hooks. It shares the process group and a communicator given as
+        ``comm=``; one made at a step is made again by the copy when it needs one (a
+        collective call, as for the original)."""
+        groups = []
+        for group in self.param_groups:
+            copied = {key: copy.deepcopy(value, memo) for key, value in group.items() if key != "params"}
+            copied["params"] = [copy.deepcopy(param, memo) for param in group["params"]]
+            groups.append(copied)
+        fp8 = {copy.deepcopy(param, memo): copy.deepcopy(spec, memo) for param, spec in self._fp8.items()}
+        other = type(self)(groups, **self.defaults, **self._options, max_grad_norm=self.max_grad_norm, fp8=fp8)
+        memo[id(self)] = other
+        for mine, theirs in zip(self._entries, other._entries):
+            for key in self.native.state_keys(mine.index):
+                target = torch.from_dlpack(other.native.state(theirs.index, key))
+                target.copy_(torch.from_dlpack(self.native.state(mine.index, key)))
+        for group, step in zip(other.native.param_groups, [g.step for g in self.native.param_groups]):
+            group.step = step
+        other.native.set_param_steps(self.native.param_steps())  # after the groups': those set these
+        position = {param: index for index, param in enumerate(self._params)}
+        other.state.show_only([other._params[position[p]] for p in dict.keys(self.state) if p in position])
+        for name in ("grad_scale", "found_inf", "grad_norm"):
+            if getattr(self, name, None) is not None:
+                setattr(other, name, copy.deepcopy(getattr(self, name), memo))
+        for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+                     "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+                     "_optimizer_load_state_dict_post_hooks"):
+            hooks = getattr(self, name, None)
+            if hooks is not None:
+                getattr(other, name).update(hooks)
+        if getattr(self, "_master_check", None) is not None:  # a load's pending master check
+            other._optimizer_step_pre_hooks.pop(self._master_check.id, None)
+            _torch_state_dict.check_masters_at_next_step(other)
+        return other
 
     # ---- shard files -----------------------------------------------------------------------
     def save_shard_file(self, path):
@@ -653,11 +787,10 @@ class FusedAdam(torch.optim.Optimizer):
     def state_dict(self):
         """``torch.optim.Optimizer.state_dict()`` whose state tensors share memory with the
         library's buffers (DTensors for DTensor params), with each param's own ``step`` (read
-        from the library; on CUDA this may synchronize). The groups carry the keys torch's
-        AdamW keeps (``foreach``, ``fused``, ``capturable``, ``differentiable``, at AdamW's
-        defaults) and ``bias_correction`` only where it is off, so torch's AdamW, and DCP's
-        default planner for either optimizer, take FusedAdam's checkpoints and FusedAdam takes
-        theirs."""
+        from the library; on CUDA this may synchronize). The groups are the live groups,
+        whose keys at FusedAdam's defaults are AdamW's (``bias_correction`` appears once
+        set), so torch's AdamW, DCP's default planner, torch's flattened state dicts and
+        torchtitan's flat ones take FusedAdam's checkpoints and FusedAdam takes theirs."""
         return _torch_state_dict.state_dict(self)
 
     def load_state_dict(self, state_dict):

@@ -4,12 +4,11 @@ that were loaded after the optimizer (imported by _torch_fused_adam; needs torch
 
 The functions take the FusedAdam as their first argument; FusedAdam's methods call them.
 """
-import inspect
 import math
 import numbers
 import weakref
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import ItemsView, Mapping, ValuesView
 
 import torch
 
@@ -32,22 +31,6 @@ except ImportError:  # torch built without distributed
 _DERIVED_STATES = ("master", "remainder")
 
 
-def _torch_implementation_keys(optimizer):
-    """The group keys of ``torch.optim.AdamW`` that FusedAdam's groups lack (foreach,
-    fused, capturable, differentiable: they choose torch's implementation, not the math),
-    with AdamW's defaults, read from its signature. FusedAdam's saved groups carry them, so
-    that AdamW and DCP's strict planner find every key AdamW's groups have; loading ignores
-    them (they do not apply to shardadam)."""
-    parameters = inspect.signature(torch.optim.AdamW.__init__).parameters
-    return {name: p.default for name, p in parameters.items()
-            if name not in ("self", "params") and name not in optimizer.defaults
-            and p.default is not inspect.Parameter.empty}
-
-
-def _default_of(name):
-    return inspect.signature(_fused.FusedAdam.__init__).parameters[name].default
-
-
 # ---- per-param steps ---------------------------------------------------------------------------
 def param_steps(optimizer):
     """Each param's step count, by native index (on CUDA this may synchronize)."""
@@ -59,17 +42,111 @@ def set_param_steps(optimizer, steps):
     optimizer.native.set_param_steps(list(steps))
 
 
-def _refresh_step_tensors(optimizer, steps=None):
-    """Writes each param's step count into its ``state[p]["step"]`` tensor."""
-    steps = param_steps(optimizer) if steps is None else steps
-    for entry in optimizer._entries:
-        optimizer.state[entry.param]["step"].fill_(float(steps[entry.index]))
+def _step_tensor(count):
+    """A step count as ``state[p]["step"]`` reads: a new 0-dim float32 tensor, as torch's
+    Adam keeps it, made in inference mode so that an in-place write to it (``fill_``,
+    ``+= 1``) raises instead of changing a copy that the library never reads."""
+    with torch.inference_mode():
+        return torch.tensor(float(count), dtype=torch.float32)
+
+
+_LIVE_STEP = object()  # what a _ParamState holds under "step": the count lives in the library
+
+
+class _ParamState(dict):
+    """``state[p]`` of one FusedAdam param: its states (``exp_avg``, ...) as tensors sharing
+    memory with the library's buffers, and ``"step"``, the param's own step count, which
+    lives in the library: every read returns its current count (a new tensor; the steps
+    never write into a Python object, so a step costs nothing per param here), and an
+    assignment ``state[p]["step"] = n`` sets it (bias correction then uses ``n``). An
+    in-place write to a read step tensor raises (see :func:`_step_tensor`).
+
+    Other keys behave as in a dict. Pickled or copied, it is a plain dict of its current
+    values."""
+
+    __slots__ = ("_optimizer", "_index")
+
+    def __init__(self, optimizer, index, views):
+        super().__init__(views)
+        dict.__setitem__(self, "step", _LIVE_STEP)
+        self._optimizer, self._index = weakref.ref(optimizer), index
+
+    def _native(self):
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise ReferenceError("FusedAdam.state: the optimizer this step count belongs to was freed")
+        return optimizer.native
+
+    def tensors(self):
+        """(key, tensor) of the states the library holds, without the step count."""
+        return [(key, value) for key, value in dict.items(self) if value is not _LIVE_STEP]
+
+    def __getitem__(self, key):
+        value = dict.__getitem__(self, key)
+        return _step_tensor(self._native().param_steps(self._index, 1)[0]) if value is _LIVE_STEP else value
+
+    def __setitem__(self, key, value):
+        if key == "step":
+            native = self._native()
+            count = _step_count(self._optimizer()._entries[self._index], value, "FusedAdam.state")
+            native.set_param_steps([count], self._index)
+            return
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key):
+        if key == "step":
+            raise KeyError("FusedAdam.state: a param's 'step' cannot be removed (it lives in the library); assign "
+                           "0 to restart its bias correction")
+        dict.__delitem__(self, key)
+
+    def pop(self, key, *default):
+        if key == "step" and key in self:
+            del self[key]  # raises
+        return dict.pop(self, key, *default)
+
+    def popitem(self):
+        raise KeyError("FusedAdam.state: popitem() would remove the step count, which lives in the library")
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args, **kwargs):
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __iter__(self):  # defined, so that dict(state) and {**state} read through __getitem__
+        return dict.__iter__(self)
+
+    def items(self):
+        return ItemsView(self)
+
+    def values(self):
+        return ValuesView(self)
+
+    def copy(self):
+        return {key: self[key] for key in self}
+
+    def __eq__(self, other):
+        return isinstance(other, Mapping) and self.copy() == dict(other.items())
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(self.copy())
+
+    def __reduce__(self):
+        return (dict, (self.copy(),))
 
 
 def state_views(optimizer, entry):
-    """The ``state[p]`` of a newly registered param: its states as tensors sharing memory
-    with the library's buffers (DTensors with the param's mesh and placements) and its
-    step count."""
+    """The ``state[p]`` of a registered param: its states as tensors sharing memory with the
+    library's buffers (DTensors with the param's mesh and placements) and its live step
+    count (a :class:`_ParamState`)."""
     native = optimizer.native
     views = {}
     for key in native.state_keys(entry.index):
@@ -82,23 +159,24 @@ def state_views(optimizer, entry):
                                             shape=param.shape, stride=param.stride())
         else:
             views[key] = local
-    # A param starts at step 0 (sa_optimizer_add_param); state_dict() and the loads refresh
-    # the tensor from the library's per-param counts.
-    views["step"] = torch.tensor(0.0, dtype=torch.float32)
-    return views
+    return _ParamState(optimizer, entry.index, views)
 
 
 class LazyStates(defaultdict):
-    """``FusedAdam.state``: torch's ``defaultdict(dict)`` of per-param states, whose entry for
-    a registered param is made when first read (by key, ``get``, iteration, ``items()``,
-    ...), not at registration.
+    """``FusedAdam.state``: torch's ``defaultdict(dict)`` of per-param states.
 
-    Why: an entry is a few DLPack views of the library's buffers (DTensors for DTensor
-    params) and a step tensor, ~20 us per param, most of the cost of building a FusedAdam
-    over many params, while a training loop reads no entry. What a reader sees is the
-    same: every registered param is a key (``len``, ``in``), its entry holds tensors sharing
-    memory with the library's buffers, and it is made once, then kept (writes into it
-    stay).
+    Which params it holds is torch's rule: a param is a key once it has state in torch's
+    sense, i.e. once a step updated it (its step count is above 0), a load gave it a state,
+    or it was read by key (a ``defaultdict`` makes an entry on a read). So ``len(state)`` is
+    0 before the first step, as with ``torch.optim.AdamW``, and helpers that test
+    ``if optim.state`` (DCP's and torchtitan's state initialization) see what they expect.
+    The library allocates every param's state when the param is added; a param that is
+    not a key yet is only not shown.
+
+    An entry (a :class:`_ParamState`) is made when first needed, not at registration: it
+    is a few DLPack views of the library's buffers (DTensors for DTensor params), ~20 us per
+    param, most of the cost of building a FusedAdam over many params, while a training loop
+    reads none. Once made it is kept (writes into it stay).
 
     It holds its FusedAdam weakly: a strong reference would be a cycle, and the optimizer
     (its native buffers, its communicator, a process group through that) would outlive its
@@ -107,121 +185,168 @@ class LazyStates(defaultdict):
     def __init__(self, optimizer, existing=()):
         super().__init__(dict, existing)
         self._optimizer = weakref.ref(optimizer)
-        self._pending = {}       # param -> its _Entry, for params whose entry is not made yet
+        self._hidden = {}  # param -> its _Entry: registered params that are not keys (yet)
+        self._views = {}   # param -> its _ParamState, once made (a key or not)
 
-    def defer(self, param, entry):
-        """Registers ``param`` (not a key yet: clear() before registering again): its entry
-        is made from ``entry`` when first read."""
-        self._pending[param] = entry
-
-    def is_made(self, param):
-        """Whether the entry of ``param`` exists (reading it would not make it)."""
-        return param not in self._pending
-
-    def _made(self, param):
+    def _owner(self):
         optimizer = self._optimizer()
         if optimizer is None:
             raise ReferenceError("FusedAdam.state: the optimizer it belongs to was freed before this entry was "
                                  "first read; read it (or state_dict()) while the optimizer lives")
-        value = state_views(optimizer, self._pending[param])
-        del self._pending[param]
-        dict.__setitem__(self, param, value)
-        return value
+        return optimizer
 
-    def _make_all(self):
-        for param in list(self._pending):
-            self._made(param)
+    def register(self, param, entry):
+        """Registers ``param`` (not a key until it has state; clear() before registering
+        again)."""
+        self._hidden[param] = entry
+
+    def views(self, param):
+        """The entry of a registered param, made if needed, without making it a key (the
+        optimizer's own reads)."""
+        views = self._views.get(param)
+        if views is None:
+            views = self._views[param] = state_views(self._owner(), self._owner()._entry_of[param])
+        return views
+
+    def _show(self, param):
+        del self._hidden[param]
+        views = self.views(param)
+        dict.__setitem__(self, param, views)
+        return views
+
+    def show_only(self, params):
+        """Makes exactly ``params`` (registered ones) the keys, in their order: what a load
+        leaves (torch's load rebuilds its state from the saved entries)."""
+        entry_of = self._owner()._entry_of
+        for param in [p for p in dict.keys(self) if p in entry_of]:
+            dict.__delitem__(self, param)
+            self._hidden[param] = entry_of[param]
+        for param in params:
+            self._show(param)
+
+    def _show_stepped(self):
+        """Makes every hidden param that has taken a step a key (one read of the counts)."""
+        if not self._hidden:
+            return
+        steps = self._owner().native.param_steps()
+        for param in [p for p, entry in self._hidden.items() if steps[entry.index] > 0]:
+            self._show(param)
+
+    def _has_stepped(self, param):
+        entry = self._hidden[param]
+        return self._owner().native.param_steps(entry.index, 1)[0] > 0
 
     def __missing__(self, key):
-        if key in self._pending:
-            return self._made(key)
+        if key in self._hidden:
+            return self._show(key)  # a read by key makes the entry, as a defaultdict does
         return super().__missing__(key)
 
     def __contains__(self, key):
-        return key in self._pending or dict.__contains__(self, key)
+        if dict.__contains__(self, key):
+            return True
+        if key in self._hidden and self._has_stepped(key):
+            self._show(key)
+            return True
+        return False
 
     def __len__(self):
-        return dict.__len__(self) + len(self._pending)
+        self._show_stepped()
+        return dict.__len__(self)
 
     def __bool__(self):
         return len(self) > 0
 
     def __setitem__(self, key, value):
-        self._pending.pop(key, None)
+        self._hidden.pop(key, None)
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key):
-        if self._pending.pop(key, None) is None:
+        if self._hidden.pop(key, None) is None:
             dict.__delitem__(self, key)
 
     def get(self, key, default=None):
-        return self._made(key) if key in self._pending else dict.get(self, key, default)
+        return self[key] if key in self else default
 
     def setdefault(self, key, default=None):
-        return self._made(key) if key in self._pending else dict.setdefault(self, key, default)
+        return self[key] if key in self._hidden else dict.setdefault(self, key, default)
 
     def pop(self, key, *default):
-        if key in self._pending:
-            self._made(key)
+        if key in self:
+            self[key]  # noqa: B018 (shows it, so that it is popped below)
         return dict.pop(self, key, *default)
 
     def clear(self):
-        self._pending.clear()
+        self._hidden.clear()
+        self._views.clear()
         dict.clear(self)
 
     def __iter__(self):
-        self._make_all()
+        self._show_stepped()
         return dict.__iter__(self)
 
     def keys(self):
-        self._make_all()
+        self._show_stepped()
         return dict.keys(self)
 
     def values(self):
-        self._make_all()
+        self._show_stepped()
         return dict.values(self)
 
     def items(self):
-        self._make_all()
+        self._show_stepped()
         return dict.items(self)
 
     def copy(self):
-        self._make_all()
+        self._show_stepped()
         return defaultdict(dict, dict.items(self))
 
     def __eq__(self, other):
-        self._make_all()
+        self._show_stepped()
         return dict.__eq__(self, other)
 
     __hash__ = None
 
     def __repr__(self):
-        self._make_all()
+        self._show_stepped()
         return dict.__repr__(self)
 
     def __reduce__(self):  # pickles (and deep-copies) as the defaultdict(dict) torch keeps
-        self._make_all()
+        self._show_stepped()
         return (defaultdict, (dict,), None, None, iter(dict.items(self)))
 
 
 # ---- state_dict ----------------------------------------------------------------------------------
 def state_dict(optimizer):
     """``torch.optim.Optimizer.state_dict()`` whose states share memory with the library's
-    buffers, each param's own ``step``, and groups that carry every key torch's AdamW keeps
-    (see :func:`_torch_implementation_keys`). ``bias_correction``, a FusedAdam-only key, is
-    written only where it is off, so a checkpoint of the default (torch's math) is one
-    AdamW's strict DCP load accepts, and a FusedAdam template accepts AdamW checkpoints."""
-    _refresh_step_tensors(optimizer)
+    buffers, each param's own ``step`` (a float32 tensor, as torch's AdamW keeps it) and
+    block moments as float32 values. Its groups are the live ``param_groups``, which hold
+    the keys torch's AdamW's groups hold (FusedAdam's own, ``bias_correction``, only where
+    set), so every path that matches saved group keys to live ones round-trips."""
     saved = torch.optim.Optimizer.state_dict(optimizer)
-    _moments_as_values(optimizer, saved["state"])
-    implementation = _torch_implementation_keys(optimizer)
-    default_bias_correction = _default_of("bias_correction")
-    for group in saved["param_groups"]:
-        for key, value in implementation.items():
-            group.setdefault(key, value)
-        if group.get("bias_correction") == default_bias_correction:
-            del group["bias_correction"]
+    packed = saved["state"]
+    if packed:
+        steps = param_steps(optimizer)
+        index = 0
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = packed.get(index)
+                if state is not None:
+                    entry = optimizer._entry_of[param]
+                    packed[index] = _saved_state(optimizer, entry, state, steps[entry.index])
+                index += 1
     return saved
+
+
+def _saved_state(optimizer, entry, state, step):
+    """One param's state as a state dict holds it: a plain dict (``state`` is the live
+    entry), ``step`` a tensor, block moments as values without their absmax."""
+    codes, kept = _quantized(optimizer, entry)
+    out = {"step": torch.tensor(float(step), dtype=torch.float32)}
+    for key, value in (state.tensors() if isinstance(state, _ParamState) else state.items()):
+        if kept is not None and key not in kept:
+            continue  # a block moment's absmax
+        out[key] = _moment_values(optimizer, entry, key) if key in codes else value
+    return out
 
 
 # ---- block moments (8-bit, float8) ----------------------------------------------------------------
@@ -237,9 +362,8 @@ _BLOCK_MOMENT_DTYPES = frozenset(getattr(torch, name) for name in BLOCK_MOMENT_D
 def _quantized(optimizer, entry):
     """(the keys of the entry's block moments, the keys checkpoints hold), or (empty, None)
     for an entry with none."""
-    state = optimizer.state[entry.param]
-    codes = {key for key, value in state.items()
-             if key != "step" and _fused._local_tensor(value).dtype in _BLOCK_MOMENT_DTYPES}
+    codes = {key for key, value in optimizer.state.views(entry.param).tensors()
+             if _fused._local_tensor(value).dtype in _BLOCK_MOMENT_DTYPES}
     if not codes:
         return codes, None
     return codes, set(optimizer.native.checkpoint_keys(entry.index))
@@ -257,40 +381,17 @@ def _moment_values(optimizer, entry, key):
                               stride=param.stride())
 
 
-def _moments_as_values(optimizer, packed):
-    """Rewrites the packed states (by index, in param_groups order) of entries with block
-    moments: values for codes, no absmax."""
-    index = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = packed.get(index)
-            index += 1
-            if not state:
-                continue
-            entry = optimizer._entry_of[param]
-            codes, kept = _quantized(optimizer, entry)
-            if kept is None:
-                continue
-            state = packed[index - 1] = dict(state)  # packed shares optimizer.state's dicts
-            for key in [k for k in state if k != "step"]:
-                if key not in kept:
-                    del state[key]
-                elif key in codes:
-                    state[key] = _moment_values(optimizer, entry, key)
-
-
 _FLOAT32_MOMENT = torch.empty((), dtype=torch.float32)  # what a block moment takes in a load
 
 
 def _loadable_states(optimizer, entry):
-    """The states a state dict gives an entry, each with the tensor it is checked against:
-    every state but a block moment's absmax, a block moment as float32."""
-    current = optimizer.state[entry.param]
+    """The states a state dict gives an entry, each with the tensor it is checked against
+    (``step``: None): every state but a block moment's absmax, a block moment as float32."""
     codes, kept = _quantized(optimizer, entry)
-    if kept is None:
-        return current, codes
-    return {key: (_FLOAT32_MOMENT if key in codes else value) for key, value in current.items()
-            if key == "step" or key in kept}, codes
+    current = {key: (_FLOAT32_MOMENT if key in codes else value)
+               for key, value in optimizer.state.views(entry.param).tensors() if kept is None or key in kept}
+    current["step"] = None
+    return current, codes
 
 
 # ---- load_state_dict: validation -----------------------------------------------------------------
@@ -298,18 +399,17 @@ def _where(entry, key):
     return f"param {entry.name!r}" + (f" state {key!r}" if key else "")
 
 
-def _step_count(entry, value):
-    """A saved step (a number or a one-element tensor) as an int; ValueError otherwise."""
+def _step_count(entry, value, caller="FusedAdam.load_state_dict"):
+    """A saved or assigned step (a number or a one-element tensor) as an int; ValueError
+    otherwise."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, 'step')} has {value.numel()} elements; "
-                             "expected one")
+            raise ValueError(f"{caller}: {_where(entry, 'step')} has {value.numel()} elements; expected one")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, 'step')} is {value!r}; expected a count")
+        raise ValueError(f"{caller}: {_where(entry, 'step')} is {value!r}; expected a count")
     if not (math.isfinite(value) and value >= 0 and float(value) == int(value)):
-        raise ValueError(f"FusedAdam.load_state_dict: {_where(entry, 'step')} is {value!r}; expected an integer "
-                         ">= 0")
+        raise ValueError(f"{caller}: {_where(entry, 'step')} is {value!r}; expected an integer >= 0")
     return int(value)
 
 
@@ -371,7 +471,7 @@ class _Load:
         """The new hyperparameters of each group (the saved keys over the current ones; a key
         the state dict lacks, e.g. FusedAdam's bias_correction in a torch checkpoint, keeps
         its current value), checked by the library on a scratch optimizer."""
-        ignored = {"params", "param_names", *_torch_implementation_keys(optimizer)}
+        ignored = {"params", "param_names", *_fused.IMPLEMENTATION_DEFAULTS}
         merged = []
         for index, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):
             new = {key: value for key, value in saved.items() if key not in ignored}
@@ -468,7 +568,8 @@ def load_state_dict(optimizer, state_dict):
         # The group's count (steps taken) is the most any of its params took.
         native_group.step = max((step for entry, _, step in plan.states if entry.group == index), default=0)
     set_param_steps(optimizer, steps)  # after the group counts: setting those sets the params' too
-    _refresh_step_tensors(optimizer, steps)
+    # As after torch's load: the params the dict gave a state are the keys of optimizer.state.
+    optimizer.state.show_only([entry.param for entry, saved, _ in plan.states if saved is not None])
     for new, group in zip(plan.groups, optimizer.param_groups):
         group.update(new)
     check_masters_at_next_step(optimizer)
@@ -528,7 +629,7 @@ def refresh_stale_masters(optimizer):
     for entry in optimizer._entries:
         if entry.fp8:
             continue  # cast from its master at every load (its master is the truth)
-        state = optimizer.state[entry.param]
+        state = optimizer.state.views(entry.param)
         if "master" not in state or entry.numel == 0:
             continue
         param = _fused._local_tensor(entry.param)
@@ -543,9 +644,8 @@ def after_shard_files_loaded(optimizer):
     param_groups and the step tensors take the loaded values, masters are checked at the
     next step."""
     for index, group in enumerate(optimizer.param_groups):
-        group.update(optimizer.native.param_groups[index].config())
+        _fused.set_group_hyperparameters(group, optimizer.native.param_groups[index].config())
         optimizer._pushed[index] = _fused._hyperparameters(group)
-    _refresh_step_tensors(optimizer)
     check_masters_at_next_step(optimizer)
 
 

@@ -84,8 +84,16 @@ def test_fused_adam_takes_the_library_keys_and_refuses_others():
     torch = pytest.importorskip("torch")
     from shardadam.torch import FusedAdam
     param = torch.nn.Parameter(torch.zeros(3))
-    opt = FusedAdam([param], **{k: v for k, v in shardadam.group_defaults().items()})
-    assert {k: opt.param_groups[0][k] for k in shardadam.group_defaults()} == shardadam.group_defaults()
+    defaults = shardadam.group_defaults()
+    opt = FusedAdam([param], **defaults)
+    # The group holds every library key at its default, but FusedAdam's own keys (those
+    # torch's AdamW groups lack: bias_correction), which a group holds once they are set.
+    adamw_keys = set(torch.optim.AdamW([param]).param_groups[0])
+    assert {k: opt.param_groups[0][k] for k in defaults if k in adamw_keys} == \
+        {k: v for k, v in defaults.items() if k in adamw_keys}
+    own = [k for k in defaults if k not in adamw_keys]
+    assert own == ["bias_correction"] and not any(k in opt.param_groups[0] for k in own)
+    assert FusedAdam([param], bias_correction=False).param_groups[0]["bias_correction"] is False
     with pytest.raises(TypeError, match="unexpected keyword arguments.*'momentum'"):
         FusedAdam([param], momentum=0.9)
 

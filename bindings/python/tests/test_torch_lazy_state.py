@@ -1,7 +1,8 @@
-"""FusedAdam.state is made on first read: before any read, every registered param is a key
-and its entry, once read, holds tensors sharing memory with the library's buffers (each made
-once, then kept), whichever way it is reached (indexing, get, iteration, items, copy,
-pickling). References: the library's own state views (shardadam.Optimizer.state)."""
+"""FusedAdam.state is made on first read, and holds the params torch's AdamW would hold: none
+before a step; an entry, once read, holds tensors sharing memory with the library's buffers
+(each made once, then kept), whichever way it is reached (indexing, get, iteration, items,
+copy, pickling). References: the library's own state views (shardadam.Optimizer.state); which
+params are held: test_torch_drop_in.py, against torch's AdamW."""
 import copy
 import pickle
 
@@ -20,13 +21,13 @@ def native_view(opt, param, key):
     return torch.from_dlpack(opt.native.state(opt._entry_of[param].index, key))
 
 
-def test_every_param_is_a_key_before_any_entry_is_made():
+def test_no_param_is_a_key_and_no_entry_is_made_before_a_step():
     params = make_params()
     opt = FusedAdam(params)
-    assert len(opt.state) == len(params) and bool(opt.state)
-    assert all(p in opt.state for p in params)
+    assert len(opt.state) == 0 and not opt.state and list(opt.state) == []
+    assert not any(p in opt.state for p in params)
     assert torch.nn.Parameter(torch.zeros(1)) not in opt.state
-    assert not any(opt.state.is_made(p) for p in params)
+    assert opt.state._views == {}
 
 
 @pytest.mark.parametrize("read", ["index", "get", "setdefault", "iterate", "items", "values", "copy", "pickle"])
@@ -68,7 +69,8 @@ def test_an_entry_is_made_once_and_writes_to_it_stay():
     first["exp_avg"].fill_(3.0)
     assert opt.state[params[0]] is first
     assert torch.all(native_view(opt, params[0], "exp_avg") == 3.0)
-    assert [opt.state.is_made(p) for p in params] == [True, False, False, False]
+    assert [p in opt.state._views for p in params] == [True, False, False, False]
+    assert list(opt.state) == [params[0]]  # read by key: a key, as a defaultdict makes it
 
 
 def test_a_fused_adam_goes_with_its_last_reference():

@@ -154,13 +154,18 @@ def test_a_param_without_state_in_the_state_dict_is_reset(dtype):
     assert set(saved["state"]) == {0, 2}
     opt.load_state_dict(saved)
     state = opt.state_dict()["state"]
-    assert torch.count_nonzero(state[1]["exp_avg"]) == 0 and torch.count_nonzero(state[1]["exp_avg_sq"]) == 0
+    assert set(state) == {0, 2}  # as torch's: the reset param holds no state until it steps
+    params = list(model.parameters())
+    reset = opt.state[params[1]]  # read by key: its (reset) buffers
+    assert torch.count_nonzero(reset["exp_avg"]) == 0 and torch.count_nonzero(reset["exp_avg_sq"]) == 0
+    assert float(reset["step"]) == 0
     for index in (0, 2):
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(state[index][key], saved["state"][index][key].float(), atol=0, rtol=0)
     if dtype == torch.bfloat16:
-        for index, param in enumerate(model.parameters()):
-            assert torch.equal(state[index]["master"], param.float()), f"param {index}: master is not the param"
+        for index, param in enumerate(params):
+            master = opt.state[param]["master"]
+            assert torch.equal(master, param.float()), f"param {index}: master is not the param"
 
 
 def test_a_dtensor_state_of_another_global_shape_is_refused(one_rank_mesh):

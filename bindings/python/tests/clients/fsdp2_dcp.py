@@ -25,6 +25,11 @@ Checks (rank 0's view of the global losses, side by side):
    checkpoint resumed with FusedAdam (losses vs the uninterrupted AdamW run), and a
    FusedAdam checkpoint resumed with AdamW.
 
+With --container torchtitan the optimizers live inside torchtitan's OptimizersContainer
+(FusedAdam as its factory, as a torchtitan user plugs it in) and the checkpoint holds the
+container's flat FQN-keyed state dict (``param_groups.<fqn>.<key>``: every live group key
+must be in the saved groups), loaded back with the container's load_state_dict.
+
 Tolerance: the resume changes the rank count, so the grads are averaged in another order
 (half-batch means averaged vs one full-batch mean): ~1e-7 relative on the grads, a few
 1e-7 on the losses after a few steps (fsdp2_train.py measured 2e-7 on H200s, this script
@@ -65,11 +70,47 @@ def config(args):
                                empty_shard=True)
 
 
+def titan_container(optimizer, model, hyperparameters):
+    """torchtitan's OptimizersContainer over the model, its one param group built by
+    ``optimizer`` (FusedAdam as the factory, or AdamW), torchtitan's default "fused"
+    implementation (its groups carry fused=True, foreach=False)."""
+    from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+
+    class Container(OptimizersContainer):
+        @staticmethod
+        def _resolve_optimizer_factory(name):
+            return OPTIMIZERS[name]
+
+    config = OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name=optimizer, optimizer_kwargs=hyperparameters)])
+    return Container(config, model_parts=[model])
+
+
 def build(optimizer, args, mesh, device, seed):
+    """(model, optimizer, LR schedule): the optimizer itself, or torchtitan's container of
+    it (--container torchtitan; the schedule then drives the one optimizer inside)."""
     torch.manual_seed(seed)
     model = shard_model(Transformer(config(args)).to(device), mesh)
-    opt = OPTIMIZERS[optimizer](model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    hyperparameters = dict(lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    if args.container == "torchtitan":
+        opt = titan_container(optimizer, model, hyperparameters)
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt.optimizers[0], warmup)
+    opt = OPTIMIZERS[optimizer](model.parameters(), **hyperparameters)
     return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+
+
+def optimizer_state(model, opt, args):
+    """What DCP saves of the optimizer: torch's get_optimizer_state_dict, or torchtitan's
+    flat FQN-keyed dict (its OptimizersContainer.state_dict, which first makes the state with
+    a zero-lr step where there is none yet)."""
+    return opt.state_dict() if args.container == "torchtitan" else get_optimizer_state_dict(model, opt)
+
+
+def load_optimizer_state(model, opt, state, args):
+    if args.container == "torchtitan":
+        opt.load_state_dict(state)
+    else:
+        set_optimizer_state_dict(model, opt, state)
 
 
 def train(model, opt, schedule, steps, args, device, rank, world):
@@ -113,7 +154,7 @@ def save_run(rank, world, run_dir, args, optimizer, mesh, device):
     model, opt, schedule = build(optimizer, args, mesh, device, seed=0)
     losses = train(model, opt, schedule, range(args.save_at), args, device, rank, world)
     checkpoint = os.path.join(run_dir, optimizer)
-    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+    dcp.save({"model": get_model_state_dict(model), "optim": optimizer_state(model, opt, args)},
              checkpoint_id=checkpoint)
     if rank == 0:
         torch.save(schedule.state_dict(), os.path.join(checkpoint, "schedule.pt"))
@@ -125,10 +166,10 @@ def save_run(rank, world, run_dir, args, optimizer, mesh, device):
 def resume_run(rank, world, run_dir, args, optimizer, saved_by, mesh, device):
     model, opt, schedule = build(optimizer, args, mesh, device, seed=123)  # everything must come from the checkpoint
     checkpoint = os.path.join(run_dir, saved_by)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    state = {"model": get_model_state_dict(model), "optim": optimizer_state(model, opt, args)}
     dcp.load(state, checkpoint_id=checkpoint)
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
+    load_optimizer_state(model, opt, state["optim"], args)
     schedule.load_state_dict(torch.load(os.path.join(checkpoint, "schedule.pt")))
     losses = train(model, opt, schedule, range(args.save_at, args.steps), args, device, rank, world)
     if rank == 0:
@@ -163,6 +204,9 @@ def main():
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--container", choices=("none", "torchtitan"), default="none",
+                        help="torchtitan: the optimizers inside torchtitan's OptimizersContainer, saved and loaded "
+                        "through its flat FQN-keyed state dict (what its checkpointer does)")
     parser.add_argument("--rtol", type=float, default=common.FP32_RTOL, help="FusedAdam vs AdamW, and resumes on "
                         "another rank count (clients_common.FP32_RTOL, RESUME_RTOL)")
     args = parser.parse_args()
@@ -174,8 +218,9 @@ def main():
     if not 0 < args.save_at < args.steps:
         parser.error("--save-at must be in (0, --steps)")
     run_dir = tempfile.mkdtemp(prefix="shardadam_fsdp2_dcp_")
-    report = common.Report(f"FSDP2 + DCP, {args.device}, {args.ranks} ranks -> {args.resume_ranks}, {args.steps} "
-                           f"steps, saved after {args.save_at}")
+    via = ", torchtitan's OptimizersContainer" if args.container == "torchtitan" else ""
+    report = common.Report(f"FSDP2 + DCP{via}, {args.device}, {args.ranks} ranks -> {args.resume_ranks}, "
+                           f"{args.steps} steps, saved after {args.save_at}")
 
     launched = set()
 

@@ -33,6 +33,11 @@ Checks (losses of every training_step, side by side):
 6. Fine-tuning with a frozen embedding (requires_grad_(False)) while configure_optimizers
    still passes self.parameters(), as Lightning's examples write it: AdamW skips the param
    without a grad; FusedAdam vs AdamW.
+7. "bf16-mixed" with clipping: Lightning refuses gradient_clip_val for an optimizer that
+   unscales its grads itself (``_step_supports_amp_scaling``: torch's fused AdamW and
+   FusedAdam alike), so FusedAdam clips in its step (``max_grad_norm=CLIP``, no
+   gradient_clip_val), as docs/python.md says; against AdamW with gradient_clip_val=CLIP
+   (a CLIP below the grad norms: the check fails unless some step was clipped).
 
 Exit status 1 on any FAIL.
 """
@@ -53,6 +58,7 @@ CONFIG = ModelConfig(vocab=97, dim=32, heads=4, layers=2, seq=32)
 BATCH = 4
 LR, BETAS, WEIGHT_DECAY = 3e-3, (0.9, 0.95), 0.1
 OPTIMIZERS = {"FusedAdam": FusedAdam, "AdamW": torch.optim.AdamW}
+CLIP = 0.1  # check 7's max grad norm: below this model's grad norms, so clipping acts
 
 def warmup(step):
     return min(1.0, (step + 1) / 5)
@@ -63,7 +69,7 @@ def lightning():
     return lightning
 
 
-def make_module(optimizer, seed, frozen_embedding=False):
+def make_module(optimizer, seed, frozen_embedding=False, max_grad_norm=None):
     L = lightning()
 
     class LanguageModel(L.LightningModule):
@@ -74,6 +80,7 @@ def make_module(optimizer, seed, frozen_embedding=False):
             if frozen_embedding:  # fine-tuning: frozen, yet still in self.parameters()
                 self.model.embed.requires_grad_(False)
             self.losses = []
+            self.grad_norms = []
 
         def training_step(self, batch, batch_index):
             tokens, targets = batch
@@ -82,20 +89,23 @@ def make_module(optimizer, seed, frozen_embedding=False):
             return loss
 
         def configure_optimizers(self):
-            opt = OPTIMIZERS[optimizer](self.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+            clip = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
+            opt = OPTIMIZERS[optimizer](self.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, **clip)
+            if clip:  # the global grad norm of every step, to show that clipping acted
+                opt.register_step_post_hook(lambda o, args, kwargs: self.grad_norms.append(float(o.grad_norm)))
             schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     return LanguageModel()
 
 
-def make_trainer(device, precision, epochs, checkpoint_dir=None, accumulate=1):
+def make_trainer(device, precision, epochs, checkpoint_dir=None, accumulate=1, clip_val=1.0):
     L = lightning()
     callbacks = []
     if checkpoint_dir is not None:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=checkpoint_dir, save_top_k=-1, every_n_epochs=1,
                                                              save_on_train_epoch_end=True))
-    return L.Trainer(accelerator=device, devices=1, precision=precision, max_epochs=epochs, gradient_clip_val=1.0,
+    return L.Trainer(accelerator=device, devices=1, precision=precision, max_epochs=epochs, gradient_clip_val=clip_val,
                      accumulate_grad_batches=accumulate,
                      logger=False, enable_progress_bar=False, enable_model_summary=False,
                      enable_checkpointing=checkpoint_dir is not None, callbacks=callbacks,
@@ -113,10 +123,14 @@ def loader(steps_per_epoch):
 class Run:
     """A 2-epoch fit with a checkpoint after every epoch; `losses` per training step."""
 
-    def __init__(self, optimizer, precision, root, device, steps_per_epoch, accumulate=1, frozen_embedding=False):
-        self.checkpoint_dir = os.path.join(root, f"{optimizer}-{precision}-{accumulate}-{frozen_embedding}")
-        self.module = make_module(optimizer, 0, frozen_embedding)
-        make_trainer(device, precision, 2, self.checkpoint_dir, accumulate).fit(self.module, loader(steps_per_epoch))
+    def __init__(self, optimizer, precision, root, device, steps_per_epoch, accumulate=1, frozen_embedding=False,
+                 clip=1.0, clip_in_step=False):
+        """clip: the max grad norm; clip_in_step: the optimizer clips (max_grad_norm), not the Trainer."""
+        self.checkpoint_dir = os.path.join(root, f"{optimizer}-{precision}-{accumulate}-{frozen_embedding}-{clip}-"
+                                                 f"{clip_in_step}")
+        self.module = make_module(optimizer, 0, frozen_embedding, max_grad_norm=clip if clip_in_step else None)
+        make_trainer(device, precision, 2, self.checkpoint_dir, accumulate,
+                     clip_val=None if clip_in_step else clip).fit(self.module, loader(steps_per_epoch))
         self.losses = self.module.losses
         used = type(self.module.optimizers().optimizer)
         # The checks are vacuous unless Lightning stepped the optimizer they name.
@@ -145,6 +159,15 @@ def check_masters(run):
     return dtypes == {torch.bfloat16} and masters == {"torch.float32"}, f"params {dtypes}, masters {masters}"
 
 
+def clipped_in_step(ours, reference, rtol):
+    """The losses agree, and the check is not vacuous: some steps' grad norm was above
+    CLIP, so clipping changed those steps."""
+    ok, detail = common.compare_losses(ours.losses, reference.losses, rtol)
+    norms = ours.module.grad_norms
+    clipped = sum(norm > CLIP for norm in norms)
+    return ok and clipped > 0, f"{detail}; {clipped} of {len(norms)} steps clipped (grad norm > {CLIP})"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_device_argument(parser)
@@ -161,10 +184,11 @@ def main():
                            f"steps, checkpoint after epoch 1")
     runs = {}
 
-    def trained(optimizer, precision, accumulate=1, frozen_embedding=False):
-        key = optimizer, precision, accumulate, frozen_embedding
+    def trained(optimizer, precision, accumulate=1, frozen_embedding=False, clip=1.0, clip_in_step=False):
+        key = optimizer, precision, accumulate, frozen_embedding, clip, clip_in_step
         if key not in runs:
-            runs[key] = Run(optimizer, precision, root, args.device, args.steps_per_epoch, accumulate, frozen_embedding)
+            runs[key] = Run(optimizer, precision, root, args.device, args.steps_per_epoch, accumulate, frozen_embedding,
+                            clip, clip_in_step)
         return runs[key]
 
     def versus(ours, reference, rtol, reference_title="AdamW"):
@@ -191,6 +215,9 @@ def main():
         report.run("frozen embedding still in self.parameters(): FusedAdam vs AdamW",
                    lambda: versus(trained("FusedAdam", "32-true", frozen_embedding=True),
                                   trained("AdamW", "32-true", frozen_embedding=True), args.rtol))
+        report.run(f"bf16-mixed: FusedAdam(max_grad_norm={CLIP}) vs AdamW with gradient_clip_val={CLIP}",
+                   clipped_in_step, trained("FusedAdam", "bf16-mixed", clip=CLIP, clip_in_step=True),
+                   trained("AdamW", "bf16-mixed", clip=CLIP), args.bf16_rtol)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return report.finish()

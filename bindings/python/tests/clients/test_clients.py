@@ -1,6 +1,7 @@
 """The client scripts of this folder, on the CPU with small sizes: FusedAdam under the Hugging
-Face Trainer, Lightning's Trainer and FSDP2 + torch.distributed.checkpoint, against
-torch.optim.AdamW in the same run. Each test runs a script in a fresh interpreter (as a
+Face Trainer, Lightning's Trainer, FSDP2 + torch.distributed.checkpoint, and torchtitan's
+OptimizersContainer (FSDP2 + DCP through its flat state dict), against torch.optim.AdamW
+in the same run. Each test runs a script in a fresh interpreter (as a
 user would; the frameworks keep global state) and passes when the script prints its
 verdict and exits 0; on failure the assertion shows the script's table. A framework that
 is not installed skips its test with the reason (see pytest -ra)."""
@@ -20,8 +21,8 @@ SMALL = {
 }
 
 
-def run_script(name):
-    command = [sys.executable, os.path.join(HERE, name), "--device", "cpu", *SMALL[name]]
+def run_script(name, *extra):
+    command = [sys.executable, os.path.join(HERE, name), "--device", "cpu", *SMALL[name], *extra]
     # One intra-op thread per process: the scripts spawn ranks, and the machine is shared.
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=HERE)
@@ -50,3 +51,14 @@ def test_fsdp2_dcp_with_fused_adam_matches_adamw_and_resumes_on_fewer_ranks():
     if not torch.distributed.is_available():
         pytest.skip("torch was built without torch.distributed")
     run_script("fsdp2_dcp.py")
+
+
+def test_torchtitan_optimizers_container_with_fused_adam_matches_adamw_and_resumes():
+    """torchtitan's OptimizersContainer with FusedAdam as its factory: its flat FQN-keyed
+    state dict through DCP, saved on 2 gloo ranks and resumed on 1, against AdamW in the
+    same container (torchtitan's own checkpoint path; its full trainer needs CUDA)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.distributed.is_available():
+        pytest.skip("torch was built without torch.distributed")
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed: pip install torchtitan")
+    run_script("fsdp2_dcp.py", "--container", "torchtitan")
