@@ -1,18 +1,22 @@
-// import_rss.cpp — what a resume costs: export and import of ~1 GiB of optimizer state
-// through shard files, with the import's peak memory.
+// state_io.cpp — what a checkpoint and a resume cost: export and import of ~1 GiB of
+// optimizer state through shard files, each against a baseline measured in the same run,
+// with the import's peak memory.
 //
-// Four simulated ranks (uneven Shard(0)) each take one step and export a shard file (and,
-// timed apart, to a writer that keeps nothing, which is the export's own cost, and to a
-// memory blob; the file writer's time includes fsync to the disk); then one
-// unsharded optimizer imports all four files (a 4 -> 1 reshard). Printed:
-//  - export and import throughput (state bytes per second), next to memcpy and a plain
-//    read of the same files measured in the same run. Both sides checksum every byte
-//    (CRC-32C, on all cores): export once, import twice when the data exceed the staging
-//    buffer (once to verify before anything is written, once as each block is applied);
-//  - the import's increase of peak RSS (VmHWM after resetting it through
-//    /proc/self/clear_refs), against the staging size. The import copies into the existing
-//    state, so the increase must stay within staging + O(headers): the program fails
-//    (exit 1) when it exceeds staging + 16 MiB + 4x the headers.
+// Four simulated ranks (uneven Shard(0)) each take one step and export (to sa_memory_writer,
+// and to a shard file with its fsync); then one unsharded optimizer imports all four files
+// (a 4 -> 1 reshard), and another imports the same bytes from memory. One line per measure:
+//   export to memory    vs memcpy of the same bytes on as many threads as the export uses
+//   export to file      vs a plain write + fsync of the same bytes (files beside them)
+//   import from memory  vs memcpy (as above)
+//   import from file    vs a plain read of the same files (page cache)
+//   async export blocks (not built yet: printed as such)
+// Both sides checksum every byte (CRC-32C, on all cores): export once, import twice when
+// the data exceed the staging buffer (once to verify before anything is written, once as
+// each block is applied).
+// The import from files also reports its increase of peak RSS (VmHWM after resetting it
+// through /proc/self/clear_refs), against the staging size. The import copies into the
+// existing state, so the increase must stay within staging + O(headers): the program fails
+// (exit 1) when it exceeds staging + 16 MiB + 4x the headers.
 // Correctness: every imported state is compared (by a 64-bit hash) with what its rank held.
 //
 // With --moments uint8 the moments are 8-bit block moments, which the files hold as their
@@ -21,7 +25,8 @@
 // split) is taken as saved, any other quantized from its decoded values; with that landing
 // the bound is twice the staging size (sa_import_options).
 //
-//   import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]
+//   state_io [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -35,6 +40,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardadam/shardadam.h"
@@ -54,7 +60,7 @@ struct Options {
 };
 
 [[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "import_rss: %s\n", what.c_str());
+  std::fprintf(stderr, "state_io: %s\n", what.c_str());
   std::exit(2);
 }
 
@@ -212,7 +218,7 @@ Options parse(int argc, char** argv) {
       if (m != "float32" && m != "uint8") die("--moments takes float32 or uint8");
       o.uint8_moments = m == "uint8";
     } else {
-      die("usage: import_rss [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]");
+      die("usage: state_io [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]");
     }
   }
   if (o.gib <= 0 || o.staging_mib == 0) die("--gib and --staging-mib must be positive");
@@ -229,10 +235,36 @@ std::string cpu_name() {
 
 }  // namespace
 
+using Bytes = std::vector<unsigned char>;
+
+// memcpy of n bytes split over `threads` threads, as the export spreads its work.
+void parallel_memcpy(unsigned char* dst, const unsigned char* src, std::size_t n, int threads) {
+  std::vector<std::thread> workers;
+  const std::size_t part = (n + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t) {
+    const std::size_t begin = std::min(n, part * t), end = std::min(n, begin + part);
+    workers.emplace_back([=] { std::memcpy(dst + begin, src + begin, end - begin); });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
+// The bytes written to a new file with write(2), then fsync, as a program without shardadam
+// would save them.
+void write_plain(const std::string& path, const Bytes& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) die("cannot create " + path);
+  for (std::size_t at = 0; at < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
+    if (n <= 0) die("cannot write " + path);
+    at += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) die("cannot fsync " + path);
+}
+
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   namespace fs = std::filesystem;
-  const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("shardadam_import_rss_" + std::to_string(::getpid()))
+  const fs::path dir = o.dir.empty() ? fs::temp_directory_path() / ("shardadam_state_io_" + std::to_string(::getpid()))
                                      : fs::path(o.dir);
   fs::create_directories(dir);
 
@@ -251,38 +283,31 @@ int main(int argc, char** argv) {
     left -= r;
   }
   const double state_bytes = double(total_rows) * kCols * (o.uint8_moments ? 2.0 + 8.0 / 256 : 8.0);
-  std::printf("import_rss: %.3f GiB of %s Adam state (%zu params [rows, %lld]), saved on %d ranks "
+  std::printf("state_io: %.3f GiB of %s Adam state (%zu params [rows, %lld]), saved on %d ranks "
               "(uneven Shard(0)), loaded on 1\nmachine: %s, %ld hardware threads\n",
               state_bytes / double(1 << 30), o.uint8_moments ? "8-bit" : "fp32", rows.size(),
               static_cast<long long>(kCols), kRanks,
               cpu_name().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
 
-  // ---- export: each rank steps once and writes its file ------------------------------------
+  // ---- export: each rank steps once, exports to memory and writes its file ------------------
   std::vector<std::string> paths;
+  std::vector<Bytes> blobs;  // the memory exports (the import from memory reads them)
   std::vector<std::vector<std::vector<uint64_t>>> hashes(kRanks);  // [rank][param][key]
   std::vector<std::vector<std::pair<int64_t, int64_t>>> boxes(kRanks);     // [rank][param] (row0, rows)
-  double export_seconds = 0, memory_export_seconds = 0, null_export_seconds = 0;
+  double file_export_seconds = 0, memory_export_seconds = 0;
   uint64_t file_bytes = 0;
   for (int r = 0; r < kRanks; ++r) {
     Model rank(rows, r, o.threads, true, o.uint8_moments);
-    {  // to a writer that keeps nothing: the export's own cost (checksums, the two passes)
-      sa_writer null = SA_WRITER_INIT;
-      uint64_t counted = 0;
-      null.ctx = &counted;
-      null.write = [](void* ctx, const void*, std::size_t bytes) {
-        *static_cast<uint64_t*>(ctx) += bytes;
-        return 0;
-      };
-      const auto t0 = Clock::now();
-      ok(sa_optimizer_export(rank.opt, &null), rank.opt, "export");
-      null_export_seconds += seconds_since(t0);
-    }
-    {  // to memory: plus growing a buffer in fresh memory
+    {
       sa_writer memory = SA_WRITER_INIT;
       ok(sa_memory_writer(&memory), nullptr, "memory_writer");
       const auto t0 = Clock::now();
       ok(sa_optimizer_export(rank.opt, &memory), rank.opt, "export");
       memory_export_seconds += seconds_since(t0);
+      const void* data = nullptr;
+      std::size_t size = 0;
+      ok(sa_memory_writer_data(&memory, &data, &size), nullptr, "memory_writer_data");
+      blobs.emplace_back(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + size);
       sa_writer_release(&memory);
     }
     paths.push_back((dir / ("rank" + std::to_string(r) + ".safetensors")).string());
@@ -290,7 +315,7 @@ int main(int argc, char** argv) {
     ok(sa_file_writer(paths.back().c_str(), &writer), nullptr, "file_writer");
     const auto t0 = Clock::now();
     ok(sa_optimizer_export(rank.opt, &writer), rank.opt, "export");
-    export_seconds += seconds_since(t0);
+    file_export_seconds += seconds_since(t0);
     sa_writer_release(&writer);
     file_bytes += fs::file_size(paths.back());
     for (std::size_t k = 0; k < rows.size(); ++k) {
@@ -302,14 +327,33 @@ int main(int argc, char** argv) {
   }
 
   // ---- baselines, same machine, same moment -------------------------------------------------
-  double memcpy_gbs = 0, read_gbs = 0;
+  const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));  // the export's
+  double memcpy_gbs = 0, memcpy1_gbs = 0, write_gbs = 0, read_gbs = 0;
   {
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(state_bytes), std::size_t{1} << 30);
-    std::vector<unsigned char> a(n, 1), b(n, 2);
+    Bytes a(n, 1), b(n, 2);
     const auto t0 = Clock::now();
     std::memcpy(b.data(), a.data(), n);
-    memcpy_gbs = double(n) / seconds_since(t0) / 1e9;
-    // Reading the files (page cache) into a staging-sized buffer: the I/O floor of an import.
+    memcpy1_gbs = double(n) / seconds_since(t0) / 1e9;
+    // Into a new malloc'd buffer, as an export into a new memory blob writes: the kernel's
+    // first touch of each page is part of the cost on both sides. The best of 3 (on a VM
+    // the first touch of memory the guest never used costs several times more).
+    for (int round = 0; round < 3; ++round) {
+      void* fresh = std::malloc(n);
+      if (fresh == nullptr) die("out of memory");
+      const auto t1 = Clock::now();
+      parallel_memcpy(static_cast<unsigned char*>(fresh), a.data(), n, threads);
+      memcpy_gbs = std::max(memcpy_gbs, double(n) / seconds_since(t1) / 1e9);
+      std::free(fresh);
+    }
+  }
+  {  // The files' bytes written plainly, one file each with its fsync: an export's I/O floor.
+    const auto t0 = Clock::now();
+    for (int r = 0; r < kRanks; ++r) write_plain((dir / ("plain" + std::to_string(r))).string(), blobs[r]);
+    write_gbs = double(file_bytes) / seconds_since(t0) / 1e9;
+    for (int r = 0; r < kRanks; ++r) fs::remove(dir / ("plain" + std::to_string(r)));
+  }
+  {  // Reading the files (page cache) into a staging-sized buffer: the I/O floor of an import.
     std::vector<unsigned char> buffer(o.staging_mib << 20);
     const auto t1 = Clock::now();
     for (const std::string& path : paths) {
@@ -342,6 +386,22 @@ int main(int argc, char** argv) {
   const int64_t peak = exact_peak ? proc_status_bytes("VmHWM:") : -1;
   for (sa_reader& r : readers) sa_reader_release(&r);
 
+  // ---- import from memory: the same bytes, another optimizer ---------------------------------
+  double memory_import_seconds = 0;
+  {
+    Model from_memory(rows, -1, o.threads, false, o.uint8_moments);
+    std::vector<sa_reader> memory_readers(kRanks);
+    std::vector<const sa_reader*> memory_pointers;
+    for (int r = 0; r < kRanks; ++r) {
+      ok(sa_memory_reader(blobs[r].data(), blobs[r].size(), &memory_readers[r]), nullptr, "memory_reader");
+      memory_pointers.push_back(&memory_readers[r]);
+    }
+    const auto t1 = Clock::now();
+    ok(sa_optimizer_import(from_memory.opt, kRanks, memory_pointers.data(), &options), from_memory.opt, "import");
+    memory_import_seconds = seconds_since(t1);
+    for (sa_reader& r : memory_readers) sa_reader_release(&r);
+  }
+
   int mismatches = 0;
   for (int r = 0; r < kRanks; ++r)
     for (std::size_t k = 0; k < rows.size(); ++k) {
@@ -355,17 +415,21 @@ int main(int argc, char** argv) {
   const double staging = double(o.staging_mib << 20);
   // Block moments land in an arena of up to the staging size again (sa_import_options).
   const double limit = staging * (o.uint8_moments ? 2 : 1) + double(16 << 20) + 4 * header_bytes;
-  std::printf("\n%-36s %10s %10s %12s\n", "", "seconds", "GB/s", "vs memcpy");
-  std::printf("%-36s %10s %10.2f %12s\n", "memcpy (1 thread)", "", memcpy_gbs, "1.00");
-  std::printf("%-36s %10s %10.2f %12.2f\n", "read the files (page cache)", "", read_gbs, read_gbs / memcpy_gbs);
-  std::printf("%-36s %10.3f %10.2f %12.2f\n", "export, 4 ranks (writer keeps nothing)", null_export_seconds,
-              state_bytes / null_export_seconds / 1e9, state_bytes / null_export_seconds / 1e9 / memcpy_gbs);
-  std::printf("%-36s %10.3f %10.2f %12.2f\n", "export, 4 blobs (sa_memory_writer)", memory_export_seconds,
-              state_bytes / memory_export_seconds / 1e9, state_bytes / memory_export_seconds / 1e9 / memcpy_gbs);
-  std::printf("%-36s %10.3f %10.2f %12.2f\n", "export, 4 files (file writer, fsync)", export_seconds,
-              state_bytes / export_seconds / 1e9, state_bytes / export_seconds / 1e9 / memcpy_gbs);
-  std::printf("%-36s %10.3f %10.2f %12.2f\n", "import 4 -> 1 (sa_file_reader)", import_seconds,
-              state_bytes / import_seconds / 1e9, state_bytes / import_seconds / 1e9 / memcpy_gbs);
+  std::printf("\n%-20s %9s %8s   %-34s %8s %7s\n", "measure", "seconds", "GB/s", "baseline (same run)", "GB/s",
+              "ratio");
+  const auto line = [&](const char* what, double seconds, const std::string& baseline, double baseline_gbs) {
+    const double gbs = state_bytes / seconds / 1e9;
+    std::printf("%-20s %9.3f %8.2f   %-34s %8.2f %7.2f\n", what, seconds, gbs, baseline.c_str(), baseline_gbs,
+                gbs / baseline_gbs);
+  };
+  const std::string memcpy_name = "memcpy, " + std::to_string(threads) + " threads, new buffer";
+  line("export to memory", memory_export_seconds, memcpy_name, memcpy_gbs);
+  line("export to file", file_export_seconds, "plain write + fsync", write_gbs);
+  line("import from memory", memory_import_seconds, memcpy_name, memcpy_gbs);
+  line("import from file", import_seconds, "plain read (page cache)", read_gbs);
+  std::printf("%-20s %9s %8s   (not built yet: sa_optimizer_export has no asynchronous form)\n",
+              "async export blocks", "-", "-");
+  std::printf("(memcpy on 1 thread: %.2f GB/s)\n", memcpy1_gbs);
   std::printf("\nfiles: %.1f MiB of headers in %.3f GiB\n", header_bytes / double(1 << 20), double(file_bytes) / double(1 << 30));
   std::printf("state check: %s (%d of %zu states differ)\n", mismatches ? "FAILED" : "every state bitwise equal",
               mismatches, rows.size() * keys.size() * kRanks);

@@ -5,8 +5,12 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "test_state_io_support.hpp"
@@ -68,21 +72,128 @@ TEST_CASE("a file writer released without commit leaves no file and no temporary
   sa_writer_release(&writer);  // released twice: a no-op
 }
 
+// A file writer whose disk fills up: at the reservation, or after `good_bytes` bytes of
+// positioned or appended writes (the failing call writes nothing). ctx is the real file
+// writer's, so release still removes its temporary file.
+struct FullDisk {
+  static inline std::atomic<int64_t> budget{0};
+  static int write(void* ctx, const void* data, std::size_t bytes) {
+    if ((budget -= static_cast<int64_t>(bytes)) < 0) return 1;
+    return real.write(ctx, data, bytes);
+  }
+  static int write_at(void* ctx, uint64_t offset, const void* data, std::size_t bytes) {
+    if ((budget -= static_cast<int64_t>(bytes)) < 0) return 1;
+    return real.write_at(ctx, offset, data, bytes);
+  }
+  static int no_room(void*, uint64_t) { return 1; }
+  static inline sa_writer real = SA_WRITER_INIT;
+};
+
 TEST_CASE("a failed export leaves an existing file untouched and no temporary file", "[state_io][files]") {
-  TempDir dir;
-  const std::string path = (dir.path / "ckpt.safetensors").string();
-  { std::ofstream(path) << "the previous checkpoint"; }
   const Problem& prob = io_problem();
   Rank rank(prob, unsharded_scenario(), 0, prob.initial_values());
-  sa_writer writer = SA_WRITER_INIT;
-  REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &writer));
-  sa_writer broken = writer;
-  broken.write = [](void*, const void*, std::size_t) { return 1; };  // the disk is full
-  CHECK_SA_FAILS(rank.opt(), SA_ERR_IO, sa_optimizer_export(rank.opt(), &broken), "failed to write");
-  sa_writer_release(&writer);
-  CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
-  const Bytes old = read_file(path);
-  CHECK(std::string(old.begin(), old.end()) == "the previous checkpoint");
+  rank.step(0);
+  const std::size_t blob_bytes = rank.export_blob().size();
+  REQUIRE(blob_bytes > (std::size_t{2} << 20));  // several checksum blocks: "mid-file" means something
+  // Each way the disk can fill: before anything is written (the reservation), mid-file
+  // through positioned writes (the file writer's own path), mid-file through appends (a
+  // writer without write_at), and at the very last write.
+  struct Case {
+    const char* what;
+    bool positional, reserve_fails;
+    int64_t good_bytes;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"full at the reservation", true, true, 0, "could not make room for the blob's"},
+      {"full mid-file, positioned writes", true, false, int64_t{1} << 20, "failed to write"},
+      {"full mid-file, appends", false, false, int64_t{1} << 20, "failed to write"},
+      {"full at the last append", false, false, static_cast<int64_t>(blob_bytes) - 1, "failed to write"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    TempDir dir;
+    const std::string path = (dir.path / "ckpt.safetensors").string();
+    { std::ofstream(path) << "the previous checkpoint"; }
+    REQUIRE_SA_OK(nullptr, sa_file_writer(path.c_str(), &FullDisk::real));
+    sa_writer broken = FullDisk::real;
+    broken.write = FullDisk::write;
+    broken.write_at = c.positional ? FullDisk::write_at : nullptr;
+    if (c.reserve_fails) broken.reserve = FullDisk::no_room;
+    FullDisk::budget = c.good_bytes;
+    CHECK_SA_FAILS(rank.opt(), SA_ERR_IO, sa_optimizer_export(rank.opt(), &broken), c.message);
+    sa_writer_release(&FullDisk::real);
+    CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
+    const Bytes old = read_file(path);
+    CHECK(std::string(old.begin(), old.end()) == "the previous checkpoint");
+  }
+  // The optimizer is unchanged and exports as before.
+  CHECK(rank.export_blob().size() == blob_bytes);
+}
+
+// A writer that only appends (no write_at, no reserve), as a user's callback table may
+// be, into a vector.
+int append_to_vector(void* ctx, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  static_cast<Bytes*>(ctx)->insert(static_cast<Bytes*>(ctx)->end(), p, p + bytes);
+  return 0;
+}
+
+// A positional writer that records which bytes each write_at covered (from several threads).
+struct RecordingBlob {
+  std::mutex mutex;
+  Bytes bytes;
+  std::vector<int> writes;  // per byte: how many times it was written
+  static int reserve(void* ctx, uint64_t n) {
+    auto* self = static_cast<RecordingBlob*>(ctx);
+    self->bytes.assign(static_cast<std::size_t>(n), 0);
+    self->writes.assign(static_cast<std::size_t>(n), 0);
+    return 0;
+  }
+  static int write_at(void* ctx, uint64_t offset, const void* data, std::size_t n) {
+    auto* self = static_cast<RecordingBlob*>(ctx);
+    std::lock_guard<std::mutex> lock(self->mutex);
+    if (offset + n > self->bytes.size()) return 1;
+    std::memcpy(self->bytes.data() + offset, data, n);
+    for (std::size_t i = 0; i < n; ++i) ++self->writes[static_cast<std::size_t>(offset) + i];
+    return 0;
+  }
+  static int fail(void*, const void*, std::size_t) { return 1; }  // write: never called
+};
+
+TEST_CASE("positioned and appending writers get the same bytes, each written once", "[state_io][files]") {
+  const Problem& prob = io_problem();
+  Rank rank(prob, unsharded_scenario(), 0, prob.initial_values());
+  rank.step(0);
+  const Bytes from_memory_writer = rank.export_blob();  // write_at + reserve
+
+  Bytes appended;
+  sa_writer appender = SA_WRITER_INIT;
+  appender.ctx = &appended;
+  appender.write = append_to_vector;
+  REQUIRE_SA_OK(rank.opt(), sa_optimizer_export(rank.opt(), &appender));
+  CHECK(appended == from_memory_writer);
+
+  RecordingBlob recorded;
+  sa_writer recorder = SA_WRITER_INIT;
+  recorder.ctx = &recorded;
+  recorder.write = RecordingBlob::fail;
+  recorder.write_at = RecordingBlob::write_at;
+  recorder.reserve = RecordingBlob::reserve;
+  REQUIRE_SA_OK(rank.opt(), sa_optimizer_export(rank.opt(), &recorder));
+  CHECK(recorded.bytes == from_memory_writer);
+  CHECK(std::all_of(recorded.writes.begin(), recorded.writes.end(), [](int n) { return n == 1; }));
+
+  // The header is padded with spaces to the length it would have with every checksum at
+  // its widest: a JSON text ending in spaces, the data 8-byte aligned after it.
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, from_memory_writer.data(), 8);
+  const std::string text(from_memory_writer.begin() + 8, from_memory_writer.begin() + 8 + header_bytes);
+  CHECK((8 + header_bytes) % 8 == 0);
+  const std::size_t end = text.find_last_not_of(' ');
+  REQUIRE(end != std::string::npos);
+  CHECK(text[end] == '}');
+  CHECK(nlohmann::json::parse(text).contains("__metadata__"));
 }
 
 TEST_CASE("a committed export replaces the file atomically and leaves only it", "[state_io][files]") {

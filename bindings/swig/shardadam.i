@@ -674,6 +674,8 @@ SA_OPTION_STRUCT(sa_import_options, SA_IMPORT_OPTIONS_INIT)
 %ignore sa_writer::write;
 %ignore sa_writer::commit;
 %ignore sa_writer::release;
+%ignore sa_writer::write_at;
+%ignore sa_writer::reserve;
 %immutable sa_writer::struct_size;
 %ignore sa_reader::ctx;
 %ignore sa_reader::read_at;

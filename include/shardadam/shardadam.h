@@ -940,6 +940,18 @@ typedef struct sa_writer {
   int (*commit)(void* ctx);
   /* Frees ctx (sa_writer_release calls it). May be NULL. */
   void (*release)(void* ctx);
+  /* Optional (may be NULL): writes `bytes` bytes at `offset` of the blob. With it an
+   * export reads the state once: it writes the data first, from several threads at once
+   * (disjoint ranges: write_at must allow concurrent calls), then the header at offset 0;
+   * each byte of the blob is written exactly once and `write` is not called. Without it
+   * an export appends through `write` and reads the state twice (the header, which holds
+   * the checksums, comes first). 0 on success. */
+  int (*write_at)(void* ctx, uint64_t offset, const void* data, size_t bytes);
+  /* Optional (may be NULL): called once, before any write, with the blob's exact size in
+   * bytes, so the writer can make room (the memory writer allocates it once; the file
+   * writer allocates the disk space, so a full disk fails here, before anything is
+   * written). Nonzero fails the export with SA_ERR_IO. */
+  int (*reserve)(void* ctx, uint64_t bytes);
 } sa_writer;
 
 /** Where an import's bytes come from: a size and a read at an offset. */
@@ -959,7 +971,7 @@ typedef struct sa_reader {
 } sa_reader;
 
 #define SA_WRITER_INIT \
-  { sizeof(sa_writer), NULL, NULL, NULL, NULL }
+  { sizeof(sa_writer), NULL, NULL, NULL, NULL, NULL, NULL }
 #define SA_READER_INIT \
   { sizeof(sa_reader), NULL, 0, NULL, NULL, NULL }
 
@@ -967,10 +979,14 @@ typedef struct sa_reader {
  *  (created now: SA_ERR_IO, naming it, if that fails). Commit fsyncs it, renames it over
  *  `path` and fsyncs the directory, so a crash never leaves a file that looks complete
  *  and an existing file at `path` is replaced only whole. Releasing an uncommitted file
- *  writer removes the temporary file. Handle-less: errors go to sa_last_error(). */
+ *  writer removes the temporary file. It has write_at (pwrite) and reserve (the disk
+ *  space, with posix_fallocate where the file system supports it: a full disk fails the
+ *  export before it writes). Handle-less: errors go to sa_last_error(). */
 SA_API sa_status sa_file_writer(const char* path, sa_writer* out);
 
-/** A writer into a growing memory buffer; read it with sa_memory_writer_data. */
+/** A writer into a memory buffer; read it with sa_memory_writer_data. It has write_at
+ *  and reserve: an export allocates the blob's size once and copies each byte once (no
+ *  zero fill, no regrowth); appends without a reservation grow it geometrically. */
 SA_API sa_status sa_memory_writer(sa_writer* out);
 
 /** The bytes a memory writer holds (valid until it is released or written again).
@@ -997,13 +1013,18 @@ SA_API void sa_reader_release(sa_reader* reader);
  * written too (a tensor with a zero dim), so a reader sees every rank's box. Params
  * themselves are not written (they belong to the model's checkpoint).
  *
- * The header, which carries the checksums, comes before the data and the writer only
- * appends, so the state is read twice: once to checksum it, once to write it. Device
- * state is copied out through a pinned staging buffer of at most 64 MiB; the call
- * synchronizes the device first. Errors: SA_ERR_IO when the writer fails (commit is then
- * never called), SA_ERR_UNSUPPORTED for a param name that is not valid UTF-8 (the header
- * is JSON), SA_ERR_STATE when the optimizer is unusable after a failed import. On
- * failure nothing is committed.
+ * The header, which carries the checksums, comes before the data. With a writer that has
+ * write_at (the file and memory writers) the state is read once: chunks of it are
+ * checksummed and written on all hardware threads, and the header is written last;
+ * otherwise it is read twice (to checksum it, then to append it after the header). The
+ * bytes are the same either way: the header is padded with spaces to the length it would
+ * have with every checksum at its widest. Device state is copied out through two pinned
+ * staging buffers of 64 MiB, the copy of one chunk overlapping the checksums and writes
+ * of the previous one; the call synchronizes the device first. Peak extra memory: the
+ * staging (none for host state) and the header. Errors: SA_ERR_IO when the writer fails (commit is
+ * then never called), SA_ERR_UNSUPPORTED for a param name that is not valid UTF-8 (the header is
+ * JSON), SA_ERR_STATE when the optimizer is unusable after a failed import. On failure nothing is
+ * committed.
  */
 SA_API sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer);
 

@@ -33,6 +33,18 @@ BlobWriter::BlobWriter(const sa_writer* writer) {
     fail(SA_ERR_INVALID_ARGUMENT, "writer->write is NULL (released writer?)");
 }
 
+void BlobWriter::reserve(uint64_t bytes) {
+  if (writer_.reserve != nullptr && writer_.reserve(writer_.ctx, bytes) != 0)
+    fail(SA_ERR_IO, "the writer could not make room for the blob's ", bytes,
+         " bytes (for a file writer: disk full, quota or an I/O error)");
+  if (positional()) written_ = bytes;
+}
+
+void BlobWriter::write_at_failed(uint64_t offset, std::size_t bytes) {
+  fail(SA_ERR_IO, "the writer failed to write ", bytes, " bytes at offset ", offset,
+       " (for a file writer: disk full, quota or an I/O error)");
+}
+
 void BlobWriter::write(const void* data, std::size_t bytes) {
   if (bytes == 0) return;
   if (writer_.write(writer_.ctx, data, bytes) != 0)

@@ -34,14 +34,25 @@ class BlobWriter {
  public:
   explicit BlobWriter(const sa_writer* writer);
 
+  // Calls reserve (if any) with the blob's size; SA_ERR_IO when it fails.
+  void reserve(uint64_t bytes);
+  // Whether the writer takes positioned writes (write_at): then write() is never called.
+  bool positional() const { return writer_.write_at != nullptr; }
   // Appends; SA_ERR_IO when the callback fails.
   void write(const void* data, std::size_t bytes);
+  // Writes at `offset` (positional() only). Safe to call from several threads at once for
+  // disjoint ranges; returns the callback's status instead of throwing (pool workers call
+  // it), so the caller reports a failure with write_at_failed().
+  int write_at(uint64_t offset, const void* data, std::size_t bytes) const {
+    return bytes == 0 ? 0 : writer_.write_at(writer_.ctx, offset, data, bytes);
+  }
+  [[noreturn]] static void write_at_failed(uint64_t offset, std::size_t bytes);
   // Calls commit (if any); SA_ERR_IO when it fails.
   void commit();
 
  private:
   sa_writer writer_;
-  uint64_t written_ = 0;
+  uint64_t written_ = 0;  // appended so far, or the reserved size of a positional blob
 };
 
 }  // namespace sa

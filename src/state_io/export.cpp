@@ -1,12 +1,19 @@
-// src/state_io/export.cpp — one rank's state as a shard file. The header (which holds
-// every block's checksum) precedes the data and the writer only appends, so the state is
-// streamed twice: once to checksum it, once to write it. Device state goes through one
-// bounded staging buffer both times; host state is read in place. Every named state is a
-// tensor: a block moment's codes, and its blocks' absmax beside them.
+// src/state_io/export.cpp — one rank's state as a shard file. The header, which holds every
+// block's checksum, precedes the data; it is padded to the length it has with every
+// checksum at its widest, so its size is known before any checksum is. A writer with
+// write_at gets the state in one pass: chunks of it (device state through two pinned
+// staging buffers, the copy of one chunk overlapping the work on the one before) are
+// checksummed and written block by block on all hardware threads, the header last. An
+// append-only writer gets two passes (checksums, then header and data); the bytes are the
+// same. Every named state is a tensor: a block moment's codes, and its blocks' absmax
+// beside them.
 #include <algorithm>
+#include <atomic>
 #include <numeric>
+#include <thread>
 
 #include "../../kernels/block_moment.h"
+#include "../backends/thread_pool.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../state_kinds.hpp"
@@ -30,29 +37,107 @@ std::vector<WriterMesh> meshes_of(const std::vector<std::unique_ptr<Param>>& par
   return meshes;
 }
 
-// Host-visible chunks of backend memory: the memory itself on a host backend, else a copy
-// in a staging buffer of at most `limit` bytes (a multiple of the checksum block).
-class HostChunks {
- public:
-  HostChunks(Backend* backend, uint64_t largest, uint64_t limit) : backend_(backend) {
-    chunk_ =
-        std::max<uint64_t>(kChecksumBlockBytes, limit / kChecksumBlockBytes * kChecksumBlockBytes);
-    if (backend_ != nullptr && !backend_->host_memory() && largest > 0)
-      staging_ = backend_->allocate_staging(static_cast<std::size_t>(std::min(chunk_, largest)));
+// A run of one tensor's bytes inside a chunk: `bytes` bytes from `offset` of tensor
+// `tensor` (an index into the header's tensors), at `at` in the chunk. A run starts at a
+// multiple of the checksum block in its tensor, so no block is split between chunks.
+struct DataRun {
+  std::size_t tensor;
+  uint64_t offset;
+  uint64_t bytes;
+  uint64_t at;
+};
+
+// What the export moves at once: consecutive runs of the data section, `bytes` in all
+// (packing small tensors together, so that many small shards cost one staging round).
+struct DataChunk {
+  std::vector<DataRun> runs;
+  uint64_t bytes = 0;
+};
+
+// The data section (the header's tensors, in their order) cut into chunks of at most
+// `limit` bytes (a multiple of `block`).
+std::vector<DataChunk> plan_chunks(const std::vector<SavedTensor>& tensors, uint64_t limit,
+                                   uint64_t block) {
+  std::vector<DataChunk> chunks;
+  DataChunk current;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    for (uint64_t offset = 0; offset < tensors[k].bytes;) {
+      const uint64_t rest = tensors[k].bytes - offset;
+      const uint64_t room = limit - current.bytes;
+      const uint64_t n = rest <= room ? rest : room / block * block;
+      if (n == 0) {
+        chunks.push_back(std::move(current));
+        current = DataChunk{};
+        continue;
+      }
+      current.runs.push_back({k, offset, n, current.bytes});
+      current.bytes += n;
+      offset += n;
+    }
   }
-  uint64_t chunk() const { return chunk_; }
-  // `bytes` (<= chunk()) bytes of backend memory at `src` + offset, readable on the host.
-  const unsigned char* view(const void* src, uint64_t offset, uint64_t bytes) {
-    const auto* at = static_cast<const unsigned char*>(src) + offset;
-    if (!staging_) return at;
-    backend_->copy_to_host(staging_->data(), at, static_cast<std::size_t>(bytes));
-    return static_cast<const unsigned char*>(staging_->data());
+  if (!current.runs.empty()) chunks.push_back(std::move(current));
+  return chunks;
+}
+
+// Hands each chunk to `visit(chunk, base)` in order, where the chunk's run r is at
+// base(r): backend memory itself on a host backend; on a device backend a copy in one of
+// two pinned staging buffers, the next chunk's copy enqueued before the current chunk is
+// visited, so the copy runs while the host works on the chunk before it.
+class DataChunkStream {
+ public:
+  DataChunkStream(Backend* backend, const std::vector<const void*>& sources, uint64_t largest)
+      : backend_(backend), sources_(sources) {
+    if (backend_ != nullptr && !backend_->host_memory() && largest > 0)
+      for (auto& slot : slots_)
+        slot = backend_->allocate_staging(static_cast<std::size_t>(largest));
+  }
+
+  template <class Visit>
+  void for_each(const std::vector<DataChunk>& chunks, Visit&& visit) {
+    if (!slots_[0]) {  // host memory: read in place
+      for (const DataChunk& c : chunks) visit(c, [&](const DataRun& r) { return source(r); });
+      return;
+    }
+    try {
+      if (!chunks.empty()) fill(chunks[0], 0);
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        backend_->synchronize_stream(nullptr);  // chunk i has landed in its slot
+        if (i + 1 < chunks.size()) fill(chunks[i + 1], (i + 1) % 2);
+        const auto* base = static_cast<const unsigned char*>(slots_[i % 2]->data());
+        visit(chunks[i], [base](const DataRun& r) { return base + r.at; });
+      }
+    } catch (...) {
+      backend_->synchronize_stream(nullptr);  // no copy may still write into freed staging
+      throw;
+    }
   }
 
  private:
+  const unsigned char* source(const DataRun& r) const {
+    return static_cast<const unsigned char*>(sources_[r.tensor]) + r.offset;
+  }
+  void fill(const DataChunk& c, std::size_t slot) {
+    auto* base = static_cast<unsigned char*>(slots_[slot]->data());
+    for (const DataRun& r : c.runs)
+      backend_->download(base + r.at, source(r), static_cast<std::size_t>(r.bytes), nullptr);
+  }
+
   Backend* backend_;
-  uint64_t chunk_;
-  std::shared_ptr<Buffer> staging_;
+  const std::vector<const void*>& sources_;
+  std::shared_ptr<Buffer> slots_[2];
+};
+
+// Device state moves in chunks of this many bytes, two in flight: 64 MiB of pinned staging
+// in all, what one staging buffer of kDefaultStagingBytes was before.
+constexpr uint64_t kExportChunkBytes = kDefaultStagingBytes / 2;
+
+// Checksums and positional writes run on every hardware thread.
+int export_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// One checksum block of a chunk: the block starting `at` bytes into run `run`.
+struct DataBlock {
+  uint32_t run;
+  uint64_t at;
 };
 
 }  // namespace
@@ -105,42 +190,80 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
   });
-  uint64_t largest = 0;
   uint64_t data_bytes = 0;
   for (std::size_t i : order) {
     SavedTensor& t = tensors[i];
     t.data_begin = data_bytes;
     data_bytes += t.bytes;
-    largest = std::max(largest, t.bytes);
     header.tensors.push_back(t);
   }
 
-  HostChunks chunks(backend, largest, kDefaultStagingBytes);
-  auto stream = [&](std::size_t i, auto&& consume) {
-    const SavedTensor& t = tensors[i];
-    for (uint64_t offset = 0; offset < t.bytes; offset += chunks.chunk()) {
-      const uint64_t n = std::min(chunks.chunk(), t.bytes - offset);
-      consume(offset, chunks.view(sources[i], offset, n), n);
+  const uint64_t block = header.block_bytes;
+  for (SavedTensor& t : header.tensors)
+    t.crc32c.assign(static_cast<std::size_t>(block_count(t.bytes, block)), 0);
+  std::vector<const void*> ordered_sources(order.size());  // by header position
+  for (std::size_t k = 0; k < order.size(); ++k) ordered_sources[k] = sources[order[k]];
+  const bool on_host = backend == nullptr || backend->host_memory();
+  // Device state moves in chunks of kExportChunkBytes, two staged at a time; host state is
+  // read in place, as one chunk.
+  const std::vector<DataChunk> chunks =
+      plan_chunks(header.tensors, on_host ? std::max(data_bytes, block) : kExportChunkBytes, block);
+  uint64_t largest_chunk = 0;
+  for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
+  DataChunkStream stream(backend, ordered_sources, largest_chunk);
+  ThreadPool pool(export_threads());
+
+  // The header's size is fixed before any checksum is known: the length it has with every
+  // checksum at its widest, the real one padded with spaces to it. So both ways of writing
+  // below give the same bytes, and a positional writer can take the data first.
+  const uint64_t header_bytes = shard_header_bound(header);
+  writer.reserve(header_bytes + data_bytes);
+  const bool positional = writer.positional();
+
+  // Checksums every block of a chunk on all threads; with a positional writer each block
+  // is written by the thread that checksummed it, while it is in that core's cache.
+  std::vector<DataBlock> blocks;
+  auto checksum_chunk = [&](const DataChunk& c, auto&& base, bool write) {
+    blocks.clear();
+    for (uint32_t r = 0; r < c.runs.size(); ++r)
+      for (uint64_t at = 0; at < c.runs[r].bytes; at += block) blocks.push_back({r, at});
+    std::atomic<int64_t> failed{-1};
+    pool.parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
+      const DataRun& r = c.runs[blocks[i].run];
+      SavedTensor& t = header.tensors[r.tensor];
+      const uint64_t offset = r.offset + blocks[i].at;
+      const auto n = static_cast<std::size_t>(std::min(block, t.bytes - offset));
+      const unsigned char* data = base(r) + blocks[i].at;
+      t.crc32c[offset / block] = crc32c(0, data, n);
+      if (write && writer.write_at(header_bytes + t.data_begin + offset, data, n) != 0) {
+        int64_t none = -1;
+        failed.compare_exchange_strong(none, i);
+      }
+    });
+    if (failed.load() >= 0) {
+      const DataRun& r = c.runs[blocks[failed.load()].run];
+      const SavedTensor& t = header.tensors[r.tensor];
+      const uint64_t offset = r.offset + blocks[failed.load()].at;
+      BlobWriter::write_at_failed(header_bytes + t.data_begin + offset,
+                                  static_cast<std::size_t>(std::min(block, t.bytes - offset)));
     }
   };
 
-  // Pass 1: the checksums, which the header carries.
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    SavedTensor& out = header.tensors[k];
-    out.crc32c.resize(static_cast<std::size_t>(block_count(out.bytes, header.block_bytes)));
-    stream(order[k], [&](uint64_t offset, const unsigned char* data, uint64_t n) {
-      crc32c_blocks(data, static_cast<std::size_t>(n), static_cast<std::size_t>(header.block_bytes),
-                    out.crc32c.data() + offset / header.block_bytes);
+  if (positional) {  // one pass over the state: data, then the header at offset 0
+    stream.for_each(chunks,
+                    [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base, true); });
+    const std::string prefix = encode_shard_header(header, header_bytes);
+    if (writer.write_at(0, prefix.data(), prefix.size()) != 0)
+      BlobWriter::write_at_failed(0, prefix.size());
+  } else {  // append-only: the checksums, then the header and the data in order
+    stream.for_each(chunks,
+                    [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base, false); });
+    const std::string prefix = encode_shard_header(header, header_bytes);
+    writer.write(prefix.data(), prefix.size());
+    stream.for_each(chunks, [&](const DataChunk& c, auto&& base) {
+      for (const DataRun& r : c.runs) writer.write(base(r), static_cast<std::size_t>(r.bytes));
     });
   }
-
-  // Pass 2: header, then data in header order.
-  const std::string prefix = encode_shard_header(header);
-  writer.write(prefix.data(), prefix.size());
-  for (std::size_t i : order)
-    stream(i, [&](uint64_t, const unsigned char* data, uint64_t n) {
-      writer.write(data, static_cast<std::size_t>(n));
-    });
   writer.commit();
 }
 

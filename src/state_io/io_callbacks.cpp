@@ -4,8 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -46,6 +49,34 @@ int file_write(void* ctx, const void* data, std::size_t bytes) {
   return 0;
 }
 
+int file_write_at(void* ctx, uint64_t offset, const void* data, std::size_t bytes) {
+  const auto* w = static_cast<const FileWriter*>(ctx);
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {  // pwrite: safe from several threads at once
+    const ssize_t n = ::pwrite(w->fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return 1;
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+// The blob's disk space up front, so that a full disk fails before anything is written;
+// a file system without fallocate gets the file's size only.
+int file_reserve(void* ctx, uint64_t bytes) {
+  const auto* w = static_cast<const FileWriter*>(ctx);
+  if (bytes == 0) return 0;
+  int rc = 0;
+  do {
+    rc = ::fallocate(w->fd, 0, 0, static_cast<off_t>(bytes));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return 0;
+  if (errno != EOPNOTSUPP && errno != ENOSYS) return 1;
+  return ::ftruncate(w->fd, static_cast<off_t>(bytes)) == 0 ? 0 : 1;
+}
+
 int fsync_directory_of(const std::string& path) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "."
@@ -78,18 +109,53 @@ void file_release(void* ctx) {
 
 // ---- memory writer ----------------------------------------------------------------------------
 
-int memory_write(void* ctx, const void* data, std::size_t bytes) {
-  auto* buffer = static_cast<std::vector<unsigned char>*>(ctx);
-  try {
-    const auto* p = static_cast<const unsigned char*>(data);
-    buffer->insert(buffer->end(), p, p + bytes);
-  } catch (const std::bad_alloc&) {
-    return 1;
+// Plain malloc'd bytes: a reservation allocates the blob once without zero-filling it (an
+// export then writes every byte exactly once); appends without one grow geometrically.
+struct MemoryBlob {
+  unsigned char* data = nullptr;
+  std::size_t size = 0;      // bytes the blob holds
+  std::size_t capacity = 0;  // bytes allocated
+  ~MemoryBlob() { std::free(data); }
+  bool grow_to(std::size_t bytes) {
+    if (bytes <= capacity) return true;
+    void* grown = std::realloc(data, bytes);
+    if (grown == nullptr) return false;
+    data = static_cast<unsigned char*>(grown);
+    capacity = bytes;
+    return true;
   }
+};
+
+int memory_write(void* ctx, const void* data, std::size_t bytes) {
+  auto* blob = static_cast<MemoryBlob*>(ctx);
+  if (bytes > SIZE_MAX - blob->size) return 1;
+  const std::size_t needed = blob->size + bytes;
+  if (needed > blob->capacity &&
+      !blob->grow_to(std::max(needed, blob->capacity > SIZE_MAX / 2 ? needed : 2 * blob->capacity)))
+    return 1;
+  std::memcpy(blob->data + blob->size, data, bytes);
+  blob->size = needed;
   return 0;
 }
 
-void memory_writer_release(void* ctx) { delete static_cast<std::vector<unsigned char>*>(ctx); }
+// Within the reserved blob only (a reservation sets its size): concurrent calls for
+// disjoint ranges touch disjoint bytes and nothing else.
+int memory_write_at(void* ctx, uint64_t offset, const void* data, std::size_t bytes) {
+  const auto* blob = static_cast<const MemoryBlob*>(ctx);
+  if (offset > blob->size || bytes > blob->size - offset) return 1;
+  std::memcpy(blob->data + offset, data, bytes);
+  return 0;
+}
+
+int memory_reserve(void* ctx, uint64_t bytes) {
+  auto* blob = static_cast<MemoryBlob*>(ctx);
+  if (bytes > SIZE_MAX - blob->size || !blob->grow_to(blob->size + static_cast<std::size_t>(bytes)))
+    return 1;
+  blob->size += static_cast<std::size_t>(bytes);  // the caller writes them (write_at)
+  return 0;
+}
+
+void memory_writer_release(void* ctx) { delete static_cast<MemoryBlob*>(ctx); }
 
 // ---- file reader ------------------------------------------------------------------------------
 
@@ -149,6 +215,8 @@ sa_writer make_file_writer(const char* path) {
   sa_writer out = SA_WRITER_INIT;
   out.ctx = w.release();
   out.write = file_write;
+  out.write_at = file_write_at;
+  out.reserve = file_reserve;
   out.commit = file_commit;
   out.release = file_release;
   return out;
@@ -156,8 +224,10 @@ sa_writer make_file_writer(const char* path) {
 
 sa_writer make_memory_writer() {
   sa_writer out = SA_WRITER_INIT;
-  out.ctx = new std::vector<unsigned char>();
+  out.ctx = new MemoryBlob();
   out.write = memory_write;
+  out.write_at = memory_write_at;
+  out.reserve = memory_reserve;
   out.release = memory_writer_release;
   return out;
 }
@@ -166,9 +236,9 @@ void memory_writer_data(const sa_writer& writer, const void** data, std::size_t*
   if (writer.write != memory_write || writer.ctx == nullptr)
     fail(SA_ERR_INVALID_ARGUMENT,
          "writer is not a memory writer made by sa_memory_writer (or was released)");
-  const auto* buffer = static_cast<const std::vector<unsigned char>*>(writer.ctx);
-  *data = buffer->data();
-  *size = buffer->size();
+  const auto* blob = static_cast<const MemoryBlob*>(writer.ctx);
+  *data = blob->data;
+  *size = blob->size;
 }
 
 sa_reader make_file_reader(const char* path) {

@@ -1,5 +1,7 @@
 #include "metadata.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -316,7 +318,12 @@ std::map<std::string, int64_t> parse_param_steps(const json& params,
 
 }  // namespace
 
-std::string encode_shard_header(const ShardHeader& header) {
+std::size_t shard_header_bound(ShardHeader header) {
+  for (SavedTensor& t : header.tensors) std::fill(t.crc32c.begin(), t.crc32c.end(), UINT32_MAX);
+  return encode_shard_header(header).size();  // the header checksum is fixed-width hex
+}
+
+std::string encode_shard_header(const ShardHeader& header, std::size_t min_bytes) {
   std::map<std::string, std::string> metadata;
   metadata[kKeyFormat] = kShardFormat;
   metadata[kKeyVersion] = std::to_string(kShardFormatVersion);
@@ -360,7 +367,7 @@ std::string encode_shard_header(const ShardHeader& header) {
   // Names are valid UTF-8 from here on (the dump above would have thrown), so the
   // canonical dump cannot throw.
   metadata[kKeyHeaderCrc] = header_checksum(metadata, entries);
-  return encode_safetensors_header(metadata, entries);
+  return encode_safetensors_header(metadata, entries, min_bytes);
 }
 
 double saved_group_field(const json& group, const schema::GroupField& f, int version,

@@ -89,8 +89,14 @@ std::string header_checksum(const std::map<std::string, std::string>& metadata,
                             const std::vector<SafetensorsTensor>& tensors);
 
 // The header bytes (length prefix, JSON, padding) of a shard file holding `header`'s
-// tensors at their data_begin offsets; data_section is not read.
-std::string encode_shard_header(const ShardHeader& header);
+// tensors at their data_begin offsets, padded with spaces to `min_bytes` in all (an
+// export passes shard_header_bound); data_section is not read.
+std::string encode_shard_header(const ShardHeader& header, std::size_t min_bytes = 0);
+
+// The size of encode_shard_header(header) with every block checksum at its widest
+// (4294967295): at least the size of the header whatever the checksums are, so an export
+// knows where the data begin before it has read them. A multiple of 8.
+std::size_t shard_header_bound(ShardHeader header);
 
 // The value of group field `f` in `group`, a saved group of a file of format `version`
 // (where: "groups[0]", for messages): its default when the file predates the field

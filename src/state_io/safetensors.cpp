@@ -183,7 +183,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t blob_
 }
 
 std::string encode_safetensors_header(const std::map<std::string, std::string>& metadata,
-                                      const std::vector<SafetensorsTensor>& tensors) {
+                                      const std::vector<SafetensorsTensor>& tensors,
+                                      std::size_t min_bytes) {
   nlohmann::ordered_json root = nlohmann::ordered_json::object();
   root["__metadata__"] = metadata;
   for (const SafetensorsTensor& t : tensors) {
@@ -201,6 +202,7 @@ std::string encode_safetensors_header(const std::map<std::string, std::string>& 
          e.what(), ")");
   }
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  if (8 + text.size() < min_bytes) text.append(min_bytes - 8 - text.size(), ' ');
   if (text.size() > kMaxHeaderBytes)
     fail(SA_ERR_UNSUPPORTED, "the shard file header would be ", text.size(),
          " bytes; safetensors readers accept at most ", kMaxHeaderBytes);

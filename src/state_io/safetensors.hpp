@@ -56,11 +56,13 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t blob_
 
 // The header of a blob holding `tensors` (their data_offsets are written as given) and
 // `metadata`: length prefix, compact JSON, and spaces padding the data section to an
-// 8-byte boundary (as the safetensors package does). Tensors are listed in the order
-// given. SA_ERR_UNSUPPORTED if a name is not valid UTF-8 (JSON cannot carry it) or the
-// header would exceed kMaxHeaderBytes.
+// 8-byte boundary (as the safetensors package does), and further to `min_bytes` in all
+// when that is more (a multiple of 8: the JSON may end in spaces). Tensors are listed in
+// the order given. SA_ERR_UNSUPPORTED if a name is not valid UTF-8 (JSON cannot carry it)
+// or the header would exceed kMaxHeaderBytes.
 std::string encode_safetensors_header(const std::map<std::string, std::string>& metadata,
-                                      const std::vector<SafetensorsTensor>& tensors);
+                                      const std::vector<SafetensorsTensor>& tensors,
+                                      std::size_t min_bytes = 0);
 
 // numel * size of a shape, or false on overflow past 2^64.
 bool shape_bytes(const Dims& shape, uint64_t element_size, uint64_t& bytes);

@@ -155,6 +155,8 @@ struct SaWriter
     write::Ptr{Cvoid}
     commit::Ptr{Cvoid}
     release::Ptr{Cvoid}
+    write_at::Ptr{Cvoid}
+    reserve::Ptr{Cvoid}
 end
 
 struct SaReader
@@ -617,7 +619,7 @@ Writes this rank's state as one shard file (a safetensors file) at `path`
 """
 function save(opt::Optimizer, path::AbstractString)
     handle = _handle(opt)
-    writer = Ref(SaWriter(sizeof(SaWriter), C_NULL, C_NULL, C_NULL, C_NULL))
+    writer = Ref(SaWriter(sizeof(SaWriter), C_NULL, C_NULL, C_NULL, C_NULL, C_NULL, C_NULL))
     _check_handleless(ccall(_fn(:sa_file_writer), Cint, (Cstring, Ptr{SaWriter}), path, writer))
     status = ccall(_fn(:sa_optimizer_export), Cint, (Ptr{Cvoid}, Ptr{SaWriter}), handle, writer)
     err = status == 0 ? nothing : _error(opt, status)   # read before the release

@@ -260,9 +260,12 @@ int main(void) {
   OFFSET(sa_writer, write);
   OFFSET(sa_writer, commit);
   OFFSET(sa_writer, release);
+  OFFSET(sa_writer, write_at);
+  OFFSET(sa_writer, reserve);
   FACT("SA_WRITER_INIT.struct_size", writer.struct_size);
   FACT("SA_WRITER_INIT.null_pointers", writer.ctx == NULL && writer.write == NULL &&
-                                           writer.commit == NULL && writer.release == NULL);
+                                           writer.commit == NULL && writer.release == NULL &&
+                                           writer.write_at == NULL && writer.reserve == NULL);
 
   SIZE(sa_reader);
   OFFSET(sa_reader, struct_size);

@@ -349,12 +349,16 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_writer, write);
     offset!(sa_writer, commit);
     offset!(sa_writer, release);
+    offset!(sa_writer, write_at);
+    offset!(sa_writer, reserve);
     let writer = sa_writer::default();
     fact("SA_WRITER_INIT.struct_size", writer.struct_size as i64);
     let writer_nulls = writer.ctx.is_null()
         && writer.write.is_none()
         && writer.commit.is_none()
-        && writer.release.is_none();
+        && writer.release.is_none()
+        && writer.write_at.is_none()
+        && writer.reserve.is_none();
     fact("SA_WRITER_INIT.null_pointers", writer_nulls as i64);
 
     size!(sa_reader);

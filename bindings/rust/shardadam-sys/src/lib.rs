@@ -671,6 +671,12 @@ pub struct sa_writer {
     pub commit: Option<unsafe extern "C" fn(ctx: *mut c_void) -> c_int>,
     /// Frees ctx (`sa_writer_release` calls it). May be NULL.
     pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+    /// Writes `bytes` bytes at `offset` of the blob, from several threads at once for
+    /// disjoint ranges; 0 on success. May be NULL (the export then appends with `write`).
+    pub write_at:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, offset: u64, data: *const c_void, bytes: usize) -> c_int>,
+    /// Called once before any write with the blob's size; 0 on success. May be NULL.
+    pub reserve: Option<unsafe extern "C" fn(ctx: *mut c_void, bytes: u64) -> c_int>,
 }
 
 impl Default for sa_writer {
@@ -682,6 +688,8 @@ impl Default for sa_writer {
             write: None,
             commit: None,
             release: None,
+            write_at: None,
+            reserve: None,
         }
     }
 }
