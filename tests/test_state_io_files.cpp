@@ -3,10 +3,13 @@
 // leaves its temporary file; readers fail with SA_ERR_IO naming the path; sa_inspect
 // describes whole and broken sets of files.
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -194,6 +197,61 @@ TEST_CASE("positioned and appending writers get the same bytes, each written onc
   REQUIRE(end != std::string::npos);
   CHECK(text[end] == '}');
   CHECK(nlohmann::json::parse(text).contains("__metadata__"));
+}
+
+// The process dies at a chosen point of a file export (a child process _exits from inside
+// the writer): after some data, or after everything but before the rename. The target
+// keeps the previous checkpoint, and the temporary file left behind is not a shard file
+// that loads (the header, written last, is missing or the data are unsynced; either way
+// an import of it fails before changing anything).
+TEST_CASE("an export killed before its rename leaves the previous file and nothing that loads",
+          "[state_io][files]") {
+  const Problem& prob = io_problem();
+  Rank rank(prob, unsharded_scenario(), 0, prob.initial_values());
+  rank.step(0);
+  static std::atomic<int64_t> budget{0};
+  static sa_writer real = SA_WRITER_INIT;
+  for (const bool before_rename : {false, true}) {
+    INFO((before_rename ? "killed after the last write, before the rename" : "killed mid-file"));
+    TempDir dir;
+    const std::string path = (dir.path / "ckpt.safetensors").string();
+    { std::ofstream(path) << "the previous checkpoint"; }
+    std::fflush(nullptr);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // no Catch assertions here: _exit only
+      if (sa_file_writer(path.c_str(), &real) != SA_OK) ::_exit(3);
+      sa_writer dying = real;
+      budget = before_rename ? INT64_MAX : int64_t{3} << 19;
+      dying.write_at = [](void* ctx, uint64_t offset, const void* data, std::size_t bytes) {
+        if ((budget -= static_cast<int64_t>(bytes)) < 0) ::_exit(0);  // killed mid-file
+        return real.write_at(ctx, offset, data, bytes);
+      };
+      dying.commit = [](void*) -> int { ::_exit(0); };  // killed before fsync and rename
+      sa_optimizer_export(rank.opt(), &dying);
+      ::_exit(4);  // not reached
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    const Bytes old = read_file(path);
+    CHECK(std::string(old.begin(), old.end()) == "the previous checkpoint");
+    const std::vector<std::string> names = dir.entries();
+    REQUIRE(names.size() == 2);  // the target and the dead writer's temporary file
+    const std::string temp = (dir.path / (names[0] == "ckpt.safetensors" ? names[1] : names[0])).string();
+    CHECK_THAT(temp, Catch::Contains("ckpt.safetensors.tmp."));
+    if (!before_rename) {  // no header yet: not a shard file
+      Rank target(prob, unsharded_scenario(), 0, prob.initial_values());
+      const Bytes before = target.export_blob();
+      sa_reader reader = SA_READER_INIT;
+      REQUIRE_SA_OK(nullptr, sa_file_reader(temp.c_str(), &reader));
+      const sa_reader* readers[] = {&reader};
+      CHECK(sa_optimizer_import(target.opt(), 1, readers, nullptr) == SA_ERR_FORMAT);
+      sa_reader_release(&reader);
+      CHECK(target.export_blob() == before);
+    }
+  }
 }
 
 TEST_CASE("a committed export replaces the file atomically and leaves only it", "[state_io][files]") {
