@@ -12,44 +12,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the FusedAdam drop-in tests need torch")
 from shardadam.torch import FusedAdam  # noqa: E402
+# The model, batches and loop of the state-dict tests (a model of odd sizes, a loss over it).
+from test_torch_state_dict import HYPER, RTOL, batches, make_model, train  # noqa: E402
 
-HYPER = dict(lr=2e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
-RTOL = 1e-5  # FusedAdam and torch's AdamW order their float32 operations differently
 # The cases whose counts and copies live on the device on CUDA run there too (a visible skip
 # without a GPU).
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                  reason="needs a CUDA GPU"))]
 
 
-def make_model(seed=0, dtype=torch.float32, device="cpu"):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3, bias=False))
-    return model.to(device=device, dtype=dtype)
-
-
 def named(model):
     return list(model.named_parameters())
-
-
-def batches(steps, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(6, 5, generator=gen), torch.randint(0, 3, (6,), generator=gen)) for _ in range(steps)]
-
-
-def train(model, opt, data, without_grad=()):
-    """One step per batch; ``without_grad``: (step, param index) pairs whose grad is None."""
-    losses = []
-    params = list(model.parameters())
-    for step, (x, y) in enumerate(data):
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x.to(params[0].device, params[0].dtype)).float(),
-                                                 y.to(params[0].device))
-        loss.backward()
-        for index in [i for s, i in without_grad if s == step]:
-            params[index].grad = None
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 def pair(device="cpu", **options):

@@ -18,11 +18,11 @@ HYPER = dict(lr=2e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
 ATOL, RTOL = 2e-6, 1e-5
 
 
-def make_model(dtype=torch.float32, seed=0):
+def make_model(dtype=torch.float32, seed=0, device="cpu"):
     """Three params of odd sizes: (7, 5), (7,), (3, 7)."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3, bias=False))
-    return model.to(dtype)
+    return model.to(device=device, dtype=dtype)
 
 
 def batches(steps, seed=1):
@@ -31,7 +31,8 @@ def batches(steps, seed=1):
 
 
 def loss_of(model, x, y):
-    return torch.nn.functional.cross_entropy(model(x.to(next(model.parameters()).dtype)).float(), y)
+    first = next(model.parameters())
+    return torch.nn.functional.cross_entropy(model(x.to(first.device, first.dtype)).float(), y.to(first.device))
 
 
 def train(model, opt, data, without_grad=()):
