@@ -21,6 +21,8 @@
 
 namespace sa {
 
+struct ExportScratch;  // src/state_io/state_io.hpp
+
 using kernels::ElemType;
 using kernels::MasterKind;
 
@@ -233,6 +235,10 @@ class Optimizer {
   // Throws SA_ERR_STATE when unusable; `action` names what was refused ("step").
   void require_usable(const char* action) const;
 
+  // What exports keep between calls (pinned staging, threads): made by the first export,
+  // released with the optimizer. Pinning host memory costs more than a chunk's copy.
+  std::shared_ptr<ExportScratch>& export_scratch() { return export_scratch_; }
+
  private:
   Backend& backend_for(DLDevice device, const std::string& context);
   void allocate_state(Param& param);
@@ -292,6 +298,7 @@ class Optimizer {
   Stepper stepper_;
   std::vector<const void*> grad_scratch_;  // set_grads: checked pointers before they are bound
   std::string unusable_reason_;            // non-empty: see mark_unusable
+  std::shared_ptr<ExportScratch> export_scratch_;
 };
 
 // Validates hyperparameters against the schema (src/schema.hpp); `context` starts the

@@ -1019,12 +1019,14 @@ SA_API void sa_reader_release(sa_reader* reader);
  * otherwise it is read twice (to checksum it, then to append it after the header). The
  * bytes are the same either way: the header is padded with spaces to the length it would
  * have with every checksum at its widest. Device state is copied out through two pinned
- * staging buffers of 64 MiB, the copy of one chunk overlapping the checksums and writes
- * of the previous one; the call synchronizes the device first. Peak extra memory: the
- * staging (none for host state) and the header. Errors: SA_ERR_IO when the writer fails (commit is
- * then never called), SA_ERR_UNSUPPORTED for a param name that is not valid UTF-8 (the header is
- * JSON), SA_ERR_STATE when the optimizer is unusable after a failed import. On failure nothing is
- * committed.
+ * staging buffers of 32 MiB, the copy of one chunk overlapping the checksums and writes
+ * of the previous one; the call synchronizes the device first. The first export makes
+ * the staging buffers and a thread per hardware thread, and the optimizer keeps them for
+ * the next exports (pinning costs more than a chunk's copy): 64 MiB of pinned host memory
+ * (none for host state) from the first export of device state until sa_optimizer_destroy. Errors:
+ * SA_ERR_IO when the writer fails (commit is then never called), SA_ERR_UNSUPPORTED for a param
+ * name that is not valid UTF-8 (the header is JSON), SA_ERR_STATE when the optimizer is unusable
+ * after a failed import. On failure nothing is committed.
  */
 SA_API sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer);
 

@@ -85,11 +85,19 @@ std::vector<DataChunk> plan_chunks(const std::vector<SavedTensor>& tensors, uint
 // visited, so the copy runs while the host works on the chunk before it.
 class DataChunkStream {
  public:
-  DataChunkStream(Backend* backend, const std::vector<const void*>& sources, uint64_t largest)
+  // `staging`: the optimizer's two staging buffers, (re)allocated here when smaller than
+  // `largest` and kept for the next export.
+  DataChunkStream(Backend* backend, const std::vector<const void*>& sources, uint64_t largest,
+                  std::shared_ptr<Buffer> (&staging)[2])
       : backend_(backend), sources_(sources) {
-    if (backend_ != nullptr && !backend_->host_memory() && largest > 0)
-      for (auto& slot : slots_)
-        slot = backend_->allocate_staging(static_cast<std::size_t>(largest));
+    if (backend_ == nullptr || backend_->host_memory() || largest == 0) return;
+    for (int k = 0; k < 2; ++k) {
+      if (!staging[k] || staging[k]->bytes() < largest) {
+        staging[k].reset();  // the old one goes first: peak pinned memory stays two chunks
+        staging[k] = backend_->allocate_staging(static_cast<std::size_t>(largest));
+      }
+      slots_[k] = staging[k];
+    }
   }
 
   template <class Visit>
@@ -210,8 +218,11 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
       plan_chunks(header.tensors, on_host ? std::max(data_bytes, block) : kExportChunkBytes, block);
   uint64_t largest_chunk = 0;
   for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
-  DataChunkStream stream(backend, ordered_sources, largest_chunk);
-  ThreadPool pool(export_threads());
+  std::shared_ptr<ExportScratch>& scratch = opt.export_scratch();
+  if (!scratch) scratch = std::make_shared<ExportScratch>();
+  if (!scratch->threads) scratch->threads = std::make_unique<ThreadPool>(export_threads());
+  ThreadPool& pool = *scratch->threads;
+  DataChunkStream stream(backend, ordered_sources, largest_chunk, scratch->staging);
 
   // The header's size is fixed before any checksum is known: the length it has with every
   // checksum at its widest, the real one padded with spaces to it. So both ways of writing

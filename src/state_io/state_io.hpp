@@ -5,9 +5,11 @@
 #define SHARDADAM_SRC_STATE_IO_STATE_IO_HPP_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "../backends/thread_pool.hpp"
 #include "../optimizer.hpp"
 #include "blob.hpp"
 #include "shardadam/shardadam.h"
@@ -16,6 +18,14 @@ namespace sa {
 
 // Default staging size of an import, and the staging an export of device state uses.
 inline constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
+
+// What an export keeps on its optimizer between calls (Optimizer::export_scratch): the
+// two pinned staging buffers of device state (grown to the largest chunk yet) and the
+// threads that checksum and write.
+struct ExportScratch {
+  std::shared_ptr<Buffer> staging[2];
+  std::unique_ptr<ThreadPool> threads;
+};
 
 // sa_optimizer_export.
 void export_state(Optimizer& opt, const sa_writer* writer);
