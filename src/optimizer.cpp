@@ -994,4 +994,6 @@ Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) cons
   fail(SA_ERR_INVALID_ARGUMENT, param_context(p.name), " has no state '", key, "'; it has: ", keys);
 }
 
+int32_t Optimizer::num_threads() const { return config_.num_threads; }
+
 }  // namespace sa

@@ -235,6 +235,10 @@ class Optimizer {
   // Throws SA_ERR_STATE when unusable; `action` names what was refused ("step").
   void require_usable(const char* action) const;
 
+  // Worker threads the config asks for (sa_optimizer_config.num_threads; 0: one per
+  // hardware thread): the CPU backend's, and an export's.
+  int32_t num_threads() const;
+
   // What exports keep between calls (pinned staging, threads): made by the first export,
   // released with the optimizer. Pinning host memory costs more than a chunk's copy.
   std::shared_ptr<ExportScratch>& export_scratch() { return export_scratch_; }

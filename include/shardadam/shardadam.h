@@ -159,7 +159,8 @@ typedef struct sa_optimizer sa_optimizer; /* opaque */
 
 typedef struct sa_optimizer_config {
   size_t struct_size;
-  int32_t num_threads; /* CPU backend: worker threads; 0 = one per hardware thread */
+  int32_t num_threads; /* worker threads of the CPU backend and of state export (its
+                          checksums and writes); 0 = one per hardware thread */
   int32_t cpu_simd;    /* CPU backend: 1 = SIMD when the CPU has FMA (default), 0 = scalar only */
 } sa_optimizer_config;
 
@@ -1015,13 +1016,14 @@ SA_API void sa_reader_release(sa_reader* reader);
  *
  * The header, which carries the checksums, comes before the data. With a writer that has
  * write_at (the file and memory writers) the state is read once: chunks of it are
- * checksummed and written on all hardware threads, and the header is written last;
+ * checksummed and written on the optimizer's worker threads (sa_optimizer_config.num_threads),
+ * and the header is written last;
  * otherwise it is read twice (to checksum it, then to append it after the header). The
  * bytes are the same either way: the header is padded with spaces to the length it would
  * have with every checksum at its widest. Device state is copied out through two pinned
  * staging buffers of 32 MiB, the copy of one chunk overlapping the checksums and writes
  * of the previous one; the call synchronizes the device first. The first export makes
- * the staging buffers and a thread per hardware thread, and the optimizer keeps them for
+ * the staging buffers and its worker threads, and the optimizer keeps them for
  * the next exports (pinning costs more than a chunk's copy): 64 MiB of pinned host memory
  * (none for host state) from the first export of device state until sa_optimizer_destroy. Errors:
  * SA_ERR_IO when the writer fails (commit is then never called), SA_ERR_UNSUPPORTED for a param

@@ -139,8 +139,12 @@ class DataChunkStream {
 // in all, what one staging buffer of kDefaultStagingBytes was before.
 constexpr uint64_t kExportChunkBytes = kDefaultStagingBytes / 2;
 
-// Checksums and positional writes run on every hardware thread.
-int export_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+// Checksums and positional writes run on the optimizer's worker threads (its config's
+// num_threads; 0: every hardware thread), as a CPU step does.
+int export_threads(const Optimizer& opt) {
+  if (opt.num_threads() > 0) return opt.num_threads();
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 // One checksum block of a chunk: the block starting `at` bytes into run `run`.
 struct DataBlock {
@@ -220,7 +224,7 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
   std::shared_ptr<ExportScratch>& scratch = opt.export_scratch();
   if (!scratch) scratch = std::make_shared<ExportScratch>();
-  if (!scratch->threads) scratch->threads = std::make_unique<ThreadPool>(export_threads());
+  if (!scratch->threads) scratch->threads = std::make_unique<ThreadPool>(export_threads(opt));
   ThreadPool& pool = *scratch->threads;
   DataChunkStream stream(backend, ordered_sources, largest_chunk, scratch->staging);
 
