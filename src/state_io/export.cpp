@@ -11,6 +11,7 @@
 #include <atomic>
 #include <numeric>
 #include <thread>
+#include <tuple>
 
 #include "../../kernels/block_moment.h"
 #include "../backends/thread_pool.hpp"
@@ -235,45 +236,44 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   writer.reserve(header_bytes + data_bytes);
   const bool positional = writer.positional();
 
-  // Checksums every block of a chunk on all threads; with a positional writer each block
-  // is written by the thread that checksummed it, while it is in that core's cache.
+  // Checksums every block of a chunk on the pool; with a positional writer each block is
+  // written by the thread that checksummed it, while it is in that core's cache.
   std::vector<DataBlock> blocks;
-  auto checksum_chunk = [&](const DataChunk& c, auto&& base, bool write) {
+  auto checksum_chunk = [&](const DataChunk& c, auto&& base) {
     blocks.clear();
     for (uint32_t r = 0; r < c.runs.size(); ++r)
       for (uint64_t at = 0; at < c.runs[r].bytes; at += block) blocks.push_back({r, at});
-    std::atomic<int64_t> failed{-1};
-    pool.parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
+    // Block i: its tensor, its offset in that tensor and its length.
+    auto locate = [&](int64_t i) {
       const DataRun& r = c.runs[blocks[i].run];
       SavedTensor& t = header.tensors[r.tensor];
       const uint64_t offset = r.offset + blocks[i].at;
-      const auto n = static_cast<std::size_t>(std::min(block, t.bytes - offset));
-      const unsigned char* data = base(r) + blocks[i].at;
-      t.crc32c[offset / block] = crc32c(0, data, n);
-      if (write && writer.write_at(header_bytes + t.data_begin + offset, data, n) != 0) {
+      return std::make_tuple(&t, offset,
+                             static_cast<std::size_t>(std::min(block, t.bytes - offset)));
+    };
+    std::atomic<int64_t> failed{-1};
+    pool.parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
+      const auto [t, offset, n] = locate(i);
+      const unsigned char* data = base(c.runs[blocks[i].run]) + blocks[i].at;
+      t->crc32c[offset / block] = crc32c(0, data, n);
+      if (positional && writer.write_at(header_bytes + t->data_begin + offset, data, n) != 0) {
         int64_t none = -1;
         failed.compare_exchange_strong(none, i);
       }
     });
     if (failed.load() >= 0) {
-      const DataRun& r = c.runs[blocks[failed.load()].run];
-      const SavedTensor& t = header.tensors[r.tensor];
-      const uint64_t offset = r.offset + blocks[failed.load()].at;
-      BlobWriter::write_at_failed(header_bytes + t.data_begin + offset,
-                                  static_cast<std::size_t>(std::min(block, t.bytes - offset)));
+      const auto [t, offset, n] = locate(failed.load());
+      BlobWriter::write_at_failed(header_bytes + t->data_begin + offset, n);
     }
   };
 
-  if (positional) {  // one pass over the state: data, then the header at offset 0
-    stream.for_each(chunks,
-                    [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base, true); });
-    const std::string prefix = encode_shard_header(header, header_bytes);
+  // Pass 1 (the only one with a positional writer): checksums, and the data written.
+  stream.for_each(chunks, [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base); });
+  const std::string prefix = encode_shard_header(header, header_bytes);
+  if (positional) {  // the header last, at offset 0
     if (writer.write_at(0, prefix.data(), prefix.size()) != 0)
       BlobWriter::write_at_failed(0, prefix.size());
-  } else {  // append-only: the checksums, then the header and the data in order
-    stream.for_each(chunks,
-                    [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base, false); });
-    const std::string prefix = encode_shard_header(header, header_bytes);
+  } else {  // append-only: the header, then pass 2 appends the data in order
     writer.write(prefix.data(), prefix.size());
     stream.for_each(chunks, [&](const DataChunk& c, auto&& base) {
       for (const DataRun& r : c.runs) writer.write(base(r), static_cast<std::size_t>(r.bytes));
