@@ -2,6 +2,9 @@
 // writers). Thin, as api.cpp: argument checks, then the core in src/state_io/.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "api_support.hpp"
@@ -22,6 +25,34 @@ std::vector<sa::BlobReader> blob_readers(int32_t n, const sa_reader* const* read
   out.reserve(static_cast<std::size_t>(n));
   for (int32_t i = 0; i < n; ++i) out.emplace_back(readers[i], i);
   return out;
+}
+
+}  // namespace
+
+// An async export's handle: the job, and its failure's text once wait or poll saw it.
+struct sa_export_job {
+  std::shared_ptr<sa::ExportJob> core;
+  std::string last_error;
+  sa_status status = SA_OK;
+  bool ended = false;  // status and last_error hold the job's outcome
+  std::mutex mutex;    // wait and poll may come from several threads
+};
+
+namespace {
+
+// The job's outcome (it has ended), kept on the handle the first time it is asked.
+sa_status job_outcome(sa_export_job* job) {
+  std::lock_guard<std::mutex> lock(job->mutex);
+  if (!job->ended) {
+    job->status = sa::api::guarded_with(
+        [&](sa_status status, const char* what) {
+          job->last_error = std::string("sa_optimizer_export_async: ") + what;
+          return status;
+        },
+        [&] { job->core->wait(); });
+    job->ended = true;
+  }
+  return job->status;
 }
 
 }  // namespace
@@ -85,6 +116,43 @@ void sa_reader_release(sa_reader* reader) {
 
 sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer) {
   return with_optimizer(opt, "sa_optimizer_export", [&] { sa::export_state(opt->core, writer); });
+}
+
+sa_status sa_optimizer_export_async(sa_optimizer* opt, const sa_writer* writer,
+                                    sa_export_job** job) {
+  if (job != nullptr) *job = nullptr;
+  return with_optimizer(opt, "sa_optimizer_export_async", [&] {
+    require(job != nullptr, "job is NULL");
+    auto handle = std::make_unique<sa_export_job>();
+    handle->core = sa::export_state_async(opt->core, writer);
+    *job = handle.release();
+  });
+}
+
+sa_status sa_export_job_wait(sa_export_job* job) {
+  if (job == nullptr)
+    return sa::api::record(nullptr, "sa_export_job_wait", SA_ERR_INVALID_ARGUMENT, "job is NULL");
+  return job_outcome(job);
+}
+
+sa_status sa_export_job_poll(sa_export_job* job, int32_t* done) {
+  if (done != nullptr) *done = 0;
+  if (job == nullptr || done == nullptr)
+    return sa::api::record(nullptr, "sa_export_job_poll", SA_ERR_INVALID_ARGUMENT,
+                           "job or done is NULL");
+  if (!job->core->done()) return SA_OK;
+  *done = 1;
+  return job_outcome(job);
+}
+
+const char* sa_export_job_last_error(const sa_export_job* job) {
+  return job == nullptr ? "" : job->last_error.c_str();
+}
+
+void sa_export_job_release(sa_export_job* job) {
+  if (job == nullptr) return;
+  job->core->join();
+  delete job;
 }
 
 sa_status sa_optimizer_import(sa_optimizer* opt, int32_t n, const sa_reader* const* readers,

@@ -30,20 +30,29 @@ namespace sa::api {
 // returns `status`.
 sa_status record(const sa_optimizer* opt, const char* fn, sa_status status, const char* what);
 
-template <class Body>
-sa_status guarded(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
+// Runs a core call; an exception becomes its status, and `record(status, what)` keeps
+// the text (and returns the status).
+template <class Record, class Body>
+sa_status guarded_with(Record&& record, Body&& body) noexcept {
   try {
     body();
     return SA_OK;
   } catch (const sa::Error& e) {
-    return record(opt, fn, e.status(), e.what());
+    return record(e.status(), e.what());
   } catch (const std::bad_alloc&) {
-    return record(opt, fn, SA_ERR_OUT_OF_MEMORY, "out of host memory");
+    return record(SA_ERR_OUT_OF_MEMORY, "out of host memory");
   } catch (const std::exception& e) {
-    return record(opt, fn, SA_ERR_INTERNAL, e.what());
+    return record(SA_ERR_INTERNAL, e.what());
   } catch (...) {
-    return record(opt, fn, SA_ERR_INTERNAL, "unknown exception");
+    return record(SA_ERR_INTERNAL, "unknown exception");
   }
+}
+
+template <class Body>
+sa_status guarded(const sa_optimizer* opt, const char* fn, Body&& body) noexcept {
+  return guarded_with(
+      [&](sa_status status, const char* what) { return record(opt, fn, status, what); },
+      std::forward<Body>(body));
 }
 
 inline void require(bool ok, const char* what) {

@@ -111,3 +111,30 @@ TEST_CASE("C++ wrapper: export to files and import them, a bad blob throws with 
   }
   for (const std::string& p : paths) std::remove(p.c_str());
 }
+
+TEST_CASE("C++ wrapper: export_async writes the state of its call while steps go on, a failing writer throws from wait",
+          "[cpp][state_io][async]") {
+  Run two(2);
+  two.step();
+  const std::vector<unsigned char> before = [&] {
+    shardadam::Writer w = shardadam::Writer::memory();
+    two.ranks[0].export_state(w);
+    return w.data();
+  }();
+  shardadam::ExportJob job = two.ranks[0].export_async(shardadam::Writer::memory());
+  two.step();  // changes the state while (or after) the job writes
+  job.wait();
+  CHECK(job.done());
+  CHECK(job.writer().data() == before);
+
+  sa_writer failing = SA_WRITER_INIT;
+  failing.write = [](void*, const void*, std::size_t) { return 1; };
+  shardadam::ExportJob bad = two.ranks[0].export_async(shardadam::Writer(failing));
+  try {
+    bad.wait();
+    FAIL("a failing writer should throw from wait");
+  } catch (const shardadam::Error& e) {
+    CHECK(e.status() == SA_ERR_IO);
+    CHECK_THAT(e.what(), Catch::Contains("the writer failed to write"));
+  }
+}

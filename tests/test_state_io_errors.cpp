@@ -700,6 +700,15 @@ TEST_CASE("a failure while copying marks the optimizer unusable until an import 
                    "sa_optimizer_step: the optimizer state is unusable", "an import failed while it was copying",
                    "blob 1", "A successful sa_optimizer_import");
     CHECK(target.has_failure_marker());  // export refuses too
+    {  // and so does an async export, with no job started
+      sa_writer writer = SA_WRITER_INIT;
+      REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
+      sa_export_job* job = nullptr;
+      CHECK_SA_FAILS(target.opt(), SA_ERR_STATE, sa_optimizer_export_async(target.opt(), &writer, &job),
+                     "unusable");
+      CHECK(job == nullptr);
+      sa_writer_release(&writer);
+    }
     // A failed validation does not clear it ...
     CHECK_SA_FAILS(target.opt(), SA_ERR_MISMATCH, import_blobs(target.opt(), {saved_blobs()[0]}), "do not cover");
     CHECK_SA_FAILS(target.opt(), SA_ERR_STATE, sa_optimizer_step(target.opt(), nullptr, nullptr), "unusable");

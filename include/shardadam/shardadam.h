@@ -1032,6 +1032,58 @@ SA_API void sa_reader_release(sa_reader* reader);
  */
 SA_API sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer);
 
+/** An async export in flight (sa_optimizer_export_async); opaque. */
+typedef struct sa_export_job sa_export_job;
+
+/**
+ * Starts an export that does not hold up training: copies the state (as
+ * sa_optimizer_export would write it: the same params, groups and step counts) into a
+ * snapshot the optimizer owns, then returns; a thread of the library's checksums it and
+ * writes it through `writer`, then commits. The file is byte-identical to what
+ * sa_optimizer_export would have written at the moment of the call. Steps, imports and
+ * hyperparameter changes may follow at once: they change the state, not the snapshot.
+ *
+ * The call synchronizes the device (as sa_optimizer_export does), then copies device state
+ * to the snapshot in pinned host memory with one asynchronous copy per tensor, and waits for
+ * them; host state is copied on the optimizer's worker threads. The snapshot is allocated
+ * by the first async export (pinning costs time of its own: once) and kept for the next
+ * ones until sa_optimizer_destroy: as many bytes as the state exported (the largest yet),
+ * besides the export's staging (see sa_optimizer_export).
+ *
+ * `writer` is copied, but what it refers to (its ctx) must stay valid until the job has
+ * ended (sa_export_job_wait returned, or sa_export_job_poll said done); then release it
+ * as after sa_optimizer_export (a file writer whose export failed removes its temporary
+ * file then). Its callbacks run on the library's threads.
+ *
+ * One export writes at a time per optimizer: an export (either kind) called while an async
+ * one is still writing first waits for it to end (its status stays its own job's).
+ * sa_optimizer_destroy waits for a job in flight too; the job handle stays valid after it.
+ * On success `*job` is a handle to release with sa_export_job_release. Errors found before
+ * the call returns (those of sa_optimizer_export: an unusable optimizer, a bad writer, no
+ * memory for the snapshot) are returned here with nothing started and *job NULL; the
+ * others (the writer fails, a full disk) surface from sa_export_job_wait, with nothing
+ * committed.
+ */
+SA_API sa_status sa_optimizer_export_async(sa_optimizer* opt, const sa_writer* writer,
+                                           sa_export_job** job);
+
+/** Waits until the job has ended and returns its status: SA_OK once the blob is
+ *  committed, else sa_optimizer_export's error (detail: sa_export_job_last_error). Calling
+ *  it again returns the same. SA_ERR_INVALID_ARGUMENT for a NULL job (thread-local error). */
+SA_API sa_status sa_export_job_wait(sa_export_job* job);
+
+/** Sets *done to 1 when the job has ended, then returns what sa_export_job_wait returns;
+ *  else *done = 0 and SA_OK. Never blocks. */
+SA_API sa_status sa_export_job_poll(sa_export_job* job, int32_t* done);
+
+/** The detail of the job's failure ("" while it runs or after success); valid until the
+ *  job is released. */
+SA_API const char* sa_export_job_last_error(const sa_export_job* job);
+
+/** Waits for the job to end (its writer is still in use until then), then frees the
+ *  handle. NULL is a no-op. */
+SA_API void sa_export_job_release(sa_export_job* job);
+
 typedef struct sa_import_options {
   size_t struct_size;
   /* Bytes of the staging buffer data goes through (pinned host memory for device

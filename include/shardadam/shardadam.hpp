@@ -250,6 +250,47 @@ inline sa_import_options default_import_options() {
   return options;
 }
 
+// An async export in flight (sa_optimizer_export_async): owns the job and its writer,
+// and releases the job (waiting for it) before the writer.
+class ExportJob {
+ public:
+  ExportJob(ExportJob&& other) noexcept
+      : job_(std::exchange(other.job_, nullptr)), writer_(std::move(other.writer_)) {}
+  ExportJob& operator=(ExportJob&& other) noexcept {
+    if (this != &other) {
+      sa_export_job_release(job_);
+      job_ = std::exchange(other.job_, nullptr);
+      writer_ = std::move(other.writer_);
+    }
+    return *this;
+  }
+  ExportJob(const ExportJob&) = delete;
+  ExportJob& operator=(const ExportJob&) = delete;
+  ~ExportJob() { sa_export_job_release(job_); }
+
+  // sa_export_job_wait(): blocks until the blob is committed; throws Error when the export
+  // failed.
+  void wait() {
+    const sa_status status = sa_export_job_wait(job_);
+    if (status != SA_OK) throw Error(status, sa_export_job_last_error(job_));
+  }
+  // sa_export_job_poll(): whether it has ended; throws Error when it ended in failure.
+  bool done() {
+    int32_t ended = 0;
+    const sa_status status = sa_export_job_poll(job_, &ended);
+    if (status != SA_OK) throw Error(status, sa_export_job_last_error(job_));
+    return ended != 0;
+  }
+  // The writer the bytes went to (e.g. a memory writer's data(), once wait() returned).
+  const Writer& writer() const noexcept { return writer_; }
+
+ private:
+  friend class Optimizer;
+  ExportJob(sa_export_job* job, Writer writer) : job_(job), writer_(std::move(writer)) {}
+  sa_export_job* job_;
+  Writer writer_;
+};
+
 namespace detail {
 inline std::vector<const sa_reader*> reader_list(const std::vector<Reader>& readers) {
   std::vector<const sa_reader*> list;
@@ -520,6 +561,15 @@ class Optimizer {
   }
   // sa_optimizer_export() to the file at `path` (written atomically).
   void export_state(const std::string& path) { export_state(Writer::file(path)); }
+  // sa_optimizer_export_async(): returns once the state is snapshotted; the job writes it
+  // through `writer` (which it keeps) on a thread of the library's. Steps may follow at once.
+  ExportJob export_async(Writer writer) {
+    sa_export_job* job = nullptr;
+    detail::check(sa_optimizer_export_async(handle_, writer.get(), &job), handle_);
+    return ExportJob(job, std::move(writer));
+  }
+  // sa_optimizer_export_async() to the file at `path` (renamed into place when it ends).
+  ExportJob export_async(const std::string& path) { return export_async(Writer::file(path)); }
 
   // sa_optimizer_import(): loads the shard files of every rank of a checkpoint into this
   // optimizer's layout (start `options` from default_import_options()).

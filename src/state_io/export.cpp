@@ -9,6 +9,7 @@
 // beside them.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <numeric>
 #include <thread>
 #include <tuple>
@@ -153,15 +154,18 @@ struct DataBlock {
   uint64_t at;
 };
 
-}  // namespace
-
-void export_state(Optimizer& opt, const sa_writer* writer_table) {
-  BlobWriter writer(writer_table);
-  opt.require_usable("an export");
-  Backend* backend = opt.backend();
-  if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
-
+// What one export writes: the header (its checksums still zero) and where each of its
+// tensors' bytes are now (by header position; null when empty).
+struct ExportPlan {
   ShardHeader header;
+  std::vector<const void*> sources;
+  uint64_t data_bytes = 0;
+};
+
+// The optimizer's state as it is now; the caller has synchronized the device.
+ExportPlan plan_export(Optimizer& opt) {
+  ExportPlan plan;
+  ShardHeader& header = plan.header;
   header.library =
       concat("shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH);
   for (int32_t g = 0; g < opt.num_groups(); ++g)
@@ -203,32 +207,73 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
   });
-  uint64_t data_bytes = 0;
   for (std::size_t i : order) {
     SavedTensor& t = tensors[i];
-    t.data_begin = data_bytes;
-    data_bytes += t.bytes;
-    header.tensors.push_back(t);
+    t.data_begin = plan.data_bytes;
+    plan.data_bytes += t.bytes;
+    t.crc32c.assign(static_cast<std::size_t>(block_count(t.bytes, header.block_bytes)), 0);
+    header.tensors.push_back(std::move(t));
+    plan.sources.push_back(sources[i]);
   }
+  return plan;
+}
 
-  const uint64_t block = header.block_bytes;
-  for (SavedTensor& t : header.tensors)
-    t.crc32c.assign(static_cast<std::size_t>(block_count(t.bytes, block)), 0);
-  std::vector<const void*> ordered_sources(order.size());  // by header position
-  for (std::size_t k = 0; k < order.size(); ++k) ordered_sources[k] = sources[order[k]];
-  const bool on_host = backend == nullptr || backend->host_memory();
-  // Device state moves in chunks of kExportChunkBytes, two staged at a time; host state is
-  // read in place, as one chunk.
-  const std::vector<DataChunk> chunks =
-      plan_chunks(header.tensors, on_host ? std::max(data_bytes, block) : kExportChunkBytes, block);
-  uint64_t largest_chunk = 0;
-  for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
+// Copies every tensor of `plan` (host memory) to its place in the data section at `base`,
+// in pieces spread over the pool.
+void copy_in_parallel(ThreadPool& pool, const ExportPlan& plan, unsigned char* base) {
+  constexpr uint64_t kPiece = uint64_t{4} << 20;
+  struct Piece {
+    std::size_t tensor;
+    uint64_t offset;
+  };
+  std::vector<Piece> pieces;
+  for (std::size_t k = 0; k < plan.sources.size(); ++k)
+    for (uint64_t at = 0; at < plan.header.tensors[k].bytes; at += kPiece)
+      pieces.push_back({k, at});
+  pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& p = pieces[static_cast<std::size_t>(i)];
+    const SavedTensor& t = plan.header.tensors[p.tensor];
+    std::memcpy(base + t.data_begin + p.offset,
+                static_cast<const unsigned char*>(plan.sources[p.tensor]) + p.offset,
+                static_cast<std::size_t>(std::min(kPiece, t.bytes - p.offset)));
+  });
+}
+
+// The export's threads, made by the first export and kept.
+ThreadPool& export_pool(Optimizer& opt, ExportScratch& scratch) {
+  if (!scratch.threads) scratch.threads = std::make_unique<ThreadPool>(export_threads(opt));
+  return *scratch.threads;
+}
+
+// The optimizer's scratch, after any async export still writing has ended (its threads
+// and snapshot are free again). That export's failure is its own job's to report.
+ExportScratch& idle_scratch(Optimizer& opt) {
   std::shared_ptr<ExportScratch>& scratch = opt.export_scratch();
   if (!scratch) scratch = std::make_shared<ExportScratch>();
-  if (!scratch->threads) scratch->threads = std::make_unique<ThreadPool>(export_threads(opt));
-  ThreadPool& pool = *scratch->threads;
-  DataChunkStream stream(backend, ordered_sources, largest_chunk, scratch->staging);
+  if (scratch->in_flight) {
+    try {
+      scratch->in_flight->wait();
+    } catch (...) {  // reported by its own job
+    }
+    scratch->in_flight.reset();
+  }
+  return *scratch;
+}
 
+// Checksums and writes `plan` through `writer`, then commits. `device`: the backend whose
+// memory the sources are in, or null for host memory (read in place).
+void write_export(ExportPlan& plan, Backend* device, ExportScratch& scratch, ThreadPool& pool,
+                  BlobWriter& writer) {
+  ShardHeader& header = plan.header;
+  const uint64_t block = header.block_bytes;
+  const uint64_t data_bytes = plan.data_bytes;
+  // Device state moves in chunks of kExportChunkBytes, two staged at a time; host state is
+  // read in place, as one chunk.
+  const std::vector<DataChunk> chunks = plan_chunks(
+      header.tensors, device == nullptr ? std::max(data_bytes, block) : kExportChunkBytes, block);
+  uint64_t largest_chunk = 0;
+  for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
+  DataChunkStream stream(device, plan.sources, largest_chunk, scratch.staging);
   // The header's size is fixed before any checksum is known: the length it has with every
   // checksum at its widest, the real one padded with spaces to it. So both ways of writing
   // below give the same bytes, and a positional writer can take the data first.
@@ -280,6 +325,87 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
     });
   }
   writer.commit();
+}
+
+}  // namespace
+
+ExportJob::ExportJob(std::function<void()> work) {
+  thread_ = std::thread([this, work = std::move(work)] {
+    try {
+      work();
+    } catch (...) {
+      failure_ = std::current_exception();
+    }
+    done_.store(true, std::memory_order_release);
+  });
+}
+
+void ExportJob::join() {
+  std::lock_guard<std::mutex> lock(join_mutex_);
+  if (thread_.joinable()) thread_.join();
+}
+
+void ExportJob::wait() {
+  join();
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+ExportScratch::~ExportScratch() {
+  if (in_flight) in_flight->join();
+}
+
+void export_state(Optimizer& opt, const sa_writer* writer_table) {
+  BlobWriter writer(writer_table);
+  opt.require_usable("an export");
+  ExportScratch& scratch = idle_scratch(opt);
+  Backend* backend = opt.backend();
+  if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
+  ExportPlan plan = plan_export(opt);
+  const bool on_host = backend == nullptr || backend->host_memory();
+  write_export(plan, on_host ? nullptr : backend, scratch, export_pool(opt, scratch), writer);
+}
+
+std::shared_ptr<ExportJob> export_state_async(Optimizer& opt, const sa_writer* writer_table) {
+  BlobWriter writer(writer_table);
+  opt.require_usable("an export");
+  ExportScratch& scratch = idle_scratch(opt);
+  ThreadPool& pool = export_pool(opt, scratch);
+  Backend* backend = opt.backend();
+  if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
+  ExportPlan plan = plan_export(opt);
+
+  // The snapshot: every tensor at its place in the data section, in memory the optimizer
+  // keeps (pinned for device state), grown only when the state is larger than ever before.
+  if (plan.data_bytes > 0) {
+    if (!scratch.snapshot || scratch.snapshot->bytes() < plan.data_bytes) {
+      scratch.snapshot.reset();  // the old one goes first: peak memory stays one snapshot
+      scratch.snapshot = backend->allocate_staging(static_cast<std::size_t>(plan.data_bytes));
+    }
+    auto* base = static_cast<unsigned char*>(scratch.snapshot->data());
+    if (backend->host_memory()) {
+      copy_in_parallel(pool, plan, base);
+    } else {
+      try {
+        for (std::size_t k = 0; k < plan.sources.size(); ++k)
+          if (plan.sources[k] != nullptr)
+            backend->download(base + plan.header.tensors[k].data_begin, plan.sources[k],
+                              static_cast<std::size_t>(plan.header.tensors[k].bytes), nullptr);
+      } catch (...) {
+        backend->synchronize_stream(nullptr);  // no copy may still write into the snapshot
+        throw;
+      }
+      backend->synchronize_stream(nullptr);
+    }
+    for (std::size_t k = 0; k < plan.sources.size(); ++k)
+      if (plan.sources[k] != nullptr) plan.sources[k] = base + plan.header.tensors[k].data_begin;
+  }
+  // The job reads the snapshot and runs on the pool, both kept by the scratch, whose
+  // destructor waits for it.
+  scratch.in_flight =
+      std::make_shared<ExportJob>([plan = std::move(plan), writer, &scratch, &pool]() mutable {
+        write_export(plan, nullptr, scratch, pool, writer);
+      });
+  return scratch.in_flight;
 }
 
 }  // namespace sa

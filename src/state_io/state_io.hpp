@@ -4,9 +4,14 @@
 #ifndef SHARDADAM_SRC_STATE_IO_STATE_IO_HPP_
 #define SHARDADAM_SRC_STATE_IO_STATE_IO_HPP_
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../backends/thread_pool.hpp"
@@ -19,16 +24,49 @@ namespace sa {
 // Default staging size of an import, and the staging an export of device state uses.
 inline constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
 
+// Work on a thread of its own: an async export's checksums and writes. What the work
+// throws is kept and rethrown by wait() (the C ABI turns it into a status there).
+class ExportJob {
+ public:
+  explicit ExportJob(std::function<void()> work);
+  ~ExportJob() { join(); }
+  ExportJob(const ExportJob&) = delete;
+  ExportJob& operator=(const ExportJob&) = delete;
+
+  // Whether the work has ended (then wait() returns at once).
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Waits for the work to end; rethrows what it threw. Safe from several threads.
+  void wait();
+  // Waits for the work to end, whatever it threw.
+  void join();
+
+ private:
+  std::atomic<bool> done_{false};
+  std::exception_ptr failure_;  // written by the work's thread before done_
+  std::mutex join_mutex_;
+  std::thread thread_;
+};
+
 // What an export keeps on its optimizer between calls (Optimizer::export_scratch): the
-// two pinned staging buffers of device state (grown to the largest chunk yet) and the
-// threads that checksum and write.
+// two pinned staging buffers of device state (grown to the largest chunk yet), the
+// snapshot an async export copies the state into (grown to the largest state yet), the
+// threads that checksum and write, and the async export still writing, if any. Its
+// destructor waits for that one: the job's thread reads the snapshot and runs on the
+// threads.
 struct ExportScratch {
   std::shared_ptr<Buffer> staging[2];
+  std::shared_ptr<Buffer> snapshot;
   std::unique_ptr<ThreadPool> threads;
+  std::shared_ptr<ExportJob> in_flight;
+  ~ExportScratch();
 };
 
 // sa_optimizer_export.
 void export_state(Optimizer& opt, const sa_writer* writer);
+
+// sa_optimizer_export_async: returns once the state is copied into the optimizer's
+// snapshot; the job checksums and writes it (and commits) on a thread of its own.
+std::shared_ptr<ExportJob> export_state_async(Optimizer& opt, const sa_writer* writer);
 
 // sa_optimizer_import; `options` has been read with read_options (defaults filled in).
 void import_state(Optimizer& opt, const std::vector<BlobReader>& readers,
