@@ -62,6 +62,9 @@
 %nothread;
 %thread sa_optimizer_step;
 %thread sa_optimizer_export;
+%thread sa_optimizer_export_async;  /* the snapshot copy */
+%thread sa_export_job_wait;
+%thread sa_export_job_release;       /* waits for the job */
 %thread sa_optimizer_import;
 %thread sa_inspect;
 /* Collective: it waits for every rank, which may need this process's other threads. */
@@ -580,6 +583,12 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
 }
 
 /* ---- state export and import --------------------------------------------------------- */
+%typemap(in, numinputs=0) sa_export_job** job (sa_export_job* created = NULL) { $1 = &created; }
+%typemap(argout) sa_export_job** job {
+  %append_output(SWIG_NewPointerObj(created$argnum, $descriptor(sa_export_job*), 0));
+}
+%apply int32_t* OUTPUT { int32_t* done };
+
 %typemap(in) (int32_t n, const sa_reader* const* readers) (PyObject* seq = NULL, sa_reader** list = NULL) {
   seq = PySequence_Fast($input, "readers must be a sequence of sa_reader");
   if (!seq) SWIG_fail;

@@ -4,13 +4,14 @@ import json
 import math
 import numbers
 import os
+import weakref
 
 from . import _schema
 from . import _shardadam as _C
 from ._comm import Comm, raise_step_error
 from ._dlpack import (DTYPES, KDL_CPU, SCALING_INFO, CapsuleInfo, State, device_name, dtype_name, scaling_name,
                       to_capsule, to_dtype)
-from ._errors import Error, InvalidArgument, StateError, check
+from ._errors import Error, InvalidArgument, StateError, check, error_for
 from ._handle import OwnsHandle
 from .layout import Box, Mesh
 
@@ -175,6 +176,73 @@ def group_defaults():
     return _schema.defaults()
 
 
+class SaveJob:
+    """A save in flight (:meth:`Optimizer.save` with ``wait=False``).
+
+    The file at :attr:`path` appears (renamed into place) only when the job has written and
+    synced it. :meth:`wait` blocks until then and raises the save's error, if any;
+    :meth:`done` asks without blocking. Dropping the job waits for it (the library's thread
+    still writes through its file writer until then); a failed save leaves no file.
+    """
+
+    def __init__(self, job, writer, path):
+        self._job = job
+        self._writer = writer  # the file writer the job writes through; released after it
+        self._error = None
+        self.path = path
+
+    def done(self):
+        """True once the save has ended (then :meth:`wait` returns at once); raises its
+        error if it failed."""
+        if self._job is not None:
+            status, finished = _C.sa_export_job_poll(self._job)
+            if not finished:
+                return False
+            self._end(status)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def wait(self):
+        """Blocks until the file is written and renamed into place; raises the save's
+        :class:`Error` if it failed (every call raises the same)."""
+        if self._job is not None:
+            self._end(_C.sa_export_job_wait(self._job))  # without the GIL
+        if self._error is not None:
+            raise self._error
+
+    def _end(self, status):
+        """Keeps the outcome, then releases the job and its writer (a failed file writer
+        removes its temporary file)."""
+        job, self._job = self._job, None
+        if status != _C.SA_OK:
+            self._error = error_for(status, _C.sa_export_job_last_error(job))
+        _C.sa_export_job_release(job)
+        self._writer = None
+
+    def _end_quietly(self):
+        if self._job is not None:
+            self._end(_C.sa_export_job_wait(self._job))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.wait()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_job", None) is not None:
+            try:
+                self._end_quietly()
+            except Exception:  # interpreter shutdown may have torn the module down already
+                pass
+
+    def __repr__(self):
+        state = "running" if self._job is not None else ("failed" if self._error is not None else "done")
+        return f"SaveJob({self.path!r}, {state})"
+
+
 class Optimizer(OwnsHandle):
     """A shardadam optimizer: fused Adam/AdamW over the local shards of globally shaped params.
 
@@ -212,6 +280,7 @@ class Optimizer(OwnsHandle):
         self._host_scalars = (ctypes.c_float(), ctypes.c_float())  # numbers given to step on the CPU
         self._host_grad_norm = ctypes.c_double()  # receives the norm when step(return_norm=True)
         self._skipped = ctypes.c_int32()          # receives the verdict when step(return_skipped=True)
+        self._last_save = None      # weakref to the SaveJob of the last save(wait=False)
         self._comm = None           # the Comm given to set_comm (its host callable's errors are read from it)
         config = _C.sa_optimizer_config()
         config.num_threads = int(num_threads)
@@ -231,6 +300,9 @@ class Optimizer(OwnsHandle):
         took (their DLPack deleters run). State arrays already made stay valid. Calling it
         again is a no-op."""
         handle, self._handle = self._handle, None
+        save = self._last_save() if self._last_save is not None else None
+        if save is not None:
+            save._end_quietly()  # destroy would wait for it too, holding the GIL
         if handle is not None:
             _C.sa_optimizer_destroy(handle)
         self._grad_refs = {}
@@ -679,17 +751,33 @@ class Optimizer(OwnsHandle):
         return capsule
 
     # ---- checkpoints -----------------------------------------------------------------
-    def save(self, path):
+    def save(self, path, *, wait=True):
         """Writes this rank's state (every param and state key, the groups and their step
         counts, the layouts) to ``path`` as a shard file (a safetensors file). The file
-        appears complete or not at all (written to a temporary name, then renamed)."""
+        appears complete or not at all (written to a temporary name, synced, then renamed).
+
+        With ``wait=False`` it returns a :class:`SaveJob` as soon as the state is copied
+        into a snapshot the library keeps (pinned host memory for CUDA state, allocated by
+        the first such save and reused); checksums, writes and the rename happen on a thread
+        of the library's, while training goes on. The file holds the state of this call,
+        whatever steps follow. Call :meth:`SaveJob.wait` (or use it as a context manager) to
+        learn whether it succeeded; a failure is raised there. One save writes at a time per
+        optimizer: a save called while another is writing first waits for it.
+        """
         handle = self._handle_or_raise()
         writer = _C.sa_writer()
         check(_C.sa_file_writer(os.fspath(path), writer))
+        if not wait:
+            status, job = _C.sa_optimizer_export_async(handle, writer)
+            check(status, handle)  # on failure the writer's destructor removes its temporary file
+            save = SaveJob(job, writer, os.fspath(path))
+            self._last_save = weakref.ref(save)
+            return save
         try:
             check(_C.sa_optimizer_export(handle, writer), handle)
         finally:
             del writer  # releases it (an uncommitted file writer removes its temporary file)
+        return None
 
     def load(self, paths, *, allow_missing=False, allow_unexpected=False, restore_groups=True, staging_bytes=0):
         """Loads state from shard files written by any number of ranks with any layout,

@@ -759,16 +759,21 @@ class FusedAdam(torch.optim.Optimizer):
         return other
 
     # ---- shard files -----------------------------------------------------------------------
-    def save_shard_file(self, path):
+    def save_shard_file(self, path, *, wait=True):
         """Writes this rank's optimizer state (every param's states, the groups'
         hyperparameters and step counts, the layouts) to ``path`` as a shard file; call it on
         every rank with a path of its own. The file appears complete or not at all.
 
         The groups' current hyperparameters are pushed to the library first, so the file
         holds what ``param_groups`` says now (e.g. the lr an LR scheduler set after the last
-        step), as ``state_dict()`` would."""
+        step), as ``state_dict()`` would.
+
+        ``wait=False`` returns a :class:`shardadam.SaveJob` once the state is snapshotted
+        (on CUDA: copied to pinned host memory at the link's speed); training may step at
+        once while a library thread writes the file. Call its ``wait()`` before relying on
+        the file (e.g. before deleting an older checkpoint)."""
         self._push_hyperparameters()
-        self.native.save(path)
+        return self.native.save(path, wait=wait)
 
     def load_shard_files(self, paths, *, allow_missing=False, allow_unexpected=False, staging_bytes=0):
         """Loads the shard files of every rank of a checkpoint (written by

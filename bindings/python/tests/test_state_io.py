@@ -144,3 +144,72 @@ def test_moments_as_float32_values_through_numpy():
     with pytest.raises(shardadam.InvalidArgument, match="no moment 'master'"):
         opt.moment_values("q8", "master", out)
     opt.close()
+
+
+def test_save_without_waiting_writes_the_state_of_the_call(tmp_path, rng):
+    """save(wait=False) returns a SaveJob; steps taken before its wait() do not reach the
+    file, which is byte for byte the synchronous save of the same moment and loads back
+    that moment's state."""
+    values = {"w": rng.standard_normal((64, 33)).astype(np.float32), "b": rng.standard_normal(33).astype(np.float32)}
+    opt, params, grads = make(values)
+    train(opt, grads, np.random.default_rng(3), 2)
+    reference = tmp_path / "sync.safetensors"
+    opt.save(reference)
+    moments = {name: opt.state(name, "exp_avg").numpy().copy() for name in values}
+    path = tmp_path / "async.safetensors"
+    job = opt.save(path, wait=False)
+    assert isinstance(job, shardadam.SaveJob) and job.path == str(path)
+    train(opt, grads, np.random.default_rng(4), 3)  # the state moves on while the job writes
+    job.wait()
+    job.wait()  # again: nothing more to wait for
+    assert job.done() and "done" in repr(job)
+    assert path.read_bytes() == reference.read_bytes()
+    with shardadam.Optimizer(**HYPER) as loaded:
+        for name, value in values.items():
+            loaded.add_param(name, value.copy())
+        loaded.load(path)
+        assert loaded.param_groups[0].step == 2
+        for name in values:
+            np.testing.assert_array_equal(loaded.state(name, "exp_avg").numpy(), moments[name])
+            assert not np.array_equal(opt.state(name, "exp_avg").numpy(), moments[name])
+    opt.close()
+
+
+def test_a_save_that_fails_in_the_background_raises_from_wait_and_leaves_no_file(tmp_path, rng):
+    """A file size limit (RLIMIT_FSIZE, as a full disk would) makes the job's writes fail
+    after save(wait=False) returned: wait() and done() raise IoError with the library's
+    message, and neither the file nor its temporary file is left."""
+    resource = pytest.importorskip("resource")
+    import signal
+
+    opt, _, grads = make({"w": rng.standard_normal((256, 1024)).astype(np.float32)})
+    train(opt, grads, rng, 1)
+    path = tmp_path / "rank0.safetensors"
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        job = opt.save(path, wait=False)
+        with pytest.raises(shardadam.IoError, match="sa_optimizer_export_async"):
+            job.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    with pytest.raises(shardadam.IoError):
+        job.done()
+    assert "failed" in repr(job)
+    assert list(tmp_path.iterdir()) == []
+    opt.save(path)  # the optimizer is unharmed
+    assert path.stat().st_size > 256 * 1024 * 8
+    opt.close()
+
+
+def test_closing_with_a_save_in_flight_finishes_the_save(tmp_path, rng):
+    opt, _, grads = make({"w": rng.standard_normal((512, 1024)).astype(np.float32)})
+    train(opt, grads, rng, 1)
+    reference = tmp_path / "sync.safetensors"
+    opt.save(reference)
+    job = opt.save(tmp_path / "async.safetensors", wait=False)
+    opt.close()
+    job.wait()
+    assert (tmp_path / "async.safetensors").read_bytes() == reference.read_bytes()

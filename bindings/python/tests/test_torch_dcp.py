@@ -29,3 +29,19 @@ def test_dcp_checkpoints_switch_between_adamw_and_fused_adam(save_ranks, load_ra
     table = "\n".join(line for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL")))
     assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-4000:]}"
     assert "FAIL" not in table and table.count("PASS") == 10, table
+
+
+def test_dcp_async_save_of_fused_adam_restores_the_losses():
+    """dcp.async_save of FusedAdam's (and AdamW's) get_state_dict on 2 gloo ranks, training on
+    while it writes; loaded on 1 rank by the other optimizer, the losses are the uninterrupted
+    run's (the two fp32 cases, and the summary line: the async path is the same for every precision)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("needs torch.distributed with gloo")
+    result = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--save-ranks", "2", "--load-ranks", "1",
+                             "--precision", "fp32", "--async-save"], capture_output=True, text=True, timeout=600)
+    table = "\n".join(line for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL")))
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-4000:]}"
+    assert "with dcp.async_save" in result.stdout
+    assert "FAIL" not in table and table.count("PASS") == 3, table

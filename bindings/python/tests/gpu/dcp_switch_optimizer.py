@@ -12,7 +12,8 @@ the CPU gloo with one thread per process). The user's code is DCP's documented o
     model_sd, optim_sd = get_state_dict(model, opt);  dcp.load({...}, checkpoint_id=path, planner=...)
     set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
-(set_state_dict loads the optimizer before the model). The reference run on N ranks trains
+(set_state_dict loads the optimizer before the model). With --async-save the reference run
+saves with dcp.async_save and trains on while it writes, waiting for its future at the end. The reference run on N ranks trains
 --steps steps with one optimizer and an LR warmup, saves after --save-at and trains on:
 those are the uninterrupted losses. Each case resumes on M ranks from another init with the
 other optimizer and trains the remaining steps; its losses must be the reference's within
@@ -109,14 +110,27 @@ def train(model, opt, schedule, steps, device):
 
 def save_rank(rank, world, args, run_dir, port):
     device, mesh = init_rank(rank, world, args.device, port)
+    # async_save's collectives run on its own thread: a group of their own, as DCP's
+    # documentation asks, so they never interleave with the training's.
+    checkpoint_group = dist.new_group(backend="gloo") if args.async_save else None
     for precision in args.precision:
         for saver in OPTIMIZERS:
             model, opt, schedule = build(precision, saver, mesh, device, seed=0)
             losses = train(model, opt, schedule, range(args.save_at), device)
             model_sd, optim_sd = get_state_dict(model, opt)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(run_dir, precision, saver))
+            checkpoint_id = os.path.join(run_dir, precision, saver)
             schedule_state = schedule.state_dict()
-            losses += train(model, opt, schedule, range(args.save_at, args.steps), device)
+            if args.async_save:
+                # Training goes on while DCP writes: the steps change the optimizer's state
+                # (FusedAdam's state dict views the library's buffers), which must not reach
+                # the checkpoint.
+                future = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=checkpoint_id,
+                                        process_group=checkpoint_group)
+                losses += train(model, opt, schedule, range(args.save_at, args.steps), device)
+                future.result()
+            else:
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=checkpoint_id)
+                losses += train(model, opt, schedule, range(args.save_at, args.steps), device)
             if rank == 0:
                 torch.save({"losses": losses, "schedule": schedule_state},
                            os.path.join(run_dir, precision, f"{saver}.pt"))
@@ -160,6 +174,8 @@ def main():
     parser.add_argument("--precision", nargs="+", choices=tuple(PRECISIONS), default=list(PRECISIONS))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--save-at", type=int, default=4, help="save after this many steps")
+    parser.add_argument("--async-save", action="store_true", help="save with dcp.async_save and train on while "
+                        "it writes (the losses after the save are those of the steps taken meanwhile)")
     args = parser.parse_args()
     if args.device == "cuda" and torch.cuda.device_count() < max(args.save_ranks, args.load_ranks):
         parser.error(f"--device cuda needs {max(args.save_ranks, args.load_ranks)} GPUs, this machine has "
@@ -180,7 +196,7 @@ def main():
             return 1
         resumed = torch.load(os.path.join(run_dir, "resumed.pt"))
         print(f"save on {args.save_ranks} ranks, load on {args.load_ranks} ({args.device}); torch {torch.__version__}; "
-              f"{args.steps} steps, saved after {args.save_at}")
+              f"{args.steps} steps, saved after {args.save_at}{' with dcp.async_save' if args.async_save else ''}")
         failed = False
         for case in cases(args.precision):
             precision, saver, loader, planner_name = case
