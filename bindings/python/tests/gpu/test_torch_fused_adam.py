@@ -149,12 +149,14 @@ def test_state_dict_shares_memory_and_round_trips(device):
     assert_params_close(model, resumed_model, atol=0, rtol=0)  # same kernel, same state: bit for bit
 
 
+@pytest.mark.parametrize("wait", [True, False], ids=["save", "save(wait=False), training on while it writes"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16 + fp32 master"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_shard_files_resume_bit_for_bit_with_the_scheduled_lr(device, dtype, tmp_path):
+def test_shard_files_resume_bit_for_bit_with_the_scheduled_lr(device, dtype, wait, tmp_path):
     """save_shard_file after 3 steps of an lr warmup, load_shard_files into a fresh optimizer over
     the same param values: the states (master included) are equal, the groups take the lr
-    the scheduler set after the last step, and 7 more steps give the same params bit for bit."""
+    the scheduler set after the last step, and 7 more steps give the same params bit for bit.
+    With wait=False the 7 steps run while the file is written: they must not reach it."""
     shardadam = pytest.importorskip("shardadam")
     model = make_model(device, dtype)
     opt = FusedAdam(model.named_parameters(), **HYPER)
@@ -170,22 +172,31 @@ def test_shard_files_resume_bit_for_bit_with_the_scheduled_lr(device, dtype, tmp
 
     train(model, opt, schedule, data[:3])
     path = tmp_path / "rank0.safetensors"
-    opt.save_shard_file(path)
     resumed_model = copy.deepcopy(model)
+    saved = {index: {key: value.clone() for key, value in state.items()}
+             for index, state in opt.state_dict()["state"].items()}
+    saved_lr = opt.param_groups[0]["lr"]
+    schedule_state = schedule.state_dict()
+    job = opt.save_shard_file(path, wait=wait)
+    if not wait:
+        assert isinstance(job, shardadam.SaveJob)
+        train(model, opt, schedule, data[3:])
+        job.wait()
     resumed = FusedAdam(resumed_model.named_parameters(), lr=0.5, eps=1e-6)  # both come from the file
     resumed_schedule = torch.optim.lr_scheduler.LambdaLR(resumed, warmup_lambda)
     resumed.load_shard_files([path])
-    resumed_schedule.load_state_dict(schedule.state_dict())
-    assert resumed.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == HYPER["lr"] * warmup_lambda(3)
+    resumed_schedule.load_state_dict(schedule_state)
+    assert resumed.param_groups[0]["lr"] == saved_lr == HYPER["lr"] * warmup_lambda(3)
     assert resumed.param_groups[0]["eps"] == HYPER["eps"]
-    saved, loaded = opt.state_dict()["state"], resumed.state_dict()["state"]
+    loaded = resumed.state_dict()["state"]
     assert "master" in loaded[0] if dtype == torch.bfloat16 else "master" not in loaded[0]
     for index, state in saved.items():
         assert state.keys() == loaded[index].keys()
         for key, value in state.items():
             assert torch.equal(loaded[index][key], value), f"param {index} state {key}"
     assert float(loaded[0]["step"]) == 3
-    train(model, opt, schedule, data[3:])
+    if wait:
+        train(model, opt, schedule, data[3:])
     train(resumed_model, resumed, resumed_schedule, data[3:])
     assert_params_close(model, resumed_model, atol=0, rtol=0)
 
