@@ -112,6 +112,7 @@ void sa_reader_release(sa_reader* reader) {
   reader->read_at = nullptr;
   reader->release = nullptr;
   reader->name = nullptr;
+  reader->concurrent = 0;
 }
 
 sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer) {

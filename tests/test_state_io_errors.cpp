@@ -2,9 +2,17 @@
 // and a message that says what is wrong and where, and leaves the optimizer exactly as it
 // was (states, groups, step counts, and a step still allowed). A failure while the state
 // is being copied marks the optimizer unusable until an import succeeds.
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -124,17 +132,35 @@ struct Target {
 
 // A reader over a blob that can fail its n-th read, or return corrupted bytes when a range
 // is read a second time (the blob changing under the import).
+// With `concurrent` it says so (sa_reader.concurrent), keeps its books under a lock, notes
+// the threads that call it, can fail every read from an offset on, and sleeps a little
+// per read so that a parallel import spreads its reads over its threads.
 struct TestReader {
   const Bytes* blob = nullptr;
   int64_t fail_read = -1;
   bool corrupt_rereads = false;
   int64_t reads = 0;
-  std::vector<uint64_t> seen;
+  std::vector<uint64_t> seen;   // offsets read
+  std::vector<uint64_t> asked;  // offsets asked for, failed reads too
+  bool concurrent = false;
+  uint64_t fail_from = UINT64_MAX;
+  std::set<std::thread::id> threads;
+  std::mutex mutex;
+
+  TestReader() = default;
+  TestReader(const TestReader& other) : blob(other.blob), concurrent(other.concurrent) {}
 
   static int read_at(void* ctx, uint64_t offset, void* dst, std::size_t bytes) {
     auto* r = static_cast<TestReader*>(ctx);
+    std::unique_lock<std::mutex> lock(r->mutex, std::defer_lock);
+    if (r->concurrent) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+      r->threads.insert(std::this_thread::get_id());
+    }
     const int64_t index = r->reads++;
-    if (index == r->fail_read || offset + bytes > r->blob->size()) return 1;
+    r->asked.push_back(offset);
+    if (index == r->fail_read || offset >= r->fail_from || offset + bytes > r->blob->size()) return 1;
     std::memcpy(dst, r->blob->data() + offset, bytes);
     const bool again = std::find(r->seen.begin(), r->seen.end(), offset) != r->seen.end();
     r->seen.push_back(offset);
@@ -147,6 +173,7 @@ struct TestReader {
     out.size = blob->size();
     out.read_at = read_at;
     out.name = "test reader";
+    out.concurrent = concurrent ? 1 : 0;
     return out;
   }
 };
@@ -665,6 +692,76 @@ TEST_CASE("a reader that fails before the copy: SA_ERR_IO naming the blob, nothi
                    "blob 1 ('test reader')", "failed");
   }
   target.check_unchanged();
+}
+
+TEST_CASE("a concurrent reader is read on the import's threads; a failed block read is reported as a sequential "
+          "one is, nothing changed",
+          "[state_io][errors]") {
+  const Problem& prob = io_problem();
+  Rank target(prob, unsharded_scenario(), 0, prob.initial_values(), other_groups(), 4);
+  target.step(0);
+  const Snapshot before = snapshot(target.opt(), prob);
+  // Every read from 1 MiB into blob 1's data on fails: the report names the first failed
+  // read in the blob's order (the lowest such offset asked for), whichever thread met a
+  // failure first.
+  std::vector<TestReader> readers(2);
+  for (int f = 0; f < 2; ++f) {
+    readers[f].blob = &saved_blobs()[f];
+    readers[f].concurrent = true;
+  }
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, saved_blobs()[1].data(), 8);
+  readers[1].fail_from = 8 + header_bytes + (uint64_t{1} << 20);
+  CHECK(import_with(target.opt(), readers, nullptr) == SA_ERR_IO);
+  uint64_t first_failed = UINT64_MAX;
+  for (uint64_t offset : readers[1].asked)
+    if (offset >= readers[1].fail_from) first_failed = std::min(first_failed, offset);
+  CHECK_THAT(sa_optimizer_last_error(target.opt()),
+             Catch::Contains("blob 1 ('test reader')") &&
+                 Catch::Contains("at offset " + std::to_string(first_failed) + ") failed"));
+  CHECK(snapshot(target.opt(), prob) == before);
+
+  std::vector<TestReader> good(2);
+  for (int f = 0; f < 2; ++f) {
+    good[f].blob = &saved_blobs()[f];
+    good[f].concurrent = true;
+  }
+  REQUIRE_SA_OK(target.opt(), import_with(target.opt(), good, nullptr));
+  CHECK(good[0].threads.size() + good[1].threads.size() > 2);  // not all on one thread
+  Rank reference(prob, unsharded_scenario(), 0, prob.initial_values(), other_groups(), 1);
+  REQUIRE_SA_OK(reference.opt(), import_blobs(reference.opt(), saved_blobs()));
+  CHECK(snapshot(target.opt(), prob) == snapshot(reference.opt(), prob));
+
+  sa_reader bad = good[0].reader();
+  bad.concurrent = 2;
+  const sa_reader* list[] = {&bad};
+  CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(target.opt(), 1, list, nullptr),
+                 "concurrent is 2; it must be 0 or 1");
+}
+
+TEST_CASE("a file cut short after its reader opened it (reads come back short): SA_ERR_IO, nothing changed",
+          "[state_io][errors]") {
+  Target target;
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  std::vector<std::string> paths;
+  std::vector<sa_reader> readers(2);
+  for (int f = 0; f < 2; ++f) {
+    paths.push_back(dir + "/shardadam_short_" + std::to_string(::getpid()) + "_" + std::to_string(f) + ".safetensors");
+    std::ofstream(paths[f], std::ios::binary)
+        .write(reinterpret_cast<const char*>(saved_blobs()[f].data()),
+               static_cast<std::streamsize>(saved_blobs()[f].size()));
+    REQUIRE_SA_OK(nullptr, sa_file_reader(paths[f].c_str(), &readers[f]));
+  }
+  // The reader took the size at open; the file loses its last 100 000 bytes after that.
+  std::filesystem::resize_file(paths[1], saved_blobs()[1].size() - 100000);
+  const sa_reader* list[] = {&readers[0], &readers[1]};
+  CHECK_SA_FAILS(target.opt(), SA_ERR_IO, sa_optimizer_import(target.opt(), 2, list, nullptr), "blob 1 ('",
+                 "shardadam_short_", ") failed");
+  target.check_unchanged();
+  for (int f = 0; f < 2; ++f) {
+    sa_reader_release(&readers[f]);
+    std::filesystem::remove(paths[f]);
+  }
 }
 
 TEST_CASE("a failure while copying marks the optimizer unusable until an import succeeds",

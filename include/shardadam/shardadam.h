@@ -960,21 +960,26 @@ typedef struct sa_reader {
   size_t struct_size;
   void* ctx;
   uint64_t size; /* total bytes of the blob */
-  /* Reads exactly `bytes` bytes at `offset` into dst. Returns 0 on success. Called from
-   * the importing thread only, in increasing offset order per blob within a pass; an
-   * import that cannot keep everything it reads in its staging buffer reads each range
-   * twice (once to verify it, once to apply it) and needs the same bytes both times. */
+  /* Reads exactly `bytes` bytes at `offset` into dst. Returns 0 on success. Unless
+   * `concurrent` is 1, called from the importing thread only, in increasing offset order per blob within a pass; an import that
+   * cannot keep everything it reads in its staging buffer reads each range twice (once to
+   * verify it, once to apply it) and needs the same bytes both times. */
   int (*read_at)(void* ctx, uint64_t offset, void* dst, size_t bytes);
   /* Frees ctx (sa_reader_release calls it). May be NULL. */
   void (*release)(void* ctx);
   /* Names the blob in error messages (e.g. its path); may be NULL. */
   const char* name;
+  /* 1: read_at may be called from several threads at once, for any ranges in any order
+   * (pread, memcpy): an import then reads each checksum block on the worker thread that
+   * checks it. 0 (SA_READER_INIT): one thread at a time, as described at read_at. The
+   * file and memory readers set 1. */
+  int32_t concurrent;
 } sa_reader;
 
 #define SA_WRITER_INIT \
   { sizeof(sa_writer), NULL, NULL, NULL, NULL, NULL, NULL }
 #define SA_READER_INIT \
-  { sizeof(sa_reader), NULL, 0, NULL, NULL, NULL }
+  { sizeof(sa_reader), NULL, 0, NULL, NULL, NULL, 0 }
 
 /** A writer to `path`: bytes go to a temporary file beside it, "<path>.tmp.<pid>.<n>"
  *  (created now: SA_ERR_IO, naming it, if that fails). Commit fsyncs it, renames it over

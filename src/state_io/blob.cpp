@@ -12,17 +12,31 @@ BlobReader::BlobReader(const sa_reader* reader, int32_t index) {
   reader_ = read_options(reader, defaults, name_.c_str());
   if (reader_.read_at == nullptr)
     fail(SA_ERR_INVALID_ARGUMENT, name_, ": read_at is NULL (released reader?)");
+  if (reader_.concurrent != 0 && reader_.concurrent != 1)
+    fail(SA_ERR_INVALID_ARGUMENT, name_, ": concurrent is ", reader_.concurrent,
+         "; it must be 0 or 1");
   if (reader_.name != nullptr) name_ += concat(" ('", reader_.name, "')");
 }
 
-void BlobReader::read(uint64_t offset, void* dst, std::size_t bytes, const char* what) const {
-  if (bytes == 0) return;
-  if (offset > reader_.size || bytes > reader_.size - offset)
+BlobReader::ReadResult BlobReader::try_read(uint64_t offset, void* dst, std::size_t bytes) const {
+  if (bytes == 0) return ReadResult::ok;
+  if (offset > reader_.size || bytes > reader_.size - offset) return ReadResult::outside;
+  return reader_.read_at(reader_.ctx, offset, dst, bytes) == 0 ? ReadResult::ok
+                                                               : ReadResult::failed;
+}
+
+void BlobReader::read_failed(ReadResult result, uint64_t offset, std::size_t bytes,
+                             const char* what) const {
+  if (result == ReadResult::outside)
     fail(SA_ERR_FORMAT, name_, ": ", what, " would be bytes [", offset, ", ", offset + bytes,
          ") but the blob has only ", reader_.size, " bytes (truncated?)");
-  if (reader_.read_at(reader_.ctx, offset, dst, bytes) != 0)
-    fail(SA_ERR_IO, name_, ": reading ", what, " (", bytes, " bytes at offset ", offset,
-         ") failed");
+  fail(SA_ERR_IO, name_, ": reading ", what, " (", bytes, " bytes at offset ", offset,
+       ") failed");
+}
+
+void BlobReader::read(uint64_t offset, void* dst, std::size_t bytes, const char* what) const {
+  const ReadResult result = try_read(offset, dst, bytes);
+  if (result != ReadResult::ok) read_failed(result, offset, bytes, what);
 }
 
 BlobWriter::BlobWriter(const sa_writer* writer) {

@@ -21,9 +21,18 @@ class BlobReader {
   const std::string& name() const { return name_; }
   uint64_t size() const { return reader_.size; }
 
-  // Reads exactly `bytes` bytes at `offset`; SA_ERR_IO if the range is outside the blob
-  // or the callback fails. `what` says what was being read, for the message.
+  // Reads exactly `bytes` bytes at `offset`; SA_ERR_FORMAT if the range is outside the
+  // blob, SA_ERR_IO if the callback fails. `what` says what was being read, for the message.
   void read(uint64_t offset, void* dst, std::size_t bytes, const char* what) const;
+
+  // Whether read_at may be called from several threads at once (sa_reader.concurrent).
+  bool concurrent() const { return reader_.concurrent == 1; }
+  // What try_read found.
+  enum class ReadResult { ok, outside, failed };
+  // read() for pool workers: returns instead of throwing; read_failed reports the result.
+  ReadResult try_read(uint64_t offset, void* dst, std::size_t bytes) const;
+  [[noreturn]] void read_failed(ReadResult result, uint64_t offset, std::size_t bytes,
+                                const char* what) const;
 
  private:
   sa_reader reader_;

@@ -141,13 +141,6 @@ class DataChunkStream {
 // in all, what one staging buffer of kDefaultStagingBytes was before.
 constexpr uint64_t kExportChunkBytes = kDefaultStagingBytes / 2;
 
-// Checksums and positional writes run on the optimizer's worker threads (its config's
-// num_threads; 0: every hardware thread), as a CPU step does.
-int export_threads(const Optimizer& opt) {
-  if (opt.num_threads() > 0) return opt.num_threads();
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 // One checksum block of a chunk: the block starting `at` bytes into run `run`.
 struct DataBlock {
   uint32_t run;
@@ -241,7 +234,7 @@ void copy_in_parallel(ThreadPool& pool, const ExportPlan& plan, unsigned char* b
 
 // The export's threads, made by the first export and kept.
 ThreadPool& export_pool(Optimizer& opt, ExportScratch& scratch) {
-  if (!scratch.threads) scratch.threads = std::make_unique<ThreadPool>(export_threads(opt));
+  if (!scratch.threads) scratch.threads = std::make_unique<ThreadPool>(state_io_threads(opt));
   return *scratch.threads;
 }
 
@@ -328,6 +321,11 @@ void write_export(ExportPlan& plan, Backend* device, ExportScratch& scratch, Thr
 }
 
 }  // namespace
+
+int state_io_threads(const Optimizer& opt) {
+  if (opt.num_threads() > 0) return opt.num_threads();
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 ExportJob::ExportJob(std::function<void()> work) {
   thread_ = std::thread([this, work = std::move(work)] {

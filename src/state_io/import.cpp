@@ -20,6 +20,7 @@
 
 #include "../../kernels/adam_math.h"
 #include "../../kernels/block_moment.h"
+#include "../backends/thread_pool.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../moment_values.hpp"
@@ -396,32 +397,50 @@ class Importer {
 
   // Reads `bytes` bytes of file `file`'s tensor `t` from `begin` (a checksum block
   // boundary; the end one too, or the tensor's end) into `dst` and checks the checksum of
-  // every block. `status` is what a mismatch reports: SA_ERR_FORMAT in phase 2 (a corrupt
-  // blob), SA_ERR_IO in phase 3 (the blob changed since phase 2 checked it).
+  // every block, on the import's threads: each block is read by the thread that checks it
+  // when the reader is concurrent (sa_reader.concurrent), else all of them first, here.
+  // The first failure in block order is reported. `status` is what a mismatch reports:
+  // SA_ERR_FORMAT in phase 2 (a corrupt blob), SA_ERR_IO in phase 3 (the blob changed
+  // since phase 2 checked it).
   void read_checked(std::size_t file, const SavedTensor& t, uint64_t begin, uint64_t bytes,
                     unsigned char* dst, sa_status status) {
     const ShardHeader& header = headers_[file];
     const BlobReader& reader = readers_[file];
     const std::string what = concat("tensor '", t.name(), "'");
-    reader.read(header.data_section + t.data_begin + begin, dst, static_cast<std::size_t>(bytes),
-                what.c_str());
-    const uint64_t first = begin / header.block_bytes;
-    std::vector<uint32_t>& crcs = crc_scratch_;
-    crcs.resize(static_cast<std::size_t>(block_count(bytes, header.block_bytes)));
-    crc32c_blocks(dst, static_cast<std::size_t>(bytes),
-                  static_cast<std::size_t>(header.block_bytes), crcs.data());
-    for (std::size_t i = 0; i < crcs.size(); ++i) {
-      const uint64_t at = i * header.block_bytes;
-      const uint64_t n = std::min(header.block_bytes, bytes - at);
-      const uint64_t block = first + i;
-      const uint32_t crc = crcs[i];
-      if (crc != t.crc32c[block])
-        fail(status, reader.name(), ": tensor '", t.name(), "': block ", block, " (bytes ",
-             begin + at, " to ", begin + at + n, " of its data) has checksum ", crc,
-             " but the header says ", t.crc32c[block],
+    const uint64_t offset = header.data_section + t.data_begin + begin;
+    const uint64_t block = header.block_bytes;
+    const bool concurrent = reader.concurrent();
+    if (!concurrent) reader.read(offset, dst, static_cast<std::size_t>(bytes), what.c_str());
+    const auto blocks = static_cast<std::size_t>(block_count(bytes, block));
+    crc_scratch_.resize(blocks);
+    read_results_.assign(blocks, BlobReader::ReadResult::ok);
+    pool().parallel_for(static_cast<int64_t>(blocks), [&](int64_t i) {
+      const uint64_t at = static_cast<uint64_t>(i) * block;
+      const auto n = static_cast<std::size_t>(std::min(block, bytes - at));
+      const auto k = static_cast<std::size_t>(i);
+      if (concurrent) read_results_[k] = reader.try_read(offset + at, dst + at, n);
+      if (read_results_[k] == BlobReader::ReadResult::ok) crc_scratch_[k] = crc32c(0, dst + at, n);
+    });
+    const uint64_t first = begin / block;
+    for (std::size_t i = 0; i < blocks; ++i) {
+      const uint64_t at = i * block;
+      const uint64_t n = std::min(block, bytes - at);
+      if (read_results_[i] != BlobReader::ReadResult::ok)
+        reader.read_failed(read_results_[i], offset + at, static_cast<std::size_t>(n), what.c_str());
+      const uint64_t index = first + i;
+      if (crc_scratch_[i] != t.crc32c[index])
+        fail(status, reader.name(), ": tensor '", t.name(), "': block ", index, " (bytes ",
+             begin + at, " to ", begin + at + n, " of its data) has checksum ", crc_scratch_[i],
+             " but the header says ", t.crc32c[index],
              status == SA_ERR_FORMAT ? ": the file is corrupt"
                                      : ": the blob changed during the import");
     }
+  }
+
+  // The import's threads (the optimizer's worker count, as an export's), made on first use.
+  ThreadPool& pool() {
+    if (!pool_) pool_ = std::make_unique<ThreadPool>(state_io_threads(opt_));
+    return *pool_;
   }
 
   void read_checked(const Chunk& c, unsigned char* dst, sa_status status) {
@@ -720,6 +739,8 @@ class Importer {
   uint64_t staging_bytes_ = 0;
   std::shared_ptr<Buffer> staging_;
   std::vector<uint32_t> crc_scratch_;  // the checksums of one chunk's blocks
+  std::vector<BlobReader::ReadResult> read_results_;  // and how their reads went
+  std::unique_ptr<ThreadPool> pool_;
   int64_t skipped_params_ = 0;
   std::vector<int64_t> imported_;  // the params the files hold, which the import loads
   std::vector<std::pair<int64_t, int64_t>> restored_steps_;  // (param index, saved step count)

@@ -260,6 +260,7 @@ sa_reader make_file_reader(const char* path) {
   sa_reader out = SA_READER_INIT;
   out.size = static_cast<uint64_t>(st.st_size);
   out.read_at = file_read_at;
+  out.concurrent = 1;  // pread
   out.release = file_reader_release;
   out.name = r->path.c_str();
   out.ctx = r.release();
@@ -272,6 +273,7 @@ sa_reader make_memory_reader(const void* data, std::size_t size) {
   out.ctx = new MemoryReader{static_cast<const unsigned char*>(data), size};
   out.size = size;
   out.read_at = memory_read_at;
+  out.concurrent = 1;
   out.release = memory_reader_release;
   return out;
 }

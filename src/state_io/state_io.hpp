@@ -24,6 +24,10 @@ namespace sa {
 // Default staging size of an import, and the staging an export of device state uses.
 inline constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
 
+// How many threads an export or import checksums, reads and writes on: the optimizer's
+// worker count (sa_optimizer_config.num_threads; 0: every hardware thread), as a CPU step.
+int state_io_threads(const Optimizer& opt);
+
 // Work on a thread of its own: an async export's checksums and writes. What the work
 // throws is kept and rethrown by wait() (the C ABI turns it into a status there).
 class ExportJob {
