@@ -694,6 +694,12 @@ impl Default for sa_writer {
     }
 }
 
+/// `sa_export_job`: an async export in flight (`sa_optimizer_export_async`); opaque.
+#[repr(C)]
+pub struct sa_export_job {
+    _private: [u8; 0],
+}
+
 /// `sa_reader`: where an import's bytes come from (a size and a read at an offset).
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -990,6 +996,25 @@ extern "C" {
     pub fn sa_reader_release(reader: *mut sa_reader);
     /// Writes this rank's state as one shard file through `writer`, then commits it.
     pub fn sa_optimizer_export(opt: *mut sa_optimizer, writer: *const sa_writer) -> sa_status;
+    /// Starts an export of a snapshot of the state (taken now) through `writer` on a
+    /// library thread; `*job` receives a handle for `sa_export_job_release`. The writer's
+    /// ctx must stay valid until the job has ended; errors found before the call returns
+    /// leave nothing started and `*job` NULL (detail: `sa_optimizer_last_error`).
+    pub fn sa_optimizer_export_async(
+        opt: *mut sa_optimizer,
+        writer: *const sa_writer,
+        job: *mut *mut sa_export_job,
+    ) -> sa_status;
+    /// Waits until the job has ended and returns its status (the same on every call).
+    pub fn sa_export_job_wait(job: *mut sa_export_job) -> sa_status;
+    /// Sets `*done` to 1 and returns the job's status once it has ended, else `*done` = 0
+    /// and `SA_OK`. Never blocks.
+    pub fn sa_export_job_poll(job: *mut sa_export_job, done: *mut i32) -> sa_status;
+    /// The detail of the job's failure ("" while it runs or after success); valid until
+    /// the job is released.
+    pub fn sa_export_job_last_error(job: *const sa_export_job) -> *const c_char;
+    /// Waits for the job to end, then frees the handle. NULL is a no-op.
+    pub fn sa_export_job_release(job: *mut sa_export_job);
     /// Loads state from `n` shard files, resharding as needed.
     pub fn sa_optimizer_import(
         opt: *mut sa_optimizer,

@@ -10,7 +10,8 @@
 //! is `None`, its own step count ([`Optimizer::param_steps`]) not advancing. Failures are
 //! [`Error`]s with the library's [`Status`] and message.
 //! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
-//! any set of them loads onto any layout).
+//! any set of them loads onto any layout); [`Optimizer::save_async`] writes one while the
+//! steps go on ([`ExportJob`]).
 //!
 //! Params and grads may also live in memory of the caller's, on the host or a CUDA device:
 //! a [`Tensor`] describes it (a CUDA pointer through the `unsafe` [`Tensor::cuda`], any
@@ -60,7 +61,7 @@ use shardadam_sys as sys;
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::os::raw::{c_char, c_void};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use tensor::Keeper;
@@ -1135,6 +1136,105 @@ impl Drop for Readers {
     fn drop(&mut self) {
         for reader in &mut self.0 {
             unsafe { sys::sa_reader_release(reader) };
+        }
+    }
+}
+
+/// A save in flight ([`Optimizer::save_async`]): a thread of the library's is writing a
+/// snapshot of the optimizer's state to a file (`sa_export_job`).
+///
+/// The file appears at [`ExportJob::path`] (written under a temporary name beside it, then
+/// synced and renamed into place, replacing an older file only whole) when the job ends,
+/// not before: call [`ExportJob::wait`] to know it is there, or [`ExportJob::is_done`] to
+/// ask without blocking. Dropping the job waits for it to end, so the file is complete (or,
+/// if the write failed, the temporary file is gone) once the drop returns; only the error
+/// is lost: call `wait` to see it.
+///
+/// The job does not borrow the optimizer: steps, loads and hyperparameter changes may
+/// follow at once, and change the state but not what the job writes. One save writes at a
+/// time per optimizer: [`Optimizer::save`] or another `save_async` called while a job
+/// writes first waits for it to end. Dropping the optimizer waits for it too (the job stays
+/// usable after).
+///
+/// An `ExportJob` may be sent to another thread and waited on there (`Send`).
+pub struct ExportJob {
+    raw: NonNull<sys::sa_export_job>,
+    // The file writer the job writes through. The library copied the struct at the call,
+    // but its ctx (the temporary file) is in use on the library's thread until the job
+    // ends; it is released after that (`sa_writer_release` clears it, so a second release
+    // is a no-op). The library needs no stable address for the struct (it keeps a copy);
+    // the box keeps it put anyway while the job moves, as the header does not promise more.
+    writer: Box<sys::sa_writer>,
+    path: PathBuf,
+}
+
+// SAFETY: the job handle and the file writer have no tie to the thread that made them: the
+// writer's callbacks already run on the library's threads, the handle's wait and poll take
+// its mutex, and its failure text is kept on the handle (not thread-local). Every method
+// that touches the handle takes `&mut self` (or `self` in drop), so no two threads use it
+// at once. Not `Sync`: nothing would use it (no `&self` method touches the handle).
+unsafe impl Send for ExportJob {}
+
+impl fmt::Debug for ExportJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExportJob")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExportJob {
+    /// The path the file is written to (as given to [`Optimizer::save_async`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Blocks until the job has ended (`sa_export_job_wait`): `Ok` once the file is
+    /// complete and renamed into place; else the error of the write (an I/O failure, a full
+    /// disk), its message the job's (`sa_export_job_last_error`), with no file left behind
+    /// (the temporary file is removed before this returns). Calling it again (or after
+    /// [`ExportJob::is_done`] said the job ended) returns the same result without waiting.
+    pub fn wait(&mut self) -> Result<()> {
+        let code = unsafe { sys::sa_export_job_wait(self.raw.as_ptr()) };
+        self.ended(code)
+    }
+
+    /// Whether the job has ended, without blocking (`sa_export_job_poll`): `Ok(false)`
+    /// while it writes, `Ok(true)` once the file is complete, and the error
+    /// [`ExportJob::wait`] would return when it ended in failure.
+    pub fn is_done(&mut self) -> Result<bool> {
+        let mut done = 0i32;
+        let code = unsafe { sys::sa_export_job_poll(self.raw.as_ptr(), &mut done) };
+        if done == 0 {
+            // Not ended: SA_OK, unless the arguments were refused (never, from here).
+            return handleless_result(code).map(|()| false);
+        }
+        self.ended(code).map(|()| true)
+    }
+
+    /// The job has ended with `code`: the writer is no longer in use, so it is released now
+    /// (removing the temporary file of a failed write), and the job's message is read.
+    fn ended(&mut self, code: sys::sa_status) -> Result<()> {
+        unsafe { sys::sa_writer_release(&mut *self.writer) };
+        match Status::from_code(code) {
+            None => Ok(()),
+            Some(status) => Err(Error {
+                status,
+                message: unsafe {
+                    cstr_to_string(sys::sa_export_job_last_error(self.raw.as_ptr()))
+                },
+            }),
+        }
+    }
+}
+
+impl Drop for ExportJob {
+    fn drop(&mut self) {
+        // Waits for the job to end (its writer is in use until then) and frees the handle;
+        // then the writer, unless wait or is_done released it already (a no-op then).
+        unsafe {
+            sys::sa_export_job_release(self.raw.as_ptr());
+            sys::sa_writer_release(&mut *self.writer);
         }
     }
 }
@@ -2487,6 +2587,67 @@ impl Optimizer {
         // After the message was read; removes the temporary file of a failed export.
         unsafe { sys::sa_writer_release(&mut writer) };
         exported
+    }
+
+    /// Starts writing this rank's state as one shard file at `path`, as [`Optimizer::save`]
+    /// does, without waiting for the write (`sa_optimizer_export_async`): the state is
+    /// copied into a snapshot (the optimizer keeps its memory for the next saves: as many
+    /// bytes as the state), then a thread of the library's writes the snapshot, and the
+    /// returned [`ExportJob`] says when it has ended. The file holds exactly what `save`
+    /// would have written at the moment of this call.
+    ///
+    /// Steps (and loads, and hyperparameter changes) may follow as soon as this returns:
+    /// they change the state, not the snapshot. The file appears at `path` only when the
+    /// job ends (it is written under a temporary name, then synced and renamed into place);
+    /// [`ExportJob::wait`] says when, and returns the write's error. Dropping the job waits
+    /// for it. One save writes at a time per optimizer: a `save` or `save_async` called
+    /// while a job writes first waits for that job to end.
+    ///
+    /// Errors found before anything starts come back here: an I/O error when the temporary
+    /// file cannot be created (a directory that does not exist), an optimizer left unusable
+    /// by a failed load, no memory for the snapshot. Nothing is written then.
+    ///
+    /// ```
+    /// use shardadam::{GroupConfig, Optimizer};
+    ///
+    /// let mut opt = Optimizer::new(None)?;
+    /// opt.add_group(&GroupConfig::new())?;
+    /// let w = opt.add_param("w", 0, &[2], vec![1.0, 2.0], None)?;
+    /// let name = format!("shardadam-save-async-{}.safetensors", std::process::id());
+    /// let path = std::env::temp_dir().join(name);
+    /// let mut job = opt.save_async(&path)?; // the state as it is now
+    /// opt.set_grad(w, &[0.5, -0.5])?;
+    /// opt.step()?; // while the file is written
+    /// job.wait()?; // the file is in place: the state before the step
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), shardadam::Error>(())
+    /// ```
+    pub fn save_async(&self, path: impl AsRef<Path>) -> Result<ExportJob> {
+        let path = path.as_ref();
+        let c_path = path_cstring(path)?;
+        let mut writer = Box::new(sys::sa_writer::default());
+        handleless_result(unsafe { sys::sa_file_writer(c_path.as_ptr(), &mut *writer) })?;
+        let mut raw = ptr::null_mut();
+        let started = self.check(unsafe {
+            sys::sa_optimizer_export_async(self.raw.as_ptr(), &*writer, &mut raw)
+        });
+        match (started, NonNull::new(raw)) {
+            (Ok(()), Some(raw)) => Ok(ExportJob {
+                raw,
+                writer,
+                path: path.to_path_buf(),
+            }),
+            (started, _) => {
+                // Nothing started: after the message was read, the writer goes, and with it
+                // the temporary file.
+                unsafe { sys::sa_writer_release(&mut *writer) };
+                started?;
+                Err(Error {
+                    status: Status::Internal,
+                    message: "sa_optimizer_export_async returned SA_OK and no job".to_string(),
+                })
+            }
+        }
     }
 
     /// Loads the state saved in the shard files at `paths`, written by any number of ranks

@@ -503,3 +503,196 @@ fn save_on_two_ranks_load_on_one() {
         "the saved beta2, the default"
     );
 }
+
+/// An optimizer with a group at lr 1e-2, a [1024, 256] weight and a [4] bias, after two
+/// steps of random grads (so every state is nonzero). The weight's state is large enough
+/// (2 MiB for both moments) that a write takes a while.
+fn stepped_optimizer(rng: &mut Rng) -> (Optimizer, [shardadam::Param; 2]) {
+    let mut opt = Optimizer::new(None).unwrap();
+    opt.add_group(&GroupConfig::new().set("lr", 1e-2)).unwrap();
+    let w = opt
+        .add_param("w", 0, &[1024, 256], rng.values(1024 * 256), None)
+        .unwrap();
+    let b = opt.add_param("b", 0, &[4], rng.values(4), None).unwrap();
+    for _ in 0..2 {
+        step_once(&mut opt, [w, b], rng);
+    }
+    (opt, [w, b])
+}
+
+fn step_once(opt: &mut Optimizer, params: [shardadam::Param; 2], rng: &mut Rng) {
+    opt.set_grad(params[0], &rng.values(1024 * 256)).unwrap();
+    opt.set_grad(params[1], &rng.values(4)).unwrap();
+    opt.step().unwrap();
+}
+
+/// Every moment of every param, by "<param>/<key>".
+fn moments(
+    opt: &mut Optimizer,
+    params: [shardadam::Param; 2],
+) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (name, p) in [("w", params[0]), ("b", params[1])] {
+        for key in ["exp_avg", "exp_avg_sq"] {
+            out.insert(format!("{}/{}", name, key), opt.state(p, key).unwrap());
+        }
+    }
+    out
+}
+
+/// The names in a directory, sorted (a temporary file left behind shows here).
+fn file_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// save_async writes the state of its call: steps made before the wait change the state,
+/// not the file, which is byte for byte what a synchronous save wrote just before, and
+/// loads back the pre-step state. A second save waits for the job in flight.
+#[test]
+fn save_async_writes_the_state_at_the_call() {
+    let mut rng = Rng(11);
+    let dir = TempDir::new("save-async");
+    let (mut opt, params) = stepped_optimizer(&mut rng);
+    let before = moments(&mut opt, params);
+    let sync_path = dir.0.join("sync.safetensors");
+    let async_path = dir.0.join("async.safetensors");
+    opt.save(&sync_path).unwrap();
+
+    let mut job = opt.save_async(&async_path).unwrap();
+    assert_eq!(job.path(), async_path.as_path());
+    step_once(&mut opt, params, &mut rng); // while the job may still be writing
+    let after = moments(&mut opt, params);
+    assert_ne!(after, before, "the step changed the state");
+    assert_eq!(opt.step_count(0).unwrap(), 3);
+    job.wait().unwrap();
+    job.wait().unwrap(); // again: the same result, at once
+    assert!(job.is_done().unwrap());
+    drop(job);
+
+    let sync_bytes = std::fs::read(&sync_path).unwrap();
+    assert!(
+        sync_bytes.len() > 2 * 4 * 1024 * 256,
+        "{} bytes",
+        sync_bytes.len()
+    );
+    assert!(
+        std::fs::read(&async_path).unwrap() == sync_bytes,
+        "the async file differs from the synchronous save of the same state"
+    );
+    assert_eq!(
+        file_names(&dir.0),
+        ["async.safetensors", "sync.safetensors"],
+        "no temporary file is left"
+    );
+
+    // Loading it takes the optimizer back to the state of the save_async call.
+    opt.load(&[&async_path], &LoadOptions::default()).unwrap();
+    assert!(
+        moments(&mut opt, params) == before,
+        "the loaded state is the pre-step one"
+    );
+    assert_eq!(opt.step_count(0).unwrap(), 2);
+    assert_eq!(opt.param_steps(0, 2).unwrap(), vec![2, 2]);
+
+    // One export writes at a time: a second save_async, or a save, first waits for the
+    // job in flight, so that job has ended when either returns.
+    let mut first = opt.save_async(dir.0.join("first.safetensors")).unwrap();
+    let mut second = opt.save_async(dir.0.join("second.safetensors")).unwrap();
+    assert!(
+        first.is_done().unwrap(),
+        "the second save_async waited for the first"
+    );
+    opt.save(dir.0.join("third.safetensors")).unwrap();
+    assert!(
+        second.is_done().unwrap(),
+        "save waited for the job in flight"
+    );
+    first.wait().unwrap();
+    second.wait().unwrap();
+    for name in ["first", "second", "third"] {
+        let bytes = std::fs::read(dir.0.join(format!("{}.safetensors", name))).unwrap();
+        assert!(bytes == sync_bytes, "{}.safetensors differs", name);
+    }
+}
+
+/// A path whose directory does not exist fails at once, with an I/O error naming it, and
+/// nothing is started or left behind; the optimizer saves fine afterwards.
+#[test]
+fn save_async_to_a_missing_directory_is_an_io_error() {
+    let mut rng = Rng(12);
+    let dir = TempDir::new("save-async-missing");
+    let (opt, _) = stepped_optimizer(&mut rng);
+    expect_error(
+        "save_async(missing directory)",
+        opt.save_async(dir.0.join("no-such-dir").join("x.safetensors")),
+        Status::Io,
+        &["no-such-dir", "x.safetensors"],
+    );
+    assert!(file_names(&dir.0).is_empty(), "{:?}", file_names(&dir.0));
+    opt.save_async(dir.0.join("x.safetensors"))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(file_names(&dir.0), ["x.safetensors"]);
+}
+
+/// Dropping a job without waiting waits for it: the file is complete when the drop
+/// returns (dropped at once, while the job is writing: its writes and syncs take far longer
+/// than the drop takes to come). A job also outlives its optimizer (dropping the optimizer
+/// waits for it), and may be waited on from another thread.
+#[test]
+fn dropping_an_export_job_leaves_a_complete_file() {
+    let mut rng = Rng(13);
+    let dir = TempDir::new("save-async-drop");
+    let (mut opt, params) = stepped_optimizer(&mut rng);
+    let sync_path = dir.0.join("sync.safetensors");
+    opt.save(&sync_path).unwrap();
+    let sync_bytes = std::fs::read(&sync_path).unwrap();
+
+    let dropped_path = dir.0.join("dropped.safetensors");
+    drop(opt.save_async(&dropped_path).unwrap());
+    let dropped = std::fs::read(&dropped_path).unwrap(); // there once the drop returned
+    assert!(
+        dropped == sync_bytes,
+        "the dropped job's file is not the saved state"
+    );
+
+    // After a step, a job that outlives its optimizer, waited on by another thread.
+    step_once(&mut opt, params, &mut rng);
+    let orphan_path = dir.0.join("orphan.safetensors");
+    let mut job = opt.save_async(&orphan_path).unwrap();
+    let expected = moments(&mut opt, params);
+    drop(opt);
+    std::thread::spawn(move || job.wait())
+        .join()
+        .unwrap()
+        .unwrap();
+    let mut restored = Optimizer::new(None).unwrap();
+    restored
+        .add_group(&GroupConfig::new().set("lr", 1e-2))
+        .unwrap();
+    let w = restored
+        .add_param("w", 0, &[1024, 256], vec![0.0; 1024 * 256], None)
+        .unwrap();
+    let b = restored
+        .add_param("b", 0, &[4], vec![0.0; 4], None)
+        .unwrap();
+    restored
+        .load(&[&orphan_path], &LoadOptions::default())
+        .unwrap();
+    assert!(moments(&mut restored, [w, b]) == expected);
+    assert_eq!(restored.step_count(0).unwrap(), 3);
+    assert_eq!(
+        file_names(&dir.0),
+        [
+            "dropped.safetensors",
+            "orphan.safetensors",
+            "sync.safetensors"
+        ]
+    );
+}
