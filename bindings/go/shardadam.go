@@ -19,7 +19,9 @@
 // A param may have no grad at a step (ClearGrad, a nil entry of SetGrads or BindGrads): it
 // is then skipped, as torch skips a param whose .grad is None, and its own step count
 // (ParamSteps) does not advance. States are copied out by State. Save and Load write and
-// read shard files (one per rank; any set of them loads onto any layout).
+// read shard files (one per rank; any set of them loads onto any layout). SaveAsync
+// snapshots the state and writes the file on a library thread while training goes on;
+// its ExportJob says when the file is in place (Wait, Done) and must be closed.
 //
 // On a CUDA optimizer (params on a CUDA device) Step and Flush take the caller's stream as
 // a raw cudaStream_t (StepArgs.Stream; 0 is the legacy default stream) and only enqueue

@@ -1,14 +1,20 @@
 package shardadam
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
+	"os/signal"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // ---- an independent float64 reference of the update in shardadam.h -------------------
@@ -903,5 +909,360 @@ func TestSaveOnTwoRanksLoadOnOne(t *testing.T) {
 	}
 	if g, err := whole.Group(0); err != nil || !reflect.DeepEqual(g, hp) {
 		t.Errorf("Group(0) after Load = %v, %v; want the saved %v", g, err, hp)
+	}
+}
+
+// asyncFixture is an optimizer with a [1024, 1024] "w" (8 MiB of state, so that a write
+// is rarely over before the next call) and a small "bias", and a function that steps it
+// with random grads.
+func asyncFixture(t *testing.T, seed int64) (*Optimizer, []*Param, func()) {
+	t.Helper()
+	rng := rand.New(rand.NewSource(seed))
+	opt := newOptimizer(t)
+	hp := DefaultGroupConfig()
+	hp["lr"] = 1e-2
+	mustAddGroup(t, opt, hp)
+	var params []*Param
+	for _, s := range []struct {
+		name  string
+		shape []int64
+	}{{"w", []int64{1024, 1024}}, {"bias", []int64{7}}} {
+		p, err := opt.AddParam(s.name, 0, s.shape, randomValues(rng, product(s.shape)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params = append(params, p)
+	}
+	step := func() {
+		t.Helper()
+		for _, p := range params {
+			if err := opt.SetGrad(p, randomValues(rng, p.Numel())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := opt.Step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return opt, params, step
+}
+
+// states copies every state of params out of opt: "<param>/<key>" -> values.
+func states(t *testing.T, opt *Optimizer, params []*Param) map[string][]float32 {
+	t.Helper()
+	out := map[string][]float32{}
+	for _, p := range params {
+		for _, key := range []string{"exp_avg", "exp_avg_sq"} {
+			s, err := opt.State(p, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[p.Name+"/"+key] = s
+		}
+	}
+	return out
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// expectOnlyFiles fails unless dir holds exactly the files named (no temporary file left).
+func expectOnlyFiles(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	sort.Strings(got)
+	sort.Strings(names)
+	if strings.Join(got, " ") != strings.Join(names, " ") {
+		t.Errorf("%s holds %q, want %q", dir, got, names)
+	}
+}
+
+// SaveAsync writes the state of its call: a step right after it returns changes the
+// state, not the file, which is byte for byte a Save taken before the step, and which
+// Load turns back into the pre-step state. A second SaveAsync after the step (it waits
+// for the first) writes the post-step state.
+func TestSaveAsyncWritesTheStateOfItsCall(t *testing.T) {
+	dir := t.TempDir()
+	opt, params, step := asyncFixture(t, 5)
+	step()
+	step()
+	before := states(t, opt, params)
+	if err := opt.Save(dir + "/sync.safetensors"); err != nil {
+		t.Fatal(err)
+	}
+	job, err := opt.SaveAsync(dir + "/async.safetensors")
+	if err != nil {
+		t.Fatalf("SaveAsync: %v", err)
+	}
+	t.Cleanup(func() { job.Close() })
+	step() // at once: the job may still be writing
+	if done, err := job.Done(); err != nil {
+		t.Fatalf("Done: %v", err)
+	} else if !done {
+		t.Logf("the job was still writing after the step")
+	}
+	after := states(t, opt, params)
+	if reflect.DeepEqual(after, before) {
+		t.Fatal("the step did not change the state: the test would prove nothing")
+	}
+	job2, err := opt.SaveAsync(dir + "/async2.safetensors")
+	if err != nil {
+		t.Fatalf("second SaveAsync: %v", err)
+	}
+	t.Cleanup(func() { job2.Close() })
+	if err := job.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if err := job2.Wait(); err != nil {
+		t.Fatalf("Wait (second job): %v", err)
+	}
+	if err := opt.Save(dir + "/sync2.safetensors"); err != nil {
+		t.Fatal(err)
+	}
+
+	sync, async := readFile(t, dir+"/sync.safetensors"), readFile(t, dir+"/async.safetensors")
+	if !bytes.Equal(async, sync) {
+		t.Errorf("SaveAsync's file (%d bytes) differs from Save's before the step (%d bytes)", len(async), len(sync))
+	}
+	sync2, async2 := readFile(t, dir+"/sync2.safetensors"), readFile(t, dir+"/async2.safetensors")
+	if !bytes.Equal(async2, sync2) {
+		t.Errorf("the second SaveAsync's file differs from Save's after the step")
+	}
+	if bytes.Equal(async2, async) {
+		t.Errorf("the files before and after the step are the same")
+	}
+	expectOnlyFiles(t, dir, "sync.safetensors", "async.safetensors", "sync2.safetensors", "async2.safetensors")
+
+	// Loading the first file brings back the state of SaveAsync's call and its step count.
+	if err := opt.Load([]string{dir + "/async.safetensors"}, nil); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got := states(t, opt, params); !reflect.DeepEqual(got, before) {
+		t.Errorf("Load of SaveAsync's file did not restore the state of its call")
+	}
+	if n, err := opt.StepCount(0); err != nil || n != 2 {
+		t.Errorf("StepCount after Load = %d, %v; want 2", n, err)
+	}
+	if err := job.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := job2.Close(); err != nil {
+		t.Errorf("Close (second job): %v", err)
+	}
+}
+
+// Errors found before the write starts come back from SaveAsync, with no job and no
+// temporary file left behind.
+func TestSaveAsyncRefusesWithoutAJob(t *testing.T) {
+	dir := t.TempDir()
+	opt, _, step := asyncFixture(t, 6)
+	step()
+	job, err := opt.SaveAsync(dir + "/no/such/dir/state.safetensors")
+	if job != nil {
+		t.Errorf("SaveAsync into a missing directory returned a job")
+		job.Close()
+	}
+	if e := asError(t, err); e.Status != StatusIO || !strings.Contains(e.Message, "no/such/dir/state.safetensors") {
+		t.Errorf("SaveAsync into a missing directory: %v; want StatusIO naming the path", err)
+	}
+	job, err = opt.SaveAsync(dir + "/nul\x00.safetensors")
+	if e := asError(t, err); job != nil || e.Status != StatusInvalidArgument {
+		t.Errorf("SaveAsync of a path with a NUL byte = %v, %v; want no job, StatusInvalidArgument", job, err)
+	}
+	// The optimizer still saves.
+	job, err = opt.SaveAsync(dir + "/ok.safetensors")
+	if err != nil {
+		t.Fatalf("SaveAsync after a refused one: %v", err)
+	}
+	if err := job.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	opt.Close()
+	job, err = opt.SaveAsync(dir + "/closed.safetensors")
+	if e := asError(t, err); job != nil || e.Status != StatusState || !strings.Contains(e.Message, "closed") {
+		t.Errorf("SaveAsync on a closed optimizer = %v, %v; want no job, StatusState", job, err)
+	}
+	expectOnlyFiles(t, dir, "ok.safetensors")
+}
+
+// Wait returns the same outcome every time, Done says the job ended once Wait returned,
+// and Close returns it too, twice; Done alone sees a job end. A job outlives its
+// optimizer's Close, which waits for it.
+func TestExportJobWaitDoneClose(t *testing.T) {
+	dir := t.TempDir()
+	opt, params, step := asyncFixture(t, 7)
+	step()
+	want := states(t, opt, params)
+	job, err := opt.SaveAsync(dir + "/a.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := job.Wait(); err != nil {
+			t.Fatalf("Wait #%d: %v", i+1, err)
+		}
+	}
+	if done, err := job.Done(); !done || err != nil {
+		t.Errorf("Done after Wait = %v, %v; want true, nil", done, err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := job.Close(); err != nil {
+			t.Errorf("Close #%d: %v", i+1, err)
+		}
+	}
+	if err := job.Wait(); err != nil {
+		t.Errorf("Wait after Close: %v", err)
+	}
+	if done, err := job.Done(); !done || err != nil {
+		t.Errorf("Done after Close = %v, %v; want true, nil", done, err)
+	}
+
+	// Done alone, until the job has ended.
+	job, err = opt.SaveAsync(dir + "/b.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		done, err := job.Done()
+		if err != nil {
+			t.Fatalf("Done: %v", err)
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job did not end within a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := job.Wait(); err != nil {
+		t.Errorf("Wait after Done: %v", err)
+	}
+	job.Close()
+
+	// Several goroutines wait, poll and close at once while the job may be writing.
+	job, err = opt.SaveAsync(dir + "/d.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			switch g {
+			case 0, 1:
+				errs <- job.Wait()
+			case 2:
+				for {
+					done, err := job.Done()
+					if done || err != nil {
+						errs <- err
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			case 3:
+				errs <- job.Close()
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a concurrent Wait, Done or Close: %v", err)
+		}
+	}
+
+	// The optimizer closed while its job may be writing: Close waits for it, the job
+	// still answers, and the file is whole.
+	job, err = opt.SaveAsync(dir + "/c.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Close()
+	if err := job.Wait(); err != nil {
+		t.Errorf("Wait after the optimizer's Close: %v", err)
+	}
+	if err := job.Close(); err != nil {
+		t.Errorf("Close after the optimizer's Close: %v", err)
+	}
+	for _, name := range []string{"a", "b", "c", "d"} {
+		fresh, freshParams, _ := asyncFixture(t, 8)
+		if err := fresh.Load([]string{dir + "/" + name + ".safetensors"}, nil); err != nil {
+			t.Fatalf("Load(%s): %v", name, err)
+		}
+		if got := states(t, fresh, freshParams); !reflect.DeepEqual(got, want) {
+			t.Errorf("Load(%s) did not restore the saved state", name)
+		}
+	}
+}
+
+// A write that fails on the library's thread (the file size limit makes the writer's
+// disk reservation fail) comes back from Wait, Done and Close as the job's own error;
+// nothing appears at the path and the temporary file is gone.
+func TestSaveAsyncReportsTheJobsFailure(t *testing.T) {
+	dir := t.TempDir()
+	opt, _, step := asyncFixture(t, 9)
+	step()
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &limit); err != nil {
+		t.Skipf("getrlimit(RLIMIT_FSIZE): %v", err)
+	}
+	// Exceeding the limit also raises SIGXFSZ, on the library's thread, which Go
+	// re-raises with its default action (the process ends) for a thread not its own.
+	signal.Ignore(syscall.SIGXFSZ)
+	defer signal.Reset(syscall.SIGXFSZ)
+	small := limit
+	small.Cur = 4096 // the state is 8 MiB
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &small); err != nil {
+		t.Skipf("setrlimit(RLIMIT_FSIZE): %v", err)
+	}
+	restore := func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &limit); err != nil {
+			t.Fatalf("restoring RLIMIT_FSIZE: %v", err)
+		}
+	}
+	defer restore()
+	job, err := opt.SaveAsync(dir + "/state.safetensors")
+	if err != nil {
+		t.Fatalf("SaveAsync: %v (the failure must come from the job)", err)
+	}
+	waitErr := job.Wait()
+	restore()
+	e := asError(t, waitErr)
+	if e.Status != StatusIO || !strings.Contains(e.Message, "sa_optimizer_export_async") ||
+		!strings.Contains(e.Message, "make room") {
+		t.Errorf("Wait = %v; want StatusIO with the job's message", waitErr)
+	}
+	if again := job.Wait(); !reflect.DeepEqual(again, waitErr) {
+		t.Errorf("second Wait = %v, first %v", again, waitErr)
+	}
+	if done, err := job.Done(); !done || !reflect.DeepEqual(err, waitErr) {
+		t.Errorf("Done = %v, %v; want true, %v", done, err, waitErr)
+	}
+	if err := job.Close(); !reflect.DeepEqual(err, waitErr) {
+		t.Errorf("Close = %v; want %v", err, waitErr)
+	}
+	expectOnlyFiles(t, dir)
+	// The optimizer saves again once the limit is gone.
+	if err := opt.Save(dir + "/state.safetensors"); err != nil {
+		t.Errorf("Save after the failed job: %v", err)
 	}
 }
