@@ -5,19 +5,28 @@
 // Four simulated ranks (uneven Shard(0)) each take one step and export (to sa_memory_writer,
 // and to a shard file with its fsync); then one unsharded optimizer imports all four files
 // (a 4 -> 1 reshard), and another imports the same bytes from memory. One line per measure:
-//   export to memory    vs memcpy of the same bytes on as many threads as the export uses
-//   export to file      vs a plain write + fsync of the same bytes (files beside them)
-//   import from memory  vs memcpy (as above)
-//   import from file    vs a plain read of the same files (page cache)
-//   async export blocks (not built yet: printed as such)
+//   export to memory     vs memcpy of the same bytes on as many threads as the export uses
+//                        (a GPU: the pinned D2H copy of the same bytes)
+//   export to file       vs a plain write + fsync of the same bytes (files beside them)
+//   import from memory   vs memcpy (as above; a GPU: the pinned H2D copy)
+//   import from file     vs a plain read of the same files (page cache)
+//   ..., read once       the same with sa_import_options.read_once (read each byte once
+//                        even when the data exceed the staging)
+//   async export blocks  how long sa_optimizer_export_async holds the caller (its second
+//                        call: the first makes the snapshot), vs memcpy into a ready buffer
+//                        (a GPU: pinned D2H); "async export total" until its job ended
+//   D2H, H2D             (a GPU) pinned cudaMemcpy of the state's bytes, and the export into
+//                        a ready buffer / a writer that keeps nothing, which split the
+//                        export's time between its copies and the destination's
 // Both sides checksum every byte (CRC-32C, on all cores): export once, import twice when
 // the data exceed the staging buffer (once to verify before anything is written, once as
-// each block is applied).
+// each block is applied) unless read once.
 // The import from files also reports its increase of peak RSS (VmHWM after resetting it
 // through /proc/self/clear_refs), against the staging size. The import copies into the
 // existing state, so the increase must stay within staging + O(headers): the program fails
 // (exit 1) when it exceeds staging + 16 MiB + 4x the headers.
-// Correctness: every imported state is compared (by a 64-bit hash) with what its rank held.
+// Correctness: every imported state is compared (by a 64-bit hash) with what its rank held,
+// and every async export's bytes with the synchronous export's.
 //
 // With --moments uint8 the moments are 8-bit block moments, which the files hold as their
 // codes and absmax: the import lands them in host memory, where each block a saved block
@@ -25,7 +34,10 @@
 // split) is taken as saved, any other quantized from its decoded values; with that landing
 // the bound is twice the staging size (sa_import_options).
 //
+// --device cuda (a build with CUDA) keeps params, grads and state on GPU 0.
+//
 //   state_io [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]
+//            [--device cpu|cuda]
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -45,6 +57,10 @@
 
 #include "shardadam/shardadam.h"
 
+#ifdef SA_BENCH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -57,6 +73,7 @@ struct Options {
   std::string dir;
   int threads = 0;
   bool uint8_moments = false;  // --moments uint8: 8-bit block moments (codes + absmax)
+  bool cuda = false;           // --device cuda
 };
 
 [[noreturn]] void die(const std::string& what) {
@@ -67,6 +84,12 @@ struct Options {
 void ok(sa_status s, const sa_optimizer* opt, const char* what) {
   if (s != SA_OK) die(std::string(what) + ": " + sa_optimizer_last_error(opt));
 }
+
+#ifdef SA_BENCH_CUDA
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#endif
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -111,14 +134,31 @@ float value_at(uint64_t i, uint64_t salt) {
   return static_cast<float>(static_cast<double>(x % 2000001) / 1e6 - 1.0);
 }
 
+// A float32 tensor: its values in `data`, and on a GPU a device copy that the optimizer
+// gets instead.
 struct HostTensor {
   std::vector<int64_t> shape;
   std::vector<float> data;
+  float* device = nullptr;
   DLManagedTensorVersioned managed{};
+  HostTensor() = default;
+  HostTensor(const HostTensor&) = delete;
+  HostTensor& operator=(const HostTensor&) = delete;
+  ~HostTensor() {
+#ifdef SA_BENCH_CUDA
+    if (device != nullptr) cudaFree(device);
+#endif
+  }
+  void to_device() {
+#ifdef SA_BENCH_CUDA
+    cuda_ok(cudaMalloc(&device, std::max<std::size_t>(1, data.size()) * sizeof(float)), "cudaMalloc");
+    cuda_ok(cudaMemcpy(device, data.data(), data.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+#endif
+  }
   DLTensor dl() {
     DLTensor t{};
-    t.data = data.data();
-    t.device = {kDLCPU, 0};
+    t.data = device != nullptr ? static_cast<void*>(device) : static_cast<void*>(data.data());
+    t.device = {device != nullptr ? kDLCUDA : kDLCPU, 0};
     t.ndim = static_cast<int32_t>(shape.size());
     t.dtype = {kDLFloat, 32, 1};
     t.shape = shape.data();
@@ -137,7 +177,7 @@ struct Model {
   std::vector<std::unique_ptr<HostTensor>> params, grads;
   std::vector<int64_t> row_offset;
 
-  Model(const std::vector<int64_t>& rows, int rank, int threads, bool step, bool uint8_moments) {
+  Model(const std::vector<int64_t>& rows, int rank, int threads, bool step, bool uint8_moments, bool cuda) {
     sa_optimizer_config config = SA_OPTIMIZER_CONFIG_INIT;
     config.num_threads = threads;
     ok(sa_optimizer_create(&config, &opt), nullptr, "create");
@@ -160,6 +200,7 @@ struct Model {
       p->data.resize(static_cast<std::size_t>(local[0] * local[1]));
       const uint64_t base = static_cast<uint64_t>(offset[0] * kCols);
       for (std::size_t i = 0; i < p->data.size(); ++i) p->data[i] = value_at(base + i, k);
+      if (cuda) p->to_device();
       sa_param_options options = SA_PARAM_OPTIONS_INIT;
       if (uint8_moments) options.moment_dtype = {kDLUInt, 8, 1};
       ok(sa_optimizer_add_param(opt, ("layers." + std::to_string(k) + ".w").c_str(), 0, p->versioned(),
@@ -171,6 +212,7 @@ struct Model {
         g->shape = p->shape;
         g->data.resize(p->data.size());
         for (std::size_t i = 0; i < g->data.size(); ++i) g->data[i] = 1e-3f * value_at(base + i, k + 7777);
+        if (cuda) g->to_device();
         DLTensor t = g->dl();
         ok(sa_optimizer_set_grad(opt, static_cast<int64_t>(k), &t), opt, "set_grad");
         grads.push_back(std::move(g));
@@ -178,6 +220,9 @@ struct Model {
       params.push_back(std::move(p));
     }
     if (step) ok(sa_optimizer_step(opt, nullptr, nullptr), opt, "step");
+#ifdef SA_BENCH_CUDA
+    if (cuda) cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#endif
   }
   ~Model() { sa_optimizer_destroy(opt); }
 
@@ -191,6 +236,16 @@ struct Model {
     for (int32_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
     const auto row_bytes = static_cast<std::size_t>(numel * t.dtype.bits / 8 / params[k]->shape[0]);
     const auto* data = static_cast<const unsigned char*>(t.data);
+    std::vector<unsigned char> copy;
+#ifdef SA_BENCH_CUDA
+    if (t.device.device_type == kDLCUDA) {
+      copy.resize(static_cast<std::size_t>(n) * row_bytes);
+      cuda_ok(cudaMemcpy(copy.data(), data + static_cast<std::size_t>(r0) * row_bytes, copy.size(),
+                         cudaMemcpyDeviceToHost),
+              "cudaMemcpy");
+      data = copy.data() - static_cast<std::size_t>(r0) * row_bytes;
+    }
+#endif
     const uint64_t h = hash_bytes(data + static_cast<std::size_t>(r0) * row_bytes, static_cast<std::size_t>(n) * row_bytes);
     view->deleter(view);
     return h;
@@ -217,8 +272,16 @@ Options parse(int argc, char** argv) {
       const std::string m = next();
       if (m != "float32" && m != "uint8") die("--moments takes float32 or uint8");
       o.uint8_moments = m == "uint8";
+    } else if (arg == "--device") {
+      const std::string d = next();
+      if (d != "cpu" && d != "cuda") die("--device takes cpu or cuda");
+      o.cuda = d == "cuda";
+#ifndef SA_BENCH_CUDA
+      if (o.cuda) die("--device cuda: this build of the benchmark has no CUDA");
+#endif
     } else {
-      die("usage: state_io [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8]");
+      die("usage: state_io [--gib G] [--staging-mib M] [--dir DIR] [--threads N] [--moments float32|uint8] "
+          "[--device cpu|cuda]");
     }
   }
   if (o.gib <= 0 || o.staging_mib == 0) die("--gib and --staging-mib must be positive");
@@ -236,6 +299,39 @@ std::string cpu_name() {
 }  // namespace
 
 using Bytes = std::vector<unsigned char>;
+
+// A writer into a buffer that exists already (allocated and touched once, as a caller's
+// reused checkpoint buffer is), or one that keeps nothing (`keep` false): the destination's
+// own cost taken out of an export's.
+struct ReadyBuffer {
+  Bytes bytes;
+  bool keep = true;
+  sa_writer table() {
+    sa_writer w = SA_WRITER_INIT;
+    w.ctx = this;
+    w.write = [](void*, const void*, std::size_t) { return 1; };  // never called: write_at is there
+    w.write_at = [](void* ctx, uint64_t offset, const void* data, std::size_t n) {
+      auto* b = static_cast<ReadyBuffer*>(ctx);
+      if (!b->keep) return 0;
+      if (offset + n > b->bytes.size()) return 1;
+      std::memcpy(b->bytes.data() + offset, data, n);
+      return 0;
+    };
+    w.reserve = [](void* ctx, uint64_t n) {
+      auto* b = static_cast<ReadyBuffer*>(ctx);
+      return b->keep && n > b->bytes.size() ? 1 : 0;
+    };
+    return w;
+  }
+};
+
+// The bytes a memory writer holds.
+Bytes memory_writer_bytes(const sa_writer& writer) {
+  const void* data = nullptr;
+  std::size_t size = 0;
+  ok(sa_memory_writer_data(&writer, &data, &size), nullptr, "memory_writer_data");
+  return Bytes(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + size);
+}
 
 // memcpy of n bytes split over `threads` threads, as the export spreads its work.
 void parallel_memcpy(unsigned char* dst, const unsigned char* src, std::size_t n, int threads) {
@@ -294,21 +390,52 @@ int main(int argc, char** argv) {
   std::vector<Bytes> blobs;  // the memory exports (the import from memory reads them)
   std::vector<std::vector<std::vector<uint64_t>>> hashes(kRanks);  // [rank][param][key]
   std::vector<std::vector<std::pair<int64_t, int64_t>>> boxes(kRanks);     // [rank][param] (row0, rows)
-  double file_export_seconds = 0, memory_export_seconds = 0;
+  double file_export_seconds = 0, memory_export_seconds = 0, ready_export_seconds = 0, null_export_seconds = 0;
+  double async_block_seconds = 0, async_total_seconds = 0;
+  int async_mismatches = 0;
   uint64_t file_bytes = 0;
   for (int r = 0; r < kRanks; ++r) {
-    Model rank(rows, r, o.threads, true, o.uint8_moments);
+    Model rank(rows, r, o.threads, true, o.uint8_moments, o.cuda);
     {
       sa_writer memory = SA_WRITER_INIT;
       ok(sa_memory_writer(&memory), nullptr, "memory_writer");
       const auto t0 = Clock::now();
       ok(sa_optimizer_export(rank.opt, &memory), rank.opt, "export");
       memory_export_seconds += seconds_since(t0);
-      const void* data = nullptr;
-      std::size_t size = 0;
-      ok(sa_memory_writer_data(&memory, &data, &size), nullptr, "memory_writer_data");
-      blobs.emplace_back(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + size);
+      blobs.push_back(memory_writer_bytes(memory));
       sa_writer_release(&memory);
+    }
+    {  // into a ready buffer, and into nothing (the export's own cost)
+      ReadyBuffer ready;
+      ready.bytes.assign(blobs.back().size(), 0);
+      sa_writer table = ready.table();
+      const auto t0 = Clock::now();
+      ok(sa_optimizer_export(rank.opt, &table), rank.opt, "export to a ready buffer");
+      ready_export_seconds += seconds_since(t0);
+      if (ready.bytes != blobs.back()) die("the export into a ready buffer differs from the memory writer's");
+      ReadyBuffer nothing;
+      nothing.keep = false;
+      table = nothing.table();
+      const auto t1 = Clock::now();
+      ok(sa_optimizer_export(rank.opt, &table), rank.opt, "export to a writer that keeps nothing");
+      null_export_seconds += seconds_since(t1);
+    }
+    // Async: the first makes the snapshot (timed apart: once per optimizer), the second
+    // is what every later save costs the caller.
+    for (int round = 0; round < 2; ++round) {
+      sa_writer memory = SA_WRITER_INIT;
+      ok(sa_memory_writer(&memory), nullptr, "memory_writer");
+      sa_export_job* job = nullptr;
+      const auto t0 = Clock::now();
+      ok(sa_optimizer_export_async(rank.opt, &memory, &job), rank.opt, "export_async");
+      const double blocked = seconds_since(t0);
+      const sa_status status = sa_export_job_wait(job);
+      const double total = seconds_since(t0);
+      if (status != SA_OK) die(std::string("async export: ") + sa_export_job_last_error(job));
+      sa_export_job_release(job);
+      async_mismatches += memory_writer_bytes(memory) != blobs.back();
+      sa_writer_release(&memory);
+      if (round == 1) async_block_seconds += blocked, async_total_seconds += total;
     }
     paths.push_back((dir / ("rank" + std::to_string(r) + ".safetensors")).string());
     sa_writer writer = SA_WRITER_INIT;
@@ -328,7 +455,8 @@ int main(int argc, char** argv) {
 
   // ---- baselines, same machine, same moment -------------------------------------------------
   const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));  // the export's
-  double memcpy_gbs = 0, memcpy1_gbs = 0, write_gbs = 0, read_gbs = 0;
+  double memcpy_gbs = 0, memcpy1_gbs = 0, write_gbs = 0, read_gbs = 0, ready_memcpy_gbs = 0, d2h_gbs = 0,
+         h2d_gbs = 0;
   {
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(state_bytes), std::size_t{1} << 30);
     Bytes a(n, 1), b(n, 2);
@@ -346,7 +474,30 @@ int main(int argc, char** argv) {
       memcpy_gbs = std::max(memcpy_gbs, double(n) / seconds_since(t1) / 1e9);
       std::free(fresh);
     }
+    // Into a buffer touched before: what an async export's snapshot copies into.
+    const auto t2 = Clock::now();
+    parallel_memcpy(b.data(), a.data(), n, threads);
+    ready_memcpy_gbs = double(n) / seconds_since(t2) / 1e9;
   }
+#ifdef SA_BENCH_CUDA
+  if (o.cuda) {  // pinned copies of the state's bytes: the link, each way (best of 3)
+    const auto n = static_cast<std::size_t>(state_bytes);
+    void *device = nullptr, *pinned = nullptr;
+    cuda_ok(cudaMalloc(&device, n), "cudaMalloc");
+    cuda_ok(cudaMallocHost(&pinned, n), "cudaMallocHost");
+    std::memset(pinned, 1, n);
+    for (int round = 0; round < 3; ++round) {
+      auto t0 = Clock::now();
+      cuda_ok(cudaMemcpy(pinned, device, n, cudaMemcpyDeviceToHost), "D2H");
+      d2h_gbs = std::max(d2h_gbs, double(n) / seconds_since(t0) / 1e9);
+      t0 = Clock::now();
+      cuda_ok(cudaMemcpy(device, pinned, n, cudaMemcpyHostToDevice), "H2D");
+      h2d_gbs = std::max(h2d_gbs, double(n) / seconds_since(t0) / 1e9);
+    }
+    cudaFreeHost(pinned);
+    cudaFree(device);
+  }
+#endif
   {  // The files' bytes written plainly, one file each with its fsync: an export's I/O floor.
     const auto t0 = Clock::now();
     for (int r = 0; r < kRanks; ++r) write_plain((dir / ("plain" + std::to_string(r))).string(), blobs[r]);
@@ -366,7 +517,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- import: one unsharded optimizer reads all four files ---------------------------------
-  Model loaded(rows, -1, o.threads, false, o.uint8_moments);
+  Model loaded(rows, -1, o.threads, false, o.uint8_moments, o.cuda);
   std::vector<sa_reader> readers(kRanks);
   std::vector<const sa_reader*> pointers;
   for (int r = 0; r < kRanks; ++r) {
@@ -384,12 +535,19 @@ int main(int argc, char** argv) {
   ok(sa_optimizer_import(loaded.opt, kRanks, pointers.data(), &options), loaded.opt, "import");
   const double import_seconds = seconds_since(t0);
   const int64_t peak = exact_peak ? proc_status_bytes("VmHWM:") : -1;
+  // Again with read_once (the same bytes land: the state check below covers both).
+  sa_import_options once = options;
+  once.read_once = 1;
+  const auto t_once = Clock::now();
+  ok(sa_optimizer_import(loaded.opt, kRanks, pointers.data(), &once), loaded.opt, "import, read once");
+  const double import_once_seconds = seconds_since(t_once);
   for (sa_reader& r : readers) sa_reader_release(&r);
 
   // ---- import from memory: the same bytes, another optimizer ---------------------------------
-  double memory_import_seconds = 0;
+  double memory_import_seconds = 0, memory_import_once_seconds = 0;
+  int mismatches = async_mismatches;
   {
-    Model from_memory(rows, -1, o.threads, false, o.uint8_moments);
+    Model from_memory(rows, -1, o.threads, false, o.uint8_moments, o.cuda);
     std::vector<sa_reader> memory_readers(kRanks);
     std::vector<const sa_reader*> memory_pointers;
     for (int r = 0; r < kRanks; ++r) {
@@ -399,10 +557,16 @@ int main(int argc, char** argv) {
     const auto t1 = Clock::now();
     ok(sa_optimizer_import(from_memory.opt, kRanks, memory_pointers.data(), &options), from_memory.opt, "import");
     memory_import_seconds = seconds_since(t1);
+    const auto t2 = Clock::now();
+    ok(sa_optimizer_import(from_memory.opt, kRanks, memory_pointers.data(), &once), from_memory.opt,
+       "import, read once");
+    memory_import_once_seconds = seconds_since(t2);
+    for (std::size_t k = 0; k < rows.size(); ++k)  // the same bytes as the file import
+      for (const char* key : keys)
+        mismatches += from_memory.state_hash(k, key, 0, rows[k]) != loaded.state_hash(k, key, 0, rows[k]);
     for (sa_reader& r : memory_readers) sa_reader_release(&r);
   }
 
-  int mismatches = 0;
   for (int r = 0; r < kRanks; ++r)
     for (std::size_t k = 0; k < rows.size(); ++k) {
       const auto [r0, n] = boxes[static_cast<std::size_t>(r)][k];
@@ -423,12 +587,30 @@ int main(int argc, char** argv) {
                 gbs / baseline_gbs);
   };
   const std::string memcpy_name = "memcpy, " + std::to_string(threads) + " threads, new buffer";
-  line("export to memory", memory_export_seconds, memcpy_name, memcpy_gbs);
+  const std::string ready_name = "memcpy, " + std::to_string(threads) + " threads, ready buffer";
+  const std::string read_name = "plain read (page cache)";
+  if (o.cuda) {
+    line("D2H", state_bytes / d2h_gbs / 1e9, "cudaMemcpy, pinned", d2h_gbs);
+    line("H2D", state_bytes / h2d_gbs / 1e9, "cudaMemcpy, pinned", h2d_gbs);
+    line("export to memory", memory_export_seconds, "D2H", d2h_gbs);
+    line("..., ready buffer", ready_export_seconds, "D2H", d2h_gbs);
+    line("..., keeping none", null_export_seconds, "D2H", d2h_gbs);
+  } else {
+    line("export to memory", memory_export_seconds, memcpy_name, memcpy_gbs);
+    line("..., ready buffer", ready_export_seconds, ready_name, ready_memcpy_gbs);
+  }
   line("export to file", file_export_seconds, "plain write + fsync", write_gbs);
-  line("import from memory", memory_import_seconds, memcpy_name, memcpy_gbs);
-  line("import from file", import_seconds, "plain read (page cache)", read_gbs);
-  std::printf("%-20s %9s %8s   (not built yet: sa_optimizer_export has no asynchronous form)\n",
-              "async export blocks", "-", "-");
+  line("import from memory", memory_import_seconds, o.cuda ? "H2D" : memcpy_name, o.cuda ? h2d_gbs : memcpy_gbs);
+  line("..., read once", memory_import_once_seconds, o.cuda ? "H2D" : memcpy_name, o.cuda ? h2d_gbs : memcpy_gbs);
+  line("import from file", import_seconds, read_name, read_gbs);
+  line("..., read once", import_once_seconds, read_name, read_gbs);
+  line("async export blocks", async_block_seconds, o.cuda ? "D2H" : ready_name, o.cuda ? d2h_gbs : ready_memcpy_gbs);
+  line("async export total", async_total_seconds, o.cuda ? "D2H" : ready_name, o.cuda ? d2h_gbs : ready_memcpy_gbs);
+  std::printf("(staging %llu MiB: %s; async exports: the second of each rank, %s the synchronous export's bytes)\n",
+              static_cast<unsigned long long>(o.staging_mib),
+              state_bytes > double(o.staging_mib << 20) ? "the data exceed it, so the default import reads twice"
+                                                        : "the data fit, so every import reads once",
+              async_mismatches ? "NOT" : "each equal to");
   std::printf("(memcpy on 1 thread: %.2f GB/s)\n", memcpy1_gbs);
   std::printf("\nfiles: %.1f MiB of headers in %.3f GiB\n", header_bytes / double(1 << 20), double(file_bytes) / double(1 << 30));
   std::printf("state check: %s (%d of %zu states differ)\n", mismatches ? "FAILED" : "every state bitwise equal",

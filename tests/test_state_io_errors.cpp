@@ -764,6 +764,53 @@ TEST_CASE("a file cut short after its reader opened it (reads come back short): 
   }
 }
 
+TEST_CASE("read_once: data larger than the staging are read once; a damaged block met while copying is "
+          "SA_ERR_FORMAT and leaves the optimizer unusable",
+          "[state_io][errors]") {
+  sa_import_options once = import_options(1);  // one 1 MiB block of staging: less than the data
+  once.read_once = 1;
+  Target target;
+  {
+    std::vector<TestReader> readers(2);
+    readers[0].blob = &saved_blobs()[0];
+    readers[1].blob = &saved_blobs()[1];
+    REQUIRE_SA_OK(target.opt(), import_with(target.opt(), readers, &once));
+    for (const TestReader& r : readers) {
+      std::vector<uint64_t> offsets = r.seen;
+      std::sort(offsets.begin(), offsets.end());
+      CHECK(std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end());  // no offset twice
+    }
+    Target reference;
+    const sa_import_options twice = import_options(1);
+    std::vector<TestReader> again(2);
+    again[0].blob = &saved_blobs()[0];
+    again[1].blob = &saved_blobs()[1];
+    REQUIRE_SA_OK(reference.opt(), import_with(reference.opt(), again, &twice));
+    CHECK(snapshot(target.opt(), target.prob) == snapshot(reference.opt(), reference.prob));
+    std::vector<uint64_t> offsets = again[0].seen;
+    std::sort(offsets.begin(), offsets.end());
+    CHECK(std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end());  // the default reads twice
+  }
+  // The last data byte of blob 1 damaged: found after other blocks were copied.
+  Bytes bad = saved_blobs()[1];
+  bad.back() ^= 0x10;
+  CHECK_SA_FAILS(target.opt(), SA_ERR_FORMAT, import_blobs(target.opt(), {saved_blobs()[0], bad}, &once),
+                 "blob 1", "has checksum", "the file is corrupt", "partly overwritten", "refuses to step");
+  CHECK(target.has_failure_marker());
+  REQUIRE_SA_OK(target.opt(), import_blobs(target.opt(), saved_blobs(), &once));  // clears it
+  CHECK_FALSE(target.has_failure_marker());
+  // Data that fit the staging are checked before anything is copied, read_once or not.
+  sa_import_options fits = import_options(0);
+  fits.read_once = 1;
+  Target unchanged;
+  CHECK_SA_FAILS(unchanged.opt(), SA_ERR_FORMAT, import_blobs(unchanged.opt(), {saved_blobs()[0], bad}, &fits),
+                 "the file is corrupt");
+  unchanged.check_unchanged();
+  fits.read_once = 2;
+  CHECK_SA_FAILS(unchanged.opt(), SA_ERR_INVALID_ARGUMENT, import_blobs(unchanged.opt(), saved_blobs(), &fits),
+                 "read_once is 2; it must be 0 or 1");
+}
+
 TEST_CASE("a failure while copying marks the optimizer unusable until an import succeeds",
           "[state_io][errors]") {
   // staging_bytes 1 (one 1 MiB block) is less than the data, so the copy re-reads it:

@@ -41,11 +41,14 @@ std::vector<Bytes> train_and_save(const Scenario& save) {
 // Loads `blobs` into every rank of `load` (created with other hyperparameters and the
 // params at their saved values), checks the state and the groups, trains to the end and
 // checks params and states against the uninterrupted unsharded run.
-void load_and_continue(const std::vector<Bytes>& blobs, const Scenario& load, uint64_t staging_bytes) {
+void load_and_continue(const std::vector<Bytes>& blobs, const Scenario& load, uint64_t staging_bytes,
+                       bool read_once = false) {
   const Problem& prob = io_problem();
-  INFO("loaded on " << load.label << " (" << load.ranks << " ranks), staging_bytes " << staging_bytes);
+  INFO("loaded on " << load.label << " (" << load.ranks << " ranks), staging_bytes " << staging_bytes
+                    << (read_once ? ", read once" : ""));
   auto ranks = make_ranks(prob, load, param_values(expected_at_save()), other_groups());
-  const sa_import_options options = import_options(staging_bytes);
+  sa_import_options options = import_options(staging_bytes);
+  options.read_once = read_once ? 1 : 0;
   for (int64_t r = 0; r < load.ranks; ++r) {
     INFO("rank " << r);
     Rank& rank = *ranks[static_cast<std::size_t>(r)];
@@ -129,13 +132,17 @@ TEST_CASE("explicit boxes (uneven, one empty, a column split) load on meshes and
   reshard(mesh_scenario("Shard(1) over 3", {3}, {shard(1)}), {box_scenario()});
 }
 
-TEST_CASE("the staging size changes nothing: one block, a few blocks, everything at once",
+TEST_CASE("the staging size and read_once change nothing: one block, two halves of one block, a few blocks, "
+          "everything at once",
           "[state_io]") {
   // 1 byte is raised to one checksum block (1 MiB): "big"'s ~2 MiB states then take a
-  // second, re-checked read; 3 MiB holds some files whole; 0 (64 MiB) holds everything.
+  // second, re-checked read; 2 MiB is two halves of one block each, one read while the
+  // other is copied (pipelined), 3 MiB two of 1.5 MiB; 0 (64 MiB) holds everything. Each
+  // reads once with read_once.
   const std::vector<Bytes> blobs = train_and_save(mesh_scenario("Shard(1) over 3", {3}, {shard(1)}));
-  for (uint64_t staging : {uint64_t{1}, uint64_t{3} << 20, uint64_t{0}})
-    load_and_continue(blobs, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), staging);
+  for (const bool read_once : {false, true})
+    for (uint64_t staging : {uint64_t{1}, uint64_t{2} << 20, uint64_t{3} << 20, uint64_t{0}})
+      load_and_continue(blobs, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), staging, read_once);
 }
 
 TEST_CASE("shard files written with sa_file_writer load with sa_file_reader", "[state_io]") {
@@ -328,11 +335,12 @@ TEST_CASE(
   std::vector<Bytes> blobs;
   for (auto& r : saving) blobs.push_back(r->export_blob());
   std::vector<std::vector<Bytes>> loaded;  // [staging choice][rank, param, key]
-  for (uint64_t staging : {uint64_t{0}, uint64_t{1}}) {
+  for (uint64_t staging : {uint64_t{0}, uint64_t{1}, uint64_t{2} << 20}) {
     INFO("staging_bytes " << staging);
     auto ranks =
         make_ranks(q8, mesh_scenario("Shard(0) over 2", {2}, {shard(0)}), q8.initial_values());
-    const sa_import_options options = import_options(staging);
+    sa_import_options options = import_options(staging);
+    options.read_once = staging == (uint64_t{2} << 20) ? 1 : 0;  // two halves, read once
     std::vector<Bytes> states;
     for (auto& rank : ranks) {
       REQUIRE_SA_OK(rank->opt(), import_blobs(rank->opt(), blobs, &options));
@@ -343,10 +351,12 @@ TEST_CASE(
     loaded.push_back(states);
   }
   REQUIRE(loaded[0].size() == loaded[1].size());
+  REQUIRE(loaded[0].size() == loaded[2].size());
   std::size_t nonzero = 0;
   for (std::size_t i = 0; i < loaded[0].size(); ++i) {
     INFO("state " << i);
     CHECK(loaded[0][i] == loaded[1][i]);
+    CHECK(loaded[0][i] == loaded[2][i]);
     nonzero += loaded[0][i] != Bytes(loaded[0][i].size(), 0);
   }
   CHECK(nonzero > loaded[0].size() / 2);  // the states hold what training wrote, not zeros

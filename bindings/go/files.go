@@ -176,6 +176,11 @@ type LoadOptions struct {
 	AllowUnexpected bool  // params in the files that this optimizer lacks are ignored
 	KeepGroups      bool  // keep the groups' hyperparameters and step counts (else restored)
 	StagingBytes    int64 // bytes of the staging buffer; 0: the library's default (64 MiB)
+	// ReadOnce reads each byte once even when the data exceed the staging buffer: each
+	// block is checked as it is read, before it is copied, so a damaged block found after
+	// copying began leaves the optimizer unusable (until a Load succeeds) instead of
+	// unchanged. For a resume into a fresh optimizer.
+	ReadOnce bool
 }
 
 // Load reads the state saved in the shard files at paths, written by any number of ranks
@@ -207,7 +212,8 @@ func (o *Optimizer) Load(paths []string, opts *LoadOptions) error {
 	}
 	options := C.sa_import_options{struct_size: C.sizeof_sa_import_options,
 		staging_bytes: C.uint64_t(opts.StagingBytes), allow_missing: flag(opts.AllowMissing),
-		allow_unexpected: flag(opts.AllowUnexpected), restore_groups: flag(!opts.KeepGroups)}
+		allow_unexpected: flag(opts.AllowUnexpected), restore_groups: flag(!opts.KeepGroups),
+		read_once: flag(opts.ReadOnce)}
 	if err := o.lock(op); err != nil {
 		return err
 	}

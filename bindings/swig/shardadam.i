@@ -692,6 +692,7 @@ SA_OPTION_STRUCT(sa_import_options, SA_IMPORT_OPTIONS_INIT)
 %immutable sa_reader::struct_size;
 %immutable sa_reader::size;
 %immutable sa_reader::name;
+%immutable sa_reader::concurrent;
 SA_OPTION_STRUCT(sa_writer, SA_WRITER_INIT)
 SA_OPTION_STRUCT(sa_reader, SA_READER_INIT)
 %extend sa_writer {

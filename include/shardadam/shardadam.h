@@ -1099,7 +1099,7 @@ typedef struct sa_import_options {
    * At least one checksum block (1 MiB) is used whatever is asked, and no more than the
    * import reads. When all it reads fits, it reads everything once; otherwise twice
    * (once to verify every checksum before anything changes, once to copy, checking the
-   * checksums again). On device backends pinning a large buffer costs time of its own:
+   * checksums again), unless read_once. On device backends pinning a large buffer costs time of its own:
    * 64-256 MiB is the sweet spot. */
   uint64_t staging_bytes;
   /* 1: params of this optimizer absent from the blobs keep their state (else an error). */
@@ -1109,10 +1109,19 @@ typedef struct sa_import_options {
   /* 1 (default): restore the groups' hyperparameters and step counts, and each param's
    * step count, from the blobs (params the blobs do not hold keep theirs). */
   int32_t restore_groups;
+  /* 1: read every byte once even when the data exceed the staging buffer: each checksum
+   * block is checked as it is read, before it is copied, so a damaged block found after the
+   * copying began fails the import with SA_ERR_FORMAT and leaves the optimizer unusable
+   * (as a failed copy does: see below) instead of unchanged. For resumes into a fresh
+   * optimizer, where the state before the import is worth nothing. 0 (default): nothing
+   * changes unless every checksum matched first, at the cost of reading the data twice
+   * when they exceed the staging buffer. Headers, and everything else checked before the
+   * copy, are checked first either way. */
+  int32_t read_once;
 } sa_import_options;
 
 #define SA_IMPORT_OPTIONS_INIT \
-  { sizeof(sa_import_options), 0, 0, 0, 1 }
+  { sizeof(sa_import_options), 0, 0, 0, 1, 0 }
 
 /**
  * Loads state from `n` shard files (written by any number of ranks with any layout)
@@ -1149,8 +1158,9 @@ typedef struct sa_import_options {
  * it was.
  *
  * A failure during the copy phase (a read fails, or a block no longer matches its
- * checksum: the blob changed under us) returns SA_ERR_IO and marks the optimizer
- * unusable: sa_optimizer_step, sa_optimizer_flush and sa_optimizer_export refuse with
+ * checksum: the blob changed under us) returns SA_ERR_IO (with read_once, a damaged block
+ * found there returns SA_ERR_FORMAT, and "all of these" above covers only what is checked
+ * before the copy) and marks the optimizer unusable: sa_optimizer_step, sa_optimizer_flush and sa_optimizer_export refuse with
  * SA_ERR_STATE, saying why, until an import succeeds that restores every param (one where
  * allow_missing skipped a param leaves the mark). The call synchronizes the device before it
  * copies. `options` may be NULL. Params themselves are not touched: load them from the model's own

@@ -5,17 +5,20 @@
 //  1. plan     headers, the name index, tiling, dtypes, keys, groups     nothing changed
 //  2. verify   read every checksum block the copy needs, check its CRC   nothing changed
 //  3. apply    copy the runs into state (re-reading and re-checking the  optimizer marked
-//              blocks unless phase 2 could keep them all in staging)     unusable
+//              blocks unless phase 2 could keep them all in staging;     unusable
+//              with read_once, reading them for the first time)
 // The unit of reading is a checksum block, so that every byte copied into state has had
 // its checksum checked when it is copied, even if the blob changes between phases 2 and 3.
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <new>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "../../kernels/adam_math.h"
@@ -102,7 +105,7 @@ struct Chunk {
 
 struct Settings {
   uint64_t staging_bytes;
-  bool allow_missing, allow_unexpected, restore_groups;
+  bool allow_missing, allow_unexpected, restore_groups, read_once;
 };
 
 Settings settings_of(const sa_import_options& o) {
@@ -113,7 +116,7 @@ Settings settings_of(const sa_import_options& o) {
   };
   return {o.staging_bytes == 0 ? kDefaultStagingBytes : o.staging_bytes,
           flag(o.allow_missing, "allow_missing"), flag(o.allow_unexpected, "allow_unexpected"),
-          flag(o.restore_groups, "restore_groups")};
+          flag(o.restore_groups, "restore_groups"), flag(o.read_once, "read_once")};
 }
 
 std::string key_list(const std::set<std::string>& keys) {
@@ -353,7 +356,11 @@ class Importer {
       for (const auto& [a, b] : r) total += std::min(b * block, piece.saved->bytes) - a * block;
     }
     cached_ = total <= settings_.staging_bytes;
-    const uint64_t limit = std::max(settings_.staging_bytes, largest_block);
+    // Data that do not fit are copied through two halves of the staging (one read while
+    // the other is copied into state), when each half holds a checksum block.
+    pipelined_ = !cached_ && settings_.staging_bytes >= 2 * largest_block;
+    const uint64_t limit =
+        pipelined_ ? settings_.staging_bytes / 2 : std::max(settings_.staging_bytes, largest_block);
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       const uint64_t block = headers_[pieces_[i].file].block_bytes;
       const uint64_t per_chunk = std::max<uint64_t>(1, limit / block);
@@ -375,7 +382,7 @@ class Importer {
       c.cache_at = cached_ ? staging : 0;
       staging = cached_ ? staging + c.bytes : std::max(staging, c.bytes);
     }
-    staging_bytes_ = staging;
+    staging_bytes_ = pipelined_ ? 2 * staging : staging;
     plan_landing_rounds();
   }
 
@@ -482,7 +489,9 @@ class Importer {
     if (chunks_.empty() || backend == nullptr) return;
     staging_ = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
     auto* base = static_cast<unsigned char*>(staging_->data());
-    for (const Chunk& c : chunks_) read_checked(c, base + c.cache_at, SA_ERR_FORMAT);
+    // read_once: a chunk that stays in staging is read here, the others as they are copied.
+    if (cached_ || !settings_.read_once)
+      for (const Chunk& c : chunks_) read_checked(c, base + c.cache_at, SA_ERR_FORMAT);
     for (Piece& piece : pieces_)
       if (piece.scales != nullptr) read_scales(piece);
   }
@@ -525,7 +534,7 @@ class Importer {
         opt_.cast_params_from_master(imported_);
       } catch (const Error& e) {
         opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
-        fail(e.status() == SA_ERR_FORMAT ? SA_ERR_IO : e.status(), e.what(),
+        fail(e.status() == SA_ERR_FORMAT && !settings_.read_once ? SA_ERR_IO : e.status(), e.what(),
              "; the state is now partly overwritten, so the optimizer refuses to step until an "
              "import succeeds");
       }
@@ -554,16 +563,48 @@ class Importer {
   }
 
   // The chunks of round `round`: of its landings' pieces, and in round 0 of every piece
-  // that lands directly in state.
+  // that lands directly in state. Unless phase 2 kept them all in staging, each is read
+  // (and checked) again, or with read_once for the first time: pipelined, chunk k+1 is read
+  // into one half of the staging, on a thread of its own with the import's pool, while
+  // chunk k, in the other, is copied into state here (for a device: host-to-device copies
+  // overlapping the reads).
   void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce, int round) {
     auto* base = static_cast<unsigned char*>(staging_->data());
+    std::vector<const Chunk*> chunks;
     for (const Chunk& c : chunks_) {
       const int landing = pieces_[c.piece].landing;
-      const int of = landing < 0 ? 0 : landings_[static_cast<std::size_t>(landing)].round;
-      if (of != round) continue;
-      unsigned char* data = base + c.cache_at;
-      if (!cached_) read_checked(c, data, SA_ERR_IO);
-      scatter(c, data, cursors[c.piece], backend, bounce);
+      if ((landing < 0 ? 0 : landings_[static_cast<std::size_t>(landing)].round) == round)
+        chunks.push_back(&c);
+    }
+    if (cached_) {
+      for (const Chunk* c : chunks) scatter(*c, base + c->cache_at, cursors[c->piece], backend, bounce);
+      return;
+    }
+    // Read again after phase 2 (the blob may have changed since: SA_ERR_IO), or for the
+    // first time with read_once (a mismatch is damage: SA_ERR_FORMAT).
+    const sa_status status = settings_.read_once ? SA_ERR_FORMAT : SA_ERR_IO;
+    auto slot = [&](std::size_t k) { return base + (pipelined_ ? (k % 2) * (staging_bytes_ / 2) : 0); };
+    if (!chunks.empty()) read_checked(*chunks[0], slot(0), status);
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      std::exception_ptr read_failure;
+      std::thread next;
+      if (pipelined_ && k + 1 < chunks.size())
+        next = std::thread([&, k] {
+          try {
+            read_checked(*chunks[k + 1], slot(k + 1), status);
+          } catch (...) {
+            read_failure = std::current_exception();
+          }
+        });
+      try {
+        scatter(*chunks[k], slot(k), cursors[chunks[k]->piece], backend, bounce);
+      } catch (...) {
+        if (next.joinable()) next.join();
+        throw;
+      }
+      if (next.joinable()) next.join();
+      if (read_failure) std::rethrow_exception(read_failure);
+      if (!pipelined_ && k + 1 < chunks.size()) read_checked(*chunks[k + 1], slot(k + 1), status);
     }
   }
 
@@ -735,7 +776,8 @@ class Importer {
   std::vector<float> decoded_;
   std::vector<Chunk> chunks_;
   bool converts_ = false;
-  bool cached_ = false;
+  bool cached_ = false;     // phase 2 keeps everything it reads in staging
+  bool pipelined_ = false;  // else, phase 3 reads into one half while copying from the other
   uint64_t staging_bytes_ = 0;
   std::shared_ptr<Buffer> staging_;
   std::vector<uint32_t> crc_scratch_;  // the checksums of one chunk's blocks

@@ -120,9 +120,11 @@ TEST_CASE("CUDA shard files: the same bytes as the CPU's, and imports into anoth
 
   for (const Scenario& load : {mesh_scenario("Shard(1) over 3", {3}, {shard(1)}),
                                mesh_scenario("2x2 Shard(0),Shard(1)", {2, 2}, {shard(0), shard(1)})}) {
-    for (uint64_t staging : {uint64_t{0}, uint64_t{1}}) {
+    // 2 MiB: two halves of one block, one read while the other goes up (pipelined), read once.
+    for (uint64_t staging : {uint64_t{0}, uint64_t{1}, uint64_t{2} << 20}) {
       INFO(load.label << ", staging_bytes " << staging);
-      const sa_import_options options = import_options(staging);
+      sa_import_options options = import_options(staging);
+      options.read_once = staging == (uint64_t{2} << 20) ? 1 : 0;
       auto cpu = make_ranks(prob, load, values, other_groups());
       auto gpu = make_gpu_ranks(prob, load, values, other_groups());
       for (std::size_t r = 0; r < gpu.size(); ++r) {
@@ -189,6 +191,30 @@ TEST_CASE("CUDA shard files: the same bytes as the CPU's, and imports into anoth
         check_same(*into, *gpu_in[r], *cpu_in[r]);
       }
     }
+  }
+}
+
+TEST_CASE("CUDA async export: the bytes of a synchronous export at its call; steps during the write stay out",
+          "[gpu][state_io]") {
+  const Problem& prob = io_problem();
+  GpuRank rank(prob, unsharded_scenario(), 0, prob.initial_values());
+  rank.step(0);
+  for (int round = 0; round < 3; ++round) {  // the first makes the pinned snapshot, the others reuse it
+    INFO("async export " << round);
+    const Bytes expected = export_blob(rank.opt());
+    sa_writer writer = SA_WRITER_INIT;
+    REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
+    sa_export_job* job = nullptr;
+    REQUIRE_SA_OK(rank.opt(), sa_optimizer_export_async(rank.opt(), &writer, &job));
+    rank.step(1 + round);  // changes the device state while the job checksums and writes
+    CHECK(sa_export_job_wait(job) == SA_OK);
+    sa_export_job_release(job);
+    const void* data = nullptr;
+    std::size_t size = 0;
+    REQUIRE_SA_OK(nullptr, sa_memory_writer_data(&writer, &data, &size));
+    CHECK(Bytes(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + size) == expected);
+    sa_writer_release(&writer);
+    CHECK(export_blob(rank.opt()) != expected);
   }
 }
 

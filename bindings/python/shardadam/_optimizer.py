@@ -779,7 +779,8 @@ class Optimizer(OwnsHandle):
             del writer  # releases it (an uncommitted file writer removes its temporary file)
         return None
 
-    def load(self, paths, *, allow_missing=False, allow_unexpected=False, restore_groups=True, staging_bytes=0):
+    def load(self, paths, *, allow_missing=False, allow_unexpected=False, restore_groups=True, staging_bytes=0,
+             read_once=False):
         """Loads state from shard files written by any number of ranks with any layout,
         resharding onto this optimizer's layout; copies into the existing state buffers.
 
@@ -789,8 +790,14 @@ class Optimizer(OwnsHandle):
             allow_unexpected: params in the files that this optimizer lacks are ignored.
             restore_groups: restore hyperparameters and step counts from the files.
             staging_bytes: size of the staging buffer (0: the library's default, 64 MiB).
+            read_once: read each byte once even when the data exceed the staging buffer
+                (each block is checked as it is read, before it is copied): a damaged block
+                found while copying then leaves the optimizer unusable, raising
+                :class:`FormatError`, until a load succeeds. For a resume into a fresh
+                optimizer.
 
-        Everything is validated before anything is copied; on error nothing changed.
+        Everything is validated before anything is copied; on error nothing changed (with
+        ``read_once``: everything but the data blocks that did not fit the staging buffer).
         """
         handle = self._handle_or_raise()
         readers = _open_readers(paths)
@@ -799,6 +806,7 @@ class Optimizer(OwnsHandle):
         options.allow_unexpected = int(bool(allow_unexpected))
         options.restore_groups = int(bool(restore_groups))
         options.staging_bytes = int(staging_bytes)
+        options.read_once = int(bool(read_once))
         check(_C.sa_optimizer_import(handle, readers, options), handle)
 
 

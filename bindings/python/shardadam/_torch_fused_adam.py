@@ -775,7 +775,8 @@ class FusedAdam(torch.optim.Optimizer):
         self._push_hyperparameters()
         return self.native.save(path, wait=wait)
 
-    def load_shard_files(self, paths, *, allow_missing=False, allow_unexpected=False, staging_bytes=0):
+    def load_shard_files(self, paths, *, allow_missing=False, allow_unexpected=False, staging_bytes=0,
+                         read_once=False):
         """Loads the shard files of every rank of a checkpoint (written by
         :meth:`save_shard_file` on any number of ranks, with any layout) and copies this
         rank's boxes into the existing state buffers. Params are matched by name (the
@@ -785,7 +786,7 @@ class FusedAdam(torch.optim.Optimizer):
         groups). Everything is validated before anything is copied; on error nothing
         changed. The options are :meth:`shardadam.Optimizer.load`'s."""
         self.native.load(paths, allow_missing=allow_missing, allow_unexpected=allow_unexpected,
-                         restore_groups=True, staging_bytes=staging_bytes)
+                         restore_groups=True, staging_bytes=staging_bytes, read_once=read_once)
         _torch_state_dict.after_shard_files_loaded(self)
 
     # ---- state dict ------------------------------------------------------------------------

@@ -213,3 +213,34 @@ def test_closing_with_a_save_in_flight_finishes_the_save(tmp_path, rng):
     opt.close()
     job.wait()
     assert (tmp_path / "async.safetensors").read_bytes() == reference.read_bytes()
+
+
+def test_load_read_once(tmp_path, rng):
+    """read_once with data larger than the staging buffer loads the same state; a damaged
+    last block is a FormatError found while copying, which leaves the optimizer refusing to
+    step until a load succeeds (the default, verify first, leaves it unchanged)."""
+    values = {"w": rng.standard_normal((512, 1024)).astype(np.float32)}  # 2 MiB per state
+    opt, _, grads = make(values)
+    train(opt, grads, rng, 2)
+    path = tmp_path / "rank0.safetensors"
+    opt.save(path)
+    saved = opt.state("w", "exp_avg_sq").numpy().copy()
+    loaded, _, _ = make(values)
+    loaded.load(path, staging_bytes=2 << 20, read_once=True)
+    np.testing.assert_array_equal(loaded.state("w", "exp_avg_sq").numpy(), saved)
+    damaged = tmp_path / "damaged.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x08
+    damaged.write_bytes(bytes(data))
+    fresh, _, fresh_grads = make(values)
+    with pytest.raises(shardadam.FormatError, match="corrupt"):
+        fresh.load(damaged, staging_bytes=2 << 20)  # verify first: nothing changed
+    fresh.step()
+    with pytest.raises(shardadam.FormatError, match="partly overwritten"):
+        fresh.load(damaged, staging_bytes=2 << 20, read_once=True)
+    with pytest.raises(shardadam.StateError, match="unusable"):
+        fresh.step()
+    fresh.load(path, staging_bytes=2 << 20, read_once=True)
+    fresh.step()
+    for o in (opt, loaded, fresh):
+        o.close()

@@ -166,6 +166,7 @@ struct SaReader
     read_at::Ptr{Cvoid}
     release::Ptr{Cvoid}
     name::Ptr{Cchar}
+    concurrent::Int32
 end
 
 struct SaImportOptions
@@ -174,6 +175,7 @@ struct SaImportOptions
     allow_missing::Int32
     allow_unexpected::Int32
     restore_groups::Int32
+    read_once::Int32
 end
 
 struct SaStepArgs
@@ -629,16 +631,19 @@ function save(opt::Optimizer, path::AbstractString)
 end
 
 """
-    load!(opt, paths; allow_missing = false, allow_unexpected = false, restore_groups = true)
+    load!(opt, paths; allow_missing = false, allow_unexpected = false, restore_groups = true,
+          read_once = false)
 
 Loads the state saved in the shard files at `paths` (written by any number of ranks with
 any layout) into this optimizer's state, resharding as needed (`sa_optimizer_import`).
-Everything is validated before anything changes.
+Everything is validated before anything changes; with `read_once` the data are read once
+even when they exceed the staging buffer, so a damaged block found while copying leaves the
+optimizer unusable (until a load succeeds) instead of unchanged.
 """
 function load!(opt::Optimizer, paths::AbstractVector{<:AbstractString}; allow_missing::Bool = false,
-               allow_unexpected::Bool = false, restore_groups::Bool = true)
+               allow_unexpected::Bool = false, restore_groups::Bool = true, read_once::Bool = false)
     handle = _handle(opt)
-    readers = [Ref(SaReader(sizeof(SaReader), C_NULL, 0, C_NULL, C_NULL, C_NULL)) for _ in paths]
+    readers = [Ref(SaReader(sizeof(SaReader), C_NULL, 0, C_NULL, C_NULL, C_NULL, 0)) for _ in paths]
     opened = 0
     try
         for (reader, path) in zip(readers, paths)
@@ -646,7 +651,7 @@ function load!(opt::Optimizer, paths::AbstractVector{<:AbstractString}; allow_mi
             opened += 1
         end
         options = Ref(SaImportOptions(sizeof(SaImportOptions), 0, allow_missing, allow_unexpected,
-            restore_groups))
+            restore_groups, read_once))
         status = GC.@preserve readers begin
             pointers = [Base.unsafe_convert(Ptr{SaReader}, r) for r in readers]
             ccall(_fn(:sa_optimizer_import), Cint,

@@ -274,6 +274,8 @@ int main(void) {
   OFFSET(sa_reader, read_at);
   OFFSET(sa_reader, release);
   OFFSET(sa_reader, name);
+  OFFSET(sa_reader, concurrent);
+  FACT("SA_READER_INIT.concurrent", reader.concurrent);
   FACT("SA_READER_INIT.struct_size", reader.struct_size);
   FACT("SA_READER_INIT.size", reader.size);
   FACT("SA_READER_INIT.null_pointers", reader.ctx == NULL && reader.read_at == NULL &&
@@ -285,11 +287,13 @@ int main(void) {
   OFFSET(sa_import_options, allow_missing);
   OFFSET(sa_import_options, allow_unexpected);
   OFFSET(sa_import_options, restore_groups);
+  OFFSET(sa_import_options, read_once);
   FACT("SA_IMPORT_OPTIONS_INIT.struct_size", import_options.struct_size);
   FACT("SA_IMPORT_OPTIONS_INIT.staging_bytes", import_options.staging_bytes);
   FACT("SA_IMPORT_OPTIONS_INIT.allow_missing", import_options.allow_missing);
   FACT("SA_IMPORT_OPTIONS_INIT.allow_unexpected", import_options.allow_unexpected);
   FACT("SA_IMPORT_OPTIONS_INIT.restore_groups", import_options.restore_groups);
+  FACT("SA_IMPORT_OPTIONS_INIT.read_once", import_options.read_once);
 
   printf("];\n");
   printf("pub const C_FLOAT_FACTS: &[(&str, f64)] = &[\n");

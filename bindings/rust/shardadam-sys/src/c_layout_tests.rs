@@ -368,7 +368,9 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_reader, read_at);
     offset!(sa_reader, release);
     offset!(sa_reader, name);
+    offset!(sa_reader, concurrent);
     let reader = sa_reader::default();
+    fact("SA_READER_INIT.concurrent", reader.concurrent as i64);
     fact("SA_READER_INIT.struct_size", reader.struct_size as i64);
     fact("SA_READER_INIT.size", reader.size as i64);
     let reader_nulls = reader.ctx.is_null()
@@ -383,6 +385,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_import_options, allow_missing);
     offset!(sa_import_options, allow_unexpected);
     offset!(sa_import_options, restore_groups);
+    offset!(sa_import_options, read_once);
     let import = sa_import_options::default();
     fact(
         "SA_IMPORT_OPTIONS_INIT.struct_size",
@@ -404,6 +407,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
         "SA_IMPORT_OPTIONS_INIT.restore_groups",
         import.restore_groups as i64,
     );
+    fact("SA_IMPORT_OPTIONS_INIT.read_once", import.read_once as i64);
     facts
 }
 

@@ -723,6 +723,10 @@ pub struct sa_reader {
     pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
     /// Names the blob in error messages; may be NULL.
     pub name: *const c_char,
+    /// 1: `read_at` may be called from several threads at once, for any ranges in any
+    /// order (an import then reads each checksum block on the thread that checks it);
+    /// 0: from the importing thread only, in increasing offset order per pass.
+    pub concurrent: i32,
 }
 
 impl Default for sa_reader {
@@ -735,6 +739,7 @@ impl Default for sa_reader {
             read_at: None,
             release: None,
             name: ptr::null(),
+            concurrent: 0,
         }
     }
 }
@@ -753,6 +758,9 @@ pub struct sa_import_options {
     pub allow_unexpected: i32,
     /// 1 (default): restore the groups' hyperparameters and step counts.
     pub restore_groups: i32,
+    /// 1: read each byte once even when the data exceed the staging; a damaged block met
+    /// while copying then leaves the optimizer unusable instead of unchanged.
+    pub read_once: i32,
 }
 
 impl Default for sa_import_options {
@@ -764,6 +772,7 @@ impl Default for sa_import_options {
             allow_missing: 0,
             allow_unexpected: 0,
             restore_groups: 1,
+            read_once: 0,
         }
     }
 }

@@ -1099,6 +1099,11 @@ pub struct LoadOptions {
     pub restore_groups: bool,
     /// Bytes of the staging buffer the data goes through; 0: the library's default (64 MiB).
     pub staging_bytes: u64,
+    /// Read each byte once even when the data exceed the staging buffer: each block is
+    /// checked as it is read, before it is copied, so a damaged block found after copying
+    /// began leaves the optimizer unusable (until a load succeeds) instead of unchanged.
+    /// For a resume into a fresh optimizer. Default: verify everything first.
+    pub read_once: bool,
 }
 
 impl Default for LoadOptions {
@@ -1109,6 +1114,7 @@ impl Default for LoadOptions {
             allow_unexpected: raw.allow_unexpected != 0,
             restore_groups: raw.restore_groups != 0,
             staging_bytes: raw.staging_bytes,
+            read_once: raw.read_once != 0,
         }
     }
 }
@@ -2672,6 +2678,7 @@ impl Optimizer {
             allow_missing: options.allow_missing as i32,
             allow_unexpected: options.allow_unexpected as i32,
             restore_groups: options.restore_groups as i32,
+            read_once: options.read_once as i32,
             ..sys::sa_import_options::default()
         };
         self.check(unsafe {
