@@ -961,9 +961,9 @@ typedef struct sa_reader {
   void* ctx;
   uint64_t size; /* total bytes of the blob */
   /* Reads exactly `bytes` bytes at `offset` into dst. Returns 0 on success. Unless
-   * `concurrent` is 1, called from the importing thread only, in increasing offset order per blob within a pass; an import that
-   * cannot keep everything it reads in its staging buffer reads each range twice (once to
-   * verify it, once to apply it) and needs the same bytes both times. */
+   * `concurrent` is 1, called from the importing thread only, in increasing offset order per blob
+   * within a pass; an import that cannot keep everything it reads in its staging buffer reads each
+   * range twice (once to verify it, once to apply it) and needs the same bytes both times. */
   int (*read_at)(void* ctx, uint64_t offset, void* dst, size_t bytes);
   /* Frees ctx (sa_reader_release calls it). May be NULL. */
   void (*release)(void* ctx);
@@ -1099,8 +1099,8 @@ typedef struct sa_import_options {
    * At least one checksum block (1 MiB) is used whatever is asked, and no more than the
    * import reads. When all it reads fits, it reads everything once; otherwise twice
    * (once to verify every checksum before anything changes, once to copy, checking the
-   * checksums again), unless read_once. On device backends pinning a large buffer costs time of its own:
-   * 64-256 MiB is the sweet spot. */
+   * checksums again), unless read_once. On device backends pinning a large buffer costs time of its
+   * own: 64-256 MiB is the sweet spot. */
   uint64_t staging_bytes;
   /* 1: params of this optimizer absent from the blobs keep their state (else an error). */
   int32_t allow_missing;
@@ -1160,14 +1160,14 @@ typedef struct sa_import_options {
  * A failure during the copy phase (a read fails, or a block no longer matches its
  * checksum: the blob changed under us) returns SA_ERR_IO (with read_once, a damaged block
  * found there returns SA_ERR_FORMAT, and "all of these" above covers only what is checked
- * before the copy) and marks the optimizer unusable: sa_optimizer_step, sa_optimizer_flush and sa_optimizer_export refuse with
- * SA_ERR_STATE, saying why, until an import succeeds that restores every param (one where
- * allow_missing skipped a param leaves the mark). The call synchronizes the device before it
- * copies. `options` may be NULL. Params themselves are not touched: load them from the model's own
- * checkpoint (a remainder state restores the fp32 value only with the same bf16 param bits it was
- * saved with). The exception is an fp8 param (sa_param_scaling): it follows from its master, so
- * an import casts it from the loaded master with its scaling, as a step would (block scales
- * rewritten; a delayed scaling casts with the engine's current scale and writes the amax; a
+ * before the copy) and marks the optimizer unusable: sa_optimizer_step, sa_optimizer_flush and
+ * sa_optimizer_export refuse with SA_ERR_STATE, saying why, until an import succeeds that restores
+ * every param (one where allow_missing skipped a param leaves the mark). The call synchronizes the
+ * device before it copies. `options` may be NULL. Params themselves are not touched: load them from
+ * the model's own checkpoint (a remainder state restores the fp32 value only with the same bf16
+ * param bits it was saved with). The exception is an fp8 param (sa_param_scaling): it follows from
+ * its master, so an import casts it from the loaded master with its scaling, as a step would (block
+ * scales rewritten; a delayed scaling casts with the engine's current scale and writes the amax; a
  * current scaling takes the amax of the whole tensor, so an import of sharded ones is
  * collective, as sa_optimizer_recast_params is).
  */

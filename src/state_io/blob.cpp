@@ -30,8 +30,7 @@ void BlobReader::read_failed(ReadResult result, uint64_t offset, std::size_t byt
   if (result == ReadResult::outside)
     fail(SA_ERR_FORMAT, name_, ": ", what, " would be bytes [", offset, ", ", offset + bytes,
          ") but the blob has only ", reader_.size, " bytes (truncated?)");
-  fail(SA_ERR_IO, name_, ": reading ", what, " (", bytes, " bytes at offset ", offset,
-       ") failed");
+  fail(SA_ERR_IO, name_, ": reading ", what, " (", bytes, " bytes at offset ", offset, ") failed");
 }
 
 void BlobReader::read(uint64_t offset, void* dst, std::size_t bytes, const char* what) const {

@@ -11,10 +11,10 @@
 // its checksum checked when it is copied, even if the blob changes between phases 2 and 3.
 #include <algorithm>
 #include <array>
-#include <exception>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <new>
 #include <set>
@@ -356,9 +356,12 @@ class Importer {
       for (const auto& [a, b] : r) total += std::min(b * block, piece.saved->bytes) - a * block;
     }
     cached_ = total <= settings_.staging_bytes;
-    // Data that do not fit are copied through two halves of the staging (one read while
-    // the other is copied into state), when each half holds a checksum block.
-    pipelined_ = !cached_ && settings_.staging_bytes >= 2 * largest_block;
+    // Data that do not fit a device's staging are copied through two halves of it (one
+    // read while the other goes up), when each half holds a checksum block. Host state is
+    // copied on the pool, which the reads need too: one slot, read then copied.
+    const Backend* backend = opt_.backend();
+    pipelined_ = !cached_ && backend != nullptr && !backend->host_memory() &&
+                 settings_.staging_bytes >= 2 * largest_block;
     const uint64_t limit =
         pipelined_ ? settings_.staging_bytes / 2 : std::max(settings_.staging_bytes, largest_block);
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
@@ -377,12 +380,16 @@ class Importer {
       if (px.file != py.file) return px.file < py.file;
       return px.saved->data_begin + x.begin < py.saved->data_begin + y.begin;
     });
-    uint64_t staging = 0;
+    uint64_t staging = 0, largest_chunk = 0;
     for (Chunk& c : chunks_) {
-      c.cache_at = cached_ ? staging : 0;
-      staging = cached_ ? staging + c.bytes : std::max(staging, c.bytes);
+      c.cache_at = staging;  // (used only when cached_)
+      staging += c.bytes;
+      largest_chunk = std::max(largest_chunk, c.bytes);
     }
-    staging_bytes_ = pipelined_ ? 2 * staging : staging;
+    // Uncached, chunks go through slots of `limit` bytes (at least the largest chunk), as
+    // many at once as fit (batches), so that small pieces' blocks are read in parallel too.
+    slot_bytes_ = cached_ ? staging : std::max(largest_chunk, std::min(limit, staging));
+    staging_bytes_ = pipelined_ ? 2 * slot_bytes_ : slot_bytes_;
     plan_landing_rounds();
   }
 
@@ -402,57 +409,103 @@ class Importer {
     rounds_ = landings_.empty() ? 1 : round + 1;
   }
 
-  // Reads `bytes` bytes of file `file`'s tensor `t` from `begin` (a checksum block
-  // boundary; the end one too, or the tensor's end) into `dst` and checks the checksum of
-  // every block, on the import's threads: each block is read by the thread that checks it
-  // when the reader is concurrent (sa_reader.concurrent), else all of them first, here.
-  // The first failure in block order is reported. `status` is what a mismatch reports:
-  // SA_ERR_FORMAT in phase 2 (a corrupt blob), SA_ERR_IO in phase 3 (the blob changed
-  // since phase 2 checked it).
-  void read_checked(std::size_t file, const SavedTensor& t, uint64_t begin, uint64_t bytes,
-                    unsigned char* dst, sa_status status) {
-    const ShardHeader& header = headers_[file];
-    const BlobReader& reader = readers_[file];
-    const std::string what = concat("tensor '", t.name(), "'");
-    const uint64_t offset = header.data_section + t.data_begin + begin;
-    const uint64_t block = header.block_bytes;
-    const bool concurrent = reader.concurrent();
-    if (!concurrent) reader.read(offset, dst, static_cast<std::size_t>(bytes), what.c_str());
-    const auto blocks = static_cast<std::size_t>(block_count(bytes, block));
-    crc_scratch_.resize(blocks);
-    read_results_.assign(blocks, BlobReader::ReadResult::ok);
-    pool().parallel_for(static_cast<int64_t>(blocks), [&](int64_t i) {
-      const uint64_t at = static_cast<uint64_t>(i) * block;
-      const auto n = static_cast<std::size_t>(std::min(block, bytes - at));
+  // A byte range of one saved tensor to read and check: `bytes` bytes of file `file`'s
+  // tensor `t` from `begin` (a checksum block boundary; the end one too, or the tensor's
+  // end), into `dst`.
+  struct Read {
+    std::size_t file;
+    const SavedTensor* tensor;
+    uint64_t begin, bytes;
+    unsigned char* dst;
+  };
+
+  // Reads every range of `reads` and checks the checksum of every block, all blocks at
+  // once on the import's threads: each block is read by the thread that checks it when its
+  // reader is concurrent (sa_reader.concurrent), else all of that reader's ranges first,
+  // here. The first failure in the ranges' order and block order is reported. `status` is
+  // what a mismatch reports: SA_ERR_FORMAT in phase 2 (a corrupt blob, and with read_once
+  // in phase 3 too), SA_ERR_IO in phase 3 (the blob changed since phase 2 checked it).
+  void read_checked(const std::vector<Read>& reads, sa_status status) {
+    auto offset_of = [&](const Read& r) {
+      return headers_[r.file].data_section + r.tensor->data_begin + r.begin;
+    };
+    auto what = [](const Read& r) { return concat("tensor '", r.tensor->name(), "'"); };
+    blocks_.clear();
+    for (std::size_t i = 0; i < reads.size(); ++i) {
+      const Read& r = reads[i];
+      if (!readers_[r.file].concurrent())
+        readers_[r.file].read(offset_of(r), r.dst, static_cast<std::size_t>(r.bytes),
+                              what(r).c_str());
+      for (uint64_t at = 0; at < r.bytes; at += headers_[r.file].block_bytes)
+        blocks_.push_back({i, at});
+    }
+    crc_scratch_.resize(blocks_.size());
+    read_results_.assign(blocks_.size(), BlobReader::ReadResult::ok);
+    pool().parallel_for(static_cast<int64_t>(blocks_.size()), [&](int64_t i) {
       const auto k = static_cast<std::size_t>(i);
-      if (concurrent) read_results_[k] = reader.try_read(offset + at, dst + at, n);
-      if (read_results_[k] == BlobReader::ReadResult::ok) crc_scratch_[k] = crc32c(0, dst + at, n);
+      const Read& r = reads[blocks_[k].read];
+      const uint64_t at = blocks_[k].at;
+      const auto n = static_cast<std::size_t>(std::min(headers_[r.file].block_bytes, r.bytes - at));
+      const BlobReader& reader = readers_[r.file];
+      if (reader.concurrent()) read_results_[k] = reader.try_read(offset_of(r) + at, r.dst + at, n);
+      if (read_results_[k] == BlobReader::ReadResult::ok)
+        crc_scratch_[k] = crc32c(0, r.dst + at, n);
     });
-    const uint64_t first = begin / block;
-    for (std::size_t i = 0; i < blocks; ++i) {
-      const uint64_t at = i * block;
-      const uint64_t n = std::min(block, bytes - at);
-      if (read_results_[i] != BlobReader::ReadResult::ok)
-        reader.read_failed(read_results_[i], offset + at, static_cast<std::size_t>(n), what.c_str());
-      const uint64_t index = first + i;
-      if (crc_scratch_[i] != t.crc32c[index])
+    for (std::size_t k = 0; k < blocks_.size(); ++k) {
+      const Read& r = reads[blocks_[k].read];
+      const uint64_t block = headers_[r.file].block_bytes;
+      const uint64_t at = blocks_[k].at;
+      const uint64_t n = std::min(block, r.bytes - at);
+      const BlobReader& reader = readers_[r.file];
+      if (read_results_[k] != BlobReader::ReadResult::ok)
+        reader.read_failed(read_results_[k], offset_of(r) + at, static_cast<std::size_t>(n),
+                           what(r).c_str());
+      const uint64_t index = (r.begin + at) / block;
+      const SavedTensor& t = *r.tensor;
+      if (crc_scratch_[k] != t.crc32c[index])
         fail(status, reader.name(), ": tensor '", t.name(), "': block ", index, " (bytes ",
-             begin + at, " to ", begin + at + n, " of its data) has checksum ", crc_scratch_[i],
+             r.begin + at, " to ", r.begin + at + n, " of its data) has checksum ", crc_scratch_[k],
              " but the header says ", t.crc32c[index],
              status == SA_ERR_FORMAT ? ": the file is corrupt"
                                      : ": the blob changed during the import");
     }
   }
 
+  // A chunk and its place in a slot of the staging; a batch: chunks read at once into one slot.
+  struct Placed {
+    const Chunk* chunk;
+    uint64_t at;
+  };
+  using Batch = std::vector<Placed>;
+
+  // `chunks` cut, in order, into batches of at most `slot` bytes each (a chunk is never
+  // larger).
+  static std::vector<Batch> batches_of(const std::vector<const Chunk*>& chunks, uint64_t slot) {
+    std::vector<Batch> out;
+    uint64_t used = 0;
+    for (const Chunk* c : chunks) {
+      if (out.empty() || used + c->bytes > slot) out.emplace_back(), used = 0;
+      out.back().push_back({c, used});
+      used += c->bytes;
+    }
+    return out;
+  }
+
+  // The reads of a batch whose slot starts at `base`.
+  std::vector<Read> reads_of(const Batch& batch, unsigned char* base) const {
+    std::vector<Read> reads;
+    reads.reserve(batch.size());
+    for (const Placed& p : batch) {
+      const Piece& piece = pieces_[p.chunk->piece];
+      reads.push_back({piece.file, piece.saved, p.chunk->begin, p.chunk->bytes, base + p.at});
+    }
+    return reads;
+  }
+
   // The import's threads (the optimizer's worker count, as an export's), made on first use.
   ThreadPool& pool() {
     if (!pool_) pool_ = std::make_unique<ThreadPool>(state_io_threads(opt_));
     return *pool_;
-  }
-
-  void read_checked(const Chunk& c, unsigned char* dst, sa_status status) {
-    const Piece& piece = pieces_[c.piece];
-    read_checked(piece.file, *piece.saved, c.begin, c.bytes, dst, status);
   }
 
   // Keeps the scales of the saved blocks a coded piece's runs touch in host memory (1/64
@@ -469,7 +522,7 @@ class Importer {
     const uint64_t end = std::min(
         block_count(static_cast<uint64_t>(hi) * sizeof(float), block_bytes) * block_bytes, t.bytes);
     std::vector<unsigned char> bytes(static_cast<std::size_t>(end - begin));
-    read_checked(piece.file, t, begin, end - begin, bytes.data(), SA_ERR_FORMAT);
+    read_checked({{piece.file, &t, begin, end - begin, bytes.data()}}, SA_ERR_FORMAT);
     piece.scales_first = lo;
     piece.scale_values.resize(static_cast<std::size_t>(hi - lo));
     std::memcpy(piece.scale_values.data(), bytes.data() + (lo * sizeof(float) - begin),
@@ -489,9 +542,16 @@ class Importer {
     if (chunks_.empty() || backend == nullptr) return;
     staging_ = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
     auto* base = static_cast<unsigned char*>(staging_->data());
-    // read_once: a chunk that stays in staging is read here, the others as they are copied.
-    if (cached_ || !settings_.read_once)
-      for (const Chunk& c : chunks_) read_checked(c, base + c.cache_at, SA_ERR_FORMAT);
+    std::vector<const Chunk*> all;
+    for (const Chunk& c : chunks_) all.push_back(&c);
+    if (cached_) {  // everything, at once, where phase 3 finds it
+      Batch batch;
+      for (const Chunk* c : all) batch.push_back({c, c->cache_at});
+      read_checked(reads_of(batch, base), SA_ERR_FORMAT);
+    } else if (!settings_.read_once) {  // read_once: each chunk is read as it is copied
+      for (const Batch& batch : batches_of(all, staging_bytes_))
+        read_checked(reads_of(batch, base), SA_ERR_FORMAT);
+    }
     for (Piece& piece : pieces_)
       if (piece.scales != nullptr) read_scales(piece);
   }
@@ -563,11 +623,11 @@ class Importer {
   }
 
   // The chunks of round `round`: of its landings' pieces, and in round 0 of every piece
-  // that lands directly in state. Unless phase 2 kept them all in staging, each is read
-  // (and checked) again, or with read_once for the first time: pipelined, chunk k+1 is read
-  // into one half of the staging, on a thread of its own with the import's pool, while
-  // chunk k, in the other, is copied into state here (for a device: host-to-device copies
-  // overlapping the reads).
+  // that lands directly in state. Unless phase 2 kept them all in staging, they are read
+  // (and checked) again in batches, or with read_once for the first time. A device's are
+  // pipelined: batch k+1 is read into one half of the staging, on a thread of its own with
+  // the import's pool, while batch k, in the other, goes up from here. Host state is read
+  // and then copied, both on the pool.
   void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce, int round) {
     auto* base = static_cast<unsigned char*>(staging_->data());
     std::vector<const Chunk*> chunks;
@@ -577,34 +637,81 @@ class Importer {
         chunks.push_back(&c);
     }
     if (cached_) {
-      for (const Chunk* c : chunks) scatter(*c, base + c->cache_at, cursors[c->piece], backend, bounce);
+      Batch all;
+      for (const Chunk* c : chunks) all.push_back({c, c->cache_at});
+      scatter(all, base, cursors, backend, bounce);
       return;
     }
     // Read again after phase 2 (the blob may have changed since: SA_ERR_IO), or for the
     // first time with read_once (a mismatch is damage: SA_ERR_FORMAT).
     const sa_status status = settings_.read_once ? SA_ERR_FORMAT : SA_ERR_IO;
-    auto slot = [&](std::size_t k) { return base + (pipelined_ ? (k % 2) * (staging_bytes_ / 2) : 0); };
-    if (!chunks.empty()) read_checked(*chunks[0], slot(0), status);
-    for (std::size_t k = 0; k < chunks.size(); ++k) {
+    const std::vector<Batch> batches = batches_of(chunks, slot_bytes_);
+    auto slot = [&](std::size_t k) { return base + (pipelined_ ? (k % 2) * slot_bytes_ : 0); };
+    if (!batches.empty()) read_checked(reads_of(batches[0], slot(0)), status);
+    for (std::size_t k = 0; k < batches.size(); ++k) {
       std::exception_ptr read_failure;
       std::thread next;
-      if (pipelined_ && k + 1 < chunks.size())
+      if (pipelined_ && k + 1 < batches.size())
         next = std::thread([&, k] {
           try {
-            read_checked(*chunks[k + 1], slot(k + 1), status);
+            read_checked(reads_of(batches[k + 1], slot(k + 1)), status);
           } catch (...) {
             read_failure = std::current_exception();
           }
         });
       try {
-        scatter(*chunks[k], slot(k), cursors[chunks[k]->piece], backend, bounce);
+        scatter(batches[k], slot(k), cursors, backend, bounce);
       } catch (...) {
         if (next.joinable()) next.join();
         throw;
       }
       if (next.joinable()) next.join();
       if (read_failure) std::rethrow_exception(read_failure);
-      if (!pipelined_ && k + 1 < chunks.size()) read_checked(*chunks[k + 1], slot(k + 1), status);
+      if (!pipelined_ && k + 1 < batches.size())
+        read_checked(reads_of(batches[k + 1], slot(k + 1)), status);
+    }
+  }
+
+  // Copies a batch's chunks (held from `base`) into state. Plain copies into host memory
+  // (no conversion, no landing) run on the pool, in pieces of at most 1 MiB; the rest here.
+  void scatter(const Batch& batch, unsigned char* base, std::vector<RunCursor>& cursors,
+               Backend& backend, Buffer* bounce) {
+    copies_.clear();
+    for (const Placed& p : batch) {
+      const Chunk& c = *p.chunk;
+      const Piece& piece = pieces_[c.piece];
+      if (backend.host_memory() && piece.landing < 0 && piece.scales == nullptr &&
+          same_dtype(piece.saved->dtype, piece.dst_dtype)) {
+        collect_copies(c, base + p.at, cursors[c.piece]);
+      } else {
+        scatter(c, base + p.at, cursors[c.piece], backend, bounce);
+      }
+    }
+    pool().parallel_for(static_cast<int64_t>(copies_.size()), [&](int64_t i) {
+      const Copy& copy = copies_[static_cast<std::size_t>(i)];
+      std::memcpy(copy.dst, copy.src, copy.bytes);
+    });
+  }
+
+  // The copies that put the part of a plain piece's runs lying in chunk `c` (held at
+  // `data`) into host state, into copies_.
+  void collect_copies(const Chunk& c, const unsigned char* data, RunCursor& cursor) {
+    constexpr std::size_t kPiece = std::size_t{1} << 20;
+    const Piece& piece = pieces_[c.piece];
+    const uint64_t size = dtype_size(piece.saved->dtype);
+    const auto first = static_cast<int64_t>(c.begin / size);
+    const auto end = static_cast<int64_t>((c.begin + c.bytes) / size);
+    while (!cursor.done() && cursor.src() < end) {
+      if (cursor.src() < first)
+        fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
+      const int64_t n = std::min(cursor.remaining(), end - cursor.src());
+      auto* dst =
+          static_cast<unsigned char*>(piece.dst) + static_cast<uint64_t>(cursor.dst()) * size;
+      const unsigned char* src = data + static_cast<uint64_t>(cursor.src() - first) * size;
+      const auto bytes = static_cast<std::size_t>(static_cast<uint64_t>(n) * size);
+      for (std::size_t at = 0; at < bytes; at += kPiece)
+        copies_.push_back({dst + at, src + at, std::min(kPiece, bytes - at)});
+      cursor.advance(n);
     }
   }
 
@@ -780,8 +887,22 @@ class Importer {
   bool pipelined_ = false;  // else, phase 3 reads into one half while copying from the other
   uint64_t staging_bytes_ = 0;
   std::shared_ptr<Buffer> staging_;
-  std::vector<uint32_t> crc_scratch_;  // the checksums of one chunk's blocks
+  // A checksum block of a read_checked call: its read, and its offset in the read's range.
+  struct BlockRef {
+    std::size_t read;
+    uint64_t at;
+  };
+  std::vector<BlockRef> blocks_;
+  std::vector<uint32_t> crc_scratch_;  // their checksums
+  // A plain copy into host state (scatter's, on the pool).
+  struct Copy {
+    unsigned char* dst;
+    const unsigned char* src;
+    std::size_t bytes;
+  };
+  std::vector<Copy> copies_;
   std::vector<BlobReader::ReadResult> read_results_;  // and how their reads went
+  uint64_t slot_bytes_ = 0;  // uncached: a batch's share of the staging (half when pipelined)
   std::unique_ptr<ThreadPool> pool_;
   int64_t skipped_params_ = 0;
   std::vector<int64_t> imported_;  // the params the files hold, which the import loads
