@@ -21,7 +21,7 @@
 
 namespace sa {
 
-struct ExportScratch;  // src/state_io/state_io.hpp
+struct IoScratch;  // src/state_io/state_io.hpp
 
 using kernels::ElemType;
 using kernels::MasterKind;
@@ -239,9 +239,10 @@ class Optimizer {
   // hardware thread): the CPU backend's, and an export's.
   int32_t num_threads() const;
 
-  // What exports keep between calls (pinned staging, threads): made by the first export,
-  // released with the optimizer. Pinning host memory costs more than a chunk's copy.
-  std::shared_ptr<ExportScratch>& export_scratch() { return export_scratch_; }
+  // What exports and imports keep between calls (pinned staging, threads, an async
+  // export's snapshot and job): made on first use, released with the optimizer. Pinning
+  // host memory costs more than a chunk's copy.
+  std::shared_ptr<IoScratch>& io_scratch() { return io_scratch_; }
 
  private:
   Backend& backend_for(DLDevice device, const std::string& context);
@@ -302,7 +303,7 @@ class Optimizer {
   Stepper stepper_;
   std::vector<const void*> grad_scratch_;  // set_grads: checked pointers before they are bound
   std::string unusable_reason_;            // non-empty: see mark_unusable
-  std::shared_ptr<ExportScratch> export_scratch_;
+  std::shared_ptr<IoScratch> io_scratch_;
 };
 
 // Validates hyperparameters against the schema (src/schema.hpp); `context` starts the

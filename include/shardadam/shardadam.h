@@ -1026,11 +1026,13 @@ SA_API void sa_reader_release(sa_reader* reader);
  * otherwise it is read twice (to checksum it, then to append it after the header). The
  * bytes are the same either way: the header is padded with spaces to the length it would
  * have with every checksum at its widest. Device state is copied out through two pinned
- * staging buffers of 32 MiB, the copy of one chunk overlapping the checksums and writes
- * of the previous one; the call synchronizes the device first. The first export makes
- * the staging buffers and its worker threads, and the optimizer keeps them for
- * the next exports (pinning costs more than a chunk's copy): 64 MiB of pinned host memory
- * (none for host state) from the first export of device state until sa_optimizer_destroy. Errors:
+ * staging buffers of 32 MiB (chunks of 4 MiB first and last, 32 MiB between), the copy of
+ * one chunk overlapping the checksums and writes of the previous one; the call
+ * synchronizes the device first. The first export (or import through them, see
+ * sa_import_options) makes the staging buffers, and the first export its worker threads;
+ * the optimizer keeps them for the next exports (pinning costs more than a chunk's copy):
+ * 64 MiB of pinned host memory (none for host state) until sa_optimizer_destroy. An export
+ * while an async one (sa_optimizer_export_async) still writes first waits for it. Errors:
  * SA_ERR_IO when the writer fails (commit is then never called), SA_ERR_UNSUPPORTED for a param
  * name that is not valid UTF-8 (the header is JSON), SA_ERR_STATE when the optimizer is unusable
  * after a failed import. On failure nothing is committed.
@@ -1091,16 +1093,20 @@ SA_API void sa_export_job_release(sa_export_job* job);
 
 typedef struct sa_import_options {
   size_t struct_size;
-  /* Bytes of the staging buffer data goes through (pinned host memory for device
-   * state). Peak extra memory of an import is about this plus the headers, and with block
-   * moments (uint8, float8_e4m3fn) as much again: their float32 values land in host memory
-   * in rounds of at most this size (or of one moment of one param, 4 bytes per element of
-   * its shard, if that is larger) before they are quantized. 0: 64 MiB.
-   * At least one checksum block (1 MiB) is used whatever is asked, and no more than the
-   * import reads. When all it reads fits, it reads everything once; otherwise twice
-   * (once to verify every checksum before anything changes, once to copy, checking the
-   * checksums again), unless read_once. On device backends pinning a large buffer costs time of its
-   * own: 64-256 MiB is the sweet spot. */
+  /* Bytes of the staging buffer data goes through. Peak extra memory of an import is
+   * about this plus the headers, and with block moments (uint8, float8_e4m3fn) as much
+   * again: their float32 values land in host memory in rounds of at most this size (or of
+   * one moment of one param, 4 bytes per element of its shard, if that is larger) before
+   * they are quantized. 0: 64 MiB. At least one checksum block (1 MiB) is used whatever is
+   * asked, and no more than the import reads. When all it reads fits, it reads everything
+   * once, into this buffer (pinned for device state), and checks it before anything
+   * changes; otherwise twice (once to verify every checksum before anything changes, once
+   * to copy, checking the checksums again), unless read_once. Reads and checksums run on
+   * the optimizer's worker threads, many blocks at once. Device state that does not fit
+   * goes up through two pinned halves of min(staging_bytes / 2, 32 MiB) each, one read
+   * while the other is copied: the optimizer's own, which it keeps for its next imports
+   * and exports (those of sa_optimizer_export), since pinning costs time of its own
+   * (about 0.4 ms per MiB measured on an H100 host). */
   uint64_t staging_bytes;
   /* 1: params of this optimizer absent from the blobs keep their state (else an error). */
   int32_t allow_missing;

@@ -96,16 +96,11 @@ class DataChunkStream {
   // `staging`: the optimizer's two staging buffers, (re)allocated here when smaller than
   // `largest` and kept for the next export.
   DataChunkStream(Backend* backend, const std::vector<const void*>& sources, uint64_t largest,
-                  std::shared_ptr<Buffer> (&staging)[2])
+                  IoScratch& scratch)
       : backend_(backend), sources_(sources) {
     if (backend_ == nullptr || backend_->host_memory() || largest == 0) return;
-    for (int k = 0; k < 2; ++k) {
-      if (!staging[k] || staging[k]->bytes() < largest) {
-        staging[k].reset();  // the old one goes first: peak pinned memory stays two chunks
-        staging[k] = backend_->allocate_staging(static_cast<std::size_t>(largest));
-      }
-      slots_[k] = staging[k];
-    }
+    scratch.ensure_staging(*backend_, largest);
+    for (int k = 0; k < 2; ++k) slots_[k] = scratch.staging[k];
   }
 
   template <class Visit>
@@ -143,9 +138,8 @@ class DataChunkStream {
   std::shared_ptr<Buffer> slots_[2];
 };
 
-// Device state moves in chunks of this many bytes, two in flight: 64 MiB of pinned staging
-// in all, what one staging buffer of kDefaultStagingBytes was before.
-constexpr uint64_t kExportChunkBytes = kDefaultStagingBytes / 2;
+// Device state moves in chunks of up to kDeviceSlotBytes, two in flight (64 MiB of pinned
+// staging in all).
 // Nothing overlaps the first chunk's copy or the last one's checksums and writes: chunks
 // start at this size and double, and halve again towards the end, down to it.
 constexpr uint64_t kEdgeChunkBytes = uint64_t{4} << 20;
@@ -155,7 +149,7 @@ constexpr uint64_t kEdgeChunkBytes = uint64_t{4} << 20;
 uint64_t device_chunk_limit(std::size_t index, uint64_t left, uint64_t block) {
   const uint64_t up = kEdgeChunkBytes << std::min<std::size_t>(index, 16);
   const uint64_t down = std::max(kEdgeChunkBytes, left / 2);
-  return std::max(block, std::min({kExportChunkBytes, up, down}) / block * block);
+  return std::max(block, std::min({kDeviceSlotBytes, up, down}) / block * block);
 }
 
 // One checksum block of a chunk: the block starting `at` bytes into run `run`.
@@ -250,34 +244,33 @@ void copy_in_parallel(ThreadPool& pool, const ExportPlan& plan, unsigned char* b
 }
 
 // The export's threads, made by the first export and kept.
-ThreadPool& export_pool(Optimizer& opt, ExportScratch& scratch) {
+ThreadPool& export_pool(Optimizer& opt, IoScratch& scratch) {
   if (!scratch.threads) scratch.threads = std::make_unique<ThreadPool>(state_io_threads(opt));
   return *scratch.threads;
 }
 
 // The optimizer's scratch, after any async export still writing has ended (its threads
 // and snapshot are free again). That export's failure is its own job's to report.
-ExportScratch& idle_scratch(Optimizer& opt) {
-  std::shared_ptr<ExportScratch>& scratch = opt.export_scratch();
-  if (!scratch) scratch = std::make_shared<ExportScratch>();
-  if (scratch->in_flight) {
+IoScratch& idle_scratch(Optimizer& opt) {
+  IoScratch& scratch = io_scratch_of(opt);
+  if (scratch.in_flight) {
     try {
-      scratch->in_flight->wait();
+      scratch.in_flight->wait();
     } catch (...) {  // reported by its own job
     }
-    scratch->in_flight.reset();
+    scratch.in_flight.reset();
   }
-  return *scratch;
+  return scratch;
 }
 
 // Checksums and writes `plan` through `writer`, then commits. `device`: the backend whose
 // memory the sources are in, or null for host memory (read in place).
-void write_export(ExportPlan& plan, Backend* device, ExportScratch& scratch, ThreadPool& pool,
+void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadPool& pool,
                   BlobWriter& writer) {
   ShardHeader& header = plan.header;
   const uint64_t block = header.block_bytes;
   const uint64_t data_bytes = plan.data_bytes;
-  // Device state moves in chunks of up to kExportChunkBytes (smaller at both ends), two
+  // Device state moves in chunks of up to kDeviceSlotBytes (smaller at both ends), two
   // staged at a time; host state is read in place, as one chunk.
   const std::vector<DataChunk> chunks =
       plan_chunks(header.tensors, block, [&](std::size_t i, uint64_t left) {
@@ -285,7 +278,7 @@ void write_export(ExportPlan& plan, Backend* device, ExportScratch& scratch, Thr
       });
   uint64_t largest_chunk = 0;
   for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
-  DataChunkStream stream(device, plan.sources, largest_chunk, scratch.staging);
+  DataChunkStream stream(device, plan.sources, largest_chunk, scratch);
   // The header's size is fixed before any checksum is known: the length it has with every
   // checksum at its widest, the real one padded with spaces to it. So both ways of writing
   // below give the same bytes, and a positional writer can take the data first.
@@ -367,14 +360,28 @@ void ExportJob::wait() {
   if (failure_) std::rethrow_exception(failure_);
 }
 
-ExportScratch::~ExportScratch() {
+IoScratch::~IoScratch() {
   if (in_flight) in_flight->join();
+}
+
+void IoScratch::ensure_staging(Backend& backend, uint64_t bytes) {
+  for (std::shared_ptr<Buffer>& slot : staging)
+    if (!slot || slot->bytes() < bytes) {
+      slot.reset();  // the old one goes first: peak pinned memory stays two slots
+      slot = backend.allocate_staging(static_cast<std::size_t>(bytes));
+    }
+}
+
+IoScratch& io_scratch_of(Optimizer& opt) {
+  std::shared_ptr<IoScratch>& scratch = opt.io_scratch();
+  if (!scratch) scratch = std::make_shared<IoScratch>();
+  return *scratch;
 }
 
 void export_state(Optimizer& opt, const sa_writer* writer_table) {
   BlobWriter writer(writer_table);
   opt.require_usable("an export");
-  ExportScratch& scratch = idle_scratch(opt);
+  IoScratch& scratch = idle_scratch(opt);
   Backend* backend = opt.backend();
   if (backend != nullptr) backend->synchronize();  // no step in flight may still write state
   ExportPlan plan = plan_export(opt);
@@ -385,7 +392,7 @@ void export_state(Optimizer& opt, const sa_writer* writer_table) {
 std::shared_ptr<ExportJob> export_state_async(Optimizer& opt, const sa_writer* writer_table) {
   BlobWriter writer(writer_table);
   opt.require_usable("an export");
-  ExportScratch& scratch = idle_scratch(opt);
+  IoScratch& scratch = idle_scratch(opt);
   ThreadPool& pool = export_pool(opt, scratch);
   Backend* backend = opt.backend();
   if (backend != nullptr) backend->synchronize();  // no step in flight may still write state

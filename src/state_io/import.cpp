@@ -362,8 +362,11 @@ class Importer {
     const Backend* backend = opt_.backend();
     pipelined_ = !cached_ && backend != nullptr && !backend->host_memory() &&
                  settings_.staging_bytes >= 2 * largest_block;
+    // Pipelined, the halves are the optimizer's two pinned slots, of at most kDeviceSlotBytes
+    // (larger ones would not copy faster, and take longer to pin).
     const uint64_t limit =
-        pipelined_ ? settings_.staging_bytes / 2 : std::max(settings_.staging_bytes, largest_block);
+        pipelined_ ? std::max(largest_block, std::min(settings_.staging_bytes / 2, kDeviceSlotBytes))
+                   : std::max(settings_.staging_bytes, largest_block);
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       const uint64_t block = headers_[pieces_[i].file].block_bytes;
       const uint64_t per_chunk = std::max<uint64_t>(1, limit / block);
@@ -540,8 +543,15 @@ class Importer {
     plan_chunks();
     Backend* backend = opt_.backend();
     if (chunks_.empty() || backend == nullptr) return;
-    staging_ = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
-    auto* base = static_cast<unsigned char*>(staging_->data());
+    if (pipelined_) {  // the optimizer's two pinned slots, kept for its next imports and exports
+      IoScratch& scratch = io_scratch_of(opt_);
+      scratch.ensure_staging(*backend, slot_bytes_);
+      slots_[0] = scratch.staging[0];
+      slots_[1] = scratch.staging[1];
+    } else {
+      slots_[0] = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
+    }
+    auto* base = static_cast<unsigned char*>(slots_[0]->data());
     std::vector<const Chunk*> all;
     for (const Chunk& c : chunks_) all.push_back(&c);
     if (cached_) {  // everything, at once, where phase 3 finds it
@@ -549,7 +559,7 @@ class Importer {
       for (const Chunk* c : all) batch.push_back({c, c->cache_at});
       read_checked(reads_of(batch, base), SA_ERR_FORMAT);
     } else if (!settings_.read_once) {  // read_once: each chunk is read as it is copied
-      for (const Batch& batch : batches_of(all, staging_bytes_))
+      for (const Batch& batch : batches_of(all, slot_bytes_))
         read_checked(reads_of(batch, base), SA_ERR_FORMAT);
     }
     for (Piece& piece : pieces_)
@@ -629,7 +639,7 @@ class Importer {
   // the import's pool, while batch k, in the other, goes up from here. Host state is read
   // and then copied, both on the pool.
   void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce, int round) {
-    auto* base = static_cast<unsigned char*>(staging_->data());
+    auto* base = static_cast<unsigned char*>(slots_[0]->data());
     std::vector<const Chunk*> chunks;
     for (const Chunk& c : chunks_) {
       const int landing = pieces_[c.piece].landing;
@@ -646,7 +656,7 @@ class Importer {
     // first time with read_once (a mismatch is damage: SA_ERR_FORMAT).
     const sa_status status = settings_.read_once ? SA_ERR_FORMAT : SA_ERR_IO;
     const std::vector<Batch> batches = batches_of(chunks, slot_bytes_);
-    auto slot = [&](std::size_t k) { return base + (pipelined_ ? (k % 2) * slot_bytes_ : 0); };
+    auto slot = [&](std::size_t k) { return static_cast<unsigned char*>(slots_[pipelined_ ? k % 2 : 0]->data()); };
     if (!batches.empty()) read_checked(reads_of(batches[0], slot(0)), status);
     for (std::size_t k = 0; k < batches.size(); ++k) {
       std::exception_ptr read_failure;
@@ -886,7 +896,8 @@ class Importer {
   bool cached_ = false;     // phase 2 keeps everything it reads in staging
   bool pipelined_ = false;  // else, phase 3 reads into one half while copying from the other
   uint64_t staging_bytes_ = 0;
-  std::shared_ptr<Buffer> staging_;
+  // Where chunks are read: the staging, or pipelined the optimizer's two pinned slots.
+  std::shared_ptr<Buffer> slots_[2];
   // A checksum block of a read_checked call: its read, and its offset in the read's range.
   struct BlockRef {
     std::size_t read;

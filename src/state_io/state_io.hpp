@@ -21,7 +21,7 @@
 
 namespace sa {
 
-// Default staging size of an import, and the staging an export of device state uses.
+// Default staging size of an import.
 inline constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
 
 // How many threads an export or import checksums, reads and writes on: the optimizer's
@@ -51,19 +51,29 @@ class ExportJob {
   std::thread thread_;
 };
 
-// What an export keeps on its optimizer between calls (Optimizer::export_scratch): the
-// two pinned staging buffers of device state (grown to the largest chunk yet), the
+// Device state moves between device and host through two pinned slots of at most this
+// many bytes (an export's chunks, an import's batches).
+inline constexpr uint64_t kDeviceSlotBytes = kDefaultStagingBytes / 2;
+
+// What exports and imports keep on their optimizer between calls (Optimizer::io_scratch):
+// the two pinned slots device state moves through (grown to the largest yet), the
 // snapshot an async export copies the state into (grown to the largest state yet), the
-// threads that checksum and write, and the async export still writing, if any. Its
-// destructor waits for that one: the job's thread reads the snapshot and runs on the
+// threads an export checksums and writes on, and the async export still writing, if any.
+// Its destructor waits for that one: the job's thread reads the snapshot and runs on the
 // threads.
-struct ExportScratch {
+struct IoScratch {
   std::shared_ptr<Buffer> staging[2];
   std::shared_ptr<Buffer> snapshot;
   std::unique_ptr<ThreadPool> threads;
   std::shared_ptr<ExportJob> in_flight;
-  ~ExportScratch();
+  ~IoScratch();
+
+  // The two pinned slots, each of at least `bytes` (made or grown here for `backend`).
+  void ensure_staging(Backend& backend, uint64_t bytes);
 };
+
+// The optimizer's scratch, made on first use.
+IoScratch& io_scratch_of(Optimizer& opt);
 
 // sa_optimizer_export.
 void export_state(Optimizer& opt, const sa_writer* writer);
