@@ -1026,16 +1026,15 @@ SA_API void sa_reader_release(sa_reader* reader);
  * otherwise it is read twice (to checksum it, then to append it after the header). The
  * bytes are the same either way: the header is padded with spaces to the length it would
  * have with every checksum at its widest. Device state is copied out through two pinned
- * staging buffers of 32 MiB (chunks of 4 MiB first and last, 32 MiB between), the copy of
- * one chunk overlapping the checksums and writes of the previous one; the call
- * synchronizes the device first. The first export (or import through them, see
- * sa_import_options) makes the staging buffers, and the first export its worker threads;
- * the optimizer keeps them for the next exports (pinning costs more than a chunk's copy):
- * 64 MiB of pinned host memory (none for host state) until sa_optimizer_destroy. An export
- * while an async one (sa_optimizer_export_async) still writes first waits for it. Errors:
- * SA_ERR_IO when the writer fails (commit is then never called), SA_ERR_UNSUPPORTED for a param
- * name that is not valid UTF-8 (the header is JSON), SA_ERR_STATE when the optimizer is unusable
- * after a failed import. On failure nothing is committed.
+ * staging buffers of 32 MiB, the copy of one chunk overlapping the checksums and writes of the
+ * previous one; the call synchronizes the device first. The first export (or import through them,
+ * see sa_import_options) makes the staging buffers, and the first export its worker threads; the
+ * optimizer keeps them for the next exports (pinning costs more than a chunk's copy): 64 MiB of
+ * pinned host memory (none for host state) until sa_optimizer_destroy. An export while an async one
+ * (sa_optimizer_export_async) still writes first waits for it. Errors: SA_ERR_IO when the writer
+ * fails (commit is then never called), SA_ERR_UNSUPPORTED for a param name that is not valid UTF-8
+ * (the header is JSON), SA_ERR_STATE when the optimizer is unusable after a failed import. On
+ * failure nothing is committed.
  */
 SA_API sa_status sa_optimizer_export(sa_optimizer* opt, const sa_writer* writer);
 

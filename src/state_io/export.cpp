@@ -56,26 +56,20 @@ struct DataChunk {
   uint64_t bytes = 0;
 };
 
-// The data section (the header's tensors, in their order) cut into chunks: chunk i holds
-// at most limit_of(i, bytes not yet in a chunk) bytes (a multiple of `block`).
-template <class LimitOf>
-std::vector<DataChunk> plan_chunks(const std::vector<SavedTensor>& tensors, uint64_t block,
-                                   const LimitOf& limit_of) {
-  uint64_t left = 0;
-  for (const SavedTensor& t : tensors) left += t.bytes;
+// The data section (the header's tensors, in their order) cut into chunks of at most
+// `limit` bytes (a multiple of `block`).
+std::vector<DataChunk> plan_chunks(const std::vector<SavedTensor>& tensors, uint64_t limit,
+                                   uint64_t block) {
   std::vector<DataChunk> chunks;
   DataChunk current;
-  uint64_t limit = limit_of(0, left);
   for (std::size_t k = 0; k < tensors.size(); ++k) {
     for (uint64_t offset = 0; offset < tensors[k].bytes;) {
       const uint64_t rest = tensors[k].bytes - offset;
       const uint64_t room = limit - current.bytes;
       const uint64_t n = rest <= room ? rest : room / block * block;
       if (n == 0) {
-        left -= current.bytes;
         chunks.push_back(std::move(current));
         current = DataChunk{};
-        limit = limit_of(chunks.size(), left);
         continue;
       }
       current.runs.push_back({k, offset, n, current.bytes});
@@ -140,18 +134,6 @@ class DataChunkStream {
 
 // Device state moves in chunks of up to kDeviceSlotBytes, two in flight (64 MiB of pinned
 // staging in all).
-// Nothing overlaps the first chunk's copy or the last one's checksums and writes: chunks
-// start at this size and double, and halve again towards the end, down to it.
-constexpr uint64_t kEdgeChunkBytes = uint64_t{4} << 20;
-
-// The limit of device chunk `index` when `left` bytes are still to be cut (a multiple of
-// `block`, at least one block).
-uint64_t device_chunk_limit(std::size_t index, uint64_t left, uint64_t block) {
-  const uint64_t up = kEdgeChunkBytes << std::min<std::size_t>(index, 16);
-  const uint64_t down = std::max(kEdgeChunkBytes, left / 2);
-  return std::max(block, std::min({kDeviceSlotBytes, up, down}) / block * block);
-}
-
 // One checksum block of a chunk: the block starting `at` bytes into run `run`.
 struct DataBlock {
   uint32_t run;
@@ -270,12 +252,10 @@ void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadP
   ShardHeader& header = plan.header;
   const uint64_t block = header.block_bytes;
   const uint64_t data_bytes = plan.data_bytes;
-  // Device state moves in chunks of up to kDeviceSlotBytes (smaller at both ends), two
-  // staged at a time; host state is read in place, as one chunk.
-  const std::vector<DataChunk> chunks =
-      plan_chunks(header.tensors, block, [&](std::size_t i, uint64_t left) {
-        return device == nullptr ? std::max(data_bytes, block) : device_chunk_limit(i, left, block);
-      });
+  // Device state moves in chunks of kDeviceSlotBytes, two staged at a time; host state is
+  // read in place, as one chunk.
+  const std::vector<DataChunk> chunks = plan_chunks(
+      header.tensors, device == nullptr ? std::max(data_bytes, block) : kDeviceSlotBytes, block);
   uint64_t largest_chunk = 0;
   for (const DataChunk& c : chunks) largest_chunk = std::max(largest_chunk, c.bytes);
   DataChunkStream stream(device, plan.sources, largest_chunk, scratch);

@@ -365,8 +365,9 @@ class Importer {
     // Pipelined, the halves are the optimizer's two pinned slots, of at most kDeviceSlotBytes
     // (larger ones would not copy faster, and take longer to pin).
     const uint64_t limit =
-        pipelined_ ? std::max(largest_block, std::min(settings_.staging_bytes / 2, kDeviceSlotBytes))
-                   : std::max(settings_.staging_bytes, largest_block);
+        pipelined_
+            ? std::max(largest_block, std::min(settings_.staging_bytes / 2, kDeviceSlotBytes))
+            : std::max(settings_.staging_bytes, largest_block);
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       const uint64_t block = headers_[pieces_[i].file].block_bytes;
       const uint64_t per_chunk = std::max<uint64_t>(1, limit / block);
@@ -656,7 +657,9 @@ class Importer {
     // first time with read_once (a mismatch is damage: SA_ERR_FORMAT).
     const sa_status status = settings_.read_once ? SA_ERR_FORMAT : SA_ERR_IO;
     const std::vector<Batch> batches = batches_of(chunks, slot_bytes_);
-    auto slot = [&](std::size_t k) { return static_cast<unsigned char*>(slots_[pipelined_ ? k % 2 : 0]->data()); };
+    auto slot = [&](std::size_t k) {
+      return static_cast<unsigned char*>(slots_[pipelined_ ? k % 2 : 0]->data());
+    };
     if (!batches.empty()) read_checked(reads_of(batches[0], slot(0)), status);
     for (std::size_t k = 0; k < batches.size(); ++k) {
       std::exception_ptr read_failure;
