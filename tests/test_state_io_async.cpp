@@ -85,6 +85,17 @@ struct GatedWriter {
     }
     opened.notify_all();
   }
+  // Runs `blocking` (a call that must wait for the held job) while another thread opens
+  // the gate 50 ms later.
+  template <class Blocking>
+  void open_during(Blocking&& blocking) {
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      open_gate();
+    });
+    blocking();
+    opener.join();
+  }
   // Waits until the library's thread is held at the gate: the export is in flight.
   void wait_until_held() {
     for (int i = 0; i < 10000; ++i) {
@@ -190,13 +201,9 @@ TEST_CASE("two async exports in flight: the second waits for the first, each fil
   t.rank.step(1);
   // The second export needs the snapshot the first is still writing from: it waits, so
   // the gate is opened from another thread while it does.
-  std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    first.open_gate();
-  });
   second.open_gate();
-  sa_export_job* job2 = start(t.opt(), second.table());
-  opener.join();
+  sa_export_job* job2 = nullptr;
+  first.open_during([&] { job2 = start(t.opt(), second.table()); });
   int32_t done = 0;
   CHECK(sa_export_job_poll(job1, &done) == SA_OK);
   CHECK(done == 1);  // it had to end before the second could start
@@ -216,12 +223,7 @@ TEST_CASE("a synchronous export while an async one writes waits for it", "[state
   GatedWriter gated;
   sa_export_job* job = start(t.opt(), gated.table());
   gated.wait_until_held();
-  std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gated.open_gate();
-  });
-  CHECK(t.rank.export_blob() == expected);
-  opener.join();
+  gated.open_during([&] { CHECK(t.rank.export_blob() == expected); });
   int32_t done = 0;
   CHECK(sa_export_job_poll(job, &done) == SA_OK);
   CHECK(done == 1);
@@ -238,12 +240,7 @@ TEST_CASE("destroying the optimizer while an async export writes waits for it, a
   GatedWriter gated;
   sa_export_job* job = start(rank->opt(), gated.table());
   gated.wait_until_held();
-  std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gated.open_gate();
-  });
-  rank.reset();  // sa_optimizer_destroy: blocks until the job has written and committed
-  opener.join();
+  gated.open_during([&] { rank.reset(); });  // sa_optimizer_destroy: blocks until the job committed
   CHECK(gated.commit_count() == 1);
   int32_t done = 0;
   CHECK(sa_export_job_poll(job, &done) == SA_OK);
@@ -259,12 +256,7 @@ TEST_CASE("a job released without a wait waits for its writes first", "[state_io
   GatedWriter gated;
   sa_export_job* job = start(t.opt(), gated.table());
   gated.wait_until_held();
-  std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gated.open_gate();
-  });
-  sa_export_job_release(job);
-  opener.join();
+  gated.open_during([&] { sa_export_job_release(job); });
   CHECK(gated.commit_count() == 1);
   CHECK(gated.bytes() == expected);
 }
