@@ -102,6 +102,8 @@ void sa_writer_release(sa_writer* writer) {
   writer->write = nullptr;
   writer->commit = nullptr;
   writer->release = nullptr;
+  writer->write_at = nullptr;
+  writer->reserve = nullptr;
 }
 
 void sa_reader_release(sa_reader* reader) {

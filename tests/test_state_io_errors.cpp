@@ -876,6 +876,15 @@ TEST_CASE("bad arguments to import, export and the readers and writers", "[state
   REQUIRE_SA_OK(nullptr, sa_memory_reader(saved_blobs()[0].data(), saved_blobs()[0].size(), &released));
   sa_reader_release(&released);
   sa_reader_release(&released);  // twice: a no-op
+  CHECK(released.concurrent == 0);
+  {  // a released writer is cleared whole: no callback is left for a later call to reach
+    sa_writer writer = SA_WRITER_INIT;
+    REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
+    REQUIRE(writer.write_at != nullptr);
+    sa_writer_release(&writer);
+    const sa_writer cleared = SA_WRITER_INIT;
+    CHECK(std::memcmp(&writer, &cleared, sizeof writer) == 0);
+  }
   const sa_reader* pr = &released;
   CHECK_SA_FAILS(target.opt(), SA_ERR_INVALID_ARGUMENT, sa_optimizer_import(target.opt(), 1, &pr, nullptr),
                  "read_at is NULL");
