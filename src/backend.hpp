@@ -66,16 +66,6 @@ class Backend {
   // after synchronize_stream(stream).
   virtual void download(void* staging, const void* src, std::size_t bytes, void* stream) = 0;
 
-  // Enqueues out[i] = the CRC-32C (state_io/crc32c.hpp's crc32c(0, ...)) of block i of the
-  // `bytes` bytes at `src`, blocks of `block` bytes (a multiple of 4096 of at most 4 MiB;
-  // the last block may be shorter); `src` and `out` are backend memory. Returns false,
-  // enqueuing nothing, where the backend computes none (the caller checksums on the host).
-  virtual bool checksum_blocks(const void* src, std::size_t bytes, std::size_t block, uint32_t* out,
-                               void* stream) {
-    (void)src, (void)bytes, (void)block, (void)out, (void)stream;
-    return false;
-  }
-
   // ---- synchronization -------------------------------------------------------------------
 
   // Waits until no queued work on any stream can still read or write backend memory.

@@ -1025,10 +1025,9 @@ SA_API void sa_reader_release(sa_reader* reader);
  * and the header is written last;
  * otherwise it is read twice (to checksum it, then to append it after the header). The
  * bytes are the same either way: the header is padded with spaces to the length it would
- * have with every checksum at its widest. Device state is checksummed on the device (CUDA),
- * then copied out through two pinned staging buffers of 32 MiB, the copy of one chunk
- * overlapping the writes of the previous one, so it is read once even by an appending
- * writer; the call synchronizes the device first. The first export (or import through them,
+ * have with every checksum at its widest. Device state is copied out through two pinned
+ * staging buffers of 32 MiB, the copy of one chunk overlapping the checksums and writes of the
+ * previous one; the call synchronizes the device first. The first export (or import through them,
  * see sa_import_options) makes the staging buffers, and the first export its worker threads; the
  * optimizer keeps them for the next exports (pinning costs more than a chunk's copy): 64 MiB of
  * pinned host memory (none for host state) until sa_optimizer_destroy. An export while an async one

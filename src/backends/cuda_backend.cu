@@ -17,7 +17,6 @@
 
 #include "../../kernels/cuda/adam_cuda.cuh"
 #include "../../kernels/cuda/adam_fp8_cuda.cuh"
-#include "../../kernels/cuda/crc32c_cuda.cuh"
 #include "../../kernels/variants.h"
 #include "../backend.hpp"
 #include "../errors.hpp"
@@ -213,15 +212,6 @@ class CudaBackend final : public Backend {
     check_cuda(cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDeviceToHost,
                                static_cast<cudaStream_t>(stream)),
                "cudaMemcpyAsync download");
-  }
-
-  bool checksum_blocks(const void* src, std::size_t bytes, std::size_t block, uint32_t* out,
-                       void* stream) override {
-    DeviceScope scope(device_);
-    check_cuda(
-        kernels::launch_crc32c_blocks(src, bytes, block, out, static_cast<cudaStream_t>(stream)),
-        "checksumming shard-file blocks");
-    return true;
   }
 
   // ---- synchronization ---------------------------------------------------------------------

@@ -19,7 +19,7 @@
 namespace sa {
 
 // Bumped when CudaModule changes shape (or what it shares: Backend, the kernels' tables).
-constexpr uint32_t kCudaModuleInterface = 5;
+constexpr uint32_t kCudaModuleInterface = 4;
 
 // The module's file name, and the C symbol of its entry point.
 #define SA_CUDA_MODULE_FILE "libshardadam-cuda.so"

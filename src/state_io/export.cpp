@@ -245,37 +245,6 @@ IoScratch& idle_scratch(Optimizer& opt) {
   return scratch;
 }
 
-// Fills the header's checksums on the device (Backend::checksum_blocks), before any byte
-// is copied out: then the host threads only copy, and an appending writer gets one pass.
-// False, with nothing filled, where the backend computes none.
-bool checksum_on_device(Backend& device, ExportPlan& plan) {
-  ShardHeader& header = plan.header;
-  const uint64_t block = header.block_bytes;
-  if (block % 4096 != 0 || block > (uint64_t{4} << 20)) return false;  // what the kernels take
-  uint64_t total = 0;
-  for (const SavedTensor& t : header.tensors) total += t.crc32c.size();
-  if (total == 0) return true;
-  const std::shared_ptr<Buffer> out =
-      device.allocate(static_cast<std::size_t>(total * sizeof(uint32_t)));
-  auto* crcs = static_cast<uint32_t*>(out->data());
-  uint64_t at = 0;
-  for (std::size_t k = 0; k < header.tensors.size(); ++k) {
-    const SavedTensor& t = header.tensors[k];
-    if (t.bytes > 0 && !device.checksum_blocks(plan.sources[k], static_cast<std::size_t>(t.bytes),
-                                               static_cast<std::size_t>(block), crcs + at, nullptr))
-      return false;
-    at += t.crc32c.size();
-  }
-  std::vector<uint32_t> host(static_cast<std::size_t>(total));
-  device.copy_to_host(host.data(), crcs, host.size() * sizeof(uint32_t));  // after the kernels
-  at = 0;
-  for (SavedTensor& t : header.tensors) {
-    std::copy_n(host.begin() + static_cast<std::ptrdiff_t>(at), t.crc32c.size(), t.crc32c.begin());
-    at += t.crc32c.size();
-  }
-  return true;
-}
-
 // Checksums and writes `plan` through `writer`, then commits. `device`: the backend whose
 // memory the sources are in, or null for host memory (read in place).
 void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadPool& pool,
@@ -296,12 +265,9 @@ void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadP
   const uint64_t header_bytes = shard_header_bound(header);
   writer.reserve(header_bytes + data_bytes);
   const bool positional = writer.positional();
-  // Device state is checksummed on the device where the backend can: the host threads then
-  // only copy (reading the bytes once more costs host memory bandwidth the copies need).
-  const bool checksummed = device != nullptr && checksum_on_device(*device, plan);
 
-  // Checksums (unless done) every block of a chunk on the pool; with a positional writer
-  // each block is written by the thread that checksummed it, while it is in that core's cache.
+  // Checksums every block of a chunk on the pool; with a positional writer each block is
+  // written by the thread that checksummed it, while it is in that core's cache.
   std::vector<DataBlock> blocks;
   auto checksum_chunk = [&](const DataChunk& c, auto&& base) {
     blocks.clear();
@@ -319,7 +285,7 @@ void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadP
     pool.parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
       const auto [t, offset, n] = locate(i);
       const unsigned char* data = base(c.runs[blocks[i].run]) + blocks[i].at;
-      if (!checksummed) t->crc32c[offset / block] = crc32c(0, data, n);
+      t->crc32c[offset / block] = crc32c(0, data, n);
       if (positional && writer.write_at(header_bytes + t->data_begin + offset, data, n) != 0) {
         int64_t none = -1;
         failed.compare_exchange_strong(none, i);
@@ -331,15 +297,13 @@ void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadP
     }
   };
 
-  // Pass 1 (the only one with a positional writer, or when the device checksummed):
-  // checksums, and with a positional writer the data written.
-  if (positional || !checksummed)
-    stream.for_each(chunks, [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base); });
+  // Pass 1 (the only one with a positional writer): checksums, and the data written.
+  stream.for_each(chunks, [&](const DataChunk& c, auto&& base) { checksum_chunk(c, base); });
   const std::string prefix = encode_shard_header(header, header_bytes);
   if (positional) {  // the header last, at offset 0
     if (writer.write_at(0, prefix.data(), prefix.size()) != 0)
       BlobWriter::write_at_failed(0, prefix.size());
-  } else {  // append-only: the header, then a pass appends the data in order
+  } else {  // append-only: the header, then pass 2 appends the data in order
     writer.write(prefix.data(), prefix.size());
     stream.for_each(chunks, [&](const DataChunk& c, auto&& base) {
       for (const DataRun& r : c.runs) writer.write(base(r), static_cast<std::size_t>(r.bytes));
