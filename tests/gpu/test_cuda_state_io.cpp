@@ -194,6 +194,40 @@ TEST_CASE("CUDA shard files: the same bytes as the CPU's, and imports into anoth
   }
 }
 
+TEST_CASE("CUDA exports: the CPU's bytes for states of 4 B to 3 MiB around 4 KiB and 1 MiB blocks, "
+          "through positional and appending writers",
+          "[gpu][state_io]") {
+  // State bytes of 4, 4092, 4096, 4100, 1 MiB, 1 MiB + 4 KiB, ~3 MiB of float32; bfloat16
+  // moments of 1998 bytes (not whole words); 8-bit codes of 3885 bytes and their absmax.
+  const Problem edges({
+      {"a", {1, 1}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+      {"b", {1, 1023}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+      {"c", {1, 1024}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+      {"d", {1, 1025}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+      {"e", {256, 1024}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+      {"f", {257, 1024}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 0},
+      {"g", {769, 1023}, kFloat32, kFloat32, kFloat32, SA_MASTER_NONE, 1},
+      {"h", {3, 333}, kFloat32, kFloat32, kBfloat16, SA_MASTER_NONE, 0},
+      {"q", {5, 777}, kFloat32, kFloat32, kUint8, SA_MASTER_NONE, 0},
+  });
+  Rank cpu(edges, unsharded_scenario(), 0, edges.initial_values());
+  GpuRank gpu(edges, unsharded_scenario(), 0, edges.initial_values());
+  cpu.step(0);
+  gpu.step(0);
+  const Bytes expected = cpu.export_blob();
+  CHECK(export_blob(gpu.opt()) == expected);
+  Bytes appended;
+  sa_writer appender = SA_WRITER_INIT;
+  appender.ctx = &appended;
+  appender.write = [](void* ctx, const void* data, std::size_t bytes) {
+    auto* out = static_cast<Bytes*>(ctx);
+    out->insert(out->end(), static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + bytes);
+    return 0;
+  };
+  REQUIRE_SA_OK(gpu.opt(), sa_optimizer_export(gpu.opt(), &appender));
+  CHECK(appended == expected);
+}
+
 TEST_CASE("CUDA async export: the bytes of a synchronous export at its call; steps during the write stay out",
           "[gpu][state_io]") {
   const Problem& prob = io_problem();
