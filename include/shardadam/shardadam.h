@@ -962,9 +962,10 @@ typedef struct sa_reader {
   uint64_t size; /* total bytes of the blob */
   /* Reads exactly `bytes` bytes at `offset` into dst. Returns 0 on success. Unless
    * `concurrent` is 1, called from one thread at a time (the importing thread, or for
-   * device state one the import starts to read ahead), in increasing offset order per blob
-   * within a pass; an import that cannot keep everything it reads in its staging buffer reads each
-   * range twice (once to verify it, once to apply it) and needs the same bytes both times. */
+   * device state one the import starts to read ahead), in increasing offset order per
+   * blob within a pass; an import that cannot keep everything it reads in its staging
+   * buffer reads each range twice (once to verify it, once to apply it; once with
+   * read_once) and needs the same bytes both times. */
   int (*read_at)(void* ctx, uint64_t offset, void* dst, size_t bytes);
   /* Frees ctx (sa_reader_release calls it). May be NULL. */
   void (*release)(void* ctx);
