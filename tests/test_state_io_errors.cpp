@@ -694,7 +694,7 @@ TEST_CASE("a reader that fails before the copy: SA_ERR_IO naming the blob, nothi
   target.check_unchanged();
 }
 
-TEST_CASE("a concurrent reader is read on the import's threads; a failed block read is reported as a sequential "
+TEST_CASE("a concurrent reader is read on the import's threads, and a failed block read is reported as a sequential "
           "one is, nothing changed",
           "[state_io][errors]") {
   const Problem& prob = io_problem();
@@ -764,7 +764,7 @@ TEST_CASE("a file cut short after its reader opened it (reads come back short): 
   }
 }
 
-TEST_CASE("read_once: data larger than the staging are read once; a damaged block met while copying is "
+TEST_CASE("read_once: data larger than the staging are read once, and a damaged block met while copying is "
           "SA_ERR_FORMAT and leaves the optimizer unusable",
           "[state_io][errors]") {
   sa_import_options once = import_options(1);  // one 1 MiB block of staging: less than the data

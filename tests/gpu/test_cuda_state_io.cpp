@@ -228,7 +228,7 @@ TEST_CASE("CUDA exports: the CPU's bytes for states of 4 B to 3 MiB around 4 KiB
   CHECK(appended == expected);
 }
 
-TEST_CASE("CUDA async export: the bytes of a synchronous export at its call; steps during the write stay out",
+TEST_CASE("CUDA async export: the bytes of a synchronous export at its call, steps during the write staying out",
           "[gpu][state_io]") {
   const Problem& prob = io_problem();
   GpuRank rank(prob, unsharded_scenario(), 0, prob.initial_values());
