@@ -21,7 +21,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "../../kernels/adam_math.h"
 #include "../../kernels/block_moment.h"
 #include "../backends/thread_pool.hpp"
 #include "../dtype.hpp"
