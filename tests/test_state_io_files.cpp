@@ -134,14 +134,6 @@ TEST_CASE("a failed export leaves an existing file untouched and no temporary fi
   CHECK(rank.export_blob().size() == blob_bytes);
 }
 
-// A writer that only appends (no write_at, no reserve), as a user's callback table may
-// be, into a vector.
-int append_to_vector(void* ctx, const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  static_cast<Bytes*>(ctx)->insert(static_cast<Bytes*>(ctx)->end(), p, p + bytes);
-  return 0;
-}
-
 // A positional writer that records which bytes each write_at covered (from several threads).
 struct RecordingBlob {
   std::mutex mutex;
@@ -170,12 +162,7 @@ TEST_CASE("positioned and appending writers get the same bytes, each written onc
   rank.step(0);
   const Bytes from_memory_writer = rank.export_blob();  // write_at + reserve
 
-  Bytes appended;
-  sa_writer appender = SA_WRITER_INIT;
-  appender.ctx = &appended;
-  appender.write = append_to_vector;
-  REQUIRE_SA_OK(rank.opt(), sa_optimizer_export(rank.opt(), &appender));
-  CHECK(appended == from_memory_writer);
+  CHECK(export_appended(rank.opt()) == from_memory_writer);
 
   RecordingBlob recorded;
   sa_writer recorder = SA_WRITER_INIT;

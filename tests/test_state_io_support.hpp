@@ -105,6 +105,24 @@ struct Readers {
   const sa_reader* const* data() const { return pointers.data(); }
 };
 
+// A writer callback that only appends (a table without write_at or reserve, as a user's may
+// be), into the Bytes at ctx.
+inline int append_to_vector(void* ctx, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  static_cast<Bytes*>(ctx)->insert(static_cast<Bytes*>(ctx)->end(), p, p + bytes);
+  return 0;
+}
+
+// What an export writes through an appending writer (append_to_vector: two passes).
+inline Bytes export_appended(sa_optimizer* opt) {
+  Bytes appended;
+  sa_writer appender = SA_WRITER_INIT;
+  appender.ctx = &appended;
+  appender.write = append_to_vector;
+  REQUIRE_SA_OK(opt, sa_optimizer_export(opt, &appender));
+  return appended;
+}
+
 inline Bytes export_blob(sa_optimizer* opt) {
   sa_writer writer = SA_WRITER_INIT;
   REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));

@@ -132,8 +132,6 @@ class DataChunkStream {
   std::shared_ptr<Buffer> slots_[2];
 };
 
-// Device state moves in chunks of up to kDeviceSlotBytes, two in flight (64 MiB of pinned
-// staging in all).
 // One checksum block of a chunk: the block starting `at` bytes into run `run`.
 struct DataBlock {
   uint32_t run;
@@ -205,24 +203,15 @@ ExportPlan plan_export(Optimizer& opt) {
 }
 
 // Copies every tensor of `plan` (host memory) to its place in the data section at `base`,
-// in pieces spread over the pool.
+// on the pool.
 void copy_in_parallel(ThreadPool& pool, const ExportPlan& plan, unsigned char* base) {
-  constexpr uint64_t kPiece = uint64_t{4} << 20;
-  struct Piece {
-    std::size_t tensor;
-    uint64_t offset;
-  };
-  std::vector<Piece> pieces;
-  for (std::size_t k = 0; k < plan.sources.size(); ++k)
-    for (uint64_t at = 0; at < plan.header.tensors[k].bytes; at += kPiece)
-      pieces.push_back({k, at});
-  pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-    const Piece& p = pieces[static_cast<std::size_t>(i)];
-    const SavedTensor& t = plan.header.tensors[p.tensor];
-    std::memcpy(base + t.data_begin + p.offset,
-                static_cast<const unsigned char*>(plan.sources[p.tensor]) + p.offset,
-                static_cast<std::size_t>(std::min(kPiece, t.bytes - p.offset)));
-  });
+  HostCopies copies;
+  for (std::size_t k = 0; k < plan.sources.size(); ++k) {
+    const SavedTensor& t = plan.header.tensors[k];
+    if (t.bytes > 0)
+      copies.add(base + t.data_begin, plan.sources[k], static_cast<std::size_t>(t.bytes));
+  }
+  copies.run(pool);
 }
 
 // The export's threads, made by the first export and kept.
@@ -313,6 +302,21 @@ void write_export(ExportPlan& plan, Backend* device, IoScratch& scratch, ThreadP
 }
 
 }  // namespace
+
+void HostCopies::add(void* dst, const void* src, std::size_t bytes) {
+  constexpr std::size_t kPiece = std::size_t{1} << 20;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  for (std::size_t at = 0; at < bytes; at += kPiece)
+    pieces_.push_back({d + at, s + at, std::min(kPiece, bytes - at)});
+}
+
+void HostCopies::run(ThreadPool& pool) const {
+  pool.parallel_for(static_cast<int64_t>(pieces_.size()), [&](int64_t i) {
+    const Piece& p = pieces_[static_cast<std::size_t>(i)];
+    std::memcpy(p.dst, p.src, p.bytes);
+  });
+}
 
 int state_io_threads(const Optimizer& opt) {
   if (opt.num_threads() > 0) return opt.num_threads();

@@ -494,6 +494,13 @@ class Importer {
     return out;
   }
 
+  // `chunks` where phase 2 keeps them all (cached_): each at its cache_at.
+  static Batch cached_batch(const std::vector<const Chunk*>& chunks) {
+    Batch batch;
+    for (const Chunk* c : chunks) batch.push_back({c, c->cache_at});
+    return batch;
+  }
+
   // The reads of a batch whose slot starts at `base`.
   std::vector<Read> reads_of(const Batch& batch, unsigned char* base) const {
     std::vector<Read> reads;
@@ -555,9 +562,7 @@ class Importer {
     std::vector<const Chunk*> all;
     for (const Chunk& c : chunks_) all.push_back(&c);
     if (cached_) {  // everything, at once, where phase 3 finds it
-      Batch batch;
-      for (const Chunk* c : all) batch.push_back({c, c->cache_at});
-      read_checked(reads_of(batch, base), SA_ERR_FORMAT);
+      read_checked(reads_of(cached_batch(all), base), SA_ERR_FORMAT);
     } else if (!settings_.read_once) {  // read_once: each chunk is read as it is copied
       for (const Batch& batch : batches_of(all, slot_bytes_))
         read_checked(reads_of(batch, base), SA_ERR_FORMAT);
@@ -647,9 +652,7 @@ class Importer {
         chunks.push_back(&c);
     }
     if (cached_) {
-      Batch all;
-      for (const Chunk* c : chunks) all.push_back({c, c->cache_at});
-      scatter(all, base, cursors, backend, bounce);
+      scatter(cached_batch(chunks), base, cursors, backend, bounce);
       return;
     }
     // Read again after phase 2 (the blob may have changed since: SA_ERR_IO), or for the
@@ -685,7 +688,7 @@ class Importer {
   }
 
   // Copies a batch's chunks (held from `base`) into state. Plain copies into host memory
-  // (no conversion, no landing) run on the pool, in pieces of at most 1 MiB; the rest here.
+  // (no conversion, no landing) run on the pool (HostCopies); the rest here.
   void scatter(const Batch& batch, unsigned char* base, std::vector<RunCursor>& cursors,
                Backend& backend, Buffer* bounce) {
     copies_.clear();
@@ -699,16 +702,12 @@ class Importer {
         scatter(c, base + p.at, cursors[c.piece], backend, bounce);
       }
     }
-    pool().parallel_for(static_cast<int64_t>(copies_.size()), [&](int64_t i) {
-      const Copy& copy = copies_[static_cast<std::size_t>(i)];
-      std::memcpy(copy.dst, copy.src, copy.bytes);
-    });
+    copies_.run(pool());
   }
 
   // The copies that put the part of a plain piece's runs lying in chunk `c` (held at
   // `data`) into host state, into copies_.
   void collect_copies(const Chunk& c, const unsigned char* data, RunCursor& cursor) {
-    constexpr std::size_t kPiece = std::size_t{1} << 20;
     const Piece& piece = pieces_[c.piece];
     const uint64_t size = dtype_size(piece.saved->dtype);
     const auto first = static_cast<int64_t>(c.begin / size);
@@ -721,8 +720,7 @@ class Importer {
           static_cast<unsigned char*>(piece.dst) + static_cast<uint64_t>(cursor.dst()) * size;
       const unsigned char* src = data + static_cast<uint64_t>(cursor.src() - first) * size;
       const auto bytes = static_cast<std::size_t>(static_cast<uint64_t>(n) * size);
-      for (std::size_t at = 0; at < bytes; at += kPiece)
-        copies_.push_back({dst + at, src + at, std::min(kPiece, bytes - at)});
+      copies_.add(dst, src, bytes);
       cursor.advance(n);
     }
   }
@@ -907,13 +905,7 @@ class Importer {
   };
   std::vector<BlockRef> blocks_;
   std::vector<uint32_t> crc_scratch_;  // their checksums
-  // A plain copy into host state (scatter's, on the pool).
-  struct Copy {
-    unsigned char* dst;
-    const unsigned char* src;
-    std::size_t bytes;
-  };
-  std::vector<Copy> copies_;
+  HostCopies copies_;                  // scatter's plain copies into host state, run on the pool
   std::vector<BlobReader::ReadResult> read_results_;  // and how their reads went
   uint64_t slot_bytes_ = 0;  // uncached: a batch's share of the staging (half when pipelined)
   std::unique_ptr<ThreadPool> pool_;

@@ -24,6 +24,24 @@ namespace sa {
 // Default staging size of an import.
 inline constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
 
+// Copies between host buffers, run at once on a pool: an async export's snapshot, an
+// import's plain copies into host state. add() cuts a copy into pieces of at most 1 MiB,
+// so that large and small ones spread evenly over the threads.
+class HostCopies {
+ public:
+  void clear() { pieces_.clear(); }
+  void add(void* dst, const void* src, std::size_t bytes);
+  void run(ThreadPool& pool) const;
+
+ private:
+  struct Piece {
+    unsigned char* dst;
+    const unsigned char* src;
+    std::size_t bytes;
+  };
+  std::vector<Piece> pieces_;
+};
+
 // How many threads an export or import checksums, reads and writes on: the optimizer's
 // worker count (sa_optimizer_config.num_threads; 0: every hardware thread), as a CPU step.
 int state_io_threads(const Optimizer& opt);

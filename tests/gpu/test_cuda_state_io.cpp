@@ -216,16 +216,7 @@ TEST_CASE("CUDA exports: the CPU's bytes for states of 4 B to 3 MiB around 4 KiB
   gpu.step(0);
   const Bytes expected = cpu.export_blob();
   CHECK(export_blob(gpu.opt()) == expected);
-  Bytes appended;
-  sa_writer appender = SA_WRITER_INIT;
-  appender.ctx = &appended;
-  appender.write = [](void* ctx, const void* data, std::size_t bytes) {
-    auto* out = static_cast<Bytes*>(ctx);
-    out->insert(out->end(), static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + bytes);
-    return 0;
-  };
-  REQUIRE_SA_OK(gpu.opt(), sa_optimizer_export(gpu.opt(), &appender));
-  CHECK(appended == expected);
+  CHECK(export_appended(gpu.opt()) == expected);
 }
 
 TEST_CASE("CUDA async export: the bytes of a synchronous export at its call, steps during the write staying out",
