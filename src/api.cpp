@@ -378,6 +378,7 @@ sa_status sa_optimizer_param_info(const sa_optimizer* opt, int64_t param, sa_par
     info.device = p.device;
     info.scaling = static_cast<int32_t>(p.scaling);
     info.margin = p.scale.margin;
+    info.state_placement = static_cast<int32_t>(p.placement);
     sa::write_options(out, info, "out");
   });
 }
@@ -507,7 +508,7 @@ sa_status sa_optimizer_state_view(sa_optimizer* opt, int64_t param, const char* 
     t.deleter = delete_state_view;
     t.flags = 0;
     t.dl_tensor.data = ref.buffer->data();
-    t.dl_tensor.device = opt->core.device();
+    t.dl_tensor.device = ref.device;
     t.dl_tensor.ndim = static_cast<int32_t>(view->shape.size());
     t.dl_tensor.dtype = ref.dtype;
     t.dl_tensor.shape = view->shape.data();

@@ -59,6 +59,21 @@ const char* master_name(int32_t requested) {
 }
 
 // A param's form from kernels::kParamForms: AUTO picks the dtype's first row.
+static_assert(static_cast<int>(StatePlacement::device) == SA_STATE_ON_DEVICE &&
+                  static_cast<int>(StatePlacement::host) == SA_STATE_ON_HOST,
+              "StatePlacement mirrors sa_state_placement");
+
+// The placement of a param's state on `device`: a CPU param's state is host memory whatever
+// it asks for, so it resolves to device (one bucket for all of them).
+StatePlacement resolve_placement(int32_t requested, DLDevice device, const std::string& context) {
+  if (requested != SA_STATE_ON_DEVICE && requested != SA_STATE_ON_HOST)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": state_placement is ", requested,
+         ", not an sa_state_placement (SA_STATE_ON_DEVICE ", SA_STATE_ON_DEVICE,
+         ", SA_STATE_ON_HOST ", SA_STATE_ON_HOST, ")");
+  if (device.device_type == kDLCPU) return StatePlacement::device;
+  return static_cast<StatePlacement>(requested);
+}
+
 MasterKind resolve_master(int32_t requested, ElemType param_type, const std::string& context) {
   MasterKind kind{};
   switch (requested) {
@@ -349,14 +364,30 @@ Backend& Optimizer::attach(std::unique_ptr<Backend> backend) {
 }
 
 void Optimizer::allocate_state(Param& p) {
-  // Zeroed: moments start at 0, and a zero remainder restores exactly the bfloat16 value
-  // the param holds now.
+  std::size_t bytes[kNumStateKinds] = {};
+  std::size_t total = 0;
   for (const StateKindInfo& k : kStateKinds) {
     if (!has_state(p, k.kind)) continue;
     int64_t elems = 1;
     for (int64_t d : state_shape(p, k.kind)) elems *= d;
-    p.state[k.kind] =
-        backend_->allocate(static_cast<std::size_t>(elems) * dtype_size(state_dtype(p, k.kind)));
+    bytes[static_cast<std::size_t>(k.kind)] =
+        static_cast<std::size_t>(elems) * dtype_size(state_dtype(p, k.kind));
+    total += bytes[static_cast<std::size_t>(k.kind)];
+  }
+  // Zeroed: moments start at 0, and a zero remainder restores exactly the bfloat16 value
+  // the param holds now.
+  for (const StateKindInfo& k : kStateKinds) {
+    if (!has_state(p, k.kind)) continue;
+    const std::size_t n = bytes[static_cast<std::size_t>(k.kind)];
+    try {
+      p.state[k.kind] = p.placement == StatePlacement::host ? backend_->allocate_host_state(n)
+                                                            : backend_->allocate(n);
+    } catch (const Error& e) {
+      if (e.status() != SA_ERR_OUT_OF_MEMORY) throw;
+      fail(SA_ERR_OUT_OF_MEMORY, "its state needs ", total, " bytes of ",
+           p.placement == StatePlacement::host ? "pinned host" : "backend", " memory (", k.key,
+           ": ", n, "): ", e.what());
+    }
   }
   init_master(p);
 }
@@ -553,6 +584,7 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->master = resolve_master(options.master, *param_type, context);
   param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
+  param->placement = resolve_placement(options.state_placement, shard.device, context);
   param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
   const bool current = kernels::is_current(param->scaling);
   if (current && is_sharded(param->layout) && !comm_)
@@ -576,6 +608,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
 
   try {
     allocate_state(*param);
+  } catch (const Error& e) {
+    fail(e.status(), context, ": ", e.what());
   } catch (const std::bad_alloc&) {
     fail(SA_ERR_OUT_OF_MEMORY, context, ": cannot allocate the state of ", param->numel,
          " elements");
@@ -904,6 +938,10 @@ DLDataType state_dtype(const Param& p, StateKind kind) {
   return {};
 }
 
+DLDevice state_device(const Param& p) {
+  return p.placement == StatePlacement::host ? DLDevice{kDLCPU, 0} : p.device;
+}
+
 std::vector<int64_t> state_shape(const Param& p, StateKind kind) {
   if (!state_kind_info(kind).per_block) return p.layout.local_shape;
   return {(p.numel + kernels::kQuant8Block - 1) / kernels::kQuant8Block};
@@ -988,7 +1026,7 @@ Optimizer::StateRef Optimizer::state(int64_t index, const std::string& key) cons
   const Param& p = param(index, "param");
   std::string keys;
   for (const NamedState& s : named_states(p)) {
-    if (key == s.key) return {s.buffer, s.dtype, state_shape(p, s.kind)};
+    if (key == s.key) return {s.buffer, s.dtype, state_shape(p, s.kind), state_device(p)};
     keys += keys.empty() ? s.key : concat(", ", s.key);
   }
   fail(SA_ERR_INVALID_ARGUMENT, param_context(p.name), " has no state '", key, "'; it has: ", keys);

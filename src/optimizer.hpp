@@ -71,6 +71,9 @@ bool has_state(const Param& p, StateKind kind);
 // The dtype the param keeps a state of this kind in.
 DLDataType state_dtype(const Param& p, StateKind kind);
 
+// The device a param's state is on: the param's, or the CPU for state placed on the host.
+DLDevice state_device(const Param& p);
+
 // The shape of a param's state of this kind: the param's local shape, or for a per-block
 // state (state_kinds.hpp) [number of kernels::kQuant8Block blocks of the local shard].
 std::vector<int64_t> state_shape(const Param& p, StateKind kind);
@@ -110,6 +113,7 @@ struct Param {
   bool amsgrad = false;
   kernels::ParamScaling scaling{};  // an fp8 param's (sa_param_scaling); none otherwise
   kernels::ParamScale scale{};      // its scale tensors' data (param_scaling.h), else NULLs
+  StatePlacement placement{};       // where `state` lives (host: Backend::allocate_host_state)
   ParamState state;
   GradBinding binding = GradBinding::never;
   const void* grad = nullptr;  // the bound grad's data (binding == bound), kept until rebound
@@ -203,6 +207,7 @@ class Optimizer {
     std::shared_ptr<Buffer> buffer;
     DLDataType dtype;
     std::vector<int64_t> shape;  // state_shape
+    DLDevice device;             // state_device
   };
   StateRef state(int64_t index, const std::string& key) const;
 

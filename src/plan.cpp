@@ -32,9 +32,9 @@ Plan build_plan(const std::vector<const Param*>& params) {
     const kernels::Variant variant = variant_of(p);
     Bucket* bucket = nullptr;
     for (auto& b : plan.buckets)
-      if (b.variant == variant) bucket = &b;
+      if (b.variant == variant && b.placement == p.placement) bucket = &b;
     if (bucket == nullptr) {
-      plan.buckets.push_back(Bucket{variant, {}, {}, 0, false});
+      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, 0, false});
       bucket = &plan.buckets.back();
     }
     bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));

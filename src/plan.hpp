@@ -12,8 +12,14 @@ namespace sa {
 
 struct Param;
 
+// Where a param's state lives (sa_state_placement). It is part of a bucket's key, so a
+// bucket's state is all in one memory, and the kernels never know it: host state is mapped
+// into the device's address space and read and written in place.
+enum class StatePlacement : uint8_t { device = 0, host = 1 };
+
 struct Bucket {
   kernels::Variant variant;
+  StatePlacement placement = StatePlacement::device;
   std::vector<kernels::TensorSlot> slots;
   std::vector<int64_t> param_of_slot;  // slot i updates param param_of_slot[i]
   int64_t numel = 0;

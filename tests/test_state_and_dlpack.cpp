@@ -104,6 +104,46 @@ TEST_CASE("state views have the state's storage dtype, the local shape and the o
   }
 }
 
+// A CPU param's state is host memory whatever placement it asks for: SA_STATE_ON_HOST is
+// accepted and resolves to SA_STATE_ON_DEVICE (one bucket for all), and steps the same bits.
+// A value that is no sa_state_placement is refused and adds nothing.
+TEST_CASE("state_placement: a CPU param's state is host memory, unknown placements refused",
+          "[state]") {
+  HostTensor a({33}, kFloat32), b({33}, kFloat32), grad({33}, kFloat32);
+  Rng rng(0x91ACE);
+  fill_normal(a, rng, 1.0);
+  std::memcpy(b.data(), a.data(), a.bytes());
+  fill_normal(grad, rng, 1.0);
+  auto opt = optimizer_with_group(SA_GROUP_CONFIG_INIT);
+  sa_param_options options = SA_PARAM_OPTIONS_INIT;
+  CHECK(options.state_placement == SA_STATE_ON_DEVICE);
+  for (int32_t bad : {-1, 2, 1 << 20}) {
+    options.state_placement = bad;
+    CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                   sa_optimizer_add_param(opt.get(), "a", 0, a.versioned(), nullptr, &options, nullptr),
+                   "param 'a'", "state_placement is " + std::to_string(bad),
+                   "not an sa_state_placement");
+    CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  }
+  options.state_placement = SA_STATE_ON_HOST;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "a", 0, a.versioned(), nullptr,
+                                                  &options, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "b", 0, b.versioned(), nullptr,
+                                                  nullptr, nullptr));
+  for (int64_t i : {0, 1}) {
+    sa_param_info info = SA_PARAM_INFO_INIT;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), i, &info));
+    CHECK(info.state_placement == SA_STATE_ON_DEVICE);
+    CHECK(state_view(opt.get(), i, "exp_avg").view->dl_tensor.device.device_type == kDLCPU);
+  }
+  const std::vector<unsigned char> initial = a.raw_bytes();
+  const DLTensor g = grad.dl();
+  for (int64_t i : {0, 1}) REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), i, &g));
+  for (int s = 0; s < 3; ++s) REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+  CHECK(a.raw_bytes() != initial);  // stepped
+  CHECK(a.raw_bytes() == b.raw_bytes());
+}
+
 TEST_CASE("a master starts as the param's value, widened exactly", "[state]") {
   HostTensor bf16({64}, kBfloat16), f16({64}, kFloat16);
   auto opt = optimizer_with_group(SA_GROUP_CONFIG_INIT);

@@ -371,6 +371,21 @@ typedef enum sa_master_kind {
 } sa_master_kind;
 
 /**
+ * Where a param's optimizer state (master, remainder, moments, block scales) lives
+ * (sa_param_options.state_placement). Placement is not saved in shard files: a file written
+ * from state in one placement loads into any other.
+ */
+typedef enum sa_state_placement {
+  SA_STATE_ON_DEVICE = 0, /* in the param's device memory (the default) */
+  /* In host memory the optimizer owns. A CUDA param's state is pinned and mapped into the
+   * device's address space: the step's kernels read and write it in place over the host
+   * link, so it takes no device memory and a step moves each state byte once each way
+   * (the param and grad stay on the device). A CPU param's state is host memory already:
+   * the same as SA_STATE_ON_DEVICE. State views of such a state are kDLCPU tensors. */
+  SA_STATE_ON_HOST = 1
+} sa_state_placement;
+
+/**
  * How an fp8 param (float8_e4m3fn, float8_e5m2) is cast from its float32 master after each
  * update (sa_param_options.scaling). Every fp8 param names one; other params take NONE.
  * The casts round to nearest even and saturate (a magnitude beyond the dtype's largest,
@@ -503,10 +518,17 @@ typedef struct sa_param_options {
    * must give it the same margin (the first step checks). Other scalings: 0 (a delayed
    * scaling casts with the engine's scale, to which the engine applies its margin). */
   int32_t margin;
+  /* an sa_state_placement: where the param's state lives (default SA_STATE_ON_DEVICE).
+   * SA_STATE_ON_HOST pins host memory for it: when the host cannot, add_param fails with
+   * SA_ERR_OUT_OF_MEMORY naming the bytes, and nothing is added. */
+  int32_t state_placement;
 } sa_param_options;
 
-#define SA_PARAM_OPTIONS_INIT \
-  { sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO, NULL, NULL, SA_SCALING_NONE, 0 }
+#define SA_PARAM_OPTIONS_INIT                                                                 \
+  {                                                                                           \
+    sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO, NULL, NULL, SA_SCALING_NONE, \
+        0, SA_STATE_ON_DEVICE                                                                 \
+  }
 
 /**
  * Registers a local shard as a param of `group` under a unique `name` (the fully
@@ -564,12 +586,13 @@ typedef struct sa_param_info {
   DLDevice device;
   int32_t scaling; /* its sa_param_scaling */
   int32_t margin;  /* its sa_param_options.margin */
+  int32_t state_placement; /* its sa_state_placement (CPU params: SA_STATE_ON_DEVICE) */
 } sa_param_info;
 
 #define SA_PARAM_INFO_INIT                                                                      \
   {                                                                                             \
     sizeof(sa_param_info), NULL, 0, 0, NULL, NULL, NULL, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, \
-        {kDLCPU, 0}, SA_SCALING_NONE, 0                                                         \
+        {kDLCPU, 0}, SA_SCALING_NONE, 0, SA_STATE_ON_DEVICE                                     \
   }
 
 /** Fills *out (out->struct_size must be set: use SA_PARAM_INFO_INIT). */
@@ -840,7 +863,8 @@ SA_API sa_status sa_optimizer_set_comm(sa_optimizer* opt, sa_comm* comm);
  * (SA_MASTER_REMAINDER), or with uint8 moments "exp_avg_absmax", "exp_avg_sq_absmax",
  * "max_exp_avg_sq_absmax" (sa_optimizer_state_keys lists a param's keys). The view has the
  * param's local shape (an absmax state: [number of 256-element blocks]) and the state's
- * storage dtype, and is writable: writes change the optimizer's state.
+ * storage dtype, and is writable: writes change the optimizer's state. It is on the
+ * optimizer's device, or on kDLCPU for a state placed on the host (SA_STATE_ON_HOST).
  *
  * Ownership: the caller owns *out and must call (*out)->deleter(*out). The memory it
  * points to stays valid until then, even if the optimizer is destroyed first.

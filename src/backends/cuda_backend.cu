@@ -9,6 +9,7 @@
 //    it has completed (an event per slot), so a step still in flight never sees its inputs
 //    change.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -94,6 +95,49 @@ class PinnedBuffer final : public Buffer {
   std::size_t bytes_;
 };
 
+// State placed on the host (SA_STATE_ON_HOST): pinned, mapped host memory, zero-filled.
+// Kernels reach it at the address the host uses (unified addressing, checked), so a bucket's
+// slots point at it as they point at device memory, and each step reads and writes it
+// in place over the host link.
+class MappedBuffer final : public Buffer {
+ public:
+  explicit MappedBuffer(std::size_t bytes) : bytes_(bytes) {
+    // More than the host has is refused before the driver tries: pinning pages until the
+    // host runs out would wake its out-of-memory killer rather than fail this call.
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 &&
+        bytes / static_cast<std::size_t>(page) >= static_cast<std::size_t>(pages))
+      fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes, " bytes of host memory for state on the host: "
+           "the host has ", static_cast<std::size_t>(pages) * static_cast<std::size_t>(page),
+           " bytes in all");
+    const cudaError_t status = cudaHostAlloc(&data_, std::max<std::size_t>(bytes, 1),
+                                             cudaHostAllocMapped | cudaHostAllocPortable);
+    if (status != cudaSuccess) {
+      data_ = nullptr;
+      cudaGetLastError();  // not sticky: clear it for the caller's next call
+      fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes, " bytes of host memory for state on the host (",
+           cudaGetErrorName(status), ": ", cudaGetErrorString(status), ")");
+    }
+    void* device = nullptr;
+    const cudaError_t mapped = cudaHostGetDevicePointer(&device, data_, 0);
+    if (mapped != cudaSuccess || device != data_) {
+      cudaFreeHost(data_);
+      fail(SA_ERR_UNSUPPORTED, "state on the host needs the device to reach host memory at the "
+           "host's address (unified addressing); this one maps it elsewhere");
+    }
+    std::memset(data_, 0, bytes);
+  }
+  ~MappedBuffer() override { cudaFreeHost(data_); }
+  MappedBuffer(const MappedBuffer&) = delete;
+  MappedBuffer& operator=(const MappedBuffer&) = delete;
+  void* data() const override { return data_; }
+  std::size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
 // Pinned host staging for async uploads: a small ring of slots, each guarded by the
 // event of the last copy that read it.
 class StagingRing {
@@ -125,7 +169,7 @@ class StagingRing {
     if (!s.event)
       check_cuda(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming), "cudaEventCreate");
     std::memcpy(s.host, src, bytes);
-    check_cuda(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream),
+    check_cuda(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyDefault, stream),
                "cudaMemcpyAsync upload");
     check_cuda(cudaEventRecord(s.event, stream), "cudaEventRecord");
   }
@@ -184,6 +228,11 @@ class CudaBackend final : public Backend {
     return std::make_shared<DeviceBuffer>(device_, bytes);
   }
 
+  std::shared_ptr<Buffer> allocate_host_state(std::size_t bytes) override {
+    DeviceScope scope(device_);
+    return std::make_shared<MappedBuffer>(bytes);
+  }
+
   std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
     DeviceScope scope(device_);
     return std::make_shared<PinnedBuffer>(bytes);
@@ -192,13 +241,13 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* host, const void* src, std::size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope scope(device_);
-    check_cuda(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "copying state to the host");
+    check_cuda(cudaMemcpy(host, src, bytes, cudaMemcpyDefault), "copying state to the host");
   }
 
   void copy_from_host(void* dst, const void* host, std::size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope scope(device_);
-    check_cuda(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "copying state to the device");
+    check_cuda(cudaMemcpy(dst, host, bytes, cudaMemcpyDefault), "copying state to the device");
   }
 
   void upload(void* dst, const void* host, std::size_t bytes, void* stream) override {
@@ -209,7 +258,7 @@ class CudaBackend final : public Backend {
   void download(void* staging, const void* src, std::size_t bytes, void* stream) override {
     if (bytes == 0) return;
     DeviceScope scope(device_);
-    check_cuda(cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDeviceToHost,
+    check_cuda(cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDefault,
                                static_cast<cudaStream_t>(stream)),
                "cudaMemcpyAsync download");
   }

@@ -103,9 +103,23 @@ class DeviceFloat {
   float* p_ = nullptr;
 };
 
+// Where the CUDA optimizer of a GPU test keeps its params' state (sa_state_placement).
+enum class GpuState {
+  device,  // every param's in device memory
+  host,    // every param's in pinned host memory (SA_STATE_ON_HOST)
+  mixed    // every other param's on the host, the others' on the device: buckets of both
+};
+
+// The placement `mode` gives the i-th param added.
+inline int32_t placement_of(GpuState mode, std::size_t i) {
+  if (mode == GpuState::host || (mode == GpuState::mixed && i % 2 == 1)) return SA_STATE_ON_HOST;
+  return SA_STATE_ON_DEVICE;
+}
+
 inline std::vector<unsigned char> download_view(const StateView& v) {
   std::vector<unsigned char> out(static_cast<std::size_t>(v.numel()) * dtype_bytes(v.view->dl_tensor.dtype));
-  CUDA_OK(cudaMemcpy(out.data(), v.data(), out.size(), cudaMemcpyDeviceToHost));
+  // Default: the view is device memory, or pinned host memory (state on the host).
+  CUDA_OK(cudaMemcpy(out.data(), v.data(), out.size(), cudaMemcpyDefault));
   return out;
 }
 

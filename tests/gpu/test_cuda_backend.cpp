@@ -22,11 +22,15 @@
 
 using namespace sa_test;
 
-TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 steps", "[gpu]") {
+namespace {
+
+// Every variant over 24 steps of 43 shards (empty ones too), the CUDA optimizer's state
+// where `state` puts it, against the CPU backend bit for bit.
+void every_variant_against_cpu(GpuState state) {
   for (const VariantSpec& v : kVariants) {
     DYNAMIC_SECTION(v.label) {
       Rng rng(0xC0DA + static_cast<uint64_t>(v.param.code * 7 + v.grad.bits + v.master));
-      Twin t;
+      Twin t(state);
       t.add_groups(v.amsgrad);
       const std::vector<int64_t> sizes = shard_sizes(rng, 40);
       for (std::size_t i = 0; i < sizes.size(); ++i)
@@ -50,6 +54,25 @@ TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 step
       CHECK(step_count(t.gpu.get(), 0) == 23);  // 24 steps, one skipped by found_inf
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("every variant on CUDA equals the CPU backend bit for bit over 24 steps", "[gpu]") {
+  every_variant_against_cpu(GpuState::device);
+}
+
+// State on the host is stepped by the same kernels reading it over the link: the same bits
+// as the CPU backend, and so as state in device memory.
+TEST_CASE("every variant with its state on the host equals the CPU backend bit for bit",
+          "[gpu][offload]") {
+  every_variant_against_cpu(GpuState::host);
+}
+
+// Placement is part of the bucket key: one optimizer steps buckets of both.
+TEST_CASE("an optimizer with state on the host and on the device equals the CPU backend",
+          "[gpu][offload]") {
+  every_variant_against_cpu(GpuState::mixed);
 }
 
 // The block-moment kernel's grid is persistent (a few thread blocks per multiprocessor, each
@@ -385,4 +408,56 @@ TEST_CASE(
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Pinning more than the host has fails the add with SA_ERR_OUT_OF_MEMORY naming the bytes,
+// and adds nothing: the next param is index 0 and steps. The shard claims 2^40 float32
+// elements over a small allocation: the refusal comes before anything reads it.
+TEST_CASE("state on the host that the host cannot pin fails add_param and adds nothing",
+          "[gpu][offload]") {
+  OptimizerPtr opt = make_optimizer();
+  const sa_group_config group = group_config(1e-3, 0.0, 1);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, nullptr));
+  DeviceTensor small({16}, kFloat32);
+  int64_t huge_shape[1] = {int64_t{1} << 40};
+  DLManagedTensorVersioned huge = *small.versioned();
+  huge.deleter = nullptr;  // the caller keeps a refused shard: a deleter must not run
+  huge.dl_tensor.shape = huge_shape;
+  sa_param_options options = SA_PARAM_OPTIONS_INIT;
+  options.state_placement = SA_STATE_ON_HOST;
+  // exp_avg and exp_avg_sq of 2^40 float32: 2^43 bytes in all, 2^42 each
+  CHECK_SA_FAILS(opt.get(), SA_ERR_OUT_OF_MEMORY,
+                 sa_optimizer_add_param(opt.get(), "huge", 0, &huge, nullptr, &options, nullptr),
+                 "param 'huge'", "8796093022208 bytes of pinned host memory", "4398046511104",
+                 "the host has");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+
+  options.state_placement = 7;
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "bad", 0, small.versioned(), nullptr, &options,
+                                        nullptr),
+                 "state_placement is 7", "SA_STATE_ON_HOST");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+
+  options.state_placement = SA_STATE_ON_HOST;
+  int64_t index = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, small.versioned(), nullptr,
+                                                  &options, &index));
+  CHECK(index == 0);
+  DeviceTensor grad({16}, kFloat32);
+  HostTensor ones({16}, kFloat32);
+  for (int64_t i = 0; i < 16; ++i) ones.as<float>()[i] = 1.0f;
+  grad.upload(ones);
+  const DLTensor g = grad.dl();
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), 0, &g));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  // Adam's first step moves every element by -lr (a zero param, decay 0).
+  const std::vector<unsigned char> after = small.download();
+  float first = 0.0f;
+  std::memcpy(&first, after.data(), sizeof first);
+  CHECK(first == Approx(-1e-3).epsilon(1e-6));
+  const StateView m = state_view(opt.get(), 0, "exp_avg");
+  CHECK(m.view->dl_tensor.device.device_type == kDLCPU);
+  CHECK(static_cast<const float*>(m.data())[0] == Approx(0.1).epsilon(1e-6));
 }

@@ -133,6 +133,43 @@ TEST_CASE("clipping on CUDA: the norm equals the CPU's to 1e-12 and params stay 
   cudaStreamDestroy(stream);
 }
 
+// The norm and the skip decision read grads only: with the state on the host, clipped and
+// skipped steps give the norms and bits of state in device memory.
+TEST_CASE("clipping and found_inf with the state on the host give the bits of state on the device",
+          "[gpu][clip][offload]") {
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int32_t norm_type : {SA_NORM_L2, SA_NORM_INF}) {
+    DYNAMIC_SECTION((norm_type == SA_NORM_L2 ? "L2" : "inf")) {
+      Twin on_device(GpuState::device), on_host(GpuState::mixed);
+      for (Twin* t : {&on_device, &on_host}) {
+        Rng rng(0x0FF1 + static_cast<uint64_t>(norm_type));  // the same shards and grads
+        t->add_groups(false);
+        int index = 0;
+        for (const VariantSpec& v : kVariants) {
+          if (v.amsgrad) continue;  // groups are not amsgrad here
+          for (int64_t n : shard_sizes(rng, 4)) {
+            t->add("p" + std::to_string(index), index % 2, v, {n}, index % 5, rng);
+            ++index;
+          }
+        }
+        for (int s = 0; s < 5; ++s) {
+          t->bind_new_grads(rng, s % 2 == 1, true);
+          if (s == 2) {
+            t->step_both(1.0f, 1.0f, stream);  // found_inf: skipped
+            continue;
+          }
+          const double bound = s == 4 ? 1e30 : (norm_type == SA_NORM_L2 ? 5.0 : 0.5);
+          t->step_both_clipped(bound, norm_type, stream);
+        }
+      }
+      on_host.require_gpu_identical(on_device);
+      CHECK(step_count(on_host.gpu.get(), 0) == 4);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST_CASE("CUDA: an NCCL communicator of one rank and a host one give the bits no communicator gives; "
           "a NaN grad skips the step on the device",
           "[gpu][clip][comm]") {

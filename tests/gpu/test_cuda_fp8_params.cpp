@@ -101,8 +101,10 @@ struct Fp8Twin {
   OptimizerPtr gpu = make_optimizer();
   std::vector<Fp8Shard> shards;
   DeviceFloat dev_inv_scale, dev_found_inf;
+  GpuState gpu_state;  // where the CUDA optimizer keeps each shard's state
 
-  Fp8Twin(const Fp8Format& f, const ScalingCase& s) : format(f), scaling(s) {
+  Fp8Twin(const Fp8Format& f, const ScalingCase& s, GpuState state = GpuState::device)
+      : format(f), scaling(s), gpu_state(state) {
     sa_group_config adamw = group_config(2e-2, 1e-2, 1);
     sa_group_config adam_l2 = group_config(1e-2, 1e-1, 0);
     adam_l2.maximize = 1;
@@ -172,6 +174,7 @@ struct Fp8Twin {
                                                     s.param->versioned(), nullptr, &o, nullptr));
     o.scale = s.dev_scale->versioned();
     o.amax = s.dev_amax ? s.dev_amax->versioned() : nullptr;
+    o.state_placement = placement_of(gpu_state, shards.size());
     REQUIRE_SA_OK(gpu.get(),
                   sa_optimizer_add_param(gpu.get(), name.c_str(), group, s.dev_param->versioned(),
                                          nullptr, &o, nullptr));
@@ -269,7 +272,8 @@ struct Fp8Twin {
         INFO("state " << keys[k]);
         const StateView c = state_view(cpu.get(), static_cast<int64_t>(i), keys[k]);
         const StateView d = state_view(gpu.get(), static_cast<int64_t>(i), keys[k]);
-        CHECK(d.view->dl_tensor.device.device_type == kDLCUDA);
+        CHECK(d.view->dl_tensor.device.device_type ==
+              (placement_of(gpu_state, i) == SA_STATE_ON_HOST ? kDLCPU : kDLCUDA));
         const bool f32 = same_dtype(c.view->dl_tensor.dtype, kFloat32);
         if (f32)
           CHECK(same_floats(download_view(d), c.raw_bytes(), s.has_nan));
@@ -315,6 +319,22 @@ TEST_CASE("fp8 params on CUDA step to the CPU's codes, masters, scales and amax 
           std::memcpy(&amax, bytes.data(), sizeof amax);
           CHECK(amax == (is_current(s) ? 0.0f : -1.0f));
         }
+      }
+    }
+  }
+}
+
+// Masters and moments on the host, fp8 params, their scales and amax on the device.
+TEST_CASE("fp8 params with their state on the host step to the CPU's bits",
+          "[gpu][fp8param][offload]") {
+  for (const Fp8Format& f : kFormats) {
+    for (const ScalingCase& s : kCases) {
+      DYNAMIC_SECTION(f.name << ", " << s.label) {
+        Rng rng(0x0F8 + static_cast<uint64_t>(s.scaling * 2 + (s.amax ? 1 : 0)));
+        Fp8Twin t(f, s, GpuState::mixed);
+        t.add_shards(rng, kDelayedScales[0]);
+        t.require_identical();  // the masters' initialisation, into host memory
+        train(t, rng);
       }
     }
   }

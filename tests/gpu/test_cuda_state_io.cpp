@@ -27,7 +27,7 @@ constexpr int kSteps = 6;
 class GpuRank {
  public:
   GpuRank(const Problem& prob, const Scenario& scenario, int64_t rank, const std::vector<Bytes>& values,
-          const std::vector<sa_group_config>& groups = io_groups())
+          const std::vector<sa_group_config>& groups = io_groups(), GpuState state = GpuState::device)
       : prob_(prob) {
     opt_ = make_optimizer();
     for (const sa_group_config& c : groups) REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_group(opt_.get(), &c, nullptr));
@@ -45,7 +45,8 @@ class GpuRank {
     for (std::size_t k = 0; k < prob.params.size(); ++k) {
       const GlobalParam& g = prob.params[k];
       const sa_layout layout = placements_[k].layout();
-      const sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
+      sa_param_options options = param_options(g.grad_dtype, g.moment_dtype, g.master);
+      options.state_placement = placement_of(state, k);
       REQUIRE_SA_OK(opt_.get(), sa_optimizer_add_param(opt_.get(), g.name.c_str(), g.group, params_[k]->versioned(),
                                                        &layout, &options, nullptr));
     }
@@ -80,9 +81,11 @@ class GpuRank {
 
 std::vector<std::unique_ptr<GpuRank>> make_gpu_ranks(const Problem& prob, const Scenario& scenario,
                                                      const std::vector<Bytes>& values,
-                                                     const std::vector<sa_group_config>& groups = io_groups()) {
+                                                     const std::vector<sa_group_config>& groups = io_groups(),
+                                                     GpuState state = GpuState::device) {
   std::vector<std::unique_ptr<GpuRank>> ranks;
-  for (int64_t r = 0; r < scenario.ranks; ++r) ranks.push_back(std::make_unique<GpuRank>(prob, scenario, r, values, groups));
+  for (int64_t r = 0; r < scenario.ranks; ++r)
+    ranks.push_back(std::make_unique<GpuRank>(prob, scenario, r, values, groups, state));
   return ranks;
 }
 
@@ -189,6 +192,64 @@ TEST_CASE("CUDA shard files: the same bytes as the CPU's, and imports into anoth
         REQUIRE_SA_OK(cpu_in[r]->opt(), import_blobs(cpu_in[r]->opt(), blobs8, &options));
         REQUIRE_SA_OK(gpu_in[r]->opt(), import_blobs(gpu_in[r]->opt(), blobs8, &options));
         check_same(*into, *gpu_in[r], *cpu_in[r]);
+      }
+    }
+  }
+}
+
+// Placement is not saved: state on the host exports the bytes state on the device does, and a
+// file from either loads into the other.
+TEST_CASE("CUDA shard files of state on the host: the CPU's bytes, loaded across placements",
+          "[gpu][state_io][offload]") {
+  const Problem& prob = io_problem();
+  const Scenario save = mesh_scenario("Shard(0) over 2", {2}, {shard(0)});
+  auto cpu_save = make_ranks(prob, save, prob.initial_values());
+  auto host_save = make_gpu_ranks(prob, save, prob.initial_values(), io_groups(), GpuState::host);
+  for (int s = 0; s < kSaveAt; ++s) {
+    for (auto& r : cpu_save) r->step(s);
+    for (auto& r : host_save) r->step(s);
+  }
+  std::vector<Bytes> blobs;
+  for (std::size_t r = 0; r < host_save.size(); ++r) {
+    INFO("rank " << r);
+    blobs.push_back(export_blob(host_save[r]->opt()));
+    CHECK(blobs.back() == cpu_save[r]->export_blob());
+    CHECK(export_appended(host_save[r]->opt()) == blobs.back());
+    // An async export snapshots host state too.
+    sa_writer writer = SA_WRITER_INIT;
+    REQUIRE_SA_OK(nullptr, sa_memory_writer(&writer));
+    sa_export_job* job = nullptr;
+    REQUIRE_SA_OK(host_save[r]->opt(), sa_optimizer_export_async(host_save[r]->opt(), &writer, &job));
+    host_save[r]->step(kSaveAt);  // changes the host state while the job writes
+    CHECK(sa_export_job_wait(job) == SA_OK);
+    sa_export_job_release(job);
+    const void* data = nullptr;
+    std::size_t size = 0;
+    REQUIRE_SA_OK(nullptr, sa_memory_writer_data(&writer, &data, &size));
+    CHECK(Bytes(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + size) ==
+          blobs.back());
+    sa_writer_release(&writer);
+  }
+  const std::vector<Bytes> values = param_values(unsharded_after(prob, kSaveAt));
+  const Scenario load = mesh_scenario("Shard(1) over 3", {3}, {shard(1)});
+  for (GpuState into : {GpuState::host, GpuState::mixed, GpuState::device}) {
+    for (uint64_t staging : {uint64_t{0}, uint64_t{1}}) {
+      INFO("into placement " << static_cast<int>(into) << ", staging_bytes " << staging);
+      const sa_import_options options = import_options(staging);
+      auto cpu = make_ranks(prob, load, values, other_groups());
+      auto gpu = make_gpu_ranks(prob, load, values, other_groups(), into);
+      for (std::size_t r = 0; r < gpu.size(); ++r) {
+        REQUIRE_SA_OK(cpu[r]->opt(), import_blobs(cpu[r]->opt(), blobs, &options));
+        REQUIRE_SA_OK(gpu[r]->opt(), import_blobs(gpu[r]->opt(), blobs, &options));
+        check_same(prob, *gpu[r], *cpu[r]);
+      }
+      for (int s = kSaveAt; s < kSteps; ++s) {
+        for (auto& r : cpu) r->step(s);
+        for (auto& r : gpu) r->step(s);
+      }
+      for (std::size_t r = 0; r < gpu.size(); ++r) {
+        check_same(prob, *gpu[r], *cpu[r]);
+        CHECK(export_blob(gpu[r]->opt()) == cpu[r]->export_blob());
       }
     }
   }

@@ -27,6 +27,9 @@ struct VariantSpec {
 // A CPU optimizer and a CUDA optimizer over the same shards, stepped with the same
 // grads; the shards' params and every state are compared bit for bit.
 struct Twin {
+  explicit Twin(GpuState state = GpuState::device) : gpu_state(state) {}
+
+  GpuState gpu_state;
   OptimizerPtr cpu = make_optimizer(2, 1);
   OptimizerPtr gpu = make_optimizer();
   std::vector<std::unique_ptr<HostTensor>> host_params, host_grads_a, host_grads_b;
@@ -63,12 +66,14 @@ struct Twin {
     dev_grads_a.push_back(std::make_unique<DeviceTensor>(shape, v.grad, offset_elems));
     dev_grads_b.push_back(std::make_unique<DeviceTensor>(shape, v.grad, (offset_elems + 3) % 8));
     const sa_param_options options = param_options(v.grad, v.moment, v.master);
+    sa_param_options gpu_options = options;
+    gpu_options.state_placement = placement_of(gpu_state, names.size());
     REQUIRE_SA_OK(cpu.get(), sa_optimizer_add_param(cpu.get(), name.c_str(), group,
                                                     host_params.back()->versioned(), nullptr,
                                                     &options, nullptr));
     REQUIRE_SA_OK(gpu.get(), sa_optimizer_add_param(gpu.get(), name.c_str(), group,
                                                     dev_params.back()->versioned(), nullptr,
-                                                    &options, nullptr));
+                                                    &gpu_options, nullptr));
     names.push_back(name);
   }
 
@@ -197,11 +202,16 @@ struct Twin {
       REQUIRE_SA_OK(cpu.get(), sa_optimizer_state_keys(cpu.get(), static_cast<int64_t>(i), key_list,
                                                        16, &num_keys));
       REQUIRE(num_keys >= 2);
+      sa_param_info gpu_info = SA_PARAM_INFO_INIT;
+      REQUIRE_SA_OK(gpu.get(),
+                    sa_optimizer_param_info(gpu.get(), static_cast<int64_t>(i), &gpu_info));
+      CHECK(gpu_info.state_placement == placement_of(gpu_state, i));
       for (const char* key : std::vector<const char*>(key_list, key_list + num_keys)) {
         INFO("state " << key);
         const StateView c = state_view(cpu.get(), static_cast<int64_t>(i), key);
         const StateView d = state_view(gpu.get(), static_cast<int64_t>(i), key);
-        CHECK(d.view->dl_tensor.device.device_type == kDLCUDA);
+        CHECK(d.view->dl_tensor.device.device_type ==
+              (placement_of(gpu_state, i) == SA_STATE_ON_HOST ? kDLCPU : kDLCUDA));
         CHECK(download_view(d) == c.raw_bytes());
       }
     }
@@ -212,6 +222,32 @@ struct Twin {
     REQUIRE_SA_OK(cpu.get(), sa_optimizer_get_param_steps(cpu.get(), 0, n, cpu_steps.data()));
     REQUIRE_SA_OK(gpu.get(), sa_optimizer_get_param_steps(gpu.get(), 0, n, gpu_steps.data()));
     CHECK(gpu_steps == cpu_steps);
+  }
+
+  // This Twin's CUDA params and every state bit for bit those of `other`'s, which holds the
+  // same params (its state perhaps placed elsewhere), and the same step counts.
+  void require_gpu_identical(const Twin& other) {
+    CUDA_OK(cudaDeviceSynchronize());
+    REQUIRE(other.names == names);
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      INFO("param '" << names[i] << "'");
+      CHECK(dev_params[i]->download() == other.dev_params[i]->download());
+      const char* key_list[16] = {};
+      int32_t num_keys = 0;
+      REQUIRE_SA_OK(gpu.get(), sa_optimizer_state_keys(gpu.get(), static_cast<int64_t>(i), key_list,
+                                                       16, &num_keys));
+      for (const char* key : std::vector<const char*>(key_list, key_list + num_keys)) {
+        INFO("state " << key);
+        CHECK(download_view(state_view(gpu.get(), static_cast<int64_t>(i), key)) ==
+              download_view(state_view(other.gpu.get(), static_cast<int64_t>(i), key)));
+      }
+    }
+    const auto n = static_cast<int64_t>(names.size());
+    std::vector<int64_t> mine(names.size(), -1), theirs(names.size(), -2);
+    REQUIRE_SA_OK(gpu.get(), sa_optimizer_get_param_steps(gpu.get(), 0, n, mine.data()));
+    REQUIRE_SA_OK(other.gpu.get(),
+                  sa_optimizer_get_param_steps(other.gpu.get(), 0, n, theirs.data()));
+    CHECK(mine == theirs);
   }
 
   // New random grads into set A or B for the params where present[i], bound with the
