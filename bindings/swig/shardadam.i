@@ -391,7 +391,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
 }
 %}
 
-/* options: None, or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin); scale and amax
+/* options: None, or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin, state_placement); scale and amax
  * are None or unconsumed versioned capsules, renamed "used_dltensor_versioned" on SA_OK (the
  * optimizer owns their tensors then), left as they were on failure. */
 %typemap(in) const sa_param_options* options (sa_param_options storage, PyObject* owned[2]) {
@@ -401,9 +401,9 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
   owned[0] = owned[1] = NULL;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!PyArg_ParseTuple($input, "OOiiOOi;options must be None or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin)",
+    if (!PyArg_ParseTuple($input, "OOiiOOii;options must be None or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin, state_placement)",
                           &grad_dtype, &moment_dtype, &storage.master, &storage.scaling, &owned[0], &owned[1],
-                          &storage.margin) ||
+                          &storage.margin, &storage.state_placement) ||
         !sa_py_read_dtype(grad_dtype, &storage.grad_dtype) || !sa_py_read_dtype(moment_dtype, &storage.moment_dtype) ||
         !sa_py_read_owned_tensor(owned[0], "scale", &storage.scale) ||
         !sa_py_read_owned_tensor(owned[1], "amax", &storage.amax))
@@ -439,7 +439,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
   PyObject* dict = Py_None;
   if (result == SA_OK) {
     const sa_param_info* i = &info$argnum;
-    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii),s:i,s:i}",
+    dict = Py_BuildValue("{s:s,s:i,s:N,s:N,s:N,s:L,s:N,s:N,s:N,s:i,s:(ii),s:i,s:i,s:i}",
                          "name", i->name, "group", i->group,
                          "local_shape", sa_py_int64_tuple(i->local_shape, i->ndim),
                          "global_shape", sa_py_int64_tuple(i->global_shape, i->ndim),
@@ -450,7 +450,8 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
                          "moment_dtype", sa_py_dtype_tuple(i->moment_dtype),
                          "master", i->master,
                          "device", (int)i->device.device_type, (int)i->device.device_id,
-                         "scaling", i->scaling, "margin", i->margin);
+                         "scaling", i->scaling, "margin", i->margin,
+                         "state_placement", i->state_placement);
     if (!dict) SWIG_fail;
   } else {
     Py_INCREF(Py_None);

@@ -524,10 +524,10 @@ typedef struct sa_param_options {
   int32_t state_placement;
 } sa_param_options;
 
-#define SA_PARAM_OPTIONS_INIT                                                                 \
-  {                                                                                           \
+#define SA_PARAM_OPTIONS_INIT                                                                    \
+  {                                                                                              \
     sizeof(sa_param_options), {0, 0, 0}, {0, 0, 0}, SA_MASTER_AUTO, NULL, NULL, SA_SCALING_NONE, \
-        0, SA_STATE_ON_DEVICE                                                                 \
+        0, SA_STATE_ON_DEVICE                                                                    \
   }
 
 /**
@@ -584,8 +584,8 @@ typedef struct sa_param_info {
   DLDataType moment_dtype;
   int32_t master; /* resolved sa_master_kind (never AUTO) */
   DLDevice device;
-  int32_t scaling; /* its sa_param_scaling */
-  int32_t margin;  /* its sa_param_options.margin */
+  int32_t scaling;         /* its sa_param_scaling */
+  int32_t margin;          /* its sa_param_options.margin */
   int32_t state_placement; /* its sa_state_placement (CPU params: SA_STATE_ON_DEVICE) */
 } sa_param_info;
 

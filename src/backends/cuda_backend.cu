@@ -107,22 +107,24 @@ class MappedBuffer final : public Buffer {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (pages > 0 && page > 0 &&
         bytes / static_cast<std::size_t>(page) >= static_cast<std::size_t>(pages))
-      fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes, " bytes of host memory for state on the host: "
-           "the host has ", static_cast<std::size_t>(pages) * static_cast<std::size_t>(page),
-           " bytes in all");
+      fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes,
+           " bytes of host memory for state on the host: the host has ",
+           static_cast<std::size_t>(pages) * static_cast<std::size_t>(page), " bytes in all");
     const cudaError_t status = cudaHostAlloc(&data_, std::max<std::size_t>(bytes, 1),
                                              cudaHostAllocMapped | cudaHostAllocPortable);
     if (status != cudaSuccess) {
       data_ = nullptr;
       cudaGetLastError();  // not sticky: clear it for the caller's next call
-      fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes, " bytes of host memory for state on the host (",
-           cudaGetErrorName(status), ": ", cudaGetErrorString(status), ")");
+      fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes,
+           " bytes of host memory for state on the host (", cudaGetErrorName(status), ": ",
+           cudaGetErrorString(status), ")");
     }
     void* device = nullptr;
     const cudaError_t mapped = cudaHostGetDevicePointer(&device, data_, 0);
     if (mapped != cudaSuccess || device != data_) {
       cudaFreeHost(data_);
-      fail(SA_ERR_UNSUPPORTED, "state on the host needs the device to reach host memory at the "
+      fail(SA_ERR_UNSUPPORTED,
+           "state on the host needs the device to reach host memory at the "
            "host's address (unified addressing); this one maps it elsewhere");
     }
     std::memset(data_, 0, bytes);
@@ -258,9 +260,9 @@ class CudaBackend final : public Backend {
   void download(void* staging, const void* src, std::size_t bytes, void* stream) override {
     if (bytes == 0) return;
     DeviceScope scope(device_);
-    check_cuda(cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDefault,
-                               static_cast<cudaStream_t>(stream)),
-               "cudaMemcpyAsync download");
+    check_cuda(
+        cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+        "cudaMemcpyAsync download");
   }
 
   // ---- synchronization ---------------------------------------------------------------------

@@ -23,6 +23,9 @@ _MASTER_KINDS = {
     "remainder": _C.SA_MASTER_REMAINDER,
 }
 _MASTER_NAMES = {_C.SA_MASTER_NONE: "none", _C.SA_MASTER_FP32: "fp32", _C.SA_MASTER_REMAINDER: "remainder"}
+# sa_state_placement: where a param's state lives.
+STATE_PLACEMENTS = {"device": _C.SA_STATE_ON_DEVICE, "host": _C.SA_STATE_ON_HOST}
+_PLACEMENT_NAMES = {value: name for name, value in STATE_PLACEMENTS.items()}
 
 
 
@@ -41,11 +44,13 @@ class ParamInfo:
     ``"remainder"``), ``device`` (a DLPack ``(device_type, device_id)`` tuple), ``scaling``
     (how an fp8 param is cast from its master: ``"delayed"``, ``"mxfp8"``, ``"block128"``,
     ``"current"``, ``"current_pow2"``; ``"none"`` for other params), ``margin`` (a current
-    scaling's; 0 otherwise).
+    scaling's; 0 otherwise), ``placement`` (where its state lives: ``"device"`` or
+    ``"host"``; a CPU param's is always ``"device"``).
     """
 
     __slots__ = ("index", "name", "group", "local_shape", "global_shape", "global_offset", "numel",
-                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device", "scaling", "margin")
+                 "param_dtype", "grad_dtype", "moment_dtype", "master", "device", "scaling", "margin",
+                 "placement")
 
     def __init__(self, index, info):
         self.index = index
@@ -55,6 +60,7 @@ class ParamInfo:
             setattr(self, key, dtype_name(info[key]))
         self.master = _MASTER_NAMES[info["master"]]
         self.scaling = scaling_name(info["scaling"])
+        self.placement = _PLACEMENT_NAMES[info["state_placement"]]
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
@@ -354,7 +360,7 @@ class Optimizer(OwnsHandle):
         return len(self._names)
 
     def add_param(self, name, tensor, group=0, layout=None, grad_dtype=None, moment_dtype=None, master=None,
-                  *, scaling=None, scale=None, amax=None, margin=0, stream=None):
+                  *, scaling=None, scale=None, amax=None, margin=0, placement=None, stream=None):
         """Registers a local shard as a param and returns its index.
 
         Args:
@@ -403,6 +409,13 @@ class Optimizer(OwnsHandle):
                 ``2**margin`` (Transformer Engine's margin: values up to ``2**margin * amax``
                 fit before they saturate), 0 (the default) to 6; every rank holding a
                 sharded param gives it the same margin.
+            placement: where its state (master, moments, block scales) lives: None or
+                ``"device"`` (the param's device memory), or ``"host"``: for a CUDA param,
+                pinned host memory the GPU's kernels read and write in place at each step
+                (it takes no device memory; the step moves each state byte over the host link
+                once each way); its state views are CPU tensors. A CPU param's state is host
+                memory either way (its ``placement`` reads ``"device"``). Raises
+                :class:`OutOfMemory` when the host cannot pin it, adding nothing.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
         handle = self._handle_or_raise()
@@ -415,13 +428,16 @@ class Optimizer(OwnsHandle):
         if isinstance(margin, bool) or not isinstance(margin, numbers.Integral):
             raise TypeError(f"margin must be an int, got {type(margin).__name__}")
         margin = int(margin)
+        if placement is not None and placement not in STATE_PLACEMENTS:
+            raise ValueError(f"placement must be None or one of {', '.join(repr(k) for k in STATE_PLACEMENTS)}, "
+                             f"got {placement!r}")
         options = None
-        if margin or any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax)):
+        if margin or any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax, placement)):
             scaling_value = SCALING_INFO[scaling or "none"]["value"]
             scale_capsule = None if scale is None else to_capsule(scale, self._stream_of(stream))
             amax_capsule = None if amax is None else to_capsule(amax, self._stream_of(stream))
             options = (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master], scaling_value,
-                       scale_capsule, amax_capsule, margin)
+                       scale_capsule, amax_capsule, margin, STATE_PLACEMENTS[placement or "device"])
         capsule = to_capsule(tensor, self._stream_of(stream))
         info = CapsuleInfo(capsule)
         if layout is None:

@@ -77,6 +77,8 @@ def set_group_hyperparameters(group, hyperparameters):
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # The scalings whose scale is the whole tensor's amax (sa_param_scaling's current ones).
 _CURRENT_SCALINGS = ("current", "current_pow2")
+# FusedAdam's offload= values and the state placement (Optimizer.add_param) each gives.
+_OFFLOADS = {None: None, "host": "host"}
 
 
 def _splits_across_ranks(param):
@@ -344,6 +346,12 @@ class FusedAdam(torch.optim.Optimizer):
             absmax. The whole tensor's element count decides (a DTensor's global one), so
             every rank agrees. 0: every param takes ``moment_dtype``.
         num_threads: CPU params: worker threads (0: one per hardware thread).
+        offload: None (state in the params' device memory) or ``"host"``: every param's
+            state (fp32 master, moments, block scales) in pinned host memory, which the GPU's
+            kernels read and write in place at each step over the host link: no device
+            memory for it, the same bits as without offload, a step bound by the link
+            (``bench/offload_step``). ``state_dict()`` then holds CPU tensors. CPU params'
+            state is host memory either way.
         fp8: ``{param: Fp8(scaling, scale, amax=None)}`` for every param of
             ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` data (see :class:`Fp8`): the
             optimizer keeps a float32 master, and each step updates it and writes the
@@ -383,7 +391,7 @@ class FusedAdam(torch.optim.Optimizer):
                  decoupled_weight_decay=_DEFAULTS["decoupled_weight_decay"], amsgrad=_DEFAULTS["amsgrad"],
                  maximize=_DEFAULTS["maximize"], bias_correction=_DEFAULTS["bias_correction"], master=None,
                  grad_dtype=None, moment_dtype=None, min_8bit_size=4096, num_threads=0, max_grad_norm=None,
-                 norm_type=2.0, process_group=None, comm=None, fp8=None, **hyperparameters):
+                 norm_type=2.0, process_group=None, comm=None, fp8=None, offload=None, **hyperparameters):
         unknown = set(hyperparameters) - set(_schema.KEYS) - set(IMPLEMENTATION_DEFAULTS)
         if unknown:
             raise TypeError(f"FusedAdam got unexpected keyword arguments {sorted(unknown)}")
@@ -398,11 +406,15 @@ class FusedAdam(torch.optim.Optimizer):
             if defaults[key] == _DEFAULTS[key]:
                 del defaults[key]  # set_group_hyperparameters: kept out of the groups at its default
         # What copy.deepcopy needs to build another FusedAdam like this one.
+        if offload not in _OFFLOADS:
+            raise ValueError(f"FusedAdam: offload must be one of {', '.join(repr(k) for k in _OFFLOADS)}, "
+                             f"got {offload!r}")
         self._options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype,
                              min_8bit_size=min_8bit_size, num_threads=num_threads, norm_type=norm_type,
-                             process_group=process_group, comm=comm)
+                             process_group=process_group, comm=comm, offload=offload)
         # Set before super().__init__, which calls add_param_group for every group.
         self._param_options = {key: self._options[key] for key in ("master", "grad_dtype", "moment_dtype")}
+        self._param_options["placement"] = _OFFLOADS[offload]
         if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
             raise ValueError(f"FusedAdam: min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
         # The element count below which a param keeps float32 moments (block moments only).

@@ -370,10 +370,11 @@ def _quantized(optimizer, entry):
 
 
 def _moment_values(optimizer, entry, key):
-    """A block moment as float32 values on the param's device, as the state dict holds it."""
+    """A block moment as float32 values on the device of its state (the param's, or the CPU
+    for state offloaded to the host), as the state dict holds it."""
     values = torch.empty(tuple(entry.local_shape), dtype=torch.float32)
     optimizer.native.moment_values(entry.index, key, values)
-    values = values.to(_fused._local_tensor(entry.param).device)
+    values = values.to(_fused._local_tensor(optimizer.state.views(entry.param)[key]).device)
     if entry.mesh is None:
         return values
     param = entry.param

@@ -275,3 +275,18 @@ def test_an_in_place_write_to_a_read_step_raises_instead_of_being_lost():
     with pytest.raises(RuntimeError, match="[Ii]nplace update to inference tensor"):
         opt.state[first]["step"].add_(1)
     assert float(opt.state[first]["step"]) == 1.0 and opt.native.param_steps() == [1, 1, 1]
+
+
+def test_offload_is_checked_and_kept_by_copies():
+    """offload= takes None or "host" (CPU params: their state is host memory already, so the
+    run is AdamW's as without it); anything else is refused by name; a deepcopy keeps it."""
+    with pytest.raises(ValueError, match="offload must be one of None, 'host', got 'cpu'"):
+        FusedAdam(make_model().parameters(), offload="cpu")
+    ours, reference = make_model(), make_model()
+    opt = FusedAdam(ours.parameters(), **HYPER, offload="host")
+    torch_opt = torch.optim.AdamW(reference.parameters(), **HYPER)
+    train(ours, opt, batches(8))
+    train(reference, torch_opt, batches(8))
+    for p, q in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=RTOL, atol=1e-6)
+    assert copy.deepcopy(opt)._options["offload"] == "host"

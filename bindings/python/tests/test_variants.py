@@ -213,3 +213,24 @@ def test_bfloat16_numpy_arrays_travel_as_relabelled_uint16_capsules(rng):
         assert moment.dtype == ml_dtypes.bfloat16
         moment[:] = 1.5  # writes reach the optimizer's buffer
         assert np.all(opt.state("w", "exp_avg").numpy() == 1.5)
+
+
+def test_placement_host_on_cpu_params_is_host_memory_already_and_unknown_ones_are_refused():
+    """A CPU param's state is host memory whatever placement it asks for: "host" is taken,
+    reads back as "device", and steps the same values; an unknown name adds nothing."""
+    opt = shardadam.Optimizer(**HYPER)
+    rng = np.random.default_rng(7)
+    start = rng.standard_normal(33).astype(np.float32)
+    a, b = start.copy(), start.copy()
+    with pytest.raises(ValueError, match="placement must be None or one of 'device', 'host', got 'gpu'"):
+        opt.add_param("a", a, placement="gpu")
+    assert opt.num_params == 0
+    opt.add_param("a", a, placement="host")
+    opt.add_param("b", b)
+    assert [opt.param_info(i).placement for i in range(2)] == ["device", "device"]
+    grad = rng.standard_normal(33).astype(np.float32)
+    for _ in range(3):
+        opt.set_grads([grad, grad])
+        opt.step()
+    assert not np.array_equal(a, start)
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,115 @@
+"""FusedAdam(offload="host"): state in pinned host memory, stepped by the GPU in place.
+
+The same kernels read and write the state over the host link, so every param and state is
+bit for bit what FusedAdam without offload computes; the offloaded state takes no device
+memory. Needs torch and a CUDA device (skipped otherwise). Run from the repository root after
+`pip install ./bindings/python`:
+
+    python -m pytest -q bindings/python/tests/gpu/test_torch_offload.py
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+from shardadam.torch import FusedAdam  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+
+# (param dtype, FusedAdam options): float32; bf16 with an fp32 master; bf16 with a remainder
+# and bfloat16 moments; 8-bit and float8 block moments (min_8bit_size=0: every param).
+VARIANTS = [
+    (torch.float32, {}),
+    (torch.bfloat16, {}),
+    (torch.bfloat16, dict(master="remainder", moment_dtype=torch.bfloat16)),
+    (torch.float32, dict(moment_dtype=torch.uint8, min_8bit_size=0)),
+    (torch.bfloat16, dict(moment_dtype=torch.float8_e4m3fn, min_8bit_size=0, amsgrad=True)),
+]
+
+
+def make_model(dtype, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.GELU(), torch.nn.Linear(300, 10))
+    return model.to(device="cuda", dtype=dtype)
+
+
+def train(model, opt, steps, seed=1, max_grad_norm=None):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 64, generator=gen).to("cuda", dtype)
+        y = torch.randint(0, 10, (32,), generator=gen).to("cuda")
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def bits(t):
+    return t.detach().contiguous().cpu().view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype,options", VARIANTS, ids=["fp32", "bf16-master", "bf16-remainder",
+                                                          "8bit", "float8-amsgrad"])
+@pytest.mark.parametrize("max_grad_norm", [None, 0.5])
+def test_offload_host_steps_the_bits_of_device_state(dtype, options, max_grad_norm):
+    on_device, on_host = make_model(dtype), make_model(dtype)
+    a = FusedAdam(on_device.parameters(), **HYPER, **options, max_grad_norm=max_grad_norm)
+    b = FusedAdam(on_host.parameters(), **HYPER, **options, max_grad_norm=max_grad_norm, offload="host")
+    assert train(on_device, a, 8) == train(on_host, b, 8)
+    for (name, p), q in zip(on_device.named_parameters(), on_host.parameters()):
+        assert torch.equal(bits(p), bits(q)), name
+        info = b.native.param_info(b._entry_of[q].index)
+        assert info.placement == "host"
+        assert a.native.param_info(a._entry_of[p].index).placement == "device"
+        for key in a.native.state_keys(a._entry_of[p].index):
+            x = a.state[p][key]
+            y = b.state[q][key]
+            assert x.device.type == "cuda" and y.device.type == "cpu", key
+            assert torch.equal(bits(x), bits(y)), f"{name} {key}"
+    if max_grad_norm is not None:
+        assert torch.equal(a.grad_norm, b.grad_norm)
+
+
+def test_offloaded_state_is_pinned_host_memory_and_state_dicts_cross_placements():
+    model = make_model(torch.bfloat16)
+    opt = FusedAdam(model.parameters(), **HYPER, offload="host")
+    train(model, opt, 3)
+    # Every state in pinned host memory (cudaHostAlloc'd: torch sees it pinned), none on the device.
+    for p in model.parameters():
+        for key in opt.native.state_keys(opt._entry_of[p].index):
+            assert opt.state[p][key].device.type == "cpu" and opt.state[p][key].is_pinned(), key
+    saved = opt.state_dict()
+    assert all(t.device.type == "cpu" for s in saved["state"].values() for k, t in s.items() if k != "step")
+
+    # Into device state and back: the same bits, and the runs go on alike.
+    twin = make_model(torch.bfloat16, seed=5)
+    twin.load_state_dict(model.state_dict())
+    on_device = FusedAdam(twin.parameters(), **HYPER)
+    on_device.load_state_dict(saved)
+    again = make_model(torch.bfloat16, seed=6)
+    again.load_state_dict(model.state_dict())
+    on_host = FusedAdam(again.parameters(), **HYPER, offload="host")
+    on_host.load_state_dict(on_device.state_dict())
+    assert train(twin, on_device, 3, seed=9) == train(again, on_host, 3, seed=9)
+    for p, q in zip(twin.parameters(), again.parameters()):
+        assert torch.equal(bits(p), bits(q))
+
+
+def test_offload_host_shard_files_load_into_device_state(tmp_path):
+    model = make_model(torch.float32)
+    opt = FusedAdam(model.parameters(), **HYPER, offload="host", moment_dtype=torch.uint8, min_8bit_size=0)
+    train(model, opt, 4)
+    path = tmp_path / "rank0.safetensors"
+    opt.save_shard_file(str(path))
+    twin = make_model(torch.float32, seed=3)
+    twin.load_state_dict(model.state_dict())
+    on_device = FusedAdam(twin.parameters(), **HYPER, moment_dtype=torch.uint8, min_8bit_size=0)
+    on_device.load_shard_files([str(path)])
+    assert train(model, opt, 3, seed=4) == train(twin, on_device, 3, seed=4)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(bits(p), bits(q))
