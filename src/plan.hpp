@@ -3,6 +3,7 @@
 #ifndef SHARDADAM_SRC_PLAN_HPP_
 #define SHARDADAM_SRC_PLAN_HPP_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,38 @@ struct Param;
 // into the device's address space and read and written in place.
 enum class StatePlacement : uint8_t { device = 0, host = 1 };
 
+// A step over state on the host streams it through a ring of kStagingSlots device buffers
+// of kStagingSlotBytes each: a segment's state goes up into a ring slot, the bucket's kernel
+// updates it there, and it goes down again, while the next segment goes up and the one
+// before goes down. Device memory for state on the host: the ring, whatever the model.
+constexpr std::size_t kStagingSlotBytes = std::size_t{32} << 20;
+constexpr int kStagingSlots = 3;
+
+// One state of a staged piece: `bytes` at host_offset from the slot's state buffer, at
+// ring_offset in the ring slot of its segment.
+struct StagedRun {
+  StateKind kind;
+  std::size_t host_offset;
+  std::size_t ring_offset;
+  std::size_t bytes;
+};
+
+// Elements [first, first + count) of a bucket's slot, and where each of its states goes.
+// `first` is a multiple of kernels::kQuant8Block, so a block moment's blocks are the slot's.
+struct StagedPiece {
+  int32_t slot;
+  int64_t first;
+  int64_t count;
+  std::vector<StagedRun> runs;
+};
+
+// What one ring slot holds at a time.
+struct StagedSegment {
+  std::vector<StagedPiece> pieces;
+  std::size_t bytes = 0;  // of the ring slot, runs aligned to kStagingAlign
+};
+constexpr std::size_t kStagingAlign = 256;
+
 struct Bucket {
   kernels::Variant variant;
   StatePlacement placement = StatePlacement::device;
@@ -24,6 +57,11 @@ struct Bucket {
   std::vector<int64_t> param_of_slot;  // slot i updates param param_of_slot[i]
   int64_t numel = 0;
   bool grads_moved = false;  // a grad pointer changed since the backend saw the slots
+  // State on the host, streamed through the ring, segment by segment, in slot order. Empty
+  // for state on the device, and for fp8 params (scaling != none), whose kernels read their
+  // host state in place (a current scaling's cast reads the master again after the amax
+  // is reduced).
+  std::vector<StagedSegment> segments;
 };
 
 struct Plan {
@@ -33,6 +71,22 @@ struct Plan {
 
 // The slot of param `index`, as a plan holds it (its current grad included).
 kernels::TensorSlot slot_of(const Param& p, int64_t index);
+
+// The slot of `bucket`'s piece `piece`, its state in the ring slot at `ring` (device
+// memory): param and grad advanced to the piece's first element. (Inline: the CUDA
+// backend's module builds these tables, and links no core code.)
+inline kernels::TensorSlot staged_slot(const Bucket& bucket, const StagedPiece& piece, char* ring) {
+  kernels::TensorSlot slot = bucket.slots[static_cast<std::size_t>(piece.slot)];
+  slot.param =
+      static_cast<char*>(slot.param) + piece.first * kernels::elem_bytes(bucket.variant.param);
+  if (slot.grad != nullptr)
+    slot.grad = static_cast<const char*>(slot.grad) +
+                piece.first * kernels::elem_bytes(bucket.variant.grad);
+  for (const StagedRun& run : piece.runs)
+    slot.state[static_cast<std::size_t>(run.kind)] = ring + run.ring_offset;
+  slot.numel = piece.count;
+  return slot;
+}
 
 // Buckets in order of first appearance; empty shards get no slot (so they cost nothing
 // and cannot overrun anything). Grad pointers are taken from the params as they are.

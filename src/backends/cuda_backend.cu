@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "../../kernels/cuda/adam_cuda.cuh"
@@ -198,6 +199,96 @@ struct DeviceTables {
   kernels::DeviceBucket master_view{};
 };
 
+// The device side of state on the host: the ring of kStagingSlots device buffers a step
+// streams it through, the streams of its uploads and downloads, and an event per ring slot
+// for each of the three stages that hand it on.
+class StagingPipeline {
+ public:
+  StagingPipeline() = default;
+  StagingPipeline(const StagingPipeline&) = delete;
+  StagingPipeline& operator=(const StagingPipeline&) = delete;
+  ~StagingPipeline() {
+    for (cudaEvent_t e : {start_})
+      if (e) cudaEventDestroy(e);
+    for (Slot& s : slots_)
+      for (cudaEvent_t e : {s.uploaded, s.computed, s.downloaded})
+        if (e) cudaEventDestroy(e);
+    for (cudaStream_t s : {up_, down_})
+      if (s) cudaStreamDestroy(s);
+  }
+
+  // Made on first use: a plan without state on the host costs nothing.
+  void ensure(const std::function<std::shared_ptr<Buffer>(std::size_t)>& allocate) {
+    if (ring_) return;
+    ring_ = allocate(kStagingSlots * kStagingSlotBytes);
+    check_cuda(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming), "cudaEventCreate");
+    for (Slot& s : slots_)
+      for (cudaEvent_t* e : {&s.uploaded, &s.computed, &s.downloaded})
+        check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  char* ring(int slot) const {
+    return static_cast<char*>(ring_->data()) + static_cast<std::size_t>(slot) * kStagingSlotBytes;
+  }
+
+  // Enqueues one segment after those before it: its state up into ring slot `slot`,
+  // `launch` on `stream` once it is there, and its state down when `launch` is done. The
+  // upload waits until the ring slot's last segment has gone down.
+  // Uploads enqueued after this wait for the work on `stream` so far (the last step's
+  // downloads among it, which join() made the stream wait for).
+  void begin(cudaStream_t stream) {
+    check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(up_, start_, 0), "cudaStreamWaitEvent");
+  }
+
+  template <typename Launch>
+  void run(const Bucket& bucket, const StagedSegment& seg, int slot, cudaStream_t stream,
+           Launch&& launch) {
+    Slot& s = slots_[slot];
+    check_cuda(cudaStreamWaitEvent(up_, s.downloaded, 0), "cudaStreamWaitEvent");
+    copies(bucket, seg, slot, up_, /*up=*/true);
+    check_cuda(cudaEventRecord(s.uploaded, up_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream, s.uploaded, 0), "cudaStreamWaitEvent");
+    launch();
+    check_cuda(cudaEventRecord(s.computed, stream), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(down_, s.computed, 0), "cudaStreamWaitEvent");
+    copies(bucket, seg, slot, down_, /*up=*/false);
+    check_cuda(cudaEventRecord(s.downloaded, down_), "cudaEventRecord");
+  }
+
+  // The caller's stream waits until the last segment's state is back on the host.
+  void join(int last_slot, cudaStream_t stream) {
+    check_cuda(cudaStreamWaitEvent(stream, slots_[last_slot].downloaded, 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  void copies(const Bucket& bucket, const StagedSegment& seg, int slot, cudaStream_t stream,
+              bool up) {
+    char* ring_base = ring(slot);
+    for (const StagedPiece& piece : seg.pieces) {
+      const kernels::TensorSlot& host = bucket.slots[static_cast<std::size_t>(piece.slot)];
+      for (const StagedRun& run : piece.runs) {
+        char* on_host =
+            static_cast<char*>(host.state[static_cast<std::size_t>(run.kind)]) + run.host_offset;
+        char* on_ring = ring_base + run.ring_offset;
+        check_cuda(cudaMemcpyAsync(up ? on_ring : on_host, up ? on_host : on_ring, run.bytes,
+                                   up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+                   up ? "uploading state from the host" : "downloading state to the host");
+      }
+    }
+  }
+
+  struct Slot {
+    cudaEvent_t uploaded = nullptr, computed = nullptr, downloaded = nullptr;
+  };
+  std::shared_ptr<Buffer> ring_;
+  cudaStream_t up_ = nullptr, down_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+  Slot slots_[kStagingSlots];
+};
+
 // Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): the update of
 // their masters by block moments' kernel, then the cast (or a current scaling's amax).
 bool steps_masters_apart(const kernels::Variant& v) {
@@ -304,28 +395,48 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(nullptr), "fp8 master initialisation");
   }
 
+  // The device tables of one launch over `slots`.
+  DeviceTables make_tables(const std::vector<kernels::TensorSlot>& slots, int64_t numel) {
+    DeviceTables t;
+    std::vector<int64_t> offsets(slots.size() + 1, 0);
+    for (std::size_t s = 0; s < slots.size(); ++s)
+      offsets[s + 1] =
+          offsets[s] + (slots[s].numel + kernels::kCudaChunkElems - 1) / kernels::kCudaChunkElems;
+    if (offsets.back() > 0x7FFFFFFF)
+      fail(SA_ERR_UNSUPPORTED, "a bucket of ", numel, " elements needs more than 2^31 chunks");
+    t.slots = allocate(slots.size() * sizeof(kernels::TensorSlot));
+    t.chunk_offsets = allocate(offsets.size() * sizeof(int64_t));
+    copy_from_host(t.slots->data(), slots.data(), slots.size() * sizeof(kernels::TensorSlot));
+    copy_from_host(t.chunk_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t));
+    t.work = allocate(2 * sizeof(uint32_t));  // zero-filled, as allocate's are
+    t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
+              static_cast<const int64_t*>(t.chunk_offsets->data()),
+              static_cast<int32_t>(slots.size()), offsets.back(),
+              static_cast<uint32_t*>(t.work->data())};
+    return t;
+  }
+
+  // The slots of `bucket`'s segment `seg` (its g-th staged segment in plan order), their
+  // state in the ring slot it streams through.
+  std::vector<kernels::TensorSlot> segment_slots(const Bucket& bucket, const StagedSegment& seg,
+                                                 std::size_t g) const {
+    std::vector<kernels::TensorSlot> out;
+    out.reserve(seg.pieces.size());
+    for (const StagedPiece& piece : seg.pieces)
+      out.push_back(
+          staged_slot(bucket, piece, pipeline_.ring(static_cast<int>(g % kStagingSlots))));
+    return out;
+  }
+
   void prepare(const Plan& plan, int64_t num_params) override {
     DeviceScope scope(device_);
     std::vector<DeviceTables> tables;
-    for (const Bucket& bucket : plan.buckets) {
-      DeviceTables t;
-      std::vector<int64_t> offsets(bucket.slots.size() + 1, 0);
-      for (std::size_t s = 0; s < bucket.slots.size(); ++s)
-        offsets[s + 1] = offsets[s] + (bucket.slots[s].numel + kernels::kCudaChunkElems - 1) /
-                                          kernels::kCudaChunkElems;
-      if (offsets.back() > 0x7FFFFFFF)
-        fail(SA_ERR_UNSUPPORTED, "a bucket of ", bucket.numel,
-             " elements needs more than 2^31 chunks");
-      t.slots = allocate(bucket.slots.size() * sizeof(kernels::TensorSlot));
-      t.chunk_offsets = allocate(offsets.size() * sizeof(int64_t));
-      copy_from_host(t.slots->data(), bucket.slots.data(),
-                     bucket.slots.size() * sizeof(kernels::TensorSlot));
-      copy_from_host(t.chunk_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t));
-      t.work = allocate(2 * sizeof(uint32_t));  // zero-filled, as allocate's are
-      t.view = {static_cast<const kernels::TensorSlot*>(t.slots->data()),
-                static_cast<const int64_t*>(t.chunk_offsets->data()),
-                static_cast<int32_t>(bucket.slots.size()), offsets.back(),
-                static_cast<uint32_t*>(t.work->data())};
+    std::vector<std::vector<DeviceTables>> segment_tables(plan.buckets.size());
+    std::size_t staged =
+        0;  // segments so far, in plan order: segment g streams through ring slot g % kStagingSlots
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      const Bucket& bucket = plan.buckets[b];
+      DeviceTables t = make_tables(bucket.slots, bucket.numel);
       if (steps_masters_apart(bucket.variant)) {
         const std::vector<kernels::TensorSlot> masters = master_slots_of(bucket);
         t.master_slots = allocate(masters.size() * sizeof(kernels::TensorSlot));
@@ -335,6 +446,11 @@ class CudaBackend final : public Backend {
         t.master_view.slots = static_cast<const kernels::TensorSlot*>(t.master_slots->data());
       }
       tables.push_back(std::move(t));
+      if (!bucket.segments.empty())
+        pipeline_.ensure([this](std::size_t bytes) { return allocate(bytes); });
+      for (const StagedSegment& seg : bucket.segments)
+        segment_tables[b].push_back(
+            make_tables(segment_slots(bucket, seg, staged++), bucket.numel));
     }
     std::shared_ptr<Buffer> current;
     if (!plan.current.empty()) {
@@ -349,6 +465,7 @@ class CudaBackend final : public Backend {
     auto coeffs = allocate(std::max<std::size_t>(static_cast<std::size_t>(num_params), 1) *
                            sizeof(kernels::GroupCoeffs));
     tables_ = std::move(tables);
+    segment_tables_ = std::move(segment_tables);
     current_ = std::move(current);
     num_current_ = static_cast<int32_t>(plan.current.size());
     partials_ = std::move(partials);
@@ -359,6 +476,17 @@ class CudaBackend final : public Backend {
     const auto& slots = plan.buckets[bucket].slots;
     upload(tables_[bucket].slots->data(), slots.data(), slots.size() * sizeof(kernels::TensorSlot),
            stream);
+    if (!plan.buckets[bucket].segments.empty()) {  // their slots take their grads from the bucket's
+      std::size_t g = 0;
+      for (std::size_t b = 0; b < bucket; ++b) g += plan.buckets[b].segments.size();
+      const Bucket& staged = plan.buckets[bucket];
+      for (std::size_t i = 0; i < staged.segments.size(); ++i) {
+        const std::vector<kernels::TensorSlot> seg =
+            segment_slots(staged, staged.segments[i], g + i);
+        upload(segment_tables_[bucket][i].slots->data(), seg.data(),
+               seg.size() * sizeof(kernels::TensorSlot), stream);
+      }
+    }
     if (tables_[bucket].master_slots == nullptr) return;
     const std::vector<kernels::TensorSlot> masters = master_slots_of(plan.buckets[bucket]);
     upload(tables_[bucket].master_slots->data(), masters.data(),
@@ -403,13 +531,29 @@ class CudaBackend final : public Backend {
     const auto s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_reset_current_amax(current_table(), num_current_, s),
                "current scaling's amax reset");
+    bool staged = false;
+    for (const Bucket& bucket : plan.buckets) staged = staged || !bucket.segments.empty();
+    if (staged) pipeline_.begin(s);  // uploads start now, beside the device buckets' launches
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const kernels::Variant& v = plan.buckets[b].variant;
+      if (!plan.buckets[b].segments.empty()) continue;
       check_cuda(steps_masters_apart(v) ? kernels::launch_adam_bucket_scaled_blocks(
                                               v, tables_[b].view, tables_[b].master_view, step, s)
                                         : kernels::launch_adam_bucket(v, tables_[b].view, step, s),
                  "Adam kernel launch");
     }
+    std::size_t g = 0;
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      const Bucket& bucket = plan.buckets[b];
+      for (std::size_t i = 0; i < bucket.segments.size(); ++i, ++g) {
+        const kernels::DeviceBucket& view = segment_tables_[b][i].view;
+        pipeline_.run(bucket, bucket.segments[i], static_cast<int>(g % kStagingSlots), s, [&] {
+          check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
+                     "Adam kernel launch");
+        });
+      }
+    }
+    if (g > 0) pipeline_.join(static_cast<int>((g - 1) % kStagingSlots), s);
   }
 
   void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,
@@ -446,6 +590,9 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::vector<DeviceTables> tables_;
+  // Per bucket: the tables of its staged segments (state on the host), else none.
+  std::vector<std::vector<DeviceTables>> segment_tables_;
+  StagingPipeline pipeline_;
   std::shared_ptr<Buffer> current_;  // plan.current, in device memory
   int32_t num_current_ = 0;
   std::shared_ptr<Buffer> partials_;  // per chunk of every bucket: the norm partials

@@ -461,3 +461,28 @@ TEST_CASE("state on the host that the host cannot pin fails add_param and adds n
   CHECK(m.view->dl_tensor.device.device_type == kDLCPU);
   CHECK(static_cast<const float*>(m.data())[0] == Approx(0.1).epsilon(1e-6));
 }
+
+// State on the host goes through a ring of 3 device buffers of 32 MiB: params of more state
+// than the ring holds are cut into pieces of whole blocks over many segments (the ring
+// wraps around several times), small ones share a segment, and a 8-bit moment's last,
+// partial block ends its last piece. Every piece must update as the whole param does.
+TEST_CASE("state on the host larger than the staging ring steps to the CPU's bits",
+          "[gpu][offload]") {
+  const VariantSpec variants[] = {kVariants[0], kVariants[7], kVariants[10]};
+  for (const VariantSpec& v : variants) {
+    DYNAMIC_SECTION(v.label) {
+      Rng rng(0x5E6 + static_cast<uint64_t>(v.master));
+      Twin t(GpuState::host);
+      t.add_groups(v.amsgrad);
+      t.add("small.0", 0, v, {1000}, 0, rng);
+      t.add("big", 1, v, {9, 1'000'003}, 1, rng);  // ~9M elements: 72-144 MB of state
+      t.add("small.1", 0, v, {257}, 0, rng);
+      t.add("big.2", 0, v, {4'200'077}, 0, rng);
+      for (int step = 0; step < 3; ++step) {
+        t.bind_new_grads(rng, step % 2 == 1, true);
+        t.step_both(1.0f, step == 1 ? 1.0f : 0.0f, nullptr);
+      }
+      t.require_identical();
+    }
+  }
+}

@@ -635,8 +635,10 @@ def refresh_stale_masters(optimizer):
             continue
         param = _fused._local_tensor(entry.param)
         master = _fused._local_tensor(state["master"])
-        stale = (param != master.to(param.dtype)).any()
-        master.copy_(torch.where(stale, param.to(master.dtype), master))
+        # A master offloaded to the host is compared on the param's device (a copy of it).
+        here = master.to(param.device)
+        stale = (param != here.to(param.dtype)).any()
+        master.copy_(torch.where(stale, param.to(master.dtype), here))
 
 
 # ---- shard files ---------------------------------------------------------------------------------
