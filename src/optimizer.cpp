@@ -380,8 +380,9 @@ void Optimizer::allocate_state(Param& p) {
     if (!has_state(p, k.kind)) continue;
     const std::size_t n = bytes[static_cast<std::size_t>(k.kind)];
     try {
-      p.state[k.kind] = p.placement == StatePlacement::host ? backend_->allocate_host_state(n)
-                                                            : backend_->allocate(n);
+      p.state[k.kind] = p.placement == StatePlacement::host
+                            ? backend_->allocate_host_state(n, k.kind)
+                            : backend_->allocate(n);
     } catch (const Error& e) {
       if (e.status() != SA_ERR_OUT_OF_MEMORY) throw;
       fail(SA_ERR_OUT_OF_MEMORY, "its state needs ", total, " bytes of ",

@@ -1,8 +1,10 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "dtype.hpp"
+#include "errors.hpp"
 #include "optimizer.hpp"
 
 namespace sa {
@@ -27,44 +29,76 @@ StagedRun state_run(const Param& p, StateKind kind, int64_t first, int64_t count
 }
 
 // Cuts a host bucket's slots into ring segments: each piece a run of whole blocks of one
-// slot (its last piece may end in a partial one), as many as fit the ring slot.
+// slot (its last piece may end in a partial one), as many as fit the ring slot. Then lays
+// each segment out: a region per state kind, in which the runs of adjacent pieces keep the
+// distance they have on the host when their host states are adjacent too (the backend
+// allocates each kind's host state one param after another: Backend::allocate_host_state),
+// so that one copy moves them.
 std::vector<StagedSegment> stage(const Bucket& bucket, const std::vector<const Param*>& params) {
   std::vector<StagedSegment> segments(1);
   const int64_t block = kernels::kQuant8Block;
+  std::size_t budget = 0;  // of the last segment: its runs, each as if copied on its own
   for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
     const Param& p = *params[static_cast<std::size_t>(bucket.param_of_slot[s])];
     std::vector<StateKind> kinds;
-    std::size_t block_bytes = 0;  // one block's state, every kind, aligned runs aside
+    std::size_t block_bytes = 0;  // one block's state, every kind
     for (const StateKindInfo& k : kStateKinds) {
       if (!has_state(p, k.kind)) continue;
       kinds.push_back(k.kind);
       block_bytes += state_run(p, k.kind, 0, block).bytes;
     }
+    const std::size_t padding = kinds.size() * kStagingAlign;  // each run's alignment, at most
     for (int64_t first = 0; first < p.numel;) {
-      StagedSegment* seg = &segments.back();
-      // Room for whole blocks after the runs' alignment padding.
-      const std::size_t padding = kinds.size() * kStagingAlign;
-      std::size_t room =
-          kStagingSlotBytes > seg->bytes + padding ? kStagingSlotBytes - seg->bytes - padding : 0;
-      if (room < block_bytes) {
+      if (budget + padding + block_bytes > kStagingSlotBytes) {
         segments.emplace_back();
-        seg = &segments.back();
-        room = kStagingSlotBytes - padding;
+        budget = 0;
       }
+      const std::size_t room = kStagingSlotBytes - budget - padding;
       const int64_t count =
           std::min<int64_t>(p.numel - first, static_cast<int64_t>(room / block_bytes) * block);
       StagedPiece piece{static_cast<int32_t>(s), first, count, {}};
       for (StateKind kind : kinds) {
-        StagedRun run = state_run(p, kind, first, count);
-        run.ring_offset = seg->bytes;
-        seg->bytes += align_up(run.bytes);
-        piece.runs.push_back(run);
+        piece.runs.push_back(state_run(p, kind, first, count));
+        budget += align_up(piece.runs.back().bytes);
       }
-      seg->pieces.push_back(std::move(piece));
+      segments.back().pieces.push_back(std::move(piece));
       first += count;
     }
   }
   if (segments.back().pieces.empty()) segments.pop_back();
+
+  for (StagedSegment& seg : segments) {
+    for (const StateKindInfo& k : kStateKinds) {
+      std::size_t open = SIZE_MAX;  // the copy of this kind that an adjacent run extends
+      for (StagedPiece& piece : seg.pieces) {
+        for (StagedRun& run : piece.runs) {
+          if (run.kind != k.kind) continue;
+          char* host = static_cast<char*>(bucket.slots[static_cast<std::size_t>(piece.slot)]
+                                              .state[static_cast<std::size_t>(run.kind)]) +
+                       run.host_offset;
+          if (open != SIZE_MAX) {
+            StagedCopy& copy = seg.copies[open];
+            const char* end = copy.host + copy.bytes;
+            // Adjacent: the run starts where the copy ends, or past its alignment padding.
+            if (host >= end && static_cast<std::size_t>(host - end) < kStagingAlign) {
+              run.ring_offset = copy.ring_offset + static_cast<std::size_t>(host - copy.host);
+              copy.bytes = static_cast<std::size_t>(host - copy.host) + run.bytes;
+              continue;
+            }
+            seg.bytes = copy.ring_offset + align_up(copy.bytes);
+          }
+          run.ring_offset = seg.bytes;
+          seg.copies.push_back({host, seg.bytes, run.bytes});
+          open = seg.copies.size() - 1;
+        }
+      }
+      if (open != SIZE_MAX)
+        seg.bytes = seg.copies[open].ring_offset + align_up(seg.copies[open].bytes);
+    }
+    if (seg.bytes > kStagingSlotBytes)
+      fail(SA_ERR_INTERNAL, "a staged segment of ", seg.bytes, " bytes overflows its ring slot of ",
+           kStagingSlotBytes);
+  }
   return segments;
 }
 

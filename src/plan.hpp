@@ -43,10 +43,20 @@ struct StagedPiece {
   std::vector<StagedRun> runs;
 };
 
-// What one ring slot holds at a time.
+// One copy of a segment, up before its kernel and down after: `bytes` of host state at
+// `host` (runs of one kind of adjacent pieces, whose states lie next to each other) and at
+// ring_offset in the segment's ring slot.
+struct StagedCopy {
+  char* host;
+  std::size_t ring_offset;
+  std::size_t bytes;
+};
+
+// What one ring slot holds at a time: its pieces, and the copies that move their state.
 struct StagedSegment {
   std::vector<StagedPiece> pieces;
-  std::size_t bytes = 0;  // of the ring slot, runs aligned to kStagingAlign
+  std::vector<StagedCopy> copies;
+  std::size_t bytes = 0;  // of the ring slot
 };
 constexpr std::size_t kStagingAlign = 256;
 

@@ -141,6 +141,47 @@ class MappedBuffer final : public Buffer {
   std::size_t bytes_;
 };
 
+// A part of a MappedBuffer.
+class MappedPart final : public Buffer {
+ public:
+  MappedPart(std::shared_ptr<Buffer> block, std::size_t offset, std::size_t bytes)
+      : block_(std::move(block)), offset_(offset), bytes_(bytes) {}
+  void* data() const override { return static_cast<char*>(block_->data()) + offset_; }
+  std::size_t bytes() const override { return bytes_; }
+
+ private:
+  std::shared_ptr<Buffer> block_;
+  std::size_t offset_, bytes_;
+};
+
+// State on the host of one StateKind, one allocation after the other (256-byte aligned) in
+// pinned blocks that grow with the pool (1 MiB, doubling, up to 64 MiB), so that the states
+// of params added one after another are adjacent and a step moves them in one copy
+// (plan.cpp's stage). An allocation of more than a quarter of the largest block gets a
+// buffer of its own.
+class HostStatePool {
+ public:
+  static constexpr std::size_t kAlign = 256, kFirst = std::size_t{1} << 20,
+                               kLargest = std::size_t{64} << 20;
+
+  std::shared_ptr<Buffer> allocate(std::size_t bytes) {
+    if (bytes > kLargest / 4) return std::make_shared<MappedBuffer>(bytes);
+    const std::size_t aligned = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (!block_ || used_ + aligned > block_->bytes()) {
+      block_ = std::make_shared<MappedBuffer>(std::min(kLargest, std::max(kFirst, 2 * total_)));
+      total_ += block_->bytes();
+      used_ = 0;
+    }
+    auto part = std::make_shared<MappedPart>(block_, used_, bytes);
+    used_ += aligned;
+    return part;
+  }
+
+ private:
+  std::shared_ptr<Buffer> block_;  // where the next allocation goes
+  std::size_t used_ = 0, total_ = 0;
+};
+
 // Pinned host staging for async uploads: a small ring of slots, each guarded by the
 // event of the last copy that read it.
 class StagingRing {
@@ -244,17 +285,16 @@ class StagingPipeline {
   }
 
   template <typename Launch>
-  void run(const Bucket& bucket, const StagedSegment& seg, int slot, cudaStream_t stream,
-           Launch&& launch) {
+  void run(const StagedSegment& seg, int slot, cudaStream_t stream, Launch&& launch) {
     Slot& s = slots_[slot];
     check_cuda(cudaStreamWaitEvent(up_, s.downloaded, 0), "cudaStreamWaitEvent");
-    copies(bucket, seg, slot, up_, /*up=*/true);
+    copies(seg, slot, up_, /*up=*/true);
     check_cuda(cudaEventRecord(s.uploaded, up_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream, s.uploaded, 0), "cudaStreamWaitEvent");
     launch();
     check_cuda(cudaEventRecord(s.computed, stream), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(down_, s.computed, 0), "cudaStreamWaitEvent");
-    copies(bucket, seg, slot, down_, /*up=*/false);
+    copies(seg, slot, down_, /*up=*/false);
     check_cuda(cudaEventRecord(s.downloaded, down_), "cudaEventRecord");
   }
 
@@ -264,19 +304,13 @@ class StagingPipeline {
   }
 
  private:
-  void copies(const Bucket& bucket, const StagedSegment& seg, int slot, cudaStream_t stream,
-              bool up) {
+  void copies(const StagedSegment& seg, int slot, cudaStream_t stream, bool up) {
     char* ring_base = ring(slot);
-    for (const StagedPiece& piece : seg.pieces) {
-      const kernels::TensorSlot& host = bucket.slots[static_cast<std::size_t>(piece.slot)];
-      for (const StagedRun& run : piece.runs) {
-        char* on_host =
-            static_cast<char*>(host.state[static_cast<std::size_t>(run.kind)]) + run.host_offset;
-        char* on_ring = ring_base + run.ring_offset;
-        check_cuda(cudaMemcpyAsync(up ? on_ring : on_host, up ? on_host : on_ring, run.bytes,
-                                   up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
-                   up ? "uploading state from the host" : "downloading state to the host");
-      }
+    for (const StagedCopy& c : seg.copies) {
+      char* on_ring = ring_base + c.ring_offset;
+      check_cuda(cudaMemcpyAsync(up ? on_ring : c.host, up ? c.host : on_ring, c.bytes,
+                                 up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+                 up ? "uploading state from the host" : "downloading state to the host");
     }
   }
 
@@ -321,9 +355,9 @@ class CudaBackend final : public Backend {
     return std::make_shared<DeviceBuffer>(device_, bytes);
   }
 
-  std::shared_ptr<Buffer> allocate_host_state(std::size_t bytes) override {
+  std::shared_ptr<Buffer> allocate_host_state(std::size_t bytes, StateKind kind) override {
     DeviceScope scope(device_);
-    return std::make_shared<MappedBuffer>(bytes);
+    return host_pools_[static_cast<std::size_t>(kind)].allocate(bytes);
   }
 
   std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
@@ -547,7 +581,7 @@ class CudaBackend final : public Backend {
       const Bucket& bucket = plan.buckets[b];
       for (std::size_t i = 0; i < bucket.segments.size(); ++i, ++g) {
         const kernels::DeviceBucket& view = segment_tables_[b][i].view;
-        pipeline_.run(bucket, bucket.segments[i], static_cast<int>(g % kStagingSlots), s, [&] {
+        pipeline_.run(bucket.segments[i], static_cast<int>(g % kStagingSlots), s, [&] {
           check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
                      "Adam kernel launch");
         });
@@ -593,7 +627,8 @@ class CudaBackend final : public Backend {
   // Per bucket: the tables of its staged segments (state on the host), else none.
   std::vector<std::vector<DeviceTables>> segment_tables_;
   StagingPipeline pipeline_;
-  std::shared_ptr<Buffer> current_;  // plan.current, in device memory
+  HostStatePool host_pools_[kNumStateKinds];  // allocate_host_state's, per StateKind
+  std::shared_ptr<Buffer> current_;           // plan.current, in device memory
   int32_t num_current_ = 0;
   std::shared_ptr<Buffer> partials_;  // per chunk of every bucket: the norm partials
   std::shared_ptr<Buffer> coeffs_;    // per param: what the last fold folded
