@@ -28,9 +28,10 @@ namespace sa {
 namespace {
 
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    fail(status == cudaErrorMemoryAllocation ? SA_ERR_OUT_OF_MEMORY : SA_ERR_DEVICE, what, ": ",
-         cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // a failed call leaves its error for the next launch's check: clear it
+  fail(status == cudaErrorMemoryAllocation ? SA_ERR_OUT_OF_MEMORY : SA_ERR_DEVICE, what, ": ",
+       cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
 }
 
 // Makes `device` current for the scope of a call and restores the caller's device.
@@ -98,8 +99,9 @@ class PinnedBuffer final : public Buffer {
 
 // State placed on the host (SA_STATE_ON_HOST): pinned, mapped host memory, zero-filled.
 // Kernels reach it at the address the host uses (unified addressing, checked), so a bucket's
-// slots point at it as they point at device memory, and each step reads and writes it
-// in place over the host link.
+// slots may point at it as they point at device memory. kStagingAlign bytes past its end
+// belong to no state: states in two allocations are never within kStagingAlign of each
+// other, so a step never moves two allocations in one copy (plan.cpp's stage).
 class MappedBuffer final : public Buffer {
  public:
   explicit MappedBuffer(std::size_t bytes) : bytes_(bytes) {
@@ -111,8 +113,8 @@ class MappedBuffer final : public Buffer {
       fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes,
            " bytes of host memory for state on the host: the host has ",
            static_cast<std::size_t>(pages) * static_cast<std::size_t>(page), " bytes in all");
-    const cudaError_t status = cudaHostAlloc(&data_, std::max<std::size_t>(bytes, 1),
-                                             cudaHostAllocMapped | cudaHostAllocPortable);
+    const cudaError_t status =
+        cudaHostAlloc(&data_, bytes + kStagingAlign, cudaHostAllocMapped | cudaHostAllocPortable);
     if (status != cudaSuccess) {
       data_ = nullptr;
       cudaGetLastError();  // not sticky: clear it for the caller's next call
@@ -168,7 +170,8 @@ class HostStatePool {
     if (bytes > kLargest / 4) return std::make_shared<MappedBuffer>(bytes);
     const std::size_t aligned = (bytes + kAlign - 1) / kAlign * kAlign;
     if (!block_ || used_ + aligned > block_->bytes()) {
-      block_ = std::make_shared<MappedBuffer>(std::min(kLargest, std::max(kFirst, 2 * total_)));
+      block_ = std::make_shared<MappedBuffer>(
+          std::max(aligned, std::min(kLargest, std::max(kFirst, 2 * total_))));
       total_ += block_->bytes();
       used_ = 0;
     }
