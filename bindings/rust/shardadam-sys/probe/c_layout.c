@@ -101,6 +101,8 @@ int main(void) {
   CONSTANT(SA_MASTER_NONE);
   CONSTANT(SA_MASTER_FP32);
   CONSTANT(SA_MASTER_REMAINDER);
+  CONSTANT(SA_STATE_ON_DEVICE);
+  CONSTANT(SA_STATE_ON_HOST);
 
   SIZE(sa_placement);
   OFFSET(sa_placement, type);
@@ -196,6 +198,7 @@ int main(void) {
   OFFSET(sa_param_options, amax);
   OFFSET(sa_param_options, scaling);
   OFFSET(sa_param_options, margin);
+  OFFSET(sa_param_options, state_placement);
   FACT("SA_PARAM_OPTIONS_INIT.struct_size", options.struct_size);
   FACT("SA_PARAM_OPTIONS_INIT.grad_dtype.bits", options.grad_dtype.bits);
   FACT("SA_PARAM_OPTIONS_INIT.moment_dtype.bits", options.moment_dtype.bits);
@@ -203,6 +206,7 @@ int main(void) {
   FACT("SA_PARAM_OPTIONS_INIT.null_pointers", options.scale == NULL && options.amax == NULL);
   FACT("SA_PARAM_OPTIONS_INIT.scaling", options.scaling);
   FACT("SA_PARAM_OPTIONS_INIT.margin", options.margin);
+  FACT("SA_PARAM_OPTIONS_INIT.state_placement", options.state_placement);
 
   SIZE(sa_param_info);
   OFFSET(sa_param_info, struct_size);
@@ -220,10 +224,12 @@ int main(void) {
   OFFSET(sa_param_info, device);
   OFFSET(sa_param_info, scaling);
   OFFSET(sa_param_info, margin);
+  OFFSET(sa_param_info, state_placement);
   FACT("SA_PARAM_INFO_INIT.struct_size", info.struct_size);
   FACT("SA_PARAM_INFO_INIT.device.device_type", info.device.device_type);
   FACT("SA_PARAM_INFO_INIT.scaling", info.scaling);
   FACT("SA_PARAM_INFO_INIT.margin", info.margin);
+  FACT("SA_PARAM_INFO_INIT.state_placement", info.state_placement);
 
   SIZE(sa_step_args);
   OFFSET(sa_step_args, struct_size);

@@ -120,6 +120,8 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_MASTER_NONE);
     constant!(SA_MASTER_FP32);
     constant!(SA_MASTER_REMAINDER);
+    constant!(SA_STATE_ON_DEVICE);
+    constant!(SA_STATE_ON_HOST);
 
     size!(sa_placement);
     offset!(sa_placement, r#type);
@@ -255,6 +257,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_param_options, amax);
     offset!(sa_param_options, scaling);
     offset!(sa_param_options, margin);
+    offset!(sa_param_options, state_placement);
     let options = sa_param_options::default();
     fact(
         "SA_PARAM_OPTIONS_INIT.struct_size",
@@ -275,6 +278,10 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     );
     fact("SA_PARAM_OPTIONS_INIT.scaling", options.scaling as i64);
     fact("SA_PARAM_OPTIONS_INIT.margin", options.margin as i64);
+    fact(
+        "SA_PARAM_OPTIONS_INIT.state_placement",
+        options.state_placement as i64,
+    );
 
     size!(sa_param_info);
     offset!(sa_param_info, struct_size);
@@ -292,6 +299,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_param_info, device);
     offset!(sa_param_info, scaling);
     offset!(sa_param_info, margin);
+    offset!(sa_param_info, state_placement);
     let info = sa_param_info::default();
     fact("SA_PARAM_INFO_INIT.struct_size", info.struct_size as i64);
     fact(
@@ -300,6 +308,10 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     );
     fact("SA_PARAM_INFO_INIT.scaling", info.scaling as i64);
     fact("SA_PARAM_INFO_INIT.margin", info.margin as i64);
+    fact(
+        "SA_PARAM_INFO_INIT.state_placement",
+        info.state_placement as i64,
+    );
 
     size!(sa_step_args);
     offset!(sa_step_args, struct_size);

@@ -395,6 +395,14 @@ pub const SA_MASTER_FP32: sa_master_kind = 2;
 /// `SA_MASTER_REMAINDER`.
 pub const SA_MASTER_REMAINDER: sa_master_kind = 3;
 
+/// `sa_state_placement` (a C enum): where a param's optimizer state lives.
+pub type sa_state_placement = c_int;
+/// `SA_STATE_ON_DEVICE`: in the param's device memory (the default).
+pub const SA_STATE_ON_DEVICE: sa_state_placement = 0;
+/// `SA_STATE_ON_HOST`: in pinned host memory that a CUDA step reads and writes in place
+/// (mapped); for a CPU param the same as `SA_STATE_ON_DEVICE`.
+pub const SA_STATE_ON_HOST: sa_state_placement = 1;
+
 /// `sa_param_scaling` (a C enum): how an fp8 param is cast from its float32 master.
 pub type sa_param_scaling = c_int;
 /// `SA_SCALING_NONE`: not scaled (float32, bfloat16 and float16 params).
@@ -469,6 +477,9 @@ pub struct sa_param_options {
     /// `SA_SCALING_CURRENT(_POW2)` only: the scale is `(fp8_max / amax) / 2^margin`, leaving
     /// `margin` binades of headroom above the amax; 0 (the default) to 6. Others: 0.
     pub margin: i32,
+    /// An `sa_state_placement`: where the param's state lives (default
+    /// `SA_STATE_ON_DEVICE`).
+    pub state_placement: i32,
 }
 
 impl Default for sa_param_options {
@@ -483,6 +494,7 @@ impl Default for sa_param_options {
             amax: ptr::null_mut(),
             scaling: SA_SCALING_NONE,
             margin: 0,
+            state_placement: SA_STATE_ON_DEVICE,
         }
     }
 }
@@ -521,6 +533,8 @@ pub struct sa_param_info {
     pub scaling: i32,
     /// Its `sa_param_options::margin`.
     pub margin: i32,
+    /// Its `sa_state_placement` (CPU params: `SA_STATE_ON_DEVICE`).
+    pub state_placement: i32,
 }
 
 impl Default for sa_param_info {
@@ -545,6 +559,7 @@ impl Default for sa_param_info {
             },
             scaling: SA_SCALING_NONE,
             margin: 0,
+            state_placement: SA_STATE_ON_DEVICE,
         }
     }
 }

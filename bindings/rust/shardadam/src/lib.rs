@@ -594,6 +594,41 @@ pub enum Master {
     Remainder,
 }
 
+/// Where a param's optimizer state (master, remainder, moments, block scales) lives
+/// (`sa_state_placement`, [`ParamOptions::state_placement`]). Shard files do not record it:
+/// a file saved from state in one placement loads into any other.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum StatePlacement {
+    /// In the param's device memory.
+    #[default]
+    Device,
+    /// In pinned host memory the optimizer owns. A CUDA param's steps read and write it in
+    /// place over the host link (the param and grad stay on the device), so it takes no
+    /// device memory; its state views are host memory. A CPU param's state is host memory
+    /// already: the library resolves this to [`StatePlacement::Device`].
+    Host,
+}
+
+impl StatePlacement {
+    /// The placement of an `sa_state_placement` value; `None` for a value this crate does
+    /// not name.
+    pub fn from_code(code: sys::sa_state_placement) -> Option<StatePlacement> {
+        match code {
+            sys::SA_STATE_ON_DEVICE => Some(StatePlacement::Device),
+            sys::SA_STATE_ON_HOST => Some(StatePlacement::Host),
+            _ => None,
+        }
+    }
+
+    /// Its `sa_state_placement` value.
+    pub fn code(self) -> sys::sa_state_placement {
+        match self {
+            StatePlacement::Device => sys::SA_STATE_ON_DEVICE,
+            StatePlacement::Host => sys::SA_STATE_ON_HOST,
+        }
+    }
+}
+
 /// How an fp8 param ([`DType::Float8E4m3fn`], [`DType::Float8E5m2`]) is cast from its
 /// float32 master after each update (`sa_param_scaling`; shardadam.h states each rule,
 /// and [`scalings`] lists them as the loaded library defines them: names, blocks, scale
@@ -734,6 +769,10 @@ pub struct ParamOptions {
     /// they saturate; 0 (the default) to 6. The library refuses others, and a non-zero
     /// margin for any other scaling.
     pub margin: i32,
+    /// Where the param's state lives; [`StatePlacement::Device`] (the default) or
+    /// [`StatePlacement::Host`] (pinned host memory; when the host cannot pin it the
+    /// library refuses the param with [`Status::OutOfMemory`]).
+    pub state_placement: StatePlacement,
 }
 
 impl ParamOptions {
@@ -754,6 +793,7 @@ impl ParamOptions {
         };
         raw.scaling = self.scaling.code();
         raw.margin = self.margin;
+        raw.state_placement = self.state_placement.code();
         Ok(raw)
     }
 }
@@ -1917,6 +1957,26 @@ impl Optimizer {
             sys::sa_optimizer_param_info(self.raw.as_ptr(), param.index, &mut info)
         })?;
         Ok((Scaling::from_code(info.scaling), info.margin))
+    }
+
+    /// Where a param's state lives, as the library resolved it (`sa_optimizer_param_info`:
+    /// `state_placement`): a CPU param reports [`StatePlacement::Device`] whatever it asked
+    /// for. A value this crate does not name (a newer library's) is an error with
+    /// [`Status::Unsupported`].
+    pub fn param_state_placement(&self, param: Param) -> Result<StatePlacement> {
+        let name = &self.slot(param)?.name;
+        let mut info = sys::sa_param_info::default();
+        self.check(unsafe {
+            sys::sa_optimizer_param_info(self.raw.as_ptr(), param.index, &mut info)
+        })?;
+        StatePlacement::from_code(info.state_placement).ok_or_else(|| Error {
+            status: Status::Unsupported,
+            message: format!(
+                "param_state_placement: param '{}' has state_placement {}, which this crate \
+                 does not name",
+                name, info.state_placement
+            ),
+        })
     }
 
     /// The scale tensor of an fp8 param ([`Optimizer::add_fp8_tensor`]; `None` for other

@@ -5,7 +5,7 @@ mod common;
 use common::{assert_close, expect_error, shard_rows, Hyper, Reference, Rng};
 use shardadam::{
     bf16_to_f32, f32_to_bf16, DType, GroupConfig, Layout, LoadOptions, Master, Optimizer,
-    ParamOptions, Placement, Status, StepArgs,
+    ParamOptions, Placement, StatePlacement, Status, StepArgs,
 };
 
 #[test]
@@ -239,6 +239,62 @@ fn remainder_restores_the_f32_value() {
         Status::Unsupported,
         &["state_i16"],
     );
+}
+
+/// A CPU param's state is host memory already: `StatePlacement::Host` is accepted, the
+/// param info reports `Device`, and the steps give the same bits as the default placement.
+#[test]
+fn host_state_placement_of_a_cpu_param_resolves_to_device() {
+    assert_eq!(StatePlacement::default(), StatePlacement::Device);
+    for placement in [StatePlacement::Device, StatePlacement::Host] {
+        assert_eq!(StatePlacement::from_code(placement.code()), Some(placement));
+    }
+    assert_eq!(StatePlacement::from_code(5), None);
+
+    let mut rng = Rng(13);
+    let mut opt = Optimizer::new(None).unwrap();
+    let hp = Hyper {
+        lr: 1e-2,
+        ..Hyper::ADAMW
+    };
+    opt.add_group(&hp.config()).unwrap();
+    let n = 23;
+    let init = rng.values(n);
+    let on_host = ParamOptions {
+        state_placement: StatePlacement::Host,
+        ..ParamOptions::default()
+    };
+    let default = opt
+        .add_param("default", 0, &[n as i64], init.clone(), None)
+        .unwrap();
+    let host = opt
+        .add_param("host", 0, &[n as i64], init.clone(), Some(&on_host))
+        .unwrap();
+    for p in [default, host] {
+        assert_eq!(
+            opt.param_state_placement(p).unwrap(),
+            StatePlacement::Device,
+            "{}",
+            opt.param_name(p).unwrap()
+        );
+    }
+    for _ in 0..3 {
+        let grad = rng.values(n);
+        opt.set_grad(default, &grad).unwrap();
+        opt.set_grad(host, &grad).unwrap();
+        opt.step().unwrap();
+    }
+    let bits = |p| -> Vec<u32> {
+        opt.param_f32(p)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    for (i, (after, before)) in bits(default).iter().zip(&init).enumerate() {
+        assert_ne!(*after, before.to_bits(), "element {} did not change", i);
+    }
+    assert_eq!(bits(host), bits(default));
 }
 
 #[test]
