@@ -176,6 +176,22 @@ const (
 	MasterRemainder MasterKind = C.SA_MASTER_REMAINDER // bfloat16 params: keep the int16 low half of the float32
 )
 
+// StatePlacement says where a param's optimizer state (master, remainder, moments, block
+// scales) lives (sa_state_placement). Shard files do not record it: a file saved from state
+// in one placement loads into any other.
+type StatePlacement int32
+
+// The state placements.
+const (
+	// StateOnDevice: in the param's device memory (the default).
+	StateOnDevice StatePlacement = C.SA_STATE_ON_DEVICE
+	// StateOnHost: in pinned host memory the optimizer owns. A CUDA param's steps read and
+	// write it in place over the host link (the param and grad stay on the device), so it
+	// takes no device memory; its state views are host memory. A CPU param's state is host
+	// memory already: the library resolves this to StateOnDevice.
+	StateOnHost StatePlacement = C.SA_STATE_ON_HOST
+)
+
 // Scaling says how an fp8 param (Float8E4M3FN, Float8E5M2) is cast from its float32 master
 // after each update (sa_param_scaling; ParamScalings lists them as the library defines
 // them, with their blocks and scale dtypes). The casts round to nearest even and saturate.
@@ -219,6 +235,10 @@ type ParamOptions struct {
 	// so values up to 2^Margin * amax still fit before they saturate; 0 (the default) to 6
 	// (the library refuses others, and a non-zero Margin for any other scaling).
 	Margin int32
+	// Where the param's state lives: StateOnDevice (the default) or StateOnHost (pinned
+	// host memory; when the host cannot pin it, the library refuses the param with
+	// StatusOutOfMemory). Other values are refused with StatusInvalidArgument.
+	StatePlacement StatePlacement
 }
 
 // Param is a registered local shard.
@@ -395,7 +415,7 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 	options := C.sa_param_options{struct_size: C.sizeof_sa_param_options,
 		grad_dtype: opts.GradDType.dlpackType(), moment_dtype: opts.MomentDType.dlpackType(),
 		master: C.int32_t(opts.Master), scaling: C.int32_t(opts.Scaling),
-		margin: C.int32_t(opts.Margin)}
+		margin: C.int32_t(opts.Margin), state_placement: C.int32_t(opts.StatePlacement)}
 	if err := o.lock(op); err != nil {
 		return nil, err
 	}
@@ -471,6 +491,8 @@ type ParamInfo struct {
 	Device       Device     // where its data lives
 	Scaling      Scaling    // how an fp8 param is cast from its master; ScalingNone for others
 	Margin       int32      // the margin of a current scaling; 0 otherwise
+	// where its state lives, as the library resolved it (CPU params: StateOnDevice)
+	StatePlacement StatePlacement
 }
 
 // Info returns what the optimizer knows about the param (sa_optimizer_param_info).
@@ -509,7 +531,8 @@ func (o *Optimizer) paramInfo(index int64) (ParamInfo, error) {
 		DType: dtype(info.param_dtype), GradDType: dtype(info.grad_dtype), MomentDType: dtype(info.moment_dtype),
 		Master:  MasterKind(info.master),
 		Device:  Device{Kind: DeviceKind(info.device.device_type), ID: int(info.device.device_id)},
-		Scaling: Scaling(info.scaling), Margin: int32(info.margin)}, nil
+		Scaling: Scaling(info.scaling), Margin: int32(info.margin),
+		StatePlacement: StatePlacement(info.state_placement)}, nil
 }
 
 // firstElem points to values[0], or is nil for an empty slice.

@@ -632,6 +632,61 @@ func TestRemainderRestoresTheFloat32Value(t *testing.T) {
 	}
 }
 
+// A CPU param's state is host memory already: StateOnHost is accepted, Info reports
+// StateOnDevice, and the steps give the same bytes as the default placement. A value that is
+// no StatePlacement is refused by the library.
+func TestStateOnHostOfACPUParamResolvesToDevice(t *testing.T) {
+	rng := rand.New(rand.NewSource(13))
+	opt := newOptimizer(t)
+	hp := DefaultGroupConfig()
+	hp["lr"] = 1e-2
+	mustAddGroup(t, opt, hp)
+	const n = 23
+	init := randomValues(rng, n)
+	def, err := opt.AddParam("default", 0, []int64{n}, init, nil)
+	if err != nil {
+		t.Fatalf("AddParam(default): %v", err)
+	}
+	host, err := opt.AddParam("host", 0, []int64{n}, init, &ParamOptions{StatePlacement: StateOnHost})
+	if err != nil {
+		t.Fatalf("AddParam(StateOnHost): %v", err)
+	}
+	for _, p := range []*Param{def, host} {
+		info, err := p.Info()
+		if err != nil {
+			t.Fatalf("%s: Info: %v", p.Name, err)
+		}
+		if info.StatePlacement != StateOnDevice {
+			t.Errorf("%s: Info().StatePlacement = %d, want StateOnDevice", p.Name, info.StatePlacement)
+		}
+	}
+	for step := 1; step <= 3; step++ {
+		grad := randomValues(rng, n)
+		if err := opt.SetGrad(def, grad); err != nil {
+			t.Fatalf("SetGrad(default): %v", err)
+		}
+		if err := opt.SetGrad(host, grad); err != nil {
+			t.Fatalf("SetGrad(host): %v", err)
+		}
+		if err := opt.Step(); err != nil {
+			t.Fatalf("Step %d: %v", step, err)
+		}
+	}
+	for i, v := range def.Float32() {
+		if v == init[i] {
+			t.Fatalf("default[%d] = %g after 3 steps, as it started", i, v)
+		}
+	}
+	if !bytes.Equal(host.Bytes(), def.Bytes()) {
+		t.Errorf("StateOnHost stepped to\n  %v\nthe default to\n  %v", host.Float32(), def.Float32())
+	}
+
+	_, err = opt.AddParam("bad", 0, []int64{n}, init, &ParamOptions{StatePlacement: StatePlacement(5)})
+	if e := asError(t, err); e.Status != StatusInvalidArgument || !strings.Contains(e.Message, "state_placement is 5") {
+		t.Errorf("AddParam(StatePlacement(5)): %v", err)
+	}
+}
+
 func TestLossScaleAndFoundInf(t *testing.T) {
 	opt := newOptimizer(t)
 	hp := DefaultGroupConfig()
