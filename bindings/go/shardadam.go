@@ -185,10 +185,10 @@ type StatePlacement int32
 const (
 	// StateOnDevice: in the param's device memory (the default).
 	StateOnDevice StatePlacement = C.SA_STATE_ON_DEVICE
-	// StateOnHost: in pinned host memory the optimizer owns. A CUDA param's steps read and
-	// write it in place over the host link (the param and grad stay on the device), so it
-	// takes no device memory; its state views are host memory. A CPU param's state is host
-	// memory already: the library resolves this to StateOnDevice.
+	// StateOnHost: in pinned host memory the optimizer owns. A CUDA param's steps stream it
+	// through a fixed device ring over the host link (the param and grad stay on the device),
+	// so it takes no device memory of its own; its state views are host memory. A CPU param's
+	// state is host memory already: the library resolves this to StateOnDevice.
 	StateOnHost StatePlacement = C.SA_STATE_ON_HOST
 )
 

@@ -377,11 +377,15 @@ typedef enum sa_master_kind {
  */
 typedef enum sa_state_placement {
   SA_STATE_ON_DEVICE = 0, /* in the param's device memory (the default) */
-  /* In host memory the optimizer owns. A CUDA param's state is pinned and mapped into the
-   * device's address space: the step's kernels read and write it in place over the host
-   * link, so it takes no device memory and a step moves each state byte once each way
-   * (the param and grad stay on the device). A CPU param's state is host memory already:
-   * the same as SA_STATE_ON_DEVICE. State views of such a state are kDLCPU tensors. */
+  /* In host memory the optimizer owns. A CUDA param's state is pinned; each step streams
+   * it through a ring of device buffers (3 x 32 MiB per optimizer, whatever the model): a
+   * segment goes up, the same kernels update it, it comes down, while the next goes up and
+   * the one before comes down. So it takes no device memory of its own, a step moves each
+   * state byte once each way over the host link, and the results are bit for bit those of
+   * state on the device. The param and grad stay on the device; an fp8 param's kernels
+   * read and write its host state in place (mapped), slower. A CPU param's state is host
+   * memory already: the same as SA_STATE_ON_DEVICE. State views of such a state are kDLCPU
+   * tensors. */
   SA_STATE_ON_HOST = 1
 } sa_state_placement;
 

@@ -411,9 +411,9 @@ class Optimizer(OwnsHandle):
                 sharded param gives it the same margin.
             placement: where its state (master, moments, block scales) lives: None or
                 ``"device"`` (the param's device memory), or ``"host"``: for a CUDA param,
-                pinned host memory the GPU's kernels read and write in place at each step
-                (it takes no device memory; the step moves each state byte over the host link
-                once each way); its state views are CPU tensors. A CPU param's state is host
+                pinned host memory that each step streams through a fixed device ring (3 x 32
+                MiB) over the host link, each state byte once each way, with the same bits as
+                on the device; its state views are CPU tensors. A CPU param's state is host
                 memory either way (its ``placement`` reads ``"device"``). Raises
                 :class:`OutOfMemory` when the host cannot pin it, adding nothing.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).

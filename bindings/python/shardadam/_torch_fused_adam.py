@@ -347,9 +347,9 @@ class FusedAdam(torch.optim.Optimizer):
             every rank agrees. 0: every param takes ``moment_dtype``.
         num_threads: CPU params: worker threads (0: one per hardware thread).
         offload: None (state in the params' device memory) or ``"host"``: every param's
-            state (fp32 master, moments, block scales) in pinned host memory, which the GPU's
-            kernels read and write in place at each step over the host link: no device
-            memory for it, the same bits as without offload, a step bound by the link
+            state (fp32 master, moments, block scales) in pinned host memory, which each step
+            streams through a fixed device ring (3 x 32 MiB) over the host link: no device
+            memory of its own, the same bits as without offload, a step at the link's speed
             (``bench/offload_step``). ``state_dict()`` then holds CPU tensors. CPU params'
             state is host memory either way.
         fp8: ``{param: Fp8(scaling, scale, amax=None)}`` for every param of

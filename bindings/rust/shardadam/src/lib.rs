@@ -602,10 +602,10 @@ pub enum StatePlacement {
     /// In the param's device memory.
     #[default]
     Device,
-    /// In pinned host memory the optimizer owns. A CUDA param's steps read and write it in
-    /// place over the host link (the param and grad stay on the device), so it takes no
-    /// device memory; its state views are host memory. A CPU param's state is host memory
-    /// already: the library resolves this to [`StatePlacement::Device`].
+    /// In pinned host memory the optimizer owns. A CUDA param's steps stream it through a
+    /// fixed device ring over the host link (the param and grad stay on the device), so it
+    /// takes no device memory of its own; its state views are host memory. A CPU param's
+    /// state is host memory already: the library resolves this to [`StatePlacement::Device`].
     Host,
 }
 
