@@ -447,6 +447,17 @@ sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* s
   });
 }
 
+sa_status sa_optimizer_step_params(sa_optimizer* opt, int64_t n, const int64_t* params,
+                                   const sa_step_args* args, void* stream) {
+  return with_optimizer(opt, "sa_optimizer_step_params", [&] {
+    const sa_step_args defaults = SA_STEP_ARGS_INIT;
+    const sa_step_args a = sa::read_options(args, defaults, "args");
+    const std::optional<bool> skipped = opt->core.step_params(n, params, a, stream);
+    if (a.skipped == nullptr) return;
+    *a.skipped = (skipped.has_value() ? *skipped : opt->core.last_report().skipped) ? 1 : 0;
+  });
+}
+
 sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream) {
   return with_optimizer(opt, "sa_optimizer_flush", [&] { opt->core.flush(stream); });
 }

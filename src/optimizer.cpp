@@ -859,11 +859,39 @@ void Optimizer::check_comm_fits(const Comm& comm) const {
 }
 
 std::optional<bool> Optimizer::step(const sa_step_args& args, void* stream) {
+  return run_step(args, stream, {});
+}
+
+std::optional<bool> Optimizer::step_params(int64_t n, const int64_t* indices,
+                                           const sa_step_args& args, void* stream) {
+  if (n < 0) fail(SA_ERR_INVALID_ARGUMENT, "n is ", n, "; it must be >= 0");
+  if (n > 0 && indices == nullptr) fail(SA_ERR_INVALID_ARGUMENT, "params is NULL but n is ", n);
+  std::vector<uint8_t> subset(params_.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = indices[i];
+    if (index < 0 || index >= num_params())
+      fail(SA_ERR_INVALID_ARGUMENT, "params[", i, "] is ", index, "; the optimizer has ",
+           num_params(), " params (indices 0 to ", num_params() - 1, ")");
+    if (subset[static_cast<std::size_t>(index)])
+      fail(SA_ERR_INVALID_ARGUMENT, "params[", i, "] is ", index, " again (", param_context(params_[index]->name),
+           "); each param is stepped at most once");
+    subset[static_cast<std::size_t>(index)] = 1;
+  }
+  if (args.max_grad_norm != 0.0)
+    fail(SA_ERR_INVALID_ARGUMENT, "max_grad_norm is ", args.max_grad_norm,
+         " in a partial step, which sees only its params' grads; the norm clipping needs is of "
+         "every grad: clip in a full step (sa_optimizer_step)");
+  return run_step(args, stream, std::move(subset));
+}
+
+std::optional<bool> Optimizer::run_step(const sa_step_args& args, void* stream,
+                                        std::vector<uint8_t> subset) {
   require_usable("the step");
   const kernels::ClipSpec clip = clip_spec_of(args);
-  for (const auto& p : params_)
-    if (p->binding == GradBinding::never)
-      fail(SA_ERR_STATE, param_context(p->name),
+  const bool partial = !subset.empty();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i]->binding == GradBinding::never && (!partial || subset[i]))
+      fail(SA_ERR_STATE, param_context(params_[i]->name),
            " was never given a grad; bind one (sa_optimizer_set_grad, sa_optimizer_set_grads, "
            "sa_optimizer_set_grad_ptrs) or say it has none (sa_optimizer_clear_grad) before "
            "stepping "
@@ -888,9 +916,16 @@ std::optional<bool> Optimizer::step(const sa_step_args& args, void* stream) {
   if (backend_) {
     if (comm != nullptr || amax_comm != nullptr) check_comm_fits(*comm_);  // the one comm
     if (amax_comm != nullptr) check_current_agreement();                   // before any change
-    update_plan();
   }
-  return stepper_.step(plan_, inputs, stream);
+  // The params outside a partial step's subset step as if they had no grad (their slots'
+  // grads NULL, inactive in the fold) until a step with another subset, or a full one.
+  if (subset != subset_) {
+    subset_ = std::move(subset);
+    stepper_.set_subset(subset_);
+    grads_stale_ = true;
+  }
+  if (backend_) update_plan();
+  return stepper_.step(plan_, inputs, stream, /*advance_groups=*/!partial);
 }
 
 StepReport Optimizer::last_report() const { return stepper_.last_report(); }
@@ -901,9 +936,10 @@ void Optimizer::update_plan() {
     backend_->prepare(plan, num_params());
     plan_ = std::move(plan);
     plan_stale_ = false;
-    grads_stale_ = false;
-  } else if (grads_stale_) {
-    rebind_grads(plan_, param_list());
+    grads_stale_ = !subset_.empty();  // the plan took every bound grad: mask the others
+  }
+  if (grads_stale_) {
+    rebind_grads(plan_, param_list(), subset_);
     grads_stale_ = false;
   }
 }

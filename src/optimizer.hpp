@@ -190,6 +190,9 @@ class Optimizer {
   // optimizer has no params and no device communicator). Returns whether the step was
   // skipped when the host knows without waiting for the device (Stepper::step).
   std::optional<bool> step(const sa_step_args& args, void* stream);
+  // A step of the params indices[0, n) only, as sa_optimizer_step_params documents it.
+  std::optional<bool> step_params(int64_t n, const int64_t* indices, const sa_step_args& args,
+                                  void* stream);
 
   // How the last step went: skipped or not, and the norm (may synchronize).
   StepReport last_report() const;
@@ -259,6 +262,8 @@ class Optimizer {
   // Makes `backend` the optimizer's and moves the step counts into its memory.
   Backend& attach(std::unique_ptr<Backend> backend);
   void update_plan();
+  // A step (subset empty) or a partial step (subset[i]: param i steps), all checked first.
+  std::optional<bool> run_step(const sa_step_args& args, void* stream, std::vector<uint8_t> subset);
   void check_param_range(int64_t first, int64_t n, const char* what) const;
   // The grad's data pointer if `grad` is what the kernel of param `index` reads, else
   // throws the error that says why.
@@ -307,6 +312,9 @@ class Optimizer {
   // counts, and the step itself.
   Stepper stepper_;
   std::vector<const void*> grad_scratch_;  // set_grads: checked pointers before they are bound
+  // The last partial step's params (1: stepped), in force in the plan and the fold's tables
+  // until a step with another subset; empty after a full step.
+  std::vector<uint8_t> subset_;
   std::string unusable_reason_;            // non-empty: see mark_unusable
   std::shared_ptr<IoScratch> io_scratch_;
 };

@@ -141,10 +141,12 @@ Plan build_plan(const std::vector<const Param*>& params) {
   return plan;
 }
 
-void rebind_grads(Plan& plan, const std::vector<const Param*>& params) {
+void rebind_grads(Plan& plan, const std::vector<const Param*>& params,
+                  const std::vector<uint8_t>& subset) {
   for (auto& bucket : plan.buckets) {
     for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
-      const void* grad = step_grad(*params[bucket.param_of_slot[s]]);
+      const auto index = static_cast<std::size_t>(bucket.param_of_slot[s]);
+      const void* grad = subset.empty() || subset[index] ? step_grad(*params[index]) : nullptr;
       if (bucket.slots[s].grad == grad) continue;
       bucket.slots[s].grad = grad;
       bucket.grads_moved = true;

@@ -103,8 +103,9 @@ inline kernels::TensorSlot staged_slot(const Bucket& bucket, const StagedPiece& 
 Plan build_plan(const std::vector<const Param*>& params);
 
 // Copies every param's current grad pointer into its slot, marking the buckets where one
-// moved.
-void rebind_grads(Plan& plan, const std::vector<const Param*>& params);
+// moved; with a `subset` (non-empty), params i without subset[i] get NULL (not stepped).
+void rebind_grads(Plan& plan, const std::vector<const Param*>& params,
+                  const std::vector<uint8_t>& subset = {});
 
 }  // namespace sa
 

@@ -77,6 +77,11 @@ void Stepper::add_param(int32_t group, bool active) noexcept {
   ++params_version_;
 }
 
+void Stepper::set_subset(const std::vector<uint8_t>& subset) {
+  subset_ = subset;
+  ++params_version_;
+}
+
 void Stepper::set_active(int64_t param, bool active) {
   const uint8_t value = active ? 1 : 0;
   if (param_active_[param] == value) return;
@@ -193,8 +198,13 @@ void Stepper::upload_tables(void* stream) {
   if (copied_params_version_ != params_version_) {
     backend_->upload(param_group_copy_->data(), param_group_.data(), params * sizeof(int32_t),
                      stream);
-    backend_->upload(param_active_copy_->data(), param_active_.data(), params * sizeof(uint8_t),
-                     stream);
+    const uint8_t* active = param_active_.data();
+    if (!subset_.empty()) {
+      active_scratch_.resize(params);
+      for (std::size_t i = 0; i < params; ++i) active_scratch_[i] = param_active_[i] & subset_[i];
+      active = active_scratch_.data();
+    }
+    backend_->upload(param_active_copy_->data(), active, params * sizeof(uint8_t), stream);
     copied_params_version_ = params_version_;
   }
 }
@@ -238,7 +248,7 @@ void Stepper::all_reduce(Comm& comm, double* values, int32_t count, ReduceOp op,
 }
 
 // No params, so no device: the inputs are host floats and only the groups count.
-std::optional<bool> Stepper::step_without_backend(const StepInputs& in) {
+std::optional<bool> Stepper::step_without_backend(const StepInputs& in, bool advance_groups) {
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
   double* s = stats();
   s[kernels::kStatNorm] = 0.0;
@@ -249,14 +259,14 @@ std::optional<bool> Stepper::step_without_backend(const StepInputs& in) {
                                  in.clip,           verdict(),    in.grad_norm_out};
   const kernels::StepDecision d = kernels::fold_decide(fold);
   kernels::fold_publish(fold, d);
-  if (!d.skip)
+  if (!d.skip && advance_groups)
     for (int32_t g = 0; g < num_groups(); ++g)
       ++static_cast<int64_t*>(group_steps_.buffer->data())[g];
   return d.skip;
 }
 
-std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream) {
-  if (backend_ == nullptr) return step_without_backend(in);
+std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream, bool advance_groups) {
+  if (backend_ == nullptr) return step_without_backend(in, advance_groups);
   flush(plan, stream);
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
   if (with_stats) {
@@ -266,7 +276,7 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   }
   const kernels::FoldTables tables{static_cast<const kernels::AdamHyper*>(hyper_copy_->data()),
                                    static_cast<int64_t*>(group_steps_.buffer->data()),
-                                   num_groups(),
+                                   advance_groups ? num_groups() : 0,  // 0: the fold leaves them
                                    static_cast<const int32_t*>(param_group_copy_->data()),
                                    static_cast<const uint8_t*>(param_active_copy_->data()),
                                    static_cast<int64_t*>(param_steps_.buffer->data()),

@@ -61,6 +61,8 @@ class Stepper {
 
   void set_hyper(int32_t group, const kernels::AdamHyper& hyper);
   void set_active(int64_t param, bool active);
+  // The fold sees params i without subset[i] as inactive (a partial step's); empty: none.
+  void set_subset(const std::vector<uint8_t>& subset);
 
   // ---- step counts -----------------------------------------------------------------------
   // Each group's: steps taken and not skipped. Each param's: steps in which it had a grad
@@ -86,7 +88,8 @@ class Stepper {
   // One step (flush first), as sa_optimizer_step documents it; `plan` is ignored without
   // a backend. Returns whether the step was skipped when the host knows it without
   // waiting for the device, else nothing (then last_report() reads the verdict).
-  std::optional<bool> step(Plan& plan, const StepInputs& inputs, void* stream);
+  // `advance_groups` false (a partial step): the group counts stay.
+  std::optional<bool> step(Plan& plan, const StepInputs& inputs, void* stream, bool advance_groups = true);
 
   // The last step's verdict (synchronizes a device backend).
   StepReport last_report() const;
@@ -115,7 +118,7 @@ class Stepper {
   void reserve_counts(Array& array, std::size_t used, std::size_t needed);
   bool tables_stale() const;
   void upload_tables(void* stream);
-  std::optional<bool> step_without_backend(const StepInputs& inputs);
+  std::optional<bool> step_without_backend(const StepInputs& inputs, bool advance_groups);
   kernels::StepVerdict* verdict() const;
   double* stats() const;
 
@@ -125,6 +128,8 @@ class Stepper {
   std::vector<kernels::AdamHyper> hyper_;  // per group
   std::vector<int32_t> param_group_;       // per param
   std::vector<uint8_t> param_active_;      // per param: 1 = has a grad
+  std::vector<uint8_t> subset_;            // set_subset's (empty: every param)
+  std::vector<uint8_t> active_scratch_;    // param_active_ & subset_, as uploaded
   uint64_t hyper_version_ = 0;             // bumped by every change of hyper_
   uint64_t params_version_ = 0;            // ... of param_group_ or param_active_
 

@@ -201,3 +201,109 @@ TEST_CASE("the gradient norm counts only the params that have a grad", "[grads][
   REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step(f.opt.get(), &args, nullptr));
   CHECK(std::fabs(norm - want) <= 1e-12 * want);
 }
+
+// ---- partial steps (sa_optimizer_step_params) -------------------------------------------------
+
+TEST_CASE("a partial step updates its params as a step does and leaves the others bit for bit; "
+          "per-param counts advance, group counts do not",
+          "[grads][steps][partial]") {
+  Trio f;
+  const int64_t first[2] = {2, 0}, second[1] = {1};
+  std::vector<int64_t> steps = {0, 0, 0};
+  for (int round = 0; round < 3; ++round) {
+    f.fresh_grads();
+    std::vector<const void*> ptrs;
+    for (int i = 0; i < 3; ++i) ptrs.push_back(f.grad(i).data());
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad_ptrs(f.opt.get(), 3, ptrs.data()));
+    const bool emb_and_b[3] = {true, false, true}, only_w[3] = {false, true, false};
+    f.TrioTensors::step_and_check(f.opt.get(), emb_and_b, steps, [&] {
+      REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step_params(f.opt.get(), 2, first, nullptr, nullptr));
+    });
+    steps[0] += 1;
+    steps[2] += 1;
+    CHECK(param_steps(f.opt.get()) == steps);
+    f.TrioTensors::step_and_check(f.opt.get(), only_w, steps, [&] {
+      REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step_params(f.opt.get(), 1, second, nullptr, nullptr));
+    });
+    steps[1] += 1;
+    CHECK(param_steps(f.opt.get()) == steps);
+    CHECK(step_count(f.opt.get(), 0) == round);  // partial steps leave it; full ones advance it
+    // A full step after partial ones steps every param again.
+    f.fresh_grads();
+    f.step_and_check(kAll, steps);
+    for (int64_t& s : steps) s += 1;
+    CHECK(param_steps(f.opt.get()) == steps);
+    CHECK(step_count(f.opt.get(), 0) == round + 1);
+  }
+}
+
+TEST_CASE("partial steps over disjoint params, one after the other, give a full step's bits",
+          "[grads][steps][partial]") {
+  Trio whole, parts;  // the same seed: the same params and grads
+  for (int step = 0; step < 4; ++step) {
+    whole.fresh_grads();
+    parts.fresh_grads();
+    for (Trio* t : {&whole, &parts}) {
+      std::vector<const void*> ptrs;
+      for (int i = 0; i < 3; ++i) ptrs.push_back(t->grad(i).data());
+      REQUIRE_SA_OK(t->opt.get(), sa_optimizer_set_grad_ptrs(t->opt.get(), 3, ptrs.data()));
+    }
+    REQUIRE_SA_OK(whole.opt.get(), sa_optimizer_step(whole.opt.get(), nullptr, nullptr));
+    const int64_t a[1] = {1}, b[2] = {0, 2};
+    REQUIRE_SA_OK(parts.opt.get(), sa_optimizer_step_params(parts.opt.get(), 1, a, nullptr, nullptr));
+    REQUIRE_SA_OK(parts.opt.get(), sa_optimizer_step_params(parts.opt.get(), 2, b, nullptr, nullptr));
+  }
+  for (int i = 0; i < 3; ++i) CHECK(parts.bytes_of(parts.opt.get(), i) == whole.bytes_of(whole.opt.get(), i));
+  CHECK(param_steps(parts.opt.get()) == param_steps(whole.opt.get()));
+}
+
+TEST_CASE("a partial step checks everything first: bad, repeated or missing indices, clipping, "
+          "a listed param never given a grad; found_inf skips it",
+          "[grads][steps][partial][errors]") {
+  Trio f;
+  f.fresh_grads();
+  const DLTensor g0 = f.grad(0).dl(), g2 = f.grad(2).dl();
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad(f.opt.get(), 0, &g0));
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad(f.opt.get(), 2, &g2));  // w (1): never given one
+  std::vector<std::vector<unsigned char>> before;
+  for (int i = 0; i < 3; ++i) before.push_back(f.bytes_of(f.opt.get(), i));
+  sa_optimizer* opt = f.opt.get();
+  const int64_t out_of_range[2] = {0, 3}, repeated[3] = {2, 0, 2}, negative[1] = {-1}, never[2] = {0, 1};
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step_params(opt, 2, out_of_range, nullptr, nullptr),
+                 "params[1] is 3", "3 params (indices 0 to 2)");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step_params(opt, 3, repeated, nullptr, nullptr),
+                 "params[2] is 2 again", "param 'b'");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step_params(opt, 1, negative, nullptr, nullptr),
+                 "params[0] is -1");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step_params(opt, -1, negative, nullptr, nullptr),
+                 "n is -1");
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step_params(opt, 2, nullptr, nullptr, nullptr),
+                 "params is NULL");
+  sa_step_args clip = SA_STEP_ARGS_INIT;
+  clip.max_grad_norm = 1.0;
+  const int64_t emb[1] = {0};
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step_params(opt, 1, emb, &clip, nullptr),
+                 "max_grad_norm is 1 in a partial step", "clip in a full step");
+  CHECK_SA_FAILS(opt, SA_ERR_STATE, sa_optimizer_step_params(opt, 2, never, nullptr, nullptr),
+                 "param 'w' was never given a grad");
+  for (int i = 0; i < 3; ++i) CHECK(f.bytes_of(opt, i) == before[i]);
+  CHECK(param_steps(opt) == std::vector<int64_t>{0, 0, 0});
+
+  // found_inf skips it: nothing changes, and the caller learns so.
+  const float inf_found = 1.0f;
+  int32_t skipped = -1;
+  sa_step_args args = SA_STEP_ARGS_INIT;
+  args.found_inf = &inf_found;
+  args.skipped = &skipped;
+  REQUIRE_SA_OK(opt, sa_optimizer_step_params(opt, 1, emb, &args, nullptr));
+  CHECK(skipped == 1);
+  for (int i = 0; i < 3; ++i) CHECK(f.bytes_of(opt, i) == before[i]);
+  // w needs no grad when it is not listed; n = 0 steps nothing.
+  REQUIRE_SA_OK(opt, sa_optimizer_step_params(opt, 0, nullptr, nullptr, nullptr));
+  for (int i = 0; i < 3; ++i) CHECK(f.bytes_of(opt, i) == before[i]);
+  const int64_t listed[2] = {2, 0};
+  REQUIRE_SA_OK(opt, sa_optimizer_step_params(opt, 2, listed, nullptr, nullptr));
+  CHECK(param_steps(opt) == std::vector<int64_t>{1, 0, 1});
+  CHECK(f.bytes_of(opt, 1) == before[1]);
+  CHECK(f.bytes_of(opt, 0) != before[0]);
+}

@@ -660,6 +660,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
 %ignore sa_optimizer_moment_keys;
 %ignore sa_optimizer_get_param_steps;  /* int64_t arrays: param_steps_get/_set below */
 %ignore sa_optimizer_set_param_steps;
+%ignore sa_optimizer_step_params;      /* an int64_t array: step_params below */
 
 /* Classes whose constructors apply the SA_*_INIT defaults. */
 %define SA_OPTION_STRUCT(type, init)
@@ -789,6 +790,33 @@ PyObject* param_steps_set(sa_optimizer* opt, int64_t first, PyObject* values) {
   Py_DECREF(seq);
   const sa_status status = sa_optimizer_set_param_steps(opt, first, n, steps);
   free(steps);
+  return PyLong_FromLong((long)status);
+}
+
+/** sa_optimizer_step_params with the params as a sequence of ints. Returns the status. */
+PyObject* step_params(sa_optimizer* opt, PyObject* params, const sa_step_args* args, void* stream) {
+  PyObject* seq = PySequence_Fast(params, "params must be a sequence of int");
+  if (!seq) return NULL;
+  const int64_t n = (int64_t)PySequence_Fast_GET_SIZE(seq);
+  int64_t* indices = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+  if (!indices) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    indices[i] = (int64_t)PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+    if (indices[i] == -1 && PyErr_Occurred()) {
+      free(indices);
+      Py_DECREF(seq);
+      return NULL;
+    }
+  }
+  Py_DECREF(seq);
+  sa_status status;
+  Py_BEGIN_ALLOW_THREADS
+  status = sa_optimizer_step_params(opt, n, indices, args, stream);
+  Py_END_ALLOW_THREADS
+  free(indices);
   return PyLong_FromLong((long)status);
 }
 

@@ -761,6 +761,26 @@ SA_API sa_status sa_step_args_field(int32_t index, sa_field_info* out);
 SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream);
 
 /**
+ * A partial step: sa_optimizer_step for the params params[0..n) only (indices, each at most
+ * once, in any order), while every other param stays as it is (values, state and step
+ * count), as if it had no grad. An engine can so step each layer as soon as its grads are
+ * ready (step-in-backward), or offloaded state a part at a time.
+ *
+ * Per-param step counts advance as in a step, so bias correction is exact however the
+ * params are split; group step counts do not advance (they count full steps;
+ * sa_optimizer_set_step sets them). A listed param without a grad is skipped, one never
+ * given a grad is refused (SA_ERR_STATE), as in a step; the others need no grad.
+ * args: as sa_optimizer_step's (NULL: defaults; found_inf and inv_grad_scale apply to the
+ * listed params), except clipping: max_grad_norm must be 0 (SA_ERR_INVALID_ARGUMENT), since
+ * the norm clipping needs is that of every grad: clip in a full step. With state on the host
+ * (SA_STATE_ON_HOST), only the ring segments that hold a listed param move over the link.
+ * Everything is checked before anything changes: a bad index, a repeated one, or n < 0 is
+ * SA_ERR_INVALID_ARGUMENT with nothing stepped. The stream contract is sa_optimizer_step's.
+ */
+SA_API sa_status sa_optimizer_step_params(sa_optimizer* opt, int64_t n, const int64_t* params,
+                                          const sa_step_args* args, void* stream);
+
+/**
  * Enqueues on `stream` the upload of whatever changed on the host since the last step:
  * grad bindings and hyperparameters (sa_optimizer_step does this first; step counts need
  * none, they live on the device). Needed only before replaying a captured step. The CPU

@@ -580,17 +580,25 @@ class CudaBackend final : public Backend {
                  "Adam kernel launch");
     }
     std::size_t g = 0;
+    int last = -1;  // the ring slot of the last segment that moved
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bucket = plan.buckets[b];
       for (std::size_t i = 0; i < bucket.segments.size(); ++i, ++g) {
+        // A segment none of whose params has a grad (a partial step's others) stays put.
+        const auto& pieces = bucket.segments[i].pieces;
+        if (std::none_of(pieces.begin(), pieces.end(), [&](const StagedPiece& piece) {
+              return bucket.slots[static_cast<std::size_t>(piece.slot)].grad != nullptr;
+            }))
+          continue;
         const kernels::DeviceBucket& view = segment_tables_[b][i].view;
-        pipeline_.run(bucket.segments[i], static_cast<int>(g % kStagingSlots), s, [&] {
+        last = static_cast<int>(g % kStagingSlots);
+        pipeline_.run(bucket.segments[i], last, s, [&] {
           check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
                      "Adam kernel launch");
         });
       }
     }
-    if (g > 0) pipeline_.join(static_cast<int>((g - 1) % kStagingSlots), s);
+    if (last >= 0) pipeline_.join(last, s);
   }
 
   void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,

@@ -486,3 +486,29 @@ TEST_CASE("state on the host larger than the staging ring steps to the CPU's bit
     }
   }
 }
+
+// Partial steps on CUDA, state on the device and on the host (segments of params without a
+// grad stay put), give the CPU backend's bits; a full step after them steps every param.
+TEST_CASE("partial steps on CUDA equal the CPU backend's, state on the host or the device",
+          "[gpu][offload][partial]") {
+  Rng rng(0x9A47);
+  Twin t(GpuState::mixed);
+  t.add_groups(false);
+  const VariantSpec& v = kVariants[3];  // bf16 + fp32 master
+  for (int i = 0; i < 12; ++i)
+    t.add("layers." + std::to_string(i), i % 2, v, {i == 5 ? 5'000'000 : 1000 + 313 * i}, 0, rng);
+  for (int step = 0; step < 4; ++step) {
+    t.bind_new_grads(rng, step % 2 == 1, true);
+    std::vector<int64_t> evens, odds;
+    for (int64_t i = 0; i < 12; ++i) (i % 3 == 0 ? evens : odds).push_back(i);
+    for (const auto* part : {&evens, &odds})
+      for (auto* opt : {t.cpu.get(), t.gpu.get()})
+        REQUIRE_SA_OK(opt, sa_optimizer_step_params(opt, static_cast<int64_t>(part->size()),
+                                                    part->data(), nullptr, nullptr));
+    t.require_identical();
+  }
+  t.bind_new_grads(rng, false, true);
+  t.step_both(1.0f, 0.0f, nullptr);
+  t.require_identical();
+  CHECK(step_count(t.gpu.get(), 0) == 1);
+}

@@ -626,6 +626,33 @@ class Optimizer(OwnsHandle):
                   ((bool(self._skipped.value),) if return_skipped else ())
         return results[0] if len(results) == 1 else (results or None)
 
+    def step_params(self, params, inv_grad_scale=None, found_inf=None, stream=None, *, return_skipped=False):
+        """A partial step (``sa_optimizer_step_params``): :meth:`step` for ``params`` only (names
+        or indices, each at most once), every other param left as it is, as if it had no
+        grad. Per-param step counts advance as in a step (bias correction stays exact however
+        the params are split); group step counts do not (they count full steps). For an
+        engine that steps each layer as soon as its grads are ready. No clipping (the norm is
+        of every grad: clip in a full :meth:`step`); ``inv_grad_scale``, ``found_inf``,
+        ``stream`` and ``return_skipped`` as in :meth:`step`. Everything is checked before
+        anything changes."""
+        handle = self._handle_or_raise()
+        if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+            raise TypeError(f"params must be a sequence of param names or indices, got {type(params).__name__}")
+        indices = [self.param_index(p) if isinstance(p, str) else p for p in params]
+        refs = []
+        args = {}
+        inv_address = self._scalar_address(inv_grad_scale, "inv_grad_scale", 0, refs, stream)
+        found_address = self._scalar_address(found_inf, "found_inf", 1, refs, stream)
+        if inv_address is not None:
+            args["inv_grad_scale"] = inv_address
+        if found_address is not None:
+            args["found_inf"] = found_address
+        if return_skipped:
+            args["skipped"] = ctypes.addressof(self._skipped)
+        check(_C.step_params(handle, indices, args or None, self._stream_of(stream)), handle)
+        self._step_refs = tuple(refs)  # kept until the next step: the stream reads them later
+        return bool(self._skipped.value) if return_skipped else None
+
     def _step_addresses(self, inv_address, found_address, stream=None, clip=None, skipped=False):
         """One native step with the scalars given as raw addresses (None for absent).
         ``clip``: None, or (max_grad_norm, norm_type, grad_norm address or None,

@@ -51,3 +51,41 @@ def test_set_param_steps_checks_everything_first():
         assert opt.param_steps() == [1, 2, 3]
         opt.param_groups[0].step = 9
         assert opt.param_steps() == [9, 9, 9]
+
+
+def test_step_params_steps_only_its_params_each_at_its_own_count():
+    """A partial step (by name or index) updates its params as the float64 reference does and
+    leaves the others bit for bit; counts advance per param, the group's stays; bad input
+    changes nothing."""
+    rng = np.random.default_rng(12)
+    params = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3), (5,), (2, 2)]]
+    refs = [AdamReference(p, **HYPER) for p in params]
+    with shardadam.Optimizer(**HYPER) as opt:
+        for i, p in enumerate(params):
+            opt.add_param(f"p{i}", p)
+        for parts in ([["p0", 2], [1]], [[1, 0], [2]], [[0, 1, 2]]):
+            grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
+            opt.set_grads(grads)
+            for part in parts:
+                stepped = {opt.param_index(p) for p in part}
+                before = [p.copy() for p in params]
+                opt.step_params(part)
+                for i, p in enumerate(params):
+                    if i in stepped:
+                        refs[i].step(grads[i])
+                        np.testing.assert_allclose(p, refs[i].p, rtol=1e-5, atol=1e-6)
+                    else:
+                        np.testing.assert_array_equal(p, before[i])
+        assert opt.param_steps() == [3, 3, 3]
+        assert opt.param_groups[0].step == 0  # partial steps leave the group's count
+        before = [p.copy() for p in params]
+        with pytest.raises(shardadam.InvalidArgument, match=r"params\[1\] is 0 again"):
+            opt.step_params([0, 0])
+        with pytest.raises(shardadam.InvalidArgument, match="does not exist"):
+            opt.step_params(["nope"])
+        with pytest.raises(TypeError, match="sequence of param names or indices"):
+            opt.step_params("p0")
+        assert opt.step_params([0], found_inf=1.0, return_skipped=True) is True
+        for p, b in zip(params, before):
+            np.testing.assert_array_equal(p, b)
+        assert opt.param_steps() == [3, 3, 3]
