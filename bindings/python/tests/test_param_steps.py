@@ -81,7 +81,7 @@ def test_step_params_steps_only_its_params_each_at_its_own_count():
         before = [p.copy() for p in params]
         with pytest.raises(shardadam.InvalidArgument, match=r"params\[1\] is 0 again"):
             opt.step_params([0, 0])
-        with pytest.raises(shardadam.InvalidArgument, match="does not exist"):
+        with pytest.raises(shardadam.InvalidArgument, match="no param is named 'nope'"):
             opt.step_params(["nope"])
         with pytest.raises(TypeError, match="sequence of param names or indices"):
             opt.step_params("p0")
