@@ -84,10 +84,17 @@ def training_args(out_dir, run, device, steps, save_at, accumulation=1, bf16=Fal
         disable_tqdm=True, dataloader_pin_memory=False, seed=0)
 
 
+# FusedAdam's offload= (--offload): None keeps the state on the device.
+OFFLOAD = {"offload": None}
+
+
 def fused_adam_route(args):
     """What a user passes to Trainer for FusedAdam: the class and the hyperparameters
     TrainingArguments holds (the param groups and their weight decay come from Trainer)."""
-    return (FusedAdam, dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon))
+    kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if OFFLOAD["offload"] is not None:
+        kwargs["offload"] = OFFLOAD["offload"]
+    return (FusedAdam, kwargs)
 
 
 class Run:
@@ -134,14 +141,17 @@ def main():
     parser.add_argument("--resume-rtol", type=float, default=common.RESUME_RTOL)
     parser.add_argument("--bf16-rtol", type=float, default=common.BF16_RTOL)
     parser.add_argument("--dir", default=None, help="output directory, kept (default: a temporary one, removed)")
+    parser.add_argument("--offload", choices=["none", "host"], default="none",
+                        help="FusedAdam(offload=...): where its state lives (docs/offload.md)")
     args = parser.parse_args()
     common.check_device(parser, args.device)
     if not 0 < args.save_at < args.steps:
         parser.error("--save-at must be in (0, --steps)")
     import transformers
+    OFFLOAD["offload"] = None if args.offload == "none" else args.offload
     root = args.dir or tempfile.mkdtemp(prefix="shardadam_hf_")
     report = common.Report(f"transformers {transformers.__version__} Trainer, tiny Llama, {args.device}, "
-                           f"{args.steps} steps, checkpoint at {args.save_at}")
+                           f"{args.steps} steps, checkpoint at {args.save_at}, FusedAdam offload={args.offload}")
     setup = dict(out_dir=root, device=args.device, steps=args.steps, save_at=args.save_at)
     runs = {}
 
