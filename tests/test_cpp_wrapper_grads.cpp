@@ -180,3 +180,19 @@ TEST_CASE(
   f.opt.set_step_count(0, 10);
   CHECK(f.opt.param_steps() == std::vector<int64_t>{10, 10, 10});
 }
+
+TEST_CASE("C++ wrapper: step_params steps the listed params as a step does, the others stay, and "
+          "a repeated index throws",
+          "[cpp][partial]") {
+  Trio f;
+  f.fresh_grads();
+  std::vector<const DLTensor*> grads;
+  std::vector<DLTensor> dl;
+  for (int i = 0; i < 3; ++i) dl.push_back(f.grad(i).dl());
+  for (const DLTensor& g : dl) grads.push_back(&g);
+  f.opt.set_grads(grads);
+  const bool w_only[3] = {false, true, false};
+  f.TrioTensors::step_and_check(f.opt.get(), w_only, {0, 0, 0}, [&] { f.opt.step_params({1}); });
+  check_throws([&] { f.opt.step_params({0, 2, 0}); }, SA_ERR_INVALID_ARGUMENT, {"params[2] is 0 again"});
+  CHECK(f.opt.param_steps(0, 3) == std::vector<int64_t>{0, 1, 0});
+}

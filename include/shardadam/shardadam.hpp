@@ -553,6 +553,15 @@ class Optimizer {
     detail::check(sa_optimizer_step(handle_, args, stream), handle_);
   }
 
+  // sa_optimizer_step_params(): a partial step of `params` (indices) only; the others stay
+  // as they are. Per-param counts advance, group counts do not; no clipping.
+  void step_params(const std::vector<int64_t>& params, const sa_step_args* args = nullptr,
+                   void* stream = nullptr) {
+    detail::check(sa_optimizer_step_params(handle_, static_cast<int64_t>(params.size()),
+                                           params.data(), args, stream),
+                  handle_);
+  }
+
   // -- shard files --
 
   // sa_optimizer_export(): this rank's state as one shard file, through `writer`.
