@@ -11,7 +11,8 @@ import (
 
 // Grad bindings and per-param step counts: every binding is checked by the library and
 // all or nothing, a param without a grad is skipped bit for bit without advancing its
-// count, and per-param counts drive bias correction. References: refState (float64).
+// count, per-param counts drive bias correction, and partial steps (StepParams) step their
+// params only. References: refState (float64).
 
 var trioNames = []string{"emb", "w", "b"}
 
@@ -247,4 +248,141 @@ func TestPerParamStepsDriveBiasCorrection(t *testing.T) {
 	if got := f.paramSteps(t); !reflect.DeepEqual(got, []int64{10, 10, 10}) {
 		t.Errorf("after SetStepCount(10) ParamSteps = %v", got)
 	}
+}
+
+// snapshots is every param's snapshot.
+func (f *trio) snapshots(t *testing.T) [][]uint32 {
+	t.Helper()
+	out := make([][]uint32, len(f.params))
+	for i := range out {
+		out[i] = f.snapshot(t, i)
+	}
+	return out
+}
+
+func (f *trio) setGrads(t *testing.T, g [][]float32) {
+	t.Helper()
+	for i, p := range f.params {
+		if err := f.opt.SetGrad(p, g[i]); err != nil {
+			t.Fatalf("SetGrad(%s): %v", trioNames[i], err)
+		}
+	}
+}
+
+// Partial steps over {emb, b} and then {w} leave every param, moments included, with the
+// bits one full step over the same grads gives, and the same per-param counts; only the
+// full step advances the group's count.
+func TestPartialStepsOverEveryParamGiveAFullStepsBits(t *testing.T) {
+	partial, full := newTrio(t), newTrio(t)
+	g := partial.freshGrads()
+	partial.setGrads(t, g)
+	full.setGrads(t, g)
+	emb, w, b := partial.params[0], partial.params[1], partial.params[2]
+	if _, err := partial.opt.StepParams([]*Param{emb, b}, StepArgs{}); err != nil {
+		t.Fatalf("StepParams(emb, b): %v", err)
+	}
+	if got := partial.paramSteps(t); !reflect.DeepEqual(got, []int64{1, 0, 1}) {
+		t.Errorf("after StepParams(emb, b) ParamSteps = %v, want [1 0 1]", got)
+	}
+	if report, err := partial.opt.StepParams([]*Param{w}, StepArgs{}); err != nil || report != (StepReport{}) {
+		t.Fatalf("StepParams(w) = %+v, %v", report, err)
+	}
+	if err := full.opt.Step(); err != nil {
+		t.Fatalf("Step: %v", err)
+	}
+	for i := range partial.params {
+		if !reflect.DeepEqual(partial.snapshot(t, i), full.snapshot(t, i)) {
+			t.Errorf("%s: the partial steps differ from the full step", trioNames[i])
+		}
+	}
+	for _, f := range []*trio{partial, full} {
+		if got := f.paramSteps(t); !reflect.DeepEqual(got, []int64{1, 1, 1}) {
+			t.Errorf("ParamSteps = %v, want [1 1 1]", got)
+		}
+	}
+	if n, err := partial.opt.StepCount(0); err != nil || n != 0 {
+		t.Errorf("after partial steps StepCount = %d, %v; want 0 (partial steps leave the group's count)", n, err)
+	}
+	if n, err := full.opt.StepCount(0); err != nil || n != 1 {
+		t.Errorf("after a full step StepCount = %d, %v; want 1", n, err)
+	}
+	for i := range full.refs {
+		full.refs[i].step(g[i], full.hp, 1, 1)
+	}
+	full.checkAgainstReference(t, "the full step")
+}
+
+// A param left out of a partial step keeps its value and moments bit for bit and its
+// count, with a grad bound or never given one; the listed ones (in any order) follow the
+// reference, also with a loss scale. A listed param never given a grad is refused, and a
+// found-inf flag skips the partial step.
+func TestAParamLeftOutOfAPartialStepStaysAsItIs(t *testing.T) {
+	f := newTrio(t)
+	g := f.freshGrads()
+	emb, w, b := f.params[0], f.params[1], f.params[2]
+	for i, p := range []*Param{emb, w} {
+		if err := f.opt.SetGrad(p, g[i]); err != nil {
+			t.Fatalf("SetGrad(%s): %v", trioNames[i], err)
+		}
+	}
+	_, err := f.opt.StepParams([]*Param{emb, b}, StepArgs{})
+	expectError(t, "StepParams(b never given a grad)", err, StatusState, "param 'b' was never given a grad")
+	before := f.snapshot(t, 2)
+	if _, err := f.opt.StepParams([]*Param{w, emb}, StepArgs{InvGradScale: 0.5}); err != nil {
+		t.Fatalf("StepParams(w, emb): %v", err)
+	}
+	if !reflect.DeepEqual(f.snapshot(t, 2), before) {
+		t.Errorf("b was not listed but changed")
+	}
+	for i := 0; i < 2; i++ {
+		f.refs[i].step(g[i], f.hp, 1, 0.5)
+		expectClose(t, "listed: "+trioNames[i], f.params[i].Float32(), f.refs[i].p)
+	}
+	if got := f.paramSteps(t); !reflect.DeepEqual(got, []int64{1, 1, 0}) {
+		t.Errorf("ParamSteps = %v, want [1 1 0]", got)
+	}
+
+	all := f.snapshots(t)
+	report, err := f.opt.StepParams([]*Param{emb}, StepArgs{FoundInf: true})
+	if err != nil || !report.Skipped {
+		t.Fatalf("StepParams(emb, FoundInf) = %+v, %v; want skipped", report, err)
+	}
+	if !reflect.DeepEqual(f.snapshots(t), all) {
+		t.Errorf("a skipped partial step changed a param")
+	}
+	if got := f.paramSteps(t); !reflect.DeepEqual(got, []int64{1, 1, 0}) {
+		t.Errorf("after a skipped partial step ParamSteps = %v, want [1 1 0]", got)
+	}
+}
+
+// A param listed twice, clipping, a param of another optimizer and a nil param are
+// refused, and nothing changes: no value, moment or count.
+func TestABadPartialStepIsRefusedAndChangesNothing(t *testing.T) {
+	f := newTrio(t)
+	f.setGrads(t, f.freshGrads())
+	emb, w, b := f.params[0], f.params[1], f.params[2]
+	before := f.snapshots(t)
+	_, err := f.opt.StepParams([]*Param{emb, b, emb}, StepArgs{})
+	expectError(t, "StepParams(emb, b, emb)", err, StatusInvalidArgument, "params[2] is 0 again", "param 'emb'")
+	_, err = f.opt.StepParams([]*Param{w}, StepArgs{MaxGradNorm: 1})
+	expectError(t, "StepParams(w, MaxGradNorm 1)", err, StatusInvalidArgument, "in a partial step")
+	other := newTrio(t)
+	_, err = f.opt.StepParams([]*Param{w, other.params[1]}, StepArgs{})
+	expectError(t, "StepParams(another optimizer's param)", err, StatusInvalidArgument, "does not belong to this optimizer")
+	_, err = f.opt.StepParams([]*Param{w, nil}, StepArgs{})
+	expectError(t, "StepParams(nil param)", err, StatusInvalidArgument, "does not belong to this optimizer")
+	if !reflect.DeepEqual(f.snapshots(t), before) {
+		t.Errorf("a refused partial step changed a param")
+	}
+	if got := f.paramSteps(t); !reflect.DeepEqual(got, []int64{0, 0, 0}) {
+		t.Errorf("after refused partial steps ParamSteps = %v, want [0 0 0]", got)
+	}
+	if n, err := f.opt.StepCount(0); err != nil || n != 0 {
+		t.Errorf("StepCount = %d, %v; want 0", n, err)
+	}
+	if err := f.opt.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	_, err = f.opt.StepParams([]*Param{w}, StepArgs{})
+	expectError(t, "StepParams after Close", err, StatusState, "closed")
 }

@@ -87,6 +87,8 @@ type Optimizer struct {
 	device *Device    // of the first param (all params of an optimizer share it); nil before
 	step   *stepBlock // the step's arguments, in C memory, allocated once
 	comm   *Comm      // the last SetComm's, to read why a host communicator's function failed
+	// partial holds the indices of a StepParams call, reused from call to call
+	partial []int64
 }
 
 // NewOptimizer creates an empty optimizer. cfg may be nil (defaults).

@@ -222,6 +222,12 @@ func (o *Optimizer) StepWith(args StepArgs) (StepReport, error) {
 		return StepReport{}, err
 	}
 	defer o.mu.Unlock()
+	return o.runStep(op, args, false)
+}
+
+// runStep runs sa_optimizer_step, or with partial sa_optimizer_step_params over the indices
+// in o.partial, with args. The caller holds o's lock.
+func (o *Optimizer) runStep(op string, args StepArgs, partial bool) (StepReport, error) {
 	if err := o.step.fill(op, args, o.device); err != nil {
 		return StepReport{}, err
 	}
@@ -230,7 +236,14 @@ func (o *Optimizer) StepWith(args StepArgs) (StepReport, error) {
 		host = o.comm.host
 		host.takeError() // forget an earlier step's
 	}
-	status := C.sa_optimizer_step(o.handle, (*C.sa_step_args)(o.step.args), pointerAt(args.Stream))
+	var status C.sa_status
+	if partial {
+		// The indices are Go memory without Go pointers, read during the call only.
+		status = C.sa_optimizer_step_params(o.handle, C.int64_t(len(o.partial)), (*C.int64_t)(firstElem(o.partial)),
+			(*C.sa_step_args)(o.step.args), pointerAt(args.Stream))
+	} else {
+		status = C.sa_optimizer_step(o.handle, (*C.sa_step_args)(o.step.args), pointerAt(args.Stream))
+	}
 	if err := o.check(status); err != nil {
 		if e := err.(*Error); e.Status == StatusComm && host != nil {
 			if why := host.takeError(); why != "" {
@@ -240,6 +253,36 @@ func (o *Optimizer) StepWith(args StepArgs) (StepReport, error) {
 		return StepReport{}, err
 	}
 	return StepReport{Skipped: *o.step.skipped != 0, GradNorm: float64(*o.step.hostGradNorm)}, nil
+}
+
+// StepParams is a partial step (sa_optimizer_step_params): StepWith for params only (each
+// at most once, in any order), every other param left as it is (values, state and step
+// count), as if it had no grad. For an engine that steps each layer as soon as its grads
+// are ready, or offloaded state a part at a time.
+//
+// Per-param step counts (ParamSteps) advance as in a step, so bias correction is exact
+// however the params are split; group step counts (StepCount) do not (they count full
+// steps). A listed param marked as having no grad is skipped; one never given a grad is
+// refused (StatusState), as in a step; the others need no grad. args are StepWith's (the
+// stream, loss scale and found-inf flag apply to the listed params), except clipping:
+// MaxGradNorm must be 0 (StatusInvalidArgument), since the norm is that of every grad;
+// clip in a full step. A param listed twice, or one of another optimizer, is
+// StatusInvalidArgument. Everything is checked before anything changes. When it returns:
+// as StepWith.
+func (o *Optimizer) StepParams(params []*Param, args StepArgs) (StepReport, error) {
+	const op = "shardadam.StepParams"
+	if err := o.lock(op); err != nil {
+		return StepReport{}, err
+	}
+	defer o.mu.Unlock()
+	o.partial = o.partial[:0] // reused: a partial step allocates nothing once it has grown
+	for _, p := range params {
+		if err := o.checkParam(op, p); err != nil {
+			return StepReport{}, err
+		}
+		o.partial = append(o.partial, p.Index)
+	}
+	return o.runStep(op, args, true)
 }
 
 // Flush enqueues on stream (a cudaStream_t; 0: the legacy default stream) the upload of

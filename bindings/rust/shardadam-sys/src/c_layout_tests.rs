@@ -524,6 +524,7 @@ fn every_declared_function_is_exported_by_the_library() {
         sa_optimizer_clear_grad,
         sa_optimizer_set_grad_ptrs,
         sa_optimizer_step,
+        sa_optimizer_step_params,
         sa_optimizer_flush,
         sa_optimizer_state_view,
         sa_optimizer_get_moment_values,

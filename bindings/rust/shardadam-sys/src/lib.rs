@@ -950,6 +950,17 @@ extern "C" {
         args: *const sa_step_args,
         stream: *mut c_void,
     ) -> sa_status;
+    /// A partial step: `sa_optimizer_step` for the params of indices `params[0..n)` only
+    /// (each at most once); the others stay as they are. Per-param step counts advance,
+    /// group step counts do not; `max_grad_norm` must be 0. All checked before anything
+    /// changes.
+    pub fn sa_optimizer_step_params(
+        opt: *mut sa_optimizer,
+        n: i64,
+        params: *const i64,
+        args: *const sa_step_args,
+        stream: *mut c_void,
+    ) -> sa_status;
     /// Enqueues the upload of host-side changes (needed before replaying a captured step).
     pub fn sa_optimizer_flush(opt: *mut sa_optimizer, stream: *mut c_void) -> sa_status;
 

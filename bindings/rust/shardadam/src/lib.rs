@@ -7,8 +7,10 @@
 //! and the state. Dropping it frees all of that. Every grad binding is checked by the
 //! library; a param may also have no grad at a step ([`Optimizer::clear_grad`], a `None`
 //! in [`Optimizer::set_grads`]), and is then skipped as torch skips a param whose `.grad`
-//! is `None`, its own step count ([`Optimizer::param_steps`]) not advancing. Failures are
-//! [`Error`]s with the library's [`Status`] and message.
+//! is `None`, its own step count ([`Optimizer::param_steps`]) not advancing.
+//! [`Optimizer::step_params`] steps a list of params only (a layer whose grads are ready),
+//! their counts advancing and the others left as they are. Failures are [`Error`]s with
+//! the library's [`Status`] and message.
 //! [`Optimizer::save`] and [`Optimizer::load`] write and read shard files (one per rank;
 //! any set of them loads onto any layout); [`Optimizer::save_async`] writes one while the
 //! steps go on ([`ExportJob`]).
@@ -2394,27 +2396,93 @@ impl Optimizer {
     /// `stream` must be NULL or a live `cudaStream_t` of the optimizer's device (the
     /// library hands it to the CUDA runtime as it is).
     pub unsafe fn step_on(&mut self, args: &StepArgs, stream: *mut c_void) -> Result<StepReport> {
+        self.run_step("step_on", None, args, stream)
+    }
+
+    /// A partial step (`sa_optimizer_step_params`): [`Optimizer::step`] for `params` only
+    /// (each at most once, in any order), every other param left as it is (values, state
+    /// and step count), as if it had no grad. For an engine that steps each layer as soon
+    /// as its grads are ready, or offloaded state a part at a time.
+    ///
+    /// Per-param step counts ([`Optimizer::param_steps`]) advance as in a step, so bias
+    /// correction is exact however the params are split; group step counts
+    /// ([`Optimizer::step_count`]) do not (they count full steps). A listed param marked as
+    /// having no grad is skipped; one never given a grad is refused ([`Status::State`]), as
+    /// in a step; the others need no grad. A param listed twice, or one of another
+    /// optimizer, is [`Status::InvalidArgument`]. Everything is checked before anything
+    /// changes.
+    pub fn step_params(&mut self, params: &[Param]) -> Result<()> {
+        self.step_params_with(params, &StepArgs::default())
+            .map(|_| ())
+    }
+
+    /// [`Optimizer::step_params`] with a loss scale and a found-inf flag, as
+    /// [`Optimizer::step_with`] takes them (they apply to the listed params); reports
+    /// whether the step was skipped. No clipping: the norm is that of every grad, so
+    /// [`StepArgs::max_grad_norm`] must be `None` ([`Status::InvalidArgument`]); clip in a
+    /// full step.
+    ///
+    /// On a CUDA optimizer this enqueues on the legacy default stream, as
+    /// [`Optimizer::step_params_on`] with a NULL stream does.
+    pub fn step_params_with(&mut self, params: &[Param], args: &StepArgs) -> Result<StepReport> {
+        // SAFETY: NULL is the legacy default stream, valid on every device.
+        unsafe { self.step_params_on(params, args, ptr::null_mut()) }
+    }
+
+    /// [`Optimizer::step_params_with`] on the CUDA stream `stream` (a `cudaStream_t`; NULL:
+    /// the legacy default stream). The CPU backend ignores the stream. When it returns, and
+    /// what `args` may hold on a CUDA optimizer: as [`Optimizer::step_on`]. With state on
+    /// the host, only the parts that hold a listed param move over the link.
+    ///
+    /// # Safety
+    ///
+    /// As [`Optimizer::step_on`]: `stream` must be NULL or a live `cudaStream_t` of the
+    /// optimizer's device.
+    pub unsafe fn step_params_on(
+        &mut self,
+        params: &[Param],
+        args: &StepArgs,
+        stream: *mut c_void,
+    ) -> Result<StepReport> {
+        let indices = params
+            .iter()
+            .map(|&p| self.slot(p).map(|_| p.index))
+            .collect::<Result<Vec<i64>>>()?;
+        self.run_step("step_params_on", Some(&indices), args, stream)
+    }
+
+    /// `sa_optimizer_step` (`params` `None`) or `sa_optimizer_step_params` (the indices
+    /// given) with `args`; `op` names the caller in the messages of this crate's checks.
+    unsafe fn run_step(
+        &mut self,
+        op: &str,
+        params: Option<&[i64]>,
+        args: &StepArgs,
+        stream: *mut c_void,
+    ) -> Result<StepReport> {
         let device = self.device.unwrap_or(Device::Cpu);
         let memory = args.memory;
         if args.inv_grad_scale.is_some() && !memory.inv_grad_scale.is_null() {
-            return Err(invalid(
-                "step_on: inv_grad_scale and inv_grad_scale_at are both given; give one".into(),
-            ));
+            return Err(invalid(format!(
+                "{}: inv_grad_scale and inv_grad_scale_at are both given; give one",
+                op
+            )));
         }
         if args.found_inf.is_some() && !memory.found_inf.is_null() {
-            return Err(invalid(
-                "step_on: found_inf and found_inf_at are both given; give one".into(),
-            ));
+            return Err(invalid(format!(
+                "{}: found_inf and found_inf_at are both given; give one",
+                op
+            )));
         }
         if device != Device::Cpu && (args.inv_grad_scale.is_some() || args.found_inf.is_some()) {
             return Err(Error {
                 status: Status::Unsupported,
                 message: format!(
-                    "step_on: the params are on {:?}, where inv_grad_scale and found_inf are \
-                     read from device memory; give their addresses with \
+                    "{}: the params are on {:?}, where inv_grad_scale and found_inf are read \
+                     from device memory; give their addresses with \
                      StepArgs::inv_grad_scale_at and found_inf_at (host values are for CPU \
                      optimizers)",
-                    device
+                    op, device
                 ),
             });
         }
@@ -2446,14 +2514,24 @@ impl Optimizer {
             raw.skipped = &mut skipped;
         }
         if let Some(bound) = args.max_grad_norm {
-            // The library checks the bound (> 0, not NaN) and says what was wrong.
+            // The library checks the bound (> 0, not NaN; none in a partial step) and says
+            // what was wrong.
             raw.max_grad_norm = bound;
             raw.host_grad_norm = &mut norm;
         }
         comm::clear_callback_error();
         // `scale` and `found_inf` are host memory read during the call: only CPU steps get
         // them (above).
-        let code = sys::sa_optimizer_step(self.raw.as_ptr(), &raw, stream);
+        let code = match params {
+            None => sys::sa_optimizer_step(self.raw.as_ptr(), &raw, stream),
+            Some(indices) => sys::sa_optimizer_step_params(
+                self.raw.as_ptr(),
+                indices.len() as i64,
+                indices.as_ptr(),
+                &raw,
+                stream,
+            ),
+        };
         if let Err(mut e) = self.check(code) {
             if e.status == Status::Comm {
                 if let Some(why) = comm::take_callback_error() {

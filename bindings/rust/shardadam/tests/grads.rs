@@ -1,11 +1,12 @@
 //! Grad bindings and per-param step counts through the safe wrapper: every binding is
 //! checked by the library and all-or-nothing, a param without a grad is skipped bit for bit
-//! without advancing its count, and per-param counts drive bias correction. References:
-//! the independent float64 update of tests/common.
+//! without advancing its count, per-param counts drive bias correction, and partial steps
+//! (`step_params`) step their params only. References: the independent float64 update of
+//! tests/common.
 mod common;
 
 use common::{assert_close, expect_error, Hyper, Reference, Rng};
-use shardadam::{Grad, GroupConfig, Optimizer, Param, Status};
+use shardadam::{Grad, GroupConfig, Optimizer, Param, Status, StepArgs};
 
 /// Three float32 params of one AdamW group ("emb" [5, 4], "w" [7], "b" [3]) and their
 /// float64 references.
@@ -239,4 +240,132 @@ fn per_param_steps_drive_bias_correction() {
     assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![7, 7, 4]);
     f.opt.set_step_count(0, 10).unwrap();
     assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![10, 10, 10]);
+}
+
+/// Partial steps over {emb, b} and then {w} leave every param, moments included, with the
+/// bits one full step over the same grads gives, and the same per-param counts; only the
+/// full step advances the group's count.
+#[test]
+fn partial_steps_over_every_param_give_a_full_steps_bits() {
+    let mut partial = Trio::new();
+    let mut full = Trio::new();
+    let g = partial.fresh_grads();
+    for f in [&mut partial, &mut full] {
+        for (&p, grad) in f.params.iter().zip(&g) {
+            f.opt.set_grad(p, grad).unwrap();
+        }
+    }
+    let (emb, w, b) = (partial.params[0], partial.params[1], partial.params[2]);
+    partial.opt.step_params(&[emb, b]).unwrap();
+    assert_eq!(partial.opt.param_steps(0, 3).unwrap(), vec![1, 0, 1]);
+    let report = partial
+        .opt
+        .step_params_with(&[w], &StepArgs::default())
+        .unwrap();
+    assert!(!report.skipped);
+    assert_eq!(report.grad_norm, None);
+    full.opt.step().unwrap();
+    for (i, name) in NAMES.iter().enumerate() {
+        assert_eq!(
+            partial.snapshot(i),
+            full.snapshot(i),
+            "{}: partial steps differ from the full step",
+            name
+        );
+    }
+    assert_eq!(partial.opt.param_steps(0, 3).unwrap(), vec![1, 1, 1]);
+    assert_eq!(full.opt.param_steps(0, 3).unwrap(), vec![1, 1, 1]);
+    assert_eq!(
+        partial.opt.step_count(0).unwrap(),
+        0,
+        "partial steps leave the group's count"
+    );
+    assert_eq!(full.opt.step_count(0).unwrap(), 1);
+    for (reference, grad) in full.refs.iter_mut().zip(&g) {
+        reference.step(grad, &full.hp, 1, 1.0);
+    }
+    full.check_against_reference("the full step");
+}
+
+/// A param left out of a partial step keeps its value and moments bit for bit and its
+/// count, with a grad bound or never given one; the listed ones (in any order) follow the
+/// reference, also with a loss scale. A listed param never given a grad is refused.
+#[test]
+fn a_param_left_out_of_a_partial_step_stays_as_it_is() {
+    let mut f = Trio::new();
+    let g = f.fresh_grads();
+    let (emb, w, b) = (f.params[0], f.params[1], f.params[2]);
+    f.opt.set_grad(emb, &g[0]).unwrap();
+    f.opt.set_grad(w, &g[1]).unwrap();
+    expect_error(
+        "step_params(b never given a grad)",
+        f.opt.step_params(&[emb, b]),
+        Status::State,
+        &["param 'b' was never given a grad"],
+    );
+    let before = f.snapshot(2);
+    let args = StepArgs {
+        inv_grad_scale: Some(0.5),
+        ..Default::default()
+    };
+    f.opt.step_params_with(&[w, emb], &args).unwrap();
+    assert_eq!(f.snapshot(2), before, "b was not listed but changed");
+    for i in 0..2 {
+        f.refs[i].step(&g[i], &f.hp, 1, 0.5);
+        assert_close(
+            &format!("listed: {}", NAMES[i]),
+            f.opt.param_f32(f.params[i]).unwrap(),
+            &f.refs[i].p,
+        );
+    }
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![1, 1, 0]);
+
+    // A found-inf flag skips the partial step: nothing changes, no count advances.
+    let before: Vec<Vec<u32>> = (0..3).map(|i| f.snapshot(i)).collect();
+    let args = StepArgs {
+        found_inf: Some(true),
+        ..Default::default()
+    };
+    assert!(f.opt.step_params_with(&[emb], &args).unwrap().skipped);
+    assert_eq!((0..3).map(|i| f.snapshot(i)).collect::<Vec<_>>(), before);
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![1, 1, 0]);
+}
+
+/// A param listed twice, clipping, and a param of another optimizer are refused, and
+/// nothing changes: no value, moment or count.
+#[test]
+fn a_bad_partial_step_is_refused_and_changes_nothing() {
+    let mut f = Trio::new();
+    let g = f.fresh_grads();
+    for (&p, grad) in f.params.iter().zip(&g) {
+        f.opt.set_grad(p, grad).unwrap();
+    }
+    let (emb, w, b) = (f.params[0], f.params[1], f.params[2]);
+    let before: Vec<Vec<u32>> = (0..3).map(|i| f.snapshot(i)).collect();
+    expect_error(
+        "step_params(emb, b, emb)",
+        f.opt.step_params(&[emb, b, emb]),
+        Status::InvalidArgument,
+        &["params[2] is 0 again", "param 'emb'"],
+    );
+    let clip = StepArgs {
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    };
+    expect_error(
+        "step_params_with(max_grad_norm)",
+        f.opt.step_params_with(&[w], &clip),
+        Status::InvalidArgument,
+        &["in a partial step"],
+    );
+    let other = Trio::new();
+    expect_error(
+        "step_params(another optimizer's param)",
+        f.opt.step_params(&[w, other.params[1]]),
+        Status::InvalidArgument,
+        &["another optimizer"],
+    );
+    assert_eq!((0..3).map(|i| f.snapshot(i)).collect::<Vec<_>>(), before);
+    assert_eq!(f.opt.param_steps(0, 3).unwrap(), vec![0, 0, 0]);
+    assert_eq!(f.opt.step_count(0).unwrap(), 0);
 }
