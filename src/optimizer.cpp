@@ -873,8 +873,8 @@ std::optional<bool> Optimizer::step_params(int64_t n, const int64_t* indices,
       fail(SA_ERR_INVALID_ARGUMENT, "params[", i, "] is ", index, "; the optimizer has ",
            num_params(), " params (indices 0 to ", num_params() - 1, ")");
     if (subset[static_cast<std::size_t>(index)])
-      fail(SA_ERR_INVALID_ARGUMENT, "params[", i, "] is ", index, " again (", param_context(params_[index]->name),
-           "); each param is stepped at most once");
+      fail(SA_ERR_INVALID_ARGUMENT, "params[", i, "] is ", index, " again (",
+           param_context(params_[index]->name), "); each param is stepped at most once");
     subset[static_cast<std::size_t>(index)] = 1;
   }
   if (args.max_grad_norm != 0.0)

@@ -315,7 +315,7 @@ class Optimizer {
   // The last partial step's params (1: stepped), in force in the plan and the fold's tables
   // until a step with another subset; empty after a full step.
   std::vector<uint8_t> subset_;
-  std::string unusable_reason_;            // non-empty: see mark_unusable
+  std::string unusable_reason_;  // non-empty: see mark_unusable
   std::shared_ptr<IoScratch> io_scratch_;
 };
 

@@ -265,7 +265,8 @@ std::optional<bool> Stepper::step_without_backend(const StepInputs& in, bool adv
   return d.skip;
 }
 
-std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream, bool advance_groups) {
+std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream,
+                                  bool advance_groups) {
   if (backend_ == nullptr) return step_without_backend(in, advance_groups);
   flush(plan, stream);
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;

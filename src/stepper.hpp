@@ -89,7 +89,8 @@ class Stepper {
   // a backend. Returns whether the step was skipped when the host knows it without
   // waiting for the device, else nothing (then last_report() reads the verdict).
   // `advance_groups` false (a partial step): the group counts stay.
-  std::optional<bool> step(Plan& plan, const StepInputs& inputs, void* stream, bool advance_groups = true);
+  std::optional<bool> step(Plan& plan, const StepInputs& inputs, void* stream,
+                           bool advance_groups = true);
 
   // The last step's verdict (synchronizes a device backend).
   StepReport last_report() const;

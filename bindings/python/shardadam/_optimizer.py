@@ -640,24 +640,18 @@ class Optimizer(OwnsHandle):
             raise TypeError(f"params must be a sequence of param names or indices, got {type(params).__name__}")
         indices = [self.param_index(p) if isinstance(p, str) else p for p in params]
         refs = []
-        args = {}
         inv_address = self._scalar_address(inv_grad_scale, "inv_grad_scale", 0, refs, stream)
         found_address = self._scalar_address(found_inf, "found_inf", 1, refs, stream)
-        if inv_address is not None:
-            args["inv_grad_scale"] = inv_address
-        if found_address is not None:
-            args["found_inf"] = found_address
-        if return_skipped:
-            args["skipped"] = ctypes.addressof(self._skipped)
-        check(_C.step_params(handle, indices, args or None, self._stream_of(stream)), handle)
+        self._step_addresses(inv_address, found_address, stream, skipped=return_skipped, params=indices)
         self._step_refs = tuple(refs)  # kept until the next step: the stream reads them later
         return bool(self._skipped.value) if return_skipped else None
 
-    def _step_addresses(self, inv_address, found_address, stream=None, clip=None, skipped=False):
+    def _step_addresses(self, inv_address, found_address, stream=None, clip=None, skipped=False, params=None):
         """One native step with the scalars given as raw addresses (None for absent).
         ``clip``: None, or (max_grad_norm, norm_type, grad_norm address or None,
         host_norm) with the first two as _clip_args gives them. ``skipped``: have the
-        library report into ``self._skipped``."""
+        library report into ``self._skipped``. ``params``: the indices of a partial step
+        (``sa_optimizer_step_params``), or None for a step of every param."""
         handle = self._handle_or_raise()
         args = {}  # sa_step_args by field name; the fields not named keep their defaults
         if inv_address is not None:
@@ -674,7 +668,10 @@ class Optimizer(OwnsHandle):
         if self._comm is not None:
             self._comm._take_exception()  # a stale one would be blamed on this step
         try:
-            check(_C.sa_optimizer_step(handle, args or None, self._stream_of(stream)), handle)
+            if params is None:
+                check(_C.sa_optimizer_step(handle, args or None, self._stream_of(stream)), handle)
+            else:
+                check(_C.step_params(handle, params, args or None, self._stream_of(stream)), handle)
         except Error as error:
             raise_step_error(self._comm, error)
 
