@@ -91,6 +91,35 @@ def compare_losses(ours, reference, rtol, ours_title="FusedAdam", reference_titl
                 f"(rtol {rtol:.0e}), {equal} bitwise equal" + ("" if finite else ", NON-FINITE losses"))
 
 
+def compare_params(ours, reference, rtol, ours_title="FusedAdam", reference_title="AdamW"):
+    """Two runs' final params ({name: tensor}, the full tensors): returns (ok, detail). Each
+    tensor's max abs difference is measured against the reference tensor's max abs value
+    (an element near zero would make its own relative difference meaningless); the worst
+    tensor must be within rtol. A missing or extra name, a shape mismatch or a non-finite
+    value fails."""
+    import torch
+    if not reference:
+        return False, "no params"
+    if set(ours) != set(reference):
+        return False, (f"{ours_title} has params {sorted(set(ours) - set(reference))} that {reference_title} "
+                       f"lacks, and lacks {sorted(set(reference) - set(ours))}")
+    worst, worst_name, equal, finite = 0.0, None, 0, True
+    for name, ref in reference.items():
+        mine = ours[name]
+        if mine.shape != ref.shape:
+            return False, f"{name}: shape {tuple(mine.shape)} against {tuple(ref.shape)}"
+        mine, ref = mine.double(), ref.double()
+        finite = finite and bool(mine.isfinite().all() and ref.isfinite().all())
+        equal += torch.equal(mine, ref)
+        scale = max(ref.abs().max().item(), 1e-12) if ref.numel() else 1.0
+        diff = (mine - ref).abs().max().item() / scale if ref.numel() else 0.0
+        if diff > worst or worst_name is None:
+            worst, worst_name = diff, name
+    ok = finite and worst <= rtol
+    return ok, (f"{len(reference)} params, max diff / max |{reference_title}| {worst:.2e} ({worst_name}; rtol "
+                f"{rtol:.0e}), {equal} bitwise equal" + ("" if finite else ", NON-FINITE values"))
+
+
 def short_error(exc):
     """The exception's type, where it was raised and the last line of its message (a
     CheckpointException ends with the rank's own error): what a reader needs."""

@@ -4,6 +4,7 @@ of torch.optim.AdamW, saved on N ranks and resumed on fewer.
 
     python3 bindings/python/tests/clients/fsdp2_dcp.py --device cpu            # 2 gloo processes -> 1
     python3 bindings/python/tests/clients/fsdp2_dcp.py --device cuda [--ranks 2] [--resume-ranks 1]
+    python3 bindings/python/tests/clients/fsdp2_dcp.py --device cpu|cuda --cpu-offload   # FSDP2's CPUOffloadPolicy
 
 The training loop is the one the PyTorch FSDP2 and DCP tutorials teach: fully_shard per
 block and at the root, data parallel batches (each rank its rows of the global batch),
@@ -17,13 +18,29 @@ its 1-element ``logit_scale`` has an empty shard on every rank but the first.
 
 Checks (rank 0's view of the global losses, side by side):
 
-1. FusedAdam vs AdamW on --ranks ranks.
+1. FusedAdam vs AdamW on --ranks ranks: the losses, and the final params (full tensors,
+   gathered after the last step). What stepped the FusedAdam run: on every rank a
+   FusedAdam whose native optimizer holds every FSDP2 param, on the expected backend
+   (the CPU one for --device cpu and for --cpu-offload), with each param's and group's
+   step count equal to the steps taken.
 2. FusedAdam: saved at --save-at on --ranks ranks, resumed on --resume-ranks ranks (other
    init: everything comes from the checkpoint) vs the uninterrupted run. AdamW likewise, as
    the baseline.
 3. Switching optimizers through DCP, as a user moving to or from FusedAdam does: an AdamW
    checkpoint resumed with FusedAdam (losses vs the uninterrupted AdamW run), and a
    FusedAdam checkpoint resumed with AdamW.
+
+With --cpu-offload every fully_shard gets ``offload_policy=CPUOffloadPolicy()``: the
+sharded params (DTensors), their grads and both optimizers' states live in host memory,
+FSDP2 copies the shards to the device for its all-gathers and the reduced grads back, and
+FusedAdam registers CPU params, which the library's CPU backend steps. An extra check
+reads that it took effect in both runs: FSDP2's params flagged for offload, their local
+shards and the optimizer states on the CPU. On --device cpu the policy's copies are
+CPU-to-CPU and its memory is not pinned (torch's pin_memory() needs a CUDA driver: the
+default CPUOffloadPolicy() raises "Found no NVIDIA driver on your system" in
+fully_shard), but FSDP2 takes its offload path (no foreach copy-in, the grads moved with
+.to("cpu")); on --device cuda the memory is pinned (torch's default) and the compute runs
+on the GPU. The checkpoints and resumes (checks 2 and 3) run offloaded too.
 
 With --container torchtitan the optimizers live inside torchtitan's OptimizersContainer
 (FusedAdam as its factory, as a torchtitan user plugs it in) and the checkpoint holds the
@@ -54,6 +71,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import CPUOffloadPolicy
 
 import clients_common as common
 from fsdp2_common import Transformer, batch, shard_model
@@ -86,11 +104,18 @@ def titan_container(optimizer, model, hyperparameters):
     return Container(config, model_parts=[model])
 
 
+def offload_policy(args):
+    """FSDP2's CPUOffloadPolicy for --cpu-offload (None otherwise): pinned host memory on
+    --device cuda (torch's default), unpinned on --device cpu, where pinning needs a CUDA
+    driver and the copies are CPU-to-CPU."""
+    return CPUOffloadPolicy(pin_memory=args.device == "cuda") if args.cpu_offload else None
+
+
 def build(optimizer, args, mesh, device, seed):
     """(model, optimizer, LR schedule): the optimizer itself, or torchtitan's container of
     it (--container torchtitan; the schedule then drives the one optimizer inside)."""
     torch.manual_seed(seed)
-    model = shard_model(Transformer(config(args)).to(device), mesh)
+    model = shard_model(Transformer(config(args)).to(device), mesh, offload_policy=offload_policy(args))
     hyperparameters = dict(lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     if args.container == "torchtitan":
         opt = titan_container(optimizer, model, hyperparameters)
@@ -129,6 +154,62 @@ def train(model, opt, schedule, steps, args, device, rank, world):
     return losses
 
 
+def without_key_biases(params, args):
+    """The params ({name: full tensor}) with the key third of every ``qkv.bias`` left out.
+    Adding a vector b_k to every key adds q.b_k to all the scores of a query, which softmax
+    ignores: b_k's grad is zero up to rounding (~1e-10 here), and Adam, g / (sqrt(v) + eps),
+    makes updates of that noise. Two correct optimizers an ulp apart after the first step
+    get other noise from then on and drift apart there (~1e-4 of the bias after 4 steps,
+    measured on the CPU, with or without offload), while the other params agree to ~1e-7."""
+    out = dict(params)
+    for layer in range(args.layers):
+        name = f"blocks.{layer}.qkv.bias"
+        q, _, v = params[name].split(args.dim)
+        out[name] = torch.cat([q, v])
+    return out
+
+
+def the_optimizer(opt, args):
+    """The torch optimizer itself (inside torchtitan's container with --container torchtitan)."""
+    return opt.optimizers[0] if args.container == "torchtitan" else opt
+
+
+def fsdp_offloads(model):
+    """Whether FSDP2 flags every param of every fully_shard module of the model for CPU
+    offload (FSDPParam.offload_to_cpu: torch internals, read for this check only); None
+    where this torch does not have them."""
+    flags = []
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if state else None
+        if group is not None:
+            flags += [getattr(fsdp_param, "offload_to_cpu", None) for fsdp_param in group.fsdp_params]
+    if not flags or None in flags:
+        return None
+    return all(flags)
+
+
+def final_state(model, opt, args, world):
+    """What the checks read of a finished run (collective): the full params (every rank
+    gathers them; rank 0 saves them) and each rank's view of what holds and steps them."""
+    params = {name: p.full_tensor().detach().cpu() for name, p in model.named_parameters()}
+    inner = the_optimizer(opt, args)
+    model_params = list(model.parameters())
+    states = [t for p in model_params for key, t in inner.state[p].items() if torch.is_tensor(t) and key != "step"]
+    mine = {"optimizer": type(inner).__name__, "params": len(model_params),
+            "param devices": sorted({p.to_local().device.type for p in model_params}),
+            "state devices": sorted({t.device.type for t in states}), "states": len(states),
+            "offloaded": fsdp_offloads(model)}
+    if isinstance(inner, FusedAdam):
+        native = inner.native
+        mine.update({"registered": native.num_params, "backend": tuple(native.device),
+                     "group steps": [group.step for group in native.param_groups],
+                     "param steps": sorted(set(native.param_steps()))})
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+    return {"params": params, "ranks": ranks}
+
+
 def recording_errors(rank, world, run_dir, name, function, *args):
     """function(*args); the error of a rank where it fails is left in run_dir as
     <name>.error, since the launcher only learns that a process exited. Returns whether it
@@ -159,8 +240,10 @@ def save_run(rank, world, run_dir, args, optimizer, mesh, device):
     if rank == 0:
         torch.save(schedule.state_dict(), os.path.join(checkpoint, "schedule.pt"))
     losses += train(model, opt, schedule, range(args.save_at, args.steps), args, device, rank, world)
+    final = final_state(model, opt, args, world)
     if rank == 0:
         torch.save(losses, os.path.join(run_dir, f"{optimizer}.losses.pt"))
+        torch.save(final, os.path.join(run_dir, f"{optimizer}.final.pt"))
 
 
 def resume_run(rank, world, run_dir, args, optimizer, saved_by, mesh, device):
@@ -207,6 +290,9 @@ def main():
     parser.add_argument("--container", choices=("none", "torchtitan"), default="none",
                         help="torchtitan: the optimizers inside torchtitan's OptimizersContainer, saved and loaded "
                         "through its flat FQN-keyed state dict (what its checkpointer does)")
+    parser.add_argument("--cpu-offload", action="store_true",
+                        help="fully_shard with FSDP2's CPUOffloadPolicy: params, grads and optimizer states in host "
+                        "memory, FusedAdam's params on the library's CPU backend")
     parser.add_argument("--rtol", type=float, default=common.FP32_RTOL, help="FusedAdam vs AdamW, and resumes on "
                         "another rank count (clients_common.FP32_RTOL, RESUME_RTOL)")
     args = parser.parse_args()
@@ -219,6 +305,7 @@ def main():
         parser.error("--save-at must be in (0, --steps)")
     run_dir = tempfile.mkdtemp(prefix="shardadam_fsdp2_dcp_")
     via = ", torchtitan's OptimizersContainer" if args.container == "torchtitan" else ""
+    via += ", CPUOffloadPolicy" if args.cpu_offload else ""
     report = common.Report(f"FSDP2 + DCP{via}, {args.device}, {args.ranks} ranks -> {args.resume_ranks}, "
                            f"{args.steps} steps, saved after {args.save_at}")
 
@@ -242,6 +329,56 @@ def main():
     def versus():
         return common.compare_losses(uninterrupted("FusedAdam"), uninterrupted("AdamW"), args.rtol)
 
+    def final(optimizer):
+        uninterrupted(optimizer)  # launches the saving runs, raises the run's error
+        return torch.load(os.path.join(run_dir, f"{optimizer}.final.pt"))
+
+    def final_params():
+        ok, detail = common.compare_params(without_key_biases(final("FusedAdam")["params"], args),
+                                           without_key_biases(final("AdamW")["params"], args), args.rtol)
+        return ok, detail + "; qkv.bias without its key third (a zero grad up to rounding: without_key_biases)"
+
+    backend = "cpu" if args.device == "cpu" or args.cpu_offload else "cuda"
+    # DLPack device types (torch's Tensor.__dlpack_device__): the library reports its params' device so.
+    backend_type = {"cpu": 1, "cuda": 2}[backend]
+
+    def fused_adam_stepped():
+        """Every rank: a FusedAdam whose native optimizer holds every param of the model,
+        on the expected backend, each param and group stepped args.steps times."""
+        wrong = []
+        for rank, seen in enumerate(final("FusedAdam")["ranks"]):
+            expected = {"optimizer": "FusedAdam", "registered": seen["params"], "group steps": [args.steps],
+                        "param steps": [args.steps]}
+            wrong += [f"rank {rank}: {key} {seen.get(key)!r}, expected {value!r}" for key, value in expected.items()
+                      if seen.get(key) != value]
+            if seen.get("backend", (None,))[0] != backend_type:
+                wrong.append(f"rank {rank}: the library's params are on DLPack device {seen.get('backend')!r}, "
+                             f"expected the {backend} backend (type {backend_type})")
+        seen = final("FusedAdam")["ranks"][0]
+        return not wrong, "; ".join(wrong) or (f"{len(final('FusedAdam')['ranks'])} ranks: FusedAdam over "
+                                              f"{seen['registered']} params on the {backend} backend (DLPack "
+                                              f"{seen['backend']}), {args.steps} steps per param and group")
+
+    def offloaded():
+        """--cpu-offload: in both runs, on every rank, FSDP2 flags its params for offload and
+        the local shards and optimizer states are CPU tensors."""
+        wrong = []
+        for optimizer in OPTIMIZERS:
+            for rank, seen in enumerate(final(optimizer)["ranks"]):
+                if seen["offloaded"] is None:
+                    wrong.append(f"{optimizer} rank {rank}: FSDP2's offload flags (FSDPParam.offload_to_cpu) are "
+                                 "not where fsdp_offloads looks in this torch")
+                elif not seen["offloaded"]:
+                    wrong.append(f"{optimizer} rank {rank}: FSDP2 has params not flagged offload_to_cpu")
+                expected = {"param devices": ["cpu"], "state devices": ["cpu"]}
+                wrong += [f"{optimizer} rank {rank}: {key} {seen.get(key)!r}, expected {value!r}"
+                          for key, value in expected.items() if seen.get(key) != value]
+                if seen["states"] == 0:
+                    wrong.append(f"{optimizer} rank {rank}: no optimizer state")
+        return not wrong, "; ".join(wrong) or (f"FusedAdam and AdamW, {len(final('AdamW')['ranks'])} ranks: every "
+                                              "param flagged offload_to_cpu by FSDP2, local shards and optimizer "
+                                              "states on the CPU")
+
     def resumed(optimizer, saved_by):
         reference = uninterrupted(saved_by)[args.save_at:]
         return common.compare_losses(losses(f"{optimizer}-from-{saved_by}", "resume", args.resume_ranks), reference,
@@ -251,6 +388,10 @@ def main():
     resume = f"{args.ranks} -> {args.resume_ranks} ranks"
     try:
         report.run(f"FusedAdam vs AdamW on {args.ranks} ranks", versus)
+        report.run(f"FusedAdam vs AdamW on {args.ranks} ranks: final params", final_params)
+        report.run(f"FusedAdam stepped every param on the {backend} backend", fused_adam_stepped)
+        if args.cpu_offload:
+            report.run("CPUOffloadPolicy in effect: params and optimizer states on the CPU", offloaded)
         report.run(f"FusedAdam resumed ({resume}) vs uninterrupted", resumed, "FusedAdam", "FusedAdam")
         report.run(f"AdamW resumed ({resume}) vs uninterrupted (baseline)", resumed, "AdamW", "AdamW")
         report.run(f"AdamW checkpoint resumed with FusedAdam ({resume}) vs AdamW uninterrupted", resumed,

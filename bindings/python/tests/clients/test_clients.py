@@ -1,10 +1,10 @@
 """The client scripts of this folder, on the CPU with small sizes: FusedAdam under the Hugging
-Face Trainer, Lightning's Trainer, FSDP2 + torch.distributed.checkpoint, and torchtitan's
-OptimizersContainer (FSDP2 + DCP through its flat state dict), against torch.optim.AdamW
-in the same run. Each test runs a script in a fresh interpreter (as a
-user would; the frameworks keep global state) and passes when the script prints its
-verdict and exits 0; on failure the assertion shows the script's table. A framework that
-is not installed skips its test with the reason (see pytest -ra)."""
+Face Trainer, Lightning's Trainer, FSDP2 + torch.distributed.checkpoint (also with FSDP2's
+CPUOffloadPolicy), and torchtitan's OptimizersContainer (FSDP2 + DCP through its flat state
+dict), against torch.optim.AdamW in the same run. Each test runs a script in a fresh
+interpreter (as a user would; the frameworks keep global state) and passes when the script
+prints its verdict and exits 0; on failure the assertion shows the script's table. A
+framework that is not installed skips its test with the reason (see pytest -ra)."""
 import os
 import subprocess
 import sys
@@ -51,6 +51,17 @@ def test_fsdp2_dcp_with_fused_adam_matches_adamw_and_resumes_on_fewer_ranks():
     if not torch.distributed.is_available():
         pytest.skip("torch was built without torch.distributed")
     run_script("fsdp2_dcp.py")
+
+
+def test_fsdp2_cpu_offload_with_fused_adam_matches_adamw_and_resumes_on_fewer_ranks():
+    """FSDP2 with CPUOffloadPolicy (unpinned: pinning needs a CUDA driver) on 2 gloo ranks:
+    the sharded params are CPU DTensors, which FusedAdam steps on the library's CPU backend.
+    Losses and final params against AdamW under the same policy, FusedAdam's step counts
+    and backend, FSDP2's offload flags, and the DCP save / resume checks, all offloaded."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.distributed.is_available():
+        pytest.skip("torch was built without torch.distributed")
+    run_script("fsdp2_dcp.py", "--cpu-offload")
 
 
 def test_torchtitan_optimizers_container_with_fused_adam_matches_adamw_and_resumes():

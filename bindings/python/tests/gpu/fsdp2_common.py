@@ -73,9 +73,13 @@ def batch(config, step, global_batch, rank=0, world=1):
     return tokens[rows, :-1], tokens[rows, 1:]
 
 
-def shard_model(model, mesh, mp_policy=None):
-    """fully_shard every block, then the root (FSDP2's usual nesting); returns the model."""
+def shard_model(model, mesh, mp_policy=None, offload_policy=None):
+    """fully_shard every block, then the root (FSDP2's usual nesting); returns the model.
+    ``offload_policy``: e.g. ``CPUOffloadPolicy()`` (the sharded params, their grads and the
+    optimizer step on the host)."""
     options = {} if mp_policy is None else {"mp_policy": mp_policy}
+    if offload_policy is not None:
+        options["offload_policy"] = offload_policy
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)

@@ -10,7 +10,8 @@
 #   fsdp2      fsdp2_train.py on 2 ranks: FusedAdam vs AdamW(fused) under FSDP2, DCP 2 -> 1
 #   reshard    reshard_fsdp2.py: FSDP2 save on N ranks, load on M (N = all GPUs, M = N / 2)
 #   dcpswitch  dcp_switch_optimizer.py: DCP checkpoints AdamW <-> FusedAdam, 2 GPUs -> 1 and 1 -> 2
-#   clients    tests/clients: HF Trainer, Lightning, FSDP2 + DCP with FusedAdam against AdamW
+#   clients    tests/clients: HF Trainer, Lightning, FSDP2 + DCP with FusedAdam against AdamW,
+#              FSDP2 + DCP again with CPUOffloadPolicy (--cpu-offload)
 #              (needs transformers and lightning, which the H200 machines have)
 #   clip       clip_nccl.py: clipping over NCCL on 2 ranks vs a float64 reference
 #   clipbench  bench/clip_step.py on 2 ranks
@@ -83,7 +84,7 @@ for what in $SUITE; do
     pytest) run pytest 420 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -ra -n 8 --durations=20 $pytest_paths ${PYTEST_K:+-k '$PYTEST_K'}" ;;
     fsdp2) run fsdp2 240 torchrun --nproc-per-node 2 $gpu/fsdp2_train.py ;;
     reshard) run reshard 300 python3 $gpu/reshard_fsdp2.py --device cuda --save-ranks "$gpus" --load-ranks $(( gpus / 2 )) ;;
-    clients) run clients 420 bash -c "rc=0; for s in hf_trainer lightning_trainer fsdp2_dcp; do python3 bindings/python/tests/clients/\$s.py --device cuda || rc=1; done; exit \$rc" ;;
+    clients) run clients 420 bash -c "rc=0; for s in hf_trainer lightning_trainer fsdp2_dcp; do python3 bindings/python/tests/clients/\$s.py --device cuda || rc=1; done; python3 bindings/python/tests/clients/fsdp2_dcp.py --device cuda --cpu-offload || rc=1; exit \$rc" ;;
     dcpswitch) if [ "$gpus" -ge 2 ]; then
         run dcpswitch 300 bash -c "python3 $gpu/dcp_switch_optimizer.py --device cuda --save-ranks 2 --load-ranks 1 && python3 $gpu/dcp_switch_optimizer.py --device cuda --save-ranks 1 --load-ranks 2"
       else
