@@ -352,6 +352,13 @@ class FusedAdam(torch.optim.Optimizer):
             memory of its own, the same bits as without offload, a step at the link's speed
             (``bench/offload_step``). ``state_dict()`` then holds CPU tensors. CPU params'
             state is host memory either way.
+        step_in_backward: step each param as soon as its grad is ready, during the backward
+            (torch's post-accumulate-grad hook; FSDP2 calls it once a grad is reduce-scattered),
+            in partial steps of about 64 MiB of grads and the rest at the backward's end, then
+            free the grad (``p.grad`` becomes None): grads wait for their update only that long.
+            ``step()`` then does nothing more (it runs a closure). The updates are bit for bit a
+            full step's. Not with ``max_grad_norm`` (clipping needs every grad first) nor with a
+            loss scale (GradScaler): each raises, the latter at ``step()``.
         fp8: ``{param: Fp8(scaling, scale, amax=None)}`` for every param of
             ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` data (see :class:`Fp8`): the
             optimizer keeps a float32 master, and each step updates it and writes the
@@ -391,7 +398,8 @@ class FusedAdam(torch.optim.Optimizer):
                  decoupled_weight_decay=_DEFAULTS["decoupled_weight_decay"], amsgrad=_DEFAULTS["amsgrad"],
                  maximize=_DEFAULTS["maximize"], bias_correction=_DEFAULTS["bias_correction"], master=None,
                  grad_dtype=None, moment_dtype=None, min_8bit_size=4096, num_threads=0, max_grad_norm=None,
-                 norm_type=2.0, process_group=None, comm=None, fp8=None, offload=None, **hyperparameters):
+                 norm_type=2.0, process_group=None, comm=None, fp8=None, offload=None, step_in_backward=False,
+                 **hyperparameters):
         unknown = set(hyperparameters) - set(_schema.KEYS) - set(IMPLEMENTATION_DEFAULTS)
         if unknown:
             raise TypeError(f"FusedAdam got unexpected keyword arguments {sorted(unknown)}")
@@ -409,9 +417,16 @@ class FusedAdam(torch.optim.Optimizer):
         if offload not in _OFFLOADS:
             raise ValueError(f"FusedAdam: offload must be one of {', '.join(repr(k) for k in _OFFLOADS)}, "
                              f"got {offload!r}")
+        if step_in_backward not in (False, True):
+            raise ValueError(f"FusedAdam: step_in_backward must be a bool, got {step_in_backward!r}")
+        if step_in_backward and max_grad_norm is not None:
+            raise ValueError("FusedAdam: step_in_backward steps each param as its grad arrives, but max_grad_norm "
+                             "clips by the norm of every grad, known only after the whole backward; use one or "
+                             "the other")
         self._options = dict(master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype,
                              min_8bit_size=min_8bit_size, num_threads=num_threads, norm_type=norm_type,
-                             process_group=process_group, comm=comm, offload=offload)
+                             process_group=process_group, comm=comm, offload=offload,
+                             step_in_backward=step_in_backward)
         # Set before super().__init__, which calls add_param_group for every group.
         self._param_options = {key: self._options[key] for key in ("master", "grad_dtype", "moment_dtype")}
         self._param_options["placement"] = _OFFLOADS[offload]
@@ -421,6 +436,12 @@ class FusedAdam(torch.optim.Optimizer):
         block = moment_dtype is not None and dtype_name(to_dtype(moment_dtype)) in BLOCK_MOMENT_DTYPES
         self._min_block_numel = min_8bit_size if block else 0
         self._fp8 = dict(fp8) if fp8 else {}
+        # step_in_backward: the params whose grads arrived in this backward, not stepped yet
+        # (native indices), and the params given a hook (a re-registration must not add one).
+        self._step_in_backward = step_in_backward
+        self._arrived = []
+        self._arrived_bytes = 0
+        self._hooked = set()
         self._num_threads = num_threads
         self.native = None
         self._entries = []
@@ -498,6 +519,9 @@ class FusedAdam(torch.optim.Optimizer):
                 raise
             raise InvalidArgument(_non_contiguous_advice(name, local), err.status) from err
         entry = _Entry(param, index, name, group_index, local, mesh, placements, self.native)
+        if self._step_in_backward and id(param) not in self._hooked:
+            param.register_post_accumulate_grad_hook(self._grad_arrived)
+            self._hooked.add(id(param))
         self._entries.append(entry)
         self._entry_of[param] = entry
         self._params.append(param)
@@ -551,6 +575,14 @@ class FusedAdam(torch.optim.Optimizer):
             grad_scale = getattr(self, "grad_scale", None)
         if found_inf is None:
             found_inf = getattr(self, "found_inf", None)
+        if self._step_in_backward:
+            if grad_scale is not None or found_inf is not None:
+                raise RuntimeError(
+                    "FusedAdam(step_in_backward=True) stepped each param as its grad arrived, before a loss "
+                    "scale or found_inf could be applied: the update used scaled grads. Train without GradScaler "
+                    "(bf16 autocast needs none), or without step_in_backward")
+            self._step_arrived()  # grads that arrived outside a backward (none, in a training loop)
+            return loss
         if not self._entries:
             return loss
         if not self._stepped:
@@ -564,6 +596,51 @@ class FusedAdam(torch.optim.Optimizer):
         finally:
             self._unbind_grads()  # also when the step failed: no binding outlives the grads
         return loss
+
+    # ---- step in backward -----------------------------------------------------------------
+    # Grads arrive one param at a time (torch's post-accumulate-grad hook; FSDP2 calls it
+    # on the sharded param once its grad is reduce-scattered). They are stepped in partial
+    # steps (sa_optimizer_step_params) of at least _ARRIVED_BYTES of grads, and the rest at
+    # the end of the backward; each stepped grad is then freed (p.grad = None), so no more
+    # than about that many bytes of grads wait for their update.
+    _ARRIVED_BYTES = 64 << 20
+
+    def _grad_arrived(self, param):
+        entry = self._entry_of.get(param)
+        if entry is None or param.grad is None:
+            return
+        if not self._arrived:  # the first of this backward: step the rest at its end
+            torch.autograd.Variable._execution_engine.queue_callback(self._step_arrived)
+        self._arrived.append(entry)
+        grad = _local_tensor(param.grad)
+        self._arrived_bytes += grad.numel() * grad.element_size()
+        if self._arrived_bytes >= self._ARRIVED_BYTES:
+            self._step_arrived()
+
+    def _step_arrived(self):
+        """A partial step of the params whose grads arrived, then their grads freed."""
+        arrived, self._arrived, self._arrived_bytes = self._arrived, [], 0
+        if not arrived:
+            return
+        if not self._stepped:
+            self._prepare_first_step()  # binds every grad there is; the partial step reads its own
+        native = self.native
+        stream = _current_stream(arrived[0].param.device)
+        try:
+            for entry in arrived:
+                param = entry.param
+                if entry.mesh is not None and tuple(param.grad.placements) != tuple(param.placements):
+                    # A grad placed otherwise than its param (a Partial grad of tensor
+                    # parallelism): redistributed first, as step() does with its grads.
+                    param.grad = param.grad.redistribute(param.device_mesh, param.placements)
+                native.set_grad(entry.index, _local_tensor(param.grad).detach(), stream=stream)
+            self._push_hyperparameters()
+            native.step_params([entry.index for entry in arrived], stream=stream)
+        finally:
+            for entry in arrived:  # no binding, and no reference, outlives the grads
+                native.clear_grad(entry.index)
+        for entry in arrived:
+            entry.param.grad = None
 
     def _step_bound(self, grad_scale, found_inf):
         """The native step, once the grads are bound."""
@@ -670,19 +747,23 @@ class FusedAdam(torch.optim.Optimizer):
         if moved:
             self._reregister()
         self._bind_grads()
-        if all(group.step == 0 for group in self.native.param_groups):
-            for entry in self._entries:
-                if entry.fp8:  # its master from its value (which may have been loaded since)
-                    self.native.reset_masters(entry.index, 1)
-                    continue
-                if not entry.sixteen_bit:
-                    continue  # a float32 param has neither master nor remainder (the library refuses both)
-                state = self.state.views(entry.param)
-                local_param = _local_tensor(entry.param)
-                if "master" in state:
-                    _local_tensor(state["master"]).copy_(local_param)
-                if "remainder" in state:
-                    _local_tensor(state["remainder"]).zero_()
+        if self._step_in_backward:  # partial steps leave the group counts: each param's says
+            steps = _torch_state_dict.param_steps(self)
+            fresh = [entry for entry in self._entries if steps[entry.index] == 0]
+        else:
+            fresh = self._entries if all(group.step == 0 for group in self.native.param_groups) else []
+        for entry in fresh:
+            if entry.fp8:  # its master from its value (which may have been loaded since)
+                self.native.reset_masters(entry.index, 1)
+                continue
+            if not entry.sixteen_bit:
+                continue  # a float32 param has neither master nor remainder (the library refuses both)
+            state = self.state.views(entry.param)
+            local_param = _local_tensor(entry.param)
+            if "master" in state:
+                _local_tensor(state["master"]).copy_(local_param)
+            if "remainder" in state:
+                _local_tensor(state["remainder"]).zero_()
         self._stepped = True
 
     def _reregister(self):

@@ -290,3 +290,70 @@ def test_offload_is_checked_and_kept_by_copies():
     for p, q in zip(ours.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=RTOL, atol=1e-6)
     assert copy.deepcopy(opt)._options["offload"] == "host"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arrived_bytes", [1, 64 << 20])
+def test_step_in_backward_gives_a_full_steps_bits_and_frees_the_grads(device, dtype, arrived_bytes):
+    """step_in_backward=True steps each param in partial steps as its grad arrives (one param
+    at a time with a 1-byte threshold; all at the backward's end with the default): the same
+    params and states as FusedAdam's step() after backward, grads freed, step() a no-op."""
+    ours, reference = make_model(dtype, device=device), make_model(dtype, device=device)
+    opt = FusedAdam(ours.parameters(), **HYPER, step_in_backward=True)
+    opt._ARRIVED_BYTES = arrived_bytes
+    ref = FusedAdam(reference.parameters(), **HYPER)
+    for x, y in batches(5):
+        for model, o in ((ours, opt), (reference, ref)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x.to(device, dtype)).float(), y.to(device)).backward()
+            if o is opt:
+                assert all(p.grad is None for p in model.parameters())  # stepped and freed in backward
+            o.step()
+    for p, q in zip(ours.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+        for key, value in ref.state[q].items():
+            assert torch.equal(torch.as_tensor(opt.state[p][key]), torch.as_tensor(value)), key
+
+
+def test_step_in_backward_refuses_clipping_and_a_loss_scale():
+    with pytest.raises(ValueError, match="step_in_backward steps each param as its grad arrives"):
+        FusedAdam(make_model().parameters(), step_in_backward=True, max_grad_norm=1.0)
+    with pytest.raises(ValueError, match="step_in_backward must be a bool"):
+        FusedAdam(make_model().parameters(), step_in_backward="yes")
+    model = make_model()
+    opt = FusedAdam(model.parameters(), **HYPER, step_in_backward=True)
+    x, y = batches(1)[0]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(RuntimeError, match="before a loss scale or found_inf could be applied"):
+        opt.step(grad_scale=torch.tensor(2.0))
+    assert copy.deepcopy(opt)._options["step_in_backward"] is True
+
+
+def test_step_in_backward_resumes_with_its_loaded_masters(tmp_path):
+    """Partial steps leave the group counts at 0, so a step_in_backward optimizer resumed from
+    a shard file (which keeps those counts) must not take its first step for a fresh start:
+    the loaded masters stay (bf16 params are only their roundings), and the run goes on as
+    the uninterrupted one."""
+    def train_steps(model, opt, data):
+        for x, y in data:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+            opt.step()
+
+    data = batches(6)
+    model = make_model(torch.bfloat16)
+    opt = FusedAdam(model.parameters(), **HYPER, step_in_backward=True)
+    train_steps(model, opt, data[:3])
+    path = str(tmp_path / "rank0.safetensors")
+    opt.save_shard_file(path)
+    resumed_model = make_model(torch.bfloat16, seed=9)
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = FusedAdam(resumed_model.parameters(), **HYPER, step_in_backward=True)
+    resumed.load_shard_files([path])
+    assert resumed.native.param_groups[0].step == 0 and max(resumed.native.param_steps()) == 3
+    train_steps(model, opt, data[3:])
+    train_steps(resumed_model, resumed, data[3:])
+    for p, q in zip(model.parameters(), resumed_model.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["master"], resumed.state[q]["master"])
