@@ -237,14 +237,16 @@ TEST_CASE("a tensor of more than 2^31 elements is updated to its last element", 
 }
 
 TEST_CASE("a captured step replays in a CUDA graph and follows lr changes made between replays",
-          "[gpu]") {
+          "[gpu][offload]") {
   // bf16 + fp32 master, 8-bit moments, float8 moments (the block kernel: its launch asks
-  // for its shared memory, which a capture must take too)
+  // for its shared memory, which a capture must take too); state on the device, and half
+  // of it on the host (the ring's streams and events join the capture)
+  for (const GpuState state : {GpuState::device, GpuState::mixed})
   for (const int variant : {3, 9, 12}) {
     const VariantSpec& v = kVariants[variant];
-    DYNAMIC_SECTION(v.label) {
+    DYNAMIC_SECTION(v.label << (state == GpuState::mixed ? ", half on the host" : "")) {
       Rng rng(0x6A4F);
-      Twin t;
+      Twin t(state);
       t.add_groups(v.amsgrad);
       const std::vector<int64_t> sizes = shard_sizes(rng, 30);
       for (std::size_t i = 0; i < sizes.size(); ++i)
