@@ -113,3 +113,16 @@ def test_offload_host_shard_files_load_into_device_state(tmp_path):
     assert train(model, opt, 3, seed=4) == train(twin, on_device, 3, seed=4)
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.equal(bits(p), bits(q))
+
+
+def test_offload_host_with_step_in_backward_gives_the_same_bits():
+    """Partial steps during the backward over state on the host (only the ring segments of
+    the params that got their grads move): the bits of a plain step over device state."""
+    plain, ours = make_model(torch.bfloat16), make_model(torch.bfloat16)
+    a = FusedAdam(plain.parameters(), **HYPER)
+    b = FusedAdam(ours.parameters(), **HYPER, offload="host", step_in_backward=True)
+    b._ARRIVED_BYTES = 1  # a partial step per param
+    assert train(plain, a, 6) == train(ours, b, 6)
+    for p, q in zip(plain.parameters(), ours.parameters()):
+        assert torch.equal(bits(p), bits(q))
+        assert q.grad is None
