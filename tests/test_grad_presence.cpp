@@ -204,8 +204,8 @@ TEST_CASE("the gradient norm counts only the params that have a grad", "[grads][
 
 // ---- partial steps (sa_optimizer_step_params) -------------------------------------------------
 
-TEST_CASE("a partial step updates its params as a step does and leaves the others bit for bit; "
-          "per-param counts advance, group counts do not",
+TEST_CASE("a partial step updates its params as a step does and leaves the others bit for bit, "
+          "per-param counts advance and group counts do not",
           "[grads][steps][partial]") {
   Trio f;
   const int64_t first[2] = {2, 0}, second[1] = {1};
@@ -257,8 +257,8 @@ TEST_CASE("partial steps over disjoint params, one after the other, give a full 
   CHECK(param_steps(parts.opt.get()) == param_steps(whole.opt.get()));
 }
 
-TEST_CASE("a partial step checks everything first: bad, repeated or missing indices, clipping, "
-          "a listed param never given a grad; found_inf skips it",
+TEST_CASE("a partial step checks everything first (bad, repeated or missing indices, clipping, "
+          "a listed param never given a grad), and found_inf skips it",
           "[grads][steps][partial][errors]") {
   Trio f;
   f.fresh_grads();
