@@ -281,16 +281,21 @@ class StagingPipeline {
   // `launch` on `stream` once it is there, and its state down when `launch` is done. The
   // upload waits until the ring slot's last segment has gone down.
   // Uploads enqueued after this wait for the work on `stream` so far (the last step's
-  // downloads among it, which join() made the stream wait for).
+  // downloads among it, which join() made the stream wait for). Every event a step waits
+  // for is recorded within it, so that a step can be captured in a CUDA graph (a capture
+  // may not wait for work recorded outside it).
   void begin(cudaStream_t stream) {
     check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(up_, start_, 0), "cudaStreamWaitEvent");
+    for (Slot& s : slots_) s.used = false;
   }
 
   template <typename Launch>
   void run(const StagedSegment& seg, int slot, cudaStream_t stream, Launch&& launch) {
     Slot& s = slots_[slot];
-    check_cuda(cudaStreamWaitEvent(up_, s.downloaded, 0), "cudaStreamWaitEvent");
+    if (s.used)  // the ring slot's last segment of this step must be down first
+      check_cuda(cudaStreamWaitEvent(up_, s.downloaded, 0), "cudaStreamWaitEvent");
+    s.used = true;
     copies(seg, slot, up_, /*up=*/true);
     check_cuda(cudaEventRecord(s.uploaded, up_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream, s.uploaded, 0), "cudaStreamWaitEvent");
@@ -319,6 +324,7 @@ class StagingPipeline {
 
   struct Slot {
     cudaEvent_t uploaded = nullptr, computed = nullptr, downloaded = nullptr;
+    bool used = false;  // a segment of this step went through it
   };
   std::shared_ptr<Buffer> ring_;
   cudaStream_t up_ = nullptr, down_ = nullptr;
