@@ -418,9 +418,24 @@ class Optimizer(OwnsHandle):
                 :class:`OutOfMemory` when the host cannot pin it, adding nothing.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
-        handle = self._handle_or_raise()
+        self._handle_or_raise()
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
+        options = self._options_of(grad_dtype, moment_dtype, master, scaling, scale, amax, margin, placement, stream)
+        capsule = to_capsule(tensor, self._stream_of(stream))
+        info = CapsuleInfo(capsule)
+        if layout is None:
+            c_layout = None
+        elif isinstance(layout, (Mesh, Box)):
+            c_layout = layout._as_c(info.shape)
+        else:
+            raise TypeError(f"layout must be None, a shardadam.Mesh or a shardadam.Box, got {type(layout).__name__}")
+        return self._add_capsule(name, capsule, group, c_layout, options, info.versioned)
+
+    def _options_of(self, grad_dtype=None, moment_dtype=None, master=None, scaling=None, scale=None, amax=None,
+                    margin=0, placement=None, stream=None):
+        """add_param's options, checked, as the native call takes them (None: the defaults).
+        Without scale and amax the result holds no capsule and may be reused for many params."""
         if master not in _MASTER_KINDS:
             raise ValueError(f"master must be one of {', '.join(repr(k) for k in _MASTER_KINDS)}, got {master!r}")
         if scaling is not None and scaling not in SCALING_INFO:
@@ -431,23 +446,20 @@ class Optimizer(OwnsHandle):
         if placement is not None and placement not in STATE_PLACEMENTS:
             raise ValueError(f"placement must be None or one of {', '.join(repr(k) for k in STATE_PLACEMENTS)}, "
                              f"got {placement!r}")
-        options = None
-        if margin or any(v is not None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax, placement)):
-            scaling_value = SCALING_INFO[scaling or "none"]["value"]
-            scale_capsule = None if scale is None else to_capsule(scale, self._stream_of(stream))
-            amax_capsule = None if amax is None else to_capsule(amax, self._stream_of(stream))
-            options = (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master], scaling_value,
-                       scale_capsule, amax_capsule, margin, STATE_PLACEMENTS[placement or "device"])
-        capsule = to_capsule(tensor, self._stream_of(stream))
-        info = CapsuleInfo(capsule)
-        if layout is None:
-            c_layout = None
-        elif isinstance(layout, (Mesh, Box)):
-            c_layout = layout._as_c(info.shape)
-        else:
-            raise TypeError(f"layout must be None, a shardadam.Mesh or a shardadam.Box, got {type(layout).__name__}")
-        add = _C.sa_optimizer_add_param if info.versioned else _C.sa_optimizer_add_param_legacy
-        # On success the capsule is renamed "used_...": the library owns the tensor now.
+        if not margin and all(v is None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax, placement)):
+            return None
+        scaling_value = SCALING_INFO[scaling or "none"]["value"]
+        scale_capsule = None if scale is None else to_capsule(scale, self._stream_of(stream))
+        amax_capsule = None if amax is None else to_capsule(amax, self._stream_of(stream))
+        return (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master], scaling_value,
+                scale_capsule, amax_capsule, margin, STATE_PLACEMENTS[placement or "device"])
+
+    def _add_capsule(self, name, capsule, group, c_layout, options, versioned):
+        """The native add of a checked capsule (versioned or legacy) with options from
+        _options_of; returns the index. On success the capsule is renamed "used_...": the
+        library owns the tensor then."""
+        handle = self._handle_or_raise()
+        add = _C.sa_optimizer_add_param if versioned else _C.sa_optimizer_add_param_legacy
         status, index = add(handle, name, int(group), capsule, c_layout, options)
         check(status, handle)
         self._names.append(name)

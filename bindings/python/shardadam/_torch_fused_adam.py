@@ -439,6 +439,7 @@ class FusedAdam(torch.optim.Optimizer):
         # step_in_backward: the params whose grads arrived in this backward, not stepped yet
         # (native indices), and the params given a hook (a re-registration must not add one).
         self._step_in_backward = step_in_backward
+        self._plain_options_cache = {}  # _plain_options'
         self._arrived = []
         self._arrived_bytes = 0
         self._hooked = set()
@@ -483,9 +484,47 @@ class FusedAdam(torch.optim.Optimizer):
             self._add_native_group(group)
             group_index = len(self.param_groups) - 1
             names = group.get("param_names")
+            if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
+                self.state = _torch_state_dict.LazyStates(self, self.state)
+            plain = []  # a run of plain params, registered together
             for position, param in enumerate(group["params"]):
-                name = names[position] if names else f"params.{len(self._entries)}"
+                name = names[position] if names else f"params.{len(self._entries) + len(plain)}"
+                if self._is_plain(param) and isinstance(name, str):
+                    plain.append((param, name))
+                    continue
+                self._register_plain(plain, group_index)
+                plain = []
                 self._register(param, name, group_index)
+            self._register_plain(plain, group_index)
+
+    def _is_plain(self, param):
+        """Whether a param is a plain tensor (not a DTensor, not fp8)."""
+        return ((DTensor is None or not isinstance(param, DTensor)) and param.dtype not in _FP8_DTYPES
+                and not (self._fp8 and param in self._fp8))
+
+    def _register_plain(self, params, group_index):
+        """Registers plain params (``(param, name)`` pairs) of one group: their options checked
+        once, one native call each (Optimizer.add_param's per-call checks cost more than the
+        registration at 100k params), the bookkeeping of _add_entry."""
+        if not params:
+            return
+        min_block = self._min_block_numel
+        options, small_options = self._plain_options(False), self._plain_options(True)
+        add = self.native._add_capsule
+        rows = []
+        try:
+            for param, name in params:
+                local = param.detach()  # no autograd record: no no_grad() (~5 us a param)
+                try:
+                    index = add(name, to_dlpack(local), group_index, None,
+                                small_options if param.numel() < min_block else options, False)
+                except InvalidArgument as err:
+                    if local.is_contiguous():
+                        raise
+                    raise InvalidArgument(_non_contiguous_advice(name, local), err.status) from err
+                rows.append((param, index, name, local))
+        finally:  # the params the library took, also when a later one failed
+            self._add_entries(rows, group_index, None, None)
 
     def _register(self, param, name, group_index):
         if DTensor is not None and isinstance(param, DTensor):
@@ -518,19 +557,36 @@ class FusedAdam(torch.optim.Optimizer):
             if local.is_contiguous():
                 raise
             raise InvalidArgument(_non_contiguous_advice(name, local), err.status) from err
-        entry = _Entry(param, index, name, group_index, local, mesh, placements, self.native)
-        if self._step_in_backward and id(param) not in self._hooked:
-            param.register_post_accumulate_grad_hook(self._grad_arrived)
-            self._hooked.add(id(param))
-        self._entries.append(entry)
-        self._entry_of[param] = entry
-        self._params.append(param)
-        self._placements.append(param._spec.placements if mesh is not None else None)
-        self._seen_placements.append(None)
-        self._names.append(name)
-        if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
-            self.state = _torch_state_dict.LazyStates(self, self.state)
-        self.state.register(param, entry)
+        self._add_entries([(param, index, name, local)], group_index, mesh, placements)
+
+    def _plain_options(self, small):
+        """The native options of a plain (not fp8) param, checked once and kept: ``small``, a
+        param below min_8bit_size, keeps float32 moments."""
+        cache = self._plain_options_cache
+        if small not in cache:  # (None, the defaults, is a value too)
+            kwargs = dict(self._param_options, moment_dtype=torch.float32) if small else self._param_options
+            cache[small] = self.native._options_of(**kwargs)
+        return cache[small]
+
+    def _add_entries(self, rows, group_index, mesh, placements):
+        """The bookkeeping of params the library took: rows of (param, native index, name,
+        local tensor), all of group ``group_index`` and of the same mesh and placements."""
+        native, hook = self.native, self._step_in_backward
+        spec = None if mesh is None else rows[0][0]._spec.placements if rows else None
+        entries, entry_of, params_ = self._entries, self._entry_of, self._params
+        hidden = self.state._hidden  # LazyStates.register, without a call per param
+        for param, index, name, local in rows:
+            entry = _Entry(param, index, name, group_index, local, mesh, placements, native)
+            if hook and id(param) not in self._hooked:
+                param.register_post_accumulate_grad_hook(self._grad_arrived)
+                self._hooked.add(id(param))
+            entries.append(entry)
+            entry_of[param] = entry
+            params_.append(param)
+            hidden[param] = entry
+        self._placements.extend([spec] * len(rows))
+        self._seen_placements.extend([None] * len(rows))
+        self._names.extend(row[2] for row in rows)
 
     def _fp8_options(self, param, name, local, options):
         """add_param's options of an fp8 param: ``options`` with its Fp8's scaling and tensors,
