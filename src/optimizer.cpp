@@ -949,6 +949,11 @@ void Optimizer::flush(void* stream) {
   if (!backend_) return;
   // The ranks' agreement synchronizes once: here, not inside a step being captured.
   if (current_sharded_ > 0) check_current_agreement();
+  if (!subset_.empty()) {  // a flush readies a full step (the one a graph captures)
+    subset_.clear();
+    stepper_.set_subset(subset_);
+    grads_stale_ = true;
+  }
   update_plan();
   stepper_.flush(plan_, stream);
 }

@@ -307,3 +307,16 @@ TEST_CASE("a partial step checks everything first (bad, repeated or missing indi
   CHECK(f.bytes_of(opt, 1) == before[1]);
   CHECK(f.bytes_of(opt, 0) != before[0]);
 }
+
+TEST_CASE("a flush after a partial step readies a full step", "[grads][steps][partial]") {
+  Trio f;
+  f.fresh_grads();
+  std::vector<const void*> ptrs;
+  for (int i = 0; i < 3; ++i) ptrs.push_back(f.grad(i).data());
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad_ptrs(f.opt.get(), 3, ptrs.data()));
+  const int64_t only_b[1] = {2};
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_step_params(f.opt.get(), 1, only_b, nullptr, nullptr));
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_flush(f.opt.get(), nullptr));
+  f.step_and_check(kAll, {0, 0, 1});
+  CHECK(param_steps(f.opt.get()) == std::vector<int64_t>{1, 1, 2});
+}

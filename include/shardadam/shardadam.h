@@ -783,8 +783,9 @@ SA_API sa_status sa_optimizer_step_params(sa_optimizer* opt, int64_t n, const in
 /**
  * Enqueues on `stream` the upload of whatever changed on the host since the last step:
  * grad bindings and hyperparameters (sa_optimizer_step does this first; step counts need
- * none, they live on the device). Needed only before replaying a captured step. The CPU
- * backend has nothing to upload. With sharded SA_SCALING_CURRENT(_POW2) params whose ranks
+ * none, they live on the device). Needed only before replaying a captured step. It readies a
+ * full step: after a partial step (sa_optimizer_step_params), every param with a grad again.
+ * The CPU backend has nothing to upload. With sharded SA_SCALING_CURRENT(_POW2) params whose ranks
  * have not been compared yet (params or communicator changed), it compares them first, a
  * collective that synchronizes (as the first step would; so not inside a capture).
  */
