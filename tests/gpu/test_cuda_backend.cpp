@@ -514,3 +514,37 @@ TEST_CASE("partial steps on CUDA equal the CPU backend's, state on the host or t
   t.require_identical();
   CHECK(step_count(t.gpu.get(), 0) == 1);
 }
+
+// A flush after a partial step readies a full step, which then captures (nothing left to
+// upload) and replays to the CPU's bits.
+TEST_CASE("a full step captured after a partial step and a flush replays to the CPU's bits",
+          "[gpu][offload][partial]") {
+  Rng rng(0xF1A5);
+  Twin t(GpuState::mixed);
+  t.add_groups(false);
+  for (int i = 0; i < 6; ++i) t.add("p" + std::to_string(i), i % 2, kVariants[3], {2000 + 17 * i}, 0, rng);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  t.bind_new_grads(rng, false, true);
+  const int64_t some[2] = {1, 4};
+  for (auto* opt : {t.cpu.get(), t.gpu.get()})
+    REQUIRE_SA_OK(opt, sa_optimizer_step_params(opt, 2, some, nullptr, opt == t.gpu.get() ? stream : nullptr));
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const sa_status captured = sa_optimizer_step(t.gpu.get(), nullptr, stream);
+  const std::string why = sa_optimizer_last_error(t.gpu.get());
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // before any REQUIRE: no capture outlives the test
+  INFO(why);
+  REQUIRE(captured == SA_OK);
+  REQUIRE(ended == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  REQUIRE_SA_OK(t.cpu.get(), sa_optimizer_step(t.cpu.get(), nullptr, nullptr));
+  t.require_identical();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
