@@ -58,7 +58,6 @@ const char* master_name(int32_t requested) {
   return "SA_MASTER_AUTO";
 }
 
-// A param's form from kernels::kParamForms: AUTO picks the dtype's first row.
 static_assert(static_cast<int>(StatePlacement::device) == SA_STATE_ON_DEVICE &&
                   static_cast<int>(StatePlacement::host) == SA_STATE_ON_HOST,
               "StatePlacement mirrors sa_state_placement");
@@ -74,6 +73,7 @@ StatePlacement resolve_placement(int32_t requested, DLDevice device, const std::
   return static_cast<StatePlacement>(requested);
 }
 
+// A param's form from kernels::kParamForms: AUTO picks the dtype's first row.
 MasterKind resolve_master(int32_t requested, ElemType param_type, const std::string& context) {
   MasterKind kind{};
   switch (requested) {
@@ -859,7 +859,7 @@ void Optimizer::check_comm_fits(const Comm& comm) const {
 }
 
 std::optional<bool> Optimizer::step(const sa_step_args& args, void* stream) {
-  return run_step(args, stream, {});
+  return run_step(args, stream, false, {});
 }
 
 std::optional<bool> Optimizer::step_params(int64_t n, const int64_t* indices,
@@ -881,14 +881,13 @@ std::optional<bool> Optimizer::step_params(int64_t n, const int64_t* indices,
     fail(SA_ERR_INVALID_ARGUMENT, "max_grad_norm is ", args.max_grad_norm,
          " in a partial step, which sees only its params' grads; the norm clipping needs is of "
          "every grad: clip in a full step (sa_optimizer_step)");
-  return run_step(args, stream, std::move(subset));
+  return run_step(args, stream, true, std::move(subset));
 }
 
-std::optional<bool> Optimizer::run_step(const sa_step_args& args, void* stream,
+std::optional<bool> Optimizer::run_step(const sa_step_args& args, void* stream, bool partial,
                                         std::vector<uint8_t> subset) {
   require_usable("the step");
   const kernels::ClipSpec clip = clip_spec_of(args);
-  const bool partial = !subset.empty();
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i]->binding == GradBinding::never && (!partial || subset[i]))
       fail(SA_ERR_STATE, param_context(params_[i]->name),

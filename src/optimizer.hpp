@@ -262,8 +262,9 @@ class Optimizer {
   // Makes `backend` the optimizer's and moves the step counts into its memory.
   Backend& attach(std::unique_ptr<Backend> backend);
   void update_plan();
-  // A step (subset empty) or a partial step (subset[i]: param i steps), all checked first.
-  std::optional<bool> run_step(const sa_step_args& args, void* stream, std::vector<uint8_t> subset);
+  // A step, or a partial step (`partial`: param i steps where subset[i]), all checked first.
+  std::optional<bool> run_step(const sa_step_args& args, void* stream, bool partial,
+                               std::vector<uint8_t> subset);
   void check_param_range(int64_t first, int64_t n, const char* what) const;
   // The grad's data pointer if `grad` is what the kernel of param `index` reads, else
   // throws the error that says why.

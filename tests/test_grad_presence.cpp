@@ -320,3 +320,13 @@ TEST_CASE("a flush after a partial step readies a full step", "[grads][steps][pa
   f.step_and_check(kAll, {0, 0, 1});
   CHECK(param_steps(f.opt.get()) == std::vector<int64_t>{1, 1, 2});
 }
+
+TEST_CASE("a partial step of an optimizer without params leaves the group counts", "[steps][partial]") {
+  OptimizerPtr opt = make_optimizer();
+  const sa_group_config config = group_config(1e-3, 0.0, 1);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &config, nullptr));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_step_params(opt.get(), 0, nullptr, nullptr, nullptr));
+  CHECK(step_count(opt.get(), 0) == 0);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+  CHECK(step_count(opt.get(), 0) == 1);
+}
