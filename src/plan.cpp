@@ -135,9 +135,13 @@ Plan build_plan(const std::vector<const Param*>& params) {
     bucket->param_of_slot.push_back(static_cast<int64_t>(i));
     bucket->numel += p.numel;
   }
-  for (Bucket& b : plan.buckets)
-    if (b.placement == StatePlacement::host && b.variant.scaling == kernels::ParamScaling::none)
-      b.segments = stage(b, params);
+  int staged = 0;  // segments so far, in plan order
+  for (Bucket& b : plan.buckets) {
+    if (b.placement != StatePlacement::host || b.variant.scaling != kernels::ParamScaling::none)
+      continue;
+    b.segments = stage(b, params);
+    for (StagedSegment& seg : b.segments) seg.ring_slot = staged++ % kStagingSlots;
+  }
   return plan;
 }
 

@@ -57,6 +57,8 @@ struct StagedSegment {
   std::vector<StagedPiece> pieces;
   std::vector<StagedCopy> copies;
   std::size_t bytes = 0;  // of the ring slot
+  int ring_slot =
+      0;  // the one it streams through: its place among the plan's, modulo kStagingSlots
 };
 constexpr std::size_t kStagingAlign = 256;
 

@@ -78,33 +78,25 @@ class DeviceBuffer final : public Buffer {
   std::size_t bytes_;
 };
 
-// Pinned host memory for state export/import: copies from and to it run at the link's
-// full speed, and without a hidden bounce through the driver's own staging.
+// Pinned host memory (cudaMallocHost / cudaHostAlloc), freed with cudaFreeHost. Copies from
+// and to it run at the link's full speed, without a hidden bounce through the driver's own
+// staging.
 class PinnedBuffer final : public Buffer {
  public:
-  explicit PinnedBuffer(std::size_t bytes) : bytes_(bytes) {
-    check_cuda(cudaMallocHost(&data_, std::max<std::size_t>(bytes, 1)),
+  // Staging for state export/import, not zeroed.
+  static std::shared_ptr<Buffer> staging(std::size_t bytes) {
+    void* data = nullptr;
+    check_cuda(cudaMallocHost(&data, std::max<std::size_t>(bytes, 1)),
                "cudaMallocHost of staging memory");
+    return std::make_shared<PinnedBuffer>(data, bytes);
   }
-  ~PinnedBuffer() override { cudaFreeHost(data_); }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  void* data() const override { return data_; }
-  std::size_t bytes() const override { return bytes_; }
 
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_;
-};
-
-// State placed on the host (SA_STATE_ON_HOST): pinned, mapped host memory, zero-filled.
-// Kernels reach it at the address the host uses (unified addressing, checked), so a bucket's
-// slots may point at it as they point at device memory. kStagingAlign bytes past its end
-// belong to no state: states in two allocations are never within kStagingAlign of each
-// other, so a step never moves two allocations in one copy (plan.cpp's stage).
-class MappedBuffer final : public Buffer {
- public:
-  explicit MappedBuffer(std::size_t bytes) : bytes_(bytes) {
+  // State placed on the host (SA_STATE_ON_HOST): mapped, zero-filled. Kernels reach it at
+  // the address the host uses (unified addressing, checked), so a bucket's slots may point
+  // at it as they point at device memory. kStagingAlign bytes past its end belong to no
+  // state: states in two allocations are never within kStagingAlign of each other, so a
+  // step never moves two allocations in one copy (plan.cpp's stage).
+  static std::shared_ptr<Buffer> state(std::size_t bytes) {
     // More than the host has is refused before the driver tries: pinning pages until the
     // host runs out would wake its out-of-memory killer rather than fail this call.
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -113,37 +105,40 @@ class MappedBuffer final : public Buffer {
       fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes,
            " bytes of host memory for state on the host: the host has ",
            static_cast<std::size_t>(pages) * static_cast<std::size_t>(page), " bytes in all");
+    void* data = nullptr;
     const cudaError_t status =
-        cudaHostAlloc(&data_, bytes + kStagingAlign, cudaHostAllocMapped | cudaHostAllocPortable);
+        cudaHostAlloc(&data, bytes + kStagingAlign, cudaHostAllocMapped | cudaHostAllocPortable);
     if (status != cudaSuccess) {
-      data_ = nullptr;
       cudaGetLastError();  // not sticky: clear it for the caller's next call
       fail(SA_ERR_OUT_OF_MEMORY, "cannot pin ", bytes,
            " bytes of host memory for state on the host (", cudaGetErrorName(status), ": ",
            cudaGetErrorString(status), ")");
     }
+    auto buffer = std::make_shared<PinnedBuffer>(data, bytes);  // frees it on a throw below
     void* device = nullptr;
-    const cudaError_t mapped = cudaHostGetDevicePointer(&device, data_, 0);
-    if (mapped != cudaSuccess || device != data_) {
-      cudaFreeHost(data_);
+    const cudaError_t mapped = cudaHostGetDevicePointer(&device, data, 0);
+    if (mapped != cudaSuccess || device != data)
       fail(SA_ERR_UNSUPPORTED,
            "state on the host needs the device to reach host memory at the "
            "host's address (unified addressing); this one maps it elsewhere");
-    }
-    std::memset(data_, 0, bytes);
+    std::memset(data, 0, bytes);
+    return buffer;
   }
-  ~MappedBuffer() override { cudaFreeHost(data_); }
-  MappedBuffer(const MappedBuffer&) = delete;
-  MappedBuffer& operator=(const MappedBuffer&) = delete;
+
+  // Takes `data` over (pinned, `bytes` long).
+  PinnedBuffer(void* data, std::size_t bytes) : data_(data), bytes_(bytes) {}
+  ~PinnedBuffer() override { cudaFreeHost(data_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   void* data() const override { return data_; }
   std::size_t bytes() const override { return bytes_; }
 
  private:
-  void* data_ = nullptr;
+  void* data_;
   std::size_t bytes_;
 };
 
-// A part of a MappedBuffer.
+// A part of a PinnedBuffer::state block.
 class MappedPart final : public Buffer {
  public:
   MappedPart(std::shared_ptr<Buffer> block, std::size_t offset, std::size_t bytes)
@@ -163,15 +158,16 @@ class MappedPart final : public Buffer {
 // buffer of its own.
 class HostStatePool {
  public:
-  static constexpr std::size_t kAlign = 256, kFirst = std::size_t{1} << 20,
+  // Parts start kStagingAlign apart at most past the last one's end: stage() merges those.
+  static constexpr std::size_t kAlign = kStagingAlign, kFirst = std::size_t{1} << 20,
                                kLargest = std::size_t{64} << 20;
 
   std::shared_ptr<Buffer> allocate(std::size_t bytes) {
-    if (bytes > kLargest / 4) return std::make_shared<MappedBuffer>(bytes);
+    if (bytes > kLargest / 4) return PinnedBuffer::state(bytes);
     const std::size_t aligned = (bytes + kAlign - 1) / kAlign * kAlign;
     if (!block_ || used_ + aligned > block_->bytes()) {
-      block_ = std::make_shared<MappedBuffer>(
-          std::max(aligned, std::min(kLargest, std::max(kFirst, 2 * total_))));
+      block_ =
+          PinnedBuffer::state(std::max(aligned, std::min(kLargest, std::max(kFirst, 2 * total_))));
       total_ += block_->bytes();
       used_ = 0;
     }
@@ -371,7 +367,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
     DeviceScope scope(device_);
-    return std::make_shared<PinnedBuffer>(bytes);
+    return PinnedBuffer::staging(bytes);
   }
 
   void copy_to_host(void* host, const void* src, std::size_t bytes) override {
@@ -459,15 +455,13 @@ class CudaBackend final : public Backend {
     return t;
   }
 
-  // The slots of `bucket`'s segment `seg` (its g-th staged segment in plan order), their
-  // state in the ring slot it streams through.
-  std::vector<kernels::TensorSlot> segment_slots(const Bucket& bucket, const StagedSegment& seg,
-                                                 std::size_t g) const {
+  // The slots of `bucket`'s segment `seg`, their state in the ring slot it streams through.
+  std::vector<kernels::TensorSlot> segment_slots(const Bucket& bucket,
+                                                 const StagedSegment& seg) const {
     std::vector<kernels::TensorSlot> out;
     out.reserve(seg.pieces.size());
     for (const StagedPiece& piece : seg.pieces)
-      out.push_back(
-          staged_slot(bucket, piece, pipeline_.ring(static_cast<int>(g % kStagingSlots))));
+      out.push_back(staged_slot(bucket, piece, pipeline_.ring(seg.ring_slot)));
     return out;
   }
 
@@ -475,8 +469,6 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     std::vector<DeviceTables> tables;
     std::vector<std::vector<DeviceTables>> segment_tables(plan.buckets.size());
-    std::size_t staged =
-        0;  // segments so far, in plan order: segment g streams through ring slot g % kStagingSlots
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bucket = plan.buckets[b];
       DeviceTables t = make_tables(bucket.slots, bucket.numel);
@@ -492,8 +484,7 @@ class CudaBackend final : public Backend {
       if (!bucket.segments.empty())
         pipeline_.ensure([this](std::size_t bytes) { return allocate(bytes); });
       for (const StagedSegment& seg : bucket.segments)
-        segment_tables[b].push_back(
-            make_tables(segment_slots(bucket, seg, staged++), bucket.numel));
+        segment_tables[b].push_back(make_tables(segment_slots(bucket, seg), bucket.numel));
     }
     std::shared_ptr<Buffer> current;
     if (!plan.current.empty()) {
@@ -520,12 +511,9 @@ class CudaBackend final : public Backend {
     upload(tables_[bucket].slots->data(), slots.data(), slots.size() * sizeof(kernels::TensorSlot),
            stream);
     if (!plan.buckets[bucket].segments.empty()) {  // their slots take their grads from the bucket's
-      std::size_t g = 0;
-      for (std::size_t b = 0; b < bucket; ++b) g += plan.buckets[b].segments.size();
       const Bucket& staged = plan.buckets[bucket];
       for (std::size_t i = 0; i < staged.segments.size(); ++i) {
-        const std::vector<kernels::TensorSlot> seg =
-            segment_slots(staged, staged.segments[i], g + i);
+        const std::vector<kernels::TensorSlot> seg = segment_slots(staged, staged.segments[i]);
         upload(segment_tables_[bucket][i].slots->data(), seg.data(),
                seg.size() * sizeof(kernels::TensorSlot), stream);
       }
@@ -585,11 +573,10 @@ class CudaBackend final : public Backend {
                                         : kernels::launch_adam_bucket(v, tables_[b].view, step, s),
                  "Adam kernel launch");
     }
-    std::size_t g = 0;
     int last = -1;  // the ring slot of the last segment that moved
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bucket = plan.buckets[b];
-      for (std::size_t i = 0; i < bucket.segments.size(); ++i, ++g) {
+      for (std::size_t i = 0; i < bucket.segments.size(); ++i) {
         // A segment none of whose params has a grad (a partial step's others) stays put.
         const auto& pieces = bucket.segments[i].pieces;
         if (std::none_of(pieces.begin(), pieces.end(), [&](const StagedPiece& piece) {
@@ -597,7 +584,7 @@ class CudaBackend final : public Backend {
             }))
           continue;
         const kernels::DeviceBucket& view = segment_tables_[b][i].view;
-        last = static_cast<int>(g % kStagingSlots);
+        last = bucket.segments[i].ring_slot;
         pipeline_.run(bucket.segments[i], last, s, [&] {
           check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
                      "Adam kernel launch");
