@@ -483,19 +483,25 @@ class FusedAdam(torch.optim.Optimizer):
             group = self.param_groups[-1]
             self._add_native_group(group)
             group_index = len(self.param_groups) - 1
-            names = group.get("param_names")
             if not isinstance(self.state, _torch_state_dict.LazyStates):  # torch's __init__ made a defaultdict
                 self.state = _torch_state_dict.LazyStates(self, self.state)
-            plain = []  # a run of plain params, registered together
-            for position, param in enumerate(group["params"]):
-                name = names[position] if names else f"params.{len(self._entries) + len(plain)}"
-                if self._is_plain(param) and isinstance(name, str):
-                    plain.append((param, name))
-                    continue
-                self._register_plain(plain, group_index)
-                plain = []
-                self._register(param, name, group_index)
+            self._register_group(group, group_index)
+
+    def _register_group(self, group, group_index):
+        """Registers the params of a torch param group with the library (native group
+        ``group_index``), named by its ``param_names`` or by position; runs of plain params
+        together."""
+        names = group.get("param_names")
+        plain = []  # a run of plain params, registered together
+        for position, param in enumerate(group["params"]):
+            name = names[position] if names else f"params.{len(self._entries) + len(plain)}"
+            if self._is_plain(param) and isinstance(name, str):
+                plain.append((param, name))
+                continue
             self._register_plain(plain, group_index)
+            plain = []
+            self._register(param, name, group_index)
+        self._register_plain(plain, group_index)
 
     def _is_plain(self, param):
         """Whether a param is a plain tensor (not a DTensor, not fp8)."""
@@ -571,22 +577,23 @@ class FusedAdam(torch.optim.Optimizer):
     def _add_entries(self, rows, group_index, mesh, placements):
         """The bookkeeping of params the library took: rows of (param, native index, name,
         local tensor), all of group ``group_index`` and of the same mesh and placements."""
-        native, hook = self.native, self._step_in_backward
-        spec = None if mesh is None else rows[0][0]._spec.placements if rows else None
-        entries, entry_of, params_ = self._entries, self._entry_of, self._params
-        hidden = self.state._hidden  # LazyStates.register, without a call per param
-        for param, index, name, local in rows:
-            entry = _Entry(param, index, name, group_index, local, mesh, placements, native)
-            if hook and id(param) not in self._hooked:
-                param.register_post_accumulate_grad_hook(self._grad_arrived)
-                self._hooked.add(id(param))
-            entries.append(entry)
-            entry_of[param] = entry
-            params_.append(param)
-            hidden[param] = entry
-        self._placements.extend([spec] * len(rows))
-        self._seen_placements.extend([None] * len(rows))
-        self._names.extend(row[2] for row in rows)
+        native = self.native
+        new = [_Entry(param, index, name, group_index, local, mesh, placements, native)
+               for param, index, name, local in rows]
+        if self._step_in_backward:
+            for entry in new:
+                if id(entry.param) not in self._hooked:
+                    entry.param.register_post_accumulate_grad_hook(self._grad_arrived)
+                    self._hooked.add(id(entry.param))
+        pairs = [(entry.param, entry) for entry in new]
+        self._entries.extend(new)
+        self._entry_of.update(pairs)
+        self.state.register(pairs)
+        self._params.extend(entry.param for entry in new)
+        spec = rows[0][0]._spec.placements if mesh is not None and rows else None
+        self._placements.extend([spec] * len(new))
+        self._seen_placements.extend([None] * len(new))
+        self._names.extend(entry.name for entry in new)
 
     def _fp8_options(self, param, name, local, options):
         """add_param's options of an fp8 param: ``options`` with its Fp8's scaling and tensors,
@@ -838,10 +845,7 @@ class FusedAdam(torch.optim.Optimizer):
         with _cyclic_gc_paused():
             for group_index, group in enumerate(self.param_groups):
                 self._add_native_group(group)
-                names = group.get("param_names")
-                for position, param in enumerate(group["params"]):
-                    self._register(param, names[position] if names else f"params.{len(self._entries)}",
-                                   group_index)
+                self._register_group(group, group_index)
         for param, old in old_states.items():
             new = self.state.views(param)
             for key, value in old.tensors():

@@ -195,10 +195,10 @@ class LazyStates(defaultdict):
                                  "first read; read it (or state_dict()) while the optimizer lives")
         return optimizer
 
-    def register(self, param, entry):
-        """Registers ``param`` (not a key until it has state; clear() before registering
-        again)."""
-        self._hidden[param] = entry
+    def register(self, entries):
+        """Registers each param of ``entries`` (an iterable of (param, entry) pairs; not a key
+        until it has state; clear() before registering again)."""
+        self._hidden.update(entries)
 
     def views(self, param):
         """The entry of a registered param, made if needed, without making it a key (the
