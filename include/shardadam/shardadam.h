@@ -386,7 +386,20 @@ typedef enum sa_state_placement {
    * read and write its host state in place (mapped), slower. A CPU param's state is host
    * memory already: the same as SA_STATE_ON_DEVICE. State views of such a state are kDLCPU
    * tensors. */
-  SA_STATE_ON_HOST = 1
+  SA_STATE_ON_HOST = 1,
+  /* In host memory the optimizer owns, stepped by the CPU (ZeRO-Offload's scheme): each
+   * step the param and grad of a segment come down into a ring of pinned host buffers
+   * (3 x 32 MiB), the host's threads (sa_optimizer_config.num_threads) update master and
+   * moments there with the CPU backend's kernels, and the param goes back up, while the next
+   * segment comes down and the one before goes up. The step's decision and coefficients
+   * (clipping, found_inf, bias correction) are the device's, so the results are bit for bit
+   * those of the other placements. No state byte crosses the link: for large params this
+   * moves fewer bytes than SA_STATE_ON_HOST, and costs the host's memory bandwidth instead.
+   * The step stays ordered on the caller's stream (the host's part runs as a stream
+   * callback), so it cannot be captured in a CUDA graph. fp8 params (scaling != NONE) are
+   * refused (SA_ERR_UNSUPPORTED): use SA_STATE_ON_HOST. A CPU param: the same as
+   * SA_STATE_ON_DEVICE. */
+  SA_STATE_ON_HOST_CPU_STEP = 2
 } sa_state_placement;
 
 /**
