@@ -15,6 +15,20 @@ they run, torch's fused AdamW on the GPU over the same tensors and torchao's
 ``CPUOffloadOptimizer`` (state on the host, CPU step; skipped with a message when torchao is
 not installed).
 
+State stepped by the CPU (``placement="host_cpu_step"``, ``FusedAdam(offload="cpu")``, ZeRO-Offload's
+scheme) stays in host memory; each step the param and grad come down, the host's threads step
+master and moments, and the param goes back up. Its yardstick:
+
+    CPU-step bound = max((param + grad bytes down) / D2H bandwidth while H2D runs,
+                         the step's host bytes / the host's memory bandwidth),
+
+with the host's bandwidth measured in the same run (torch's ``add(out=)`` triad on every
+thread, STREAM's count: 3 x 4 bytes an element) and the step's host bytes counted as the
+kernels touch them (each state read and written, the grad read, the param written, and read
+too where there is no master). Printed beside it: ``bound / cpu step`` (target >= 0.85) and,
+where DeepSpeed is installed, ``DeepSpeedCPUAdam``'s step over the same float32 tensors
+already in host memory (its copies over the link not counted).
+
 Usage: python3 bench/offload_step.py [--quick] [--big-elems 2.1e9] [--steps 5]
 (the shardadam Python package installed; a CUDA device).
 """
@@ -90,6 +104,35 @@ def pinned_bandwidth(nbytes=1 << 30):
     return h2d, d2h, bidir
 
 
+def host_bandwidth(elems=1 << 28):
+    """The host's memory bandwidth (bytes/s): the best of 5 triads a = b + s * c over float32
+    arrays of `elems` (1 GiB each) on every thread, counted as STREAM does (12 bytes an
+    element)."""
+    b = torch.rand(elems)
+    c = torch.rand(elems)
+    a = torch.empty(elems)
+    torch.add(b, c, alpha=0.5, out=a)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=0.5, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return 12 * elems / best
+
+
+def cpu_step_bytes(sizes, param_bytes, master, moment):
+    """(bytes down the link, bytes up, bytes the host's step reads and writes) per step of
+    state stepped by the CPU: param and grad (of the param's dtype) down, the param up; on the
+    host each state is read and written, the grad read, the param written (and read, without
+    a master)."""
+    elems = sum(sizes)
+    state = state_bytes(sizes, master, moment)
+    down = 2 * param_bytes * elems
+    up = param_bytes * elems
+    host = 2 * state + param_bytes * elems * (2 if master else 3)
+    return down, up, host
+
+
 def state_bytes(sizes, master, moment):
     """Bytes of state per step each way: master (fp32), two moments, and a block moment's
     float32 absmax per 256 elements."""
@@ -139,6 +182,32 @@ def torch_run(params, grads, steps):
     return seconds, taken
 
 
+def deepspeed_run(params, grads, steps):
+    """Seconds per step of DeepSpeed's DeepSpeedCPUAdam (AdamW) over float32 copies of the
+    params and grads in host memory (its JIT-built CPU kernel on every thread), or None."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    except Exception as err:  # not installed
+        print(f"  DeepSpeedCPUAdam: not run ({type(err).__name__}: {err})")
+        return None
+    ps = [torch.nn.Parameter(p.float().cpu()) for p in params if p.numel()]
+    for p, g in zip(ps, [g for g in grads if g.numel()]):
+        p.grad = g.float().cpu()
+    try:
+        opt = DeepSpeedCPUAdam(ps, lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"],
+                               weight_decay=HYPER["weight_decay"], adamw_mode=True)
+        opt.step()
+    except Exception as err:  # its kernel failed to build here
+        print(f"  DeepSpeedCPUAdam: not run ({type(err).__name__}: {err})")
+        return None
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.step()
+    seconds = (time.perf_counter() - t0) / steps
+    del opt, ps
+    return seconds
+
+
 def torchao_run(params, grads, steps):
     """(seconds per step, device bytes) of torchao's CPUOffloadOptimizer over AdamW, or None.
     It moves each grad to the host in a post-accumulate-grad hook, so a step here is a
@@ -183,6 +252,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--big-elems", type=float, default=2.1e9, help="elements of the big set (0: skip it)")
     ap.add_argument("--no-torchao", action="store_true")
+    ap.add_argument("--no-deepspeed", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}   torch {torch.__version__}")
@@ -190,6 +260,8 @@ def main():
     h2d, d2h, bidir = pinned_bandwidth()
     print(f"pinned copies: H2D {h2d / 1e9:.1f} GB/s, D2H {d2h / 1e9:.1f} GB/s alone; "
           f"{bidir / 1e9:.1f} GB/s each way at once")
+    host_bw = host_bandwidth()
+    print(f"host memory: {host_bw / 1e9:.1f} GB/s (triad, {torch.get_num_threads()} threads)")
 
     sets = [("1516 shards", shard_sizes(args.quick))]
     if args.big_elems > 0 and not args.quick:
@@ -217,12 +289,23 @@ def main():
             steps = max(2, args.steps if elems < 1e9 else 2)
             dev_s, dev_taken = shardadam_run(params, grads, master, moment, None, steps)
             host_s, host_taken = shardadam_run(params, grads, master, moment, "host", steps)
+            cpu_s, cpu_taken = shardadam_run(params, grads, master, moment, "host_cpu_step", steps)
+            down, up, host_bytes = cpu_step_bytes(sizes, params[0].element_size(), master, moment)
+            cpu_bound = max(down / bidir, host_bytes / host_bw)
             # torch's fused AdamW on the same tensors, state on the GPU (fp32 params and moments only)
             torch_s, torch_taken = torch_run(params, grads, steps) if moment is None and not master else (
                 float("nan"), float("nan"))
             print(f"{set_name:<16} {label:<34} {dev_s * 1e3:9.2f} {host_s * 1e3:9.2f} {bound * 1e3:9.2f} "
                   f"{bound / host_s:10.3f} {one_way / host_s:8.3f} {dev_taken / elems:11.2f} "
                   f"{host_taken / elems:12.3f} {torch_s * 1e3:9.2f} {torch_taken / elems:13.2f}", flush=True)
+            print(f"{'':<16} {'  stepped by the CPU':<34} {'':>9} {cpu_s * 1e3:9.2f} {cpu_bound * 1e3:9.2f} "
+                  f"{cpu_bound / cpu_s:10.3f} {'':>8} {'':>11} {cpu_taken / elems:12.3f}   "
+                  f"(link {down / bidir * 1e3:.1f} ms, host {host_bytes / host_bw * 1e3:.1f} ms)", flush=True)
+            if label.startswith("fp32, fp32") and not args.no_deepspeed:
+                ds = deepspeed_run(params, grads, 2)
+                if ds:
+                    print(f"  DeepSpeedCPUAdam (host tensors, no copies): {ds * 1e3:.1f} ms a step; "
+                          f"shardadam's CPU step with its copies is {ds / cpu_s:.2f}x its speed", flush=True)
             if set_name == "1516 shards" and label.startswith("fp32, fp32") and not args.no_torchao:
                 ao = torchao_run(params, grads, 2)
                 if ao:
@@ -233,7 +316,9 @@ def main():
             torch.cuda.empty_cache()
     print("\nbound/host: the link bound over the step with state on the host (target >= 0.85); "
           "one-way: the same against the slower one-way copy. dev/host B/param: device memory the "
-          "optimizer took (state, plan tables) per element with the state on the device / host.")
+          "optimizer took (state, plan tables) per element with the state on the device / host. "
+          "Stepped by the CPU: its bound (the larger of the link's and the host memory's times) "
+          "over its step (target >= 0.85).")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -148,6 +149,28 @@ struct CpuBackendOptions {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+// The host's Adam over slots in host memory, with coefficients folded elsewhere: what a
+// device backend calls to step state the CPU steps (StatePlacement::host_cpu_step) on the
+// param and grad it brought down. The core makes it (make_host_step: the CPU backend's
+// kernels on a thread pool of its own) and hands a device backend the means to make one,
+// so the device module links no CPU kernels.
+class HostStep {
+ public:
+  virtual ~HostStep() = default;
+  // Updates every element of slots[0, n) (host memory, every grad set; `variant`'s) with
+  // coeffs[slot.param_index], as the CPU backend's launch_adam does (so bit for bit its
+  // results and a device's), on all threads; returns when done. One call at a time.
+  // `variant` has no scaling (fp8 params are not stepped on the host).
+  virtual void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots,
+                    std::size_t n, const kernels::GroupCoeffs* coeffs) = 0;
+};
+
+std::unique_ptr<HostStep> make_host_step(const CpuBackendOptions& options);
+
+// How a device backend makes its HostStep, on first need (a pool of threads costs nothing
+// until a param asks for the CPU to step its state).
+using HostStepFactory = std::function<std::unique_ptr<HostStep>()>;
 
 }  // namespace sa
 

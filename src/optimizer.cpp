@@ -59,17 +59,26 @@ const char* master_name(int32_t requested) {
 }
 
 static_assert(static_cast<int>(StatePlacement::device) == SA_STATE_ON_DEVICE &&
-                  static_cast<int>(StatePlacement::host) == SA_STATE_ON_HOST,
+                  static_cast<int>(StatePlacement::host) == SA_STATE_ON_HOST &&
+                  static_cast<int>(StatePlacement::host_cpu_step) == SA_STATE_ON_HOST_CPU_STEP,
               "StatePlacement mirrors sa_state_placement");
 
 // The placement of a param's state on `device`: a CPU param's state is host memory whatever
-// it asks for, so it resolves to device (one bucket for all of them).
-StatePlacement resolve_placement(int32_t requested, DLDevice device, const std::string& context) {
-  if (requested != SA_STATE_ON_DEVICE && requested != SA_STATE_ON_HOST)
+// it asks for, so it resolves to device (one bucket for all of them). An fp8 param's cast
+// writes scales and amaxes the device holds, so the CPU does not step it.
+StatePlacement resolve_placement(int32_t requested, DLDevice device,
+                                 kernels::ParamScaling scaling, const std::string& context) {
+  if (requested != SA_STATE_ON_DEVICE && requested != SA_STATE_ON_HOST &&
+      requested != SA_STATE_ON_HOST_CPU_STEP)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": state_placement is ", requested,
          ", not an sa_state_placement (SA_STATE_ON_DEVICE ", SA_STATE_ON_DEVICE,
-         ", SA_STATE_ON_HOST ", SA_STATE_ON_HOST, ")");
+         ", SA_STATE_ON_HOST ", SA_STATE_ON_HOST, ", SA_STATE_ON_HOST_CPU_STEP ",
+         SA_STATE_ON_HOST_CPU_STEP, ")");
   if (device.device_type == kDLCPU) return StatePlacement::device;
+  if (requested == SA_STATE_ON_HOST_CPU_STEP && scaling != kernels::ParamScaling::none)
+    fail(SA_ERR_UNSUPPORTED, context,
+         ": an fp8 param's state cannot be SA_STATE_ON_HOST_CPU_STEP (its cast writes scales "
+         "and amaxes on the device); SA_STATE_ON_HOST keeps its state on the host");
   return static_cast<StatePlacement>(requested);
 }
 
@@ -346,7 +355,8 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
         fail(SA_ERR_UNSUPPORTED, context, ": the shard is on ", device_name(device),
              " but this library has no CUDA backend (cuda: ", cuda_module_status(), ")");
       try {
-        return attach(cuda->make_backend(device.device_id));
+        const CpuBackendOptions host{config_.num_threads, config_.cpu_simd != 0};
+        return attach(cuda->make_backend(device.device_id, [host] { return make_host_step(host); }));
       } catch (const Error& e) {
         fail(e.status(), context, ": cannot use ", device_name(device), ": ", e.what());
       }
@@ -380,13 +390,12 @@ void Optimizer::allocate_state(Param& p) {
     if (!has_state(p, k.kind)) continue;
     const std::size_t n = bytes[static_cast<std::size_t>(k.kind)];
     try {
-      p.state[k.kind] = p.placement == StatePlacement::host
-                            ? backend_->allocate_host_state(n, k.kind)
-                            : backend_->allocate(n);
+      p.state[k.kind] = on_host(p.placement) ? backend_->allocate_host_state(n, k.kind)
+                                             : backend_->allocate(n);
     } catch (const Error& e) {
       if (e.status() != SA_ERR_OUT_OF_MEMORY) throw;
       fail(SA_ERR_OUT_OF_MEMORY, "its state needs ", total, " bytes of ",
-           p.placement == StatePlacement::host ? "pinned host" : "backend", " memory (", k.key,
+           on_host(p.placement) ? "pinned host" : "backend", " memory (", k.key,
            ": ", n, "): ", e.what());
     }
   }
@@ -585,7 +594,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->master = resolve_master(options.master, *param_type, context);
   param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
-  param->placement = resolve_placement(options.state_placement, shard.device, context);
+  param->placement =
+      resolve_placement(options.state_placement, shard.device, param->scaling, context);
   param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
   const bool current = kernels::is_current(param->scaling);
   if (current && is_sharded(param->layout) && !comm_)
@@ -980,7 +990,7 @@ DLDataType state_dtype(const Param& p, StateKind kind) {
 }
 
 DLDevice state_device(const Param& p) {
-  return p.placement == StatePlacement::host ? DLDevice{kDLCPU, 0} : p.device;
+  return on_host(p.placement) ? DLDevice{kDLCPU, 0} : p.device;
 }
 
 std::vector<int64_t> state_shape(const Param& p, StateKind kind) {

@@ -102,6 +102,57 @@ std::vector<StagedSegment> stage(const Bucket& bucket, const std::vector<const P
   return segments;
 }
 
+// Cuts a bucket stepped by the CPU into mirror segments: each piece a run of whole blocks
+// of one slot (its last piece may end in a partial one), as many as fit the mirror slot.
+// Each segment's params come first, one after another, then its grads, so that pieces
+// adjacent on the device are adjacent in the mirror too (the backend copies them at once).
+std::vector<MirroredSegment> mirror(const Bucket& bucket, const std::vector<const Param*>& params) {
+  const int64_t block = kernels::kQuant8Block;
+  const auto param_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.param));
+  const auto grad_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.grad));
+  const std::size_t block_bytes = static_cast<std::size_t>(block) * (param_bytes + grad_bytes);
+  const std::size_t capacity = kStagingSlotBytes - kStagingAlign;  // the grads' alignment
+  std::vector<MirroredSegment> segments(1);
+  std::size_t used = 0;  // of the last segment
+  for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+    const Param& p = *params[static_cast<std::size_t>(bucket.param_of_slot[s])];
+    for (int64_t first = 0; first < p.numel;) {
+      if (used + block_bytes > capacity) {
+        segments.emplace_back();
+        used = 0;
+      }
+      const int64_t count = std::min<int64_t>(
+          p.numel - first, static_cast<int64_t>((capacity - used) / block_bytes) * block);
+      MirroredPiece piece{static_cast<int32_t>(s), first, count, 0, 0, {}};
+      for (const StateKindInfo& k : kStateKinds)
+        if (has_state(p, k.kind))
+          piece.state[static_cast<std::size_t>(k.kind)] =
+              static_cast<char*>(bucket.slots[s].state[static_cast<std::size_t>(k.kind)]) +
+              state_run(p, k.kind, first, count).host_offset;
+      segments.back().pieces.push_back(piece);
+      used += static_cast<std::size_t>(count) * (param_bytes + grad_bytes);
+      first += count;
+    }
+  }
+  if (segments.back().pieces.empty()) segments.pop_back();
+  for (MirroredSegment& seg : segments) {
+    std::size_t at = 0;
+    for (MirroredPiece& piece : seg.pieces) {
+      piece.param_offset = at;
+      at += static_cast<std::size_t>(piece.count) * param_bytes;
+    }
+    at = align_up(at);
+    for (MirroredPiece& piece : seg.pieces) {
+      piece.grad_offset = at;
+      at += static_cast<std::size_t>(piece.count) * grad_bytes;
+    }
+    if (at > kStagingSlotBytes)
+      fail(SA_ERR_INTERNAL, "a mirrored segment of ", at, " bytes overflows its mirror slot of ",
+           kStagingSlotBytes);
+  }
+  return segments;
+}
+
 }  // namespace
 
 kernels::TensorSlot slot_of(const Param& p, int64_t index) {
@@ -128,15 +179,19 @@ Plan build_plan(const std::vector<const Param*>& params) {
     for (auto& b : plan.buckets)
       if (b.variant == variant && b.placement == p.placement) bucket = &b;
     if (bucket == nullptr) {
-      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, 0, false, {}});
+      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, 0, false, {}, {}});
       bucket = &plan.buckets.back();
     }
     bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));
     bucket->param_of_slot.push_back(static_cast<int64_t>(i));
     bucket->numel += p.numel;
   }
-  int staged = 0;  // segments so far, in plan order
+  int staged = 0, mirrored = 0;  // segments so far, in plan order
   for (Bucket& b : plan.buckets) {
+    if (b.placement == StatePlacement::host_cpu_step) {
+      b.mirrored = mirror(b, params);
+      for (MirroredSegment& seg : b.mirrored) seg.ring_slot = mirrored++ % kStagingSlots;
+    }
     if (b.placement != StatePlacement::host || b.variant.scaling != kernels::ParamScaling::none)
       continue;
     b.segments = stage(b, params);

@@ -13,10 +13,15 @@ namespace sa {
 
 struct Param;
 
-// Where a param's state lives (sa_state_placement). It is part of a bucket's key, so a
-// bucket's state is all in one memory, and the kernels never know it: host state is mapped
-// into the device's address space and read and written in place.
-enum class StatePlacement : uint8_t { device = 0, host = 1 };
+// Where a param's state lives and who steps it (sa_state_placement). It is part of a
+// bucket's key, so a bucket's state is all in one memory, and the kernels never know it:
+// host state is streamed through a device ring (or, for fp8 params, read in place where it
+// is mapped); host_cpu_step state stays where it is and the host's threads step it, on the
+// param and grad brought down into a host mirror.
+enum class StatePlacement : uint8_t { device = 0, host = 1, host_cpu_step = 2 };
+
+// Whether state of `placement` lives in host memory (Backend::allocate_host_state).
+inline bool on_host(StatePlacement placement) { return placement != StatePlacement::device; }
 
 // A step over state on the host streams it through a ring of kStagingSlots device buffers
 // of kStagingSlotBytes each: a segment's state goes up into a ring slot, the bucket's kernel
@@ -62,6 +67,25 @@ struct StagedSegment {
 };
 constexpr std::size_t kStagingAlign = 256;
 
+// A piece of a bucket stepped by the CPU (StatePlacement::host_cpu_step): elements
+// [first, first + count) of slot `slot`, whose param and grad come down into the mirror
+// slot of its segment at param_offset and grad_offset (the param goes back up from there).
+// `first` is a multiple of kernels::kQuant8Block, as a StagedPiece's.
+struct MirroredPiece {
+  int32_t slot;
+  int64_t first;
+  int64_t count;
+  std::size_t param_offset;
+  std::size_t grad_offset;
+  void* state[kNumStateKinds];  // the slot's, at the piece's first element (or block)
+};
+
+// What one mirror slot (host memory, kStagingSlotBytes) holds at a time.
+struct MirroredSegment {
+  std::vector<MirroredPiece> pieces;
+  int ring_slot = 0;  // its place among the plan's mirrored segments, modulo kStagingSlots
+};
+
 struct Bucket {
   kernels::Variant variant;
   StatePlacement placement = StatePlacement::device;
@@ -74,6 +98,9 @@ struct Bucket {
   // host state in place (a current scaling's cast reads the master again after the amax
   // is reduced).
   std::vector<StagedSegment> segments;
+  // State stepped by the CPU: the segments its param and grad go through, in slot order.
+  // Empty for every other placement.
+  std::vector<MirroredSegment> mirrored;
 };
 
 struct Plan {
@@ -96,6 +123,19 @@ inline kernels::TensorSlot staged_slot(const Bucket& bucket, const StagedPiece& 
                 piece.first * kernels::elem_bytes(bucket.variant.grad);
   for (const StagedRun& run : piece.runs)
     slot.state[static_cast<std::size_t>(run.kind)] = ring + run.ring_offset;
+  slot.numel = piece.count;
+  return slot;
+}
+
+// The slot of `bucket`'s mirrored piece `piece`, its param and grad in the mirror slot at
+// `mirror` (host memory) and its state where it lives (host memory), at the piece's first
+// element: what the host's Adam reads and writes. (Inline, as staged_slot.)
+inline kernels::TensorSlot mirrored_slot(const Bucket& bucket, const MirroredPiece& piece,
+                                         char* mirror) {
+  kernels::TensorSlot slot = bucket.slots[static_cast<std::size_t>(piece.slot)];
+  slot.param = mirror + piece.param_offset;
+  slot.grad = mirror + piece.grad_offset;
+  for (std::size_t k = 0; k < kNumStateKinds; ++k) slot.state[k] = piece.state[k];
   slot.numel = piece.count;
   return slot;
 }

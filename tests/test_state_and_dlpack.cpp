@@ -104,20 +104,22 @@ TEST_CASE("state views have the state's storage dtype, the local shape and the o
   }
 }
 
-// A CPU param's state is host memory whatever placement it asks for: SA_STATE_ON_HOST is
-// accepted and resolves to SA_STATE_ON_DEVICE (one bucket for all), and steps the same bits.
-// A value that is no sa_state_placement is refused and adds nothing.
+// A CPU param's state is host memory whatever placement it asks for: SA_STATE_ON_HOST and
+// SA_STATE_ON_HOST_CPU_STEP are accepted and resolve to SA_STATE_ON_DEVICE (one bucket for
+// all), and step the same bits. A value that is no sa_state_placement is refused and adds
+// nothing.
 TEST_CASE("state_placement: a CPU param's state is host memory, unknown placements refused",
           "[state]") {
-  HostTensor a({33}, kFloat32), b({33}, kFloat32), grad({33}, kFloat32);
+  HostTensor a({33}, kFloat32), b({33}, kFloat32), c({33}, kFloat32), grad({33}, kFloat32);
   Rng rng(0x91ACE);
   fill_normal(a, rng, 1.0);
   std::memcpy(b.data(), a.data(), a.bytes());
+  std::memcpy(c.data(), a.data(), a.bytes());
   fill_normal(grad, rng, 1.0);
   auto opt = optimizer_with_group(SA_GROUP_CONFIG_INIT);
   sa_param_options options = SA_PARAM_OPTIONS_INIT;
   CHECK(options.state_placement == SA_STATE_ON_DEVICE);
-  for (int32_t bad : {-1, 2, 1 << 20}) {
+  for (int32_t bad : {-1, 3, 1 << 20}) {
     options.state_placement = bad;
     CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                    sa_optimizer_add_param(opt.get(), "a", 0, a.versioned(), nullptr, &options, nullptr),
@@ -130,7 +132,10 @@ TEST_CASE("state_placement: a CPU param's state is host memory, unknown placemen
                                                   &options, nullptr));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "b", 0, b.versioned(), nullptr,
                                                   nullptr, nullptr));
-  for (int64_t i : {0, 1}) {
+  options.state_placement = SA_STATE_ON_HOST_CPU_STEP;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "c", 0, c.versioned(), nullptr,
+                                                  &options, nullptr));
+  for (int64_t i : {0, 1, 2}) {
     sa_param_info info = SA_PARAM_INFO_INIT;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_param_info(opt.get(), i, &info));
     CHECK(info.state_placement == SA_STATE_ON_DEVICE);
@@ -138,10 +143,11 @@ TEST_CASE("state_placement: a CPU param's state is host memory, unknown placemen
   }
   const std::vector<unsigned char> initial = a.raw_bytes();
   const DLTensor g = grad.dl();
-  for (int64_t i : {0, 1}) REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), i, &g));
+  for (int64_t i : {0, 1, 2}) REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), i, &g));
   for (int s = 0; s < 3; ++s) REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
   CHECK(a.raw_bytes() != initial);  // stepped
   CHECK(a.raw_bytes() == b.raw_bytes());
+  CHECK(c.raw_bytes() == b.raw_bytes());
 }
 
 TEST_CASE("a master starts as the param's value, widened exactly", "[state]") {

@@ -159,9 +159,11 @@ typedef struct sa_optimizer sa_optimizer; /* opaque */
 
 typedef struct sa_optimizer_config {
   size_t struct_size;
-  int32_t num_threads; /* worker threads of the CPU backend and of state export (its
-                          checksums and writes); 0 = one per hardware thread */
-  int32_t cpu_simd;    /* CPU backend: 1 = SIMD when the CPU has FMA (default), 0 = scalar only */
+  int32_t num_threads; /* worker threads of the CPU backend, of a CPU step of state placed
+                          SA_STATE_ON_HOST_CPU_STEP, and of state export (its checksums and
+                          writes); 0 = one per hardware thread */
+  int32_t cpu_simd;    /* CPU backend and CPU steps: 1 = SIMD when the CPU has FMA (default),
+                          0 = scalar only */
 } sa_optimizer_config;
 
 #define SA_OPTIMIZER_CONFIG_INIT \

@@ -71,12 +71,86 @@ struct WorkItem {
   int64_t end;
 };
 
+// Every element of a set of slots, cut into work items that never straddle two slots, and
+// the pool's tasks: task t runs items [task_begin[t], task_begin[t + 1]) in order, runs of
+// consecutive items holding about kChunkElems elements (one item each for large shards). A
+// task per item would cost more than the arithmetic of tiny shards (measured: at 100k
+// shards of 16 elements the pool's per-task hand-out, an atomic all threads share, was ~15%
+// of FusedAdam's step); the items and their order are the same either way, so the results
+// are bitwise the same.
+struct WorkList {
+  std::vector<WorkItem> items;
+  std::vector<int64_t> task_begin{0};
+
+  void clear() {
+    items.clear();
+    task_begin.assign(1, 0);
+  }
+
+  // Items over elements [0, numel) of slot `slot` of bucket `bucket`.
+  void add(int32_t bucket, int32_t slot, int64_t numel) {
+    for (int64_t begin = 0; begin < numel; begin += kChunkElems)
+      items.push_back({bucket, slot, begin, std::min(begin + kChunkElems, numel)});
+  }
+
+  // Groups the items added into tasks.
+  void group() {
+    task_begin.clear();
+    int64_t elems = kChunkElems;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (elems >= kChunkElems) {
+        task_begin.push_back(static_cast<int64_t>(i));
+        elems = 0;
+      }
+      elems += items[i].end - items[i].begin;
+    }
+    task_begin.push_back(static_cast<int64_t>(items.size()));
+  }
+
+  // Calls body(i) for every item i, spread over `pool` by task.
+  template <class Body>
+  void run(ThreadPool& pool, const Body& body) const {
+    pool.parallel_for(static_cast<int64_t>(task_begin.size()) - 1, [&](int64_t t) {
+      for (int64_t i = task_begin[t]; i < task_begin[t + 1]; ++i) body(i);
+    });
+  }
+};
+
+int thread_count(const CpuBackendOptions& options) {
+  return options.num_threads > 0 ? options.num_threads
+                                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// HostStep on the CPU backend's kernels, with a pool of its own.
+class CpuHostStep final : public HostStep {
+ public:
+  explicit CpuHostStep(const CpuBackendOptions& options)
+      : pool_(thread_count(options)), simd_(options.simd) {}
+
+  void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots, std::size_t n,
+            const kernels::GroupCoeffs* coeffs) override {
+    work_.clear();
+    for (std::size_t s = 0; s < n; ++s)
+      work_.add(0, static_cast<int32_t>(s), slots[s].numel);
+    work_.group();
+    work_.run(pool_, [&](int64_t i) {
+      const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
+      const kernels::TensorSlot& slot = slots[item.slot];
+      kernels::adam_cpu_range(variant, slot, coeffs[slot.param_index], item.begin, item.end,
+                              simd_);
+    });
+  }
+
+ private:
+  ThreadPool pool_;
+  bool simd_;
+  WorkList work_;
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : pool_(options.num_threads > 0 ? options.num_threads
-                                      : std::max(1u, std::thread::hardware_concurrency())),
-        simd_(options.simd) {}
+      : pool_(thread_count(options)), simd_(options.simd) {}
 
   DLDevice device() const override { return DLDevice{kDLCPU, 0}; }
 
@@ -131,29 +205,16 @@ class CpuBackend final : public Backend {
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const auto& slots = plan.buckets[b].slots;
       for (std::size_t s = 0; s < slots.size(); ++s)
-        for (int64_t begin = 0; begin < slots[s].numel; begin += kChunkElems)
-          work_.push_back({static_cast<int32_t>(b), static_cast<int32_t>(s), begin,
-                           std::min(begin + kChunkElems, slots[s].numel)});
+        work_.add(static_cast<int32_t>(b), static_cast<int32_t>(s), slots[s].numel);
     }
-    partials_.assign(work_.size(), 0.0);
-    range_amax_.assign(work_.size(), 0.0f);
+    work_.group();
+    partials_.assign(work_.items.size(), 0.0);
+    range_amax_.assign(work_.items.size(), 0.0f);
     writes_amax_ = false;
     for (const Bucket& bucket : plan.buckets)
       writes_amax_ = writes_amax_ || bucket.variant.scaling == kernels::ParamScaling::delayed ||
                      kernels::is_current(bucket.variant.scaling);
     coeff_of_param_.resize(static_cast<std::size_t>(num_params));
-    // Tasks: runs of consecutive work items holding about kChunkElems elements (one item
-    // each for large shards).
-    task_begin_.clear();
-    int64_t elems = kChunkElems;
-    for (std::size_t i = 0; i < work_.size(); ++i) {
-      if (elems >= kChunkElems) {
-        task_begin_.push_back(static_cast<int64_t>(i));
-        elems = 0;
-      }
-      elems += work_[i].end - work_[i].begin;
-    }
-    task_begin_.push_back(static_cast<int64_t>(work_.size()));
   }
 
   void upload_slots(const Plan&, std::size_t, void*) override {}  // runs read the plan itself
@@ -201,7 +262,7 @@ class CpuBackend final : public Backend {
     for (const kernels::CurrentScale& c : plan.current) *c.scale.amax_bits = 0.0;
     if (verdict->skip) return;
     for_each_work_item([&](int64_t i) {
-      const WorkItem& item = work_[i];
+      const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
       if (slot.grad != nullptr) {
@@ -223,7 +284,7 @@ class CpuBackend final : public Backend {
     for (const kernels::CurrentScale& c : plan.current)
       kernels::write_current_scale(c.param, c.scaling, c.scale);
     for_each_work_item([&](int64_t i) {
-      const WorkItem& item = work_[i];
+      const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
       const Bucket& bucket = plan.buckets[item.bucket];
       if (!kernels::is_current(bucket.variant.scaling)) return;
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
@@ -251,13 +312,7 @@ class CpuBackend final : public Backend {
  private:
   ThreadPool pool_;
   bool simd_;
-  std::vector<WorkItem> work_;
-  // The pool's tasks: task t runs work items [task_begin_[t], task_begin_[t + 1]) in order.
-  // A task per work item would cost more than the arithmetic of tiny shards (measured: at
-  // 100k shards of 16 elements the pool's per-task hand-out, an atomic all threads share,
-  // was ~15% of FusedAdam's step); the items and their order are unchanged, so the
-  // results are bitwise the same.
-  std::vector<int64_t> task_begin_{0};
+  WorkList work_;
   // The last fold's coefficients (see launch_fold); reused every step.
   std::vector<kernels::GroupCoeffs> coeffs_;
   std::vector<int32_t> coeff_of_param_;
@@ -275,10 +330,11 @@ class CpuBackend final : public Backend {
   // (updated slots only); a current scaling's to its amax_bits (every slot: the second pass
   // casts them all).
   void write_amax(const Plan& plan) {
-    for (std::size_t i = 0; i < work_.size();) {
-      const WorkItem& first = work_[i];
+    const std::vector<WorkItem>& items = work_.items;
+    for (std::size_t i = 0; i < items.size();) {
+      const WorkItem& first = items[i];
       uint32_t amax = 0;
-      for (; i < work_.size() && work_[i].bucket == first.bucket && work_[i].slot == first.slot;
+      for (; i < items.size() && items[i].bucket == first.bucket && items[i].slot == first.slot;
            ++i)
         amax = kernels::quant8_absmax_combine(amax, kernels::quant8_magnitude_bits(range_amax_[i]));
       const Bucket& bucket = plan.buckets[first.bucket];
@@ -293,9 +349,7 @@ class CpuBackend final : public Backend {
   // Calls body(i) for every work item i, spread over the pool by task.
   template <class Body>
   void for_each_work_item(const Body& body) {
-    pool_.parallel_for(static_cast<int64_t>(task_begin_.size()) - 1, [&](int64_t t) {
-      for (int64_t i = task_begin_[t]; i < task_begin_[t + 1]; ++i) body(i);
-    });
+    work_.run(pool_, body);
   }
 
   // This rank's partial norm (step_control.h's kStatNorm) over the shards it counts:
@@ -303,7 +357,7 @@ class CpuBackend final : public Backend {
   // depend on the thread count.
   double local_norm(const Plan& plan, kernels::NormType norm) {
     for_each_work_item([&](int64_t i) {
-      const WorkItem& item = work_[i];
+      const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
       partials_[i] = slot.in_norm && slot.grad != nullptr
@@ -326,6 +380,10 @@ std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes) {
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
+}
+
+std::unique_ptr<HostStep> make_host_step(const CpuBackendOptions& options) {
+  return std::make_unique<CpuHostStep>(options);
 }
 
 }  // namespace sa

@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "../../kernels/cuda/adam_cuda.cuh"
@@ -239,9 +241,38 @@ struct DeviceTables {
   kernels::DeviceBucket master_view{};
 };
 
-// The device side of state on the host: the ring of kStagingSlots device buffers a step
-// streams it through, the streams of its uploads and downloads, and an event per ring slot
-// for each of the three stages that hand it on.
+// One copy a pipeline stage enqueues: `bytes` from `src` to `dst` (either side host or
+// device memory).
+struct Copy {
+  void* dst;
+  const void* src;
+  std::size_t bytes;
+};
+
+// Adds a copy to `copies`, extending the last one where both ends continue it.
+void add_copy(std::vector<Copy>& copies, void* dst, const void* src, std::size_t bytes) {
+  if (!copies.empty()) {
+    Copy& last = copies.back();
+    if (static_cast<char*>(last.dst) + last.bytes == dst &&
+        static_cast<const char*>(last.src) + last.bytes == src) {
+      last.bytes += bytes;
+      return;
+    }
+  }
+  copies.push_back({dst, src, bytes});
+}
+
+void enqueue_copies(const std::vector<Copy>& copies, cudaStream_t stream, const char* what) {
+  for (const Copy& c : copies)
+    check_cuda(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream), what);
+}
+
+// A ring of kStagingSlots buffers of kStagingSlotBytes that a step streams segments
+// through, in three stages on three streams: copies in (on in_), the segment's compute (on
+// the stream the caller names), copies out (on out_), with an event per ring slot for each
+// stage that hands it on. State on the host (GPU step): a device ring, state in, kernels on
+// the caller's stream, state out. State the CPU steps: a pinned host ring (the mirror),
+// param and grad in, the host's Adam as a stream callback, param out.
 class StagingPipeline {
  public:
   StagingPipeline() = default;
@@ -251,21 +282,21 @@ class StagingPipeline {
     for (cudaEvent_t e : {start_})
       if (e) cudaEventDestroy(e);
     for (Slot& s : slots_)
-      for (cudaEvent_t e : {s.uploaded, s.computed, s.downloaded})
+      for (cudaEvent_t e : {s.in, s.computed, s.out})
         if (e) cudaEventDestroy(e);
-    for (cudaStream_t s : {up_, down_})
+    for (cudaStream_t s : {in_, out_})
       if (s) cudaStreamDestroy(s);
   }
 
-  // Made on first use: a plan without state on the host costs nothing.
+  // Made on first use (the ring by `allocate`): a plan without such state costs nothing.
   void ensure(const std::function<std::shared_ptr<Buffer>(std::size_t)>& allocate) {
     if (ring_) return;
     ring_ = allocate(kStagingSlots * kStagingSlotBytes);
-    check_cuda(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&in_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&out_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming), "cudaEventCreate");
     for (Slot& s : slots_)
-      for (cudaEvent_t* e : {&s.uploaded, &s.computed, &s.downloaded})
+      for (cudaEvent_t* e : {&s.in, &s.computed, &s.out})
         check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
   }
 
@@ -273,59 +304,82 @@ class StagingPipeline {
     return static_cast<char*>(ring_->data()) + static_cast<std::size_t>(slot) * kStagingSlotBytes;
   }
 
-  // Enqueues one segment after those before it: its state up into ring slot `slot`,
-  // `launch` on `stream` once it is there, and its state down when `launch` is done. The
-  // upload waits until the ring slot's last segment has gone down.
-  // Uploads enqueued after this wait for the work on `stream` so far (the last step's
-  // downloads among it, which join() made the stream wait for). Every event a step waits
+  // Copies in enqueued after this wait for the work on `stream` so far (the last step's
+  // copies out among it, which join() made the stream wait for). Every event a step waits
   // for is recorded within it, so that a step can be captured in a CUDA graph (a capture
   // may not wait for work recorded outside it).
   void begin(cudaStream_t stream) {
     check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(up_, start_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(in_, start_, 0), "cudaStreamWaitEvent");
     for (Slot& s : slots_) s.used = false;
   }
 
-  template <typename Launch>
-  void run(const StagedSegment& seg, int slot, cudaStream_t stream, Launch&& launch) {
+  // Enqueues one segment after those before it: `in` (its copies) into ring slot `slot`,
+  // `compute` on `compute_stream` once they are there, and `out` when it is done. The copies
+  // in wait until the ring slot's last segment's copies out are done.
+  void run(int slot, const std::vector<Copy>& in, cudaStream_t compute_stream,
+           const std::function<void()>& compute, const std::vector<Copy>& out) {
     Slot& s = slots_[slot];
-    if (s.used)  // the ring slot's last segment of this step must be down first
-      check_cuda(cudaStreamWaitEvent(up_, s.downloaded, 0), "cudaStreamWaitEvent");
+    if (s.used)  // the ring slot's last segment of this step must be out first
+      check_cuda(cudaStreamWaitEvent(in_, s.out, 0), "cudaStreamWaitEvent");
     s.used = true;
-    copies(seg, slot, up_, /*up=*/true);
-    check_cuda(cudaEventRecord(s.uploaded, up_), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream, s.uploaded, 0), "cudaStreamWaitEvent");
-    launch();
-    check_cuda(cudaEventRecord(s.computed, stream), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(down_, s.computed, 0), "cudaStreamWaitEvent");
-    copies(seg, slot, down_, /*up=*/false);
-    check_cuda(cudaEventRecord(s.downloaded, down_), "cudaEventRecord");
+    enqueue_copies(in, in_, "staging a segment in");
+    check_cuda(cudaEventRecord(s.in, in_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(compute_stream, s.in, 0), "cudaStreamWaitEvent");
+    compute();
+    check_cuda(cudaEventRecord(s.computed, compute_stream), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(out_, s.computed, 0), "cudaStreamWaitEvent");
+    enqueue_copies(out, out_, "staging a segment out");
+    check_cuda(cudaEventRecord(s.out, out_), "cudaEventRecord");
   }
 
-  // The caller's stream waits until the last segment's state is back on the host.
+  // The caller's stream waits until the last segment's copies out are done.
   void join(int last_slot, cudaStream_t stream) {
-    check_cuda(cudaStreamWaitEvent(stream, slots_[last_slot].downloaded, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(stream, slots_[last_slot].out, 0), "cudaStreamWaitEvent");
   }
 
  private:
-  void copies(const StagedSegment& seg, int slot, cudaStream_t stream, bool up) {
-    char* ring_base = ring(slot);
-    for (const StagedCopy& c : seg.copies) {
-      char* on_ring = ring_base + c.ring_offset;
-      check_cuda(cudaMemcpyAsync(up ? on_ring : c.host, up ? c.host : on_ring, c.bytes,
-                                 up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
-                 up ? "uploading state from the host" : "downloading state to the host");
-    }
-  }
-
   struct Slot {
-    cudaEvent_t uploaded = nullptr, computed = nullptr, downloaded = nullptr;
+    cudaEvent_t in = nullptr, computed = nullptr, out = nullptr;
     bool used = false;  // a segment of this step went through it
   };
   std::shared_ptr<Buffer> ring_;
-  cudaStream_t up_ = nullptr, down_ = nullptr;
+  cudaStream_t in_ = nullptr, out_ = nullptr;
   cudaEvent_t start_ = nullptr;
   Slot slots_[kStagingSlots];
+};
+
+// The copies of a staged (GPU-step) segment between its host state and ring slot `ring`:
+// up (in) or down (out).
+std::vector<Copy> staged_copies(const StagedSegment& seg, char* ring, bool up) {
+  std::vector<Copy> out;
+  out.reserve(seg.copies.size());
+  for (const StagedCopy& c : seg.copies)
+    out.push_back(up ? Copy{ring + c.ring_offset, c.host, c.bytes}
+                     : Copy{c.host, ring + c.ring_offset, c.bytes});
+  return out;
+}
+
+// What the host does for one mirrored segment, as a stream callback: unless the step was
+// skipped, the host's Adam over its slots (param and grad in the mirror). It owns itself:
+// the callback deletes it.
+struct HostJob {
+  HostStep* host;
+  kernels::Variant variant;
+  std::vector<kernels::TensorSlot> slots;  // param_index: into coeffs
+  const kernels::GroupCoeffs* coeffs;
+  const kernels::StepVerdict* verdict;  // the step's, downloaded (pinned)
+  std::atomic<bool>* failed;            // set when the host's Adam throws
+
+  static void CUDART_CB run(void* data) {
+    std::unique_ptr<HostJob> job(static_cast<HostJob*>(data));
+    if (job->verdict->skip != 0) return;  // the mirror's param goes back up as it came down
+    try {
+      job->host->adam(job->variant, job->slots.data(), job->slots.size(), job->coeffs);
+    } catch (...) {
+      job->failed->store(true);
+    }
+  }
 };
 
 // Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): the update of
@@ -344,11 +398,25 @@ std::vector<kernels::TensorSlot> master_slots_of(const Bucket& bucket) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, HostStepFactory host_step)
+      : device_(device), make_host_step_(std::move(host_step)) {
     DeviceScope scope(device);
     cudaDeviceProp prop{};  // fails for a device index the runtime does not know
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   }
+
+  // A CPU step's callbacks read the host step, the mirror and host_coeffs_: let them finish.
+  ~CudaBackend() override {
+    if (!cpu_stream_) return;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    cudaStreamDestroy(cpu_stream_);
+    cudaSetDevice(previous);
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
 
   DLDevice device() const override { return DLDevice{kDLCUDA, device_}; }
 
@@ -467,6 +535,8 @@ class CudaBackend final : public Backend {
 
   void prepare(const Plan& plan, int64_t num_params) override {
     DeviceScope scope(device_);
+    // A CPU step still running reads host_coeffs_, which this may replace.
+    if (host_coeffs_) check_cuda(cudaDeviceSynchronize(), "waiting for the last CPU step");
     std::vector<DeviceTables> tables;
     std::vector<std::vector<DeviceTables>> segment_tables(plan.buckets.size());
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -498,8 +568,31 @@ class CudaBackend final : public Backend {
         allocate(std::max<std::size_t>(static_cast<std::size_t>(total_chunks), 1) * sizeof(double));
     auto coeffs = allocate(std::max<std::size_t>(static_cast<std::size_t>(num_params), 1) *
                            sizeof(kernels::GroupCoeffs));
+    // State the CPU steps: the param indices whose coefficients it reads.
+    int64_t lo = num_params, hi = -1;
+    for (const Bucket& bucket : plan.buckets)
+      for (const MirroredSegment& seg : bucket.mirrored)
+        for (const MirroredPiece& piece : seg.pieces) {
+          const int32_t index = bucket.slots[static_cast<std::size_t>(piece.slot)].param_index;
+          lo = std::min<int64_t>(lo, index);
+          hi = std::max<int64_t>(hi, index);
+        }
+    std::shared_ptr<Buffer> host_coeffs;
+    if (hi >= 0) {
+      if (!host_step_) host_step_ = make_host_step_();
+      mirror_.ensure([](std::size_t bytes) { return PinnedBuffer::staging(bytes); });
+      if (!cpu_stream_)
+        check_cuda(cudaStreamCreateWithFlags(&cpu_stream_, cudaStreamNonBlocking),
+                   "cudaStreamCreate");
+      host_coeffs = PinnedBuffer::staging(sizeof(kernels::StepVerdict) +
+                                          static_cast<std::size_t>(hi - lo + 1) *
+                                              sizeof(kernels::GroupCoeffs));
+    }
     tables_ = std::move(tables);
     segment_tables_ = std::move(segment_tables);
+    host_coeffs_ = std::move(host_coeffs);
+    coeffs_first_ = lo;
+    coeffs_count_ = hi - lo + 1;
     current_ = std::move(current);
     num_current_ = static_cast<int32_t>(plan.current.size());
     partials_ = std::move(partials);
@@ -557,6 +650,14 @@ class CudaBackend final : public Backend {
 
   void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void* stream) override {
     DeviceScope scope(device_);
+    if (host_failed_.exchange(false))
+      fail(SA_ERR_INTERNAL,
+           "the host's part of an earlier step of state placed SA_STATE_ON_HOST_CPU_STEP failed "
+           "(out of host memory?); those params were not updated at that step");
+    if (host_coeffs_ && capturing(stream))
+      fail(SA_ERR_STATE,
+           "a step of state placed SA_STATE_ON_HOST_CPU_STEP cannot be captured in a CUDA graph "
+           "(its host part is a stream callback with per-step data)");
     const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
                                    verdict};
     const auto s = static_cast<cudaStream_t>(stream);
@@ -565,9 +666,12 @@ class CudaBackend final : public Backend {
     bool staged = false;
     for (const Bucket& bucket : plan.buckets) staged = staged || !bucket.segments.empty();
     if (staged) pipeline_.begin(s);  // uploads start now, beside the device buckets' launches
+    if (host_coeffs_) launch_host_steps(plan, verdict, s);  // its copies start now too
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const kernels::Variant& v = plan.buckets[b].variant;
-      if (!plan.buckets[b].segments.empty()) continue;
+      if (!plan.buckets[b].segments.empty() ||
+          plan.buckets[b].placement == StatePlacement::host_cpu_step)
+        continue;
       check_cuda(steps_masters_apart(v) ? kernels::launch_adam_bucket_scaled_blocks(
                                               v, tables_[b].view, tables_[b].master_view, step, s)
                                         : kernels::launch_adam_bucket(v, tables_[b].view, step, s),
@@ -584,14 +688,69 @@ class CudaBackend final : public Backend {
             }))
           continue;
         const kernels::DeviceBucket& view = segment_tables_[b][i].view;
-        last = bucket.segments[i].ring_slot;
-        pipeline_.run(bucket.segments[i], last, s, [&] {
-          check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
-                     "Adam kernel launch");
-        });
+        const StagedSegment& seg = bucket.segments[i];
+        last = seg.ring_slot;
+        pipeline_.run(
+            last, staged_copies(seg, pipeline_.ring(last), /*up=*/true), s,
+            [&] {
+              check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
+                         "Adam kernel launch");
+            },
+            staged_copies(seg, pipeline_.ring(last), /*up=*/false));
       }
     }
     if (last >= 0) pipeline_.join(last, s);
+  }
+
+  // State the CPU steps: the step's verdict and coefficients come down, then each mirrored
+  // segment whose params have grads: param and grad down into the mirror, the host's Adam
+  // (a callback on cpu_stream_), the param back up. The caller's stream waits for the last.
+  void launch_host_steps(const Plan& plan, const kernels::StepVerdict* verdict, cudaStream_t s) {
+    auto* host_verdict = static_cast<kernels::StepVerdict*>(host_coeffs_->data());
+    auto* host_coeffs = reinterpret_cast<kernels::GroupCoeffs*>(host_verdict + 1);
+    check_cuda(cudaMemcpyAsync(host_verdict, verdict, sizeof *verdict, cudaMemcpyDeviceToHost, s),
+               "downloading the step's verdict");
+    check_cuda(cudaMemcpyAsync(host_coeffs,
+                               static_cast<const kernels::GroupCoeffs*>(coeffs_->data()) +
+                                   coeffs_first_,
+                               static_cast<std::size_t>(coeffs_count_) * sizeof *host_coeffs,
+                               cudaMemcpyDeviceToHost, s),
+               "downloading the step's coefficients");
+    mirror_.begin(s);
+    int last = -1;
+    for (const Bucket& bucket : plan.buckets) {
+      const auto param_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.param));
+      const auto grad_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.grad));
+      for (const MirroredSegment& seg : bucket.mirrored) {
+        char* ring = mirror_.ring(seg.ring_slot);
+        auto job = std::make_unique<HostJob>(
+            HostJob{host_step_.get(), bucket.variant, {}, host_coeffs, host_verdict, &host_failed_});
+        std::vector<Copy> down, up;
+        for (const MirroredPiece& piece : seg.pieces) {
+          const kernels::TensorSlot& slot = bucket.slots[static_cast<std::size_t>(piece.slot)];
+          if (slot.grad == nullptr) continue;  // not stepped (no grad, or not in the subset)
+          char* param = static_cast<char*>(slot.param) + piece.first * param_bytes;
+          const char* grad = static_cast<const char*>(slot.grad) + piece.first * grad_bytes;
+          const std::size_t p = piece.count * param_bytes, g = piece.count * grad_bytes;
+          add_copy(down, ring + piece.param_offset, param, p);
+          add_copy(down, ring + piece.grad_offset, grad, g);
+          add_copy(up, param, ring + piece.param_offset, p);
+          job->slots.push_back(mirrored_slot(bucket, piece, ring));
+          job->slots.back().param_index -= static_cast<int32_t>(coeffs_first_);
+        }
+        if (job->slots.empty()) continue;  // stays put
+        last = seg.ring_slot;
+        mirror_.run(
+            last, down, cpu_stream_,
+            [&] {
+              check_cuda(cudaLaunchHostFunc(cpu_stream_, &HostJob::run, job.get()),
+                         "enqueuing the host's step");
+              job.release();  // the callback owns it now
+            },
+            up);
+      }
+    }
+    if (last >= 0) mirror_.join(last, s);
   }
 
   void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,
@@ -627,6 +786,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  HostStepFactory make_host_step_;
   std::vector<DeviceTables> tables_;
   // Per bucket: the tables of its staged segments (state on the host), else none.
   std::vector<std::vector<DeviceTables>> segment_tables_;
@@ -637,12 +797,21 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Buffer> partials_;  // per chunk of every bucket: the norm partials
   std::shared_ptr<Buffer> coeffs_;    // per param: what the last fold folded
   StagingRing staging_;
+  // State the CPU steps (made on first need): the host's Adam, the mirror ring its params
+  // and grads go through, the stream its callbacks run on, and the step's verdict and
+  // coefficients of params [coeffs_first_, + coeffs_count_) as they come down (pinned).
+  std::unique_ptr<HostStep> host_step_;
+  StagingPipeline mirror_;
+  cudaStream_t cpu_stream_ = nullptr;
+  std::shared_ptr<Buffer> host_coeffs_;
+  int64_t coeffs_first_ = 0, coeffs_count_ = 0;
+  std::atomic<bool> host_failed_{false};  // a callback's Adam threw
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<CudaBackend>(device);
+std::unique_ptr<Backend> make_cuda_backend(int device, HostStepFactory host_step) {
+  return std::make_unique<CudaBackend>(device, std::move(host_step));
 }
 
 }  // namespace sa

@@ -19,7 +19,7 @@
 namespace sa {
 
 // Bumped when CudaModule changes shape (or what it shares: Backend, the kernels' tables).
-constexpr uint32_t kCudaModuleInterface = 4;
+constexpr uint32_t kCudaModuleInterface = 5;
 
 // The module's file name, and the C symbol of its entry point.
 #define SA_CUDA_MODULE_FILE "libshardadam-cuda.so"
@@ -31,7 +31,9 @@ struct CudaModule {
   const char* description;     // for sa_build_info(): "device memory, one launch per bucket"
   // Devices this process sees; 0 (and no throw) when there is no driver or no device.
   int (*device_count)();
-  std::unique_ptr<Backend> (*make_backend)(int device);
+  // The backend of `device`; `host_step` makes the HostStep it steps host_cpu_step state
+  // with, the first time a plan has some.
+  std::unique_ptr<Backend> (*make_backend)(int device, HostStepFactory host_step);
   // NCCL, when the module was built with it (else these are NULL).
   void (*nccl_unique_id)(sa_nccl_unique_id& out);
   std::shared_ptr<Comm> (*make_nccl_comm)(const sa_nccl_unique_id& id, int32_t nranks, int32_t rank,
@@ -45,7 +47,7 @@ using CudaModuleEntry = const CudaModule* (*)();
 // ---- the module's side -----------------------------------------------------------------
 
 // The CUDA backend on `device` (cuda_backend.cu).
-std::unique_ptr<Backend> make_cuda_backend(int device);
+std::unique_ptr<Backend> make_cuda_backend(int device, HostStepFactory host_step);
 
 // ---- the core's side (module_loader.cpp) ------------------------------------------------
 

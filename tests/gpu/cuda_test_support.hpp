@@ -105,15 +105,29 @@ class DeviceFloat {
 
 // Where the CUDA optimizer of a GPU test keeps its params' state (sa_state_placement).
 enum class GpuState {
-  device,  // every param's in device memory
-  host,    // every param's in pinned host memory (SA_STATE_ON_HOST)
-  mixed    // every other param's on the host, the others' on the device: buckets of both
+  device,    // every param's in device memory
+  host,      // every param's in pinned host memory (SA_STATE_ON_HOST)
+  mixed,     // every other param's on the host, the others' on the device: buckets of both
+  cpu_step,  // every param's on the host, stepped by the CPU (SA_STATE_ON_HOST_CPU_STEP)
+  all_three  // the i-th param's on the device, on the host, stepped by the CPU, by i % 3
 };
 
 // The placement `mode` gives the i-th param added.
 inline int32_t placement_of(GpuState mode, std::size_t i) {
-  if (mode == GpuState::host || (mode == GpuState::mixed && i % 2 == 1)) return SA_STATE_ON_HOST;
-  return SA_STATE_ON_DEVICE;
+  switch (mode) {
+    case GpuState::device:
+      return SA_STATE_ON_DEVICE;
+    case GpuState::host:
+      return SA_STATE_ON_HOST;
+    case GpuState::mixed:
+      return i % 2 == 1 ? SA_STATE_ON_HOST : SA_STATE_ON_DEVICE;
+    case GpuState::cpu_step:
+      return SA_STATE_ON_HOST_CPU_STEP;
+    case GpuState::all_three:
+      break;
+  }
+  const int32_t placements[3] = {SA_STATE_ON_DEVICE, SA_STATE_ON_HOST, SA_STATE_ON_HOST_CPU_STEP};
+  return placements[i % 3];
 }
 
 inline std::vector<unsigned char> download_view(const StateView& v) {

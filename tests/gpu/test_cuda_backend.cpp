@@ -75,6 +75,19 @@ TEST_CASE("an optimizer with state on the host and on the device equals the CPU 
   every_variant_against_cpu(GpuState::mixed);
 }
 
+// State the CPU steps: the device's verdict and coefficients, the CPU backend's kernels on
+// the param and grad brought down: the CPU backend's bits, found_inf's skip and params
+// without grads included.
+TEST_CASE("every variant with its state stepped by the CPU equals the CPU backend bit for bit",
+          "[gpu][offload][cpu_step]") {
+  every_variant_against_cpu(GpuState::cpu_step);
+}
+
+TEST_CASE("an optimizer with state in all three placements equals the CPU backend",
+          "[gpu][offload][cpu_step]") {
+  every_variant_against_cpu(GpuState::all_three);
+}
+
 // The block-moment kernel's grid is persistent (a few thread blocks per multiprocessor, each
 // taking every gridDim.x-th chunk): a bucket of many more chunks than the grid has thread
 // blocks, with a partial last q8 block, must equal the CPU everywhere.
@@ -468,13 +481,16 @@ TEST_CASE("state on the host that the host cannot pin fails add_param and adds n
 // than the ring holds are cut into pieces of whole blocks over many segments (the ring
 // wraps around several times), small ones share a segment, and a 8-bit moment's last,
 // partial block ends its last piece. Every piece must update as the whole param does.
+// State the CPU steps goes the same way through a mirror ring of 3 pinned host buffers of
+// 32 MiB (param and grad).
 TEST_CASE("state on the host larger than the staging ring steps to the CPU's bits",
           "[gpu][offload]") {
   const VariantSpec variants[] = {kVariants[0], kVariants[7], kVariants[10]};
+  for (const GpuState state : {GpuState::host, GpuState::cpu_step})
   for (const VariantSpec& v : variants) {
-    DYNAMIC_SECTION(v.label) {
+    DYNAMIC_SECTION(v.label << (state == GpuState::cpu_step ? ", stepped by the CPU" : "")) {
       Rng rng(0x5E6 + static_cast<uint64_t>(v.master));
-      Twin t(GpuState::host);
+      Twin t(state);
       t.add_groups(v.amsgrad);
       t.add("small.0", 0, v, {1000}, 0, rng);
       t.add("big", 1, v, {9, 1'000'003}, 1, rng);  // ~9M elements: 72-144 MB of state
@@ -494,7 +510,7 @@ TEST_CASE("state on the host larger than the staging ring steps to the CPU's bit
 TEST_CASE("partial steps on CUDA equal the CPU backend's, state on the host or the device",
           "[gpu][offload][partial]") {
   Rng rng(0x9A47);
-  Twin t(GpuState::mixed);
+  Twin t(GpuState::all_three);
   t.add_groups(false);
   const VariantSpec& v = kVariants[3];  // bf16 + fp32 master
   for (int i = 0; i < 12; ++i)
@@ -547,4 +563,65 @@ TEST_CASE("a full step captured after a partial step and a flush replays to the 
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// A step of state the CPU steps runs host callbacks with per-step data: a capture is refused
+// (SA_ERR_STATE) and changes nothing; the step outside capture then gives the CPU's bits.
+TEST_CASE("a step of state stepped by the CPU refuses capture and changes nothing",
+          "[gpu][offload][cpu_step]") {
+  Rng rng(0xCA97);
+  Twin t(GpuState::all_three);
+  t.add_groups(false);
+  for (int i = 0; i < 6; ++i) t.add("p" + std::to_string(i), i % 2, kVariants[3], {3000 + 11 * i}, 0, rng);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  t.bind_new_grads(rng, false, true);
+  t.step_both(1.0f, 0.0f, stream);
+  REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const sa_status captured = sa_optimizer_step(t.gpu.get(), nullptr, stream);
+  const std::string why = sa_optimizer_last_error(t.gpu.get());
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // before any REQUIRE
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  CHECK(captured == SA_ERR_STATE);
+  CHECK(why.find("SA_STATE_ON_HOST_CPU_STEP cannot be captured") != std::string::npos);
+  (void)ended;
+  cudaGetLastError();  // an invalidated capture leaves its error
+  CUDA_OK(cudaStreamSynchronize(stream));
+  t.require_identical();  // nothing ran
+  t.step_both(1.0f, 0.0f, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  t.require_identical();
+  CHECK(step_count(t.gpu.get(), 0) == 2);
+  cudaStreamDestroy(stream);
+}
+
+// An fp8 param's cast writes scales and amaxes on the device: the CPU does not step it, and
+// says which placement does. A value past the last placement names all three.
+TEST_CASE("state stepped by the CPU refuses fp8 params and unknown placements, adding nothing",
+          "[gpu][offload][cpu_step]") {
+  OptimizerPtr opt = make_optimizer();
+  const sa_group_config group = group_config(1e-3, 0.0, 1);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, nullptr));
+  DeviceTensor codes({256}, kFloat8E4m3fn), scale({1}, kFloat32);
+  HostTensor one({1}, kFloat32);
+  one.as<float>()[0] = 1.0f;
+  scale.upload(one);
+  sa_param_options options = SA_PARAM_OPTIONS_INIT;
+  options.scaling = SA_SCALING_DELAYED;
+  options.scale = scale.versioned();
+  options.state_placement = SA_STATE_ON_HOST_CPU_STEP;
+  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(opt.get(), "fp8", 0, codes.versioned(), nullptr, &options,
+                                        nullptr),
+                 "param 'fp8'", "SA_STATE_ON_HOST_CPU_STEP", "use SA_STATE_ON_HOST");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  DeviceTensor w({16}, kFloat32);
+  sa_param_options plain = SA_PARAM_OPTIONS_INIT;
+  plain.state_placement = 3;
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, &plain, nullptr),
+                 "state_placement is 3", "SA_STATE_ON_HOST_CPU_STEP 2");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
 }

@@ -133,15 +133,16 @@ TEST_CASE("clipping on CUDA: the norm equals the CPU's to 1e-12 and params stay 
   cudaStreamDestroy(stream);
 }
 
-// The norm and the skip decision read grads only: with the state on the host, clipped and
-// skipped steps give the norms and bits of state in device memory.
+// The norm and the skip decision read grads only: with the state on the host, stepped there
+// by the GPU or the CPU, clipped and skipped steps give the norms and bits of state in device
+// memory.
 TEST_CASE("clipping and found_inf with the state on the host give the bits of state on the device",
           "[gpu][clip][offload]") {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (int32_t norm_type : {SA_NORM_L2, SA_NORM_INF}) {
     DYNAMIC_SECTION((norm_type == SA_NORM_L2 ? "L2" : "inf")) {
-      Twin on_device(GpuState::device), on_host(GpuState::mixed);
+      Twin on_device(GpuState::device), on_host(GpuState::all_three);
       for (Twin* t : {&on_device, &on_host}) {
         Rng rng(0x0FF1 + static_cast<uint64_t>(norm_type));  // the same shards and grads
         t->add_groups(false);

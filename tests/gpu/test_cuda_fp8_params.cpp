@@ -273,7 +273,7 @@ struct Fp8Twin {
         const StateView c = state_view(cpu.get(), static_cast<int64_t>(i), keys[k]);
         const StateView d = state_view(gpu.get(), static_cast<int64_t>(i), keys[k]);
         CHECK(d.view->dl_tensor.device.device_type ==
-              (placement_of(gpu_state, i) == SA_STATE_ON_HOST ? kDLCPU : kDLCUDA));
+              (placement_of(gpu_state, i) != SA_STATE_ON_DEVICE ? kDLCPU : kDLCUDA));
         const bool f32 = same_dtype(c.view->dl_tensor.dtype, kFloat32);
         if (f32)
           CHECK(same_floats(download_view(d), c.raw_bytes(), s.has_nan));

@@ -204,7 +204,9 @@ TEST_CASE("CUDA shard files of state on the host: the CPU's bytes, loaded across
   const Problem& prob = io_problem();
   const Scenario save = mesh_scenario("Shard(0) over 2", {2}, {shard(0)});
   auto cpu_save = make_ranks(prob, save, prob.initial_values());
-  auto host_save = make_gpu_ranks(prob, save, prob.initial_values(), io_groups(), GpuState::host);
+  // Every placement: on the device, on the host, stepped by the CPU (by param index % 3).
+  auto host_save =
+      make_gpu_ranks(prob, save, prob.initial_values(), io_groups(), GpuState::all_three);
   for (int s = 0; s < kSaveAt; ++s) {
     for (auto& r : cpu_save) r->step(s);
     for (auto& r : host_save) r->step(s);
@@ -232,7 +234,7 @@ TEST_CASE("CUDA shard files of state on the host: the CPU's bytes, loaded across
   }
   const std::vector<Bytes> values = param_values(unsharded_after(prob, kSaveAt));
   const Scenario load = mesh_scenario("Shard(1) over 3", {3}, {shard(1)});
-  for (GpuState into : {GpuState::host, GpuState::mixed, GpuState::device}) {
+  for (GpuState into : {GpuState::host, GpuState::mixed, GpuState::all_three, GpuState::device}) {
     for (uint64_t staging : {uint64_t{0}, uint64_t{1}}) {
       INFO("into placement " << static_cast<int>(into) << ", staging_bytes " << staging);
       const sa_import_options options = import_options(staging);

@@ -211,7 +211,7 @@ struct Twin {
         const StateView c = state_view(cpu.get(), static_cast<int64_t>(i), key);
         const StateView d = state_view(gpu.get(), static_cast<int64_t>(i), key);
         CHECK(d.view->dl_tensor.device.device_type ==
-              (placement_of(gpu_state, i) == SA_STATE_ON_HOST ? kDLCPU : kDLCUDA));
+              (placement_of(gpu_state, i) != SA_STATE_ON_DEVICE ? kDLCPU : kDLCUDA));
         CHECK(download_view(d) == c.raw_bytes());
       }
     }

@@ -24,7 +24,8 @@ _MASTER_KINDS = {
 }
 _MASTER_NAMES = {_C.SA_MASTER_NONE: "none", _C.SA_MASTER_FP32: "fp32", _C.SA_MASTER_REMAINDER: "remainder"}
 # sa_state_placement: where a param's state lives.
-STATE_PLACEMENTS = {"device": _C.SA_STATE_ON_DEVICE, "host": _C.SA_STATE_ON_HOST}
+STATE_PLACEMENTS = {"device": _C.SA_STATE_ON_DEVICE, "host": _C.SA_STATE_ON_HOST,
+                    "host_cpu_step": _C.SA_STATE_ON_HOST_CPU_STEP}
 _PLACEMENT_NAMES = {value: name for name, value in STATE_PLACEMENTS.items()}
 
 
@@ -44,8 +45,8 @@ class ParamInfo:
     ``"remainder"``), ``device`` (a DLPack ``(device_type, device_id)`` tuple), ``scaling``
     (how an fp8 param is cast from its master: ``"delayed"``, ``"mxfp8"``, ``"block128"``,
     ``"current"``, ``"current_pow2"``; ``"none"`` for other params), ``margin`` (a current
-    scaling's; 0 otherwise), ``placement`` (where its state lives: ``"device"`` or
-    ``"host"``; a CPU param's is always ``"device"``).
+    scaling's; 0 otherwise), ``placement`` (where its state lives: ``"device"``, ``"host"``
+    or ``"host_cpu_step"``; a CPU param's is always ``"device"``).
     """
 
     __slots__ = ("index", "name", "group", "local_shape", "global_shape", "global_offset", "numel",
@@ -413,9 +414,13 @@ class Optimizer(OwnsHandle):
                 ``"device"`` (the param's device memory), or ``"host"``: for a CUDA param,
                 pinned host memory that each step streams through a fixed device ring (3 x 32
                 MiB) over the host link, each state byte once each way, with the same bits as
-                on the device; its state views are CPU tensors. A CPU param's state is host
-                memory either way (its ``placement`` reads ``"device"``). Raises
-                :class:`OutOfMemory` when the host cannot pin it, adding nothing.
+                on the device; its state views are CPU tensors. Or ``"host_cpu_step"``:
+                pinned host memory that the host's threads (``num_threads``) step, on the param
+                and grad brought down each step (the param goes back up): the same bits, no
+                state byte over the link, no CUDA graph capture, not for fp8 params. A CPU
+                param's state is host memory either way (its ``placement`` reads
+                ``"device"``). Raises :class:`OutOfMemory` when the host cannot pin it, adding
+                nothing.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
         self._handle_or_raise()

@@ -78,7 +78,7 @@ _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # The scalings whose scale is the whole tensor's amax (sa_param_scaling's current ones).
 _CURRENT_SCALINGS = ("current", "current_pow2")
 # FusedAdam's offload= values and the state placement (Optimizer.add_param) each gives.
-_OFFLOADS = {None: None, "host": "host"}
+_OFFLOADS = {None: None, "host": "host", "cpu": "host_cpu_step"}
 
 
 def _splits_across_ranks(param):
@@ -345,12 +345,17 @@ class FusedAdam(torch.optim.Optimizer):
             8-bit optimizers (4096): their state is small, and a block each costs its
             absmax. The whole tensor's element count decides (a DTensor's global one), so
             every rank agrees. 0: every param takes ``moment_dtype``.
-        num_threads: CPU params: worker threads (0: one per hardware thread).
+        num_threads: CPU params and ``offload="cpu"``: worker threads (0: one per hardware
+            thread).
         offload: None (state in the params' device memory) or ``"host"``: every param's
             state (fp32 master, moments, block scales) in pinned host memory, which each step
             streams through a fixed device ring (3 x 32 MiB) over the host link: no device
             memory of its own, the same bits as without offload, a step at the link's speed
-            (``bench/offload_step``). ``state_dict()`` then holds CPU tensors. CPU params'
+            (``bench/offload_step``). ``state_dict()`` then holds CPU tensors. Or ``"cpu"``
+            (ZeRO-Offload's scheme): the state in pinned host memory, stepped there by the
+            host's threads (``num_threads``) on each param and grad brought down, the param sent
+            back up: the same bits again, no state byte over the link, but the step runs at the
+            host's memory bandwidth; not for fp8 params nor inside a CUDA graph. CPU params'
             state is host memory either way.
         step_in_backward: step each param as soon as its grad is ready, during the backward
             (torch's post-accumulate-grad hook; FSDP2 calls it once a grad is reduce-scattered),

@@ -278,18 +278,21 @@ def test_an_in_place_write_to_a_read_step_raises_instead_of_being_lost():
 
 
 def test_offload_is_checked_and_kept_by_copies():
-    """offload= takes None or "host" (CPU params: their state is host memory already, so the
-    run is AdamW's as without it); anything else is refused by name; a deepcopy keeps it."""
-    with pytest.raises(ValueError, match="offload must be one of None, 'host', got 'cpu'"):
-        FusedAdam(make_model().parameters(), offload="cpu")
-    ours, reference = make_model(), make_model()
-    opt = FusedAdam(ours.parameters(), **HYPER, offload="host")
-    torch_opt = torch.optim.AdamW(reference.parameters(), **HYPER)
-    train(ours, opt, batches(8))
-    train(reference, torch_opt, batches(8))
-    for p, q in zip(ours.parameters(), reference.parameters()):
-        torch.testing.assert_close(p, q, rtol=RTOL, atol=1e-6)
-    assert copy.deepcopy(opt)._options["offload"] == "host"
+    """offload= takes None, "host" or "cpu" (CPU params: their state is host memory already,
+    so the run is AdamW's as without it); anything else is refused by name; a deepcopy keeps
+    it."""
+    with pytest.raises(ValueError, match="offload must be one of None, 'host', 'cpu', got 'gpu'"):
+        FusedAdam(make_model().parameters(), offload="gpu")
+    for offload in ("host", "cpu"):
+        ours, reference = make_model(), make_model()
+        opt = FusedAdam(ours.parameters(), **HYPER, offload=offload)
+        torch_opt = torch.optim.AdamW(reference.parameters(), **HYPER)
+        train(ours, opt, batches(8))
+        train(reference, torch_opt, batches(8))
+        for p, q in zip(ours.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=RTOL, atol=1e-6)
+            assert opt.native.param_info(opt._entry_of[p].index).placement == "device"
+        assert copy.deepcopy(opt)._options["offload"] == offload
 
 
 @pytest.mark.parametrize("device", DEVICES)

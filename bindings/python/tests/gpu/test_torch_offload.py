@@ -1,8 +1,9 @@
-"""FusedAdam(offload="host"): state in pinned host memory, stepped by the GPU in place.
+"""FusedAdam(offload="host" | "cpu"): state in pinned host memory, stepped by the GPU through
+a device ring ("host") or by the host's threads on the param and grad brought down ("cpu").
 
-The same kernels read and write the state over the host link, so every param and state is
-bit for bit what FusedAdam without offload computes; the offloaded state takes no device
-memory. Needs torch and a CUDA device (skipped otherwise). Run from the repository root after
+Either way every param and state is bit for bit what FusedAdam without offload computes (the
+kernels are bitwise the same on both sides, and the coefficients are the device's); the
+offloaded state takes no device memory. Needs torch and a CUDA device (skipped otherwise). Run from the repository root after
 `pip install ./bindings/python`:
 
     python -m pytest -q bindings/python/tests/gpu/test_torch_offload.py
@@ -14,6 +15,9 @@ from shardadam.torch import FusedAdam  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+# The placement (ParamInfo.placement) each offload= gives a CUDA param.
+PLACEMENT = {"host": "host", "cpu": "host_cpu_step"}
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
 
@@ -56,15 +60,16 @@ def bits(t):
 @pytest.mark.parametrize("dtype,options", VARIANTS, ids=["fp32", "bf16-master", "bf16-remainder",
                                                           "8bit", "float8-amsgrad"])
 @pytest.mark.parametrize("max_grad_norm", [None, 0.5])
-def test_offload_host_steps_the_bits_of_device_state(dtype, options, max_grad_norm):
+@pytest.mark.parametrize("offload", ["host", "cpu"])
+def test_offload_steps_the_bits_of_device_state(dtype, options, max_grad_norm, offload):
     on_device, on_host = make_model(dtype), make_model(dtype)
     a = FusedAdam(on_device.parameters(), **HYPER, **options, max_grad_norm=max_grad_norm)
-    b = FusedAdam(on_host.parameters(), **HYPER, **options, max_grad_norm=max_grad_norm, offload="host")
+    b = FusedAdam(on_host.parameters(), **HYPER, **options, max_grad_norm=max_grad_norm, offload=offload)
     assert train(on_device, a, 8) == train(on_host, b, 8)
     for (name, p), q in zip(on_device.named_parameters(), on_host.parameters()):
         assert torch.equal(bits(p), bits(q)), name
         info = b.native.param_info(b._entry_of[q].index)
-        assert info.placement == "host"
+        assert info.placement == PLACEMENT[offload]
         assert a.native.param_info(a._entry_of[p].index).placement == "device"
         for key in a.native.state_keys(a._entry_of[p].index):
             x = a.state[p][key]
@@ -75,9 +80,10 @@ def test_offload_host_steps_the_bits_of_device_state(dtype, options, max_grad_no
         assert torch.equal(a.grad_norm, b.grad_norm)
 
 
-def test_offloaded_state_is_pinned_host_memory_and_state_dicts_cross_placements():
+@pytest.mark.parametrize("offload", ["host", "cpu"])
+def test_offloaded_state_is_pinned_host_memory_and_state_dicts_cross_placements(offload):
     model = make_model(torch.bfloat16)
-    opt = FusedAdam(model.parameters(), **HYPER, offload="host")
+    opt = FusedAdam(model.parameters(), **HYPER, offload=offload)
     train(model, opt, 3)
     # Every state in pinned host memory (cudaHostAlloc'd: torch sees it pinned), none on the device.
     for p in model.parameters():
@@ -93,16 +99,17 @@ def test_offloaded_state_is_pinned_host_memory_and_state_dicts_cross_placements(
     on_device.load_state_dict(saved)
     again = make_model(torch.bfloat16, seed=6)
     again.load_state_dict(model.state_dict())
-    on_host = FusedAdam(again.parameters(), **HYPER, offload="host")
+    on_host = FusedAdam(again.parameters(), **HYPER, offload=offload)
     on_host.load_state_dict(on_device.state_dict())
     assert train(twin, on_device, 3, seed=9) == train(again, on_host, 3, seed=9)
     for p, q in zip(twin.parameters(), again.parameters()):
         assert torch.equal(bits(p), bits(q))
 
 
-def test_offload_host_shard_files_load_into_device_state(tmp_path):
+@pytest.mark.parametrize("offload", ["host", "cpu"])
+def test_offload_shard_files_load_into_device_state(tmp_path, offload):
     model = make_model(torch.float32)
-    opt = FusedAdam(model.parameters(), **HYPER, offload="host", moment_dtype=torch.uint8, min_8bit_size=0)
+    opt = FusedAdam(model.parameters(), **HYPER, offload=offload, moment_dtype=torch.uint8, min_8bit_size=0)
     train(model, opt, 4)
     path = tmp_path / "rank0.safetensors"
     opt.save_shard_file(str(path))
@@ -115,14 +122,27 @@ def test_offload_host_shard_files_load_into_device_state(tmp_path):
         assert torch.equal(bits(p), bits(q))
 
 
-def test_offload_host_with_step_in_backward_gives_the_same_bits():
+@pytest.mark.parametrize("offload", ["host", "cpu"])
+def test_offload_with_step_in_backward_gives_the_same_bits(offload):
     """Partial steps during the backward over state on the host (only the ring segments of
     the params that got their grads move): the bits of a plain step over device state."""
     plain, ours = make_model(torch.bfloat16), make_model(torch.bfloat16)
     a = FusedAdam(plain.parameters(), **HYPER)
-    b = FusedAdam(ours.parameters(), **HYPER, offload="host", step_in_backward=True)
+    b = FusedAdam(ours.parameters(), **HYPER, offload=offload, step_in_backward=True)
     b._ARRIVED_BYTES = 1  # a partial step per param
     assert train(plain, a, 6) == train(ours, b, 6)
     for p, q in zip(plain.parameters(), ours.parameters()):
         assert torch.equal(bits(p), bits(q))
         assert q.grad is None
+
+
+def test_offload_cpu_refuses_fp8_params_by_name():
+    """An fp8 param's cast writes its scales on the device: offload="cpu" refuses it, naming
+    the placement that takes it."""
+    from shardadam import Unsupported
+    from shardadam.torch import Fp8
+    param = torch.nn.Parameter(torch.randn(32, 256, device="cuda").to(torch.float8_e4m3fn), requires_grad=False)
+    scale = torch.ones(1, device="cuda")
+    with pytest.raises(Unsupported, match="SA_STATE_ON_HOST_CPU_STEP.*use SA_STATE_ON_HOST"):
+        FusedAdam([param], **HYPER, offload="cpu", fp8={param: Fp8("delayed", scale)})
+    FusedAdam([param], **HYPER, offload="host", fp8={param: Fp8("delayed", scale)})  # takes it
