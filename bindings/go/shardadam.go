@@ -192,6 +192,15 @@ const (
 	// so it takes no device memory of its own; its state views are host memory. A CPU param's
 	// state is host memory already: the library resolves this to StateOnDevice.
 	StateOnHost StatePlacement = C.SA_STATE_ON_HOST
+	// StateOnHostCPUStep: in host memory the optimizer owns, stepped by the CPU
+	// (ZeRO-Offload's scheme): each step a CUDA param's param and grad come down into a
+	// fixed ring of pinned host buffers, the host's threads (Config.NumThreads) update the
+	// state there, and the param goes back up, so no state byte crosses the host link. The
+	// step's decision and coefficients are the device's: the results are bit for bit those
+	// of the other placements. The step cannot be captured in a CUDA graph, and fp8 params
+	// are refused with StatusUnsupported (use StateOnHost). A CPU param's state is host
+	// memory already: the library resolves this to StateOnDevice.
+	StateOnHostCPUStep StatePlacement = C.SA_STATE_ON_HOST_CPU_STEP
 )
 
 // Scaling says how an fp8 param (Float8E4M3FN, Float8E5M2) is cast from its float32 master
@@ -237,9 +246,10 @@ type ParamOptions struct {
 	// so values up to 2^Margin * amax still fit before they saturate; 0 (the default) to 6
 	// (the library refuses others, and a non-zero Margin for any other scaling).
 	Margin int32
-	// Where the param's state lives: StateOnDevice (the default) or StateOnHost (pinned
+	// Where the param's state lives: StateOnDevice (the default), StateOnHost (pinned
 	// host memory; when the host cannot pin it, the library refuses the param with
-	// StatusOutOfMemory). Other values are refused with StatusInvalidArgument.
+	// StatusOutOfMemory) or StateOnHostCPUStep (host memory the CPU steps). Other values are
+	// refused with StatusInvalidArgument.
 	StatePlacement StatePlacement
 }
 

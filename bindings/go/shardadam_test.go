@@ -632,9 +632,9 @@ func TestRemainderRestoresTheFloat32Value(t *testing.T) {
 	}
 }
 
-// A CPU param's state is host memory already: StateOnHost is accepted, Info reports
-// StateOnDevice, and the steps give the same bytes as the default placement. A value that is
-// no StatePlacement is refused by the library.
+// A CPU param's state is host memory already: StateOnHost and StateOnHostCPUStep are
+// accepted, Info reports StateOnDevice, and the steps give the same bytes as the default
+// placement. A value that is no StatePlacement is refused by the library.
 func TestStateOnHostOfACPUParamResolvesToDevice(t *testing.T) {
 	rng := rand.New(rand.NewSource(13))
 	opt := newOptimizer(t)
@@ -651,7 +651,12 @@ func TestStateOnHostOfACPUParamResolvesToDevice(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AddParam(StateOnHost): %v", err)
 	}
-	for _, p := range []*Param{def, host} {
+	cpuStep, err := opt.AddParam("cpu_step", 0, []int64{n}, init,
+		&ParamOptions{StatePlacement: StateOnHostCPUStep})
+	if err != nil {
+		t.Fatalf("AddParam(StateOnHostCPUStep): %v", err)
+	}
+	for _, p := range []*Param{def, host, cpuStep} {
 		info, err := p.Info()
 		if err != nil {
 			t.Fatalf("%s: Info: %v", p.Name, err)
@@ -668,6 +673,9 @@ func TestStateOnHostOfACPUParamResolvesToDevice(t *testing.T) {
 		if err := opt.SetGrad(host, grad); err != nil {
 			t.Fatalf("SetGrad(host): %v", err)
 		}
+		if err := opt.SetGrad(cpuStep, grad); err != nil {
+			t.Fatalf("SetGrad(cpu_step): %v", err)
+		}
 		if err := opt.Step(); err != nil {
 			t.Fatalf("Step %d: %v", step, err)
 		}
@@ -679,6 +687,9 @@ func TestStateOnHostOfACPUParamResolvesToDevice(t *testing.T) {
 	}
 	if !bytes.Equal(host.Bytes(), def.Bytes()) {
 		t.Errorf("StateOnHost stepped to\n  %v\nthe default to\n  %v", host.Float32(), def.Float32())
+	}
+	if !bytes.Equal(cpuStep.Bytes(), def.Bytes()) {
+		t.Errorf("StateOnHostCPUStep stepped to\n  %v\nthe default to\n  %v", cpuStep.Float32(), def.Float32())
 	}
 
 	_, err = opt.AddParam("bad", 0, []int64{n}, init, &ParamOptions{StatePlacement: StatePlacement(5)})

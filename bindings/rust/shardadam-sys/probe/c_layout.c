@@ -103,6 +103,7 @@ int main(void) {
   CONSTANT(SA_MASTER_REMAINDER);
   CONSTANT(SA_STATE_ON_DEVICE);
   CONSTANT(SA_STATE_ON_HOST);
+  CONSTANT(SA_STATE_ON_HOST_CPU_STEP);
 
   SIZE(sa_placement);
   OFFSET(sa_placement, type);

@@ -122,6 +122,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_MASTER_REMAINDER);
     constant!(SA_STATE_ON_DEVICE);
     constant!(SA_STATE_ON_HOST);
+    constant!(SA_STATE_ON_HOST_CPU_STEP);
 
     size!(sa_placement);
     offset!(sa_placement, r#type);

@@ -402,6 +402,9 @@ pub const SA_STATE_ON_DEVICE: sa_state_placement = 0;
 /// `SA_STATE_ON_HOST`: in pinned host memory that a CUDA step reads and writes in place
 /// (mapped); for a CPU param the same as `SA_STATE_ON_DEVICE`.
 pub const SA_STATE_ON_HOST: sa_state_placement = 1;
+/// `SA_STATE_ON_HOST_CPU_STEP`: in host memory that the CPU's threads step (the param and
+/// grad come down, the param goes back up); for a CPU param the same as `SA_STATE_ON_DEVICE`.
+pub const SA_STATE_ON_HOST_CPU_STEP: sa_state_placement = 2;
 
 /// `sa_param_scaling` (a C enum): how an fp8 param is cast from its float32 master.
 pub type sa_param_scaling = c_int;

@@ -609,6 +609,15 @@ pub enum StatePlacement {
     /// takes no device memory of its own; its state views are host memory. A CPU param's
     /// state is host memory already: the library resolves this to [`StatePlacement::Device`].
     Host,
+    /// In host memory the optimizer owns, stepped by the CPU (ZeRO-Offload's scheme): each
+    /// step a CUDA param's param and grad come down into a fixed ring of pinned host buffers,
+    /// the host's threads ([`Config::num_threads`]) update the state there, and the param
+    /// goes back up, so no state byte crosses the host link. The step's decision and
+    /// coefficients are the device's: the results are bit for bit those of the other
+    /// placements. The step cannot be captured in a CUDA graph, and fp8 params are refused
+    /// with [`Status::Unsupported`] (use [`StatePlacement::Host`]). A CPU param's state is
+    /// host memory already: the library resolves this to [`StatePlacement::Device`].
+    HostCpuStep,
 }
 
 impl StatePlacement {
@@ -618,6 +627,7 @@ impl StatePlacement {
         match code {
             sys::SA_STATE_ON_DEVICE => Some(StatePlacement::Device),
             sys::SA_STATE_ON_HOST => Some(StatePlacement::Host),
+            sys::SA_STATE_ON_HOST_CPU_STEP => Some(StatePlacement::HostCpuStep),
             _ => None,
         }
     }
@@ -627,6 +637,7 @@ impl StatePlacement {
         match self {
             StatePlacement::Device => sys::SA_STATE_ON_DEVICE,
             StatePlacement::Host => sys::SA_STATE_ON_HOST,
+            StatePlacement::HostCpuStep => sys::SA_STATE_ON_HOST_CPU_STEP,
         }
     }
 }
@@ -771,9 +782,10 @@ pub struct ParamOptions {
     /// they saturate; 0 (the default) to 6. The library refuses others, and a non-zero
     /// margin for any other scaling.
     pub margin: i32,
-    /// Where the param's state lives; [`StatePlacement::Device`] (the default) or
+    /// Where the param's state lives; [`StatePlacement::Device`] (the default),
     /// [`StatePlacement::Host`] (pinned host memory; when the host cannot pin it the
-    /// library refuses the param with [`Status::OutOfMemory`]).
+    /// library refuses the param with [`Status::OutOfMemory`]) or
+    /// [`StatePlacement::HostCpuStep`] (host memory the CPU steps).
     pub state_placement: StatePlacement,
 }
 

@@ -241,12 +241,36 @@ fn remainder_restores_the_f32_value() {
     );
 }
 
-/// A CPU param's state is host memory already: `StatePlacement::Host` is accepted, the
-/// param info reports `Device`, and the steps give the same bits as the default placement.
+/// Each placement's `sa_state_placement` value (shardadam.h's: 0, 1, 2), both ways.
+#[test]
+fn state_placement_codes() {
+    let codes = [
+        (StatePlacement::Device, shardadam_sys::SA_STATE_ON_DEVICE, 0),
+        (StatePlacement::Host, shardadam_sys::SA_STATE_ON_HOST, 1),
+        (
+            StatePlacement::HostCpuStep,
+            shardadam_sys::SA_STATE_ON_HOST_CPU_STEP,
+            2,
+        ),
+    ];
+    for (placement, constant, value) in codes {
+        assert_eq!(constant, value, "{:?}", placement);
+        assert_eq!(placement.code(), value, "{:?}", placement);
+        assert_eq!(StatePlacement::from_code(value), Some(placement));
+    }
+}
+
+/// A CPU param's state is host memory already: `StatePlacement::Host` and
+/// `StatePlacement::HostCpuStep` are accepted, the param info reports `Device`, and the
+/// steps give the same bits as the default placement.
 #[test]
 fn host_state_placement_of_a_cpu_param_resolves_to_device() {
     assert_eq!(StatePlacement::default(), StatePlacement::Device);
-    for placement in [StatePlacement::Device, StatePlacement::Host] {
+    for placement in [
+        StatePlacement::Device,
+        StatePlacement::Host,
+        StatePlacement::HostCpuStep,
+    ] {
         assert_eq!(StatePlacement::from_code(placement.code()), Some(placement));
     }
     assert_eq!(StatePlacement::from_code(5), None);
@@ -260,17 +284,24 @@ fn host_state_placement_of_a_cpu_param_resolves_to_device() {
     opt.add_group(&hp.config()).unwrap();
     let n = 23;
     let init = rng.values(n);
-    let on_host = ParamOptions {
-        state_placement: StatePlacement::Host,
-        ..ParamOptions::default()
-    };
     let default = opt
         .add_param("default", 0, &[n as i64], init.clone(), None)
         .unwrap();
-    let host = opt
-        .add_param("host", 0, &[n as i64], init.clone(), Some(&on_host))
-        .unwrap();
-    for p in [default, host] {
+    let placed: Vec<_> = [StatePlacement::Host, StatePlacement::HostCpuStep]
+        .iter()
+        .map(|&placement| {
+            let options = ParamOptions {
+                state_placement: placement,
+                ..ParamOptions::default()
+            };
+            let name = format!("{:?}", placement);
+            let p = opt
+                .add_param(&name, 0, &[n as i64], init.clone(), Some(&options))
+                .unwrap();
+            (placement, p)
+        })
+        .collect();
+    for p in std::iter::once(default).chain(placed.iter().map(|&(_, p)| p)) {
         assert_eq!(
             opt.param_state_placement(p).unwrap(),
             StatePlacement::Device,
@@ -281,7 +312,9 @@ fn host_state_placement_of_a_cpu_param_resolves_to_device() {
     for _ in 0..3 {
         let grad = rng.values(n);
         opt.set_grad(default, &grad).unwrap();
-        opt.set_grad(host, &grad).unwrap();
+        for &(_, p) in &placed {
+            opt.set_grad(p, &grad).unwrap();
+        }
         opt.step().unwrap();
     }
     let bits = |p| -> Vec<u32> {
@@ -294,7 +327,9 @@ fn host_state_placement_of_a_cpu_param_resolves_to_device() {
     for (i, (after, before)) in bits(default).iter().zip(&init).enumerate() {
         assert_ne!(*after, before.to_bits(), "element {} did not change", i);
     }
-    assert_eq!(bits(host), bits(default));
+    for &(placement, p) in &placed {
+        assert_eq!(bits(p), bits(default), "{:?}", placement);
+    }
 }
 
 #[test]
