@@ -22,14 +22,20 @@ master and moments, and the param goes back up. Its yardstick:
     CPU-step bound = max((param + grad bytes down) / D2H bandwidth while H2D runs,
                          the step's host bytes / the host's memory bandwidth),
 
-with the host's bandwidth measured in the same run (torch's ``add(out=)`` triad on every
-thread, STREAM's count: 3 x 4 bytes an element) and the step's host bytes counted as the
+with the host's bandwidth measured in the same run (torch's in-place ``add_`` and
+``addcmul_`` on every thread, 12 and 16 bytes an element: read and written in place, as the
+step's states are) and the step's host bytes counted as the
 kernels touch them (each state read and written, the grad read, the param written, and read
 too where there is no master). Printed beside it: ``bound / cpu step`` (target >= 0.85) and,
 where DeepSpeed is installed, ``DeepSpeedCPUAdam``'s step over the same float32 tensors
 already in host memory (its copies over the link not counted).
 
-Usage: python3 bench/offload_step.py [--quick] [--big-elems 2.1e9] [--steps 5]
+Without a GPU (``--device cpu``, the default there) the CPU-step half runs alone: CPU params,
+whose state the CPU backend steps with the same kernels, against the host's bandwidth (no link)
+and DeepSpeedCPUAdam, over 1,516 shards of 2^10 to 2^18 elements (a smaller set: a CPU
+machine's memory).
+
+Usage: python3 bench/offload_step.py [--quick] [--big-elems 2.1e9] [--steps 5] [--device cpu]
 (the shardadam Python package installed; a CUDA device).
 """
 import argparse
@@ -105,19 +111,18 @@ def pinned_bandwidth(nbytes=1 << 30):
 
 
 def host_bandwidth(elems=1 << 28):
-    """The host's memory bandwidth (bytes/s): the best of 5 triads a = b + s * c over float32
-    arrays of `elems` (1 GiB each) on every thread, counted as STREAM does (12 bytes an
-    element)."""
-    b = torch.rand(elems)
-    c = torch.rand(elems)
-    a = torch.empty(elems)
-    torch.add(b, c, alpha=0.5, out=a)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        torch.add(b, c, alpha=0.5, out=a)
-        best = min(best, time.perf_counter() - t0)
-    return 12 * elems / best
+    """The host's memory bandwidth (bytes/s) on every thread, read and written in place as the
+    step does: the best of 5 runs each of torch's a += s * b (12 bytes an element) and
+    a += s * b * c (16 bytes) over float32 arrays of `elems` (1 GiB each), the faster of the two."""
+    a, b, c = torch.rand(elems), torch.rand(elems), torch.rand(elems)
+    best = 0.0
+    for op, nbytes in ((lambda: a.add_(b, alpha=0.5), 12), (lambda: a.addcmul_(b, c, value=0.5), 16)):
+        op()
+        for _ in range(5):
+            t0 = time.perf_counter()
+            op()
+            best = max(best, nbytes * elems / (time.perf_counter() - t0))
+    return best
 
 
 def cpu_step_bytes(sizes, param_bytes, master, moment):
@@ -246,6 +251,50 @@ def torchao_run(params, grads, steps):
     return seconds, taken
 
 
+def cpu_main(args):
+    """The CPU step without a GPU: the CPU backend over CPU params against the host's bandwidth
+    and DeepSpeedCPUAdam."""
+    print(f"device: cpu ({torch.get_num_threads()} threads)   torch {torch.__version__}")
+    print(f"shardadam: {shardadam.build_info()}")
+    host_bw = host_bandwidth(1 << 26)
+    print(f"host memory: {host_bw / 1e9:.1f} GB/s (in place, {torch.get_num_threads()} threads)\n")
+    sizes = log_uniform_sizes(100 if args.quick else 1516, 10, 18, 16, seed=1)
+    elems = sum(sizes)
+    print(f"{'set':<22} {'variant':<34} {'step ms':>9} {'bound ms':>9} {'bound/step':>10}")
+    for label, dtype, master, moment in CONFIGS:
+        params = [torch.randn(n).to(dtype) for n in sizes]
+        grads = [(torch.randn(n) * 1e-2).to(dtype) for n in sizes]
+        opt = shardadam.Optimizer(**HYPER)
+        for i, p in enumerate(params):
+            opt.add_param(f"p{i}", p, master="fp32" if master else None, moment_dtype=moment)
+        opt.set_grads(grads)
+        opt.step()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            opt.step()
+        step_s = (time.perf_counter() - t0) / args.steps
+        opt.close()
+        _, _, host_bytes = cpu_step_bytes(sizes, params[0].element_size(), master, moment)
+        bound = host_bytes / host_bw
+        print(f"{f'{len(sizes)} shards ({elems / 1e6:.0f}M)':<22} {label:<34} {step_s * 1e3:9.2f} "
+              f"{bound * 1e3:9.2f} {bound / step_s:10.3f}", flush=True)
+        if label.startswith("fp32, fp32") and not args.no_deepspeed:
+            ds = deepspeed_run(params, grads, args.steps)
+            if ds:
+                print(f"  DeepSpeedCPUAdam: {ds * 1e3:.1f} ms a step; shardadam is {ds / step_s:.2f}x its speed",
+                      flush=True)
+        del params, grads
+    print("\nbound/step: the step's host bytes at the host's bandwidth over the step (target >= 0.85).")
+
+
+# (label, param dtype, fp32 master, moment dtype)
+CONFIGS = [
+    ("fp32, fp32 moments", torch.float32, False, None),
+    ("fp32, 8-bit moments", torch.float32, False, "uint8"),
+    ("bf16 + fp32 master, fp32 moments", torch.bfloat16, True, None),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="100 small shards, no big set")
@@ -253,7 +302,10 @@ def main():
     ap.add_argument("--big-elems", type=float, default=2.1e9, help="elements of the big set (0: skip it)")
     ap.add_argument("--no-torchao", action="store_true")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
+    if args.device == "cpu":
+        return cpu_main(args)
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}   torch {torch.__version__}")
     print(f"shardadam: {shardadam.build_info()}")
@@ -261,16 +313,12 @@ def main():
     print(f"pinned copies: H2D {h2d / 1e9:.1f} GB/s, D2H {d2h / 1e9:.1f} GB/s alone; "
           f"{bidir / 1e9:.1f} GB/s each way at once")
     host_bw = host_bandwidth()
-    print(f"host memory: {host_bw / 1e9:.1f} GB/s (triad, {torch.get_num_threads()} threads)")
+    print(f"host memory: {host_bw / 1e9:.1f} GB/s (in place, {torch.get_num_threads()} threads)")
 
     sets = [("1516 shards", shard_sizes(args.quick))]
     if args.big_elems > 0 and not args.quick:
         sets.append((f"{args.big_elems:.2g} elements", big_sizes(args.big_elems)))
-    configs = [  # (label, param dtype, fp32 master, moment dtype)
-        ("fp32, fp32 moments", torch.float32, False, None),
-        ("fp32, 8-bit moments", torch.float32, False, "uint8"),
-        ("bf16 + fp32 master, fp32 moments", torch.bfloat16, True, None),
-    ]
+    configs = CONFIGS
     print()
     header = (f"{'set':<16} {'variant':<34} {'device ms':>9} {'host ms':>9} {'bound ms':>9} "
               f"{'bound/host':>10} {'one-way':>8} {'dev B/param':>11} {'host B/param':>12} {'torch ms':>9} "

@@ -66,8 +66,8 @@ static_assert(static_cast<int>(StatePlacement::device) == SA_STATE_ON_DEVICE &&
 // The placement of a param's state on `device`: a CPU param's state is host memory whatever
 // it asks for, so it resolves to device (one bucket for all of them). An fp8 param's cast
 // writes scales and amaxes the device holds, so the CPU does not step it.
-StatePlacement resolve_placement(int32_t requested, DLDevice device,
-                                 kernels::ParamScaling scaling, const std::string& context) {
+StatePlacement resolve_placement(int32_t requested, DLDevice device, kernels::ParamScaling scaling,
+                                 const std::string& context) {
   if (requested != SA_STATE_ON_DEVICE && requested != SA_STATE_ON_HOST &&
       requested != SA_STATE_ON_HOST_CPU_STEP)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": state_placement is ", requested,
@@ -356,7 +356,8 @@ Backend& Optimizer::backend_for(DLDevice device, const std::string& context) {
              " but this library has no CUDA backend (cuda: ", cuda_module_status(), ")");
       try {
         const CpuBackendOptions host{config_.num_threads, config_.cpu_simd != 0};
-        return attach(cuda->make_backend(device.device_id, [host] { return make_host_step(host); }));
+        return attach(
+            cuda->make_backend(device.device_id, [host] { return make_host_step(host); }));
       } catch (const Error& e) {
         fail(e.status(), context, ": cannot use ", device_name(device), ": ", e.what());
       }
@@ -390,13 +391,13 @@ void Optimizer::allocate_state(Param& p) {
     if (!has_state(p, k.kind)) continue;
     const std::size_t n = bytes[static_cast<std::size_t>(k.kind)];
     try {
-      p.state[k.kind] = on_host(p.placement) ? backend_->allocate_host_state(n, k.kind)
-                                             : backend_->allocate(n);
+      p.state[k.kind] =
+          on_host(p.placement) ? backend_->allocate_host_state(n, k.kind) : backend_->allocate(n);
     } catch (const Error& e) {
       if (e.status() != SA_ERR_OUT_OF_MEMORY) throw;
       fail(SA_ERR_OUT_OF_MEMORY, "its state needs ", total, " bytes of ",
-           on_host(p.placement) ? "pinned host" : "backend", " memory (", k.key,
-           ": ", n, "): ", e.what());
+           on_host(p.placement) ? "pinned host" : "backend", " memory (", k.key, ": ", n,
+           "): ", e.what());
     }
   }
   init_master(p);

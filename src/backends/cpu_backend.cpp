@@ -117,8 +117,9 @@ struct WorkList {
 };
 
 int thread_count(const CpuBackendOptions& options) {
-  return options.num_threads > 0 ? options.num_threads
-                                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return options.num_threads > 0
+             ? options.num_threads
+             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 // HostStep on the CPU backend's kernels, with a pool of its own.
@@ -130,14 +131,12 @@ class CpuHostStep final : public HostStep {
   void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots, std::size_t n,
             const kernels::GroupCoeffs* coeffs) override {
     work_.clear();
-    for (std::size_t s = 0; s < n; ++s)
-      work_.add(0, static_cast<int32_t>(s), slots[s].numel);
+    for (std::size_t s = 0; s < n; ++s) work_.add(0, static_cast<int32_t>(s), slots[s].numel);
     work_.group();
     work_.run(pool_, [&](int64_t i) {
       const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
       const kernels::TensorSlot& slot = slots[item.slot];
-      kernels::adam_cpu_range(variant, slot, coeffs[slot.param_index], item.begin, item.end,
-                              simd_);
+      kernels::adam_cpu_range(variant, slot, coeffs[slot.param_index], item.begin, item.end, simd_);
     });
   }
 

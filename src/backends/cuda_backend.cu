@@ -710,12 +710,12 @@ class CudaBackend final : public Backend {
     auto* host_coeffs = reinterpret_cast<kernels::GroupCoeffs*>(host_verdict + 1);
     check_cuda(cudaMemcpyAsync(host_verdict, verdict, sizeof *verdict, cudaMemcpyDeviceToHost, s),
                "downloading the step's verdict");
-    check_cuda(cudaMemcpyAsync(host_coeffs,
-                               static_cast<const kernels::GroupCoeffs*>(coeffs_->data()) +
-                                   coeffs_first_,
-                               static_cast<std::size_t>(coeffs_count_) * sizeof *host_coeffs,
-                               cudaMemcpyDeviceToHost, s),
-               "downloading the step's coefficients");
+    check_cuda(
+        cudaMemcpyAsync(host_coeffs,
+                        static_cast<const kernels::GroupCoeffs*>(coeffs_->data()) + coeffs_first_,
+                        static_cast<std::size_t>(coeffs_count_) * sizeof *host_coeffs,
+                        cudaMemcpyDeviceToHost, s),
+        "downloading the step's coefficients");
     mirror_.begin(s);
     int last = -1;
     for (const Bucket& bucket : plan.buckets) {
@@ -723,8 +723,8 @@ class CudaBackend final : public Backend {
       const auto grad_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.grad));
       for (const MirroredSegment& seg : bucket.mirrored) {
         char* ring = mirror_.ring(seg.ring_slot);
-        auto job = std::make_unique<HostJob>(
-            HostJob{host_step_.get(), bucket.variant, {}, host_coeffs, host_verdict, &host_failed_});
+        auto job = std::make_unique<HostJob>(HostJob{
+            host_step_.get(), bucket.variant, {}, host_coeffs, host_verdict, &host_failed_});
         std::vector<Copy> down, up;
         for (const MirroredPiece& piece : seg.pieces) {
           const kernels::TensorSlot& slot = bucket.slots[static_cast<std::size_t>(piece.slot)];
