@@ -725,7 +725,7 @@ class CudaBackend final : public Backend {
         char* ring = mirror_.ring(seg.ring_slot);
         auto job = std::make_unique<HostJob>(HostJob{
             host_step_.get(), bucket.variant, {}, host_coeffs, host_verdict, &host_failed_});
-        std::vector<Copy> down, up;
+        std::vector<Copy> down, grads_down, up;  // params, then grads: each kind merges
         for (const MirroredPiece& piece : seg.pieces) {
           const kernels::TensorSlot& slot = bucket.slots[static_cast<std::size_t>(piece.slot)];
           if (slot.grad == nullptr) continue;  // not stepped (no grad, or not in the subset)
@@ -733,12 +733,13 @@ class CudaBackend final : public Backend {
           const char* grad = static_cast<const char*>(slot.grad) + piece.first * grad_bytes;
           const std::size_t p = piece.count * param_bytes, g = piece.count * grad_bytes;
           add_copy(down, ring + piece.param_offset, param, p);
-          add_copy(down, ring + piece.grad_offset, grad, g);
+          add_copy(grads_down, ring + piece.grad_offset, grad, g);
           add_copy(up, param, ring + piece.param_offset, p);
           job->slots.push_back(mirrored_slot(bucket, piece, ring));
           job->slots.back().param_index -= static_cast<int32_t>(coeffs_first_);
         }
         if (job->slots.empty()) continue;  // stays put
+        down.insert(down.end(), grads_down.begin(), grads_down.end());
         last = seg.ring_slot;
         mirror_.run(
             last, down, cpu_stream_,
