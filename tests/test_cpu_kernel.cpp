@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../kernels/adam_math.h"
+#include "../kernels/block_moment.h"
 #include "../kernels/cpu/adam_cpu.h"
 
 namespace {
@@ -35,6 +36,12 @@ using sa::kernels::AdamHyper;
 using sa::kernels::bf16_to_float;
 using sa::kernels::bits_float;
 using sa::kernels::cast_fp8_run_scalar;
+using sa::kernels::decode_q8;
+using sa::kernels::encode_block;
+using sa::kernels::encode_q8;
+using sa::kernels::kQuant8Block;
+using sa::kernels::quant8_book;
+using sa::kernels::quant8_midpoint;
 using sa::kernels::cast_fp8_run_simd;
 using sa::kernels::e4m3fn_to_float;
 using sa::kernels::e5m2_to_float;
@@ -800,4 +807,79 @@ TEST_CASE("the SIMD fp8 cast gives the scalar cast's codes on every Highway targ
       }
     }
   }
+}
+
+// 8-bit moments' blocks (block_moment.h's q8) by Highway's lanes: the scalar loops' codes,
+// absmaxes and values on every target. Blocks of every 251st float bit pattern (every class:
+// zeros, subnormals, normals, infinities, NaNs of both signs), and blocks whose absmax is 1
+// holding each map value, its neighbours and each midpoint with its neighbours (where a code
+// changes); decoding every code at absmaxes of every kind.
+TEST_CASE("the SIMD q8 encode and decode give the scalar loops' bits on every Highway target",
+          "[cpu_kernel][quant8]") {
+  const int64_t block = kQuant8Block;
+  std::vector<float> xs;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
+    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  const std::size_t patterns = xs.size();
+  for (const bool is_signed : {false, true}) {
+    const uint32_t* map = quant8_book(is_signed).map;
+    std::vector<float> near;
+    for (int c = 0; c < 256; ++c) {
+      const float v = bits_float(map[c]);
+      for (float x : {v, std::nextafter(v, -2.0f), std::nextafter(v, 2.0f)}) near.push_back(x);
+      if (c == 255) continue;
+      const float mid = quant8_midpoint(map, c);
+      for (float x : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f)}) near.push_back(x);
+    }
+    for (std::size_t i = 0; i < near.size(); ++i) {
+      if (i % (block - 1) == 0) xs.push_back(1.0f);  // each block's absmax: scaled == x
+      xs.push_back(near[i]);
+    }
+  }
+  xs.resize((xs.size() + block - 1) / block * block + 77, 0.5f);  // a partial last block
+  const auto n = static_cast<int64_t>(xs.size());
+  std::vector<uint8_t> want(xs.size()), got(xs.size());
+  std::vector<float> want_absmax, got_absmax, want_x(block), got_x(block);
+  for (const int64_t target : kernel_targets()) {
+    const OnlyTarget only(target);
+    for (const bool is_signed : {false, true}) {
+      INFO("Highway target " << hwy::TargetName(target) << (is_signed ? ", signed" : ", unsigned"));
+      int64_t wrong_codes = 0, wrong_absmax = 0, wrong_values = 0;
+      for (int64_t at = 0; at < n; at += block) {
+        const int64_t len = std::min(block, n - at);
+        const float a = encode_q8(is_signed, xs.data() + at, len, want.data() + at, false);
+        const float b = encode_q8(is_signed, xs.data() + at, len, got.data() + at, true);
+        wrong_absmax += float_bits(a) != float_bits(b);
+        for (int64_t i = at; i < at + len; ++i) wrong_codes += want[i] != got[i];
+        decode_q8(is_signed, want.data() + at, a, len, want_x.data(), false);
+        decode_q8(is_signed, want.data() + at, a, len, got_x.data(), true);
+        for (int64_t i = 0; i < len; ++i)
+          wrong_values += float_bits(want_x[i]) != float_bits(got_x[i]) &&
+                          !(std::isnan(want_x[i]) && std::isnan(got_x[i]));
+      }
+      CHECK(wrong_codes == 0);
+      CHECK(wrong_absmax == 0);
+      CHECK(wrong_values == 0);
+      // Every code at absmaxes of every kind (a NaN or an infinite block decodes to them).
+      std::vector<uint8_t> codes(256 + 7);
+      for (std::size_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint8_t>(c * 37 % 256);
+      for (std::size_t c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
+      for (const float absmax : {1.0f, 0.37f, 3e-5f, 1e-40f, std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<float> s(codes.size()), v(codes.size());
+        decode_q8(is_signed, codes.data(), absmax, static_cast<int64_t>(codes.size()), s.data(), false);
+        decode_q8(is_signed, codes.data(), absmax, static_cast<int64_t>(codes.size()), v.data(), true);
+        for (std::size_t i = 0; i < codes.size(); ++i)
+          CHECK((float_bits(s[i]) == float_bits(v[i]) || (std::isnan(s[i]) && std::isnan(v[i]))));
+      }
+    }
+  }
+  // The scalar path is block_moment.h's rule itself.
+  std::vector<uint8_t> direct(block);
+  const float absmax = encode_block<ElemType::q8>(quant8_book(true), xs.data() + patterns,
+                                                  block, direct.data());
+  std::vector<uint8_t> ours(block);
+  CHECK(float_bits(encode_q8(true, xs.data() + patterns, block, ours.data(), false)) ==
+        float_bits(absmax));
+  CHECK(ours == direct);
 }

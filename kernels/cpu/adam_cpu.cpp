@@ -131,6 +131,91 @@ uint32_t AbsmaxBitsWholeVectors(const float* x, int64_t n, int64_t* rest) {
 #endif
 }
 
+#if HWY_NATIVE_FMA
+// x[i] = quant8_decode(map, codes[i], absmax) for the whole vectors of [0, n): the map entry
+// gathered by its code and the same float32 product, lane by lane.
+int64_t DecodeQ8Vectors(const uint32_t* map, const uint8_t* codes, float absmax, int64_t n,
+                        float* x) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto factor = hn::Set(df, absmax);
+  const auto* table = reinterpret_cast<const float*>(map);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+    hn::StoreU(hn::Mul(hn::GatherIndex(df, table, index), factor), df, x + i);
+  }
+  return i;
+}
+
+// codes[i] = quant8_code(buckets, mids, quant8_scaled(x[i], inverse)) for the whole vectors
+// of [0, n), with the bucket table widened to int32 (`buckets`) for the gather: the same
+// product, clamp (compare-and-select: a NaN becomes -1), bucket arithmetic on the bits and
+// midpoint compare, lane by lane.
+int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const float* x,
+                        float inverse, int64_t n, uint8_t* codes) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto factor = hn::Set(df, inverse);
+  const auto one = hn::Set(df, 1.0f), minus_one = hn::Set(df, -1.0f);
+  const auto low = hn::Set(du, kQuant8BucketLow);
+  const auto per_sign = hn::Set(du, static_cast<uint32_t>(kQuant8BucketsPerSign));
+  const auto* mid_values = reinterpret_cast<const float*>(mids);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto product = hn::Mul(hn::LoadU(df, x + i), factor);
+    const auto scaled = hn::IfThenElse(hn::Gt(product, minus_one),
+                                       hn::IfThenElse(hn::Lt(product, one), product, one), minus_one);
+    const auto bits = hn::BitCast(du, scaled);
+    const auto magnitude = hn::Max(hn::And(bits, hn::Set(du, 0x7FFFFFFFu)), low);
+    const auto negative = hn::RebindMask(du, hn::Lt(hn::BitCast(di, bits), hn::Zero(di)));
+    const auto bucket = hn::Add(hn::ShiftRight<kQuant8BucketShift>(hn::Sub(magnitude, low)),
+                                hn::IfThenElseZero(negative, per_sign));
+    const auto below = hn::GatherIndex(di, buckets, hn::BitCast(di, bucket));
+    const auto above = hn::RebindMask(di, hn::Lt(hn::GatherIndex(df, mid_values, below), scaled));
+    const auto code = hn::IfThenElse(above, hn::Add(below, hn::Set(di, 1)), below);
+    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, codes + i);
+  }
+  return i;
+}
+#endif
+
+// DecodeQ8Vectors / EncodeQ8Vectors, or nothing on a target without a fused multiply-add
+// (returns 0: the scalar loop does it all, as it updates).
+int64_t DecodeQ8WholeVectors(const uint32_t* map, const uint8_t* codes, float absmax, int64_t n,
+                             float* x) {
+#if HWY_NATIVE_FMA
+  return DecodeQ8Vectors(map, codes, absmax, n, x);
+#else
+  (void)map;
+  (void)codes;
+  (void)absmax;
+  (void)n;
+  (void)x;
+  return 0;
+#endif
+}
+
+int64_t EncodeQ8WholeVectors(const int32_t* buckets, const uint32_t* mids, const float* x,
+                             float inverse, int64_t n, uint8_t* codes) {
+#if HWY_NATIVE_FMA
+  return EncodeQ8Vectors(buckets, mids, x, inverse, n, codes);
+#else
+  (void)buckets;
+  (void)mids;
+  (void)x;
+  (void)inverse;
+  (void)n;
+  (void)codes;
+  return 0;
+#endif
+}
+
 // CastFp8Vectors for an fp8 param dtype; where the rest begins (begin itself on a target
 // without a fused multiply-add: the scalar path then casts it all, as it updates).
 int64_t CastFp8WholeVectors(ElemType type, const float* master, int64_t n, float factor,
@@ -223,6 +308,45 @@ HWY_EXPORT(UpdateWholeVectorsOfVariant);
 HWY_EXPORT(SimdTargetName);
 HWY_EXPORT(CastFp8WholeVectors);
 HWY_EXPORT(AbsmaxBitsWholeVectors);
+HWY_EXPORT(DecodeQ8WholeVectors);
+HWY_EXPORT(EncodeQ8WholeVectors);
+
+// A q8 book's bucket table widened to int32, for EncodeQ8Vectors' gather.
+const int32_t* wide_buckets(bool is_signed) {
+  struct Wide {
+    int32_t table[2][kQuant8Buckets];
+    Wide() {
+      for (int s = 0; s < 2; ++s)
+        for (int i = 0; i < kQuant8Buckets; ++i) table[s][i] = quant8_book(s == 1).buckets[i];
+    }
+  };
+  static const Wide wide;
+  return wide.table[is_signed ? 1 : 0];
+}
+
+}  // namespace
+
+void decode_q8(bool is_signed, const uint8_t* codes, float absmax, int64_t n, float* x,
+               bool simd) {
+  const Quant8Book book = quant8_book(is_signed);
+  const int64_t rest =
+      simd ? HWY_DYNAMIC_DISPATCH(DecodeQ8WholeVectors)(book.map, codes, absmax, n, x) : 0;
+  decode_block<ElemType::q8>(book, codes + rest, absmax, n - rest, x + rest);
+}
+
+float encode_q8(bool is_signed, const float* x, int64_t n, uint8_t* codes, bool simd) {
+  const Quant8Book book = quant8_book(is_signed);
+  if (!simd) return encode_block<ElemType::q8>(book, x, n, codes);
+  const float absmax = absmax_simd(x, n);
+  const float inverse = BlockCodec<ElemType::q8>::encode_factor(absmax);
+  const int64_t rest = HWY_DYNAMIC_DISPATCH(EncodeQ8WholeVectors)(wide_buckets(is_signed),
+                                                                  book.mids, x, inverse, n, codes);
+  for (int64_t i = rest; i < n; ++i)
+    codes[i] = BlockCodec<ElemType::q8>::encode(book, x[i], inverse);
+  return absmax;
+}
+
+namespace {
 
 void* state_at(const TensorSlot& slot, StateKind kind) {
   return slot.state[static_cast<size_t>(kind)];
@@ -259,7 +383,10 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
       const auto* codes =
           static_cast<const uint8_t*>(state_at(slot, moment_state(k))) + block_begin;
       const float absmax = static_cast<const float*>(state_at(slot, moment_absmax_state(k)))[block];
-      decode_block<T>(block_book<T>(moment_signed(k)), codes, absmax, n, values[k]);
+      if constexpr (T == ElemType::q8)
+        decode_q8(moment_signed(k), codes, absmax, n, values[k], simd);
+      else
+        decode_block<T>(block_book<T>(moment_signed(k)), codes, absmax, n, values[k]);
       state_at(inner_slot, moment_state(k)) = values[k];
       state_at(inner_slot, moment_absmax_state(k)) = nullptr;
     }
@@ -268,8 +395,11 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
     for (int k = 0; k < kNumMoments; ++k) {
       if (!moment_present(variant, k)) continue;
       auto* codes = static_cast<uint8_t*>(state_at(slot, moment_state(k))) + block_begin;
-      static_cast<float*>(state_at(slot, moment_absmax_state(k)))[block] =
-          encode_block<T>(block_book<T>(moment_signed(k)), values[k], n, codes);
+      float& absmax = static_cast<float*>(state_at(slot, moment_absmax_state(k)))[block];
+      if constexpr (T == ElemType::q8)
+        absmax = encode_q8(moment_signed(k), values[k], n, codes, simd);
+      else
+        absmax = encode_block<T>(block_book<T>(moment_signed(k)), values[k], n, codes);
     }
   }
 }

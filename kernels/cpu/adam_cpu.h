@@ -39,6 +39,14 @@ float absmax_scalar(const float* master, int64_t n);
 float absmax_simd(const float* master, int64_t n);
 const CastOps& fp8_cast_ops(bool simd);
 
+// decode_block<q8> and encode_block<q8> (block_moment.h) of one block of a moment (signed:
+// exp_avg's map): the scalar loops, or when `simd` Highway's lanes for the whole vectors
+// (gathers from the map, the midpoints and the bucket table) and then the scalar loop, which
+// give the same bits (tests/test_cpu_kernel.cpp checks every code and every midpoint, NaNs
+// and infinities included). encode_q8 returns the block's absmax.
+void decode_q8(bool is_signed, const uint8_t* codes, float absmax, int64_t n, float* x, bool simd);
+float encode_q8(bool is_signed, const float* x, int64_t n, uint8_t* codes, bool simd);
+
 // Elements a scaled param's range is updated and cast by at a time: 4 KiB of master.
 constexpr int64_t kCastRun = 1024;
 
