@@ -78,7 +78,8 @@ StatePlacement resolve_placement(int32_t requested, DLDevice device, kernels::Pa
   if (requested == SA_STATE_ON_HOST_CPU_STEP && scaling != kernels::ParamScaling::none)
     fail(SA_ERR_UNSUPPORTED, context,
          ": an fp8 param's state cannot be SA_STATE_ON_HOST_CPU_STEP (its cast writes scales "
-         "and amaxes on the device); SA_STATE_ON_HOST keeps its state on the host");
+         "and amaxes on the device); use SA_STATE_ON_HOST, which keeps its state on the host "
+         "and steps it on the device");
   return static_cast<StatePlacement>(requested);
 }
 
