@@ -340,6 +340,9 @@ def main():
             cpu_s, cpu_taken = shardadam_run(params, grads, master, moment, "host_cpu_step", steps)
             down, up, host_bytes = cpu_step_bytes(sizes, params[0].element_size(), master, moment)
             cpu_bound = max(down / bidir, host_bytes / host_bw)
+            # The copies go through host memory too: the mirror is written by the copies down
+            # and read by the copies up, beside the step's own bytes.
+            dram_bound = max(down / bidir, (host_bytes + down + up) / host_bw)
             # torch's fused AdamW on the same tensors, state on the GPU (fp32 params and moments only)
             torch_s, torch_taken = torch_run(params, grads, steps) if moment is None and not master else (
                 float("nan"), float("nan"))
@@ -348,7 +351,9 @@ def main():
                   f"{host_taken / elems:12.3f} {torch_s * 1e3:9.2f} {torch_taken / elems:13.2f}", flush=True)
             print(f"{'':<16} {'  stepped by the CPU':<34} {'':>9} {cpu_s * 1e3:9.2f} {cpu_bound * 1e3:9.2f} "
                   f"{cpu_bound / cpu_s:10.3f} {'':>8} {'':>11} {cpu_taken / elems:12.3f}   "
-                  f"(link {down / bidir * 1e3:.1f} ms, host {host_bytes / host_bw * 1e3:.1f} ms)", flush=True)
+                  f"(link {down / bidir * 1e3:.1f} ms, host {host_bytes / host_bw * 1e3:.1f} ms; with the copies' "
+                  f"bytes in host memory {(host_bytes + down + up) / host_bw * 1e3:.1f} ms: "
+                  f"{dram_bound / cpu_s:.3f})", flush=True)
             if label.startswith("fp32, fp32") and not args.no_deepspeed:
                 ds = deepspeed_run(params, grads, 2)
                 if ds:

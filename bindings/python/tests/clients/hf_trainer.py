@@ -141,7 +141,7 @@ def main():
     parser.add_argument("--resume-rtol", type=float, default=common.RESUME_RTOL)
     parser.add_argument("--bf16-rtol", type=float, default=common.BF16_RTOL)
     parser.add_argument("--dir", default=None, help="output directory, kept (default: a temporary one, removed)")
-    parser.add_argument("--offload", choices=["none", "host"], default="none",
+    parser.add_argument("--offload", choices=["none", "host", "cpu"], default="none",
                         help="FusedAdam(offload=...): where its state lives (docs/offload.md)")
     args = parser.parse_args()
     common.check_device(parser, args.device)
