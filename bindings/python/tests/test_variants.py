@@ -216,21 +216,25 @@ def test_bfloat16_numpy_arrays_travel_as_relabelled_uint16_capsules(rng):
 
 
 def test_placement_host_on_cpu_params_is_host_memory_already_and_unknown_ones_are_refused():
-    """A CPU param's state is host memory whatever placement it asks for: "host" is taken,
-    reads back as "device", and steps the same values; an unknown name adds nothing."""
+    """A CPU param's state is host memory whatever placement it asks for: "host" and
+    "host_cpu_step" are taken, read back as "device", and step the same values; an unknown name
+    adds nothing."""
     opt = shardadam.Optimizer(**HYPER)
     rng = np.random.default_rng(7)
     start = rng.standard_normal(33).astype(np.float32)
-    a, b = start.copy(), start.copy()
-    with pytest.raises(ValueError, match="placement must be None or one of 'device', 'host', got 'gpu'"):
+    a, b, c = start.copy(), start.copy(), start.copy()
+    with pytest.raises(ValueError, match="placement must be None or one of 'device', 'host', 'host_cpu_step', "
+                                         "got 'gpu'"):
         opt.add_param("a", a, placement="gpu")
     assert opt.num_params == 0
     opt.add_param("a", a, placement="host")
     opt.add_param("b", b)
-    assert [opt.param_info(i).placement for i in range(2)] == ["device", "device"]
+    opt.add_param("c", c, placement="host_cpu_step")
+    assert [opt.param_info(i).placement for i in range(3)] == ["device"] * 3
     grad = rng.standard_normal(33).astype(np.float32)
     for _ in range(3):
-        opt.set_grads([grad, grad])
+        opt.set_grads([grad, grad, grad])
         opt.step()
     assert not np.array_equal(a, start)
     np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(c, b)
