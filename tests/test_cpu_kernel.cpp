@@ -36,8 +36,10 @@ using sa::kernels::AdamHyper;
 using sa::kernels::bf16_to_float;
 using sa::kernels::bits_float;
 using sa::kernels::cast_fp8_run_scalar;
+using sa::kernels::decode_f8e4m3;
 using sa::kernels::decode_q8;
 using sa::kernels::encode_block;
+using sa::kernels::encode_f8e4m3;
 using sa::kernels::encode_q8;
 using sa::kernels::kQuant8Block;
 using sa::kernels::quant8_book;
@@ -881,5 +883,70 @@ TEST_CASE("the SIMD q8 encode and decode give the scalar loops' bits on every Hi
   std::vector<uint8_t> ours(block);
   CHECK(float_bits(encode_q8(true, xs.data() + patterns, block, ours.data(), false)) ==
         float_bits(absmax));
+  CHECK(ours == direct);
+}
+
+// Float8 moments' blocks (block_moment.h's f8e4m3) by Highway's lanes: the scalar loops' bits
+// on every target, over blocks of every 251st float bit pattern and blocks whose scale is 1
+// (absmax 448) holding each e4m3fn value, its neighbours and each midpoint with its
+// neighbours; decoding every code at absmaxes of every kind.
+TEST_CASE("the SIMD float8 moment encode and decode give the scalar loops' bits on every target",
+          "[cpu_kernel][fp8]") {
+  const int64_t block = kQuant8Block;
+  std::vector<float> xs;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
+    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  std::vector<float> near;
+  for (int c = 0; c < 0x7E; ++c) {  // the positive finite codes; the sign is a flip
+    const float v = sa::kernels::e4m3fn_to_float(static_cast<uint8_t>(c));
+    const float mid = (v + sa::kernels::e4m3fn_to_float(static_cast<uint8_t>(c + 1))) / 2;
+    for (float x : {v, std::nextafter(v, 0.0f), std::nextafter(v, 1e9f), mid, std::nextafter(mid, 0.0f),
+                    std::nextafter(mid, 1e9f)}) {
+      near.push_back(x);
+      near.push_back(-x);
+    }
+  }
+  for (std::size_t i = 0; i < near.size(); ++i) {
+    if (i % (block - 1) == 0) xs.push_back(448.0f);  // each block's scale: 1
+    xs.push_back(near[i]);
+  }
+  xs.resize((xs.size() + block - 1) / block * block + 77, 0.5f);  // a partial last block
+  const auto n = static_cast<int64_t>(xs.size());
+  std::vector<uint8_t> want(xs.size()), got(xs.size());
+  std::vector<float> want_x(block), got_x(block);
+  for (const int64_t target : kernel_targets()) {
+    const OnlyTarget only(target);
+    INFO("Highway target " << hwy::TargetName(target));
+    int64_t wrong_codes = 0, wrong_absmax = 0, wrong_values = 0;
+    for (int64_t at = 0; at < n; at += block) {
+      const int64_t len = std::min(block, n - at);
+      const float a = encode_f8e4m3(xs.data() + at, len, want.data() + at, false);
+      const float b = encode_f8e4m3(xs.data() + at, len, got.data() + at, true);
+      wrong_absmax += float_bits(a) != float_bits(b);
+      for (int64_t i = at; i < at + len; ++i) wrong_codes += want[i] != got[i];
+      decode_f8e4m3(want.data() + at, a, len, want_x.data(), false);
+      decode_f8e4m3(want.data() + at, a, len, got_x.data(), true);
+      for (int64_t i = 0; i < len; ++i)
+        wrong_values += float_bits(want_x[i]) != float_bits(got_x[i]) &&
+                        !(std::isnan(want_x[i]) && std::isnan(got_x[i]));
+    }
+    CHECK(wrong_codes == 0);
+    CHECK(wrong_absmax == 0);
+    CHECK(wrong_values == 0);
+    std::vector<uint8_t> codes(256 + 7);
+    for (std::size_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint8_t>(c % 256);
+    for (const float absmax : {448.0f, 0.37f, 3e-5f, 1e-40f, std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<float> s(codes.size()), v(codes.size());
+      decode_f8e4m3(codes.data(), absmax, static_cast<int64_t>(codes.size()), s.data(), false);
+      decode_f8e4m3(codes.data(), absmax, static_cast<int64_t>(codes.size()), v.data(), true);
+      for (std::size_t i = 0; i < codes.size(); ++i)
+        CHECK((float_bits(s[i]) == float_bits(v[i]) || (std::isnan(s[i]) && std::isnan(v[i]))));
+    }
+  }
+  // The scalar path is block_moment.h's rule itself.
+  std::vector<uint8_t> direct(block), ours(block);
+  const float absmax = encode_block<ElemType::f8e4m3>({}, xs.data() + n - block, block, direct.data());
+  CHECK(float_bits(encode_f8e4m3(xs.data() + n - block, block, ours.data(), false)) == float_bits(absmax));
   CHECK(ours == direct);
 }

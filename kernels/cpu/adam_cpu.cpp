@@ -68,7 +68,9 @@ const char* SimdTargetName() { return HWY_NATIVE_FMA ? hwy::TargetName(HWY_TARGE
 // [0, n), lane by lane: the same IEEE product, the same integer steps on its bits (|x| is
 // below 2^31 as an int32, so signed compares order it), the subnormal rounding by adding and
 // taking away 2^23 in float lanes; lanes of the other cases are computed and discarded.
-template <class E>
+// kDivide: float_to_fp8<E>(master[i] / factor) instead (a float8 moment's encode, whose
+// rule divides by the block's scale), the same correctly rounded quotient.
+template <class E, bool kDivide = false>
 int64_t CastFp8Vectors(const float* master, int64_t n, float factor, uint8_t* codes) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
@@ -81,7 +83,8 @@ int64_t CastFp8Vectors(const float* master, int64_t n, float factor, uint8_t* co
   const auto two23 = hn::Set(df, 8388608.0f);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto x = hn::BitCast(du, hn::Mul(hn::LoadU(df, master + i), scale));
+    const auto v = hn::LoadU(df, master + i);
+    const auto x = hn::BitCast(du, kDivide ? hn::Div(v, scale) : hn::Mul(v, scale));
     const auto sign = hn::And(hn::ShiftRight<24>(x), hn::Set(du, 0x80u));
     const auto ax = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
     const auto sax = hn::BitCast(di, ax);
@@ -184,6 +187,53 @@ int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const floa
   return i;
 }
 #endif
+
+#if HWY_NATIVE_FMA
+// x[i] = e4m3fn_to_float(codes[i]) * scale for the whole vectors of [0, n): the code's value
+// gathered from `values` (all 256) and the same float32 product, lane by lane.
+int64_t DecodeF8Vectors(const float* values, const uint8_t* codes, float scale, int64_t n,
+                        float* x) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto factor = hn::Set(df, scale);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+    hn::StoreU(hn::Mul(hn::GatherIndex(df, values, index), factor), df, x + i);
+  }
+  return i;
+}
+#endif
+
+// DecodeF8Vectors, and CastFp8Vectors dividing by the scale (a float8 moment's encode), or
+// nothing on a target without a fused multiply-add.
+int64_t DecodeF8WholeVectors(const float* values, const uint8_t* codes, float scale, int64_t n,
+                             float* x) {
+#if HWY_NATIVE_FMA
+  return DecodeF8Vectors(values, codes, scale, n, x);
+#else
+  (void)values;
+  (void)codes;
+  (void)scale;
+  (void)n;
+  (void)x;
+  return 0;
+#endif
+}
+
+int64_t EncodeF8WholeVectors(const float* x, float scale, int64_t n, uint8_t* codes) {
+#if HWY_NATIVE_FMA
+  return CastFp8Vectors<E4m3Encoding, true>(x, n, scale, codes);
+#else
+  (void)x;
+  (void)scale;
+  (void)n;
+  (void)codes;
+  return 0;
+#endif
+}
 
 // DecodeQ8Vectors / EncodeQ8Vectors, or nothing on a target without a fused multiply-add
 // (returns 0: the scalar loop does it all, as it updates).
@@ -310,6 +360,20 @@ HWY_EXPORT(CastFp8WholeVectors);
 HWY_EXPORT(AbsmaxBitsWholeVectors);
 HWY_EXPORT(DecodeQ8WholeVectors);
 HWY_EXPORT(EncodeQ8WholeVectors);
+HWY_EXPORT(DecodeF8WholeVectors);
+HWY_EXPORT(EncodeF8WholeVectors);
+
+// The value of every float8_e4m3fn code, for DecodeF8Vectors' gather.
+const float* e4m3fn_values() {
+  struct Values {
+    float table[256];
+    Values() {
+      for (int c = 0; c < 256; ++c) table[c] = e4m3fn_to_float(static_cast<uint8_t>(c));
+    }
+  };
+  static const Values values;
+  return values.table;
+}
 
 // A q8 book's bucket table widened to int32, for EncodeQ8Vectors' gather.
 const int32_t* wide_buckets(bool is_signed) {
@@ -346,6 +410,24 @@ float encode_q8(bool is_signed, const float* x, int64_t n, uint8_t* codes, bool 
   return absmax;
 }
 
+void decode_f8e4m3(const uint8_t* codes, float absmax, int64_t n, float* x, bool simd) {
+  using Codec = BlockCodec<ElemType::f8e4m3>;
+  const float scale = Codec::decode_factor(absmax);
+  const int64_t rest =
+      simd ? HWY_DYNAMIC_DISPATCH(DecodeF8WholeVectors)(e4m3fn_values(), codes, scale, n, x) : 0;
+  decode_block<ElemType::f8e4m3>({}, codes + rest, absmax, n - rest, x + rest);
+}
+
+float encode_f8e4m3(const float* x, int64_t n, uint8_t* codes, bool simd) {
+  using Codec = BlockCodec<ElemType::f8e4m3>;
+  if (!simd) return encode_block<ElemType::f8e4m3>({}, x, n, codes);
+  const float absmax = absmax_simd(x, n);
+  const Codec::EncodeFactor factor = Codec::encode_factor(absmax);
+  const int64_t rest = HWY_DYNAMIC_DISPATCH(EncodeF8WholeVectors)(x, factor.scale, n, codes);
+  for (int64_t i = rest; i < n; ++i) codes[i] = Codec::encode({}, x[i], factor);
+  return absmax;
+}
+
 namespace {
 
 void* state_at(const TensorSlot& slot, StateKind kind) {
@@ -365,6 +447,7 @@ void* offset(void* p, int64_t elems, int64_t bytes) {
 template <ElemType T>
 void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const GroupCoeffs& g,
                            int64_t begin, int64_t end, bool simd) {
+  static_assert(T == ElemType::q8 || T == ElemType::f8e4m3, "a block storage without lanes");
   assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
   Variant inner = variant;
   inner.moment = ElemType::f32;
@@ -386,7 +469,7 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
       if constexpr (T == ElemType::q8)
         decode_q8(moment_signed(k), codes, absmax, n, values[k], simd);
       else
-        decode_block<T>(block_book<T>(moment_signed(k)), codes, absmax, n, values[k]);
+        decode_f8e4m3(codes, absmax, n, values[k], simd);
       state_at(inner_slot, moment_state(k)) = values[k];
       state_at(inner_slot, moment_absmax_state(k)) = nullptr;
     }
@@ -399,7 +482,7 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
       if constexpr (T == ElemType::q8)
         absmax = encode_q8(moment_signed(k), values[k], n, codes, simd);
       else
-        absmax = encode_block<T>(block_book<T>(moment_signed(k)), values[k], n, codes);
+        absmax = encode_f8e4m3(values[k], n, codes, simd);
     }
   }
 }

@@ -46,6 +46,9 @@ const CastOps& fp8_cast_ops(bool simd);
 // and infinities included). encode_q8 returns the block's absmax.
 void decode_q8(bool is_signed, const uint8_t* codes, float absmax, int64_t n, float* x, bool simd);
 float encode_q8(bool is_signed, const float* x, int64_t n, uint8_t* codes, bool simd);
+// The same for a float8 moment's block (block_moment.h's f8e4m3).
+void decode_f8e4m3(const uint8_t* codes, float absmax, int64_t n, float* x, bool simd);
+float encode_f8e4m3(const float* x, int64_t n, uint8_t* codes, bool simd);
 
 // Elements a scaled param's range is updated and cast by at a time: 4 KiB of master.
 constexpr int64_t kCastRun = 1024;
