@@ -157,8 +157,8 @@ int64_t DecodeQ8Vectors(const uint32_t* map, const uint8_t* codes, float absmax,
 // of [0, n), with the bucket table widened to int32 (`buckets`) for the gather: the same
 // product, clamp (compare-and-select: a NaN becomes -1), bucket arithmetic on the bits and
 // midpoint compare, lane by lane.
-int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const float* x,
-                        float inverse, int64_t n, uint8_t* codes) {
+int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const float* x, float inverse,
+                        int64_t n, uint8_t* codes) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::RebindToSigned<decltype(df)> di;
@@ -172,8 +172,8 @@ int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const floa
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     const auto product = hn::Mul(hn::LoadU(df, x + i), factor);
-    const auto scaled = hn::IfThenElse(hn::Gt(product, minus_one),
-                                       hn::IfThenElse(hn::Lt(product, one), product, one), minus_one);
+    const auto scaled = hn::IfThenElse(
+        hn::Gt(product, minus_one), hn::IfThenElse(hn::Lt(product, one), product, one), minus_one);
     const auto bits = hn::BitCast(du, scaled);
     const auto magnitude = hn::Max(hn::And(bits, hn::Set(du, 0x7FFFFFFFu)), low);
     const auto negative = hn::RebindMask(du, hn::Lt(hn::BitCast(di, bits), hn::Zero(di)));
@@ -390,8 +390,7 @@ const int32_t* wide_buckets(bool is_signed) {
 
 }  // namespace
 
-void decode_q8(bool is_signed, const uint8_t* codes, float absmax, int64_t n, float* x,
-               bool simd) {
+void decode_q8(bool is_signed, const uint8_t* codes, float absmax, int64_t n, float* x, bool simd) {
   const Quant8Book book = quant8_book(is_signed);
   const int64_t rest =
       simd ? HWY_DYNAMIC_DISPATCH(DecodeQ8WholeVectors)(book.map, codes, absmax, n, x) : 0;
