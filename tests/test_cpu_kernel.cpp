@@ -811,6 +811,50 @@ TEST_CASE("the SIMD fp8 cast gives the scalar cast's codes on every Highway targ
   }
 }
 
+// Block-moment codecs by Highway's lanes against the scalar loops: `xs` encoded a block at a
+// time both ways (encode(x, n, codes, simd) returns the absmax), each block's codes decoded
+// both ways (decode(codes, absmax, n, x, simd)), and every code decoded at absmaxes of every
+// kind (a NaN or an infinite block decodes to them). CHECKs that nothing differs but NaN
+// payloads.
+template <class Encode, class Decode>
+void check_block_lanes(const std::vector<float>& xs, const Encode& encode, const Decode& decode,
+                       float unit_absmax) {
+  const int64_t block = kQuant8Block;
+  const auto n = static_cast<int64_t>(xs.size());
+  std::vector<uint8_t> want(xs.size()), got(xs.size());
+  std::vector<float> want_x(block), got_x(block);
+  auto same = [](float a, float b) {
+    return float_bits(a) == float_bits(b) || (std::isnan(a) && std::isnan(b));
+  };
+  int64_t wrong_codes = 0, wrong_absmax = 0, wrong_values = 0;
+  for (int64_t at = 0; at < n; at += block) {
+    const int64_t len = std::min(block, n - at);
+    const float a = encode(xs.data() + at, len, want.data() + at, false);
+    const float b = encode(xs.data() + at, len, got.data() + at, true);
+    wrong_absmax += float_bits(a) != float_bits(b);
+    for (int64_t i = at; i < at + len; ++i) wrong_codes += want[i] != got[i];
+    decode(want.data() + at, a, len, want_x.data(), false);
+    decode(want.data() + at, a, len, got_x.data(), true);
+    for (int64_t i = 0; i < len; ++i) wrong_values += !same(want_x[i], got_x[i]);
+  }
+  CHECK(wrong_codes == 0);
+  CHECK(wrong_absmax == 0);
+  CHECK(wrong_values == 0);
+  std::vector<uint8_t> codes(256 + 7);  // every code, and a tail shorter than a vector
+  for (std::size_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint8_t>(c % 256);
+  const auto count = static_cast<int64_t>(codes.size());
+  for (const float absmax : {unit_absmax, 0.37f, 3e-5f, 1e-40f,
+                             std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> s(codes.size()), v(codes.size());
+    decode(codes.data(), absmax, count, s.data(), false);
+    decode(codes.data(), absmax, count, v.data(), true);
+    int64_t wrong = 0;
+    for (std::size_t i = 0; i < codes.size(); ++i) wrong += !same(s[i], v[i]);
+    CHECK(wrong == 0);
+  }
+}
+
 // 8-bit moments' blocks (block_moment.h's q8) by Highway's lanes: the scalar loops' codes,
 // absmaxes and values on every target. Blocks of every 251st float bit pattern (every class:
 // zeros, subnormals, normals, infinities, NaNs of both signs), and blocks whose absmax is 1
@@ -839,41 +883,19 @@ TEST_CASE("the SIMD q8 encode and decode give the scalar loops' bits on every Hi
     }
   }
   xs.resize((xs.size() + block - 1) / block * block + 77, 0.5f);  // a partial last block
-  const auto n = static_cast<int64_t>(xs.size());
-  std::vector<uint8_t> want(xs.size()), got(xs.size());
-  std::vector<float> want_absmax, got_absmax, want_x(block), got_x(block);
   for (const int64_t target : kernel_targets()) {
     const OnlyTarget only(target);
     for (const bool is_signed : {false, true}) {
       INFO("Highway target " << hwy::TargetName(target) << (is_signed ? ", signed" : ", unsigned"));
-      int64_t wrong_codes = 0, wrong_absmax = 0, wrong_values = 0;
-      for (int64_t at = 0; at < n; at += block) {
-        const int64_t len = std::min(block, n - at);
-        const float a = encode_q8(is_signed, xs.data() + at, len, want.data() + at, false);
-        const float b = encode_q8(is_signed, xs.data() + at, len, got.data() + at, true);
-        wrong_absmax += float_bits(a) != float_bits(b);
-        for (int64_t i = at; i < at + len; ++i) wrong_codes += want[i] != got[i];
-        decode_q8(is_signed, want.data() + at, a, len, want_x.data(), false);
-        decode_q8(is_signed, want.data() + at, a, len, got_x.data(), true);
-        for (int64_t i = 0; i < len; ++i)
-          wrong_values += float_bits(want_x[i]) != float_bits(got_x[i]) &&
-                          !(std::isnan(want_x[i]) && std::isnan(got_x[i]));
-      }
-      CHECK(wrong_codes == 0);
-      CHECK(wrong_absmax == 0);
-      CHECK(wrong_values == 0);
-      // Every code at absmaxes of every kind (a NaN or an infinite block decodes to them).
-      std::vector<uint8_t> codes(256 + 7);
-      for (std::size_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint8_t>(c * 37 % 256);
-      for (std::size_t c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
-      for (const float absmax : {1.0f, 0.37f, 3e-5f, 1e-40f, std::numeric_limits<float>::infinity(),
-                                 std::numeric_limits<float>::quiet_NaN()}) {
-        std::vector<float> s(codes.size()), v(codes.size());
-        decode_q8(is_signed, codes.data(), absmax, static_cast<int64_t>(codes.size()), s.data(), false);
-        decode_q8(is_signed, codes.data(), absmax, static_cast<int64_t>(codes.size()), v.data(), true);
-        for (std::size_t i = 0; i < codes.size(); ++i)
-          CHECK((float_bits(s[i]) == float_bits(v[i]) || (std::isnan(s[i]) && std::isnan(v[i]))));
-      }
+      check_block_lanes(
+          xs,
+          [&](const float* x, int64_t len, uint8_t* codes, bool simd) {
+            return encode_q8(is_signed, x, len, codes, simd);
+          },
+          [&](const uint8_t* codes, float absmax, int64_t len, float* x, bool simd) {
+            decode_q8(is_signed, codes, absmax, len, x, simd);
+          },
+          1.0f);
     }
   }
   // The scalar path is block_moment.h's rule itself.
@@ -911,42 +933,15 @@ TEST_CASE("the SIMD float8 moment encode and decode give the scalar loops' bits 
     xs.push_back(near[i]);
   }
   xs.resize((xs.size() + block - 1) / block * block + 77, 0.5f);  // a partial last block
-  const auto n = static_cast<int64_t>(xs.size());
-  std::vector<uint8_t> want(xs.size()), got(xs.size());
-  std::vector<float> want_x(block), got_x(block);
   for (const int64_t target : kernel_targets()) {
     const OnlyTarget only(target);
     INFO("Highway target " << hwy::TargetName(target));
-    int64_t wrong_codes = 0, wrong_absmax = 0, wrong_values = 0;
-    for (int64_t at = 0; at < n; at += block) {
-      const int64_t len = std::min(block, n - at);
-      const float a = encode_f8e4m3(xs.data() + at, len, want.data() + at, false);
-      const float b = encode_f8e4m3(xs.data() + at, len, got.data() + at, true);
-      wrong_absmax += float_bits(a) != float_bits(b);
-      for (int64_t i = at; i < at + len; ++i) wrong_codes += want[i] != got[i];
-      decode_f8e4m3(want.data() + at, a, len, want_x.data(), false);
-      decode_f8e4m3(want.data() + at, a, len, got_x.data(), true);
-      for (int64_t i = 0; i < len; ++i)
-        wrong_values += float_bits(want_x[i]) != float_bits(got_x[i]) &&
-                        !(std::isnan(want_x[i]) && std::isnan(got_x[i]));
-    }
-    CHECK(wrong_codes == 0);
-    CHECK(wrong_absmax == 0);
-    CHECK(wrong_values == 0);
-    std::vector<uint8_t> codes(256 + 7);
-    for (std::size_t c = 0; c < codes.size(); ++c) codes[c] = static_cast<uint8_t>(c % 256);
-    for (const float absmax : {448.0f, 0.37f, 3e-5f, 1e-40f, std::numeric_limits<float>::infinity(),
-                               std::numeric_limits<float>::quiet_NaN()}) {
-      std::vector<float> s(codes.size()), v(codes.size());
-      decode_f8e4m3(codes.data(), absmax, static_cast<int64_t>(codes.size()), s.data(), false);
-      decode_f8e4m3(codes.data(), absmax, static_cast<int64_t>(codes.size()), v.data(), true);
-      for (std::size_t i = 0; i < codes.size(); ++i)
-        CHECK((float_bits(s[i]) == float_bits(v[i]) || (std::isnan(s[i]) && std::isnan(v[i]))));
-    }
+    check_block_lanes(xs, encode_f8e4m3, decode_f8e4m3, 448.0f);
   }
   // The scalar path is block_moment.h's rule itself.
   std::vector<uint8_t> direct(block), ours(block);
-  const float absmax = encode_block<ElemType::f8e4m3>({}, xs.data() + n - block, block, direct.data());
-  CHECK(float_bits(encode_f8e4m3(xs.data() + n - block, block, ours.data(), false)) == float_bits(absmax));
+  const float* last = xs.data() + xs.size() - block;
+  const float absmax = encode_block<ElemType::f8e4m3>({}, last, block, direct.data());
+  CHECK(float_bits(encode_f8e4m3(last, block, ours.data(), false)) == float_bits(absmax));
   CHECK(ours == direct);
 }

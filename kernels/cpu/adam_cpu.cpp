@@ -135,20 +135,20 @@ uint32_t AbsmaxBitsWholeVectors(const float* x, int64_t n, int64_t* rest) {
 }
 
 #if HWY_NATIVE_FMA
-// x[i] = quant8_decode(map, codes[i], absmax) for the whole vectors of [0, n): the map entry
-// gathered by its code and the same float32 product, lane by lane.
-int64_t DecodeQ8Vectors(const uint32_t* map, const uint8_t* codes, float absmax, int64_t n,
-                        float* x) {
+// x[i] = values[codes[i]] * factor for the whole vectors of [0, n), a block moment's decode
+// (quant8_decode: `values` the map; a float8 moment's: every e4m3fn value, times the scale):
+// the value gathered by its code and the same float32 product, lane by lane.
+int64_t DecodeCodesVectors(const float* values, const uint8_t* codes, float factor, int64_t n,
+                           float* x) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> d8;
   const auto lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto factor = hn::Set(df, absmax);
-  const auto* table = reinterpret_cast<const float*>(map);
+  const auto by = hn::Set(df, factor);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-    hn::StoreU(hn::Mul(hn::GatherIndex(df, table, index), factor), df, x + i);
+    hn::StoreU(hn::Mul(hn::GatherIndex(df, values, index), by), df, x + i);
   }
   return i;
 }
@@ -188,41 +188,8 @@ int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const floa
 }
 #endif
 
-#if HWY_NATIVE_FMA
-// x[i] = e4m3fn_to_float(codes[i]) * scale for the whole vectors of [0, n): the code's value
-// gathered from `values` (all 256) and the same float32 product, lane by lane.
-int64_t DecodeF8Vectors(const float* values, const uint8_t* codes, float scale, int64_t n,
-                        float* x) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::Rebind<uint8_t, decltype(df)> d8;
-  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto factor = hn::Set(df, scale);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-    hn::StoreU(hn::Mul(hn::GatherIndex(df, values, index), factor), df, x + i);
-  }
-  return i;
-}
-#endif
-
-// DecodeF8Vectors, and CastFp8Vectors dividing by the scale (a float8 moment's encode), or
-// nothing on a target without a fused multiply-add.
-int64_t DecodeF8WholeVectors(const float* values, const uint8_t* codes, float scale, int64_t n,
-                             float* x) {
-#if HWY_NATIVE_FMA
-  return DecodeF8Vectors(values, codes, scale, n, x);
-#else
-  (void)values;
-  (void)codes;
-  (void)scale;
-  (void)n;
-  (void)x;
-  return 0;
-#endif
-}
-
+// CastFp8Vectors dividing by the scale (a float8 moment's encode), or nothing on a target
+// without a fused multiply-add.
 int64_t EncodeF8WholeVectors(const float* x, float scale, int64_t n, uint8_t* codes) {
 #if HWY_NATIVE_FMA
   return CastFp8Vectors<E4m3Encoding, true>(x, n, scale, codes);
@@ -235,16 +202,16 @@ int64_t EncodeF8WholeVectors(const float* x, float scale, int64_t n, uint8_t* co
 #endif
 }
 
-// DecodeQ8Vectors / EncodeQ8Vectors, or nothing on a target without a fused multiply-add
+// DecodeCodesVectors / EncodeQ8Vectors, or nothing on a target without a fused multiply-add
 // (returns 0: the scalar loop does it all, as it updates).
-int64_t DecodeQ8WholeVectors(const uint32_t* map, const uint8_t* codes, float absmax, int64_t n,
-                             float* x) {
+int64_t DecodeCodesWholeVectors(const float* values, const uint8_t* codes, float factor, int64_t n,
+                                float* x) {
 #if HWY_NATIVE_FMA
-  return DecodeQ8Vectors(map, codes, absmax, n, x);
+  return DecodeCodesVectors(values, codes, factor, n, x);
 #else
-  (void)map;
+  (void)values;
   (void)codes;
-  (void)absmax;
+  (void)factor;
   (void)n;
   (void)x;
   return 0;
@@ -358,12 +325,11 @@ HWY_EXPORT(UpdateWholeVectorsOfVariant);
 HWY_EXPORT(SimdTargetName);
 HWY_EXPORT(CastFp8WholeVectors);
 HWY_EXPORT(AbsmaxBitsWholeVectors);
-HWY_EXPORT(DecodeQ8WholeVectors);
+HWY_EXPORT(DecodeCodesWholeVectors);
 HWY_EXPORT(EncodeQ8WholeVectors);
-HWY_EXPORT(DecodeF8WholeVectors);
 HWY_EXPORT(EncodeF8WholeVectors);
 
-// The value of every float8_e4m3fn code, for DecodeF8Vectors' gather.
+// The value of every float8_e4m3fn code, for DecodeCodesVectors' gather.
 const float* e4m3fn_values() {
   struct Values {
     float table[256];
@@ -392,8 +358,9 @@ const int32_t* wide_buckets(bool is_signed) {
 
 void decode_q8(bool is_signed, const uint8_t* codes, float absmax, int64_t n, float* x, bool simd) {
   const Quant8Book book = quant8_book(is_signed);
-  const int64_t rest =
-      simd ? HWY_DYNAMIC_DISPATCH(DecodeQ8WholeVectors)(book.map, codes, absmax, n, x) : 0;
+  const int64_t rest = simd ? HWY_DYNAMIC_DISPATCH(DecodeCodesWholeVectors)(
+                                  reinterpret_cast<const float*>(book.map), codes, absmax, n, x)
+                            : 0;
   decode_block<ElemType::q8>(book, codes + rest, absmax, n - rest, x + rest);
 }
 
@@ -413,7 +380,7 @@ void decode_f8e4m3(const uint8_t* codes, float absmax, int64_t n, float* x, bool
   using Codec = BlockCodec<ElemType::f8e4m3>;
   const float scale = Codec::decode_factor(absmax);
   const int64_t rest =
-      simd ? HWY_DYNAMIC_DISPATCH(DecodeF8WholeVectors)(e4m3fn_values(), codes, scale, n, x) : 0;
+      simd ? HWY_DYNAMIC_DISPATCH(DecodeCodesWholeVectors)(e4m3fn_values(), codes, scale, n, x) : 0;
   decode_block<ElemType::f8e4m3>({}, codes + rest, absmax, n - rest, x + rest);
 }
 
