@@ -463,14 +463,29 @@ class Optimizer(OwnsHandle):
         """The native add of a checked capsule (versioned or legacy) with options from
         _options_of; returns the index. On success the capsule is renamed "used_...": the
         library owns the tensor then."""
+        added = []
+        self._add_capsules(group, [(name, capsule, options)], added, c_layout, versioned)
+        return added[0]
+
+    def _add_capsules(self, group, items, added, c_layout=None, versioned=False):
+        """_add_capsule of every (name, capsule, options) of ``items`` (an iterable, read one at
+        a time) into group ``group``, in order, appending each new index to ``added`` (the
+        caller's list: on a failure it holds the params the library took). One loop with the
+        handle and the native function looked up once: at 100k params the per-call lookups cost
+        as much as the registration."""
         handle = self._handle_or_raise()
         add = _C.sa_optimizer_add_param if versioned else _C.sa_optimizer_add_param_legacy
-        status, index = add(handle, name, int(group), capsule, c_layout, options)
-        check(status, handle)
-        self._names.append(name)
-        if self._device is None:
-            self._device = self.param_info(index).device
-        return index
+        names, group = self._names, int(group)
+        try:
+            for name, capsule, options in items:
+                status, index = add(handle, name, group, capsule, c_layout, options)
+                if status:
+                    check(status, handle)
+                names.append(name)
+                added.append(index)
+        finally:
+            if self._device is None and added:
+                self._device = self.param_info(added[0]).device
 
     def param_index(self, param):
         """Index of a param given by name or index."""
