@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/cpu/adam_cpu.h"
 #include "api_support.hpp"
+#include "backend.hpp"
 #include "backends/cuda_module.hpp"
 #include "comm/comm.hpp"
 #include "dtype.hpp"
@@ -92,8 +92,7 @@ int sa_version(void) { return SA_VERSION_NUMBER; }
 const char* sa_build_info(void) {
   static const std::string info = sa::concat(
       "shardadam ", SA_VERSION_MAJOR, ".", SA_VERSION_MINOR, ".", SA_VERSION_PATCH,
-      "; cpu: highway (", sa::kernels::adam_cpu_simd_target(),
-      " dispatched); cuda: ", sa::cuda_module_status(),
+      "; cpu: highway (", sa::cpu_simd_target(), " dispatched); cuda: ", sa::cuda_module_status(),
       sa::nccl_available() ? "; nccl: built (loaded on first use)" : "; nccl: not available");
   return info.c_str();
 }
@@ -214,12 +213,12 @@ sa_status sa_dtype(int32_t index, sa_dtype_info* out) {
   });
 }
 
-int32_t sa_num_param_scalings(void) { return sa::kernels::kNumParamScalings; }
+int32_t sa_num_param_scalings(void) { return sa::num_param_scalings(); }
 
 sa_status sa_param_scaling_describe(int32_t index, sa_param_scaling_info* out) {
   return guarded(nullptr, "sa_param_scaling_describe", [&] {
     require(out != nullptr, "out is NULL");
-    const int32_t n = sa::kernels::kNumParamScalings;
+    const int32_t n = sa::num_param_scalings();
     if (index < 0 || index >= n)
       sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index,
                " is not a param scaling: the library has ", n, " (0 .. ", n - 1, ")");

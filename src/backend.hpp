@@ -150,6 +150,10 @@ struct CpuBackendOptions {
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 
+// The SIMD target the CPU backend's kernels use on this CPU ("AVX2", "AVX3", ...), or
+// "scalar" (sa_build_info).
+const char* cpu_simd_target();
+
 // The host's Adam over slots in host memory, with coefficients folded elsewhere: what a
 // device backend calls to step state the CPU steps (StatePlacement::host_cpu_step) on the
 // param and grad it brought down. The core makes it (make_host_step: the CPU backend's

@@ -105,6 +105,8 @@ static_assert(SA_SCALING_NONE == 0 && SA_SCALING_DELAYED == 1 && SA_SCALING_MXFP
 
 }  // namespace
 
+int32_t num_param_scalings() { return kernels::kNumParamScalings; }
+
 ScalingDescription describe_scaling(int32_t index) {
   for (const ScalingDescription& d : kScalings)
     if (static_cast<int32_t>(d.scaling) == index) return d;

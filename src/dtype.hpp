@@ -55,6 +55,15 @@ struct ScalingDescription {
   const char* doc;
 };
 ScalingDescription describe_scaling(int32_t index);
+int32_t num_param_scalings();  // describe_scaling's index range: [0, num_param_scalings())
+
+// Elements per block of a block moment (is_block_moment): each block has one absmax, and
+// a shard's blocks start every kMomentBlock elements of it.
+constexpr int64_t kMomentBlock = kernels::kQuant8Block;
+
+// Whether moments of dtype `t` are stored in blocks: codes plus a float32 absmax a block
+// (q8, float8_e4m3fn moments).
+constexpr bool is_block_moment(ElemType t) { return kernels::is_block_storage(t); }
 
 // "float32", "bfloat16", "int64", "uint8", "float32x4", ... for any DLPack dtype: used in
 // error messages, so it must name even the dtypes we reject.

@@ -381,6 +381,8 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
 }
 
+const char* cpu_simd_target() { return kernels::adam_cpu_simd_target(); }
+
 std::unique_ptr<HostStep> make_host_step(const CpuBackendOptions& options) {
   return std::make_unique<CpuHostStep>(options);
 }

@@ -14,7 +14,6 @@
 #include <thread>
 #include <tuple>
 
-#include "../../kernels/block_moment.h"
 #include "../backends/thread_pool.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
@@ -172,7 +171,7 @@ ExportPlan plan_export(Optimizer& opt) {
       t.dtype = state.dtype;
       t.shape = state_shape(*p, state.kind);
       if (state_kind_info(state.kind).per_block) {
-        t.block_elems = kernels::kQuant8Block;  // a block moment's absmax: no box of its own
+        t.block_elems = kMomentBlock;  // a block moment's absmax: no box of its own
       } else {
         t.global_shape = p->layout.global_shape;
         t.global_offset = p->layout.global_offset;

@@ -21,7 +21,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "../../kernels/block_moment.h"
 #include "../backends/thread_pool.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
@@ -40,7 +39,7 @@ namespace {
 constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
 // Block moments' blocks, and how many decoded elements go to a state that is not one at a
 // time.
-constexpr int64_t kBlock = kernels::kQuant8Block;
+constexpr int64_t kBlock = kMomentBlock;
 constexpr int64_t kDecodeElems = int64_t{1} << 16;
 
 struct SavedRef {
@@ -887,7 +886,7 @@ class Importer {
   uint8_t* landing_codes(const Landing& l) { return codes_.data() + l.at; }
   // A block of codes decoded (decode), and whose it is; decoded_: decoded elements on their
   // way into state that is not a block moment.
-  std::array<float, kernels::kQuant8Block> block_{};
+  std::array<float, kMomentBlock> block_{};
   std::size_t decoded_piece_ = SIZE_MAX;
   int64_t decoded_block_ = -1;
   std::vector<float> decoded_;

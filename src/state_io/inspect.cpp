@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "box.hpp"
@@ -162,7 +161,7 @@ std::string inspect_shards(const std::vector<BlobReader>& readers, bool verify_d
                           {"key", g.key},       {"global_shape", g.global_shapes[0]},
                           {"dtypes", g.dtypes}, {"boxes", boxes}};
     if (!g.scales.empty())
-      entry["block_scales"] = {{"key", g.scales}, {"block_elems", kernels::kQuant8Block}};
+      entry["block_scales"] = {{"key", g.scales}, {"block_elems", kMomentBlock}};
     const Tiling tiling = check_tiling(g.boxes, g.global_shapes,
                                        [&](std::size_t i) { return concat("file ", g.files[i]); });
     entry["coverage"] = tiling_kind_name(tiling.kind);

@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../../kernels/block_moment.h"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../state_kinds.hpp"
@@ -233,9 +232,9 @@ SavedTensor parse_saved_tensor(const SafetensorsTensor& t, const json& tensors,
   const std::string where = concat("tensors['", t.name, "']");
   if (kind->per_block) {
     s.block_elems = in.integer(*entry, "block_elems", where, 1, INT32_MAX);
-    if (s.block_elems != kernels::kQuant8Block)
+    if (s.block_elems != kMomentBlock)
       fail(SA_ERR_UNSUPPORTED, in.blob(), ": ", where, ".block_elems is ", s.block_elems,
-           "; this library's block moments have blocks of ", kernels::kQuant8Block, " elements");
+           "; this library's block moments have blocks of ", kMomentBlock, " elements");
     if (s.shape.size() != 1)
       fail(SA_ERR_FORMAT, in.blob(), ": tensor '", t.name, "' has shape ", format_dims(s.shape),
            "; block scales are one-dimensional");
@@ -254,7 +253,7 @@ void link_block_scales(ShardHeader& h, const FieldReader& in) {
   for (std::size_t i = 0; i < h.tensors.size(); ++i) index[h.tensors[i].name()] = i;
   auto is_codes = [](const SavedTensor& t) {
     const std::optional<ElemType> type = elem_type_of(t.dtype);
-    return type && kernels::is_block_storage(*type);
+    return type && is_block_moment(*type);
   };
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const SavedTensor& scales = h.tensors[i];
