@@ -28,44 +28,74 @@ StagedRun state_run(const Param& p, StateKind kind, int64_t first, int64_t count
           static_cast<std::size_t>((count + block - 1) / block) * size};
 }
 
-// Cuts a host bucket's slots into ring segments: each piece a run of whole blocks of one
-// slot (its last piece may end in a partial one), as many as fit the ring slot. Then lays
-// each segment out: a region per state kind, in which the runs of adjacent pieces keep the
-// distance they have on the host when their host states are adjacent too (the backend
-// allocates each kind's host state one param after another: Backend::allocate_host_state),
-// so that one copy moves them.
-std::vector<StagedSegment> stage(const Bucket& bucket, const std::vector<const Param*>& params) {
-  std::vector<StagedSegment> segments(1);
+// A piece's bytes in a segment: `block` for each of its whole blocks, plus up to `reserve`
+// beyond them (its runs' alignment).
+struct PieceCost {
+  std::size_t block;
+  std::size_t reserve;
+};
+
+// Cuts a bucket's slots into pieces of segments of at most kStagingSlotBytes: each piece a
+// run of whole blocks of one slot (its last piece may end in a partial one), as many as fit
+// what the segment has left. cost(p) is param p's PieceCost; place(segments, slot, p, first,
+// count) adds the piece to segments.back() and returns the bytes it takes there.
+template <class Segment, class Cost, class Place>
+std::vector<Segment> cut(const Bucket& bucket, const std::vector<const Param*>& params,
+                         const Cost& cost, const Place& place) {
+  std::vector<Segment> segments(1);
   const int64_t block = kernels::kQuant8Block;
-  std::size_t budget = 0;  // of the last segment: its runs, each as if copied on its own
+  std::size_t used = 0;  // of the last segment
   for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
     const Param& p = *params[static_cast<std::size_t>(bucket.param_of_slot[s])];
-    std::vector<StateKind> kinds;
-    std::size_t block_bytes = 0;  // one block's state, every kind
-    for (const StateKindInfo& k : kStateKinds) {
-      if (!has_state(p, k.kind)) continue;
-      kinds.push_back(k.kind);
-      block_bytes += state_run(p, k.kind, 0, block).bytes;
-    }
-    const std::size_t padding = kinds.size() * kStagingAlign;  // each run's alignment, at most
+    const PieceCost c = cost(p);
     for (int64_t first = 0; first < p.numel;) {
-      if (budget + padding + block_bytes > kStagingSlotBytes) {
+      if (used + c.reserve + c.block > kStagingSlotBytes) {
         segments.emplace_back();
-        budget = 0;
+        used = 0;
       }
-      const std::size_t room = kStagingSlotBytes - budget - padding;
+      const std::size_t room = kStagingSlotBytes - used - c.reserve;
       const int64_t count =
-          std::min<int64_t>(p.numel - first, static_cast<int64_t>(room / block_bytes) * block);
-      StagedPiece piece{static_cast<int32_t>(s), first, count, {}};
-      for (StateKind kind : kinds) {
-        piece.runs.push_back(state_run(p, kind, first, count));
-        budget += align_up(piece.runs.back().bytes);
-      }
-      segments.back().pieces.push_back(std::move(piece));
+          std::min<int64_t>(p.numel - first, static_cast<int64_t>(room / c.block) * block);
+      used += place(segments, static_cast<int32_t>(s), p, first, count);
       first += count;
     }
   }
   if (segments.back().pieces.empty()) segments.pop_back();
+  return segments;
+}
+
+// Cuts a host bucket's slots into ring segments (cut). Then lays each segment out: a region
+// per state kind, in which the runs of adjacent pieces keep the distance they have on the
+// host when their host states are adjacent too (the backend allocates each kind's host
+// state one param after another: Backend::allocate_host_state), so that one copy moves them.
+std::vector<StagedSegment> stage(const Bucket& bucket, const std::vector<const Param*>& params) {
+  const auto kinds_of = [](const Param& p) {
+    std::vector<StateKind> kinds;
+    for (const StateKindInfo& k : kStateKinds)
+      if (has_state(p, k.kind)) kinds.push_back(k.kind);
+    return kinds;
+  };
+  std::vector<StagedSegment> segments = cut<StagedSegment>(
+      bucket, params,
+      [&](const Param& p) {
+        PieceCost c{0, 0};  // a block's state of every kind; each run's alignment, at most
+        for (StateKind kind : kinds_of(p)) {
+          c.block += state_run(p, kind, 0, kernels::kQuant8Block).bytes;
+          c.reserve += kStagingAlign;
+        }
+        return c;
+      },
+      [&](std::vector<StagedSegment>& segs, int32_t slot, const Param& p, int64_t first,
+          int64_t count) {
+        StagedPiece piece{slot, first, count, {}};
+        std::size_t bytes = 0;  // its runs, each as if copied on its own
+        for (StateKind kind : kinds_of(p)) {
+          piece.runs.push_back(state_run(p, kind, first, count));
+          bytes += align_up(piece.runs.back().bytes);
+        }
+        segs.back().pieces.push_back(std::move(piece));
+        return bytes;
+      });
 
   for (StagedSegment& seg : segments) {
     for (const StateKindInfo& k : kStateKinds) {
@@ -102,39 +132,28 @@ std::vector<StagedSegment> stage(const Bucket& bucket, const std::vector<const P
   return segments;
 }
 
-// Cuts a bucket stepped by the CPU into mirror segments: each piece a run of whole blocks
-// of one slot (its last piece may end in a partial one), as many as fit the mirror slot.
-// Each segment's params come first, one after another, then its grads, so that pieces
-// adjacent on the device are adjacent in the mirror too (the backend copies them at once).
+// Cuts a bucket stepped by the CPU into mirror segments (cut). Each segment's params come
+// first, one after another, then its grads, so that pieces adjacent on the device are
+// adjacent in the mirror too (the backend copies them at once).
 std::vector<MirroredSegment> mirror(const Bucket& bucket, const std::vector<const Param*>& params) {
-  const int64_t block = kernels::kQuant8Block;
   const auto param_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.param));
   const auto grad_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.grad));
-  const std::size_t block_bytes = static_cast<std::size_t>(block) * (param_bytes + grad_bytes);
-  const std::size_t capacity = kStagingSlotBytes - kStagingAlign;  // the grads' alignment
-  std::vector<MirroredSegment> segments(1);
-  std::size_t used = 0;  // of the last segment
-  for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
-    const Param& p = *params[static_cast<std::size_t>(bucket.param_of_slot[s])];
-    for (int64_t first = 0; first < p.numel;) {
-      if (used + block_bytes > capacity) {
-        segments.emplace_back();
-        used = 0;
-      }
-      const int64_t count = std::min<int64_t>(
-          p.numel - first, static_cast<int64_t>((capacity - used) / block_bytes) * block);
-      MirroredPiece piece{static_cast<int32_t>(s), first, count, 0, 0, {}};
-      for (const StateKindInfo& k : kStateKinds)
-        if (has_state(p, k.kind))
-          piece.state[static_cast<std::size_t>(k.kind)] =
-              static_cast<char*>(bucket.slots[s].state[static_cast<std::size_t>(k.kind)]) +
-              state_run(p, k.kind, first, count).host_offset;
-      segments.back().pieces.push_back(piece);
-      used += static_cast<std::size_t>(count) * (param_bytes + grad_bytes);
-      first += count;
-    }
-  }
-  if (segments.back().pieces.empty()) segments.pop_back();
+  const PieceCost cost{static_cast<std::size_t>(kernels::kQuant8Block) * (param_bytes + grad_bytes),
+                       kStagingAlign};  // the grads' alignment
+  std::vector<MirroredSegment> segments = cut<MirroredSegment>(
+      bucket, params, [&](const Param&) { return cost; },
+      [&](std::vector<MirroredSegment>& segs, int32_t slot, const Param& p, int64_t first,
+          int64_t count) {
+        MirroredPiece piece{slot, first, count, 0, 0, {}};
+        for (const StateKindInfo& k : kStateKinds)
+          if (has_state(p, k.kind))
+            piece.state[static_cast<std::size_t>(k.kind)] =
+                static_cast<char*>(bucket.slots[static_cast<std::size_t>(slot)]
+                                       .state[static_cast<std::size_t>(k.kind)]) +
+                state_run(p, k.kind, first, count).host_offset;
+        segs.back().pieces.push_back(piece);
+        return static_cast<std::size_t>(count) * (param_bytes + grad_bytes);
+      });
   for (MirroredSegment& seg : segments) {
     std::size_t at = 0;
     for (MirroredPiece& piece : seg.pieces) {
