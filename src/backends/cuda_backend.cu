@@ -360,6 +360,13 @@ std::vector<Copy> staged_copies(const StagedSegment& seg, char* ring, bool up) {
   return out;
 }
 
+// A staged segment as the backend launches it: its tables (slots in the ring) and the
+// copies that move its state up before the kernel and down after, made once per plan.
+struct SegmentLaunch {
+  DeviceTables tables;
+  std::vector<Copy> up, down;
+};
+
 // What the host does for one mirrored segment, as a stream callback: unless the step was
 // skipped, the host's Adam over its slots (param and grad in the mirror). It owns itself:
 // the callback deletes it.
@@ -538,7 +545,7 @@ class CudaBackend final : public Backend {
     // A CPU step still running reads host_coeffs_, which this may replace.
     if (host_coeffs_) check_cuda(cudaDeviceSynchronize(), "waiting for the last CPU step");
     std::vector<DeviceTables> tables;
-    std::vector<std::vector<DeviceTables>> segment_tables(plan.buckets.size());
+    std::vector<std::vector<SegmentLaunch>> segment_launches(plan.buckets.size());
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bucket = plan.buckets[b];
       DeviceTables t = make_tables(bucket.slots, bucket.numel);
@@ -554,7 +561,9 @@ class CudaBackend final : public Backend {
       if (!bucket.segments.empty())
         pipeline_.ensure([this](std::size_t bytes) { return allocate(bytes); });
       for (const StagedSegment& seg : bucket.segments)
-        segment_tables[b].push_back(make_tables(segment_slots(bucket, seg), bucket.numel));
+        segment_launches[b].push_back({make_tables(segment_slots(bucket, seg), bucket.numel),
+                                       staged_copies(seg, pipeline_.ring(seg.ring_slot), true),
+                                       staged_copies(seg, pipeline_.ring(seg.ring_slot), false)});
     }
     std::shared_ptr<Buffer> current;
     if (!plan.current.empty()) {
@@ -589,7 +598,7 @@ class CudaBackend final : public Backend {
                                               sizeof(kernels::GroupCoeffs));
     }
     tables_ = std::move(tables);
-    segment_tables_ = std::move(segment_tables);
+    segment_launches_ = std::move(segment_launches);
     host_coeffs_ = std::move(host_coeffs);
     coeffs_first_ = lo;
     coeffs_count_ = hi - lo + 1;
@@ -607,7 +616,7 @@ class CudaBackend final : public Backend {
       const Bucket& staged = plan.buckets[bucket];
       for (std::size_t i = 0; i < staged.segments.size(); ++i) {
         const std::vector<kernels::TensorSlot> seg = segment_slots(staged, staged.segments[i]);
-        upload(segment_tables_[bucket][i].slots->data(), seg.data(),
+        upload(segment_launches_[bucket][i].tables.slots->data(), seg.data(),
                seg.size() * sizeof(kernels::TensorSlot), stream);
       }
     }
@@ -687,16 +696,15 @@ class CudaBackend final : public Backend {
               return bucket.slots[static_cast<std::size_t>(piece.slot)].grad != nullptr;
             }))
           continue;
-        const kernels::DeviceBucket& view = segment_tables_[b][i].view;
-        const StagedSegment& seg = bucket.segments[i];
-        last = seg.ring_slot;
+        const SegmentLaunch& launch = segment_launches_[b][i];
+        last = bucket.segments[i].ring_slot;
         pipeline_.run(
-            last, staged_copies(seg, pipeline_.ring(last), /*up=*/true), s,
+            last, launch.up, s,
             [&] {
-              check_cuda(kernels::launch_adam_bucket(bucket.variant, view, step, s),
+              check_cuda(kernels::launch_adam_bucket(bucket.variant, launch.tables.view, step, s),
                          "Adam kernel launch");
             },
-            staged_copies(seg, pipeline_.ring(last), /*up=*/false));
+            launch.down);
       }
     }
     if (last >= 0) pipeline_.join(last, s);
@@ -789,8 +797,8 @@ class CudaBackend final : public Backend {
   int device_;
   HostStepFactory make_host_step_;
   std::vector<DeviceTables> tables_;
-  // Per bucket: the tables of its staged segments (state on the host), else none.
-  std::vector<std::vector<DeviceTables>> segment_tables_;
+  // Per bucket: its staged segments' launches (state on the host), else none.
+  std::vector<std::vector<SegmentLaunch>> segment_launches_;
   StagingPipeline pipeline_;
   HostStatePool host_pools_[kNumStateKinds];  // allocate_host_state's, per StateKind
   std::shared_ptr<Buffer> current_;           // plan.current, in device memory
