@@ -746,15 +746,22 @@ TEST_CASE("One fp32 step agrees with the Adam formula evaluated in double", "[cp
   }
 }
 
+// Every 251st float32 bit pattern (17M floats of every class: zeros, subnormals, normals,
+// infinities, NaNs of both signs).
+std::vector<float> every_251st_float() {
+  std::vector<float> xs;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
+    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  return xs;
+}
+
 TEST_CASE("the SIMD fp8 cast gives the scalar cast's codes on every Highway target",
           "[cpu_kernel][fp8param]") {
   // Every 251st float bit pattern (17M floats of every class: zeros, subnormals, normals,
   // infinities, NaNs of both signs), and each fp8 code's value with its neighbours and the
   // midpoints to the next code, times factors that leave them as they are (1) or move them
   // across rounding boundaries and into saturation (0.75, 3).
-  std::vector<float> xs;
-  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
-    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  std::vector<float> xs = every_251st_float();
   for (const ElemType type : {ElemType::f8e4m3, ElemType::f8e5m2}) {
     for (int c = 0; c < 0x100; ++c) {
       const float v = type == ElemType::f8e4m3 ? e4m3fn_to_float(static_cast<uint8_t>(c))
@@ -863,9 +870,7 @@ void check_block_lanes(const std::vector<float>& xs, const Encode& encode, const
 TEST_CASE("the SIMD q8 encode and decode give the scalar loops' bits on every Highway target",
           "[cpu_kernel][quant8]") {
   const int64_t block = kQuant8Block;
-  std::vector<float> xs;
-  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
-    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  std::vector<float> xs = every_251st_float();
   const std::size_t patterns = xs.size();
   for (const bool is_signed : {false, true}) {
     const uint32_t* map = quant8_book(is_signed).map;
@@ -915,9 +920,7 @@ TEST_CASE("the SIMD q8 encode and decode give the scalar loops' bits on every Hi
 TEST_CASE("the SIMD float8 moment encode and decode give the scalar loops' bits on every target",
           "[cpu_kernel][fp8]") {
   const int64_t block = kQuant8Block;
-  std::vector<float> xs;
-  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 251)
-    xs.push_back(bits_float(static_cast<uint32_t>(bits)));
+  std::vector<float> xs = every_251st_float();
   std::vector<float> near;
   for (int c = 0; c < 0x7E; ++c) {  // the positive finite codes; the sign is a flip
     const float v = sa::kernels::e4m3fn_to_float(static_cast<uint8_t>(c));

@@ -130,6 +130,25 @@ inline int32_t placement_of(GpuState mode, std::size_t i) {
   return placements[i % 3];
 }
 
+// One sa_optimizer_step recorded on `stream` (args NULL): its status and message, and the
+// capture already ended, so that no REQUIRE after it can leave a capture open (one that
+// outlives its test breaks every test after it).
+struct CapturedStep {
+  sa_status status;
+  std::string message;  // sa_optimizer_last_error after the step
+  cudaError_t ended;    // cudaStreamEndCapture's
+  cudaGraph_t graph;    // NULL when the capture was invalidated; the caller destroys it
+};
+
+inline CapturedStep capture_step(sa_optimizer* opt, cudaStream_t stream) {
+  CapturedStep c{SA_OK, "", cudaSuccess, nullptr};
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  c.status = sa_optimizer_step(opt, nullptr, stream);
+  c.message = sa_optimizer_last_error(opt);
+  c.ended = cudaStreamEndCapture(stream, &c.graph);
+  return c;
+}
+
 inline std::vector<unsigned char> download_view(const StateView& v) {
   std::vector<unsigned char> out(static_cast<std::size_t>(v.numel()) * dtype_bytes(v.view->dl_tensor.dtype));
   // Default: the view is device memory, or pinned host memory (state on the host).

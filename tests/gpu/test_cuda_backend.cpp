@@ -546,14 +546,11 @@ TEST_CASE("a full step captured after a partial step and a flush replays to the 
   for (auto* opt : {t.cpu.get(), t.gpu.get()})
     REQUIRE_SA_OK(opt, sa_optimizer_step_params(opt, 2, some, nullptr, opt == t.gpu.get() ? stream : nullptr));
   REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
-  cudaGraph_t graph = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const sa_status captured = sa_optimizer_step(t.gpu.get(), nullptr, stream);
-  const std::string why = sa_optimizer_last_error(t.gpu.get());
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // before any REQUIRE: no capture outlives the test
-  INFO(why);
-  REQUIRE(captured == SA_OK);
-  REQUIRE(ended == cudaSuccess);
+  const CapturedStep captured = capture_step(t.gpu.get(), stream);
+  INFO(captured.message);
+  REQUIRE(captured.status == SA_OK);
+  REQUIRE(captured.ended == cudaSuccess);
+  cudaGraph_t graph = captured.graph;
   cudaGraphExec_t exec = nullptr;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -578,15 +575,10 @@ TEST_CASE("a step of state stepped by the CPU refuses capture and changes nothin
   t.bind_new_grads(rng, false, true);
   t.step_both(1.0f, 0.0f, stream);
   REQUIRE_SA_OK(t.gpu.get(), sa_optimizer_flush(t.gpu.get(), stream));
-  cudaGraph_t graph = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const sa_status captured = sa_optimizer_step(t.gpu.get(), nullptr, stream);
-  const std::string why = sa_optimizer_last_error(t.gpu.get());
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // before any REQUIRE
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  CHECK(captured == SA_ERR_STATE);
-  CHECK(why.find("SA_STATE_ON_HOST_CPU_STEP cannot be captured") != std::string::npos);
-  (void)ended;
+  const CapturedStep captured = capture_step(t.gpu.get(), stream);
+  if (captured.graph != nullptr) cudaGraphDestroy(captured.graph);
+  CHECK(captured.status == SA_ERR_STATE);
+  CHECK(captured.message.find("SA_STATE_ON_HOST_CPU_STEP cannot be captured") != std::string::npos);
   cudaGetLastError();  // an invalidated capture leaves its error
   CUDA_OK(cudaStreamSynchronize(stream));
   t.require_identical();  // nothing ran
