@@ -162,10 +162,15 @@ const char* cpu_simd_target();
 class HostStep {
  public:
   virtual ~HostStep() = default;
+  // Makes room for calls to adam over at most `slots` slots and `elems` elements in all,
+  // which then allocate nothing (a stream callback cannot report a failure): the device
+  // backend calls this when it prepares a plan, outside any callback.
+  virtual void reserve(std::size_t slots, int64_t elems) = 0;
   // Updates every element of slots[0, n) (host memory, every grad set; `variant`'s) with
   // coeffs[slot.param_index], as the CPU backend's launch_adam does (so bit for bit its
   // results and a device's), on all threads; returns when done. One call at a time.
-  // `variant` has no scaling (fp8 params are not stepped on the host).
+  // `variant` has no scaling (an fp8 param's master is stepped as a float32 param:
+  // kernels::fp8_master_variant).
   virtual void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots,
                     std::size_t n, const kernels::GroupCoeffs* coeffs) = 0;
 };

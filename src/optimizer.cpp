@@ -64,10 +64,8 @@ static_assert(static_cast<int>(StatePlacement::device) == SA_STATE_ON_DEVICE &&
               "StatePlacement mirrors sa_state_placement");
 
 // The placement of a param's state on `device`: a CPU param's state is host memory whatever
-// it asks for, so it resolves to device (one bucket for all of them). An fp8 param's cast
-// writes scales and amaxes the device holds, so the CPU does not step it.
-StatePlacement resolve_placement(int32_t requested, DLDevice device, kernels::ParamScaling scaling,
-                                 const std::string& context) {
+// it asks for, so it resolves to device (one bucket for all of them).
+StatePlacement resolve_placement(int32_t requested, DLDevice device, const std::string& context) {
   if (requested != SA_STATE_ON_DEVICE && requested != SA_STATE_ON_HOST &&
       requested != SA_STATE_ON_HOST_CPU_STEP)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": state_placement is ", requested,
@@ -75,11 +73,6 @@ StatePlacement resolve_placement(int32_t requested, DLDevice device, kernels::Pa
          ", SA_STATE_ON_HOST ", SA_STATE_ON_HOST, ", SA_STATE_ON_HOST_CPU_STEP ",
          SA_STATE_ON_HOST_CPU_STEP, ")");
   if (device.device_type == kDLCPU) return StatePlacement::device;
-  if (requested == SA_STATE_ON_HOST_CPU_STEP && scaling != kernels::ParamScaling::none)
-    fail(SA_ERR_UNSUPPORTED, context,
-         ": an fp8 param's state cannot be SA_STATE_ON_HOST_CPU_STEP (its cast writes scales "
-         "and amaxes on the device); use SA_STATE_ON_HOST, which keeps its state on the host "
-         "and steps it on the device");
   return static_cast<StatePlacement>(requested);
 }
 
@@ -596,8 +589,7 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   param->master = resolve_master(options.master, *param_type, context);
   param->scaling = resolve_scaling(options.scaling, *param_type, param->master, context);
   param->amsgrad = group.config.amsgrad != 0;
-  param->placement =
-      resolve_placement(options.state_placement, shard.device, param->scaling, context);
+  param->placement = resolve_placement(options.state_placement, shard.device, context);
   param->scale = checked_scales(options, param->scaling, param->layout, shard.device, context);
   const bool current = kernels::is_current(param->scaling);
   if (current && is_sharded(param->layout) && !comm_)

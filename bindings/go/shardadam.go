@@ -197,9 +197,9 @@ const (
 	// fixed ring of pinned host buffers, the host's threads (Config.NumThreads) update the
 	// state there, and the param goes back up, so no state byte crosses the host link. The
 	// step's decision and coefficients are the device's: the results are bit for bit those
-	// of the other placements. The step cannot be captured in a CUDA graph, and fp8 params
-	// are refused with StatusUnsupported (use StateOnHost). A CPU param's state is host
-	// memory already: the library resolves this to StateOnDevice.
+	// of the other placements. The step cannot be captured in a CUDA graph. An fp8 param's
+	// master is updated on the host and its cast is the device's. A CPU param's state is
+	// host memory already: the library resolves this to StateOnDevice.
 	StateOnHostCPUStep StatePlacement = C.SA_STATE_ON_HOST_CPU_STEP
 )
 

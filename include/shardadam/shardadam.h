@@ -398,9 +398,10 @@ typedef enum sa_state_placement {
    * those of the other placements. No state byte crosses the link: for large params this
    * moves fewer bytes than SA_STATE_ON_HOST, and costs the host's memory bandwidth instead.
    * The step stays ordered on the caller's stream (the host's part runs as a stream
-   * callback), so it cannot be captured in a CUDA graph. fp8 params (scaling != NONE) are
-   * refused (SA_ERR_UNSUPPORTED): use SA_STATE_ON_HOST. A CPU param: the same as
-   * SA_STATE_ON_DEVICE. */
+   * callback), so it cannot be captured in a CUDA graph. An fp8 param (scaling != NONE):
+   * the host updates its master and moments, only its grad comes down, and the device
+   * casts the param from the new master, reading it over the link (mapped), as it writes
+   * the scales and amaxes on the device. A CPU param: the same as SA_STATE_ON_DEVICE. */
   SA_STATE_ON_HOST_CPU_STEP = 2
 } sa_state_placement;
 

@@ -382,13 +382,10 @@ cudaError_t launch_reset_amax(ParamScaling scaling, const DeviceBucket& b, const
 
 }  // namespace
 
-cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucket& b,
-                                             const DeviceBucket& masters, const DeviceStep& s,
-                                             cudaStream_t st) {
+cudaError_t launch_cast_bucket(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
+                               cudaStream_t st) {
   if (b.num_chunks == 0) return cudaSuccess;
-  cudaError_t err = launch_adam_bucket_blocks(fp8_master_variant(v), masters, s, st);
-  if (err != cudaSuccess) return err;
-  err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
+  cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
     constexpr ParamScaling kS = decltype(scaling)::value;
     if constexpr (is_current(kS)) {  // the amax now; the cast after the reduction
@@ -402,6 +399,14 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucke
     err = cudaGetLastError();
   });
   return err;
+}
+
+cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucket& b,
+                                             const DeviceBucket& masters, const DeviceStep& s,
+                                             cudaStream_t st) {
+  if (b.num_chunks == 0) return cudaSuccess;
+  const cudaError_t err = launch_adam_bucket_blocks(fp8_master_variant(v), masters, s, st);
+  return err != cudaSuccess ? err : launch_cast_bucket(v, b, s, st);
 }
 
 cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, const DeviceStep& s,

@@ -34,6 +34,14 @@ cudaError_t launch_adam_bucket_scaled_blocks(const Variant& variant, const Devic
                                              const DeviceBucket& masters, const DeviceStep& step,
                                              cudaStream_t stream);
 
+// The second launch of launch_adam_bucket_scaled_blocks on its own, for a bucket whose
+// masters something else updated (the block-moment kernel, or the host: state stepped by
+// the CPU, which reaches the masters in mapped host memory): every updated chunk cast from
+// its master, or for a current scaling every chunk's max |master| folded into its slot's
+// amax_bits. Any moments.
+cudaError_t launch_cast_bucket(const Variant& variant, const DeviceBucket& bucket,
+                               const DeviceStep& step, cudaStream_t stream);
+
 // Current scaling (is_current), in a step's order:
 //   launch_reset_current_amax: *amax_bits = 0 for every entry of the plan's current table;
 //   launch_adam_bucket (or launch_adam_bucket_scaled_blocks) of each bucket: the masters'

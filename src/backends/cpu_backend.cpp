@@ -87,6 +87,14 @@ struct WorkList {
     task_begin.assign(1, 0);
   }
 
+  // Room for the items and tasks of `slots` slots of `elems` elements in all (each slot
+  // takes at most one item more than its whole chunks; a task holds at least one item).
+  void reserve(std::size_t slots, int64_t elems) {
+    const std::size_t most = slots + static_cast<std::size_t>(elems / kChunkElems);
+    items.reserve(most);
+    task_begin.reserve(most + 2);
+  }
+
   // Items over elements [0, numel) of slot `slot` of bucket `bucket`.
   void add(int32_t bucket, int32_t slot, int64_t numel) {
     for (int64_t begin = 0; begin < numel; begin += kChunkElems)
@@ -127,6 +135,8 @@ class CpuHostStep final : public HostStep {
  public:
   explicit CpuHostStep(const CpuBackendOptions& options)
       : pool_(thread_count(options)), simd_(options.simd) {}
+
+  void reserve(std::size_t slots, int64_t elems) override { work_.reserve(slots, elems); }
 
   void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots, std::size_t n,
             const kernels::GroupCoeffs* coeffs) override {

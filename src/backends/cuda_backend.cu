@@ -368,15 +368,16 @@ struct SegmentLaunch {
 };
 
 // What the host does for one mirrored segment, as a stream callback: unless the step was
-// skipped, the host's Adam over its slots (param and grad in the mirror). It owns itself:
-// the callback deletes it.
+// skipped, the host's Adam over its slots (grad in the mirror; the param too, or for an
+// fp8 param its master in the param's place). It owns itself: the callback deletes it.
 struct HostJob {
   HostStep* host;
   kernels::Variant variant;
   std::vector<kernels::TensorSlot> slots;  // param_index: into coeffs
   const kernels::GroupCoeffs* coeffs;
   const kernels::StepVerdict* verdict;  // the step's, downloaded (pinned)
-  std::atomic<bool>* failed;            // set when the host's Adam throws
+  std::atomic<bool>* failed;            // set if the host's Adam throws (it should not:
+                                        // HostStep::reserve made room for everything)
 
   static void CUDART_CB run(void* data) {
     std::unique_ptr<HostJob> job(static_cast<HostJob*>(data));
@@ -589,6 +590,16 @@ class CudaBackend final : public Backend {
     std::shared_ptr<Buffer> host_coeffs;
     if (hi >= 0) {
       if (!host_step_) host_step_ = make_host_step_();
+      std::size_t most_pieces = 0;  // of one segment: what one callback steps at most
+      int64_t most_elems = 0;
+      for (const Bucket& bucket : plan.buckets)
+        for (const MirroredSegment& seg : bucket.mirrored) {
+          int64_t elems = 0;
+          for (const MirroredPiece& piece : seg.pieces) elems += piece.count;
+          most_pieces = std::max(most_pieces, seg.pieces.size());
+          most_elems = std::max(most_elems, elems);
+        }
+      host_step_->reserve(most_pieces, most_elems);
       mirror_.ensure([](std::size_t bytes) { return PinnedBuffer::staging(bytes); });
       if (!cpu_stream_)
         check_cuda(cudaStreamCreateWithFlags(&cpu_stream_, cudaStreamNonBlocking),
@@ -661,8 +672,8 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     if (host_failed_.exchange(false))
       fail(SA_ERR_INTERNAL,
-           "the host's part of an earlier step of state placed SA_STATE_ON_HOST_CPU_STEP failed "
-           "(out of host memory?); those params were not updated at that step");
+           "the host's part of an earlier step of state placed SA_STATE_ON_HOST_CPU_STEP threw "
+           "(a bug: prepare reserves all it needs); those params were not updated at that step");
     if (host_coeffs_ && capturing(stream))
       fail(SA_ERR_STATE,
            "a step of state placed SA_STATE_ON_HOST_CPU_STEP cannot be captured in a CUDA graph "
@@ -675,7 +686,8 @@ class CudaBackend final : public Backend {
     bool staged = false;
     for (const Bucket& bucket : plan.buckets) staged = staged || !bucket.segments.empty();
     if (staged) pipeline_.begin(s);  // uploads start now, beside the device buckets' launches
-    if (host_coeffs_) launch_host_steps(plan, verdict, s);  // its copies start now too
+    // Its copies and callbacks start now too, on their own streams; `s` waits for them below.
+    const int last_host = host_coeffs_ ? launch_host_steps(plan, verdict, s) : -1;
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const kernels::Variant& v = plan.buckets[b].variant;
       if (!plan.buckets[b].segments.empty() ||
@@ -708,12 +720,24 @@ class CudaBackend final : public Backend {
       }
     }
     if (last >= 0) pipeline_.join(last, s);
+    if (last_host < 0) return;
+    mirror_.join(last_host, s);
+    // fp8 params the CPU stepped: their masters are new, in mapped host memory; the device
+    // casts them (or a current scaling's amax pass reads them), as after the block kernel.
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+      if (plan.buckets[b].placement == StatePlacement::host_cpu_step &&
+          plan.buckets[b].variant.scaling != kernels::ParamScaling::none)
+        check_cuda(kernels::launch_cast_bucket(plan.buckets[b].variant, tables_[b].view, step, s),
+                   "fp8 cast launch");
   }
 
   // State the CPU steps: the step's verdict and coefficients come down, then each mirrored
   // segment whose params have grads: param and grad down into the mirror, the host's Adam
-  // (a callback on cpu_stream_), the param back up. The caller's stream waits for the last.
-  void launch_host_steps(const Plan& plan, const kernels::StepVerdict* verdict, cudaStream_t s) {
+  // (a callback on cpu_stream_), the param back up. An fp8 param's master is what the host
+  // updates (fp8_master_slot): only its grad comes down, and nothing goes up (the device
+  // casts it after). Returns the ring slot of the last segment enqueued (-1: none), for
+  // the caller's stream to join.
+  int launch_host_steps(const Plan& plan, const kernels::StepVerdict* verdict, cudaStream_t s) {
     auto* host_verdict = static_cast<kernels::StepVerdict*>(host_coeffs_->data());
     auto* host_coeffs = reinterpret_cast<kernels::GroupCoeffs*>(host_verdict + 1);
     check_cuda(cudaMemcpyAsync(host_verdict, verdict, sizeof *verdict, cudaMemcpyDeviceToHost, s),
@@ -729,10 +753,13 @@ class CudaBackend final : public Backend {
     for (const Bucket& bucket : plan.buckets) {
       const auto param_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.param));
       const auto grad_bytes = static_cast<std::size_t>(kernels::elem_bytes(bucket.variant.grad));
+      const bool scaled = bucket.variant.scaling != kernels::ParamScaling::none;
+      const kernels::Variant variant =
+          scaled ? kernels::fp8_master_variant(bucket.variant) : bucket.variant;
       for (const MirroredSegment& seg : bucket.mirrored) {
         char* ring = mirror_.ring(seg.ring_slot);
-        auto job = std::make_unique<HostJob>(HostJob{
-            host_step_.get(), bucket.variant, {}, host_coeffs, host_verdict, &host_failed_});
+        auto job = std::make_unique<HostJob>(
+            HostJob{host_step_.get(), variant, {}, host_coeffs, host_verdict, &host_failed_});
         std::vector<Copy> down, grads_down, up;  // params, then grads: each kind merges
         for (const MirroredPiece& piece : seg.pieces) {
           const kernels::TensorSlot& slot = bucket.slots[static_cast<std::size_t>(piece.slot)];
@@ -740,10 +767,13 @@ class CudaBackend final : public Backend {
           char* param = static_cast<char*>(slot.param) + piece.first * param_bytes;
           const char* grad = static_cast<const char*>(slot.grad) + piece.first * grad_bytes;
           const std::size_t p = piece.count * param_bytes, g = piece.count * grad_bytes;
-          add_copy(down, ring + piece.param_offset, param, p);
           add_copy(grads_down, ring + piece.grad_offset, grad, g);
-          add_copy(up, param, ring + piece.param_offset, p);
-          job->slots.push_back(mirrored_slot(bucket, piece, ring));
+          if (!scaled) {
+            add_copy(down, ring + piece.param_offset, param, p);
+            add_copy(up, param, ring + piece.param_offset, p);
+          }
+          const kernels::TensorSlot mirrored = mirrored_slot(bucket, piece, ring);
+          job->slots.push_back(scaled ? kernels::fp8_master_slot(mirrored) : mirrored);
           job->slots.back().param_index -= static_cast<int32_t>(coeffs_first_);
         }
         if (job->slots.empty()) continue;  // stays put
@@ -759,7 +789,7 @@ class CudaBackend final : public Backend {
             up);
       }
     }
-    if (last >= 0) mirror_.join(last, s);
+    return last;
   }
 
   void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,

@@ -429,7 +429,7 @@ TEST_CASE(
 // and adds nothing: the next param is index 0 and steps. The shard claims 2^40 float32
 // elements over a small allocation: the refusal comes before anything reads it.
 TEST_CASE("state on the host that the host cannot pin fails add_param and adds nothing",
-          "[gpu][offload]") {
+          "[gpu][offload][cpu_step]") {
   OptimizerPtr opt = make_optimizer();
   const sa_group_config group = group_config(1e-3, 0.0, 1);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, nullptr));
@@ -439,13 +439,16 @@ TEST_CASE("state on the host that the host cannot pin fails add_param and adds n
   huge.deleter = nullptr;  // the caller keeps a refused shard: a deleter must not run
   huge.dl_tensor.shape = huge_shape;
   sa_param_options options = SA_PARAM_OPTIONS_INIT;
-  options.state_placement = SA_STATE_ON_HOST;
-  // exp_avg and exp_avg_sq of 2^40 float32: 2^43 bytes in all, 2^42 each
-  CHECK_SA_FAILS(opt.get(), SA_ERR_OUT_OF_MEMORY,
-                 sa_optimizer_add_param(opt.get(), "huge", 0, &huge, nullptr, &options, nullptr),
-                 "param 'huge'", "8796093022208 bytes of pinned host memory", "4398046511104",
-                 "the host has");
-  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  for (const int32_t placement : {SA_STATE_ON_HOST, SA_STATE_ON_HOST_CPU_STEP}) {
+    INFO("placement " << placement);
+    options.state_placement = placement;
+    // exp_avg and exp_avg_sq of 2^40 float32: 2^43 bytes in all, 2^42 each
+    CHECK_SA_FAILS(opt.get(), SA_ERR_OUT_OF_MEMORY,
+                   sa_optimizer_add_param(opt.get(), "huge", 0, &huge, nullptr, &options, nullptr),
+                   "param 'huge'", "8796093022208 bytes of pinned host memory", "4398046511104",
+                   "the host has");
+    CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  }
 
   options.state_placement = 7;
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
@@ -589,26 +592,11 @@ TEST_CASE("a step of state stepped by the CPU refuses capture and changes nothin
   cudaStreamDestroy(stream);
 }
 
-// An fp8 param's cast writes scales and amaxes on the device: the CPU does not step it, and
-// says which placement does. A value past the last placement names all three.
-TEST_CASE("state stepped by the CPU refuses fp8 params and unknown placements, adding nothing",
-          "[gpu][offload][cpu_step]") {
+// A value past the last placement is refused by value, naming all three.
+TEST_CASE("an unknown state placement is refused, adding nothing", "[gpu][offload][cpu_step]") {
   OptimizerPtr opt = make_optimizer();
   const sa_group_config group = group_config(1e-3, 0.0, 1);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, nullptr));
-  DeviceTensor codes({256}, kFloat8E4m3fn), scale({1}, kFloat32);
-  HostTensor one({1}, kFloat32);
-  one.as<float>()[0] = 1.0f;
-  scale.upload(one);
-  sa_param_options options = SA_PARAM_OPTIONS_INIT;
-  options.scaling = SA_SCALING_DELAYED;
-  options.scale = scale.versioned();
-  options.state_placement = SA_STATE_ON_HOST_CPU_STEP;
-  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(opt.get(), "fp8", 0, codes.versioned(), nullptr, &options,
-                                        nullptr),
-                 "param 'fp8'", "SA_STATE_ON_HOST_CPU_STEP", "use SA_STATE_ON_HOST");
-  CHECK(sa_optimizer_num_params(opt.get()) == 0);
   DeviceTensor w({16}, kFloat32);
   sa_param_options plain = SA_PARAM_OPTIONS_INIT;
   plain.state_placement = 3;

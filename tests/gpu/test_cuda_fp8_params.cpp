@@ -324,20 +324,36 @@ TEST_CASE("fp8 params on CUDA step to the CPU's codes, masters, scales and amax 
   }
 }
 
-// Masters and moments on the host, fp8 params, their scales and amax on the device.
-TEST_CASE("fp8 params with their state on the host step to the CPU's bits",
-          "[gpu][fp8param][offload]") {
+// Masters and moments on the host, fp8 params, their scales and amax on the device: every
+// other shard's state on the host (the device's kernels reach it mapped), or in all three
+// placements (the host updates the CPU-stepped shards' masters, then the device casts them).
+void fp8_on_the_host(GpuState state) {
   for (const Fp8Format& f : kFormats) {
     for (const ScalingCase& s : kCases) {
       DYNAMIC_SECTION(f.name << ", " << s.label) {
         Rng rng(0x0F8 + static_cast<uint64_t>(s.scaling * 2 + (s.amax ? 1 : 0)));
-        Fp8Twin t(f, s, GpuState::mixed);
+        Fp8Twin t(f, s, state);
         t.add_shards(rng, kDelayedScales[0]);
         t.require_identical();  // the masters' initialisation, into host memory
         train(t, rng);
       }
     }
   }
+}
+
+TEST_CASE("fp8 params with their state on the host step to the CPU's bits",
+          "[gpu][fp8param][offload]") {
+  fp8_on_the_host(GpuState::mixed);
+}
+
+TEST_CASE("fp8 params whose state the CPU steps, beside the other placements, step to its bits",
+          "[gpu][fp8param][offload][cpu_step]") {
+  fp8_on_the_host(GpuState::all_three);
+}
+
+TEST_CASE("fp8 params whose state the CPU steps, every one, step to its bits",
+          "[gpu][fp8param][offload][cpu_step]") {
+  fp8_on_the_host(GpuState::cpu_step);
 }
 
 TEST_CASE("a CUDA state import casts fp8 params from the loaded master as the step did",

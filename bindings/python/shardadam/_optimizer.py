@@ -417,7 +417,8 @@ class Optimizer(OwnsHandle):
                 on the device; its state views are CPU tensors. Or ``"host_cpu_step"``:
                 pinned host memory that the host's threads (``num_threads``) step, on the param
                 and grad brought down each step (the param goes back up): the same bits, no
-                state byte over the link, no CUDA graph capture, not for fp8 params. A CPU
+                state byte over the link, no CUDA graph capture (an fp8 param's master is
+                updated on the host and cast on the device). A CPU
                 param's state is host memory either way (its ``placement`` reads
                 ``"device"``). Raises :class:`OutOfMemory` when the host cannot pin it, adding
                 nothing.

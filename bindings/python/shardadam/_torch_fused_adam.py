@@ -355,8 +355,9 @@ class FusedAdam(torch.optim.Optimizer):
             (ZeRO-Offload's scheme): the state in pinned host memory, stepped there by the
             host's threads (``num_threads``) on each param and grad brought down, the param sent
             back up: the same bits again, no state byte over the link, but the step runs at the
-            host's memory bandwidth; not for fp8 params nor inside a CUDA graph. CPU params'
-            state is host memory either way.
+            host's memory bandwidth; not inside a CUDA graph (an fp8 param's master is
+            updated on the host and cast on the device). CPU params' state is host memory
+            either way.
         step_in_backward: step each param as soon as its grad is ready, during the backward
             (torch's post-accumulate-grad hook; FSDP2 calls it once a grad is reduce-scattered),
             in partial steps of about 64 MiB of grads and the rest at the backward's end, then

@@ -136,13 +136,53 @@ def test_offload_with_step_in_backward_gives_the_same_bits(offload):
         assert q.grad is None
 
 
-def test_offload_cpu_refuses_fp8_params_by_name():
-    """An fp8 param's cast writes its scales on the device: offload="cpu" refuses it, naming
-    the placement that takes it."""
-    from shardadam import Unsupported
+def fp8_scale(scaling, shape, gen):
+    """A scale tensor of `scaling` for a param of `shape` (shardadam.h's sa_param_scaling)."""
+    if scaling == "delayed":
+        return torch.tensor([0.75])
+    if scaling == "current":
+        return torch.ones(2)  # [scale, scale_inv]: the step writes both
+    blocks = shape[:-1] + (shape[-1] // {"mxfp8": 32, "block128": 128}[scaling],)
+    if scaling == "mxfp8":
+        return torch.randint(120, 134, blocks, generator=gen, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    return torch.rand(blocks, generator=gen) * 2 + 0.01
+
+
+@pytest.mark.parametrize("scaling", ["delayed", "mxfp8", "block128", "current"])
+@pytest.mark.parametrize("moment_dtype", [torch.float32, torch.uint8])
+@pytest.mark.parametrize("offload", ["host", "cpu"])
+def test_offloaded_fp8_params_step_the_bits_of_device_state(scaling, moment_dtype, offload):
+    """fp8 params (float8_e4m3fn codes, a scale tensor on the device): the host's update of the
+    master ("cpu") or the ring's ("host"), then the cast on the device, give the codes, scales,
+    amax and states of FusedAdam without offload, over steps with and without grads."""
     from shardadam.torch import Fp8
-    param = torch.nn.Parameter(torch.randn(32, 256, device="cuda").to(torch.float8_e4m3fn), requires_grad=False)
-    scale = torch.ones(1, device="cuda")
-    with pytest.raises(Unsupported, match="SA_STATE_ON_HOST_CPU_STEP.*use SA_STATE_ON_HOST"):
-        FusedAdam([param], **HYPER, offload="cpu", fp8={param: Fp8("delayed", scale)})
-    FusedAdam([param], **HYPER, offload="host", fp8={param: Fp8("delayed", scale)})  # takes it
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(4, 256), (3, 384), (70, 512)]  # the last over several CPU work items
+    runs = []
+    for placement in (None, offload):
+        params, fp8 = [], {}
+        for shape in shapes:
+            codes = (torch.randn(shape, generator=torch.Generator().manual_seed(shape[0])) * 30).clamp(-448, 448)
+            p = torch.nn.Parameter(codes.to(torch.float8_e4m3fn).cuda())
+            scale = fp8_scale(scaling, shape, torch.Generator().manual_seed(shape[1])).cuda()
+            amax = torch.full((1,), -1.0, device="cuda") if scaling in ("delayed", "current") else None
+            fp8[p] = Fp8(scaling, scale, amax)
+            params.append(p)
+        runs.append((params, fp8, FusedAdam(params, **HYPER, fp8=fp8, offload=placement, moment_dtype=moment_dtype,
+                                            min_8bit_size=0)))
+    for step in range(5):
+        grads = [torch.randn(s, generator=gen) * (1e3 if step == 2 else 1.0) for s in shapes]
+        for params, _, opt in runs:
+            for i, (p, g) in enumerate(zip(params, grads)):
+                p.grad = None if (step == 3 and i == 1) else g.cuda()  # a step without one grad
+            opt.step()
+    (a_params, a_fp8, a), (b_params, b_fp8, b) = runs
+    for i, (p, q) in enumerate(zip(a_params, b_params)):
+        assert b.native.param_info(b._entry_of[q].index).placement == PLACEMENT[offload]
+        assert torch.equal(bits(p), bits(q)), i
+        assert torch.equal(bits(a_fp8[p].scale), bits(b_fp8[q].scale)), i
+        if a_fp8[p].amax is not None:
+            assert a_fp8[p].amax.item() != -1.0 and torch.equal(a_fp8[p].amax, b_fp8[q].amax), i
+        for key in a.native.state_keys(a._entry_of[p].index):
+            assert b.state[q][key].device.type == "cpu", key
+            assert torch.equal(bits(a.state[p][key]), bits(b.state[q][key])), f"{i} {key}"
