@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../kernels/block_moment.h"
+#include "dlpack_intake.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
 
@@ -113,6 +114,31 @@ void write_moment_values(Backend& backend, const FileState& f, int64_t n, const 
     backend.synchronize();
     backend.copy_from_host(data, values, static_cast<std::size_t>(n) * sizeof(float));
   }
+}
+
+// The moment `key` of `p` and the host float32 array of `values`, or the error that says
+// why not.
+std::pair<FileState, float*> checked_moment_values(const Param& p, const std::string& key,
+                                                   const DLTensor& values, const char* what) {
+  const std::string context = concat("param '", p.name, "': ", what);
+  std::string moments;
+  for (const FileState& f : moment_states(p)) {
+    if (key == f.state.key) {
+      const TensorRef t = read_tensor(values, context);
+      if (!same_dtype(t.dtype, dl_dtype_of(ElemType::f32)))
+        fail(SA_ERR_INVALID_ARGUMENT, context, " is ", dtype_name(t.dtype), "; it must be float32");
+      if (t.device.device_type != kDLCPU)
+        fail(SA_ERR_INVALID_ARGUMENT, context, " is on ", device_name(t.device),
+             "; it must be in host memory (cpu)");
+      if (t.shape != p.layout.local_shape)
+        fail(SA_ERR_INVALID_ARGUMENT, context, " has shape ", format_dims(t.shape),
+             "; it must have the local shape ", format_dims(p.layout.local_shape));
+      return {f, static_cast<float*>(t.data)};
+    }
+    moments += moments.empty() ? f.state.key : concat(", ", f.state.key);
+  }
+  fail(SA_ERR_INVALID_ARGUMENT, "param '", p.name, "' has no moment '", key,
+       "'; it has: ", moments);
 }
 
 }  // namespace sa

@@ -8,8 +8,11 @@
 
 #include <cstdint>
 
+#include <string>
+#include <utility>
+
 #include "backend.hpp"
-#include "optimizer.hpp"
+#include "param.hpp"
 
 namespace sa {
 
@@ -43,6 +46,12 @@ void write_block_codes(Backend& backend, const FileState& f, int64_t n, const ui
 // the backend; throws SA_ERR_OUT_OF_MEMORY before changing anything when it cannot stage
 // the values.
 void write_moment_values(Backend& backend, const FileState& f, int64_t n, const float* values);
+
+// The moment `key` of `p` and the float32 host array of `values` (a tensor of p's local
+// shape) that get_moment_values / set_moment_values read or write, or the error that says
+// why not (`what` names `values` in it).
+std::pair<FileState, float*> checked_moment_values(const Param& p, const std::string& key,
+                                                   const DLTensor& values, const char* what);
 
 }  // namespace sa
 

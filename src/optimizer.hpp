@@ -12,139 +12,20 @@
 
 #include "backend.hpp"
 #include "comm/comm.hpp"
-#include "dlpack_intake.hpp"
-#include "layout.hpp"
+#include "current_scaling.hpp"
+#include "param.hpp"
+#include "param_checks.hpp"
 #include "plan.hpp"
 #include "shardadam/shardadam.h"
-#include "state_kinds.hpp"
 #include "stepper.hpp"
 
 namespace sa {
 
 struct IoScratch;  // src/state_io/state_io.hpp
 
-using kernels::ElemType;
-using kernels::MasterKind;
-
 struct Group {
   sa_group_config config;
   int64_t num_params = 0;
-};
-
-// Optimizer state of one param, in backend memory: a buffer per kind it has (see
-// has_state), none for the others. Buffers are shared so that state views stay valid
-// after the optimizer is gone.
-struct ParamState {
-  std::shared_ptr<Buffer> buffers[kNumStateKinds];
-  const std::shared_ptr<Buffer>& operator[](StateKind kind) const {
-    return buffers[static_cast<std::size_t>(kind)];
-  }
-  std::shared_ptr<Buffer>& operator[](StateKind kind) {
-    return buffers[static_cast<std::size_t>(kind)];
-  }
-};
-
-// One state of a param as export and import see it: its key ("exp_avg", ...), its
-// buffer and its storage dtype.
-struct NamedState {
-  const char* key;
-  std::shared_ptr<Buffer> buffer;
-  DLDataType dtype;
-  StateKind kind;
-};
-
-struct Param;
-
-// Whether a param has a grad for the next steps.
-enum class GradBinding : uint8_t {
-  never,  // nothing bound since it was added: a step refuses (a forgotten bind is an error)
-  none,   // "no grad" (torch's p.grad is None): steps skip the param
-  bound   // Param::grad holds the grad's data (NULL for an empty param)
-};
-
-// The Variant of a param's updates (its bucket; kernels/variants.h).
-kernels::Variant variant_of(const Param& p);
-
-// Whether a param has a state of this kind (kernels::variant_has_state of its Variant).
-bool has_state(const Param& p, StateKind kind);
-
-// The dtype the param keeps a state of this kind in.
-DLDataType state_dtype(const Param& p, StateKind kind);
-
-// The device a param's state is on: the param's, or the CPU for state placed on the host.
-DLDevice state_device(const Param& p);
-
-// The shape of a param's state of this kind: the param's local shape, or for a per-block
-// state (state_kinds.hpp) [number of kernels::kQuant8Block blocks of the local shard].
-std::vector<int64_t> state_shape(const Param& p, StateKind kind);
-
-// The states a param has, in kStateKinds' order: exp_avg, exp_avg_sq, max_exp_avg_sq
-// (amsgrad), master (fp32 master) or remainder (int16), and the block absmax values of
-// 8-bit moments.
-std::vector<NamedState> named_states(const Param& p);
-
-// A state as shard files hold it: in its own dtype, and a block moment (8-bit, float8) as
-// its codes together with its blocks' absmax (the per-block state "<moment>_absmax").
-struct FileState {
-  NamedState state;                // the state itself (the codes of a block moment)
-  std::shared_ptr<Buffer> absmax;  // a block moment's absmax values, else null
-  bool is_signed;                  // a block moment: exp_avg (q8: coded by the signed map)
-  ElemType block;                  // a block moment: its storage (q8, f8e4m3)
-};
-
-// The states of `p` that shard files hold, in named_states' order.
-std::vector<FileState> file_states(const Param& p);
-
-// The moments of `p` (states stored in its moment dtype), in file_states' order: what
-// get_moment_values and set_moment_values take.
-std::vector<FileState> moment_states(const Param& p);
-
-struct Param {
-  std::string name;
-  int32_t group = 0;
-  Layout layout;
-  int64_t numel = 0;
-  DLDevice device{};
-  void* data = nullptr;  // the local shard, updated in place
-  ElemType param_type{};
-  ElemType grad_type{};
-  ElemType moment_type{};
-  MasterKind master{};
-  bool amsgrad = false;
-  kernels::ParamScaling scaling{};  // an fp8 param's (sa_param_scaling); none otherwise
-  kernels::ParamScale scale{};      // its scale tensors' data (param_scaling.h), else NULLs
-  StatePlacement placement{};       // where `state` lives (host: Backend::allocate_host_state)
-  ParamState state;
-  GradBinding binding = GradBinding::never;
-  const void* grad = nullptr;  // the bound grad's data (binding == bound), kept until rebound
-  ManagedTensor owner;         // released (deleter called) with the param
-  ManagedTensor scale_owner;   // sa_param_options.scale and .amax, likewise
-  ManagedTensor amax_owner;
-};
-
-// What a grad of a param must be (its grad dtype, device, local shape), kept per param in
-// one contiguous table that checking a grad reads instead of the Param: a set_grads of
-// 100k grads then reads one cache line per param where the Param and its shape vector
-// cost a cache miss each (measured: the check was ~14% of FusedAdam's grad intake at 100k
-// params of 16 elements). Params do not change once added, so neither does this.
-struct GradSpec {
-  static constexpr int32_t kInlineDims = 4;  // deeper local shapes are read from the Param
-  DLDataType dtype{};
-  DLDevice device{};
-  int32_t ndim = 0;
-  uint32_t elem_bytes = 0;
-  int64_t numel = 0;
-  int64_t shape[kInlineDims] = {};  // the local shape, when ndim <= kInlineDims
-};
-
-// What an add_param caller hands over, before validation.
-struct ParamRequest {
-  const char* name;
-  int32_t group;
-  DLManagedTensorVersioned* versioned;  // exactly one of versioned / legacy is set
-  DLManagedTensor* legacy;
-  const sa_layout* layout;
-  const sa_param_options* options;
 };
 
 class Optimizer {
@@ -274,34 +155,9 @@ class Optimizer {
   sa_optimizer_config config_;
   void check_comm_fits(const Comm& comm) const;
 
-  // ---- current scaling (kernels::is_current) ----
-  // Prepares adding param `p` (current-scaled) as the param of index `index`: the amax
-  // buffer with room for it. May throw; changes nothing.
-  struct CurrentSlotPlan {
-    std::shared_ptr<Buffer> buffer;
-    std::vector<int64_t> order;
-  };
-  CurrentSlotPlan plan_current_param(const Param& p, int64_t index) const;
-  // Installs what plan_current_param prepared (no throw): every current-scaled param's
-  // amax_bits points into the new buffer.
-  void install_current_params(CurrentSlotPlan&& next, bool sharded) noexcept;
-  // Compares this rank's sharded current-scaled params with the other ranks' through
-  // comm_ (a collective, once per set of params and communicator); SA_ERR_MISMATCH if
-  // they differ.
-  void check_current_agreement();
-  // Max-reduces the sharded current-scaled params' amax through comm_ (a collective).
-  void reduce_current_amax(void* stream);
-
   std::unique_ptr<Backend> backend_;  // created by the first param's device
   std::shared_ptr<Comm> comm_;        // shared with the C handle that made it
-  // The amax of every current-scaled param as magnitude bits in doubles of backend memory
-  // (their ParamScale::amax_bits point here), in current_order_: the sharded ones first, in
-  // param order (the prefix of current_sharded_ that a step max-reduces across the ranks),
-  // then the others.
-  std::shared_ptr<Buffer> current_amax_;
-  std::vector<int64_t> current_order_;
-  int32_t current_sharded_ = 0;
-  bool current_agreed_ = false;  // checked against the ranks since the set or comm_ changed
+  CurrentScalings current_;           // the current-scaled params' amaxes
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
   std::vector<GradSpec> grad_specs_;            // per param, what its grads must be

@@ -5,7 +5,7 @@
 
 #include "dtype.hpp"
 #include "errors.hpp"
-#include "optimizer.hpp"
+#include "param.hpp"
 
 namespace sa {
 namespace {

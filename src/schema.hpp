@@ -138,8 +138,8 @@ inline sa_group_config default_group_config() {
 // ---- the step arguments ----------------------------------------------------------------
 // sa_step_args after struct_size, in order. X(name, type, default, min, max, rule, doc):
 // `type` is an sa_field_type; min and max bound a number (inclusive; 0 for a pointer).
-// The ABI spells the struct and SA_STEP_ARGS_INIT; api.cpp checks them against this at
-// compile time. The step's checks and their messages are in Optimizer::step.
+// The ABI spells the struct and SA_STEP_ARGS_INIT; step_args.cpp checks them against this at
+// compile time, and checks every step's numbers against min and max, naming `rule`.
 #define SA_STEP_ARGS_FIELDS(X)                                                             \
   X(inv_grad_scale, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                  \
     "const float*, backend memory (host for the CPU backend), optional: every grad is "    \

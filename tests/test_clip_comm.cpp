@@ -455,14 +455,17 @@ TEST_CASE("bad clipping arguments are refused before anything changes", "[clip][
 
   args.max_grad_norm = -1.0;
   CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
-                 "max_grad_norm is -1");
+                 "max_grad_norm is -1", "it must be >= 0 (INFINITY too)");
   args.max_grad_norm = std::numeric_limits<double>::quiet_NaN();
   CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
-                 "max_grad_norm");
+                 "max_grad_norm is nan", "it must be >= 0");
+  args.max_grad_norm = -std::numeric_limits<double>::infinity();
+  CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
+                 "max_grad_norm is -inf");
   args.max_grad_norm = 1.0;
   args.norm_type = 7;
   CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
-                 "norm_type is 7", "SA_NORM_L2");
+                 "norm_type is 7", "SA_NORM_L2 (0) or SA_NORM_INF (1)");
   args = SA_STEP_ARGS_INIT;
   args.grad_norm = &norm_out;
   CHECK_SA_FAILS(opt, SA_ERR_INVALID_ARGUMENT, sa_optimizer_step(opt, &args, nullptr),
