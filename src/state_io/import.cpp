@@ -2,7 +2,8 @@
 // existing state buffers.
 //
 // Phases, and what a failure in each leaves behind:
-//  1. plan     headers, the name index, tiling, dtypes, keys, groups     nothing changed
+//  1. plan     headers, the name index, tiling, dtypes, keys, groups;    nothing changed
+//              the pieces and chunks to copy (import_plan.cpp)
 //  2. verify   read every checksum block the copy needs, check its CRC   nothing changed
 //  3. apply    copy the runs into state (re-reading and re-checking the  optimizer marked
 //              blocks unless phase 2 could keep them all in staging;     unusable
@@ -15,19 +16,19 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <map>
+#include <memory>
 #include <new>
-#include <set>
+#include <string>
 #include <thread>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "../backends/thread_pool.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../moment_values.hpp"
-#include "box.hpp"
 #include "crc32c.hpp"
-#include "group_json.hpp"
+#include "import_plan.hpp"
 #include "metadata.hpp"
 #include "runs.hpp"
 #include "state_io.hpp"
@@ -42,103 +43,12 @@ constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
 constexpr int64_t kBlock = kMomentBlock;
 constexpr int64_t kDecodeElems = int64_t{1} << 16;
 
-struct SavedRef {
-  std::size_t file;
-  const SavedTensor* tensor;
-};
-
-// Everything the files hold of one param: its saved boxes, per state key.
-struct SavedParam {
-  std::map<std::string, std::vector<SavedRef>> keys;
-  bool matched = false;
-};
-
-// What one saved tensor gives one local state: the box they share.
-struct Piece {
-  std::size_t file = 0;
-  const SavedTensor* saved = nullptr;
-  Box box;                 // the intersection, in global coordinates
-  Box from;                // the saved tensor's box
-  Box to;                  // the local state's box
-  void* dst = nullptr;     // backend memory, or null for a block moment (see `landing`)
-  DLDataType dst_dtype{};  // as the state is held (float32 for a block moment: its values)
-  std::string what;        // "param 'w' state exp_avg", for messages
-  int landing = -1;        // a block moment: its Landing, else -1
-  // The saved tensor holds block codes (version 3): their scales, and what decodes them.
-  const SavedTensor* scales = nullptr;
-  ElemType coded = ElemType::f32;  // the codes' storage (q8, f8e4m3)
-  bool is_signed = false;          // exp_avg (q8's signed map)
-  int64_t saved_numel = 0;
-  // The saved elements [src_begin, src_end) hold every run (plan_chunks), and phase 2
-  // reads the scales of their blocks, from block scales_first on.
-  int64_t src_begin = 0, src_end = 0;
-  int64_t scales_first = 0;
-  std::vector<float> scale_values;
-};
-
-// A block moment (8-bit, float8) lands in host memory, then is stored: a block that the
-// files hold whole (the same elements in one saved block of the same storage: the block
-// grids agree there) as its saved codes and absmax, bit for bit; any other block as
-// float32 values (decoded from the saved codes, or the saved float32 or bfloat16 values),
-// which are quantized by this param's blocks, as a step quantizes. Landings go in rounds
-// of at most the staging size (or one landing, if larger), each round in the same host
-// arenas: peak memory stays the staging size, not 5 bytes per element of every block
-// moment.
-struct Landing {
-  FileState state;
-  int64_t numel;
-  int64_t blocks;
-  int round = 0;    // landings of one round share the arenas
-  uint64_t at = 0;  // its entries in them: values_ its values, then its blocks' absmax;
-                    // codes_ its codes, then a flag per block: held whole
-};
-
-// Whole checksum blocks of one piece's saved tensor, read at once.
-struct Chunk {
-  std::size_t piece;
-  uint64_t begin;  // tensor-relative byte offset, at a block boundary
-  uint64_t bytes;
-  uint64_t cache_at = 0;  // where phase 2 kept it (when everything fits in staging)
-};
-
-struct Settings {
-  uint64_t staging_bytes;
-  bool allow_missing, allow_unexpected, restore_groups, read_once;
-};
-
-Settings settings_of(const sa_import_options& o) {
-  auto flag = [](int32_t v, const char* name) {
-    if (v != 0 && v != 1)
-      fail(SA_ERR_INVALID_ARGUMENT, "options->", name, " is ", v, "; it must be 0 or 1");
-    return v == 1;
-  };
-  return {o.staging_bytes == 0 ? kDefaultStagingBytes : o.staging_bytes,
-          flag(o.allow_missing, "allow_missing"), flag(o.allow_unexpected, "allow_unexpected"),
-          flag(o.restore_groups, "restore_groups"), flag(o.read_once, "read_once")};
-}
-
-std::string key_list(const std::set<std::string>& keys) {
-  std::string out;
-  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
-  return "{" + out + "}";
-}
-
-// Every rank writes the groups, so every file of one checkpoint holds the same ones;
-// files that disagree come from different checkpoints, whether or not the groups are
-// restored.
-void check_groups_agree(const std::vector<ShardHeader>& headers,
-                        const std::vector<BlobReader>& readers) {
-  for (std::size_t f = 1; f < headers.size(); ++f) {
-    const std::string difference = describe_group_difference(headers[0].groups, readers[0].name(),
-                                                             headers[f].groups, readers[f].name());
-    if (!difference.empty())
-      fail(SA_ERR_MISMATCH, "the shard files disagree about ", difference,
-           "; are they from different checkpoints?");
-  }
-}
+using Piece = ImportPlan::Piece;
+using Landing = ImportPlan::Landing;
+using Chunk = ImportPlan::Chunk;
 
 // Moments convert between their element dtypes (float32 and bfloat16 today: the pairs
-// plan() lets through) with the kernels' rounding (dtype.hpp's convert_elems).
+// plan_import lets through) with the kernels' rounding (dtype.hpp's convert_elems).
 void convert(const unsigned char* src, DLDataType from, unsigned char* dst, DLDataType to,
              int64_t n) {
   const std::optional<ElemType> from_type = elem_type_of(from), to_type = elem_type_of(to);
@@ -149,267 +59,18 @@ void convert(const unsigned char* src, DLDataType from, unsigned char* dst, DLDa
 
 class Importer {
  public:
-  Importer(Optimizer& opt, const std::vector<BlobReader>& readers, const Settings& settings)
-      : opt_(opt), readers_(readers), settings_(settings) {}
+  Importer(Optimizer& opt, const std::vector<BlobReader>& readers, const ImportSettings& settings,
+           ImportPlan plan)
+      : opt_(opt), readers_(readers), settings_(settings), plan_(std::move(plan)) {}
 
+  // Phases 2 and 3 of the plan (phase 1: plan_import).
   void run() {
-    plan();
     verify();
     apply();
   }
 
  private:
-  // ---- phase 1 ------------------------------------------------------------------------
-
-  void plan() {
-    for (const BlobReader& r : readers_) headers_.push_back(read_shard_header(r));
-    check_groups_agree(headers_, readers_);
-    for (std::size_t f = 0; f < headers_.size(); ++f)
-      for (const SavedTensor& t : headers_[f].tensors)
-        if (t.block_elems == 0)  // block scales come with their codes (SavedTensor::scales)
-          saved_[t.param].keys[t.key].push_back({f, &t});
-
-    // Only the params imported are checked against the files (tiling, shapes, keys):
-    // those allow_unexpected ignores are never read, so a broken set of their boxes
-    // cannot reach this optimizer's state.
-    for (std::size_t i = 0; i < opt_.params().size(); ++i) {
-      if (plan_param(*opt_.params()[i])) imported_.push_back(static_cast<int64_t>(i));
-      if (settings_.restore_groups) plan_param_step(static_cast<int64_t>(i));
-    }
-
-    if (!settings_.allow_unexpected) {
-      std::vector<std::string> extra;
-      for (const auto& [name, entry] : saved_)
-        if (!entry.matched) extra.push_back(name);
-      if (!extra.empty()) {
-        std::sort(extra.begin(), extra.end());
-        std::string names;
-        for (std::size_t i = 0; i < std::min<std::size_t>(extra.size(), 5); ++i)
-          names += (i ? ", '" : "'") + extra[i] + "'";
-        fail(SA_ERR_MISMATCH, "the shard files hold ", extra.size(),
-             " param(s) this optimizer does not have: ", names, extra.size() > 5 ? ", ..." : "",
-             "; pass allow_unexpected = 1 to ignore them");
-      }
-    }
-
-    if (settings_.restore_groups && !headers_.empty()) {
-      const auto& groups = headers_[0].groups;
-      if (static_cast<int64_t>(groups.size()) != opt_.num_groups())
-        fail(SA_ERR_MISMATCH, "the shard files hold ", groups.size(),
-             " groups but this optimizer has ", opt_.num_groups(),
-             "; create the same groups in the same order (or pass restore_groups = 0)");
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        try {
-          opt_.check_group_replacement(static_cast<int32_t>(g), groups[g].config);
-        } catch (const Error& e) {
-          // A group whose params have no max_exp_avg_sq cannot take amsgrad from the files
-          // (and the reverse): a mismatch. Any other refusal means the file holds nonsense.
-          fail(e.status() == SA_ERR_STATE ? SA_ERR_MISMATCH : SA_ERR_FORMAT, readers_[0].name(),
-               ": restoring its groups: ", e.what());
-        }
-      }
-    }
-  }
-
-  // Plans the copies of a param's states; returns false for a param allow_missing skips.
-  bool plan_param(const Param& p) {
-    const auto entry = saved_.find(p.name);
-    if (entry == saved_.end()) {
-      if (settings_.allow_missing) {
-        ++skipped_params_;
-        return false;
-      }
-      fail(SA_ERR_MISMATCH, "param '", p.name, "' is in none of the ", readers_.size(),
-           " shard files; pass allow_missing = 1 to keep its current state");
-    }
-    SavedParam& saved = entry->second;
-    saved.matched = true;
-
-    const std::vector<FileState> states = file_states(p);
-    std::set<std::string> local_keys, saved_keys;
-    for (const FileState& f : states) local_keys.insert(f.state.key);
-    for (const auto& [key, refs] : saved.keys) saved_keys.insert(key);
-    if (local_keys != saved_keys)
-      fail(SA_ERR_MISMATCH, "param '", p.name, "': the shard files hold the states ",
-           key_list(saved_keys), " but this param has ", key_list(local_keys),
-           " (its master kind or its group's amsgrad differs from the saved one)");
-
-    const Box local{p.layout.global_offset, p.layout.local_shape};
-    for (const FileState& f : states) {
-      const NamedState& s = f.state;
-      const std::string what = concat("param '", p.name, "' state ", s.key);
-      int landing = -1;
-      if (f.absmax && p.numel > 0) {
-        landing = static_cast<int>(landings_.size());
-        landings_.push_back({f, p.numel, (p.numel + kBlock - 1) / kBlock});
-      }
-      const std::vector<SavedRef>& refs = saved.keys.at(s.key);
-      std::vector<Box> saved_boxes;
-      std::vector<Dims> global_shapes;
-      for (const SavedRef& ref : refs) {
-        const SavedTensor& t = *ref.tensor;
-        if (t.global_shape != p.layout.global_shape)
-          fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(),
-               " holds it with global shape ", format_dims(t.global_shape),
-               " but this param's global shape is ", format_dims(p.layout.global_shape));
-        if (!same_dtype(t.dtype, s.dtype) &&
-            find_state_kind(s.key)->storage != StateStorage::moment)  // moments convert
-          fail(SA_ERR_MISMATCH, what, ": ", readers_[ref.file].name(), " holds it as ",
-               safetensors_name(t.dtype), " but this param keeps it as ", dtype_name(s.dtype));
-        saved_boxes.push_back({t.global_offset, t.shape});
-        global_shapes.push_back(t.global_shape);
-      }
-      // The whole global tensor, not only this rank's box: a box that overlaps another
-      // elsewhere means the files are not one checkpoint (a forged or mixed-up header),
-      // even where this rank's own box happens to be covered once. Tiled exactly, the
-      // saved boxes cover the local box exactly once too.
-      const Tiling tiling = check_tiling(
-          saved_boxes, global_shapes, [&](std::size_t i) { return readers_[refs[i].file].name(); });
-      if (tiling.kind != Tiling::Kind::exact)
-        fail(SA_ERR_MISMATCH, what, ": the shard files do not cover its global shape ",
-             format_dims(p.layout.global_shape), " exactly once: ", tiling.detail,
-             " (every file of the checkpoint must be given, each once)");
-      int k = 0;
-      const bool is_signed = is_moment_state(s.kind, &k) && moment_signed(k);
-      for (std::size_t i = 0; i < refs.size(); ++i) {
-        Box shared;
-        if (!intersect(local, saved_boxes[i], shared)) continue;
-        const SavedTensor& t = *refs[i].tensor;
-        const DLDataType dst_dtype = landing >= 0 ? dl_dtype_of(ElemType::f32) : s.dtype;
-        Piece piece;
-        piece.file = refs[i].file;
-        piece.saved = &t;
-        piece.box = shared;
-        piece.from = saved_boxes[i];
-        piece.to = local;
-        piece.dst = landing >= 0 ? nullptr : s.buffer->data();
-        piece.dst_dtype = dst_dtype;
-        piece.what = what;
-        piece.landing = landing;
-        piece.saved_numel = static_cast<int64_t>(t.bytes / dtype_size(t.dtype));
-        if (t.scales >= 0) {
-          piece.scales = &headers_[refs[i].file].tensors[static_cast<std::size_t>(t.scales)];
-          piece.coded = *elem_type_of(t.dtype);  // link_block_scales: a block storage
-          piece.is_signed = is_signed;
-        }
-        converts_ = converts_ || !same_dtype(t.dtype, dst_dtype);
-        pieces_.push_back(std::move(piece));
-      }
-    }
-    return true;
-  }
-
-  // The saved step count of param `index`: from the "params" of every file that holds its
-  // tensors (version 2), which must agree; a version 1 file gives its group's count.
-  void plan_param_step(int64_t index) {
-    const Param& p = *opt_.params()[static_cast<std::size_t>(index)];
-    const auto entry = saved_.find(p.name);
-    if (entry == saved_.end()) return;  // allow_missing: it keeps its count
-    int64_t step = -1;
-    std::size_t step_file = 0;
-    for (const auto& [key, refs] : entry->second.keys) {
-      for (const SavedRef& ref : refs) {
-        const ShardHeader& h = headers_[ref.file];
-        if (h.version < 2 && static_cast<std::size_t>(p.group) >= h.groups.size())
-          continue;  // reported by plan()
-        const int64_t s = h.version >= 2 ? h.param_steps.at(p.name) : h.groups[p.group].step;
-        if (step >= 0 && s != step)
-          fail(SA_ERR_MISMATCH, "param '", p.name, "': ", readers_[step_file].name(),
-               " says its step count is ", step, " but ", readers_[ref.file].name(), " says ", s,
-               "; are they from different checkpoints?");
-        step = s;
-        step_file = ref.file;
-      }
-    }
-    if (step >= 0) restored_steps_.emplace_back(index, step);
-  }
-
   // ---- phase 2 ------------------------------------------------------------------------
-
-  // The checksum blocks each piece's runs touch, cut into chunks of at most `limit` bytes
-  // of whole blocks; in blob order, so that file readers read forward.
-  void plan_chunks() {
-    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(
-        pieces_.size());  // blocks [a, b)
-    uint64_t total = 0, largest_block = 0;
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      Piece& piece = pieces_[i];
-      const uint64_t block = headers_[piece.file].block_bytes;
-      const uint64_t elem = dtype_size(piece.saved->dtype);
-      largest_block = std::max(largest_block, block);
-      auto& r = ranges[i];
-      piece.src_begin = -1;
-      for (RunCursor c(piece.box, piece.from, piece.to); !c.done(); c.advance(c.remaining())) {
-        if (piece.src_begin < 0) piece.src_begin = c.src();
-        piece.src_end = c.src() + c.remaining();
-        const uint64_t begin = static_cast<uint64_t>(c.src()) * elem;
-        const uint64_t end = begin + static_cast<uint64_t>(c.remaining()) * elem;
-        const uint64_t first = begin / block, last = (end - 1) / block + 1;
-        if (!r.empty() && first <= r.back().second) {
-          r.back().second = std::max(r.back().second, last);
-        } else {
-          r.emplace_back(first, last);
-        }
-      }
-      for (const auto& [a, b] : r) total += std::min(b * block, piece.saved->bytes) - a * block;
-    }
-    cached_ = total <= settings_.staging_bytes;
-    // Data that do not fit a device's staging are copied through two halves of it (one
-    // read while the other goes up), when each half holds a checksum block. Host state is
-    // copied on the pool, which the reads need too: one slot, read then copied.
-    const Backend* backend = opt_.backend();
-    pipelined_ = !cached_ && backend != nullptr && !backend->host_memory() &&
-                 settings_.staging_bytes >= 2 * largest_block;
-    // Pipelined, the halves are the optimizer's two pinned slots, of at most kDeviceSlotBytes
-    // (larger ones would not copy faster, and take longer to pin).
-    const uint64_t limit =
-        pipelined_
-            ? std::max(largest_block, std::min(settings_.staging_bytes / 2, kDeviceSlotBytes))
-            : std::max(settings_.staging_bytes, largest_block);
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      const uint64_t block = headers_[pieces_[i].file].block_bytes;
-      const uint64_t per_chunk = std::max<uint64_t>(1, limit / block);
-      for (const auto& [a, b] : ranges[i])
-        for (uint64_t first = a; first < b; first += per_chunk) {
-          const uint64_t begin = first * block;
-          const uint64_t end =
-              std::min(std::min(b, first + per_chunk) * block, pieces_[i].saved->bytes);
-          chunks_.push_back({i, begin, end - begin});
-        }
-    }
-    std::sort(chunks_.begin(), chunks_.end(), [&](const Chunk& x, const Chunk& y) {
-      const Piece &px = pieces_[x.piece], &py = pieces_[y.piece];
-      if (px.file != py.file) return px.file < py.file;
-      return px.saved->data_begin + x.begin < py.saved->data_begin + y.begin;
-    });
-    uint64_t staging = 0, largest_chunk = 0;
-    for (Chunk& c : chunks_) {
-      c.cache_at = staging;  // (used only when cached_)
-      staging += c.bytes;
-      largest_chunk = std::max(largest_chunk, c.bytes);
-    }
-    // Uncached, chunks go through slots of `limit` bytes (at least the largest chunk), as
-    // many at once as fit (batches), so that small pieces' blocks are read in parallel too.
-    slot_bytes_ = cached_ ? staging : std::max(largest_chunk, std::min(limit, staging));
-    staging_bytes_ = pipelined_ ? 2 * slot_bytes_ : slot_bytes_;
-    plan_landing_rounds();
-  }
-
-  // Cuts the landings into rounds (in order) of at most the staging size each; a landing
-  // larger than that is a round of its own.
-  void plan_landing_rounds() {
-    uint64_t at = 0;
-    int round = 0;
-    for (Landing& l : landings_) {
-      const auto entries = static_cast<uint64_t>(l.numel + l.blocks);
-      if (at > 0 && (at + entries) * (sizeof(float) + 1) > settings_.staging_bytes) ++round, at = 0;
-      l.round = round;
-      l.at = at;
-      at += entries;
-      arena_entries_ = std::max(arena_entries_, at);
-    }
-    rounds_ = landings_.empty() ? 1 : round + 1;
-  }
 
   // A byte range of one saved tensor to read and check: `bytes` bytes of file `file`'s
   // tensor `t` from `begin` (a checksum block boundary; the end one too, or the tensor's
@@ -429,7 +90,7 @@ class Importer {
   // in phase 3 too), SA_ERR_IO in phase 3 (the blob changed since phase 2 checked it).
   void read_checked(const std::vector<Read>& reads, sa_status status) {
     auto offset_of = [&](const Read& r) {
-      return headers_[r.file].data_section + r.tensor->data_begin + r.begin;
+      return plan_.headers[r.file].data_section + r.tensor->data_begin + r.begin;
     };
     auto what = [](const Read& r) { return concat("tensor '", r.tensor->name(), "'"); };
     blocks_.clear();
@@ -438,7 +99,7 @@ class Importer {
       if (!readers_[r.file].concurrent())
         readers_[r.file].read(offset_of(r), r.dst, static_cast<std::size_t>(r.bytes),
                               what(r).c_str());
-      for (uint64_t at = 0; at < r.bytes; at += headers_[r.file].block_bytes)
+      for (uint64_t at = 0; at < r.bytes; at += plan_.headers[r.file].block_bytes)
         blocks_.push_back({i, at});
     }
     crc_scratch_.resize(blocks_.size());
@@ -447,7 +108,8 @@ class Importer {
       const auto k = static_cast<std::size_t>(i);
       const Read& r = reads[blocks_[k].read];
       const uint64_t at = blocks_[k].at;
-      const auto n = static_cast<std::size_t>(std::min(headers_[r.file].block_bytes, r.bytes - at));
+      const auto n =
+          static_cast<std::size_t>(std::min(plan_.headers[r.file].block_bytes, r.bytes - at));
       const BlobReader& reader = readers_[r.file];
       if (reader.concurrent()) read_results_[k] = reader.try_read(offset_of(r) + at, r.dst + at, n);
       if (read_results_[k] == BlobReader::ReadResult::ok)
@@ -455,7 +117,7 @@ class Importer {
     });
     for (std::size_t k = 0; k < blocks_.size(); ++k) {
       const Read& r = reads[blocks_[k].read];
-      const uint64_t block = headers_[r.file].block_bytes;
+      const uint64_t block = plan_.headers[r.file].block_bytes;
       const uint64_t at = blocks_[k].at;
       const uint64_t n = std::min(block, r.bytes - at);
       const BlobReader& reader = readers_[r.file];
@@ -493,7 +155,7 @@ class Importer {
     return out;
   }
 
-  // `chunks` where phase 2 keeps them all (cached_): each at its cache_at.
+  // `chunks` where phase 2 keeps them all (cached): each at its cache_at.
   static Batch cached_batch(const std::vector<const Chunk*>& chunks) {
     Batch batch;
     for (const Chunk* c : chunks) batch.push_back({c, c->cache_at});
@@ -505,7 +167,7 @@ class Importer {
     std::vector<Read> reads;
     reads.reserve(batch.size());
     for (const Placed& p : batch) {
-      const Piece& piece = pieces_[p.chunk->piece];
+      const Piece& piece = plan_.pieces[p.chunk->piece];
       reads.push_back({piece.file, piece.saved, p.chunk->begin, p.chunk->bytes, base + p.at});
     }
     return reads;
@@ -524,7 +186,7 @@ class Importer {
   // damage, refused before anything changes.
   void read_scales(Piece& piece) {
     const SavedTensor& t = *piece.scales;
-    const uint64_t block_bytes = headers_[piece.file].block_bytes;
+    const uint64_t block_bytes = plan_.headers[piece.file].block_bytes;
     const int64_t lo = piece.src_begin / t.block_elems;
     const int64_t hi = (piece.src_end + t.block_elems - 1) / t.block_elems;
     const uint64_t begin = static_cast<uint64_t>(lo) * sizeof(float) / block_bytes * block_bytes;
@@ -546,27 +208,27 @@ class Importer {
   }
 
   void verify() {
-    plan_chunks();
     Backend* backend = opt_.backend();
-    if (chunks_.empty() || backend == nullptr) return;
-    if (pipelined_) {  // the optimizer's two pinned slots, kept for its next imports and exports
+    if (plan_.chunks.empty() || backend == nullptr) return;
+    // Pipelined: the optimizer's two pinned slots, kept for its next imports and exports.
+    if (plan_.pipelined) {
       IoScratch& scratch = io_scratch_of(opt_);
-      scratch.ensure_staging(*backend, slot_bytes_);
+      scratch.ensure_staging(*backend, plan_.slot_bytes);
       slots_[0] = scratch.staging[0];
       slots_[1] = scratch.staging[1];
     } else {
-      slots_[0] = backend->allocate_staging(static_cast<std::size_t>(staging_bytes_));
+      slots_[0] = backend->allocate_staging(static_cast<std::size_t>(plan_.staging_bytes));
     }
     auto* base = static_cast<unsigned char*>(slots_[0]->data());
     std::vector<const Chunk*> all;
-    for (const Chunk& c : chunks_) all.push_back(&c);
-    if (cached_) {  // everything, at once, where phase 3 finds it
+    for (const Chunk& c : plan_.chunks) all.push_back(&c);
+    if (plan_.cached) {  // everything, at once, where phase 3 finds it
       read_checked(reads_of(cached_batch(all), base), SA_ERR_FORMAT);
     } else if (!settings_.read_once) {  // read_once: each chunk is read as it is copied
-      for (const Batch& batch : batches_of(all, slot_bytes_))
+      for (const Batch& batch : batches_of(all, plan_.slot_bytes))
         read_checked(reads_of(batch, base), SA_ERR_FORMAT);
     }
-    for (Piece& piece : pieces_)
+    for (Piece& piece : plan_.pieces)
       if (piece.scales != nullptr) read_scales(piece);
   }
 
@@ -575,19 +237,21 @@ class Importer {
   void apply() {
     Backend* backend = opt_.backend();
     const std::string previous_reason = opt_.unusable_reason();
-    if (backend != nullptr && !chunks_.empty()) {
+    if (backend != nullptr && !plan_.chunks.empty()) {
       // Everything the copy needs is allocated before the first byte of state changes.
       std::vector<RunCursor> cursors;
-      cursors.reserve(pieces_.size());
-      for (const Piece& p : pieces_) cursors.emplace_back(p.box, p.from, p.to);
+      cursors.reserve(plan_.pieces.size());
+      for (const Piece& p : plan_.pieces) cursors.emplace_back(p.box, p.from, p.to);
       std::shared_ptr<Buffer> bounce;
-      if (converts_ && !backend->host_memory()) bounce = backend->allocate_staging(kBounceBytes);
+      if (plan_.converts && !backend->host_memory())
+        bounce = backend->allocate_staging(kBounceBytes);
       try {
-        values_.resize(static_cast<std::size_t>(arena_entries_));
-        codes_.resize(static_cast<std::size_t>(arena_entries_));
+        values_.resize(static_cast<std::size_t>(plan_.arena_entries));
+        codes_.resize(static_cast<std::size_t>(plan_.arena_entries));
         decoded_.resize(kDecodeElems);
       } catch (const std::bad_alloc&) {
-        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the ", arena_entries_ * (sizeof(float) + 1),
+        fail(SA_ERR_OUT_OF_MEMORY, "cannot allocate the ",
+             plan_.arena_entries * (sizeof(float) + 1),
              " bytes of host memory that block moments land in; nothing was changed");
       }
       backend->synchronize();  // no step in flight may still use the state
@@ -596,16 +260,16 @@ class Importer {
         // Round r copies the other states (r = 0) and the pieces of its landings, then
         // quantizes those by this param's blocks and writes them up. A chunk belongs to
         // one piece, and so to one round: each is read once.
-        for (int round = 0; round < rounds_; ++round) {
-          for (const Landing& l : landings_)
+        for (int round = 0; round < plan_.rounds; ++round) {
+          for (const Landing& l : plan_.landings)
             if (l.round == round) std::fill_n(landing_codes(l) + l.numel, l.blocks, uint8_t{0});
           copy_chunks(*backend, cursors, bounce.get(), round);
-          for (const Landing& l : landings_)
+          for (const Landing& l : plan_.landings)
             if (l.round == round) store_landing(*backend, l);
         }
         // An fp8 param follows from its master, which was just loaded: cast it (and its
         // scales) with its scaling, as a step would.
-        opt_.cast_params_from_master(imported_);
+        opt_.cast_params_from_master(plan_.imported);
       } catch (const Error& e) {
         opt_.mark_unusable(concat("an import failed while it was copying state (", e.what(), ")"));
         fail(e.status() == SA_ERR_FORMAT && !settings_.read_once ? SA_ERR_IO : e.status(), e.what(),
@@ -613,23 +277,23 @@ class Importer {
              "import succeeds");
       }
     }
-    if (settings_.restore_groups && !headers_.empty()) {
+    if (settings_.restore_groups && !plan_.headers.empty()) {
       // Params the files do not hold (allow_missing) keep their counts; setting a group's
       // count sets its params', so theirs are put back after it.
       std::vector<int64_t> steps(opt_.params().size());
       opt_.get_param_steps(0, opt_.num_params(), steps.data());
-      const auto& groups = headers_[0].groups;
+      const auto& groups = plan_.headers[0].groups;
       for (std::size_t g = 0; g < groups.size(); ++g) {  // checked in plan(): cannot fail
         opt_.set_group(static_cast<int32_t>(g), groups[g].config);
         opt_.set_step(static_cast<int32_t>(g), groups[g].step);
       }
-      for (const auto& [index, step] : restored_steps_)
+      for (const auto& [index, step] : plan_.restored_steps)
         steps[static_cast<std::size_t>(index)] = step;
       opt_.set_param_steps(0, opt_.num_params(), steps.data());
     }
     // A param skipped by allow_missing keeps whatever state it had: if an earlier import
     // left it half written, it still is.
-    if (skipped_params_ == 0) {
+    if (plan_.skipped_params == 0) {
       opt_.clear_unusable();
     } else {
       opt_.mark_unusable(previous_reason);
@@ -645,27 +309,27 @@ class Importer {
   void copy_chunks(Backend& backend, std::vector<RunCursor>& cursors, Buffer* bounce, int round) {
     auto* base = static_cast<unsigned char*>(slots_[0]->data());
     std::vector<const Chunk*> chunks;
-    for (const Chunk& c : chunks_) {
-      const int landing = pieces_[c.piece].landing;
-      if ((landing < 0 ? 0 : landings_[static_cast<std::size_t>(landing)].round) == round)
+    for (const Chunk& c : plan_.chunks) {
+      const int landing = plan_.pieces[c.piece].landing;
+      if ((landing < 0 ? 0 : plan_.landings[static_cast<std::size_t>(landing)].round) == round)
         chunks.push_back(&c);
     }
-    if (cached_) {
+    if (plan_.cached) {
       scatter(cached_batch(chunks), base, cursors, backend, bounce);
       return;
     }
     // Read again after phase 2 (the blob may have changed since: SA_ERR_IO), or for the
     // first time with read_once (a mismatch is damage: SA_ERR_FORMAT).
     const sa_status status = settings_.read_once ? SA_ERR_FORMAT : SA_ERR_IO;
-    const std::vector<Batch> batches = batches_of(chunks, slot_bytes_);
+    const std::vector<Batch> batches = batches_of(chunks, plan_.slot_bytes);
     auto slot = [&](std::size_t k) {
-      return static_cast<unsigned char*>(slots_[pipelined_ ? k % 2 : 0]->data());
+      return static_cast<unsigned char*>(slots_[plan_.pipelined ? k % 2 : 0]->data());
     };
     if (!batches.empty()) read_checked(reads_of(batches[0], slot(0)), status);
     for (std::size_t k = 0; k < batches.size(); ++k) {
       std::exception_ptr read_failure;
       std::thread next;
-      if (pipelined_ && k + 1 < batches.size())
+      if (plan_.pipelined && k + 1 < batches.size())
         next = std::thread([&, k] {
           try {
             read_checked(reads_of(batches[k + 1], slot(k + 1)), status);
@@ -681,7 +345,7 @@ class Importer {
       }
       if (next.joinable()) next.join();
       if (read_failure) std::rethrow_exception(read_failure);
-      if (!pipelined_ && k + 1 < batches.size())
+      if (!plan_.pipelined && k + 1 < batches.size())
         read_checked(reads_of(batches[k + 1], slot(k + 1)), status);
     }
   }
@@ -693,7 +357,7 @@ class Importer {
     copies_.clear();
     for (const Placed& p : batch) {
       const Chunk& c = *p.chunk;
-      const Piece& piece = pieces_[c.piece];
+      const Piece& piece = plan_.pieces[c.piece];
       if (backend.host_memory() && piece.landing < 0 && piece.scales == nullptr &&
           same_dtype(piece.saved->dtype, piece.dst_dtype)) {
         collect_copies(c, base + p.at, cursors[c.piece]);
@@ -707,7 +371,7 @@ class Importer {
   // The copies that put the part of a plain piece's runs lying in chunk `c` (held at
   // `data`) into host state, into copies_.
   void collect_copies(const Chunk& c, const unsigned char* data, RunCursor& cursor) {
-    const Piece& piece = pieces_[c.piece];
+    const Piece& piece = plan_.pieces[c.piece];
     const uint64_t size = dtype_size(piece.saved->dtype);
     const auto first = static_cast<int64_t>(c.begin / size);
     const auto end = static_cast<int64_t>((c.begin + c.bytes) / size);
@@ -728,15 +392,16 @@ class Importer {
   // elements [first, end) of its saved tensor.
   void scatter(const Chunk& c, const unsigned char* data, RunCursor& cursor, Backend& backend,
                Buffer* bounce) {
-    const Piece& piece = pieces_[c.piece];
+    const Piece& piece = plan_.pieces[c.piece];
     const uint64_t src_size = dtype_size(piece.saved->dtype);
     const uint64_t dst_size = dtype_size(piece.dst_dtype);
     const Span span{data, static_cast<int64_t>(c.begin / src_size),
                     static_cast<int64_t>((c.begin + c.bytes) / src_size)};
     // A block moment lands in host memory (see Landing); everything else goes to state.
-    auto* dst_base = piece.landing >= 0 ? reinterpret_cast<unsigned char*>(landing_values(
-                                              landings_[static_cast<std::size_t>(piece.landing)]))
-                                        : static_cast<unsigned char*>(piece.dst);
+    auto* dst_base = piece.landing >= 0
+                         ? reinterpret_cast<unsigned char*>(landing_values(
+                               plan_.landings[static_cast<std::size_t>(piece.landing)]))
+                         : static_cast<unsigned char*>(piece.dst);
     while (!cursor.done() && cursor.src() < span.end) {
       if (cursor.src() < span.first)
         fail(SA_ERR_INTERNAL, piece.what, ": a run starts before its chunk");
@@ -794,8 +459,8 @@ class Importer {
   // local block that one saved block of the same storage holds whole, the same elements,
   // as that block's codes and absmax; the other elements as their decoded values.
   void land_codes(std::size_t index, const Span& span, int64_t s, int64_t d, int64_t n) {
-    const Piece& piece = pieces_[index];
-    const Landing& l = landings_[static_cast<std::size_t>(piece.landing)];
+    const Piece& piece = plan_.pieces[index];
+    const Landing& l = plan_.landings[static_cast<std::size_t>(piece.landing)];
     float* values = landing_values(l);
     float* absmax = values + l.numel;
     uint8_t* codes = landing_codes(l);
@@ -822,7 +487,7 @@ class Importer {
   // decoded whole (moment_values' block_values), since which element reads as the absmax
   // depends on the whole block; the last block decoded is kept for the next call.
   void decode(std::size_t index, const Span& span, int64_t s, int64_t n, float* out) {
-    const Piece& piece = pieces_[index];
+    const Piece& piece = plan_.pieces[index];
     while (n > 0) {
       const int64_t b = s / kBlock, at = s % kBlock, m = std::min(n, kBlock - at);
       if (decoded_piece_ != index || decoded_block_ != b) {
@@ -872,14 +537,9 @@ class Importer {
 
   Optimizer& opt_;
   const std::vector<BlobReader>& readers_;
-  Settings settings_;
-  std::vector<ShardHeader> headers_;
-  std::unordered_map<std::string, SavedParam> saved_;
-  std::vector<Piece> pieces_;
-  std::vector<Landing> landings_;
-  int rounds_ = 1;
+  ImportSettings settings_;
+  ImportPlan plan_;  // phase 2 reads its coded pieces' scales into it (read_scales)
   // The arenas of one round's landings (allocated in phase 3; see Landing::at).
-  uint64_t arena_entries_ = 0;
   std::vector<float> values_;
   std::vector<uint8_t> codes_;
   float* landing_values(const Landing& l) { return values_.data() + l.at; }
@@ -890,11 +550,6 @@ class Importer {
   std::size_t decoded_piece_ = SIZE_MAX;
   int64_t decoded_block_ = -1;
   std::vector<float> decoded_;
-  std::vector<Chunk> chunks_;
-  bool converts_ = false;
-  bool cached_ = false;     // phase 2 keeps everything it reads in staging
-  bool pipelined_ = false;  // else, phase 3 reads into one half while copying from the other
-  uint64_t staging_bytes_ = 0;
   // Where chunks are read: the staging, or pipelined the optimizer's two pinned slots.
   std::shared_ptr<Buffer> slots_[2];
   // A checksum block of a read_checked call: its read, and its offset in the read's range.
@@ -906,18 +561,15 @@ class Importer {
   std::vector<uint32_t> crc_scratch_;  // their checksums
   HostCopies copies_;                  // scatter's plain copies into host state, run on the pool
   std::vector<BlobReader::ReadResult> read_results_;  // and how their reads went
-  uint64_t slot_bytes_ = 0;  // uncached: a batch's share of the staging (half when pipelined)
   std::unique_ptr<ThreadPool> pool_;
-  int64_t skipped_params_ = 0;
-  std::vector<int64_t> imported_;  // the params the files hold, which the import loads
-  std::vector<std::pair<int64_t, int64_t>> restored_steps_;  // (param index, saved step count)
 };
 
 }  // namespace
 
 void import_state(Optimizer& opt, const std::vector<BlobReader>& readers,
                   const sa_import_options& options) {
-  Importer(opt, readers, settings_of(options)).run();
+  const ImportSettings settings = import_settings(options);
+  Importer(opt, readers, settings, plan_import(opt, readers, settings)).run();
 }
 
 }  // namespace sa
