@@ -14,6 +14,7 @@
 #include "comm/comm.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "fields.hpp"
 #include "layout.hpp"
 #include "optimizer.hpp"
 #include "options.hpp"
@@ -61,13 +62,6 @@ sa_status sa::api::record(const sa_optimizer* opt, const char* fn, sa_status sta
 }
 
 namespace {
-
-// Refuses an index outside a field table of n fields of `what`.
-void check_field_index(int32_t index, int32_t n, const char* what) {
-  if (index < 0 || index >= n)
-    sa::fail(SA_ERR_INVALID_ARGUMENT, "index ", index, " is not a field: ", what, " has ", n,
-             " (0 .. ", n - 1, ")");
-}
 
 // The keys of the states `states_of()` gives into keys[0..capacity), their count into
 // *count; the arguments are checked first.
@@ -170,26 +164,34 @@ sa_status sa_group_config_default(sa_group_config* out) {
   });
 }
 
-int32_t sa_group_config_num_fields(void) { return sa::schema::kNumGroupFields; }
+int32_t sa_group_config_num_fields(void) { return sa::num_fields(SA_STRUCT_GROUP_CONFIG); }
+
+namespace {
+
+// sa_struct_field, as the entry point `fn` reports it.
+sa_status describe_field(const char* fn, int32_t kind, int32_t index, sa_field_info* out) {
+  return guarded(nullptr, fn, [&] {
+    require(out != nullptr, "out is NULL");
+    sa::write_options(out, sa::describe_field(kind, index), "out");
+  });
+}
+
+}  // namespace
 
 sa_status sa_group_config_field(int32_t index, sa_field_info* out) {
-  return guarded(nullptr, "sa_group_config_field", [&] {
+  return describe_field("sa_group_config_field", SA_STRUCT_GROUP_CONFIG, index, out);
+}
+
+int32_t sa_struct_num_fields(int32_t kind) { return sa::num_fields(kind); }
+
+sa_status sa_struct_field(int32_t kind, int32_t index, sa_field_info* out) {
+  return describe_field("sa_struct_field", kind, index, out);
+}
+
+sa_status sa_struct_default(int32_t kind, void* out) {
+  return guarded(nullptr, "sa_struct_default", [&] {
     require(out != nullptr, "out is NULL");
-    check_field_index(index, sa::schema::kNumGroupFields, "sa_group_config");
-    const sa::schema::GroupField& f = sa::schema::kGroupFields[index];
-    const sa::schema::RuleInfo rule = sa::schema::rule_info(f.rule);
-    sa_field_info info = SA_FIELD_INFO_INIT;
-    info.name = f.name;
-    info.type = rule.integral ? SA_FIELD_FLAG : SA_FIELD_DOUBLE;
-    info.offset = f.offset;
-    info.default_value = f.default_value;
-    info.min = rule.min;
-    info.max = rule.max;
-    info.max_inclusive = rule.max_inclusive;
-    info.fixed_with_params = f.fixed_with_params;
-    info.rule = rule.words;
-    info.doc = f.doc;
-    sa::write_options(out, info, "out");
+    sa::write_defaults(kind, out);
   });
 }
 
@@ -234,25 +236,10 @@ sa_status sa_param_scaling_describe(int32_t index, sa_param_scaling_info* out) {
   });
 }
 
-int32_t sa_step_args_num_fields(void) { return sa::schema::kNumStepFields; }
+int32_t sa_step_args_num_fields(void) { return sa::num_fields(SA_STRUCT_STEP_ARGS); }
 
 sa_status sa_step_args_field(int32_t index, sa_field_info* out) {
-  return guarded(nullptr, "sa_step_args_field", [&] {
-    require(out != nullptr, "out is NULL");
-    check_field_index(index, sa::schema::kNumStepFields, "sa_step_args");
-    const sa::schema::StepField& f = sa::schema::kStepFields[index];
-    sa_field_info info = SA_FIELD_INFO_INIT;
-    info.name = f.name;
-    info.type = f.type;
-    info.offset = f.offset;
-    info.default_value = f.default_value;
-    info.min = f.min;
-    info.max = f.max;
-    info.max_inclusive = f.type != SA_FIELD_POINTER;
-    info.rule = f.rule;
-    info.doc = f.doc;
-    sa::write_options(out, info, "out");
-  });
+  return describe_field("sa_step_args_field", SA_STRUCT_STEP_ARGS, index, out);
 }
 
 int32_t sa_optimizer_num_groups(const sa_optimizer* opt) {

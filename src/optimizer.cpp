@@ -12,6 +12,7 @@
 #include "backends/cuda_module.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "fields.hpp"
 #include "moment_values.hpp"
 #include "options.hpp"
 #include "schema.hpp"
@@ -20,11 +21,7 @@
 namespace sa {
 
 Optimizer::Optimizer(const sa_optimizer_config& config) : config_(config) {
-  if (config.num_threads < 0)
-    fail(SA_ERR_INVALID_ARGUMENT, "num_threads is ", config.num_threads,
-         "; use 0 (all) or a count");
-  if (config.cpu_simd != 0 && config.cpu_simd != 1)
-    fail(SA_ERR_INVALID_ARGUMENT, "cpu_simd is ", config.cpu_simd, "; it must be 0 or 1");
+  check_fields(SA_STRUCT_OPTIMIZER_CONFIG, &config, "config", "");
 }
 
 // ---- groups -------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include "../kernels/variants.h"
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "fields.hpp"
 #include "options.hpp"
 
 namespace sa {
@@ -45,13 +46,8 @@ static_assert(static_cast<int>(StatePlacement::device) == SA_STATE_ON_DEVICE &&
 
 // The placement of a param's state on `device`: a CPU param's state is host memory whatever
 // it asks for, so it resolves to device (one bucket for all of them).
-StatePlacement resolve_placement(int32_t requested, DLDevice device, const std::string& context) {
-  if (requested != SA_STATE_ON_DEVICE && requested != SA_STATE_ON_HOST &&
-      requested != SA_STATE_ON_HOST_CPU_STEP)
-    fail(SA_ERR_INVALID_ARGUMENT, context, ": state_placement is ", requested,
-         ", not an sa_state_placement (SA_STATE_ON_DEVICE ", SA_STATE_ON_DEVICE,
-         ", SA_STATE_ON_HOST ", SA_STATE_ON_HOST, ", SA_STATE_ON_HOST_CPU_STEP ",
-         SA_STATE_ON_HOST_CPU_STEP, ")");
+// `requested` is an sa_state_placement (check_fields).
+StatePlacement resolve_placement(int32_t requested, DLDevice device) {
   if (device.device_type == kDLCPU) return StatePlacement::device;
   return static_cast<StatePlacement>(requested);
 }
@@ -73,8 +69,8 @@ MasterKind resolve_master(int32_t requested, ElemType param_type, const std::str
     case SA_MASTER_REMAINDER:
       kind = MasterKind::remainder;
       break;
-    default:
-      fail(SA_ERR_INVALID_ARGUMENT, context, ": master is ", requested, ", not an sa_master_kind");
+    default:  // check_fields lets no other value through
+      fail(SA_ERR_INTERNAL, context, ": master is ", requested, ", not an sa_master_kind");
   }
   std::vector<kernels::ParamForm> with_kind;
   for (const kernels::ParamForm& form : kernels::kParamForms) {
@@ -87,24 +83,17 @@ MasterKind resolve_master(int32_t requested, ElemType param_type, const std::str
        elem_name(param_type));
 }
 
-// An optional dtype option: unset (all zero) is `fallback`, else one of `table`.
-template <std::size_t N>
-ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback, const ElemType (&table)[N],
-                                const std::string& context, const char* field) {
+// An optional dtype option that check_fields let through: unset (all zero) is `fallback`,
+// else a dtype of the library's with the field's role.
+ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback) {
   if (requested.bits == 0 && requested.code == 0 && requested.lanes == 0) return fallback;
-  const auto type = elem_type_of(requested);
-  if (!type || !kernels::in_table(table, *type))
-    fail(SA_ERR_UNSUPPORTED, context, ": ", field, " ", dtype_name(requested),
-         " is not supported; use ", dtype_list(table, [](ElemType t) { return t; }));
-  return *type;
+  return *elem_type_of(requested);
 }
 
-// A param's scaling: one of kernels::kParamForms' for its dtype and master (fp8 params
-// name one; others take none).
+// A param's scaling (an sa_param_scaling: check_fields): one of kernels::kParamForms' for
+// its dtype and master (fp8 params name one; others take none).
 kernels::ParamScaling resolve_scaling(int32_t requested, ElemType param_type, MasterKind master,
                                       const std::string& context) {
-  if (requested < 0 || requested >= kernels::kNumParamScalings)
-    fail(SA_ERR_INVALID_ARGUMENT, context, ": scaling is ", requested, ", not an sa_param_scaling");
   const auto scaling = static_cast<kernels::ParamScaling>(requested);
   std::vector<std::string> fits;  // the scalings of this dtype's forms
   for (const kernels::ParamForm& form : kernels::kParamForms) {
@@ -161,11 +150,6 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
          scaling == kernels::ParamScaling::delayed
              ? " (a delayed scaling casts with the engine's scale: apply the margin there)"
              : "");
-  if (options.margin < 0 || options.margin > kernels::kMaxCurrentMargin)
-    fail(SA_ERR_INVALID_ARGUMENT, context, ": options.margin is ", options.margin,
-         "; it must be 0 to ", kernels::kMaxCurrentMargin,
-         " (a larger one would take the scale of a large finite amax below float32's normal "
-         "range)");
   scale.margin = options.margin;
   if (scaling == kernels::ParamScaling::none) {
     if (options.scale != nullptr || options.amax != nullptr)
@@ -263,6 +247,7 @@ CheckedParam checked_param(const ParamRequest& request, const sa_group_config& g
   const sa_param_options defaults = SA_PARAM_OPTIONS_INIT;
   out.options = read_options(request.options, defaults, (context + ": options").c_str());
   const sa_param_options& options = out.options;
+  check_fields(SA_STRUCT_PARAM_OPTIONS, &options, context, "options.");
 
   param.group = request.group;
   param.layout = resolve_layout(request.layout, shard.shape, context);
@@ -273,14 +258,12 @@ CheckedParam checked_param(const ParamRequest& request, const sa_group_config& g
   // The default grad dtype is the param's, or float32 (the master's) for an fp8 param.
   const ElemType default_grad =
       kernels::in_table(kernels::kGradTypes, *param_type) ? *param_type : ElemType::f32;
-  param.grad_type = resolve_optional_dtype(options.grad_dtype, default_grad, kernels::kGradTypes,
-                                           context, "grad_dtype");
-  param.moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0],
-                                             kernels::kMomentTypes, context, "moment_dtype");
+  param.grad_type = resolve_optional_dtype(options.grad_dtype, default_grad);
+  param.moment_type = resolve_optional_dtype(options.moment_dtype, kernels::kMomentTypes[0]);
   param.master = resolve_master(options.master, *param_type, context);
   param.scaling = resolve_scaling(options.scaling, *param_type, param.master, context);
   param.amsgrad = group.amsgrad != 0;
-  param.placement = resolve_placement(options.state_placement, shard.device, context);
+  param.placement = resolve_placement(options.state_placement, shard.device);
   param.scale = checked_scales(options, param.scaling, param.layout, shard.device, context);
   if (kernels::is_current(param.scaling) && is_sharded(param.layout) && !has_comm)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": ", scaling_c_name(param.scaling),

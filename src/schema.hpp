@@ -2,9 +2,10 @@
 // values, default and meaning. Everything else derives from it: validation and its
 // messages (group_config.cpp), a saved group's JSON and its parsing (state_io/), the
 // comparison of two files' groups, the field table of the C ABI that the bindings read
-// (sa_group_config_field), and compile-time checks that sa_group_config and
+// (sa_struct_field), and compile-time checks that sa_group_config and
 // SA_GROUP_CONFIG_INIT (shardadam.h, the ABI's spelling) agree with it. At the end, the
-// same for the step arguments (sa_step_args_field).
+// tables of the other option structs (step arguments, optimizer config, param options,
+// import options), from which fields.cpp checks every struct a call passes.
 //
 // A new hyperparameter is a row here, a member (and its default) in shardadam.h, and what
 // the kernels do with it (kernels/adam_math.h, hyper_of in group_config.cpp).
@@ -135,30 +136,82 @@ inline sa_group_config default_group_config() {
   return c;
 }
 
-// ---- the step arguments ----------------------------------------------------------------
-// sa_step_args after struct_size, in order. X(name, type, default, min, max, rule, doc):
-// `type` is an sa_field_type; min and max bound a number (inclusive; 0 for a pointer).
-// The ABI spells the struct and SA_STEP_ARGS_INIT; step_args.cpp checks them against this at
-// compile time, and checks every step's numbers against min and max, naming `rule`.
+// ---- the other option structs ------------------------------------------------------------
+// Every option struct the C ABI takes but sa_group_config, field by field after
+// struct_size, in order: X(name, type, default, min, max, rule, why, role, doc). `type` is
+// an sa_field_type; a number is valid when min <= v <= max (a NaN never is), a pointer
+// always; a dtype (SA_FIELD_DTYPE) when unset (all zero: the default) or a dtype of the
+// library's table with the sa_dtype_role `role`. `rule` says the valid values, `why` (may
+// be empty) why there are no others, as the error messages say them: "<name> is <value>;
+// it must be <rule> (<why>)". The ABI spells the structs and their SA_*_INIT macros;
+// fields.cpp checks them against these tables at compile time, and checks every struct a
+// call passes against them (check_fields).
 #define SA_STEP_ARGS_FIELDS(X)                                                             \
-  X(inv_grad_scale, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                  \
+  X(inv_grad_scale, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL", "", 0,           \
     "const float*, backend memory (host for the CPU backend), optional: every grad is "    \
     "multiplied by it (the inverse loss scale); NULL means 1")                             \
-  X(found_inf, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                       \
+  X(found_inf, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL", "", 0,                \
     "const float*, backend memory, optional: nonzero skips the whole step")                \
-  X(skipped, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                         \
+  X(skipped, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL", "", 0,                  \
     "int32_t*, host memory, optional: receives 1 if the step was skipped, else 0")         \
   X(max_grad_norm, SA_FIELD_DOUBLE, 0.0, 0.0, std::numeric_limits<double>::infinity(),     \
-    ">= 0 (INFINITY too)",                                                                 \
+    ">= 0 (INFINITY too)", "0: no norm, INFINITY: measure, never clip", 0,                 \
     "0: no norm; > 0: clip the global gradient norm to it; INFINITY: measure, never clip") \
   X(norm_type, SA_FIELD_INT32, SA_NORM_L2, SA_NORM_L2, SA_NORM_INF,                        \
-    "SA_NORM_L2 (0) or SA_NORM_INF (1)", "the norm of max_grad_norm")                      \
-  X(grad_norm, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                       \
+    "SA_NORM_L2 (0) or SA_NORM_INF (1)", "", 0, "the norm of max_grad_norm")               \
+  X(grad_norm, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL", "", 0,                \
     "float*, backend memory, optional: receives the global norm, on the stream")           \
-  X(host_grad_norm, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL",                  \
+  X(host_grad_norm, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a pointer or NULL", "", 0,           \
     "double*, host memory, optional: receives the global norm (synchronizes device backends)")
 
-struct StepField {
+#define SA_OPTIMIZER_CONFIG_FIELDS(X)                                                      \
+  X(num_threads, SA_FIELD_INT32, 0, 0, INT32_MAX, ">= 0", "0: one per hardware thread", 0, \
+    "worker threads of the CPU backend, of the CPU step of state placed "                  \
+    "SA_STATE_ON_HOST_CPU_STEP, and of state export")                                      \
+  X(cpu_simd, SA_FIELD_FLAG, 1, 0, 1, "0 or 1", "", 0,                                     \
+    "CPU backend and CPU steps: 1 = SIMD when the CPU has FMA, 0 = scalar only")
+
+#define SA_PARAM_OPTIONS_FIELDS(X)                                                         \
+  X(grad_dtype, SA_FIELD_DTYPE, 0, 0, 0, "unset or a grad dtype", "", SA_DTYPE_GRAD,       \
+    "the grads' dtype; unset: the param's (float32 for an fp8 param)")                     \
+  X(moment_dtype, SA_FIELD_DTYPE, 0, 0, 0, "unset or a moment dtype", "", SA_DTYPE_MOMENT, \
+    "the moments' storage (exp_avg, exp_avg_sq, max_exp_avg_sq); unset: float32")          \
+  X(master, SA_FIELD_INT32, SA_MASTER_AUTO, SA_MASTER_AUTO, SA_MASTER_REMAINDER,           \
+    "an sa_master_kind: SA_MASTER_AUTO 0, SA_MASTER_NONE 1, SA_MASTER_FP32 2 or "          \
+    "SA_MASTER_REMAINDER 3",                                                               \
+    "", 0, "the param's form: its master copy, if any")                                    \
+  X(scale, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a DLManagedTensorVersioned* or NULL", "", 0,  \
+    "an fp8 param's scale tensor (scaling says which); NULL for other params")             \
+  X(amax, SA_FIELD_POINTER, 0.0, 0.0, 0.0, "a DLManagedTensorVersioned* or NULL", "", 0,   \
+    "delayed and current scalings, optional: the float32 scalar each step writes the "     \
+    "amax into")                                                                           \
+  X(scaling, SA_FIELD_INT32, SA_SCALING_NONE, SA_SCALING_NONE, SA_SCALING_CURRENT_POW2,    \
+    "an sa_param_scaling, SA_SCALING_NONE 0 to SA_SCALING_CURRENT_POW2 5", "", 0,          \
+    "how an fp8 param is cast from its master (sa_param_scaling_describe); NONE for "      \
+    "other params")                                                                        \
+  X(margin, SA_FIELD_INT32, 0, 0, 6, "0 to 6",                                             \
+    "a larger one would take the scale of a large finite amax below float32's normal "     \
+    "range",                                                                               \
+    0, "current scalings: the scale is divided by 2^margin")                               \
+  X(state_placement, SA_FIELD_INT32, SA_STATE_ON_DEVICE, SA_STATE_ON_DEVICE,               \
+    SA_STATE_ON_HOST_CPU_STEP,                                                             \
+    "an sa_state_placement: SA_STATE_ON_DEVICE 0, SA_STATE_ON_HOST 1 or "                  \
+    "SA_STATE_ON_HOST_CPU_STEP 2",                                                         \
+    "", 0, "where the param's state lives")
+
+#define SA_IMPORT_OPTIONS_FIELDS(X)                                                  \
+  X(staging_bytes, SA_FIELD_UINT64, 0, 0, 18446744073709551615.0, "any size", "", 0, \
+    "bytes of the staging buffer data goes through; 0: 64 MiB")                      \
+  X(allow_missing, SA_FIELD_FLAG, 0, 0, 1, "0 or 1", "", 0,                          \
+    "1: params absent from the blobs keep their state (else an error)")              \
+  X(allow_unexpected, SA_FIELD_FLAG, 0, 0, 1, "0 or 1", "", 0,                       \
+    "1: params in the blobs that this optimizer lacks are ignored (else an error)")  \
+  X(restore_groups, SA_FIELD_FLAG, 1, 0, 1, "0 or 1", "", 0,                         \
+    "1: restore the groups' hyperparameters and the step counts from the blobs")     \
+  X(read_once, SA_FIELD_FLAG, 0, 0, 1, "0 or 1", "", 0,                              \
+    "1: read every byte once even when the data exceed the staging buffer")
+
+struct StructField {
   const char* name;
   int32_t type;  // sa_field_type
   std::size_t offset;
@@ -166,15 +219,56 @@ struct StepField {
   double min;
   double max;
   const char* rule;
+  const char* why;
+  int32_t role;  // SA_FIELD_DTYPE: the sa_dtype_role a dtype must have
   const char* doc;
 };
 
-#define SA_SCHEMA_STEP_ROW(name, type, default_value, min, max, rule, doc) \
-  StepField{#name, type, offsetof(sa_step_args, name), default_value, min, max, rule, doc},
-inline constexpr StepField kStepFields[] = {SA_STEP_ARGS_FIELDS(SA_SCHEMA_STEP_ROW)};
-#undef SA_SCHEMA_STEP_ROW
-inline constexpr int32_t kNumStepFields =
-    static_cast<int32_t>(sizeof(kStepFields) / sizeof(kStepFields[0]));
+// A table of StructFields, and the struct it describes (its name, as messages say it).
+struct StructTable {
+  const char* struct_name;
+  const StructField* fields;
+  int32_t count;
+};
+
+#define SA_SCHEMA_FIELD_ROW(s, name, type, default_value, min, max, rule, why, role, doc) \
+  StructField{#name, type, offsetof(s, name), default_value, min, max, rule, why, role, doc},
+#define SA_STEP_ROW(...) SA_SCHEMA_FIELD_ROW(sa_step_args, __VA_ARGS__)
+#define SA_CONFIG_ROW(...) SA_SCHEMA_FIELD_ROW(sa_optimizer_config, __VA_ARGS__)
+#define SA_PARAM_ROW(...) SA_SCHEMA_FIELD_ROW(sa_param_options, __VA_ARGS__)
+#define SA_IMPORT_ROW(...) SA_SCHEMA_FIELD_ROW(sa_import_options, __VA_ARGS__)
+inline constexpr StructField kStepFields[] = {SA_STEP_ARGS_FIELDS(SA_STEP_ROW)};
+inline constexpr StructField kConfigFields[] = {SA_OPTIMIZER_CONFIG_FIELDS(SA_CONFIG_ROW)};
+inline constexpr StructField kParamOptionFields[] = {SA_PARAM_OPTIONS_FIELDS(SA_PARAM_ROW)};
+inline constexpr StructField kImportFields[] = {SA_IMPORT_OPTIONS_FIELDS(SA_IMPORT_ROW)};
+#undef SA_STEP_ROW
+#undef SA_CONFIG_ROW
+#undef SA_PARAM_ROW
+#undef SA_IMPORT_ROW
+#undef SA_SCHEMA_FIELD_ROW
+
+template <std::size_t N>
+constexpr StructTable table_of(const char* name, const StructField (&fields)[N]) {
+  return {name, fields, static_cast<int32_t>(N)};
+}
+inline constexpr int32_t kNumStepFields = table_of("", kStepFields).count;
+
+// The table of an sa_struct_kind other than SA_STRUCT_GROUP_CONFIG (whose table is
+// kGroupFields), or a table of no fields for a kind this library does not know.
+constexpr StructTable struct_table(int32_t kind) {
+  switch (kind) {
+    case SA_STRUCT_STEP_ARGS:
+      return table_of("sa_step_args", kStepFields);
+    case SA_STRUCT_OPTIMIZER_CONFIG:
+      return table_of("sa_optimizer_config", kConfigFields);
+    case SA_STRUCT_PARAM_OPTIONS:
+      return table_of("sa_param_options", kParamOptionFields);
+    case SA_STRUCT_IMPORT_OPTIONS:
+      return table_of("sa_import_options", kImportFields);
+    default:
+      return {"", nullptr, 0};
+  }
+}
 
 }  // namespace sa::schema
 

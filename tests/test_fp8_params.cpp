@@ -293,7 +293,9 @@ TEST_CASE("fp8 param options that do not fit are refused, and the caller keeps i
           "SA_SCALING_MXFP8, SA_SCALING_BLOCK128, SA_SCALING_CURRENT or SA_SCALING_CURRENT_POW2");
   sa_param_options o = SA_PARAM_OPTIONS_INIT;
   o.scaling = 9;
-  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "scaling is 9, not an sa_param_scaling");
+  refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr,
+          "options.scaling is 9; it must be an sa_param_scaling, SA_SCALING_NONE 0 to "
+          "SA_SCALING_CURRENT_POW2 5");
   o.scaling = SA_SCALING_MXFP8;
   refuses(SA_ERR_INVALID_ARGUMENT, o, nullptr, "options.scale is NULL; SA_SCALING_MXFP8 needs one");
   o.scale = one.versioned();

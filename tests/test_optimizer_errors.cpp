@@ -340,10 +340,10 @@ TEST_CASE("storage options that do not fit the param are rejected with what to u
   };
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(f32, param_options(kFloat64, kDefaultDtype, SA_MASTER_AUTO)), "param 'new'",
-                 "grad_dtype float64 is not supported");
+                 "options.grad_dtype is float64; it must be unset or float32, bfloat16 or float16");
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(f32, param_options(kDefaultDtype, kFloat16, SA_MASTER_AUTO)), "param 'new'",
-                 "moment_dtype float16 is not supported", "float32, bfloat16, uint8 or float8_e4m3fn");
+                 "options.moment_dtype is float16; it must be unset or float32, bfloat16, uint8 or float8_e4m3fn");
   CHECK_SA_FAILS(f.get(), SA_ERR_UNSUPPORTED,
                  add(bf16, param_options(kDefaultDtype, kDefaultDtype, SA_MASTER_NONE)),
                  "param 'new'", "SA_MASTER_NONE needs a float32 param, not bfloat16");

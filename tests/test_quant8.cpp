@@ -512,7 +512,7 @@ TEST_CASE("q8 moments: uint8 params and grads are refused, changing nothing", "[
   CHECK_SA_FAILS(
       f.opt.get(), SA_ERR_UNSUPPORTED,
       sa_optimizer_add_param(f.opt.get(), "g", 0, f.grad.versioned(), nullptr, &u8_grad, nullptr),
-      "grad_dtype uint8 is not supported; use float32, bfloat16 or float16");
+      "options.grad_dtype is uint8; it must be unset or float32, bfloat16 or float16");
   CHECK(sa_optimizer_num_params(f.opt.get()) == 2);
   CHECK(memcmp(before.data(), f.p8.as<float>(), before.size() * sizeof(float)) == 0);
   f.step(rng);  // still trains

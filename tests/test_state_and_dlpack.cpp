@@ -124,7 +124,7 @@ TEST_CASE("state_placement: a CPU param's state is host memory, unknown placemen
     CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                    sa_optimizer_add_param(opt.get(), "a", 0, a.versioned(), nullptr, &options, nullptr),
                    "param 'a'", "state_placement is " + std::to_string(bad),
-                   "not an sa_state_placement");
+                   "it must be an sa_state_placement");
     CHECK(sa_optimizer_num_params(opt.get()) == 0);
   }
   options.state_placement = SA_STATE_ON_HOST;

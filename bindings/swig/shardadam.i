@@ -35,7 +35,7 @@
  *     a table of C function pointers;
  *       sa_param_info     returned as a dict;
  *       sa_field_info     returned as a dict (name, type, offset, default, min, max,
- *                         max_inclusive, fixed_with_params, rule, doc);
+ *                         max_inclusive, fixed_with_params, rule, doc, dtype_role);
  *       sa_dtype_info     returned as a dict (name, dtype, roles, safetensors_name, doc);
  *       sa_param_scaling_info  returned as a dict (value, name, block, scale_dtype,
  *                         step_writes_scale, doc);
@@ -468,12 +468,12 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
   PyObject* dict = Py_None;
   if (result == SA_OK) {
     const sa_field_info* f = &info$argnum;
-    dict = Py_BuildValue("{s:s,s:i,s:n,s:d,s:d,s:d,s:O,s:O,s:s,s:s}",
+    dict = Py_BuildValue("{s:s,s:i,s:n,s:d,s:d,s:d,s:O,s:O,s:s,s:s,s:i}",
                          "name", f->name, "type", f->type, "offset", (Py_ssize_t)f->offset,
                          "default", f->default_value, "min", f->min, "max", f->max,
                          "max_inclusive", f->max_inclusive ? Py_True : Py_False,
                          "fixed_with_params", f->fixed_with_params ? Py_True : Py_False,
-                         "rule", f->rule, "doc", f->doc);
+                         "rule", f->rule, "doc", f->doc, "dtype_role", f->dtype_role);
     if (!dict) SWIG_fail;
   } else {
     Py_INCREF(Py_None);
@@ -649,6 +649,7 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
 %ignore sa_dtype_info;
 %ignore sa_param_scaling_info;
 %ignore sa_step_args;
+%ignore sa_struct_default;      /* a void* struct: the option classes below apply the defaults */
 %ignore sa_free;               /* only sa_inspect's report needs it, freed by its typemap */
 %ignore sa_writer_release;     /* called by the destructors below */
 %ignore sa_reader_release;

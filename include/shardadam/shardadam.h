@@ -225,20 +225,26 @@ typedef struct sa_group_config {
  *  C macros (out->struct_size must be set: fields past it are not written). */
 SA_API sa_status sa_group_config_default(sa_group_config* out);
 
-/** How a field of an option struct (sa_group_config, sa_step_args) is stored. */
+/** How a field of an option struct (sa_struct_kind) is stored. */
 typedef enum sa_field_type {
-  SA_FIELD_DOUBLE = 0, /* a double */
-  SA_FIELD_FLAG = 1,   /* an int32_t, 0 or 1 */
-  SA_FIELD_INT32 = 2,  /* an int32_t (an enum: its valid values are [min, max]) */
-  SA_FIELD_POINTER = 3 /* a pointer; doc says to what, and in which memory */
+  SA_FIELD_DOUBLE = 0,  /* a double */
+  SA_FIELD_FLAG = 1,    /* an int32_t, 0 or 1 */
+  SA_FIELD_INT32 = 2,   /* an int32_t (an enum: its valid values are [min, max]) */
+  SA_FIELD_POINTER = 3, /* a pointer; doc says to what, and in which memory */
+  SA_FIELD_UINT64 = 4,  /* a uint64_t */
+  /* a DLDataType: all zero (unset) for the default, else a dtype of the library's table
+   * (sa_dtype) whose roles include the field's dtype_role */
+  SA_FIELD_DTYPE = 5
 } sa_field_type;
 
 /**
- * One field of an option struct (sa_group_config, sa_step_args) as the library defines
- * it: what bindings read to build their own types (names, defaults, valid values, docs)
- * instead of retyping them. Valid values v: min <= v, and v < max, or v <= max when
- * max_inclusive is 1 (a max of INFINITY, exclusive, means "finite"; a pointer has none).
- * The strings are static.
+ * One field of an option struct (sa_struct_kind) as the library defines it: what bindings
+ * read to fill the struct by name and to build their own types (names, defaults, valid
+ * values, docs) instead of retyping them. Valid values v of a number: min <= v, and
+ * v < max, or v <= max when max_inclusive is 1 (a max of INFINITY, exclusive, means
+ * "finite"); a pointer has none; a dtype: see SA_FIELD_DTYPE. The library checks every
+ * struct a call passes against these (the message says "<name> is <value>; it must be
+ * <rule>"). The strings are static.
  */
 typedef struct sa_field_info {
   size_t struct_size;
@@ -252,16 +258,41 @@ typedef struct sa_field_info {
   int32_t fixed_with_params; /* 1: cannot change once the group holds a param (SA_ERR_STATE) */
   const char* rule;          /* the valid values in the words of the error messages: "in [0, 1)" */
   const char* doc;           /* what the field does */
+  int32_t dtype_role;        /* SA_FIELD_DTYPE: the sa_dtype_role its dtypes have; else 0 */
 } sa_field_info;
 
 #define SA_FIELD_INFO_INIT \
-  { sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL }
+  { sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL, 0 }
+
+/** The option structs the C ABI takes, whose fields the library describes
+ *  (sa_struct_field). */
+typedef enum sa_struct_kind {
+  SA_STRUCT_GROUP_CONFIG = 0,     /* sa_group_config */
+  SA_STRUCT_STEP_ARGS = 1,        /* sa_step_args */
+  SA_STRUCT_OPTIMIZER_CONFIG = 2, /* sa_optimizer_config */
+  SA_STRUCT_PARAM_OPTIONS = 3,    /* sa_param_options */
+  SA_STRUCT_IMPORT_OPTIONS = 4    /* sa_import_options */
+} sa_struct_kind;
+
+/** The number of fields (struct_size aside) this library knows of the struct `kind`
+ *  (an sa_struct_kind); 0 for a kind it does not know. */
+SA_API int32_t sa_struct_num_fields(int32_t kind);
+
+/** Describes field `index` (0 .. sa_struct_num_fields(kind) - 1, in struct order) of the
+ *  struct `kind` into *out (out->struct_size must be set: use SA_FIELD_INFO_INIT). */
+SA_API sa_status sa_struct_field(int32_t kind, int32_t index, sa_field_info* out);
+
+/** Fills the struct `kind` at *out with the defaults of its SA_*_INIT macro, for bindings
+ *  that do not compile C macros: out's first field is its struct_size, which must be set
+ *  (fields past it are not written). */
+SA_API sa_status sa_struct_default(int32_t kind, void* out);
 
 /** The number of fields of sa_group_config (struct_size aside) this library knows. */
 SA_API int32_t sa_group_config_num_fields(void);
 
 /** Describes field `index` (0 .. sa_group_config_num_fields() - 1, in struct order) into
- *  *out (out->struct_size must be set: use SA_FIELD_INFO_INIT). */
+ *  *out (out->struct_size must be set: use SA_FIELD_INFO_INIT): sa_struct_field of
+ *  SA_STRUCT_GROUP_CONFIG. */
 SA_API sa_status sa_group_config_field(int32_t index, sa_field_info* out);
 
 /** Appends a group; *group receives its index (0, 1, ...). Groups are positional: create
@@ -736,7 +767,7 @@ typedef enum sa_norm_type {
 SA_API int32_t sa_step_args_num_fields(void);
 
 /** Describes field `index` of sa_step_args (0 .. sa_step_args_num_fields() - 1, in struct
- *  order) into *out, as sa_group_config_field does for groups, so that bindings fill the
+ *  order) into *out (sa_struct_field of SA_STRUCT_STEP_ARGS), so that bindings fill the
  *  struct by name: its type (SA_FIELD_POINTER, SA_FIELD_DOUBLE, SA_FIELD_INT32), offset,
  *  default (0 for a pointer: NULL), valid values and doc. fixed_with_params is 0. */
 SA_API sa_status sa_step_args_field(int32_t index, sa_field_info* out);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../errors.hpp"
+#include "../fields.hpp"
 #include "group_json.hpp"
 #include "runs.hpp"
 #include "state_io.hpp"
@@ -334,14 +335,9 @@ class Planner {
 }  // namespace
 
 ImportSettings import_settings(const sa_import_options& o) {
-  auto flag = [](int32_t v, const char* name) {
-    if (v != 0 && v != 1)
-      fail(SA_ERR_INVALID_ARGUMENT, "options->", name, " is ", v, "; it must be 0 or 1");
-    return v == 1;
-  };
-  return {o.staging_bytes == 0 ? kDefaultStagingBytes : o.staging_bytes,
-          flag(o.allow_missing, "allow_missing"), flag(o.allow_unexpected, "allow_unexpected"),
-          flag(o.restore_groups, "restore_groups"), flag(o.read_once, "read_once")};
+  check_fields(SA_STRUCT_IMPORT_OPTIONS, &o, "", "options->");
+  return {o.staging_bytes == 0 ? kDefaultStagingBytes : o.staging_bytes, o.allow_missing == 1,
+          o.allow_unexpected == 1, o.restore_groups == 1, o.read_once == 1};
 }
 
 ImportPlan plan_import(const Optimizer& opt, const std::vector<BlobReader>& readers,

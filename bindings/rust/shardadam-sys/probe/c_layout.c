@@ -145,6 +145,7 @@ int main(void) {
   OFFSET(sa_field_info, fixed_with_params);
   OFFSET(sa_field_info, rule);
   OFFSET(sa_field_info, doc);
+  OFFSET(sa_field_info, dtype_role);
   SIZE(sa_dtype_info);
   OFFSET(sa_dtype_info, struct_size);
   OFFSET(sa_dtype_info, name);
@@ -164,6 +165,15 @@ int main(void) {
        dtype_info.safetensors_name == NULL && dtype_info.doc == NULL && dtype_info.dtype.bits == 0);
   CONSTANT(SA_FIELD_DOUBLE);
   CONSTANT(SA_FIELD_FLAG);
+  CONSTANT(SA_FIELD_INT32);
+  CONSTANT(SA_FIELD_POINTER);
+  CONSTANT(SA_FIELD_UINT64);
+  CONSTANT(SA_FIELD_DTYPE);
+  CONSTANT(SA_STRUCT_GROUP_CONFIG);
+  CONSTANT(SA_STRUCT_STEP_ARGS);
+  CONSTANT(SA_STRUCT_OPTIMIZER_CONFIG);
+  CONSTANT(SA_STRUCT_PARAM_OPTIONS);
+  CONSTANT(SA_STRUCT_IMPORT_OPTIONS);
   FACT("SA_FIELD_INFO_INIT.struct_size", field.struct_size);
   FACT("SA_FIELD_INFO_INIT.null_pointers",
        field.name == NULL && field.rule == NULL && field.doc == NULL);

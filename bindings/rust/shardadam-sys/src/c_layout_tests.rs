@@ -177,6 +177,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_field_info, fixed_with_params);
     offset!(sa_field_info, rule);
     offset!(sa_field_info, doc);
+    offset!(sa_field_info, dtype_role);
     size!(sa_dtype_info);
     offset!(sa_dtype_info, struct_size);
     offset!(sa_dtype_info, name);
@@ -205,6 +206,15 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     );
     constant!(SA_FIELD_DOUBLE);
     constant!(SA_FIELD_FLAG);
+    constant!(SA_FIELD_INT32);
+    constant!(SA_FIELD_POINTER);
+    constant!(SA_FIELD_UINT64);
+    constant!(SA_FIELD_DTYPE);
+    constant!(SA_STRUCT_GROUP_CONFIG);
+    constant!(SA_STRUCT_STEP_ARGS);
+    constant!(SA_STRUCT_OPTIMIZER_CONFIG);
+    constant!(SA_STRUCT_PARAM_OPTIONS);
+    constant!(SA_STRUCT_IMPORT_OPTIONS);
     let field = sa_field_info::default();
     fact("SA_FIELD_INFO_INIT.struct_size", field.struct_size as i64);
     fact(

@@ -282,6 +282,27 @@ pub type sa_field_type = c_int;
 pub const SA_FIELD_DOUBLE: sa_field_type = 0;
 /// `SA_FIELD_FLAG`: an int32_t, 0 or 1.
 pub const SA_FIELD_FLAG: sa_field_type = 1;
+/// `SA_FIELD_INT32`: an int32_t (an enum: its valid values are [min, max]).
+pub const SA_FIELD_INT32: sa_field_type = 2;
+/// `SA_FIELD_POINTER`: a pointer.
+pub const SA_FIELD_POINTER: sa_field_type = 3;
+/// `SA_FIELD_UINT64`: a uint64_t.
+pub const SA_FIELD_UINT64: sa_field_type = 4;
+/// `SA_FIELD_DTYPE`: a `DLDataType`; all zero: the default.
+pub const SA_FIELD_DTYPE: sa_field_type = 5;
+
+/// `sa_struct_kind` (a C enum): the option structs `sa_struct_field` describes.
+pub type sa_struct_kind = c_int;
+/// `SA_STRUCT_GROUP_CONFIG`: `sa_group_config`.
+pub const SA_STRUCT_GROUP_CONFIG: sa_struct_kind = 0;
+/// `SA_STRUCT_STEP_ARGS`: `sa_step_args`.
+pub const SA_STRUCT_STEP_ARGS: sa_struct_kind = 1;
+/// `SA_STRUCT_OPTIMIZER_CONFIG`: `sa_optimizer_config`.
+pub const SA_STRUCT_OPTIMIZER_CONFIG: sa_struct_kind = 2;
+/// `SA_STRUCT_PARAM_OPTIONS`: `sa_param_options`.
+pub const SA_STRUCT_PARAM_OPTIONS: sa_struct_kind = 3;
+/// `SA_STRUCT_IMPORT_OPTIONS`: `sa_import_options`.
+pub const SA_STRUCT_IMPORT_OPTIONS: sa_struct_kind = 4;
 
 /// `sa_dtype_role`: bits of `sa_dtype_info::roles`.
 pub type sa_dtype_role = i32;
@@ -363,6 +384,8 @@ pub struct sa_field_info {
     pub rule: *const c_char,
     /// What the field does (static).
     pub doc: *const c_char,
+    /// `SA_FIELD_DTYPE`: the `sa_dtype_role` its dtypes have; else 0.
+    pub dtype_role: i32,
 }
 
 impl Default for sa_field_info {
@@ -380,6 +403,7 @@ impl Default for sa_field_info {
             fixed_with_params: 0,
             rule: std::ptr::null(),
             doc: std::ptr::null(),
+            dtype_role: 0,
         }
     }
 }
@@ -838,6 +862,15 @@ extern "C" {
     /// Describes field `index` (0 .. `sa_group_config_num_fields()`, in struct order) into
     /// `*out` (`out.struct_size` must be set: use `sa_field_info::default()`).
     pub fn sa_group_config_field(index: i32, out: *mut sa_field_info) -> sa_status;
+    /// The number of fields (struct_size aside) of the struct `kind` (an `sa_struct_kind`);
+    /// 0 for a kind the library does not know.
+    pub fn sa_struct_num_fields(kind: i32) -> i32;
+    /// Describes field `index` of the struct `kind` into `*out` (`out.struct_size` must be
+    /// set: use `sa_field_info::default()`).
+    pub fn sa_struct_field(kind: i32, index: i32, out: *mut sa_field_info) -> sa_status;
+    /// Fills the struct `kind` at `out` with its `SA_*_INIT` defaults, as far as its
+    /// `struct_size` (its first field, which must be set) reaches.
+    pub fn sa_struct_default(kind: i32, out: *mut c_void) -> sa_status;
     /// Number of groups.
     pub fn sa_optimizer_num_groups(opt: *const sa_optimizer) -> i32;
     /// Appends a group with the defaults but for the `n` named fields (`names[i]` is a
