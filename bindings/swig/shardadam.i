@@ -22,12 +22,12 @@
  *       sa_layout         None, or (global_shape, mesh_shape, mesh_coord, placements,
  *                         global_offset) with placements a sequence of (type, dim) and
  *                         global_offset None for the mesh form;
- *       sa_param_options  None, or (grad_dtype, moment_dtype, master, scaling, scale, amax,
- *                         margin)
- *                         with each dtype None or (code, bits, lanes), and scale and amax
- *                         None or unconsumed "dltensor_versioned" capsules, renamed
+ *       sa_param_options  None, or a dict by field name (sa_struct_field lists them), each
+ *                         dtype None or (code, bits, lanes), enums and margin ints, and scale
+ *                         and amax None or unconsumed "dltensor_versioned" capsules, renamed
  *                         "used_dltensor_versioned" on SA_OK (then the optimizer owns them);
- *       sa_step_args      None, or a dict by field name (sa_step_args_field lists them): the
+ *                         fields not named keep the library's defaults (sa_struct_default);
+ *       sa_step_args      None, or a dict by field name (sa_struct_field lists them): the
  *                         pointers as addresses (int) or None, doubles as floats, int32s as
  *                         ints; fields not named keep SA_STEP_ARGS_INIT's values;
  *       sa_nccl_unique_id its 128 bytes (bytes in, bytes out);
@@ -262,43 +262,103 @@ static int sa_py_read_address(PyObject* obj, void** out) {
   return !PyErr_Occurred();
 }
 
-/* Fills *args from a dict of sa_step_args field names to values, as the library's table
- * (sa_step_args_field) says each is stored: a pointer as an address (int) or None, a
- * double as a float, an int32 as an int. Fields not named keep SA_STEP_ARGS_INIT's value.
- * An unknown name is a KeyError naming the known ones. */
-static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
+/* The field table of sa_struct_kind `kind`, read from the library once (with the GIL held:
+ * no other thread fills it at the same time); its count into *n. */
+#define SA_PY_KINDS 8
+#define SA_PY_MOST_FIELDS 32
+static int sa_py_struct_fields(int32_t kind, const sa_field_info** fields, int32_t* n) {
+  static sa_field_info tables[SA_PY_KINDS][SA_PY_MOST_FIELDS];
+  static int32_t counts[SA_PY_KINDS];
+  static int filled[SA_PY_KINDS];
+  if (kind < 0 || kind >= SA_PY_KINDS) {
+    PyErr_Format(PyExc_ValueError, "struct kind %d is not one this binding knows", (int)kind);
+    return 0;
+  }
+  if (!filled[kind]) {
+    const int32_t count = sa_struct_num_fields(kind);
+    if (count > SA_PY_MOST_FIELDS) {
+      PyErr_Format(PyExc_RuntimeError, "the library's struct %d has %d fields, more than this binding holds",
+                   (int)kind, (int)count);
+      return 0;
+    }
+    for (int32_t i = 0; i < count; ++i) {
+      const sa_field_info init = SA_FIELD_INFO_INIT;
+      tables[kind][i] = init;
+      if (sa_struct_field(kind, i, &tables[kind][i]) != SA_OK) {
+        PyErr_Format(PyExc_RuntimeError, "sa_struct_field(%d, %d) failed: %s", (int)kind, (int)i, sa_last_error());
+        return 0;
+      }
+    }
+    counts[kind] = count;
+    filled[kind] = 1;
+  }
+  *fields = tables[kind];
+  *n = counts[kind];
+  return 1;
+}
+
+/* Fills the struct of sa_struct_kind `kind` (`what` names it) at `s`, its defaults already
+ * in, from a dict of field names to values, as the library's table (sa_struct_field) says
+ * each is stored: a double as a float, an int32 or a flag as an int, a uint64 as an int, a
+ * dtype as None (unset) or (code, bits, lanes), a pointer as an address (int) or None, or,
+ * where `capsules` is a list, an unconsumed "dltensor_versioned" capsule (appended to it:
+ * the caller renames them once the library owns their tensors). Fields not named keep their
+ * defaults. An unknown name is a KeyError; the values' ranges are the library's to check. */
+static int sa_py_fill_struct(int32_t kind, const char* what, PyObject* dict, void* s, PyObject* capsules) {
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   if (!PyDict_Check(dict)) {
-    PyErr_SetString(PyExc_TypeError, "args must be None or a dict of sa_step_args fields");
+    PyErr_Format(PyExc_TypeError, "%s must be None or a dict of %s fields", what, what);
     return 0;
   }
   while (PyDict_Next(dict, &pos, &key, &value)) {
     const char* name = PyUnicode_AsUTF8(key);
+    const sa_field_info* fields = NULL;
+    int32_t i, n = 0, found = 0;
     sa_field_info f = SA_FIELD_INFO_INIT;
-    int32_t i, n = sa_step_args_num_fields(), found = 0;
-    if (name == NULL) return 0;
+    if (name == NULL || !sa_py_struct_fields(kind, &fields, &n)) return 0;
     for (i = 0; i < n && !found; ++i)
-      found = sa_step_args_field(i, &f) == SA_OK && strcmp(f.name, name) == 0;
+      if (strcmp(fields[i].name, name) == 0) {
+        f = fields[i];
+        found = 1;
+      }
     if (!found) {
-      PyErr_Format(PyExc_KeyError, "sa_step_args has no field '%s'", name);
+      PyErr_Format(PyExc_KeyError, "%s has no field '%s'", what, name);
       return 0;
     }
-    char* at = (char*)args + f.offset;
+    char* at = (char*)s + f.offset;
     if (f.type == SA_FIELD_POINTER) {
-      void* p;
-      if (!sa_py_read_address(value, &p)) return 0;
+      void* p = NULL;
+      if (capsules != NULL && PyCapsule_CheckExact(value)) {
+        if (!PyCapsule_IsValid(value, SA_PY_VERSIONED)) {
+          PyErr_Format(PyExc_TypeError, "%s.%s must be None or an unconsumed DLPack capsule named 'dltensor_versioned'", what, name);
+          return 0;
+        }
+        p = PyCapsule_GetPointer(value, SA_PY_VERSIONED);
+        if (p == NULL || PyList_Append(capsules, value) != 0) return 0;
+      } else if (!sa_py_read_address(value, &p)) {
+        return 0;
+      }
       memcpy(at, &p, sizeof p);
     } else if (f.type == SA_FIELD_DOUBLE) {
       const double d = PyFloat_AsDouble(value);
       if (PyErr_Occurred()) return 0;
       memcpy(at, &d, sizeof d);
+    } else if (f.type == SA_FIELD_UINT64) {
+      const unsigned long long v = PyLong_AsUnsignedLongLong(value);
+      const uint64_t u64 = (uint64_t)v;
+      if (PyErr_Occurred()) return 0;
+      memcpy(at, &u64, sizeof u64);
+    } else if (f.type == SA_FIELD_DTYPE) {
+      DLDataType dtype = {0, 0, 0};
+      if (!sa_py_read_dtype(value, &dtype)) return 0;
+      memcpy(at, &dtype, sizeof dtype);
     } else {
       const long v = PyLong_AsLong(value);
       const int32_t i32 = (int32_t)v;
       if (PyErr_Occurred()) return 0;
       if ((long)i32 != v) {
-        PyErr_Format(PyExc_OverflowError, "sa_step_args.%s = %ld does not fit an int32", name, v);
+        PyErr_Format(PyExc_OverflowError, "%s.%s = %ld does not fit an int32", what, name, v);
         return 0;
       }
       memcpy(at, &i32, sizeof i32);
@@ -377,36 +437,20 @@ static int sa_py_fill_step_args(PyObject* dict, sa_step_args* args) {
 }
 
 %{
-/* An fp8 param's scale / amax: None, or an unconsumed "dltensor_versioned" capsule that the
- * optimizer owns on SA_OK (renamed then, as local_shard is). */
-static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTensorVersioned** out) {
-  *out = NULL;
-  if (obj == Py_None) return 1;
-  if (!PyCapsule_IsValid(obj, SA_PY_VERSIONED)) {
-    PyErr_Format(PyExc_TypeError, "options' %s must be None or an unconsumed DLPack capsule named 'dltensor_versioned'", what);
-    return 0;
-  }
-  *out = (DLManagedTensorVersioned*)PyCapsule_GetPointer(obj, SA_PY_VERSIONED);
-  return *out != NULL;
-}
 %}
 
-/* options: None, or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin, state_placement); scale and amax
- * are None or unconsumed versioned capsules, renamed "used_dltensor_versioned" on SA_OK (the
- * optimizer owns their tensors then), left as they were on failure. */
-%typemap(in) const sa_param_options* options (sa_param_options storage, PyObject* owned[2]) {
-  const sa_param_options init = SA_PARAM_OPTIONS_INIT;
-  PyObject *grad_dtype, *moment_dtype;
-  storage = init;
-  owned[0] = owned[1] = NULL;
+/* options: None, or a dict of sa_param_options fields by name (sa_py_fill_struct; the others
+ * keep the library's defaults, sa_struct_default). scale and amax are None or unconsumed
+ * versioned capsules, renamed "used_dltensor_versioned" on SA_OK (the optimizer owns their
+ * tensors then), left as they were on failure. */
+%typemap(in) const sa_param_options* options (sa_param_options storage, PyObject* owned = NULL) {
+  storage.struct_size = sizeof storage;
+  if (sa_struct_default(SA_STRUCT_PARAM_OPTIONS, &storage) != SA_OK)
+    SWIG_exception_fail(SWIG_RuntimeError, "sa_struct_default(SA_STRUCT_PARAM_OPTIONS) failed");
   $1 = NULL;
   if ($input != Py_None) {
-    if (!PyArg_ParseTuple($input, "OOiiOOii;options must be None or (grad_dtype, moment_dtype, master, scaling, scale, amax, margin, state_placement)",
-                          &grad_dtype, &moment_dtype, &storage.master, &storage.scaling, &owned[0], &owned[1],
-                          &storage.margin, &storage.state_placement) ||
-        !sa_py_read_dtype(grad_dtype, &storage.grad_dtype) || !sa_py_read_dtype(moment_dtype, &storage.moment_dtype) ||
-        !sa_py_read_owned_tensor(owned[0], "scale", &storage.scale) ||
-        !sa_py_read_owned_tensor(owned[1], "amax", &storage.amax))
+    owned = PyList_New(0);
+    if (owned == NULL || !sa_py_fill_struct(SA_STRUCT_PARAM_OPTIONS, "sa_param_options", $input, &storage, owned))
       SWIG_fail;
     if (storage.scale && storage.scale == storage.amax)
       SWIG_exception_fail(SWIG_ValueError, "options' scale and amax must be two tensors, not one capsule twice");
@@ -414,18 +458,19 @@ static int sa_py_read_owned_tensor(PyObject* obj, const char* what, DLManagedTen
   }
 }
 %typemap(argout) const sa_param_options* options {
-  if (result == SA_OK && $1) {
-    for (int k = 0; k < 2; ++k)
-      if (owned$argnum[k] != Py_None && PyCapsule_SetName(owned$argnum[k], "used_dltensor_versioned") != 0) SWIG_fail;
+  if (result == SA_OK && owned$argnum) {
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(owned$argnum); ++k)
+      if (PyCapsule_SetName(PyList_GET_ITEM(owned$argnum, k), "used_dltensor_versioned") != 0) SWIG_fail;
   }
 }
+%typemap(freearg) const sa_param_options* options { Py_XDECREF(owned$argnum); }
 
 %typemap(in) const sa_step_args* args (sa_step_args storage) {
   const sa_step_args init = SA_STEP_ARGS_INIT;
   storage = init;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!sa_py_fill_step_args($input, &storage)) SWIG_fail;
+    if (!sa_py_fill_struct(SA_STRUCT_STEP_ARGS, "sa_step_args", $input, &storage, NULL)) SWIG_fail;
     $1 = &storage;
   }
 }

@@ -454,11 +454,26 @@ class Optimizer(OwnsHandle):
                              f"got {placement!r}")
         if not margin and all(v is None for v in (grad_dtype, moment_dtype, master, scaling, scale, amax, placement)):
             return None
-        scaling_value = SCALING_INFO[scaling or "none"]["value"]
-        scale_capsule = None if scale is None else to_capsule(scale, self._stream_of(stream))
-        amax_capsule = None if amax is None else to_capsule(amax, self._stream_of(stream))
-        return (to_dtype(grad_dtype), to_dtype(moment_dtype), _MASTER_KINDS[master], scaling_value,
-                scale_capsule, amax_capsule, margin, STATE_PLACEMENTS[placement or "device"])
+        # By sa_param_options' field names (the library's table, sa_struct_field), only those
+        # given: the others keep the library's defaults (sa_struct_default).
+        options = {}
+        if grad_dtype is not None:
+            options["grad_dtype"] = to_dtype(grad_dtype)
+        if moment_dtype is not None:
+            options["moment_dtype"] = to_dtype(moment_dtype)
+        if master is not None:
+            options["master"] = _MASTER_KINDS[master]
+        if scaling is not None:
+            options["scaling"] = SCALING_INFO[scaling]["value"]
+        if margin:
+            options["margin"] = margin
+        if placement is not None:
+            options["state_placement"] = STATE_PLACEMENTS[placement]
+        if scale is not None:
+            options["scale"] = to_capsule(scale, self._stream_of(stream))
+        if amax is not None:
+            options["amax"] = to_capsule(amax, self._stream_of(stream))
+        return options
 
     def _add_capsule(self, name, capsule, group, c_layout, options, versioned):
         """The native add of a checked capsule (versioned or legacy) with options from

@@ -121,6 +121,42 @@ def test_step_args_travel_by_the_names_of_the_librarys_table():
     opt.close()
 
 
+def test_param_options_travel_by_the_names_of_the_librarys_table():
+    """The SWIG layer fills sa_param_options by name from sa_struct_field, the others keeping
+    the library's defaults (sa_struct_default): the table names every field of the struct,
+    an unknown name is a KeyError, a value the table rules out is the library's refusal, and
+    a scale capsule is the library's (renamed "used_...") only when the add succeeds."""
+    import numpy as np
+    kind = _C.SA_STRUCT_PARAM_OPTIONS
+    fields = [_C.sa_struct_field(kind, i)[1] for i in range(_C.sa_struct_num_fields(kind))]
+    assert [f["name"] for f in fields] == ["grad_dtype", "moment_dtype", "master", "scale", "amax", "scaling",
+                                          "margin", "state_placement"]
+    assert [f["type"] for f in fields][:3] == [_C.SA_FIELD_DTYPE, _C.SA_FIELD_DTYPE, _C.SA_FIELD_INT32]
+    assert fields[0]["dtype_role"] == _C.SA_DTYPE_GRAD and fields[1]["dtype_role"] == _C.SA_DTYPE_MOMENT
+    opt = shardadam.Optimizer()
+    handle = opt._handle_or_raise()
+
+    def capsule():
+        return np.zeros(256, dtype=np.float32).__dlpack__(max_version=(1, 0))
+
+    with pytest.raises(KeyError, match="sa_param_options has no field 'moments'"):
+        _C.sa_optimizer_add_param(handle, "w", 0, capsule(), None, {"moments": 1})
+    status, _ = _C.sa_optimizer_add_param(handle, "w", 0, capsule(), None, {"state_placement": 9})
+    assert status == _C.SA_ERR_INVALID_ARGUMENT
+    assert "options.state_placement is 9; it must be an sa_state_placement" in _C.sa_optimizer_last_error(handle)
+    scale = np.ones(1, dtype=np.float32).__dlpack__(max_version=(1, 0))
+    status, _ = _C.sa_optimizer_add_param(handle, "w", 0, capsule(), None, {"scale": scale})
+    assert status == _C.SA_ERR_INVALID_ARGUMENT  # a float32 param takes no scale
+    assert "options.scale is set but the param is not scaled" in _C.sa_optimizer_last_error(handle)
+    assert "used_" not in repr(scale)  # refused: still the caller's
+    status, index = _C.sa_optimizer_add_param(handle, "w", 0, capsule(), None,
+                                              {"moment_dtype": (1, 8, 1), "margin": 0})
+    assert status == _C.SA_OK
+    status, info = _C.sa_optimizer_param_info(handle, index)
+    assert status == _C.SA_OK and tuple(info["moment_dtype"]) == (1, 8, 1)  # uint8: the field arrived
+    opt.close()
+
+
 def test_dtype_table_matches_numpy_and_the_add_param_checks():
     """The library's dtype table (shardadam.dtypes(), read from sa_dtype) against numpy's and
     ml_dtypes' own dtypes, and its param/moment roles against what add_param accepts."""

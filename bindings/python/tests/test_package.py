@@ -21,7 +21,8 @@ NOT_WRAPPED = {"sa_free", "sa_writer_release", "sa_reader_release", "sa_comm_cre
                "sa_optimizer_set_grad_ptrs", "sa_optimizer_get_param_steps", "sa_optimizer_set_param_steps",
                "sa_optimizer_state_keys", "sa_optimizer_checkpoint_keys",  # all three wrapped as state_keys_get
                "sa_optimizer_moment_keys",
-               "sa_optimizer_step_params"}  # an int64_t array: wrapped as step_params
+               "sa_optimizer_step_params",  # an int64_t array: wrapped as step_params
+               "sa_struct_default"}  # a void* struct: the typemaps start from it, the classes from SA_*_INIT
 
 
 PACKAGE = pathlib.Path(shardadam.__file__).resolve().parent
