@@ -93,7 +93,13 @@ type Optimizer struct {
 
 // NewOptimizer creates an empty optimizer. cfg may be nil (defaults).
 func NewOptimizer(cfg *Config) (*Optimizer, error) {
-	config := C.sa_optimizer_config{struct_size: C.sizeof_sa_optimizer_config, cpu_simd: 1}
+	// The library's defaults (sa_struct_default), then the fields cfg sets.
+	config := C.sa_optimizer_config{struct_size: C.sizeof_sa_optimizer_config}
+	if err := handleless(func() C.sa_status {
+		return C.sa_struct_default(C.SA_STRUCT_OPTIMIZER_CONFIG, unsafe.Pointer(&config))
+	}); err != nil {
+		return nil, err
+	}
 	if cfg != nil {
 		config.num_threads = C.int32_t(cfg.NumThreads)
 		if cfg.ScalarOnly {

@@ -1532,10 +1532,19 @@ impl Drop for Optimizer {
 impl Optimizer {
     /// Creates an empty optimizer. `config` `None` gives the defaults.
     pub fn new(config: Option<&Config>) -> Result<Optimizer> {
+        // The library's defaults (sa_struct_default), then the fields `config` sets.
         let mut raw_config = sys::sa_optimizer_config::default();
+        handleless_result(unsafe {
+            sys::sa_struct_default(
+                sys::SA_STRUCT_OPTIMIZER_CONFIG,
+                (&mut raw_config as *mut sys::sa_optimizer_config).cast(),
+            )
+        })?;
         if let Some(c) = config {
             raw_config.num_threads = c.num_threads;
-            raw_config.cpu_simd = if c.scalar_only { 0 } else { 1 };
+            if c.scalar_only {
+                raw_config.cpu_simd = 0;
+            }
         }
         let mut raw = ptr::null_mut();
         handleless_result(unsafe { sys::sa_optimizer_create(&raw_config, &mut raw) })?;
