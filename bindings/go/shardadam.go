@@ -257,6 +257,12 @@ type ParamOptions struct {
 	// StatusOutOfMemory) or StateOnHostCPUStep (host memory the CPU steps). Other values are
 	// refused with StatusInvalidArgument.
 	StatePlacement StatePlacement
+	// Fields sets more number fields of sa_param_options by their C names (the library's
+	// table, sa_struct_field: StructFields(StructParamOptions) lists them), so that an option
+	// of a newer library needs no new member here. The library checks them as it checks the
+	// others; a name it does not know, or a field that is not a number, is refused with
+	// StatusInvalidArgument. A field set both ways takes the value here.
+	Fields map[string]float64
 }
 
 // Param is a registered local shard.
@@ -434,6 +440,9 @@ func (o *Optimizer) addParam(op, name string, group int, t Tensor, numel int64, 
 		grad_dtype: opts.GradDType.dlpackType(), moment_dtype: opts.MomentDType.dlpackType(),
 		master: C.int32_t(opts.Master), scaling: C.int32_t(opts.Scaling),
 		margin: C.int32_t(opts.Margin), state_placement: C.int32_t(opts.StatePlacement)}
+	if err := setFields(op, StructParamOptions, unsafe.Pointer(&options), C.sizeof_sa_param_options, opts.Fields); err != nil {
+		return nil, err
+	}
 	if err := o.lock(op); err != nil {
 		return nil, err
 	}

@@ -32,7 +32,8 @@ from ._comm import Comm, comm_available, nccl_unique_id
 from ._dlpack import State, dtypes, param_scalings
 from ._errors import (CommError, DeviceError, Error, FormatError, InternalError, InvalidArgument, IoError,
                       Mismatch, OutOfMemory, StateError, Status, Unsupported)
-from ._optimizer import Group, Optimizer, ParamInfo, SaveJob, group_defaults, group_fields, inspect, state_io_available
+from ._optimizer import (Group, Optimizer, ParamInfo, SaveJob, group_defaults, group_fields, inspect,
+                         state_io_available, struct_fields)
 from .layout import Box, Mesh, Partial, Replicate, Shard
 
 
@@ -56,7 +57,7 @@ def build_info():
 __all__ = [
     "Optimizer", "Group", "ParamInfo", "SaveJob", "State", "Comm", "nccl_unique_id", "comm_available", "Mesh", "Box", "Shard", "Replicate", "Partial",
     "Error", "Status", "InvalidArgument", "Unsupported", "OutOfMemory", "DeviceError", "CommError", "IoError",
-    "FormatError", "Mismatch", "StateError", "InternalError", "inspect", "state_io_available", "group_defaults", "group_fields", "dtypes", "param_scalings",
+    "FormatError", "Mismatch", "StateError", "InternalError", "inspect", "state_io_available", "group_defaults", "group_fields", "struct_fields", "dtypes", "param_scalings",
     "build_info",
     "__version__",
 ]

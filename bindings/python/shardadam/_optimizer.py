@@ -178,6 +178,29 @@ def group_fields():
     return [dict(f) for f in _schema.FIELDS]
 
 
+# The option structs struct_fields describes, by the name it takes (sa_struct_kind).
+_STRUCT_KINDS = {"group_config": _C.SA_STRUCT_GROUP_CONFIG, "step_args": _C.SA_STRUCT_STEP_ARGS,
+                 "optimizer_config": _C.SA_STRUCT_OPTIMIZER_CONFIG, "param_options": _C.SA_STRUCT_PARAM_OPTIONS,
+                 "import_options": _C.SA_STRUCT_IMPORT_OPTIONS}
+
+
+def struct_fields(kind):
+    """The library's table of an option struct's fields (``sa_struct_field``): one dict per C
+    field, in struct order, with its name, type (``SA_FIELD_*``), default, valid values
+    (min, max, max_inclusive, rule; a dtype field's ``dtype_role``) and doc. ``kind``:
+    ``"group_config"``, ``"step_args"``, ``"optimizer_config"``, ``"param_options"`` or
+    ``"import_options"``."""
+    if kind not in _STRUCT_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(repr(k) for k in _STRUCT_KINDS)}, got {kind!r}")
+    code = _STRUCT_KINDS[kind]
+    out = []
+    for index in range(_C.sa_struct_num_fields(code)):
+        status, info = _C.sa_struct_field(code, index)
+        check(status)
+        out.append(info)
+    return out
+
+
 def group_defaults():
     """The library's default hyperparameters (torch.optim.AdamW's), Python-keyed."""
     return _schema.defaults()
@@ -361,7 +384,7 @@ class Optimizer(OwnsHandle):
         return len(self._names)
 
     def add_param(self, name, tensor, group=0, layout=None, grad_dtype=None, moment_dtype=None, master=None,
-                  *, scaling=None, scale=None, amax=None, margin=0, placement=None, stream=None):
+                  *, scaling=None, scale=None, amax=None, margin=0, placement=None, fields=None, stream=None):
         """Registers a local shard as a param and returns its index.
 
         Args:
@@ -422,12 +445,19 @@ class Optimizer(OwnsHandle):
                 param's state is host memory either way (its ``placement`` reads
                 ``"device"``). Raises :class:`OutOfMemory` when the host cannot pin it, adding
                 nothing.
+            fields: None, or a dict of more ``sa_param_options`` fields by their C names
+                (:func:`shardadam.struct_fields` ``("param_options")`` lists them), numbers as the
+                library's table types them: options of a library newer than these arguments
+                reach it without a new keyword. The library checks them as it checks the others;
+                an unknown name raises KeyError. A field given both ways takes this value.
             stream: the CUDA stream of the DLPack handshake (default: the optimizer's).
         """
         self._handle_or_raise()
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         options = self._options_of(grad_dtype, moment_dtype, master, scaling, scale, amax, margin, placement, stream)
+        if fields:
+            options = dict(options or {}, **fields)
         capsule = to_capsule(tensor, self._stream_of(stream))
         info = CapsuleInfo(capsule)
         if layout is None:

@@ -157,6 +157,31 @@ def test_param_options_travel_by_the_names_of_the_librarys_table():
     opt.close()
 
 
+def test_add_param_takes_more_options_by_the_tables_names():
+    """Optimizer.add_param(fields=...) hands sa_param_options fields by name to the library,
+    which checks them as it checks the others (so an option of a newer library needs no new
+    keyword); struct_fields lists every struct's fields from the library's table."""
+    import numpy as np
+    names = [f["name"] for f in shardadam.struct_fields("param_options")]
+    assert names == ["grad_dtype", "moment_dtype", "master", "scale", "amax", "scaling", "margin", "state_placement"]
+    assert [f["name"] for f in shardadam.struct_fields("optimizer_config")] == ["num_threads", "cpu_simd"]
+    assert [f["name"] for f in shardadam.struct_fields("import_options")][0] == "staging_bytes"
+    assert [f["name"] for f in shardadam.struct_fields("group_config")][0] == "lr"
+    with pytest.raises(ValueError, match="kind must be one of"):
+        shardadam.struct_fields("params")
+    opt = shardadam.Optimizer()
+    with pytest.raises(shardadam.InvalidArgument, match="options.margin is 7; it must be 0 to 6"):
+        opt.add_param("w", np.zeros(8, dtype=np.float32), fields={"margin": 7})
+    with pytest.raises(KeyError, match="sa_param_options has no field 'margins'"):
+        opt.add_param("w", np.zeros(8, dtype=np.float32), fields={"margins": 1})
+    assert opt.num_params == 0
+    # A field given both ways takes the fields= value: the moment dtype arrives as uint8.
+    index = opt.add_param("w", np.zeros(512, dtype=np.float32), moment_dtype="float32",
+                          fields={"moment_dtype": (1, 8, 1)})
+    assert opt.param_info(index).moment_dtype == "uint8"
+    opt.close()
+
+
 def test_dtype_table_matches_numpy_and_the_add_param_checks():
     """The library's dtype table (shardadam.dtypes(), read from sa_dtype) against numpy's and
     ml_dtypes' own dtypes, and its param/moment roles against what add_param accepts."""
