@@ -103,6 +103,16 @@ SA_HD StepDecision fold_decide(const FoldInputs& in) {
   return decide_step(in.clip, in.stats, local_inf, inv_grad_scale);
 }
 
+// The step counts an unskipped fold advances, entry by entry, so that every backend (the
+// CPU backend's loop, the CUDA fold kernel's threads) advances them by this one rule: a
+// group's count at every unskipped step; an active param's (one with a grad in this step)
+// to the count its coefficients are folded for, which this returns (0: the param is
+// inactive and its count stays).
+SA_HD void fold_group_step(const FoldTables& t, int32_t group) { ++t.group_steps[group]; }
+SA_HD int64_t fold_param_step(const FoldTables& t, int32_t param) {
+  return t.param_active[param] ? ++t.param_steps[param] : 0;
+}
+
 // Writes a decision where the core and the Adam launches read it.
 SA_HD void fold_publish(const FoldInputs& in, const StepDecision& d) {
   in.verdict->skip = d.skip ? 1 : 0;

@@ -129,11 +129,11 @@ __global__ void fold_kernel(FoldTables t, FoldInputs in, GroupCoeffs* out) {
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i == 0) fold_publish(in, d);
   if (d.skip) return;
-  if (i < t.num_groups) ++t.group_steps[i];
-  if (i < t.num_params && t.param_active[i]) {
-    const int64_t step = t.param_steps[i] + 1;
-    out[i].l2 = fold_coefficients(t.hyper[t.param_group[i]], step, d.grad_multiplier, out[i].c);
-    t.param_steps[i] = step;
+  if (i < t.num_groups) fold_group_step(t, i);
+  if (i < t.num_params) {
+    const int64_t step = fold_param_step(t, i);
+    if (step != 0)
+      out[i].l2 = fold_coefficients(t.hyper[t.param_group[i]], step, d.grad_multiplier, out[i].c);
   }
 }
 

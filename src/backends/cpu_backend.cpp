@@ -241,14 +241,15 @@ class CpuBackend final : public Backend {
     const kernels::StepDecision d = kernels::fold_decide(in);
     kernels::fold_publish(in, d);
     if (d.skip) return;
-    for (int32_t g = 0; g < t.num_groups; ++g) ++t.group_steps[g];
+    for (int32_t g = 0; g < t.num_groups; ++g) kernels::fold_group_step(t, g);
     coeffs_.clear();
     coeff_index_.clear();
     std::pair<int32_t, int64_t> last_key{-1, 0};  // no group is -1
     int32_t last = -1;
     for (int32_t i = 0; i < t.num_params; ++i) {
-      if (!t.param_active[i]) continue;
-      const std::pair<int32_t, int64_t> key{t.param_group[i], t.param_steps[i] + 1};
+      const int64_t step = kernels::fold_param_step(t, i);
+      if (step == 0) continue;  // no grad in this step
+      const std::pair<int32_t, int64_t> key{t.param_group[i], step};
       if (key != last_key) {  // a run of equal keys costs one compare
         const auto [it, added] =
             coeff_index_.try_emplace(key, static_cast<int32_t>(coeffs_.size()));
@@ -261,7 +262,6 @@ class CpuBackend final : public Backend {
         last_key = key;
       }
       coeff_of_param_[i] = last;
-      t.param_steps[i] = key.second;
     }
   }
 
