@@ -69,6 +69,11 @@ constexpr bool is_block_moment(ElemType t) { return kernels::is_block_storage(t)
 // error messages, so it must name even the dtypes we reject.
 std::string dtype_name(DLDataType dtype);
 
+// Whether an optional dtype option is unset (all zero): it takes its default.
+constexpr bool is_unset(DLDataType dtype) {
+  return dtype.code == 0 && dtype.bits == 0 && dtype.lanes == 0;
+}
+
 inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }

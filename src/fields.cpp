@@ -53,7 +53,7 @@ constexpr bool is_default(T value, double default_value) {
   if constexpr (std::is_pointer_v<T>)
     return value == nullptr;
   else if constexpr (std::is_same_v<T, DLDataType>)
-    return value.code == 0 && value.bits == 0 && value.lanes == 0;  // unset
+    return is_unset(value);
   else
     return value == static_cast<T>(default_value);
 }
@@ -109,22 +109,6 @@ static_assert(param_field("margin").max == kernels::kMaxCurrentMargin,
               "sa_param_options.margin's bound is not kernels::kMaxCurrentMargin");
 static_assert(param_field("scaling").max == kernels::kNumParamScalings - 1,
               "sa_param_options.scaling's bound is not kernels/param_scaling.h's last scaling");
-
-// The size of a struct kind of schema::struct_table.
-std::size_t struct_bytes(int32_t kind) {
-  switch (kind) {
-    case SA_STRUCT_STEP_ARGS:
-      return sizeof(sa_step_args);
-    case SA_STRUCT_OPTIMIZER_CONFIG:
-      return sizeof(sa_optimizer_config);
-    case SA_STRUCT_PARAM_OPTIONS:
-      return sizeof(sa_param_options);
-    case SA_STRUCT_IMPORT_OPTIONS:
-      return sizeof(sa_import_options);
-    default:
-      return 0;
-  }
-}
 
 schema::StructTable known_table(int32_t kind) {
   const schema::StructTable t = schema::struct_table(kind);
@@ -203,7 +187,7 @@ void check_fields(int32_t kind, const void* s, const std::string& context, const
     if (f.type == SA_FIELD_DTYPE) {
       DLDataType v;
       std::memcpy(&v, static_cast<const char*>(s) + f.offset, sizeof v);
-      if (v.code == 0 && v.bits == 0 && v.lanes == 0) continue;  // unset: the default
+      if (is_unset(v)) continue;  // the default
       const auto type = elem_type_of(v);
       if (!type || (elem_roles(*type) & static_cast<uint32_t>(f.role)) == 0)
         fail(SA_ERR_UNSUPPORTED, where, f.name, " is ", dtype_name(v), "; it must be unset or ",
@@ -269,7 +253,7 @@ void write_defaults(int32_t kind, void* out) {
     return;
   }
   const schema::StructTable t = known_table(kind);
-  const std::size_t bytes = struct_bytes(kind);
+  const std::size_t bytes = t.bytes;
   if (size < sizeof(std::size_t))
     fail(SA_ERR_INVALID_ARGUMENT, "out: struct_size ", size,
          " is too small; set it to the struct's size");

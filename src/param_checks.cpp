@@ -86,7 +86,7 @@ MasterKind resolve_master(int32_t requested, ElemType param_type, const std::str
 // An optional dtype option that check_fields let through: unset (all zero) is `fallback`,
 // else a dtype of the library's with the field's role.
 ElemType resolve_optional_dtype(DLDataType requested, ElemType fallback) {
-  if (requested.bits == 0 && requested.code == 0 && requested.lanes == 0) return fallback;
+  if (is_unset(requested)) return fallback;
   return *elem_type_of(requested);
 }
 

@@ -229,6 +229,7 @@ struct StructTable {
   const char* struct_name;
   const StructField* fields;
   int32_t count;
+  std::size_t bytes;  // sizeof the struct
 };
 
 #define SA_SCHEMA_FIELD_ROW(s, name, type, default_value, min, max, rule, why, role, doc) \
@@ -247,26 +248,26 @@ inline constexpr StructField kImportFields[] = {SA_IMPORT_OPTIONS_FIELDS(SA_IMPO
 #undef SA_IMPORT_ROW
 #undef SA_SCHEMA_FIELD_ROW
 
-template <std::size_t N>
+template <class S, std::size_t N>
 constexpr StructTable table_of(const char* name, const StructField (&fields)[N]) {
-  return {name, fields, static_cast<int32_t>(N)};
+  return {name, fields, static_cast<int32_t>(N), sizeof(S)};
 }
-inline constexpr int32_t kNumStepFields = table_of("", kStepFields).count;
+inline constexpr int32_t kNumStepFields = table_of<sa_step_args>("", kStepFields).count;
 
 // The table of an sa_struct_kind other than SA_STRUCT_GROUP_CONFIG (whose table is
 // kGroupFields), or a table of no fields for a kind this library does not know.
 constexpr StructTable struct_table(int32_t kind) {
   switch (kind) {
     case SA_STRUCT_STEP_ARGS:
-      return table_of("sa_step_args", kStepFields);
+      return table_of<sa_step_args>("sa_step_args", kStepFields);
     case SA_STRUCT_OPTIMIZER_CONFIG:
-      return table_of("sa_optimizer_config", kConfigFields);
+      return table_of<sa_optimizer_config>("sa_optimizer_config", kConfigFields);
     case SA_STRUCT_PARAM_OPTIONS:
-      return table_of("sa_param_options", kParamOptionFields);
+      return table_of<sa_param_options>("sa_param_options", kParamOptionFields);
     case SA_STRUCT_IMPORT_OPTIONS:
-      return table_of("sa_import_options", kImportFields);
+      return table_of<sa_import_options>("sa_import_options", kImportFields);
     default:
-      return {"", nullptr, 0};
+      return {"", nullptr, 0, 0};
   }
 }
 

@@ -102,36 +102,32 @@ func setFields(op string, kind StructKind, s unsafe.Pointer, size C.size_t, valu
 			}
 			return bindingError(StatusInvalidArgument, "%s: the options have no field '%s' (the library's: %v)", op, name, known)
 		}
+		width := uintptr(8) // a double or a uint64
+		switch f.Type {
+		case C.SA_FIELD_DOUBLE, C.SA_FIELD_UINT64:
+		case C.SA_FIELD_FLAG, C.SA_FIELD_INT32:
+			width = 4
+		default:
+			return bindingError(StatusInvalidArgument, "%s: options field '%s' is not a number (set it through its own member)", op, name)
+		}
+		if f.Offset+width > uintptr(size) {
+			return bindingError(StatusInvalidArgument, "%s: options field '%s' lies past this package's struct (a newer library's field)", op, name)
+		}
 		at := unsafe.Add(s, f.Offset)
 		switch f.Type {
 		case C.SA_FIELD_DOUBLE:
-			if f.Offset+8 > uintptr(size) {
-				break
-			}
 			*(*float64)(at) = v
-			continue
-		case C.SA_FIELD_FLAG, C.SA_FIELD_INT32:
-			if f.Offset+4 > uintptr(size) {
-				break
-			}
-			if v != math.Trunc(v) || v < math.MinInt32 || v > math.MaxInt32 {
-				return bindingError(StatusInvalidArgument, "%s: options field '%s' is %v, not an int32", op, name, v)
-			}
-			*(*int32)(at) = int32(v)
-			continue
 		case C.SA_FIELD_UINT64:
-			if f.Offset+8 > uintptr(size) {
-				break
-			}
 			if v != math.Trunc(v) || v < 0 || v >= 1<<64 {
 				return bindingError(StatusInvalidArgument, "%s: options field '%s' is %v, not a uint64", op, name, v)
 			}
 			*(*uint64)(at) = uint64(v)
-			continue
 		default:
-			return bindingError(StatusInvalidArgument, "%s: options field '%s' is not a number (set it through its own member)", op, name)
+			if v != math.Trunc(v) || v < math.MinInt32 || v > math.MaxInt32 {
+				return bindingError(StatusInvalidArgument, "%s: options field '%s' is %v, not an int32", op, name, v)
+			}
+			*(*int32)(at) = int32(v)
 		}
-		return bindingError(StatusInvalidArgument, "%s: options field '%s' lies past this package's struct (a newer library's field)", op, name)
 	}
 	return nil
 }
