@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "shardadam/shardadam.h"
 
@@ -22,12 +24,38 @@ class Error : public std::runtime_error {
   sa_status status_;
 };
 
+namespace detail {
+
+// One part of concat(): text and integers are appended directly (a context string such as
+// "param 'w'" is made for every param an optimizer takes, and an ostringstream costs its
+// locale's facets each time); anything else is written as its operator<< writes it, in a
+// stream of its own (so a manipulator such as std::hex would reach no other part).
+template <class T>
+void append_part(std::string& out, const T& part) {
+  if constexpr (std::is_pointer_v<T> && std::is_convertible_v<const T&, std::string_view>) {
+    out += part != nullptr ? std::string_view(part) : std::string_view("(null)");
+  } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(part);
+  } else if constexpr (std::is_same_v<T, char>) {
+    out += part;
+  } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> &&
+                       !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char>) {
+    out += std::to_string(part);  // as operator<< writes it (char types print as characters)
+  } else {
+    std::ostringstream stream;
+    stream << part;
+    out += stream.str();
+  }
+}
+
+}  // namespace detail
+
 // Concatenates anything streamable: fail(SA_ERR_MISMATCH, "param '", name, "': ...").
 template <class... Parts>
 std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  (detail::append_part(out, parts), ...);
+  return out;
 }
 
 template <class... Parts>
