@@ -20,7 +20,10 @@ device is synchronized before each call). On the CPU the step's arithmetic runs 
 call, so the params are tiny (16 elements) to keep the host's share visible; the intake
 line is host work only on both. Medians of --repeat calls.
 
-Usage: python3 bench/python_host_step.py [--device cpu|cuda] [--quick]
+With --profile, a cProfile breakdown of each step by function follows the table's inputs
+(before the table).
+
+Usage: python3 bench/python_host_step.py [--device cpu|cuda] [--quick] [--profile]
 """
 import argparse
 import os
@@ -53,6 +56,29 @@ def median_call_ms(call, device, repeat, before=None):
     return statistics.median(times) * 1e3
 
 
+def print_profile(label, call, device, repeat, before=None, top=14):
+    """cProfile of `repeat` calls of call() (before() untimed ahead of each): where the host
+    time goes, by function, ordered by own time."""
+    import cProfile
+    import pstats
+    profile = cProfile.Profile()
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        sync(device)
+        profile.enable()
+        call()
+        profile.disable()
+    sync(device)
+    print(f"\n# cProfile of {label}, {repeat} calls (own time per call in us; cProfile adds its own overhead)")
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]
+    for (filename, line, function), (_, calls, own, cumulative, _) in rows:
+        where = f"{os.path.basename(filename)}:{line}({function})" if line else function
+        print(f"#   {own / repeat * 1e6:9.1f} us own {cumulative / repeat * 1e6:9.1f} us cumulative "
+              f"{calls // repeat:7d} calls  {where}")
+
+
 def init_mesh(device):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -65,7 +91,7 @@ def init_mesh(device):
     return init_device_mesh(device.type, (1,))
 
 
-def dtensor_step(device, n, numel, repeat):
+def dtensor_step(device, n, numel, repeat, profile=False):
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     mesh = init_mesh(device)
     torch.manual_seed(0)
@@ -106,6 +132,9 @@ def dtensor_step(device, n, numel, repeat):
                                                                      if device.type == "cuda" else None),
                                  device, repeat, lambda: (fresh_grads(ours_params)(), ours._bind_grads())),
     }
+    if profile:
+        print_profile(f"step() at {n} DTensor params, fresh grads", ours.step, device, repeat,
+                      fresh_grads(ours_params))
     import torch.distributed as dist
     dist.destroy_process_group()
     return results
@@ -127,7 +156,7 @@ def construction(device, n, repeat):
     return min(ours), min(theirs)
 
 
-def steady_step(device, n, repeat):
+def steady_step(device, n, repeat, profile=False):
     torch.manual_seed(1)
     ours_params = [torch.nn.Parameter(torch.randn(16, device=device)) for _ in range(n)]
     torch_params = [torch.nn.Parameter(p.detach().clone()) for p in ours_params]
@@ -143,8 +172,21 @@ def steady_step(device, n, repeat):
         for p in ours_params:
             p.grad
 
-    return (median_call_ms(ours.step, device, repeat), median_call_ms(reference.step, device, repeat),
-            median_call_ms(read_grads, device, repeat))
+    def native_step():
+        ours.native._step_addresses(None, None, torch.cuda.current_stream().cuda_stream
+                                    if device.type == "cuda" else None)
+
+    results = {
+        "ours": median_call_ms(ours.step, device, repeat),
+        "torch": median_call_ms(reference.step, device, repeat),
+        "floor": median_call_ms(read_grads, device, repeat),
+        "intake": median_call_ms(lambda: (ours._bind_grads(), ours._unbind_grads()), device, repeat),
+        "native": median_call_ms(native_step, device, repeat, ours._bind_grads),
+    }
+    ours._unbind_grads()
+    if profile:
+        print_profile(f"step() at {n} params, stable grads", ours.step, device, repeat)
+    return results
 
 
 def main():
@@ -153,6 +195,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--dtensor-params", type=int, default=1516)
     parser.add_argument("--many-params", type=int, default=100_000)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print a cProfile breakdown of both steps (by function, own time)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -165,7 +209,7 @@ def main():
     print("# host-time numbers from a shared or loaded machine are indicative only")
     rows = []
 
-    d = dtensor_step(device, args.dtensor_params, 64, repeat)
+    d = dtensor_step(device, args.dtensor_params, 64, repeat, args.profile)
     n = args.dtensor_params
     rows.append((f"step, {n} DTensor params, fresh grads", d["ours"], d["torch"],
                  f"step - floor = {d['ours'] - d['floor']:.3f} ms (target <= 0.25)"))
@@ -180,10 +224,12 @@ def main():
     ours_s, torch_s = construction(device, m, 1 if args.quick else 3)
     rows.append((f"construction, {m} params", ours_s * 1e3, torch_s * 1e3,
                  f"{ours_s:.3f} s (target <= 0.5 s and <= 10x torch: {ours_s / torch_s:.1f}x)"))
-    ours_ms, torch_ms, floor_ms = steady_step(device, m, max(3, repeat // 3))
-    rows.append((f"steady step, {m} params of 16 elements", ours_ms, torch_ms,
-                 f"{ours_ms / floor_ms:.2f}x the floor (target <= 1.5x)"))
-    rows.append(("  floor: reading every p.grad once in Python", floor_ms, None, ""))
+    st = steady_step(device, m, max(3, repeat // 3), args.profile)
+    rows.append((f"steady step, {m} params of 16 elements", st["ours"], st["torch"],
+                 f"{st['ours'] / st['floor']:.2f}x the floor (target <= 1.5x)"))
+    rows.append(("  of which: grad intake (bind + unbind all grads)", st["intake"], None, ""))
+    rows.append(("  of which: the native step (C, grads bound)", st["native"], None, ""))
+    rows.append(("  floor: reading every p.grad once in Python", st["floor"], None, ""))
 
     print(f"{'measurement':58s} {'FusedAdam ms':>13s} {'torch ms':>10s} {'ours/torch':>10s} {'per param us':>12s}  target")
     for i, (label, ours_v, torch_v, target) in enumerate(rows):

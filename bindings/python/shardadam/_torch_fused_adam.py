@@ -1,7 +1,9 @@
 """FusedAdam: torch.optim.Optimizer over shardadam (imported lazily by shardadam.torch)."""
 import contextlib
 import copy
+import functools
 import gc
+from itertools import chain
 
 import torch
 from torch.utils.dlpack import to_dlpack
@@ -198,6 +200,58 @@ def _hyperparameters(group):
 
 
 _no_subclass_torch_function = torch._C.DisableTorchFunctionSubclass
+_PLAIN_NUMBERS = (float, int, bool, type(None))  # hyperparameter values that cannot change in place
+
+try:  # the step hooks every torch optimizer runs (register_optimizer_step_pre_hook and post)
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    _profiler_enabled = torch._C._autograd._profiler_enabled
+except (ImportError, AttributeError):  # another torch: its own wrapper (profile_hook_step) hooks step
+    _global_optimizer_pre_hooks = _global_optimizer_post_hooks = _profiler_enabled = None
+
+
+def _hooked_step(func):
+    """FusedAdam.step as torch's ``Optimizer.profile_hook_step`` wraps every optimizer's step:
+    the global and the optimizer's own step pre-hooks (which may replace the arguments),
+    the step, ``_optimizer_step_code`` (the profiler's Python-tracing entry), the post-hooks;
+    under torch.compile all of it opaque to Dynamo (a graph break: it runs eagerly).
+
+    Two costs of torch's wrapper are left out, the same behaviour kept: its profiler range
+    (``record_function``) opens only while a profiler records, and the torch.compile guard
+    (``torch.compiler.disable``, an eval-frame switch at every call) only while Dynamo
+    traces. Together they were ~40% of the Python around the native step (cProfile, 1,516
+    params, bench/python_host_step.py --profile). Where torch lacks what this needs, torch's
+    own wrapper hooks the step instead."""
+    if _profiler_enabled is None:
+        return torch.compiler.disable(func)
+
+    def run(*args, **kwargs):
+        self = args[0]
+        for pre_hook in chain(_global_optimizer_pre_hooks.values(), self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"{func} must return None or a tuple of (new_args, new_kwargs), but got "
+                                       f"{result}.")
+                args, kwargs = result
+        out = func(*args, **kwargs)
+        self._optimizer_step_code()
+        for post_hook in chain(self._optimizer_step_post_hooks.values(), _global_optimizer_post_hooks.values()):
+            post_hook(self, args, kwargs)
+        return out
+
+    opaque = torch.compiler.disable(run)
+
+    @functools.wraps(func)
+    def step(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return opaque(*args, **kwargs)
+        if _profiler_enabled():
+            with torch.autograd.profiler.record_function(f"Optimizer.step#{type(args[0]).__name__}.step"):
+                return run(*args, **kwargs)
+        return run(*args, **kwargs)
+
+    step.hooked = True  # torch's Optimizer.__init__ then leaves it as it is
+    return step
 
 
 @contextlib.contextmanager
@@ -457,7 +511,8 @@ class FusedAdam(torch.optim.Optimizer):
         self._placements = []      # per param: its DTensor placements tuple (None: a plain tensor)
         self._seen_placements = []  # per param: grad placements last found equal to those (a cache)
         self._names = []           # native param index -> name (for the errors of the grad intake)
-        self._pushed = []
+        self._pushed = []          # per group: the hyperparameters the native group holds
+        self._pushed_raw = []      # per group: its raw values then, where comparing them is enough
         self._scalars = None       # device buffer: [1 / grad_scale, found_inf]
         self._stepped = False
         self.max_grad_norm = max_grad_norm
@@ -477,7 +532,9 @@ class FusedAdam(torch.optim.Optimizer):
             self.native = Optimizer(**hyperparameters, num_threads=self._num_threads)
         else:
             self.native.add_group(**hyperparameters)
-        self._pushed.append(hyperparameters)
+        self._pushed.append(None)
+        self._pushed_raw.append(None)
+        self._record_pushed(len(self._pushed) - 1, group, hyperparameters)
 
     def add_param_group(self, param_group):
         """Adds a param group (as ``torch.optim.Optimizer.add_param_group``) and registers
@@ -622,8 +679,8 @@ class FusedAdam(torch.optim.Optimizer):
 
     # ---- step ----------------------------------------------------------------------------
     # Opaque to torch.compile: Dynamo does not trace the native call (nor the DLPack
-    # handshakes), it breaks the graph around the step and runs it eagerly.
-    @torch.compiler.disable
+    # handshakes), it breaks the graph around the step and runs it eagerly (_hooked_step).
+    @_hooked_step
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale=None, found_inf=None):
         """One optimizer step over every param (see the class docstring).
@@ -843,7 +900,8 @@ class FusedAdam(torch.optim.Optimizer):
         shown = list(dict.keys(self.state))  # the params that are keys of self.state
         steps = [group.step for group in old_native.param_groups]
         param_steps = _torch_state_dict.param_steps(self)
-        self.native, self._entries, self._entry_of, self._params, self._pushed = None, [], {}, [], []
+        self.native, self._entries, self._entry_of, self._params = None, [], {}, []
+        self._pushed, self._pushed_raw = [], []
         self._placements, self._seen_placements = [], []
         self.state.clear()  # old_states holds the old entries; the new ones are made on first read
         self._names = []
@@ -862,7 +920,12 @@ class FusedAdam(torch.optim.Optimizer):
         old_native.close()
 
     def _push_hyperparameters(self):
+        """Gives the native groups the param groups' hyperparameters where they changed (an
+        LR scheduler's lr, most often). A group whose raw values are the ones last pushed,
+        all plain numbers, is skipped without converting them."""
         for index, group in enumerate(self.param_groups):
+            if self._pushed_raw[index] is not None and tuple(map(group.get, _schema.KEYS)) == self._pushed_raw[index]:
+                continue
             hyperparameters = _hyperparameters(group)
             pushed = self._pushed[index]
             if hyperparameters != pushed:
@@ -871,7 +934,18 @@ class FusedAdam(torch.optim.Optimizer):
                     native_group.lr = hyperparameters["lr"]
                 else:
                     native_group.update(**hyperparameters)
-                self._pushed[index] = hyperparameters
+            self._record_pushed(index, group, hyperparameters)
+
+    def _record_pushed(self, index, group, hyperparameters):
+        """Notes that native group `index` holds `hyperparameters`, read from torch's `group`.
+        Its raw values are kept for the next step's comparison only when they are immutable
+        numbers (floats, ints, bools, tuples of them, None): a tensor lr changes in place, and
+        so could a list of betas, without the group's values changing identity."""
+        raw = tuple(map(group.get, _schema.KEYS))
+        plain = all(type(v) in _PLAIN_NUMBERS or (type(v) is tuple and all(type(x) in _PLAIN_NUMBERS for x in v))
+                    for v in raw)
+        self._pushed[index] = hyperparameters
+        self._pushed_raw[index] = raw if plain else None
 
     # ---- copies ----------------------------------------------------------------------------
     def __getstate__(self):

@@ -648,7 +648,7 @@ def after_shard_files_loaded(optimizer):
     next step."""
     for index, group in enumerate(optimizer.param_groups):
         _fused.set_group_hyperparameters(group, optimizer.native.param_groups[index].config())
-        optimizer._pushed[index] = _fused._hyperparameters(group)
+        optimizer._record_pushed(index, group, _fused._hyperparameters(group))
     check_masters_at_next_step(optimizer)
 
 

@@ -206,6 +206,96 @@ def test_a_compiled_training_step_calls_the_optimizer():
     assert compiled_opt.native.param_groups[0].step == 3
 
 
+# ---- hyperparameters changed between steps, step hooks ---------------------------------------------
+
+
+def _set_lr(group, step):
+    group["lr"] = 3e-3 / (1 + step)
+
+
+def _mutate_betas_list(group, step):  # a list, then the same list object changed in place
+    if step == 1:
+        group["betas"] = [0.85, 0.99]
+    else:
+        group["betas"][0] = 0.9 - 0.1 * step
+
+
+def _fill_tensor_lr(group, step):  # the same tensor object, changed in place
+    group["lr"].fill_(3e-3 / (1 + step))
+
+
+def _set_weight_decay(group, step):
+    group["weight_decay"] = 0.05 * step
+
+
+CHANGES = {"lr": (_set_lr, {}), "betas list in place": (_mutate_betas_list, {}),
+           "tensor lr in place": (_fill_tensor_lr, {"lr": torch.tensor(3e-3)}),
+           "weight_decay": (_set_weight_decay, {})}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_hyperparameters_changed_between_steps_reach_each_step(change):
+    """A group's values changed between steps (by assignment, or in place where the value
+    is mutable) reach the next step, as torch.optim.AdamW reads them: the step compares
+    a group's raw values with those last pushed, and must not take an in-place change for
+    no change."""
+    mutate, given = CHANGES[change]
+    model, ref_model = make_model(), make_model()
+    hyper = dict(HYPER, **given)
+    ref_hyper = dict(HYPER, **{k: (v.clone() if isinstance(v, torch.Tensor) else list(v)) for k, v in given.items()})
+    ours = FusedAdam(model.parameters(), **hyper)
+    reference = torch.optim.AdamW(ref_model.parameters(), **ref_hyper, foreach=False, fused=False)
+    for step in range(4):
+        for m in (model, ref_model):
+            m.zero_grad(set_to_none=True)
+            backward(m, step)
+        if step:
+            mutate(ours.param_groups[0], step)
+            mutate(reference.param_groups[0], step)
+        ours.step()
+        reference.step()
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, atol=ATOL, rtol=RTOL)
+
+
+def test_step_hooks_run_around_each_step_as_torchs_optimizers_run_them():
+    """The global and the optimizer's own pre- and post-hooks run once per step, in torch's
+    order, with the step's arguments; a pre-hook's (args, kwargs) replace them; a profiler
+    records the step under torch's name for it."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    model = make_model()
+    opt = FusedAdam(model.parameters(), **HYPER)
+    calls = []
+    handles = [
+        register_optimizer_step_pre_hook(lambda o, args, kwargs: calls.append(("global pre", o is opt))),
+        opt.register_step_pre_hook(lambda o, args, kwargs: calls.append(("pre", len(args), dict(kwargs)))),
+        opt.register_step_post_hook(lambda o, args, kwargs: calls.append(("post", len(args), dict(kwargs)))),
+        register_optimizer_step_post_hook(lambda o, args, kwargs: calls.append(("global post", o is opt))),
+    ]
+    try:
+        backward(model, 0)
+        opt.step()
+        assert calls == [("global pre", True), ("pre", 1, {}), ("post", 1, {}), ("global post", True)]
+        calls.clear()
+        # A pre-hook that replaces the arguments: the step runs the closure it gives.
+        closure_ran = []
+
+        def closure():
+            closure_ran.append(True)
+            return torch.tensor(1.5)
+
+        replace = opt.register_step_pre_hook(lambda o, args, kwargs: (args, {"closure": closure}))
+        assert opt.step() == 1.5 and closure_ran == [True]
+        assert calls[-2:] == [("post", 1, {"closure": closure}), ("global post", True)]
+        replace.remove()
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        opt.step()
+    assert "Optimizer.step#FusedAdam.step" in {event.name for event in profiler.events()}
+
+
 def test_a_channels_last_param_is_refused_with_advice_that_keeps_it_in_the_model():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 4, 1))
     model = model.to(memory_format=torch.channels_last)
