@@ -189,6 +189,10 @@ void Stepper::upload_tables(void* stream) {
     copied_groups_ = groups;
     copied_params_ = params;
     copied_hyper_version_ = copied_params_version_ = ~uint64_t{0};
+    uploaded_active_.clear();  // the new copy holds nothing yet
+    // A param's group never changes: the table changes only by growing, as here.
+    backend_->upload(param_group_copy_->data(), param_group_.data(), params * sizeof(int32_t),
+                     stream);
   }
   if (copied_hyper_version_ != hyper_version_) {
     backend_->upload(hyper_copy_->data(), hyper_.data(), groups * sizeof(kernels::AdamHyper),
@@ -196,15 +200,17 @@ void Stepper::upload_tables(void* stream) {
     copied_hyper_version_ = hyper_version_;
   }
   if (copied_params_version_ != params_version_) {
-    backend_->upload(param_group_copy_->data(), param_group_.data(), params * sizeof(int32_t),
-                     stream);
-    const uint8_t* active = param_active_.data();
-    if (!subset_.empty()) {
-      active_scratch_.resize(params);
-      for (std::size_t i = 0; i < params; ++i) active_scratch_[i] = param_active_[i] & subset_[i];
-      active = active_scratch_.data();
+    // The active table as the fold reads it. An engine that binds every grad before a step
+    // and unbinds them after it (FusedAdam) flips each flag twice between two steps and
+    // leaves it as it was: the table goes up only when it differs from the copy's.
+    active_scratch_.resize(params);
+    for (std::size_t i = 0; i < params; ++i)
+      active_scratch_[i] = subset_.empty() ? param_active_[i] : param_active_[i] & subset_[i];
+    if (active_scratch_ != uploaded_active_) {
+      backend_->upload(param_active_copy_->data(), active_scratch_.data(), params * sizeof(uint8_t),
+                       stream);
+      uploaded_active_ = active_scratch_;
     }
-    backend_->upload(param_active_copy_->data(), active, params * sizeof(uint8_t), stream);
     copied_params_version_ = params_version_;
   }
 }

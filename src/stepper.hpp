@@ -130,9 +130,10 @@ class Stepper {
   std::vector<int32_t> param_group_;       // per param
   std::vector<uint8_t> param_active_;      // per param: 1 = has a grad
   std::vector<uint8_t> subset_;            // set_subset's (empty: every param)
-  std::vector<uint8_t> active_scratch_;    // param_active_ & subset_, as uploaded
+  std::vector<uint8_t> active_scratch_;    // param_active_ & subset_, as the fold reads it
+  std::vector<uint8_t> uploaded_active_;   // what param_active_copy_ holds (empty: nothing yet)
   uint64_t hyper_version_ = 0;             // bumped by every change of hyper_
-  uint64_t params_version_ = 0;            // ... of param_group_ or param_active_
+  uint64_t params_version_ = 0;            // ... of param_group_, param_active_ or subset_
 
   // Their backend copies, and which versions those hold.
   std::shared_ptr<Buffer> hyper_copy_, param_group_copy_, param_active_copy_;

@@ -75,6 +75,33 @@ TEST_CASE("a param without a grad is skipped: unchanged bit for bit, its step co
   CHECK(step_count(f.opt.get(), 0) == 6);  // the group counts the optimizer's steps
 }
 
+TEST_CASE("grads bound before each step and all unbound after it (FusedAdam's way): each step skips "
+          "exactly the params bound without a grad, whether the pattern repeats or changes",
+          "[grads][steps]") {
+  Trio f;
+  // Repeated patterns leave the active table as the last step's (its upload is skipped);
+  // changed ones must reach the step.
+  const bool present[7][3] = {{1, 1, 1}, {1, 1, 1}, {1, 0, 1}, {1, 0, 1}, {0, 1, 1}, {1, 1, 1}, {1, 1, 1}};
+  std::vector<int64_t> want_steps = {0, 0, 0};
+  const DLTensor* none[3] = {nullptr, nullptr, nullptr};
+  for (int step = 0; step < 7; ++step) {
+    f.fresh_grads();
+    DLTensor g[3];
+    const DLTensor* grads[3];
+    for (int i = 0; i < 3; ++i) {
+      g[i] = f.grad(i).dl();
+      grads[i] = present[step][i] ? &g[i] : nullptr;
+    }
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+    INFO("step " << step);
+    f.step_and_check(present[step], want_steps);
+    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, none));
+    for (int i = 0; i < 3; ++i) want_steps[i] += present[step][i] ? 1 : 0;
+    CHECK(param_steps(f.opt.get()) == want_steps);
+  }
+  CHECK(want_steps == std::vector<int64_t>{6, 5, 7});
+}
+
 TEST_CASE("per-param step counts set to [6, 6, 3] give each param torch's bias correction at its own count",
           "[steps]") {
   Trio f;
