@@ -56,9 +56,12 @@
 #![warn(missing_docs)]
 
 mod comm;
+mod fields;
 mod tensor;
 
 pub use comm::{Comm, NcclUniqueId, ReduceOp};
+pub use fields::{struct_fields, FieldType, StructField, StructKind};
+use fields::OptionStruct;
 use shardadam_sys as sys;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -762,8 +765,8 @@ pub fn scalings() -> Vec<ScalingInfo> {
 /// [`Optimizer::add_fp8_tensor`]: they are owned tensors that move into the optimizer
 /// with the param (or are dropped with it when the library refuses it), while options
 /// are plain values a caller copies, compares and reuses across params (hence `Clone`
-/// and `Eq`). `scaling` and `margin` are such values and stay here.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// and `PartialEq`). `scaling` and `margin` are such values and stay here.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ParamOptions {
     /// Where the shard sits in its global tensor; `None`: not sharded.
     pub layout: Option<Layout>,
@@ -787,11 +790,29 @@ pub struct ParamOptions {
     /// library refuses the param with [`Status::OutOfMemory`]) or
     /// [`StatePlacement::HostCpuStep`] (host memory the CPU steps).
     pub state_placement: StatePlacement,
+    /// More `sa_param_options` number fields by the library's names
+    /// ([`struct_fields`]`(`[`StructKind::ParamOptions`]`)`), written after the members
+    /// above (a name here overrides its member). A field this crate has no member for (a
+    /// newer library's) is reached this way, at the library's offset. A name the library
+    /// does not know, a dtype or pointer field, or a value its C type cannot hold is
+    /// [`Status::InvalidArgument`] before anything is added; the ranges are the library's.
+    ///
+    /// ```
+    /// use shardadam::{Optimizer, ParamOptions};
+    ///
+    /// let mut opt = Optimizer::new(None)?;
+    /// let group = opt.add_group(&Default::default())?;
+    /// let options = ParamOptions { fields: vec![("margin".into(), 7.0)], ..Default::default() };
+    /// let refused = opt.add_param("w", group, &[2], vec![1.0, 2.0], Some(&options)).unwrap_err();
+    /// assert!(refused.message.contains("margin"), "{}", refused.message);
+    /// # Ok::<(), shardadam::Error>(())
+    /// ```
+    pub fields: Vec<(String, f64)>,
 }
 
 impl ParamOptions {
     /// The `sa_param_options` of these choices (the layout goes separately).
-    fn raw(&self) -> Result<sys::sa_param_options> {
+    fn raw(&self) -> Result<OptionStruct> {
         let mut raw = sys::sa_param_options::default();
         if let Some(d) = self.grad_dtype {
             raw.grad_dtype = d.dlpack()?;
@@ -808,7 +829,7 @@ impl ParamOptions {
         raw.scaling = self.scaling.code();
         raw.margin = self.margin;
         raw.state_placement = self.state_placement.code();
-        Ok(raw)
+        OptionStruct::new("add_param", StructKind::ParamOptions, &raw, &self.fields)
     }
 }
 
@@ -1816,8 +1837,10 @@ impl Optimizer {
             p.as_ref()
                 .map_or(ptr::null_mut(), |p| p.handed().versioned_ptr())
         };
-        raw_options.scale = managed(&scale);
-        raw_options.amax = managed(&amax);
+        let head = raw_options.head_mut::<sys::sa_param_options>();
+        head.scale = managed(&scale);
+        head.amax = managed(&amax);
+        let options_ptr = raw_options.as_ptr::<sys::sa_param_options>();
         let legacy = handed.handed().legacy_ptr();
         let versioned = handed.handed().versioned_ptr();
 
@@ -1834,7 +1857,7 @@ impl Optimizer {
                         group as i32,
                         m,
                         layout,
-                        &raw_options,
+                        options_ptr,
                         index,
                     ),
                     None => sys::sa_optimizer_add_param(
@@ -1843,7 +1866,7 @@ impl Optimizer {
                         group as i32,
                         versioned,
                         layout,
-                        &raw_options,
+                        options_ptr,
                         index,
                     ),
                 }
