@@ -56,3 +56,55 @@ func TestParamOptionsFieldsTravelByName(t *testing.T) {
 		t.Fatalf("AddParam with master 1 (SA_MASTER_NONE) by name: %v", err)
 	}
 }
+
+// LoadOptions.Fields reaches sa_import_options by the table's names: allow_missing by name
+// lets a param absent from the files keep its state, restore_groups 0 by name keeps the
+// groups (over the typed KeepGroups false), the library refuses a flag of 2, and an
+// unknown name is refused before anything is read.
+func TestLoadOptionsFieldsTravelByName(t *testing.T) {
+	saved := newOptimizer(t)
+	mustAddGroup(t, saved, GroupConfig{"lr": 0.25})
+	w, err := saved.AddParam("w", 0, []int64{6}, []float32{1, 2, 3, 4, 5, 6}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := saved.SetGrad(w, []float32{1, -1, 1, -1, 1, -1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := saved.Step(); err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/rank0.safetensors"
+	if err := saved.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	want, err := saved.State(w, "exp_avg")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	opt := newOptimizer(t)
+	mustAddGroup(t, opt, GroupConfig{"lr": 0.5})
+	w2, err := opt.AddParam("w", 0, []int64{6}, make([]float32, 6), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opt.AddParam("extra", 0, []int64{3}, make([]float32, 3), nil); err != nil {
+		t.Fatal(err)
+	}
+	paths := []string{path}
+	expectError(t, "extra missing", opt.Load(paths, nil), StatusMismatch, "'extra'")
+	expectError(t, "flag of 2", opt.Load(paths, &LoadOptions{Fields: map[string]float64{"allow_missing": 2}}),
+		StatusInvalidArgument, "allow_missing is 2")
+	expectError(t, "unknown name", opt.Load(paths, &LoadOptions{Fields: map[string]float64{"allow_missed": 1}}),
+		StatusInvalidArgument, "no field 'allow_missed'")
+	if err := opt.Load(paths, &LoadOptions{Fields: map[string]float64{"allow_missing": 1, "restore_groups": 0}}); err != nil {
+		t.Fatalf("Load with allow_missing and restore_groups 0 by name: %v", err)
+	}
+	if got, err := opt.State(w2, "exp_avg"); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("exp_avg after Load = %v, %v; want the saved %v", got, err, want)
+	}
+	if g, err := opt.Group(0); err != nil || g["lr"] != 0.5 {
+		t.Errorf("lr after a Load that keeps the groups = %v, %v; want 0.5", g["lr"], err)
+	}
+}

@@ -181,6 +181,12 @@ type LoadOptions struct {
 	// copying began leaves the optimizer unusable (until a Load succeeds) instead of
 	// unchanged. For a resume into a fresh optimizer.
 	ReadOnce bool
+	// Fields sets more number fields of sa_import_options by their C names (the library's
+	// table: StructFields(StructImportOptions) lists them), so that an option of a newer
+	// library needs no new member here. The library checks them as it checks the others; a
+	// name it does not know, or a field that is not a number, is refused with
+	// StatusInvalidArgument. A field set both ways takes the value here.
+	Fields map[string]float64
 }
 
 // Load reads the state saved in the shard files at paths, written by any number of ranks
@@ -214,6 +220,9 @@ func (o *Optimizer) Load(paths []string, opts *LoadOptions) error {
 		staging_bytes: C.uint64_t(opts.StagingBytes), allow_missing: flag(opts.AllowMissing),
 		allow_unexpected: flag(opts.AllowUnexpected), restore_groups: flag(!opts.KeepGroups),
 		read_once: flag(opts.ReadOnce)}
+	if err := setFields(op, StructImportOptions, unsafe.Pointer(&options), C.sizeof_sa_import_options, opts.Fields); err != nil {
+		return err
+	}
 	if err := o.lock(op); err != nil {
 		return err
 	}

@@ -30,6 +30,7 @@
  *       sa_step_args      None, or a dict by field name (sa_struct_field lists them): the
  *                         pointers as addresses (int) or None, doubles as floats, int32s as
  *                         ints; fields not named keep SA_STEP_ARGS_INIT's values;
+ *       sa_import_options None, or a dict by field name, as sa_step_args;
  *       sa_nccl_unique_id its 128 bytes (bytes in, bytes out);
  *   - a host communicator is made from a Python callable (host_comm_create below), not from
  *     a table of C function pointers;
@@ -40,7 +41,7 @@
  *       sa_param_scaling_info  returned as a dict (value, name, block, scale_dtype,
  *                         step_writes_scale, doc);
  *       void* stream      an address (int) or None;
- *   - structs of plain fields (sa_optimizer_config, sa_group_config, sa_import_options) and
+ *   - structs of plain fields (sa_optimizer_config, sa_group_config) and
  *     the writer/reader handles are classes whose constructors apply the SA_*_INIT macros.
  */
 %module(package="shardadam", threads="1") _shardadam
@@ -475,6 +476,18 @@ static int sa_py_fill_struct(int32_t kind, const char* what, PyObject* dict, voi
   }
 }
 
+/* sa_optimizer_import's options: None, or a dict of sa_import_options fields by name (the
+ * others keep SA_IMPORT_OPTIONS_INIT's defaults). */
+%typemap(in) const sa_import_options* options (sa_import_options storage) {
+  const sa_import_options init = SA_IMPORT_OPTIONS_INIT;
+  storage = init;
+  $1 = NULL;
+  if ($input != Py_None) {
+    if (!sa_py_fill_struct(SA_STRUCT_IMPORT_OPTIONS, "sa_import_options", $input, &storage, NULL)) SWIG_fail;
+    $1 = &storage;
+  }
+}
+
 %typemap(in, numinputs=0) sa_param_info* out (sa_param_info info) {
   const sa_param_info init = SA_PARAM_INFO_INIT;
   info = init;
@@ -721,10 +734,9 @@ static int sa_py_fill_struct(int32_t kind, const char* what, PyObject* dict, voi
 }
 %enddef
 %feature("docstring") sa_optimizer_config "Options of sa_optimizer_create (SA_OPTIMIZER_CONFIG_INIT defaults)."
-%feature("docstring") sa_import_options "Options of sa_optimizer_import (SA_IMPORT_OPTIONS_INIT defaults)."
 SA_OPTION_STRUCT(sa_optimizer_config, SA_OPTIMIZER_CONFIG_INIT)
 SA_OPTION_STRUCT(sa_group_config, SA_GROUP_CONFIG_INIT)
-SA_OPTION_STRUCT(sa_import_options, SA_IMPORT_OPTIONS_INIT)
+%ignore sa_import_options;  /* a dict by field name (the typemap above) */
 
 /* Writer and reader handles: filled by sa_file_writer & co., released by their destructor. */
 %ignore sa_writer::ctx;

@@ -898,7 +898,7 @@ class Optimizer(OwnsHandle):
         return None
 
     def load(self, paths, *, allow_missing=False, allow_unexpected=False, restore_groups=True, staging_bytes=0,
-             read_once=False):
+             read_once=False, fields=None):
         """Loads state from shard files written by any number of ranks with any layout,
         resharding onto this optimizer's layout; copies into the existing state buffers.
 
@@ -914,17 +914,21 @@ class Optimizer(OwnsHandle):
                 :class:`FormatError`, until a load succeeds. For a resume into a fresh
                 optimizer.
 
+            fields: None, or a dict of more ``sa_import_options`` fields by their C names
+                (:func:`shardadam.struct_fields` ``("import_options")`` lists them), numbers as
+                the library's table types them: options of a library newer than these
+                arguments reach it without a new keyword. The library checks them as it
+                checks the others; an unknown name raises KeyError. A field given both ways
+                takes this value.
+
         Everything is validated before anything is copied; on error nothing changed (with
         ``read_once``: everything but the data blocks that did not fit the staging buffer).
         """
         handle = self._handle_or_raise()
+        options = {"allow_missing": int(bool(allow_missing)), "allow_unexpected": int(bool(allow_unexpected)),
+                   "restore_groups": int(bool(restore_groups)), "staging_bytes": int(staging_bytes),
+                   "read_once": int(bool(read_once)), **(fields or {})}
         readers = _open_readers(paths)
-        options = _C.sa_import_options()
-        options.allow_missing = int(bool(allow_missing))
-        options.allow_unexpected = int(bool(allow_unexpected))
-        options.restore_groups = int(bool(restore_groups))
-        options.staging_bytes = int(staging_bytes)
-        options.read_once = int(bool(read_once))
         check(_C.sa_optimizer_import(handle, readers, options), handle)
 
 

@@ -109,6 +109,34 @@ def test_load_errors_raise_their_class(tmp_path, rng):
         opt.load(other, allow_missing=True, allow_unexpected=True)
 
 
+def test_load_takes_more_import_options_by_field_name(tmp_path, rng):
+    """load(fields=...) reaches sa_import_options by the library's names: allow_missing by
+    name lets a param absent from the file keep its state, restore_groups 0 by name keeps
+    the groups (over the keyword's True), the library refuses a flag of 2, and an unknown
+    name is a KeyError before anything is read."""
+    path = tmp_path / "rank0.safetensors"
+    with shardadam.Optimizer(**HYPER) as writer:
+        writer.add_param("w", rng.standard_normal(6).astype(np.float32))
+        writer.set_grad("w", np.ones(6, np.float32))
+        writer.step()
+        writer.save(path)
+        saved = writer.state("w", "exp_avg").numpy().copy()
+    with shardadam.Optimizer(**HYPER) as opt:
+        opt.add_param("w", np.zeros(6, np.float32))
+        opt.add_param("extra", np.zeros(3, np.float32))
+        opt.param_groups[0].lr = 0.5
+        with pytest.raises(shardadam.Error, match="'extra'"):
+            opt.load(path)
+        with pytest.raises(shardadam.InvalidArgument, match="allow_missing is 2"):
+            opt.load(path, fields={"allow_missing": 2})
+        with pytest.raises(KeyError, match="allow_missed"):
+            opt.load(path, fields={"allow_missed": 1})
+        assert not opt.state("w", "exp_avg").numpy().any()  # nothing changed so far
+        opt.load(path, fields={"allow_missing": 1, "restore_groups": 0})
+        np.testing.assert_array_equal(opt.state("w", "exp_avg").numpy(), saved)
+        assert opt.param_groups[0].lr == 0.5 and opt.param_groups[0].step == 0
+
+
 def test_moments_as_float32_values_through_numpy():
     """moment_values / set_moment_values on numpy arrays (real DLPack), for float32 and 8-bit
     moments: float32 ones are the state itself; an 8-bit one written back from its values is

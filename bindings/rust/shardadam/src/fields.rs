@@ -204,7 +204,7 @@ impl OptionStruct {
                 FieldType::Uint64 => {
                     if !(value >= 0.0 && value < 18446744073709551616.0 && value.fract() == 0.0) {
                         return Err(invalid(format!(
-                            "{}: options field '{}' = {} is not a uint64",
+                            "{}: options field '{}' is {}, not a uint64",
                             op, field.name, value
                         )));
                     }
@@ -216,7 +216,7 @@ impl OptionStruct {
                         && value.fract() == 0.0)
                     {
                         return Err(invalid(format!(
-                            "{}: options field '{}' = {} is not an int32",
+                            "{}: options field '{}' is {}, not an int32",
                             op, field.name, value
                         )));
                     }

@@ -139,7 +139,7 @@ fn bad_names_types_and_values_are_refused_before_anything_is_added() {
             "master",
             1.5,
             Status::InvalidArgument,
-            &["'master' = 1.5 is not an int32"],
+            &["'master' is 1.5, not an int32"],
         ),
         // In range for an int32, outside the library's rule for the field: the library says so.
         ("master", 9.0, Status::InvalidArgument, &["master is 9"]),
