@@ -48,13 +48,16 @@ class Backend {
   // Zero-filled backend memory; throws sa::Error(SA_ERR_OUT_OF_MEMORY) when it cannot.
   virtual std::shared_ptr<Buffer> allocate(std::size_t bytes) = 0;
 
-  // Zero-filled host memory for state of `kind` placed on the host (sa_state_placement),
-  // which this backend's launches can read and write in place (CUDA: pinned, and mapped into
-  // the device's address space at the same address) and the core may read and write as
-  // host memory. Allocations of one kind lie one after another where they can, so that a
-  // step moves the states of params added in a row in one copy. Throws
-  // sa::Error(SA_ERR_OUT_OF_MEMORY) when it cannot.
-  virtual std::shared_ptr<Buffer> allocate_host_state(std::size_t bytes, StateKind kind) = 0;
+  // Zero-filled memory for a param's state of `kind`: backend memory, or with `on_host`
+  // (state placed on the host, sa_state_placement) host memory that this backend's launches
+  // can read and write in place (CUDA: pinned, and mapped into the device's address space
+  // at the same address) and the core may read and write as host memory. Allocations of
+  // one kind and place lie one after another where they can: a step moves the host states
+  // of params added in a row in one copy, and registering many small params costs an
+  // allocation per block, not per param. Throws sa::Error(SA_ERR_OUT_OF_MEMORY) when it
+  // cannot.
+  virtual std::shared_ptr<Buffer> allocate_state(std::size_t bytes, StateKind kind,
+                                                 bool on_host) = 0;
 
   // Host memory for staging copies (pinned on CUDA, so copies run at full speed), not
   // zeroed. Throws sa::Error(SA_ERR_OUT_OF_MEMORY) when it cannot.

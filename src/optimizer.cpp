@@ -151,7 +151,7 @@ void Optimizer::allocate_state(Param& p) {
     const std::size_t n = bytes[static_cast<std::size_t>(k.kind)];
     try {
       p.state[k.kind] =
-          on_host(p.placement) ? backend_->allocate_host_state(n, k.kind) : backend_->allocate(n);
+          backend_->allocate_state(n, k.kind, on_host(p.placement));
     } catch (const Error& e) {
       if (e.status() != SA_ERR_OUT_OF_MEMORY) throw;
       fail(SA_ERR_OUT_OF_MEMORY, "its state needs ", total, " bytes of ",

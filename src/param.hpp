@@ -104,7 +104,7 @@ struct Param {
   bool amsgrad = false;
   kernels::ParamScaling scaling{};  // an fp8 param's (sa_param_scaling); none otherwise
   kernels::ParamScale scale{};      // its scale tensors' data (param_scaling.h), else NULLs
-  StatePlacement placement{};       // where `state` lives (host: Backend::allocate_host_state)
+  StatePlacement placement{};       // where `state` lives (Backend::allocate_state)
   ParamState state;
   GradBinding binding = GradBinding::never;
   const void* grad = nullptr;  // the bound grad's data (binding == bound), kept until rebound

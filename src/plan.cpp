@@ -67,7 +67,7 @@ std::vector<Segment> cut(const Bucket& bucket, const std::vector<const Param*>& 
 // Cuts a host bucket's slots into ring segments (cut). Then lays each segment out: a region
 // per state kind, in which the runs of adjacent pieces keep the distance they have on the
 // host when their host states are adjacent too (the backend allocates each kind's host
-// state one param after another: Backend::allocate_host_state), so that one copy moves them.
+// state one param after another: Backend::allocate_state), so that one copy moves them.
 std::vector<StagedSegment> stage(const Bucket& bucket, const std::vector<const Param*>& params) {
   const auto kinds_of = [](const Param& p) {
     std::vector<StateKind> kinds;

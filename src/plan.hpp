@@ -20,7 +20,7 @@ struct Param;
 // param and grad brought down into a host mirror.
 enum class StatePlacement : uint8_t { device = 0, host = 1, host_cpu_step = 2 };
 
-// Whether state of `placement` lives in host memory (Backend::allocate_host_state).
+// Whether state of `placement` lives in host memory (Backend::allocate_state).
 inline bool on_host(StatePlacement placement) { return placement != StatePlacement::device; }
 
 // A step over state on the host streams it through a ring of kStagingSlots device buffers

@@ -170,7 +170,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Buffer> allocate(std::size_t bytes) override { return make_host_buffer(bytes); }
 
   // CPU params' state is host memory whatever its placement.
-  std::shared_ptr<Buffer> allocate_host_state(std::size_t bytes, StateKind) override {
+  std::shared_ptr<Buffer> allocate_state(std::size_t bytes, StateKind, bool) override {
     return make_host_buffer(bytes);
   }
 

@@ -35,7 +35,7 @@ using cuda::check_cuda;
 using cuda::Copy;
 using cuda::DeviceBuffer;
 using cuda::DeviceScope;
-using cuda::HostStatePool;
+using cuda::StatePool;
 using cuda::PinnedBuffer;
 using cuda::StagingPipeline;
 using cuda::StagingRing;
@@ -139,9 +139,12 @@ class CudaBackend final : public Backend {
     return std::make_shared<DeviceBuffer>(device_, bytes);
   }
 
-  std::shared_ptr<Buffer> allocate_host_state(std::size_t bytes, StateKind kind) override {
+  std::shared_ptr<Buffer> allocate_state(std::size_t bytes, StateKind kind, bool on_host) override {
     DeviceScope scope(device_);
-    return host_pools_[static_cast<std::size_t>(kind)].allocate(bytes);
+    const auto k = static_cast<std::size_t>(kind);
+    if (on_host) return host_pools_[k].allocate(bytes, PinnedBuffer::state);
+    return device_pools_[k].allocate(
+        bytes, [this](std::size_t n) { return std::make_shared<DeviceBuffer>(device_, n); });
   }
 
   std::shared_ptr<Buffer> allocate_staging(std::size_t bytes) override {
@@ -533,7 +536,8 @@ class CudaBackend final : public Backend {
   // Per bucket: its staged segments' launches (state on the host), else none.
   std::vector<std::vector<SegmentLaunch>> segment_launches_;
   StagingPipeline pipeline_;
-  HostStatePool host_pools_[kNumStateKinds];  // allocate_host_state's, per StateKind
+  // allocate_state's, per StateKind: pinned mapped host blocks, device blocks
+  StatePool host_pools_[kNumStateKinds], device_pools_[kNumStateKinds];
   std::shared_ptr<Buffer> current_;           // plan.current, in device memory
   int32_t num_current_ = 0;
   std::shared_ptr<Buffer> partials_;  // per chunk of every bucket: the norm partials
