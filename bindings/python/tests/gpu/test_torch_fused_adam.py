@@ -74,6 +74,34 @@ def test_twenty_steps_match_torch_adamw_with_an_lr_schedule(device):
         assert float(ours_state[index]["step"]) == float(state["step"]) == 20
 
 
+@needs_cuda
+def test_the_step_runs_on_the_current_stream():
+    """Under ``torch.cuda.stream(s)`` the step is enqueued on s, after the grads s writes
+    late (behind a sleep on s): a step on any other stream would read the grads before
+    they were written and update with zeros."""
+    ours_model, torch_model = make_model("cuda"), make_model("cuda")
+    ours = FusedAdam(ours_model.parameters(), **HYPER)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False, fused=False)
+    side = torch.cuda.Stream()
+    for step, (x, y) in enumerate(batches("cuda", 3)):
+        for model in (ours_model, torch_model):
+            model.zero_grad(set_to_none=False)
+            loss_of(model, x, y).backward()
+        grads = [p.grad.clone() for p in ours_model.parameters()]
+        torch.cuda.synchronize()
+        for p in ours_model.parameters():
+            p.grad.zero_()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # ~10 ms of the side stream before the grads land
+            for p, g in zip(ours_model.parameters(), grads):
+                p.grad.copy_(g)
+            ours.step()
+        reference.step()
+        torch.cuda.synchronize()
+        assert_params_close(ours_model, torch_model)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_param_groups_amsgrad_and_adam_l2(device):
     ours_model, torch_model = make_model(device), make_model(device)
