@@ -150,8 +150,7 @@ void Optimizer::allocate_state(Param& p) {
     if (!has_state(p, k.kind)) continue;
     const std::size_t n = bytes[static_cast<std::size_t>(k.kind)];
     try {
-      p.state[k.kind] =
-          backend_->allocate_state(n, k.kind, on_host(p.placement));
+      p.state[k.kind] = backend_->allocate_state(n, k.kind, on_host(p.placement));
     } catch (const Error& e) {
       if (e.status() != SA_ERR_OUT_OF_MEMORY) throw;
       fail(SA_ERR_OUT_OF_MEMORY, "its state needs ", total, " bytes of ",

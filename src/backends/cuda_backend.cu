@@ -35,10 +35,10 @@ using cuda::check_cuda;
 using cuda::Copy;
 using cuda::DeviceBuffer;
 using cuda::DeviceScope;
-using cuda::StatePool;
 using cuda::PinnedBuffer;
 using cuda::StagingPipeline;
 using cuda::StagingRing;
+using cuda::StatePool;
 
 // The device copy of one bucket's tables.
 struct DeviceTables {
@@ -538,7 +538,7 @@ class CudaBackend final : public Backend {
   StagingPipeline pipeline_;
   // allocate_state's, per StateKind: pinned mapped host blocks, device blocks
   StatePool host_pools_[kNumStateKinds], device_pools_[kNumStateKinds];
-  std::shared_ptr<Buffer> current_;           // plan.current, in device memory
+  std::shared_ptr<Buffer> current_;  // plan.current, in device memory
   int32_t num_current_ = 0;
   std::shared_ptr<Buffer> partials_;  // per chunk of every bucket: the norm partials
   std::shared_ptr<Buffer> coeffs_;    // per param: what the last fold folded
