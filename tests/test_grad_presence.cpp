@@ -34,6 +34,17 @@ struct Trio : TrioTensors {
 
 constexpr bool kAll[3] = {true, true, true};
 
+// Binds the Trio's grads in one sa_optimizer_set_grads call, NULL ("no grad") where absent.
+void set_present_grads(Trio& f, const bool present[3]) {
+  DLTensor g[3];
+  const DLTensor* grads[3];
+  for (int i = 0; i < 3; ++i) {
+    g[i] = f.grad(i).dl();
+    grads[i] = present[i] ? &g[i] : nullptr;
+  }
+  REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+}
+
 }  // namespace
 
 TEST_CASE("a param without a grad is skipped: unchanged bit for bit, its step count stays, and the "
@@ -58,13 +69,7 @@ TEST_CASE("a param without a grad is skipped: unchanged bit for bit, its step co
       for (int i = 0; i < 3; ++i) ptrs[i] = present[step][i] ? f.grad(i).data() : SA_NO_GRAD;
       REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grad_ptrs(f.opt.get(), 3, ptrs));
     } else {
-      DLTensor g[3];
-      const DLTensor* grads[3];
-      for (int i = 0; i < 3; ++i) {
-        g[i] = f.grad(i).dl();
-        grads[i] = present[step][i] ? &g[i] : nullptr;
-      }
-      REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+      set_present_grads(f, present[step]);
     }
     INFO("step " << step);
     f.step_and_check(present[step], want_steps);
@@ -86,13 +91,7 @@ TEST_CASE("grads bound before each step and all unbound after it (FusedAdam's wa
   const DLTensor* none[3] = {nullptr, nullptr, nullptr};
   for (int step = 0; step < 7; ++step) {
     f.fresh_grads();
-    DLTensor g[3];
-    const DLTensor* grads[3];
-    for (int i = 0; i < 3; ++i) {
-      g[i] = f.grad(i).dl();
-      grads[i] = present[step][i] ? &g[i] : nullptr;
-    }
-    REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, grads));
+    set_present_grads(f, present[step]);
     INFO("step " << step);
     f.step_and_check(present[step], want_steps);
     REQUIRE_SA_OK(f.opt.get(), sa_optimizer_set_grads(f.opt.get(), 3, none));

