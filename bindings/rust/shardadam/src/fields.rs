@@ -2,7 +2,7 @@
 //! structs filled by field name from them: a field this crate has no member for (a newer
 //! library's) is set by the name the library gives it, at the offset the library gives.
 
-use crate::{cstr_to_string, handleless_result, invalid, sys, Result};
+use crate::{cstr_to_string, handleless_result, invalid, read_table, sys, Result};
 
 /// An option struct of the C ABI whose fields the library describes (`sa_struct_kind`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -113,15 +113,12 @@ pub struct StructField {
 pub fn struct_fields(kind: StructKind) -> Vec<StructField> {
     let code = kind.code();
     let n = unsafe { sys::sa_struct_num_fields(code) };
-    let mut fields = Vec::with_capacity(n.max(0) as usize);
-    for index in 0..n {
-        let mut raw = sys::sa_field_info::default();
-        // Every index below the count is described, so a failure is the library's bug.
-        if let Err(e) = handleless_result(unsafe { sys::sa_struct_field(code, index, &mut raw) }) {
-            panic!("sa_struct_field({}, {}) of {}: {}", code, index, n, e);
-        }
+    read_table(
+        n,
+        "sa_struct_field",
+        |index, out| unsafe { sys::sa_struct_field(code, index, out) },
         // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
-        fields.push(unsafe {
+        |raw: &sys::sa_field_info| unsafe {
             StructField {
                 name: cstr_to_string(raw.name),
                 field_type: FieldType::of(raw.r#type),
@@ -133,9 +130,8 @@ pub fn struct_fields(kind: StructKind) -> Vec<StructField> {
                 rule: cstr_to_string(raw.rule),
                 doc: cstr_to_string(raw.doc),
             }
-        });
-    }
-    fields
+        },
+    )
 }
 
 /// An option struct as the library reads it: this crate's `T` (its `struct_size` first),
@@ -182,22 +178,19 @@ impl OptionStruct {
                 ))
             })?;
             size = size.max(field.offset + width);
-            placed.push((field, *value, width));
+            placed.push((field, *value));
         }
         let mut words = vec![0u64; (size + 7) / 8];
         let bytes = words.as_mut_ptr().cast::<u8>();
-        // SAFETY: `words` holds at least size_of::<T>() bytes, 8-aligned; T is plain data.
-        unsafe { std::ptr::copy_nonoverlapping((base as *const T).cast::<u8>(), bytes, base_size) };
         if size > base_size {
-            // The library's defaults for the fields past T, then T's own values again.
+            // The library's defaults for the fields past T (T's own are written next).
             words[0] = size as u64;
             handleless_result(unsafe { sys::sa_struct_default(kind.code(), bytes.cast()) })?;
-            unsafe {
-                std::ptr::copy_nonoverlapping((base as *const T).cast::<u8>(), bytes, base_size)
-            };
         }
+        // SAFETY: `words` holds at least size_of::<T>() bytes, 8-aligned; T is plain data.
+        unsafe { std::ptr::copy_nonoverlapping((base as *const T).cast::<u8>(), bytes, base_size) };
         words[0] = size as u64; // struct_size: as far as the caller's struct reaches
-        for (field, value, width) in placed {
+        for (field, value) in placed {
             let at = unsafe { bytes.add(field.offset) };
             match field.field_type {
                 FieldType::Double => unsafe { at.cast::<f64>().write_unaligned(value) },
@@ -223,7 +216,6 @@ impl OptionStruct {
                     unsafe { at.cast::<i32>().write_unaligned(value as i32) }
                 }
             }
-            debug_assert!(field.offset + width <= size);
         }
         Ok(OptionStruct { words })
     }

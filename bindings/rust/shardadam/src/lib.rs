@@ -60,8 +60,8 @@ mod fields;
 mod tensor;
 
 pub use comm::{Comm, NcclUniqueId, ReduceOp};
-pub use fields::{struct_fields, FieldType, StructField, StructKind};
 use fields::OptionStruct;
+pub use fields::{struct_fields, FieldType, StructField, StructKind};
 use shardadam_sys as sys;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -310,17 +310,17 @@ fn dtype_table() -> &'static [DTypeInfo] {
 /// # Panics
 ///
 /// If the library fails to describe an entry it counts (a bug in the library).
-fn read_table<R: Default, T>(
+pub(crate) fn read_table<R: Default, T>(
     n: i32,
     what: &str,
-    describe: unsafe extern "C" fn(i32, *mut R) -> sys::sa_status,
+    describe: impl Fn(i32, &mut R) -> sys::sa_status,
     entry: impl Fn(&R) -> T,
 ) -> Vec<T> {
     (0..n)
         .map(|index| {
             let mut raw = R::default();
             // Every index below the count is described, so a failure is the library's bug.
-            if let Err(e) = handleless_result(unsafe { describe(index, &mut raw) }) {
+            if let Err(e) = handleless_result(describe(index, &mut raw)) {
                 panic!("{}({}) of {}: {}", what, index, n, e);
             }
             entry(&raw)
@@ -331,22 +331,27 @@ fn read_table<R: Default, T>(
 /// The library's dtypes (`sa_num_dtypes`, `sa_dtype`), read from it.
 fn read_dtype_table() -> Vec<DTypeInfo> {
     let n = unsafe { sys::sa_num_dtypes() };
-    read_table(n, "sa_dtype", sys::sa_dtype, |raw: &sys::sa_dtype_info| {
-        // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
-        unsafe {
-            DTypeInfo {
-                name: cstr_to_string(raw.name),
-                dtype: raw.dtype,
-                roles: raw.roles,
-                safetensors_name: if raw.safetensors_name.is_null() {
-                    None
-                } else {
-                    Some(cstr_to_string(raw.safetensors_name))
-                },
-                doc: cstr_to_string(raw.doc),
+    read_table(
+        n,
+        "sa_dtype",
+        |i, out| unsafe { sys::sa_dtype(i, out) },
+        |raw: &sys::sa_dtype_info| {
+            // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
+            unsafe {
+                DTypeInfo {
+                    name: cstr_to_string(raw.name),
+                    dtype: raw.dtype,
+                    roles: raw.roles,
+                    safetensors_name: if raw.safetensors_name.is_null() {
+                        None
+                    } else {
+                        Some(cstr_to_string(raw.safetensors_name))
+                    },
+                    doc: cstr_to_string(raw.doc),
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 impl DType {
@@ -742,7 +747,7 @@ pub fn scalings() -> Vec<ScalingInfo> {
     read_table(
         n,
         "sa_param_scaling_describe",
-        sys::sa_param_scaling_describe,
+        |i, out| unsafe { sys::sa_param_scaling_describe(i, out) },
         |raw: &sys::sa_param_scaling_info| {
             // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
             unsafe {
@@ -879,7 +884,7 @@ pub fn group_fields() -> Vec<FieldInfo> {
     read_table(
         n,
         "sa_group_config_field",
-        sys::sa_group_config_field,
+        |i, out| unsafe { sys::sa_group_config_field(i, out) },
         |raw: &sys::sa_field_info| {
             // SAFETY: on SA_OK the strings are the library's static ones (or NULL).
             unsafe {
