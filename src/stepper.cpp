@@ -209,7 +209,7 @@ void Stepper::upload_tables(void* stream) {
     if (active_scratch_ != uploaded_active_) {
       backend_->upload(param_active_copy_->data(), active_scratch_.data(), params * sizeof(uint8_t),
                        stream);
-      uploaded_active_ = active_scratch_;
+      uploaded_active_.swap(active_scratch_);  // the scratch is rewritten whole next time
     }
     copied_params_version_ = params_version_;
   }

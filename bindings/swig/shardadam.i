@@ -466,27 +466,22 @@ static int sa_py_fill_struct(int32_t kind, const char* what, PyObject* dict, voi
 }
 %typemap(freearg) const sa_param_options* options { Py_XDECREF(owned$argnum); }
 
-%typemap(in) const sa_step_args* args (sa_step_args storage) {
-  const sa_step_args init = SA_STEP_ARGS_INIT;
-  storage = init;
+/* A struct of plain fields passed as None or a dict of its fields by name (sa_py_fill_struct;
+ * the fields not named keep the struct's SA_*_INIT values): the step's arguments, the
+ * import's options. */
+%define SA_DICT_STRUCT(type, name, kind, init)
+%typemap(in) const type* name (type storage) {
+  const type defaults = init;
+  storage = defaults;
   $1 = NULL;
   if ($input != Py_None) {
-    if (!sa_py_fill_struct(SA_STRUCT_STEP_ARGS, "sa_step_args", $input, &storage, NULL)) SWIG_fail;
+    if (!sa_py_fill_struct(kind, #type, $input, &storage, NULL)) SWIG_fail;
     $1 = &storage;
   }
 }
-
-/* sa_optimizer_import's options: None, or a dict of sa_import_options fields by name (the
- * others keep SA_IMPORT_OPTIONS_INIT's defaults). */
-%typemap(in) const sa_import_options* options (sa_import_options storage) {
-  const sa_import_options init = SA_IMPORT_OPTIONS_INIT;
-  storage = init;
-  $1 = NULL;
-  if ($input != Py_None) {
-    if (!sa_py_fill_struct(SA_STRUCT_IMPORT_OPTIONS, "sa_import_options", $input, &storage, NULL)) SWIG_fail;
-    $1 = &storage;
-  }
-}
+%enddef
+SA_DICT_STRUCT(sa_step_args, args, SA_STRUCT_STEP_ARGS, SA_STEP_ARGS_INIT)
+SA_DICT_STRUCT(sa_import_options, options, SA_STRUCT_IMPORT_OPTIONS, SA_IMPORT_OPTIONS_INIT)
 
 %typemap(in, numinputs=0) sa_param_info* out (sa_param_info info) {
   const sa_param_info init = SA_PARAM_INFO_INIT;

@@ -924,7 +924,8 @@ class FusedAdam(torch.optim.Optimizer):
         LR scheduler's lr, most often). A group whose raw values are the ones last pushed,
         all plain numbers, is skipped without converting them."""
         for index, group in enumerate(self.param_groups):
-            if self._pushed_raw[index] is not None and tuple(map(group.get, _schema.KEYS)) == self._pushed_raw[index]:
+            raw = tuple(map(group.get, _schema.KEYS))
+            if raw == self._pushed_raw[index]:  # None (not comparable this way) never equals
                 continue
             hyperparameters = _hyperparameters(group)
             pushed = self._pushed[index]
@@ -934,14 +935,15 @@ class FusedAdam(torch.optim.Optimizer):
                     native_group.lr = hyperparameters["lr"]
                 else:
                     native_group.update(**hyperparameters)
-            self._record_pushed(index, group, hyperparameters)
+            self._record_pushed(index, group, hyperparameters, raw)
 
-    def _record_pushed(self, index, group, hyperparameters):
+    def _record_pushed(self, index, group, hyperparameters, raw=None):
         """Notes that native group `index` holds `hyperparameters`, read from torch's `group`.
         Its raw values are kept for the next step's comparison only when they are immutable
         numbers (floats, ints, bools, tuples of them, None): a tensor lr changes in place, and
         so could a list of betas, without the group's values changing identity."""
-        raw = tuple(map(group.get, _schema.KEYS))
+        if raw is None:
+            raw = tuple(map(group.get, _schema.KEYS))
         plain = all(type(v) in _PLAIN_NUMBERS or (type(v) is tuple and all(type(x) in _PLAIN_NUMBERS for x in v))
                     for v in raw)
         self._pushed[index] = hyperparameters
