@@ -24,6 +24,7 @@
 #include "../kernels/adam_math.h"
 #include "../kernels/block_moment.h"
 #include "../kernels/cpu/adam_cpu.h"
+#include "highway_targets.hpp"
 
 namespace {
 
@@ -64,6 +65,8 @@ using sa::kernels::TensorSlot;
 using sa::kernels::Variant;
 
 using Rng = std::mt19937_64;
+using sa_test::kernel_targets;
+using sa_test::OnlyTarget;
 
 // GCC's own float16 (software rounding in libgcc on x86-64 without AVX512-FP16: round to
 // nearest even), the reference for float_to_half / half_to_float.
@@ -330,31 +333,6 @@ GroupCoeffs coeffs_for_step(bool l2, int64_t t, bool maximize) {
   g.l2 = fold_coefficients(h, t, 1.0f / 1024.0f, g.c);
   REQUIRE(g.l2 == l2);
   return g;
-}
-
-// Restricts Highway's dispatch to one target for the lifetime of the guard.
-struct OnlyTarget {
-  explicit OnlyTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
-  ~OnlyTarget() { hwy::SetSupportedTargetsForTest(0); }
-  OnlyTarget(const OnlyTarget&) = delete;
-  OnlyTarget& operator=(const OnlyTarget&) = delete;
-};
-
-// One Highway target per distinct path of the kernel on this CPU: every target it supports
-// with a fused multiply-add, and one without (they all run the scalar path).
-std::vector<int64_t> kernel_targets() {
-  std::vector<int64_t> targets;
-  std::vector<std::string> names;
-  for (int64_t rest = hwy::SupportedTargets(); rest != 0; rest &= rest - 1) {
-    const int64_t target = rest & -rest;
-    const OnlyTarget only(target);
-    const std::string name = adam_cpu_simd_target();
-    if (std::find(names.begin(), names.end(), name) == names.end()) {
-      names.push_back(name);
-      targets.push_back(target);
-    }
-  }
-  return targets;
 }
 
 const int64_t kLengths[] = {0, 1, 7, 33, 1000, 4099};

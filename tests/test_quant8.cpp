@@ -27,6 +27,7 @@
 #include "../kernels/block_moment.h"
 #include "../kernels/cpu/adam_cpu.h"
 #include "../kernels/quant8.h"
+#include "highway_targets.hpp"
 #include "test_state_io_support.hpp"
 #include "test_support.hpp"
 
@@ -310,13 +311,14 @@ TEST_CASE("quant8: an all-zero block decodes to zeros, a NaN makes the whole blo
   for (int i = 0; i < 40; ++i) CHECK(std::isnan(quant8_decode(map, codes[i], absmax)));
 }
 
-// One shard's arrays for the kernel: an f32 or bf16 param (with an fp32 master), random
-// codes and absmax values.
+// One shard's arrays for the kernel: an f32 param, or a bf16 one with an fp32 master or a
+// remainder; f32 or bf16 grads; random codes and absmax values.
 struct Q8Shard {
   Variant variant;
   int64_t n;
   std::vector<float> param, grad, master;
-  std::vector<uint16_t> param16;
+  std::vector<uint16_t> param16, grad16;
+  std::vector<int16_t> remainder;
   std::vector<uint8_t> codes[3];
   std::vector<float> absmax[3];
 
@@ -324,12 +326,17 @@ struct Q8Shard {
     std::normal_distribution<float> normal;
     const int64_t blocks = (n + kQuant8Block - 1) / kQuant8Block;
     param.resize(n);
-    grad.resize(n);
     for (auto& p : param) p = normal(rng);
-    for (auto& g : grad) g = normal(rng) * 0.1f;
+    new_grads(rng);
     if (v.param == ElemType::bf16) {
-      master = param;
-      for (float f : param) param16.push_back(sa::kernels::float_to_bf16(f));
+      param16.resize(n);
+      if (v.master == MasterKind::remainder) {
+        remainder.resize(n);
+        for (int64_t i = 0; i < n; ++i) sa::kernels::split_remainder(param[i], param16[i], remainder[i]);
+      } else {
+        master = param;
+        for (int64_t i = 0; i < n; ++i) param16[i] = sa::kernels::float_to_bf16(param[i]);
+      }
     }
     for (int k = 0; k < 3; ++k) {
       codes[k].resize(n);
@@ -345,10 +352,22 @@ struct Q8Shard {
     }
   }
 
+  void new_grads(std::mt19937_64& rng) {
+    std::normal_distribution<float> normal;
+    grad.resize(n);
+    for (auto& g : grad) g = normal(rng) * 0.1f;
+    grad16.clear();
+    if (variant.grad == ElemType::bf16)
+      for (float g : grad) grad16.push_back(sa::kernels::float_to_bf16(g));
+  }
+
   TensorSlot slot() {
-    TensorSlot s{v_param(), grad.data(), {}, n, 0, 1, {}};
+    TensorSlot s{v_param(), variant.grad == ElemType::bf16 ? static_cast<const void*>(grad16.data())
+                                                          : grad.data(),
+                 {}, n, 0, 1, {}};
     auto at = [&](StateKind k) -> void*& { return s.state[static_cast<std::size_t>(k)]; };
     if (variant.master == MasterKind::fp32) at(StateKind::master) = master.data();
+    if (variant.master == MasterKind::remainder) at(StateKind::remainder) = remainder.data();
     const StateKind code_kinds[] = {StateKind::exp_avg, StateKind::exp_avg_sq,
                                     StateKind::max_exp_avg_sq};
     const StateKind absmax_kinds[] = {StateKind::exp_avg_absmax, StateKind::exp_avg_sq_absmax,
@@ -362,46 +381,89 @@ struct Q8Shard {
   void* v_param() {
     return variant.param == ElemType::bf16 ? static_cast<void*>(param16.data()) : param.data();
   }
+  // Equal bits, except that any two NaNs are equal (a NaN's payload may differ between the
+  // scalar and the SIMD arithmetic; a NaN block's absmax and codes do not).
   bool operator==(const Q8Shard& o) const {
     auto same_floats = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() &&
-             (a.empty() || memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      if (a.size() != b.size()) return false;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (!(std::isnan(a[i]) && std::isnan(b[i])) &&
+            memcmp(&a[i], &b[i], sizeof(float)) != 0)
+          return false;
+      return true;
     };
     for (int k = 0; k < 3; ++k)
       if (codes[k] != o.codes[k] || !same_floats(absmax[k], o.absmax[k])) return false;
-    return same_floats(param, o.param) && param16 == o.param16 && same_floats(master, o.master);
+    return same_floats(param, o.param) && param16 == o.param16 && same_floats(master, o.master) &&
+           remainder == o.remainder;
   }
 };
 
+// The SIMD path of a block moment decodes, updates and measures a block in one pass, then
+// encodes it (adam_cpu.cpp's UpdateCodedBlocks); the scalar path decodes, updates and encodes
+// element by element. Over every Highway target of this CPU, both block storages, every
+// param storage, grad dtype, amsgrad and l2, three steps (the second with a NaN grad in
+// block 1 and an infinite one in block 2, whose moments become NaN blocks), and shards whose
+// last block is whole, a partial block of whole vectors, or a ragged one.
 TEST_CASE(
     "block moments (q8, float8): SIMD and scalar paths, and any split on block boundaries, agree "
-    "bitwise",
+    "bitwise on every Highway target",
     "[quant8][fp8][kernel]") {
-  sa::kernels::GroupCoeffs g{};
-  const sa::kernels::AdamHyper h{1e-3, 0.9, 0.999, 1e-8, 0.01, true, true, false};
-  g.l2 = sa::kernels::fold_coefficients(h, 3, 1.0, g.c);
-  for (const ElemType moment : {ElemType::q8, ElemType::f8e4m3})
-    for (const ElemType param : {ElemType::f32, ElemType::bf16}) {
-      for (const bool amsgrad : {false, true}) {
-        const Variant v{param,   ElemType::f32,
-                        moment,  param == ElemType::f32 ? MasterKind::none : MasterKind::fp32,
-                        amsgrad, sa::kernels::ParamScaling::none};
-        const int64_t n = 3 * kQuant8Block + 77;
-        std::mt19937_64 rng(11);
-        const Q8Shard start(v, n, rng);
-        Q8Shard scalar = start, simd = start, pieces = start;
-        sa::kernels::adam_cpu_range(v, scalar.slot(), g, 0, n, false);
-        sa::kernels::adam_cpu_range(v, simd.slot(), g, 0, n, true);
-        const int64_t cuts[] = {0, kQuant8Block, 3 * kQuant8Block, n};
-        for (int k = 0; k < 3; ++k)
-          sa::kernels::adam_cpu_range(v, pieces.slot(), g, cuts[k], cuts[k + 1], true);
-        INFO("moment " << static_cast<int>(moment) << " param " << static_cast<int>(param)
-                       << " amsgrad " << amsgrad);
-        CHECK(scalar == simd);
-        CHECK(simd == pieces);
-        CHECK_FALSE(simd == start);  // the step changed something
-      }
-    }
+  const struct {
+    ElemType param;
+    MasterKind master;
+  } storages[] = {{ElemType::f32, MasterKind::none},
+                  {ElemType::bf16, MasterKind::fp32},
+                  {ElemType::bf16, MasterKind::remainder}};
+  int cases = 0;
+  for (const int64_t target : sa_test::kernel_targets()) {
+    const sa_test::OnlyTarget only(target);
+    INFO("kernel target " << sa::kernels::adam_cpu_simd_target());
+    for (const ElemType moment : {ElemType::q8, ElemType::f8e4m3})
+      for (const auto& storage : storages)
+        for (const ElemType grad : {ElemType::f32, ElemType::bf16})
+          for (const bool amsgrad : {false, true})
+            for (const bool decoupled : {false, true})
+              for (const int64_t n : {kQuant8Block, 3 * kQuant8Block + 64, 3 * kQuant8Block + 77}) {
+                const Variant v{storage.param, grad,    moment,
+                                storage.master, amsgrad, sa::kernels::ParamScaling::none};
+                INFO("moment " << static_cast<int>(moment) << " param "
+                               << static_cast<int>(storage.param) << " master "
+                               << static_cast<int>(storage.master) << " grad "
+                               << static_cast<int>(grad) << " amsgrad " << amsgrad
+                               << " decoupled " << decoupled << " numel " << n);
+                std::mt19937_64 rng(11);
+                const Q8Shard start(v, n, rng);
+                Q8Shard scalar = start, simd = start, pieces = start;
+                for (int step = 1; step <= 3; ++step) {
+                  sa::kernels::GroupCoeffs g{};
+                  const sa::kernels::AdamHyper h{1e-3, 0.9, 0.999, 1e-8, 0.01, decoupled, true, false};
+                  g.l2 = sa::kernels::fold_coefficients(h, step, 1.0, g.c);
+                  scalar.new_grads(rng);
+                  if (step == 2 && n > 2 * kQuant8Block) {
+                    scalar.grad[kQuant8Block + 5] = std::numeric_limits<float>::quiet_NaN();
+                    scalar.grad[2 * kQuant8Block + 9] = std::numeric_limits<float>::infinity();
+                    if (grad == ElemType::bf16) {
+                      scalar.grad16[kQuant8Block + 5] = 0x7FC0;
+                      scalar.grad16[2 * kQuant8Block + 9] = 0x7F80;
+                    }
+                  }
+                  simd.grad = pieces.grad = scalar.grad;
+                  simd.grad16 = pieces.grad16 = scalar.grad16;
+                  sa::kernels::adam_cpu_range(v, scalar.slot(), g, 0, n, false);
+                  sa::kernels::adam_cpu_range(v, simd.slot(), g, 0, n, true);
+                  const int64_t cuts[] = {0, std::min(n, kQuant8Block), std::min(n, 3 * kQuant8Block), n};
+                  for (int k = 0; k < 3; ++k)
+                    sa::kernels::adam_cpu_range(v, pieces.slot(), g, cuts[k], cuts[k + 1], true);
+                  INFO("step " << step);
+                  REQUIRE(scalar == simd);
+                  REQUIRE(simd == pieces);
+                }
+                CHECK_FALSE(simd == start);  // the steps changed something
+                ++cases;
+              }
+  }
+  CHECK(cases % (2 * 3 * 2 * 2 * 2 * 3) == 0);
 }
 
 // ---- through the C ABI ------------------------------------------------------------------
