@@ -69,7 +69,9 @@ uint32_t elem_roles(ElemType type) {
   using kernels::in_table;
   uint32_t roles = 0;
   for (const kernels::ParamForm& form : kernels::kParamForms)
-    if (form.param == type) roles |= SA_DTYPE_PARAM;
+    if (form.param == type)
+      roles |= SA_DTYPE_PARAM |
+               (form.scaling != kernels::ParamScaling::none ? SA_DTYPE_SCALED_PARAM : 0);
   if (in_table(kernels::kGradTypes, type)) roles |= SA_DTYPE_GRAD;
   if (in_table(kernels::kMomentTypes, type))
     roles |= SA_DTYPE_MOMENT | (kernels::is_block_storage(type) ? SA_DTYPE_BLOCK_MOMENT : 0);

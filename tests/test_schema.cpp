@@ -457,9 +457,10 @@ TEST_CASE("the dtype table names each stored dtype with dlpack.h's code and its 
        "U8"},
       {"float8_e4m3fn",
        {kDLFloat8_e4m3fn, 8, 1},
-       SA_DTYPE_PARAM | SA_DTYPE_MOMENT | SA_DTYPE_STATE | SA_DTYPE_BLOCK_MOMENT | SA_DTYPE_FILE,
+       SA_DTYPE_PARAM | SA_DTYPE_SCALED_PARAM | SA_DTYPE_MOMENT | SA_DTYPE_STATE |
+           SA_DTYPE_BLOCK_MOMENT | SA_DTYPE_FILE,
        "F8_E4M3"},
-      {"float8_e5m2", {kDLFloat8_e5m2, 8, 1}, SA_DTYPE_PARAM, nullptr},
+      {"float8_e5m2", {kDLFloat8_e5m2, 8, 1}, SA_DTYPE_PARAM | SA_DTYPE_SCALED_PARAM, nullptr},
       {"float8_e8m0fnu", {kDLFloat8_e8m0fnu, 8, 1}, SA_DTYPE_SCALE, nullptr},
       {"int16", {kDLInt, 16, 1}, SA_DTYPE_STATE | SA_DTYPE_FILE, "I16"},
   };

@@ -49,6 +49,9 @@ const (
 	// RoleScale: the dtype of an fp8 param's scale tensor under some scaling
 	// (sa_param_options.scale).
 	RoleScale = 64
+	// RoleScaledParam: a param's dtype that is cast from a float32 master under a scaling
+	// (ParamOptions.Scaling): the fp8 param dtypes.
+	RoleScaledParam = 128
 )
 
 // DTypeInfo describes one dtype as the library defines it (sa_dtype_info).

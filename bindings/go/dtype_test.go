@@ -20,7 +20,7 @@ const (
 
 // The dtype table comes from the library (sa_dtype): its codes are DLPack's and its roles
 // are what shardadam.h says each field takes: params float32, bfloat16, float16 and (with
-// a scaling) float8_e4m3fn, float8_e5m2; grads float32, bfloat16, float16; moments
+// a scaling, so also scaled params) float8_e4m3fn, float8_e5m2; grads float32, bfloat16, float16; moments
 // float32, bfloat16 and the block storages uint8, float8_e4m3fn; states the moments,
 // float32 (masters, block absmax) and int16 (the remainder); shard files the dtypes with
 // a safetensors name (block moments' codes among them); scales float32 (delayed, block128) and float8_e8m0fnu (mxfp8). The
@@ -32,8 +32,8 @@ func TestDTypesAreTheLibrarysWithDLPackCodes(t *testing.T) {
 		BFloat16:      {kDLBfloat, 16, RoleParam | RoleGrad | RoleMoment | RoleState | RoleFile},
 		Float16:       {kDLFloat, 16, RoleParam | RoleGrad | RoleFile},
 		Uint8:         {kDLUInt, 8, RoleMoment | RoleState | RoleBlockMoment | RoleFile},
-		Float8E4M3FN:  {kDLFloat8E4M3FN, 8, RoleParam | RoleMoment | RoleState | RoleBlockMoment | RoleFile},
-		Float8E5M2:    {kDLFloat8E5M2, 8, RoleParam},
+		Float8E4M3FN:  {kDLFloat8E4M3FN, 8, RoleParam | RoleScaledParam | RoleMoment | RoleState | RoleBlockMoment | RoleFile},
+		Float8E5M2:    {kDLFloat8E5M2, 8, RoleParam | RoleScaledParam},
 		Float8E8M0FNU: {kDLFloat8E8M0FNU, 8, RoleScale},
 		Int16:         {kDLInt, 16, RoleState | RoleFile},
 	}

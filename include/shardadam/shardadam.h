@@ -367,7 +367,10 @@ typedef enum sa_dtype_role {
   SA_DTYPE_BLOCK_MOMENT = 32,
   /* the dtype of an fp8 param's scale tensor under some sa_param_scaling
    * (sa_param_options.scale): float32, float8_e8m0fnu */
-  SA_DTYPE_SCALE = 64
+  SA_DTYPE_SCALE = 64,
+  /* a param's dtype that is cast from a float32 master under a scaling
+   * (sa_param_options.scaling): the fp8 param dtypes float8_e4m3fn, float8_e5m2 */
+  SA_DTYPE_SCALED_PARAM = 128
 } sa_dtype_role;
 
 /**

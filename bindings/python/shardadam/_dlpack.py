@@ -51,6 +51,10 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 #: per block: ``SA_DTYPE_BLOCK_MOMENT``), e.g. ``uint8``, ``float8_e4m3fn``.
 BLOCK_MOMENT_DTYPES = frozenset(name for name, info in DTYPE_INFO.items()
                                 if info["roles"] & _C.SA_DTYPE_BLOCK_MOMENT)
+#: The names of the param dtypes cast from a float32 master under a scaling (the fp8 param
+#: dtypes: ``SA_DTYPE_SCALED_PARAM``), e.g. ``float8_e4m3fn``, ``float8_e5m2``.
+SCALED_PARAM_DTYPES = frozenset(name for name, info in DTYPE_INFO.items()
+                                if info["roles"] & _C.SA_DTYPE_SCALED_PARAM)
 
 
 def _library_scalings():
@@ -90,7 +94,7 @@ def dtypes():
     """The library's table of the dtypes it stores (``sa_dtype``): one dict per dtype with
     its ``name``, ``dtype`` (DLPack code, bits, lanes), ``roles`` (bits of ``SA_DTYPE_PARAM``,
     ``SA_DTYPE_GRAD``, ``SA_DTYPE_MOMENT``, ``SA_DTYPE_STATE``, ``SA_DTYPE_FILE``,
-    ``SA_DTYPE_BLOCK_MOMENT``),
+    ``SA_DTYPE_BLOCK_MOMENT``, ``SA_DTYPE_SCALE``, ``SA_DTYPE_SCALED_PARAM``),
     ``safetensors_name`` (None when shard files never hold it) and ``doc``."""
     return [dict(info) for info in DTYPE_INFO.values()]
 

@@ -10,7 +10,7 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _grad_intake, _schema
 from ._comm import Comm, nccl_unique_id
-from ._dlpack import BLOCK_MOMENT_DTYPES, dtype_name, to_dtype
+from ._dlpack import BLOCK_MOMENT_DTYPES, SCALED_PARAM_DTYPES, dtype_name, to_dtype
 from ._errors import InvalidArgument, check
 from ._optimizer import Optimizer, _clip_args
 from .layout import Mesh, Replicate, Shard
@@ -76,7 +76,9 @@ def set_group_hyperparameters(group, hyperparameters):
         group[key] = value
 
 
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# The torch dtypes of the library's fp8 params (SA_DTYPE_SCALED_PARAM), from its table.
+_FP8_DTYPES = frozenset(getattr(torch, name) for name in sorted(SCALED_PARAM_DTYPES)
+                        if isinstance(getattr(torch, name, None), torch.dtype))
 # The scalings whose scale is the whole tensor's amax (sa_param_scaling's current ones).
 _CURRENT_SCALINGS = ("current", "current_pow2")
 # FusedAdam's offload= values and the state placement (Optimizer.add_param) each gives.
@@ -664,7 +666,7 @@ class FusedAdam(torch.optim.Optimizer):
         spec = self._fp8.get(param) if self._fp8 else None
         if local.dtype not in _FP8_DTYPES:
             raise ValueError(f"FusedAdam: param {name!r} is {local.dtype}, but fp8= gives it {spec!r}; "
-                             "fp8 params are torch.float8_e4m3fn or torch.float8_e5m2")
+                             "fp8 params are " + " or ".join(sorted(map(str, _FP8_DTYPES))))
         if not isinstance(spec, Fp8):
             raise ValueError(f"FusedAdam: param {name!r} is {local.dtype}: give its scaling and scale tensor as "
                              f"FusedAdam(..., fp8={{param: shardadam.torch.Fp8(scaling, scale)}}), got {spec!r}")

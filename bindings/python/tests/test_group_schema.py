@@ -226,6 +226,8 @@ def test_dtype_table_matches_numpy_and_the_add_param_checks():
             opt.add_param("p", np.zeros(256, np_dtype), scaling="delayed", scale=np.ones(1, np.float32))
         assert (added or needs_scaling) == bool(d["roles"] & param_role), (name, refusal)
         assert not needs_scaling or name in ("float8_e4m3fn", "float8_e5m2"), name
+        # SA_DTYPE_SCALED_PARAM (FusedAdam's fp8 dtypes come from it) is what add_param says.
+        assert bool(d["roles"] & _C.SA_DTYPE_SCALED_PARAM) == needs_scaling, name
         opt = shardadam.Optimizer()
         try:
             opt.add_param("p", np.zeros(300, np.float32), moment_dtype=name)

@@ -160,6 +160,7 @@ int main(void) {
   CONSTANT(SA_DTYPE_FILE);
   CONSTANT(SA_DTYPE_BLOCK_MOMENT);
   CONSTANT(SA_DTYPE_SCALE);
+  CONSTANT(SA_DTYPE_SCALED_PARAM);
   FACT("SA_DTYPE_INFO_INIT.struct_size", dtype_info.struct_size);
   FACT("SA_DTYPE_INFO_INIT.null_pointers", dtype_info.name == NULL &&
        dtype_info.safetensors_name == NULL && dtype_info.doc == NULL && dtype_info.dtype.bits == 0);

@@ -192,6 +192,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_DTYPE_FILE);
     constant!(SA_DTYPE_BLOCK_MOMENT);
     constant!(SA_DTYPE_SCALE);
+    constant!(SA_DTYPE_SCALED_PARAM);
     let dtype_info = sa_dtype_info::default();
     fact(
         "SA_DTYPE_INFO_INIT.struct_size",

@@ -321,6 +321,9 @@ pub const SA_DTYPE_BLOCK_MOMENT: sa_dtype_role = 32;
 /// `SA_DTYPE_SCALE`: the dtype of an fp8 param's scale tensor under some `sa_param_scaling`
 /// (`sa_param_options::scale`).
 pub const SA_DTYPE_SCALE: sa_dtype_role = 64;
+/// `SA_DTYPE_SCALED_PARAM`: a param's dtype that is cast from a float32 master under a
+/// scaling (`sa_param_options.scaling`): the fp8 param dtypes.
+pub const SA_DTYPE_SCALED_PARAM: sa_dtype_role = 128;
 
 /// `sa_dtype_info`: one dtype the library stores, as it defines it.
 #[repr(C)]

@@ -14,12 +14,13 @@ const STATE: i32 = sys::SA_DTYPE_STATE;
 const FILE: i32 = sys::SA_DTYPE_FILE;
 const BLOCK: i32 = sys::SA_DTYPE_BLOCK_MOMENT;
 const SCALE: i32 = sys::SA_DTYPE_SCALE;
+const SCALED: i32 = sys::SA_DTYPE_SCALED_PARAM;
 
 /// Every dtype of the header: name, DLPack code and bits, roles, and the [`DType`] that
 /// names it (this crate names every one).
 ///
-/// Roles, from shardadam.h: params are float32, bfloat16, float16 and (with a scaling)
-/// float8_e4m3fn, float8_e5m2; grads float32, bfloat16, float16; moments float32,
+/// Roles, from shardadam.h: params are float32, bfloat16, float16 and (with a scaling, so
+/// also scaled params) float8_e4m3fn, float8_e5m2; grads float32, bfloat16, float16; moments float32,
 /// bfloat16 and the block storages uint8, float8_e4m3fn; states the moments, float32 (a
 /// master, block absmax) and int16 (the remainder); shard files hold the dtypes with a
 /// safetensors name; scales are float32 (delayed, block128) and float8_e8m0fnu (mxfp8).
@@ -57,14 +58,14 @@ fn expected() -> Vec<(&'static str, u8, u8, i32, Option<DType>)> {
             "float8_e4m3fn",
             sys::kDLFloat8_e4m3fn,
             8,
-            PARAM | MOMENT | STATE | BLOCK | FILE,
+            PARAM | SCALED | MOMENT | STATE | BLOCK | FILE,
             Some(DType::Float8E4m3fn),
         ),
         (
             "float8_e5m2",
             sys::kDLFloat8_e5m2,
             8,
-            PARAM,
+            PARAM | SCALED,
             Some(DType::Float8E5m2),
         ),
         (
