@@ -7,8 +7,11 @@
 // conversions of moments in state io.
 //
 // A new element dtype is a row of SA_ELEM_TYPES, its Codec below, and its place in
-// kernels/variants.h's tables (which params, grads and moments may use it). A moment of a
-// block dtype (form 1 or 2) also needs a BlockCodec (kernels/block_moment.h). Faster loads
+// kernels/variants.h's tables (which params, grads and moments may use it). A new fp8 param
+// dtype is instead a row of SA_ELEM_TYPES, its Codec and its saturating cast's Encoding
+// below, and a row of SA_FP8_PARAM_TYPES: its param forms (one per scaling), the scalings'
+// rules and both backends' casts follow from that row. A moment of a block dtype (form 1
+// or 2) also needs a BlockCodec (kernels/block_moment.h). Faster loads
 // (kernels/cpu/adam_cpu_simd-inl.h's LoadLanes, kernels/cuda/storage.cuh) are optional:
 // without them a kernel converts the dtype an element at a time, with the same Codec.
 //
@@ -226,6 +229,42 @@ struct E5m2Encoding {  // float8_e5m2: bias 15, 2 mantissa bits, largest 57344
   static constexpr float kSubnormalUnits = 65536.0f;  // 2^16
 };
 
+// X(name, Encoding, largest finite value, emax)
+//
+// The fp8 param dtypes: the one list of them. An fp8 param keeps a float32 master and is
+// cast from it by each scaling of kernels/param_scaling.h (kernels/param_cast.h); a row
+// gives the dtype its param forms (kernels/variants.h), the scalings' rules (Fp8Param) and
+// the casts of both backends (visit_fp8_param). Encoding: the rules of its saturating
+// cast, float_to_fp8<Encoding> below, which its Codec's encode must be (the CPU's SIMD
+// cast runs the same rules); largest finite value: fp8_max of block128 and the current
+// scalings; emax: the exponent of its largest power of two, which an MXFP8 block scale
+// subtracts (OCP MX).
+#define SA_FP8_PARAM_TYPES(X)        \
+  X(f8e4m3, E4m3Encoding, 448.0f, 8) \
+  X(f8e5m2, E5m2Encoding, 57344.0f, 15)
+
+// An fp8 param dtype's row of SA_FP8_PARAM_TYPES as a type.
+template <ElemType P>
+struct Fp8Param;
+#define SA_FP8_PARAM_TRAIT(name, encoding, max, emax)                                              \
+  template <>                                                                                      \
+  struct Fp8Param<ElemType::name> {                                                                \
+    using Encoding = encoding;                                                                     \
+    static constexpr float kMax = (max);                                                           \
+    static constexpr int kEmax = (emax);                                                           \
+    static_assert(static_cast<float>(1 << kEmax) <= kMax && kMax < static_cast<float>(2 << kEmax), \
+                  "emax is not the exponent of the largest finite value's power of two");          \
+  };
+SA_FP8_PARAM_TYPES(SA_FP8_PARAM_TRAIT)
+#undef SA_FP8_PARAM_TRAIT
+
+// The fp8 param dtypes in the table's order (kernels/variants.h's param forms).
+inline constexpr ElemType kFp8ParamTypes[] = {
+#define SA_FP8_PARAM_ELEM(name, encoding, max, emax) ElemType::name,
+    SA_FP8_PARAM_TYPES(SA_FP8_PARAM_ELEM)
+#undef SA_FP8_PARAM_ELEM
+};
+
 // Round to nearest, ties to even, saturating by E's rules; NaN stays NaN (code 0x7F with the
 // sign). Adding and taking away 2^23 rounds a float in [0, 2^23) to an integer, ties to even.
 template <class E>
@@ -369,6 +408,27 @@ bool visit_elem_rows(ElemType t, Fn&& fn) {
 template <class Fn>
 bool visit_elem_type(ElemType t, Fn&& fn) {
   return visit_elem_rows<form_has_codec>(t, fn);
+}
+
+// Calls fn(ElemTag<t>{}) for an fp8 param dtype t (a row of SA_FP8_PARAM_TYPES) and returns
+// true; returns false, calling nothing, for any other dtype. The one switch from a runtime
+// param dtype to its compile-time fp8 rules (Fp8Param); host and device code, as a current
+// scaling's scale is written on both.
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable  // fn is a device lambda in device code, a host one on the host
+#endif
+template <class Fn>
+SA_HD bool visit_fp8_param(ElemType t, Fn&& fn) {
+  switch (t) {
+#define SA_FP8_PARAM_VISIT(name, encoding, max, emax) \
+  case ElemType::name:                                \
+    fn(ElemTag<ElemType::name>{});                    \
+    return true;
+    SA_FP8_PARAM_TYPES(SA_FP8_PARAM_VISIT)
+#undef SA_FP8_PARAM_VISIT
+    default:
+      return false;
+  }
 }
 
 }  // namespace kernels

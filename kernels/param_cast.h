@@ -23,23 +23,6 @@
 namespace sa {
 namespace kernels {
 
-// ---- the fp8 param dtypes ---------------------------------------------------------------
-
-// The largest finite value of an fp8 param dtype, and emax, the exponent of its largest
-// power of two (OCP MX: 8 for e4m3, 15 for e5m2).
-template <ElemType P>
-struct Fp8Limits;
-template <>
-struct Fp8Limits<ElemType::f8e4m3> {
-  static constexpr float kMax = 448.0f;
-  static constexpr int kEmax = 8;
-};
-template <>
-struct Fp8Limits<ElemType::f8e5m2> {
-  static constexpr float kMax = 57344.0f;
-  static constexpr int kEmax = 15;
-};
-
 // 2^k as a float32 for k in [-149, 127] (2^-127 and below are subnormals), exactly.
 SA_HD float exp2_exact(int k) {
   return k >= -126 ? bits_float(static_cast<uint32_t>(k + 127) << 23)
@@ -53,8 +36,7 @@ template <ElemType P>
 SA_HD uint8_t mx_scale_code(float amax) {
   const uint32_t bits = float_bits(amax);
   if (bits > 0x7F800000u) return 0xFFu;
-  const int biased =
-      static_cast<int>(bits >> 23) - Fp8Limits<P>::kEmax;  // floor(log2) + 127 - emax
+  const int biased = static_cast<int>(bits >> 23) - Fp8Param<P>::kEmax;  // floor(log2) + 127 - emax
   return static_cast<uint8_t>(biased < 0 ? 0 : (biased > 254 ? 254 : biased));
 }
 
@@ -69,7 +51,7 @@ SA_HD float mx_element_factor(uint8_t code) {
 template <ElemType P>
 SA_HD float block128_scale(float amax) {
   if (amax == 0.0f) return 1.0f;
-  const float s = Fp8Limits<P>::kMax / amax;
+  const float s = Fp8Param<P>::kMax / amax;
   return s > FLT_MAX ? FLT_MAX : s;
 }
 
@@ -95,11 +77,11 @@ SA_HD float reduced_amax(const ParamScale& scale) {
 SA_HD void write_current_scale(ElemType param_type, ParamScaling scaling, const ParamScale& scale) {
   const float amax = reduced_amax(scale);
   const bool pow2 = scaling == ParamScaling::current_pow2;
-  const float factor = param_type == ElemType::f8e4m3
-                           ? current_scale<ElemType::f8e4m3>(amax, pow2, scale.margin)
-                           : current_scale<ElemType::f8e5m2>(amax, pow2, scale.margin);
-  static_cast<float*>(scale.scale)[0] = factor;
-  static_cast<float*>(scale.scale)[1] = 1.0f / factor;
+  visit_fp8_param(param_type, [&](auto p) {
+    const float factor = current_scale<decltype(p)::value>(amax, pow2, scale.margin);
+    static_cast<float*>(scale.scale)[0] = factor;
+    static_cast<float*>(scale.scale)[1] = 1.0f / factor;
+  });
   if (scale.amax != nullptr) *scale.amax = amax;
 }
 
@@ -159,7 +141,7 @@ SA_HD void dequantize_block(const uint8_t* param, int64_t n, const ParamScale& s
 // ---- the dispatch to compile-time dtype and scaling (host code) ---------------------------
 
 // Calls fn(ElemTag<P>{}, std::integral_constant<ParamScaling, S>{}) for an fp8 param dtype
-// (those with Fp8Limits) and a scaling of SA_PARAM_SCALINGS other than none, and returns
+// (visit_fp8_param) and a scaling of SA_PARAM_SCALINGS other than none, and returns
 // true; false (calling nothing) otherwise.
 template <class Fn>
 bool visit_param_scaling(ElemType param, ParamScaling scaling, Fn&& fn) {
@@ -178,9 +160,9 @@ bool visit_param_scaling(ElemType param, ParamScaling scaling, Fn&& fn) {
     }
     return false;
   };
-  if (param == ElemType::f8e4m3) return with_scaling(ElemTag<ElemType::f8e4m3>{});
-  if (param == ElemType::f8e5m2) return with_scaling(ElemTag<ElemType::f8e5m2>{});
-  return false;
+  bool visited = false;
+  visit_fp8_param(param, [&](auto p) { visited = with_scaling(p); });
+  return visited;
 }
 
 // ---- host loops over a run of whole blocks ----------------------------------------------

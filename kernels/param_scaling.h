@@ -52,6 +52,13 @@ enum class ParamScaling : uint8_t {
 #undef SA_SCALING_ENUMERATOR
 };
 
+// The scalings in the table's order (kernels/variants.h's fp8 param forms).
+inline constexpr ParamScaling kParamScalings[] = {
+#define SA_SCALING_ELEM(name, value, block, scale_type, writes, doc) ParamScaling::name,
+    SA_PARAM_SCALINGS(SA_SCALING_ELEM)
+#undef SA_SCALING_ELEM
+};
+
 // NOLINTBEGIN(bugprone-macro-parentheses): terms of the sums below
 #define SA_SCALING_COUNT(name, value, block, scale_type, writes, doc) 1 +
 #define SA_SCALING_BLOCK(name, value, block, scale_type, writes, doc) \

@@ -1,7 +1,9 @@
 // kernels/variants.h — the one table of the updates the kernels implement, and the visitor
 // that turns a runtime Variant into a compile-time Signature. The CPU kernel, the CUDA
 // kernel and the core's checks of add_param's options all read the table below; a new
-// param form, grad dtype or moment storage is a row here plus its loads and stores.
+// unscaled param form, grad dtype or moment storage is a row here plus its loads and
+// stores. The forms of an fp8 param dtype come from its row of SA_FP8_PARAM_TYPES
+// (kernels/elem_type.h), one per scaling, and need nothing here.
 //
 // Host code only, except fp8_master_slot and TypedSlot (host and device).
 #ifndef SHARDADAM_KERNELS_VARIANTS_H_
@@ -29,25 +31,44 @@ struct ParamForm {
   ParamScaling scaling;
 };
 
-// The param forms, in the order SA_MASTER_AUTO prefers them for a param dtype: a float32
-// param is its own master; a 16-bit param gets a float32 master unless asked otherwise;
-// an fp8 param has a float32 master and one of the scalings of kernels/param_scaling.h.
-inline constexpr ParamForm kParamForms[] = {
+namespace detail {
+
+// The forms of the unscaled param dtypes: a float32 param is its own master; a 16-bit param
+// gets a float32 master unless asked otherwise.
+inline constexpr ParamForm kUnscaledParamForms[] = {
     {ElemType::f32, MasterKind::none, ParamScaling::none},
     {ElemType::bf16, MasterKind::fp32, ParamScaling::none},
     {ElemType::bf16, MasterKind::remainder, ParamScaling::none},
     {ElemType::f16, MasterKind::fp32, ParamScaling::none},
-    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::delayed},
-    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::mxfp8},
-    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::block128},
-    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::delayed},
-    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::mxfp8},
-    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::block128},
-    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::current},
-    {ElemType::f8e4m3, MasterKind::fp32, ParamScaling::current_pow2},
-    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::current},
-    {ElemType::f8e5m2, MasterKind::fp32, ParamScaling::current_pow2},
 };
+
+// The param forms as a C array inside a literal type: a constexpr function fills it from
+// the tables, and kParamForms is then the array itself, for std::size, range-for and
+// in_table in constant expressions (host and device) as with a hand-written array.
+struct ParamFormTable {
+  static constexpr size_t kSize =
+      std::size(kUnscaledParamForms) + std::size(kFp8ParamTypes) * (std::size(kParamScalings) - 1);
+  ParamForm rows[kSize];
+};
+
+constexpr ParamFormTable param_form_table() {
+  ParamFormTable table{};
+  size_t i = 0;
+  for (const ParamForm& form : kUnscaledParamForms) table.rows[i++] = form;
+  for (const ElemType param : kFp8ParamTypes)
+    for (const ParamScaling scaling : kParamScalings)
+      if (scaling != ParamScaling::none) table.rows[i++] = {param, MasterKind::fp32, scaling};
+  return table;
+}
+
+inline constexpr ParamFormTable kParamFormTable = param_form_table();
+
+}  // namespace detail
+
+// The param forms, in the order SA_MASTER_AUTO prefers them for a param dtype: the
+// unscaled ones, then for each fp8 param dtype (SA_FP8_PARAM_TYPES) a float32 master with
+// each scaling of kernels/param_scaling.h but none, in that table's order.
+inline constexpr const auto& kParamForms = detail::kParamFormTable.rows;
 
 // The grad dtypes every param form takes.
 inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemType::f16};

@@ -237,9 +237,12 @@ int64_t EncodeQ8WholeVectors(const int32_t* buckets, const uint32_t* mids, const
 // without a fused multiply-add: the scalar path then casts it all, as it updates).
 int64_t CastFp8WholeVectors(ElemType type, const float* master, int64_t n, float factor,
                             uint8_t* codes) {
+  int64_t rest = 0;
 #if HWY_NATIVE_FMA
-  if (type == ElemType::f8e4m3) return CastFp8Vectors<E4m3Encoding>(master, n, factor, codes);
-  if (type == ElemType::f8e5m2) return CastFp8Vectors<E5m2Encoding>(master, n, factor, codes);
+  visit_fp8_param(type, [&](auto p) {
+    using Encoding = typename Fp8Param<decltype(p)::value>::Encoding;
+    rest = CastFp8Vectors<Encoding>(master, n, factor, codes);
+  });
 #else
   (void)type;
   (void)master;
@@ -247,7 +250,7 @@ int64_t CastFp8WholeVectors(ElemType type, const float* master, int64_t n, float
   (void)factor;
   (void)codes;
 #endif
-  return 0;
+  return rest;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -492,10 +495,7 @@ void cast_run(const float* master, int64_t n, float factor, uint8_t* codes) {
 
 void cast_fp8_run_scalar(ElemType type, const float* master, int64_t n, float factor,
                          uint8_t* codes) {
-  if (type == ElemType::f8e4m3)
-    cast_run<ElemType::f8e4m3>(master, n, factor, codes);
-  else
-    cast_run<ElemType::f8e5m2>(master, n, factor, codes);
+  visit_fp8_param(type, [&](auto p) { cast_run<decltype(p)::value>(master, n, factor, codes); });
 }
 
 void cast_fp8_run_simd(ElemType type, const float* master, int64_t n, float factor,
