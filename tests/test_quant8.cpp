@@ -349,6 +349,7 @@ struct Q8Shard {
       }
       absmax[k].resize(blocks);
       for (auto& a : absmax[k]) a = std::fabs(normal(rng)) * (k == 0 ? 0.1f : 0.01f);
+      absmax[k][0] = 0.0f;  // block 0's moments are zeros (and stay so under zero grads)
     }
   }
 
@@ -403,7 +404,8 @@ struct Q8Shard {
 // encodes it (adam_cpu.cpp's UpdateCodedBlocks); the scalar path decodes, updates and encodes
 // element by element. Over every Highway target of this CPU, both block storages, every
 // param storage, grad dtype, amsgrad and l2, three steps (the second with a NaN grad in
-// block 1 and an infinite one in block 2, whose moments become NaN blocks), and shards whose
+// block 1 and an infinite one in block 2, whose moments become NaN blocks; the third with
+// zero grads in block 0, whose moments start as zeros), and shards whose
 // last block is whole, a partial block of whole vectors, or a ragged one.
 TEST_CASE(
     "block moments (q8, float8): SIMD and scalar paths, and any split on block boundaries, agree "
@@ -447,6 +449,11 @@ TEST_CASE(
                       scalar.grad16[kQuant8Block + 5] = 0x7FC0;
                       scalar.grad16[2 * kQuant8Block + 9] = 0x7F80;
                     }
+                  }
+                  if (step == 3) {  // block 0: zero grads, so (decoupled) all-zero moments
+                    std::fill(scalar.grad.begin(), scalar.grad.begin() + kQuant8Block, 0.0f);
+                    std::fill(scalar.grad16.begin(),
+                              scalar.grad16.begin() + (grad == ElemType::bf16 ? kQuant8Block : 0), 0);
                   }
                   simd.grad = pieces.grad = scalar.grad;
                   simd.grad16 = pieces.grad16 = scalar.grad16;

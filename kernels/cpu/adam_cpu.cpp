@@ -34,6 +34,23 @@
 #include "adam_cpu_simd-inl.h"
 #include "visit_kernel.h"
 
+// What a block moment's decode and encode read (block_moment.h), per moment: the per-target
+// loop below takes them from the scalar code at the end of this file. Defined once, though
+// Highway compiles this file once per target.
+#ifndef SHARDADAM_KERNELS_CPU_ADAM_CPU_BLOCK_TABLES_
+#define SHARDADAM_KERNELS_CPU_ADAM_CPU_BLOCK_TABLES_
+namespace sa {
+namespace kernels {
+struct BlockTables {
+  const float* values[kNumMoments];     // the value of each code, before the block's factor
+  const int32_t* buckets[kNumMoments];  // q8: the bucket table widened to int32; f8: unused
+  const uint32_t* mids[kNumMoments];    // q8: the midpoints; f8: unused
+  const uint32_t* keys[kNumMoments];    // q8: the key table's entries (quant8.h); f8: unused
+};
+}  // namespace kernels
+}  // namespace sa
+#endif
+
 // ---- per SIMD target --------------------------------------------------------------------
 
 HWY_BEFORE_NAMESPACE();
@@ -186,7 +203,150 @@ int64_t EncodeQ8Vectors(const int32_t* buckets, const uint32_t* mids, const floa
   }
   return i;
 }
+
+// EncodeQ8Vectors for a block whose absmax is finite, by quant8.h's key tables (`entries`:
+// table quant8_keys(kSigned), filled by quant8_fill_keys): one gather per vector instead of
+// the bucket's code and then its midpoint, the same code (tests/test_quant8.cpp checks the
+// key tables against quant8_search across their domain, which holds every scaled value of
+// such a block).
+template <bool kSigned>
+int64_t EncodeQ8KeyVectors(const uint32_t* entries, const float* x, float inverse, int64_t n,
+                           uint8_t* codes) {
+  constexpr Quant8KeyTable kKeys = quant8_keys(kSigned);
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto factor = hn::Set(df, inverse);
+  const auto* table = reinterpret_cast<const int32_t*>(entries);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto scaled = hn::Mul(hn::LoadU(df, x + i), factor);
+    hn::Vec<decltype(di)> key;
+    if constexpr (kSigned) {  // quant8_signed_key
+      const auto bits = hn::BitCast(di, scaled);
+      key = hn::Xor(bits, hn::And(hn::ShiftRight<31>(bits), hn::Set(di, 0x7FFFFFFF)));
+    } else {  // quant8_unsigned_key
+      key = hn::BitCast(di, hn::Max(scaled, hn::Set(df, kQuant8UnsignedKeyLow)));
+    }
+    const auto entry = hn::GatherIndex(
+        di, table, hn::Sub(hn::ShiftRight<kKeys.shift>(key), hn::Set(di, kKeys.first)));
+    const auto sum = hn::Add(hn::BitCast(du, entry),
+                             hn::ShiftLeft<kKeys.code_bit - kKeys.shift>(hn::BitCast(du, key)));
+    hn::StoreU(hn::TruncateTo(d8, hn::ShiftRight<kKeys.code_bit>(sum)), d8, codes + i);
+  }
+  return i;
+}
+
+// A block's moments as UpdateVectors reads and writes them: Load decodes a vector of codes
+// (DecodeCodesVectors' gather and product), Store keeps the updated float32 values for the
+// encode and the integer max of their magnitudes' bits (AbsmaxBitsVectors': the block's new
+// absmax). So a block is decoded, updated and measured in one pass over its elements.
+struct CodedMoments {
+  using D = hn::ScalableTag<float>;
+  using DU = hn::RebindToUnsigned<D>;
+  int64_t base = 0;                     // the block's first element
+  const float* values[kNumMoments]{};   // BlockTables::values
+  const uint8_t* codes[kNumMoments]{};  // the slot's codes, by element
+  float* decoded[kNumMoments]{};        // the block's updated values, from `base`
+  hn::Vec<D> factor[kNumMoments];       // the block's decode factor
+  hn::Vec<DU> magnitude[kNumMoments];   // the max of the magnitudes' bits so far
+
+  HWY_INLINE hn::Vec<D> Load(int k, int64_t i) const {
+    const auto index =
+        hn::PromoteTo(hn::RebindToSigned<D>(), hn::LoadU(hn::Rebind<uint8_t, D>(), codes[k] + i));
+    return hn::Mul(hn::GatherIndex(D(), values[k], index), factor[k]);
+  }
+  HWY_INLINE void Store(int k, int64_t i, hn::Vec<D> v) {
+    hn::StoreU(v, D(), decoded[k] + (i - base));
+    magnitude[k] = hn::Max(magnitude[k], hn::And(hn::BitCast(DU(), v), hn::Set(DU(), 0x7FFFFFFFu)));
+  }
+};
+
+// Updates the blocks of [begin, end) of a slot of block moments T (F: the Signature of its
+// float32 twin, whose update runs on the decoded values) a block at a time: decode, update and
+// absmax in one pass (UpdateVectors with CodedMoments), then each moment's encode (EncodeQ8Vectors,
+// or CastFp8Vectors dividing by the scale). The same operations as the block loop of
+// adam_cpu_range_blocks, so the same bits. Stops at a block that is not whole vectors (only a
+// shard's last block can be) and returns where it stopped.
+template <ElemType T, class F, bool kL2>
+int64_t UpdateCodedBlocks(const TensorSlot& slot, const AdamCoeffs<float>& cf,
+                          const BlockTables& tables, int64_t begin, int64_t end) {
+  const CodedMoments::D df;
+  const CodedMoments::DU du;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const TypedSlot<F> s(slot);  // its moment pointers are the codes: read through `moments`
+  HWY_ALIGN float decoded[kNumMoments][kQuant8Block];
+  uint8_t* codes[kNumMoments]{};
+  float* absmax[kNumMoments]{};
+  CodedMoments moments;
+  for_each_moment<F>([&](auto k) HWY_ATTR {
+    codes[k] = static_cast<uint8_t*>(slot.state[static_cast<size_t>(moment_state(k))]);
+    absmax[k] = static_cast<float*>(slot.state[static_cast<size_t>(moment_absmax_state(k))]);
+    moments.values[k] = tables.values[k];
+    moments.codes[k] = codes[k];
+    moments.decoded[k] = decoded[k];
+  });
+  int64_t block_begin = begin;
+  for (; block_begin < end; block_begin += kQuant8Block) {
+    const int64_t n = end - block_begin < kQuant8Block ? end - block_begin : kQuant8Block;
+    if (n % lanes != 0) break;
+    const int64_t block = block_begin / kQuant8Block;
+    moments.base = block_begin;
+    for_each_moment<F>([&](auto k) HWY_ATTR {
+      moments.factor[k] = hn::Set(df, BlockCodec<T>::decode_factor(absmax[k][block]));
+      moments.magnitude[k] = hn::Zero(du);
+    });
+    UpdateVectors<F, kL2>(s, cf, block_begin, block_begin + n, moments);
+    for_each_moment<F>([&](auto k) HWY_ATTR {
+      const float a = bits_float(hn::GetLane(hn::MaxOfLanes(du, moments.magnitude[k])));
+      absmax[k][block] = a;
+      if constexpr (T == ElemType::q8) {
+        const float inverse = BlockCodec<T>::encode_factor(a);
+        uint8_t* out = codes[k] + block_begin;
+        if (float_bits(a) >= 0x7F800000u)  // a NaN or infinite block: the clamping search
+          EncodeQ8Vectors(tables.buckets[k], tables.mids[k], decoded[k], inverse, n, out);
+        else if (moment_signed(k))
+          EncodeQ8KeyVectors<true>(tables.keys[k], decoded[k], inverse, n, out);
+        else
+          EncodeQ8KeyVectors<false>(tables.keys[k], decoded[k], inverse, n, out);
+      } else {
+        CastFp8Vectors<E4m3Encoding, true>(decoded[k], n, BlockCodec<T>::encode_factor(a).scale,
+                                           codes[k] + block_begin);
+      }
+    });
+  }
+  return block_begin;
+}
 #endif
+
+// UpdateCodedBlocks for a variant of block moments; on a target without a fused
+// multiply-add it updates nothing and returns `begin`.
+int64_t UpdateCodedBlocksOfVariant(const Variant& variant, const TensorSlot& slot,
+                                   const GroupCoeffs& g, const BlockTables& tables, int64_t begin,
+                                   int64_t end) {
+#if HWY_NATIVE_FMA
+  Variant inner = variant;
+  inner.moment = ElemType::f32;
+  int64_t done = begin;
+  visit_kernel(inner, g.l2, [&](auto signature, auto l2) HWY_ATTR {
+    using F = decltype(signature);
+    constexpr bool kL2 = decltype(l2)::value;
+    done = variant.moment == ElemType::q8
+               ? UpdateCodedBlocks<ElemType::q8, F, kL2>(slot, g.c, tables, begin, end)
+               : UpdateCodedBlocks<ElemType::f8e4m3, F, kL2>(slot, g.c, tables, begin, end);
+  });
+  return done;
+#else
+  (void)variant;
+  (void)slot;
+  (void)g;
+  (void)tables;
+  (void)end;
+  return begin;
+#endif
+}
 
 // CastFp8Vectors dividing by the scale (a float8 moment's encode), or nothing on a target
 // without a fused multiply-add.
@@ -331,6 +491,7 @@ HWY_EXPORT(AbsmaxBitsWholeVectors);
 HWY_EXPORT(DecodeCodesWholeVectors);
 HWY_EXPORT(EncodeQ8WholeVectors);
 HWY_EXPORT(EncodeF8WholeVectors);
+HWY_EXPORT(UpdateCodedBlocksOfVariant);
 
 // The value of every float8_e4m3fn code, for DecodeCodesVectors' gather.
 const float* e4m3fn_values() {
@@ -355,6 +516,24 @@ const int32_t* wide_buckets(bool is_signed) {
   };
   static const Wide wide;
   return wide.table[is_signed ? 1 : 0];
+}
+
+// A q8 book's key table (quant8.h: quant8_keys, filled by quant8_fill_keys), for
+// EncodeQ8KeyVectors' gather.
+const uint32_t* key_entries(bool is_signed) {
+  struct Keys {
+    uint32_t unsigned_entries[quant8_keys(false).count];
+    uint32_t signed_entries[quant8_keys(true).count];
+    Keys() {
+      int32_t mid_keys[255];
+      quant8_mid_keys(quant8_map(false), false, mid_keys);
+      quant8_fill_keys(quant8_keys(false), mid_keys, 0, quant8_keys(false).count, unsigned_entries);
+      quant8_mid_keys(quant8_map(true), true, mid_keys);
+      quant8_fill_keys(quant8_keys(true), mid_keys, 0, quant8_keys(true).count, signed_entries);
+    }
+  };
+  static const Keys keys;
+  return is_signed ? keys.signed_entries : keys.unsigned_entries;
 }
 
 }  // namespace
@@ -418,6 +597,21 @@ void adam_cpu_range_blocks(const Variant& variant, const TensorSlot& slot, const
                            int64_t begin, int64_t end, bool simd) {
   static_assert(T == ElemType::q8 || T == ElemType::f8e4m3, "a block storage without lanes");
   assert(begin % kQuant8Block == 0 && (end % kQuant8Block == 0 || end == slot.numel));
+  if (simd) {
+    BlockTables tables{};
+    for (int k = 0; k < kNumMoments; ++k) {
+      if constexpr (T == ElemType::q8) {
+        const Quant8Book book = quant8_book(moment_signed(k));
+        tables.values[k] = reinterpret_cast<const float*>(book.map);
+        tables.buckets[k] = wide_buckets(moment_signed(k));
+        tables.mids[k] = book.mids;
+        tables.keys[k] = key_entries(moment_signed(k));
+      } else {
+        tables.values[k] = e4m3fn_values();
+      }
+    }
+    begin = HWY_DYNAMIC_DISPATCH(UpdateCodedBlocksOfVariant)(variant, slot, g, tables, begin, end);
+  }
   Variant inner = variant;
   inner.moment = ElemType::f32;
   const int64_t master_bytes = variant.master == MasterKind::remainder ? 2 : 4;

@@ -179,12 +179,24 @@ HWY_INLINE void StoreParamValue(const TypedSlot<S>& s, int64_t i, Vec p) {
   }
 }
 
-// Updates the whole vectors of [begin, end) and returns where the ragged tail (fewer than
-// one vector of elements) begins; the caller runs the scalar path on it. Unaligned loads
-// and stores throughout, so a result never depends on where a range starts.
-template <class S, bool kL2>
-int64_t UpdateWholeVectors(const TensorSlot& slot, const AdamCoeffs<float>& cf, int64_t begin,
-                           int64_t end) {
+// Where the loop below reads and writes the moments: the slot's arrays, in the moment
+// dtype. (A block moment's codes are another place: adam_cpu.cpp's CodedMoments.)
+template <class S>
+struct SlotMoments {
+  const TypedSlot<S>& s;
+  HWY_INLINE Vec Load(int k, int64_t i) const { return LoadLanes<S::kMoment>(s.moment[k] + i); }
+  HWY_INLINE void Store(int k, int64_t i, Vec v) { StoreLanes<S::kMoment>(v, s.moment[k] + i); }
+};
+
+// Updates the whole vectors of [begin, end), the moments read and written through
+// `moments`, and returns where the ragged tail (fewer than one vector of elements) begins;
+// the caller runs the scalar path on it. Unaligned loads and stores throughout, so a result
+// never depends on where a range starts.
+// Inlined, so that a caller's local `moments` stays in registers (called through a
+// reference, its pointers and accumulators were reloaded and stored at every vector).
+template <class S, bool kL2, class Moments>
+HWY_INLINE int64_t UpdateVectors(const TypedSlot<S>& s, const AdamCoeffs<float>& cf, int64_t begin,
+                                 int64_t end, Moments& moments) {
   const FloatTag df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const AdamCoeffs<FloatLanes> c{hn::Set(df, cf.grad_scale),
@@ -197,19 +209,26 @@ int64_t UpdateWholeVectors(const TensorSlot& slot, const AdamCoeffs<float>& cf, 
                                  hn::Set(df, cf.eps),
                                  hn::Set(df, cf.inv_sqrt_bias_correction2),
                                  hn::Set(df, cf.neg_step_size)};
-  const TypedSlot<S> s(slot);
   int64_t i = begin;
   for (; end - i >= lanes; i += lanes) {
     FloatLanes p = LoadParamValue(s, i);
     FloatLanes mom[kNumMoments];
-    for_each_moment<S>([&](auto k) HWY_ATTR { mom[k] = LoadLanes<S::kMoment>(s.moment[k] + i); });
+    for_each_moment<S>([&](auto k) HWY_ATTR { mom[k] = moments.Load(k, i); });
     const FloatLanes grad = LoadLanes<S::kGrad>(s.grad + i);
     adam_update<kL2, S::kAmsgrad>(HwyOps(), c, grad, p, mom);
     StoreParamValue(s, i, p.raw);
-    for_each_moment<S>([&](auto k)
-                           HWY_ATTR { StoreLanes<S::kMoment>(mom[k].raw, s.moment[k] + i); });
+    for_each_moment<S>([&](auto k) HWY_ATTR { moments.Store(k, i, mom[k].raw); });
   }
   return i;
+}
+
+// UpdateVectors over the slot's own moment arrays.
+template <class S, bool kL2>
+int64_t UpdateWholeVectors(const TensorSlot& slot, const AdamCoeffs<float>& cf, int64_t begin,
+                           int64_t end) {
+  const TypedSlot<S> s(slot);
+  SlotMoments<S> moments{s};
+  return UpdateVectors<S, kL2>(s, cf, begin, end, moments);
 }
 
 #endif  // HWY_NATIVE_FMA
