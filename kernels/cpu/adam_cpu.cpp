@@ -264,14 +264,39 @@ struct CodedMoments {
   }
 };
 
-// Updates the blocks of [begin, end) of a slot of block moments T (F: the Signature of its
-// float32 twin, whose update runs on the decoded values) a block at a time: decode, update and
-// absmax in one pass (UpdateVectors with CodedMoments), then each moment's encode (EncodeQ8Vectors,
-// or CastFp8Vectors dividing by the scale). The same operations as the block loop of
-// adam_cpu_range_blocks, so the same bits. Stops at a block that is not whole vectors (only a
-// shard's last block can be) and returns where it stopped.
-template <ElemType T, class F, bool kL2>
-int64_t UpdateCodedBlocks(const TensorSlot& slot, const AdamCoeffs<float>& cf,
+// A block's decode factor, and the encode of moment k's updated values x[0, n) under the
+// block's new absmax, for a block storage (q8 or f8e4m3). Branches taken once per block, so
+// that UpdateCodedBlocks' loop is compiled once for both storages (twice, it doubled this
+// file's compile time).
+float DecodeFactor(ElemType storage, float absmax) {
+  return storage == ElemType::q8 ? BlockCodec<ElemType::q8>::decode_factor(absmax)
+                                 : BlockCodec<ElemType::f8e4m3>::decode_factor(absmax);
+}
+
+void EncodeBlock(ElemType storage, const BlockTables& tables, int k, const float* x, float absmax,
+                 int64_t n, uint8_t* codes) {
+  if (storage == ElemType::f8e4m3) {
+    CastFp8Vectors<E4m3Encoding, true>(
+        x, n, BlockCodec<ElemType::f8e4m3>::encode_factor(absmax).scale, codes);
+    return;
+  }
+  const float inverse = BlockCodec<ElemType::q8>::encode_factor(absmax);
+  if (float_bits(absmax) >= 0x7F800000u)  // a NaN or infinite block: the clamping search
+    EncodeQ8Vectors(tables.buckets[k], tables.mids[k], x, inverse, n, codes);
+  else if (moment_signed(k))
+    EncodeQ8KeyVectors<true>(tables.keys[k], x, inverse, n, codes);
+  else
+    EncodeQ8KeyVectors<false>(tables.keys[k], x, inverse, n, codes);
+}
+
+// Updates the blocks of [begin, end) of a slot of block moments `storage` (F: the Signature
+// of its float32 twin, whose update runs on the decoded values) a block at a time: decode,
+// update and absmax in one pass (UpdateVectors with CodedMoments), then each moment's
+// encode (EncodeBlock). The same operations as the block loop of adam_cpu_range_blocks, so
+// the same bits. Stops at a block that is not whole vectors (only a shard's last block can
+// be) and returns where it stopped.
+template <class F, bool kL2>
+int64_t UpdateCodedBlocks(ElemType storage, const TensorSlot& slot, const AdamCoeffs<float>& cf,
                           const BlockTables& tables, int64_t begin, int64_t end) {
   const CodedMoments::D df;
   const CodedMoments::DU du;
@@ -295,26 +320,14 @@ int64_t UpdateCodedBlocks(const TensorSlot& slot, const AdamCoeffs<float>& cf,
     const int64_t block = block_begin / kQuant8Block;
     moments.base = block_begin;
     for_each_moment<F>([&](auto k) HWY_ATTR {
-      moments.factor[k] = hn::Set(df, BlockCodec<T>::decode_factor(absmax[k][block]));
+      moments.factor[k] = hn::Set(df, DecodeFactor(storage, absmax[k][block]));
       moments.magnitude[k] = hn::Zero(du);
     });
     UpdateVectors<F, kL2>(s, cf, block_begin, block_begin + n, moments);
     for_each_moment<F>([&](auto k) HWY_ATTR {
       const float a = bits_float(hn::GetLane(hn::MaxOfLanes(du, moments.magnitude[k])));
       absmax[k][block] = a;
-      if constexpr (T == ElemType::q8) {
-        const float inverse = BlockCodec<T>::encode_factor(a);
-        uint8_t* out = codes[k] + block_begin;
-        if (float_bits(a) >= 0x7F800000u)  // a NaN or infinite block: the clamping search
-          EncodeQ8Vectors(tables.buckets[k], tables.mids[k], decoded[k], inverse, n, out);
-        else if (moment_signed(k))
-          EncodeQ8KeyVectors<true>(tables.keys[k], decoded[k], inverse, n, out);
-        else
-          EncodeQ8KeyVectors<false>(tables.keys[k], decoded[k], inverse, n, out);
-      } else {
-        CastFp8Vectors<E4m3Encoding, true>(decoded[k], n, BlockCodec<T>::encode_factor(a).scale,
-                                           codes[k] + block_begin);
-      }
+      EncodeBlock(storage, tables, k, decoded[k], a, n, codes[k] + block_begin);
     });
   }
   return block_begin;
@@ -331,11 +344,8 @@ int64_t UpdateCodedBlocksOfVariant(const Variant& variant, const TensorSlot& slo
   inner.moment = ElemType::f32;
   int64_t done = begin;
   visit_kernel(inner, g.l2, [&](auto signature, auto l2) HWY_ATTR {
-    using F = decltype(signature);
-    constexpr bool kL2 = decltype(l2)::value;
-    done = variant.moment == ElemType::q8
-               ? UpdateCodedBlocks<ElemType::q8, F, kL2>(slot, g.c, tables, begin, end)
-               : UpdateCodedBlocks<ElemType::f8e4m3, F, kL2>(slot, g.c, tables, begin, end);
+    done = UpdateCodedBlocks<decltype(signature), decltype(l2)::value>(variant.moment, slot, g.c,
+                                                                       tables, begin, end);
   });
   return done;
 #else
