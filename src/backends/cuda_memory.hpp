@@ -219,8 +219,6 @@ class StagingRing {
     check_cuda(cudaEventRecord(s.event, stream), "cudaEventRecord");
   }
 
-  std::size_t slots() const { return slots_.size(); }
-
  private:
   struct Slot {
     void* host = nullptr;

@@ -77,7 +77,7 @@ def set_group_hyperparameters(group, hyperparameters):
 
 
 # The torch dtypes of the library's fp8 params (SA_DTYPE_SCALED_PARAM), from its table.
-_FP8_DTYPES = frozenset(getattr(torch, name) for name in sorted(SCALED_PARAM_DTYPES)
+_FP8_DTYPES = frozenset(getattr(torch, name) for name in SCALED_PARAM_DTYPES
                         if isinstance(getattr(torch, name, None), torch.dtype))
 # The scalings whose scale is the whole tensor's amax (sa_param_scaling's current ones).
 _CURRENT_SCALINGS = ("current", "current_pow2")
