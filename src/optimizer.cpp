@@ -255,11 +255,15 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
 
   // An empty shard needs no grad memory, so it counts as bound (as it always has): an
   // engine need not bind grads of params it holds no elements of.
-  param->binding = param->numel == 0 ? GradBinding::bound : GradBinding::never;
+  const GradBinding binding = param->numel == 0 ? GradBinding::bound : GradBinding::never;
   // Room for one more, growing geometrically: an exact reserve would copy the tables at
   // every add (quadratic over 100k params).
-  if (grad_specs_.size() == grad_specs_.capacity())
-    grad_specs_.reserve(std::max<std::size_t>(16, 2 * grad_specs_.capacity()));
+  if (grad_specs_.size() == grad_specs_.capacity()) {
+    const std::size_t capacity = std::max<std::size_t>(16, 2 * grad_specs_.capacity());
+    grad_specs_.reserve(capacity);
+    bindings_.reserve(capacity);
+    step_grads_.reserve(capacity);
+  }
   stepper_.reserve_param();
 
   const int64_t index = num_params();
@@ -277,8 +281,10 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   // No throw past this point: capacity was reserved above.
   if (current)
     current_.install(std::move(current_slots), is_sharded(params_.back()->layout), params_);
-  stepper_.add_param(request.group, params_.back()->binding == GradBinding::bound);
+  stepper_.add_param(request.group, binding == GradBinding::bound);
   grad_specs_.push_back(grad_spec_of(*params_.back()));
+  bindings_.push_back(binding);
+  step_grads_.push_back(nullptr);
   params_.back()->owner =
       request.versioned ? ManagedTensor(request.versioned) : ManagedTensor(request.legacy);
   if (options.scale != nullptr) params_.back()->scale_owner = ManagedTensor(options.scale);
@@ -351,9 +357,8 @@ const void* Optimizer::checked_grad(int64_t index, const DLTensor& grad) const {
 }
 
 void Optimizer::bind(int64_t index, GradBinding binding, const void* grad) {
-  Param& p = *params_[index];
-  p.binding = binding;
-  p.grad = grad;
+  bindings_[index] = binding;
+  step_grads_[index] = binding == GradBinding::bound ? grad : nullptr;
   stepper_.set_active(index, binding == GradBinding::bound);
   grads_stale_ = true;
 }
@@ -464,7 +469,7 @@ std::optional<bool> Optimizer::run_step(const sa_step_args& args, void* stream, 
   require_usable("the step");
   const kernels::ClipSpec clip = checked_clip(args);
   for (std::size_t i = 0; i < params_.size(); ++i)
-    if (params_[i]->binding == GradBinding::never && (!partial || subset[i]))
+    if (bindings_[i] == GradBinding::never && (!partial || subset[i]))
       fail(SA_ERR_STATE, param_context(params_[i]->name),
            " was never given a grad; bind one (sa_optimizer_set_grad, sa_optimizer_set_grads, "
            "sa_optimizer_set_grad_ptrs) or say it has none (sa_optimizer_clear_grad) before "
@@ -506,10 +511,10 @@ void Optimizer::update_plan() {
     backend_->prepare(plan, num_params());
     plan_ = std::move(plan);
     plan_stale_ = false;
-    grads_stale_ = !subset_.empty();  // the plan took every bound grad: mask the others
+    grads_stale_ = true;  // a new plan holds no grads
   }
   if (grads_stale_) {
-    rebind_grads(plan_, param_list(), subset_);
+    rebind_grads(plan_, step_grads_, subset_);
     grads_stale_ = false;
   }
 }

@@ -160,7 +160,12 @@ class Optimizer {
   CurrentScalings current_;           // the current-scaled params' amaxes
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Param>> params_;  // unique_ptr: info pointers stay stable
-  std::vector<GradSpec> grad_specs_;            // per param, what its grads must be
+  // Per param, in contiguous tables that binding every grad at every step walks (a Param
+  // is a cache miss of its own): what its grads must be, whether one is bound, and the
+  // grad its step reads (the bound grad's data; NULL unless bound).
+  std::vector<GradSpec> grad_specs_;
+  std::vector<GradBinding> bindings_;
+  std::vector<const void*> step_grads_;
   std::unordered_map<std::string, int64_t> index_of_name_;
   Plan plan_;
   bool plan_stale_ = true;   // params changed since the plan was built

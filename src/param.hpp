@@ -50,7 +50,7 @@ struct Param;
 enum class GradBinding : uint8_t {
   never,  // nothing bound since it was added: a step refuses (a forgotten bind is an error)
   none,   // "no grad" (torch's p.grad is None): steps skip the param
-  bound   // Param::grad holds the grad's data (NULL for an empty param)
+  bound   // the optimizer holds the grad's data (NULL for an empty param)
 };
 
 // The Variant of a param's updates (its bucket; kernels/variants.h).
@@ -106,10 +106,8 @@ struct Param {
   kernels::ParamScale scale{};      // its scale tensors' data (param_scaling.h), else NULLs
   StatePlacement placement{};       // where `state` lives (Backend::allocate_state)
   ParamState state;
-  GradBinding binding = GradBinding::never;
-  const void* grad = nullptr;  // the bound grad's data (binding == bound), kept until rebound
-  ManagedTensor owner;         // released (deleter called) with the param
-  ManagedTensor scale_owner;   // sa_param_options.scale and .amax, likewise
+  ManagedTensor owner;        // released (deleter called) with the param
+  ManagedTensor scale_owner;  // sa_param_options.scale and .amax, likewise
   ManagedTensor amax_owner;
 };
 

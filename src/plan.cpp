@@ -10,9 +10,6 @@
 namespace sa {
 namespace {
 
-// The grad a step reads: NULL when the param has no grad (the kernels skip the slot).
-const void* step_grad(const Param& p) { return p.binding == GradBinding::bound ? p.grad : nullptr; }
-
 std::size_t align_up(std::size_t n) {
   return (n + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
 }
@@ -175,13 +172,9 @@ std::vector<MirroredSegment> mirror(const Bucket& bucket, const std::vector<cons
 }  // namespace
 
 kernels::TensorSlot slot_of(const Param& p, int64_t index) {
-  kernels::TensorSlot slot{p.data,
-                           step_grad(p),
-                           {},
-                           p.numel,
-                           static_cast<int32_t>(index),
-                           primary_replica(p.layout) ? 1 : 0,
-                           p.scale};
+  kernels::TensorSlot slot{
+      p.data, nullptr, {}, p.numel, static_cast<int32_t>(index), primary_replica(p.layout) ? 1 : 0,
+      p.scale};
   for (std::size_t k = 0; k < kNumStateKinds; ++k)
     slot.state[k] = p.state.buffers[k] ? p.state.buffers[k]->data() : nullptr;
   return slot;
@@ -219,12 +212,12 @@ Plan build_plan(const std::vector<const Param*>& params) {
   return plan;
 }
 
-void rebind_grads(Plan& plan, const std::vector<const Param*>& params,
+void rebind_grads(Plan& plan, const std::vector<const void*>& step_grads,
                   const std::vector<uint8_t>& subset) {
   for (auto& bucket : plan.buckets) {
     for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
       const auto index = static_cast<std::size_t>(bucket.param_of_slot[s]);
-      const void* grad = subset.empty() || subset[index] ? step_grad(*params[index]) : nullptr;
+      const void* grad = subset.empty() || subset[index] ? step_grads[index] : nullptr;
       if (bucket.slots[s].grad == grad) continue;
       bucket.slots[s].grad = grad;
       bucket.grads_moved = true;

@@ -108,7 +108,7 @@ struct Plan {
   std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
 };
 
-// The slot of param `index`, as a plan holds it (its current grad included).
+// The slot of param `index`, as a plan holds it, with no grad (rebind_grads binds them).
 kernels::TensorSlot slot_of(const Param& p, int64_t index);
 
 // The slot of `bucket`'s piece `piece`, its state in the ring slot at `ring` (device
@@ -141,12 +141,13 @@ inline kernels::TensorSlot mirrored_slot(const Bucket& bucket, const MirroredPie
 }
 
 // Buckets in order of first appearance; empty shards get no slot (so they cost nothing
-// and cannot overrun anything). Grad pointers are taken from the params as they are.
+// and cannot overrun anything). No slot has a grad yet: rebind_grads binds them.
 Plan build_plan(const std::vector<const Param*>& params);
 
-// Copies every param's current grad pointer into its slot, marking the buckets where one
-// moved; with a `subset` (non-empty), params i without subset[i] get NULL (not stepped).
-void rebind_grads(Plan& plan, const std::vector<const Param*>& params,
+// Copies step_grads[i], the grad param i's step reads (NULL: none), into its slot, marking
+// the buckets where one moved; with a `subset` (non-empty), params i without subset[i] get
+// NULL (not stepped).
+void rebind_grads(Plan& plan, const std::vector<const void*>& step_grads,
                   const std::vector<uint8_t>& subset = {});
 
 }  // namespace sa

@@ -21,6 +21,7 @@
 #include <Python.h>
 
 #include <stdlib.h>
+#include <string.h>
 
 #include <shardadam/shardadam.h>
 
@@ -30,6 +31,59 @@ static PyObject* s_to_local;     /* "to_local" */
 static PyObject* s_spec;         /* "_spec" */
 static PyObject* s_placements;   /* "placements" */
 static PyObject* s_dim;          /* "dim" */
+
+/* The per-grad tables of a bind_param_grads call, all NULL between calls. One set is
+ * kept by the module and grown as needed: allocating them afresh at every step cost page
+ * faults (about 5 MB at 100k params, above malloc's mmap threshold). A call made while
+ * they are in use (to_dlpack may run Python code, which may bind another optimizer's
+ * grads) gets tables of its own. */
+typedef struct {
+  Py_ssize_t capacity;
+  PyObject** locals;
+  PyObject** capsules;
+  const DLTensor** grads;
+  DLTensor* described;
+} Scratch;
+
+static Scratch s_scratch;
+static int s_scratch_busy;
+
+static void scratch_free(Scratch* s) {
+  free(s->locals);
+  free(s->capsules);
+  free((void*)s->grads);
+  free(s->described);
+  memset(s, 0, sizeof *s);
+}
+
+/* Tables for n grads, all entries NULL: the module's, else `own` filled. NULL when memory
+ * runs out. */
+static Scratch* scratch_take(Py_ssize_t n, Scratch* own) {
+  Scratch* s = s_scratch_busy ? own : &s_scratch;
+  if (s->capacity < n || s->capacity == 0) {
+    scratch_free(s);
+    const size_t slots = (size_t)(n > 0 ? n : 1);
+    s->locals = (PyObject**)calloc(slots, sizeof(PyObject*));
+    s->capsules = (PyObject**)calloc(slots, sizeof(PyObject*));
+    s->grads = (const DLTensor**)calloc(slots, sizeof(DLTensor*));
+    s->described = (DLTensor*)malloc(slots * sizeof(DLTensor));
+    if (!s->locals || !s->capsules || !s->grads || !s->described) {
+      scratch_free(s);
+      return NULL;
+    }
+    s->capacity = (Py_ssize_t)slots;
+  }
+  if (s == &s_scratch) s_scratch_busy = 1;
+  return s;
+}
+
+/* Ends a call's use of tables from scratch_take (their entries already NULL again). */
+static void scratch_give_back(Scratch* s, Scratch* own) {
+  if (s == &s_scratch)
+    s_scratch_busy = 0;
+  else
+    scratch_free(own);
+}
 
 /* The sa_optimizer* of a SWIG handle object (its int() is the address). */
 static sa_optimizer* optimizer_of(PyObject* handle) {
@@ -217,18 +271,16 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   sa_optimizer* opt = optimizer_of(handle);
   if (!opt) return NULL;
   const Py_ssize_t n = PyList_GET_SIZE(params);
-  const size_t slots = (size_t)(n > 0 ? n : 1);
-  PyObject** locals = (PyObject**)calloc(slots, sizeof(PyObject*));   /* the tensors described */
-  PyObject** capsules = (PyObject**)calloc(slots, sizeof(PyObject*)); /* to_dlpack's, where used */
-  const DLTensor** grads = (const DLTensor**)calloc(slots, sizeof(DLTensor*));
-  DLTensor* described = (DLTensor*)malloc(slots * sizeof(DLTensor)); /* the exchange API's */
+  Scratch own = {0}; /* this call's tables when the module's are in use */
+  Scratch* scratch = scratch_take(n, &own);
+  if (!scratch) return PyErr_NoMemory();
+  PyObject** locals = scratch->locals;     /* the tensors described */
+  PyObject** capsules = scratch->capsules; /* to_dlpack's, where used */
+  const DLTensor** grads = scratch->grads;
+  DLTensor* described = scratch->described; /* the exchange API's */
   PyObject* result = NULL;
   PyObject* misplaced = NULL; /* indices of misplaced DTensor grads, made at the first */
   Py_ssize_t count = 0;
-  if (!locals || !capsules || !grads || !described) {
-    PyErr_NoMemory();
-    goto done;
-  }
   /* First every Python-level read (the grad attribute, a DTensor's local tensor: either may
    * run Python code), then the descriptions and the checks with no Python code in between:
    * a description points into its tensor's metadata (shape, strides), which nothing can
@@ -305,16 +357,12 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   }
 done:
   Py_XDECREF(misplaced);
-  if (capsules) {
-    for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(capsules[i]); /* unconsumed: runs the deleter */
+  for (Py_ssize_t i = 0; i < n; ++i) { /* unconsumed capsules: their deleters run */
+    Py_CLEAR(capsules[i]);
+    Py_CLEAR(locals[i]);
+    grads[i] = NULL;
   }
-  if (locals) {
-    for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(locals[i]);
-  }
-  free(locals);
-  free(capsules);
-  free((void*)grads);
-  free(described);
+  scratch_give_back(scratch, &own);
   return result;
 }
 
@@ -331,10 +379,11 @@ static PyObject* unbind_grads(PyObject* self, PyObject* handle) {
   sa_optimizer* opt = optimizer_of(handle);
   if (!opt) return NULL;
   const int64_t n = sa_optimizer_num_params(opt);
-  const DLTensor** none = (const DLTensor**)calloc((size_t)(n > 0 ? n : 1), sizeof(DLTensor*));
-  if (!none) return PyErr_NoMemory();
-  const sa_status status = sa_optimizer_set_grads(opt, n, none);
-  free((void*)none);
+  Scratch own = {0};
+  Scratch* scratch = scratch_take((Py_ssize_t)n, &own);
+  if (!scratch) return PyErr_NoMemory();
+  const sa_status status = sa_optimizer_set_grads(opt, n, scratch->grads); /* all NULL */
+  scratch_give_back(scratch, &own);
   return PyLong_FromLong((long)status);
 }
 
