@@ -521,6 +521,7 @@ class FusedAdam(torch.optim.Optimizer):
         self._params = []
         self._placements = []      # per param: its DTensor placements tuple (None: a plain tensor)
         self._seen_placements = []  # per param: grad placements last found equal to those (a cache)
+        self._held_grads = None    # the tensors bound for the step under way (bind_param_grads)
         self._names = []           # native param index -> name (for the errors of the grad intake)
         self._pushed = []          # per group: the hyperparameters the native group holds
         self._pushed_raw = []      # per group: its raw values then, where comparing them is enough
@@ -843,7 +844,7 @@ class FusedAdam(torch.optim.Optimizer):
                 # collections traversed the young tensors (measured: ~1/3 of the intake at 100k
                 # params on a 2-core VM).
                 with _no_subclass_torch_function(), _cyclic_gc_paused():
-                    status, count, misplaced = _grad_intake.bind_param_grads(
+                    status, count, misplaced, held = _grad_intake.bind_param_grads(
                         handle, self._params, self._names, DTensor, to_dlpack, self._placements,
                         self._seen_placements, _TorchShard, _TorchReplicate)
             except TypeError:
@@ -858,6 +859,7 @@ class FusedAdam(torch.optim.Optimizer):
                 param = self._params[i]
                 param.grad = param.grad.redistribute(param.device_mesh, param.placements)
         check(status, handle)
+        self._held_grads = held  # what was bound, alive until _unbind_grads
         return count
 
     def _refuse_sparse_grads(self):
@@ -877,6 +879,7 @@ class FusedAdam(torch.optim.Optimizer):
         if self.native is not None and not self.native.closed:
             handle = self.native._handle
             check(_grad_intake.unbind_grads(handle), handle)
+        self._held_grads = None
 
     def _prepare_first_step(self):
         """Re-registers params whose memory moved since they were added, binds the grads,

@@ -85,6 +85,29 @@ static void scratch_give_back(Scratch* s, Scratch* own) {
     scratch_free(own);
 }
 
+/* param.grad. Where the param's type resolves `grad` to a data descriptor (torch's
+ * getset: it takes precedence over any instance attribute), the descriptor's getter is
+ * called directly, skipping the generic attribute lookup; the descriptor of the last type
+ * asked is kept (a model's params are nearly always of one type). Otherwise, as Python
+ * would. A new reference, or NULL with an exception set. */
+static PyTypeObject* s_grad_type; /* strong reference, or NULL */
+static PyObject* s_grad_descr;    /* its `grad` data descriptor (strong), or NULL */
+
+static PyObject* grad_of(PyObject* param) {
+  PyTypeObject* type = Py_TYPE(param);
+  if (type != s_grad_type) {
+    PyObject* descr = _PyType_Lookup(type, s_grad); /* borrowed */
+    if (descr && !(Py_TYPE(descr)->tp_descr_get && Py_TYPE(descr)->tp_descr_set)) descr = NULL;
+    Py_XINCREF(descr);
+    Py_XSETREF(s_grad_descr, descr);
+    Py_INCREF(type);
+    Py_XSETREF(s_grad_type, type);
+  }
+  if (s_grad_descr)
+    return Py_TYPE(s_grad_descr)->tp_descr_get(s_grad_descr, param, (PyObject*)type);
+  return PyObject_GetAttr(param, s_grad);
+}
+
 /* The sa_optimizer* of a SWIG handle object (its int() is the address). */
 static sa_optimizer* optimizer_of(PyObject* handle) {
   PyObject* address = PyNumber_Long(handle);
@@ -224,7 +247,8 @@ static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
 PyDoc_STRVAR(
     bind_param_grads_doc,
     "bind_param_grads(handle, params, names, dtensor_type, to_dlpack, placements,\n"
-    "                 seen_placements, shard_type, replicate_type) -> (status, count, misplaced)\n"
+    "                 seen_placements, shard_type, replicate_type)\n"
+    "    -> (status, count, misplaced, held)\n"
     "\n"
     "Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
     "the library: dtype, device, shape, C-contiguous strides, alignment). params[i] is the\n"
@@ -242,13 +266,16 @@ PyDoc_STRVAR(
     "tuple found equal to param i's.\n"
     "shard_type and replicate_type are DTensor's Shard and Replicate (compared cheaply).\n"
     "\n"
-    "When no param has a grad, nothing is bound and (0, 0, None) is returned. Otherwise the\n"
-    "result is (status of sa_optimizer_set_grads, number of params with a grad, None); on a\n"
-    "failing status\n"
-    "nothing was bound and sa_optimizer_last_error(handle) says which param failed and why. A\n"
-    "grad that to_dlpack cannot describe raises TypeError naming the param; nothing is bound\n"
-    "then either. No reference to the grads is kept: the caller steps while the params still\n"
-    "hold them, then unbinds them (unbind_grads), so that zero_grad() frees their memory.");
+    "When no param has a grad, nothing is bound and (0, 0, None, None) is returned. Otherwise\n"
+    "the result is (status of sa_optimizer_set_grads, number of params with a grad, None,\n"
+    "held); on a failing status nothing was bound (held is None) and\n"
+    "sa_optimizer_last_error(handle) says which param failed and why. A grad that to_dlpack\n"
+    "cannot describe raises TypeError naming the param; nothing is bound then either.\n"
+    "\n"
+    "held is a list of the tensors bound (the grads, or their local tensors): the caller\n"
+    "keeps it until it has stepped and unbound them (unbind_grads). A param's `grad` may\n"
+    "make a new tensor at each read (a property of a Parameter subclass), which nothing else\n"
+    "holds; once unbound and dropped, zero_grad() frees the grads' memory as usual.");
 
 static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   (void)self;
@@ -286,7 +313,7 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
    * a description points into its tensor's metadata (shape, strides), which nothing can
    * change before sa_optimizer_set_grads has read it. */
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* grad = PyObject_GetAttr(PyList_GET_ITEM(params, i), s_grad);
+    PyObject* grad = grad_of(PyList_GET_ITEM(params, i));
     if (!grad) goto done;
     if (grad == Py_None) {
       Py_DECREF(grad);
@@ -322,7 +349,7 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
     ++count;
   }
   if (misplaced) {
-    result = Py_BuildValue("(inO)", (int)SA_OK, (Py_ssize_t)0, misplaced);
+    result = Py_BuildValue("(inOO)", (int)SA_OK, (Py_ssize_t)0, misplaced, Py_None);
     goto done;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -350,10 +377,23 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
     }
   }
   if (count == 0) {
-    result = Py_BuildValue("(inO)", (int)SA_OK, (Py_ssize_t)0, Py_None);
+    result = Py_BuildValue("(inOO)", (int)SA_OK, (Py_ssize_t)0, Py_None, Py_None);
   } else {
+    PyObject* held = PyList_New(count);
+    if (!held) goto done;
     const sa_status status = sa_optimizer_set_grads(opt, (int64_t)n, grads);
-    result = Py_BuildValue("(inO)", (int)status, count, Py_None);
+    if (status != SA_OK) {
+      Py_DECREF(held);
+      result = Py_BuildValue("(inOO)", (int)status, count, Py_None, Py_None);
+      goto done;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!locals[i]) continue;
+      PyList_SET_ITEM(held, k++, locals[i]); /* the reference moves into the list */
+      locals[i] = NULL;
+    }
+    result = Py_BuildValue("(inON)", (int)status, count, Py_None, held);
   }
 done:
   Py_XDECREF(misplaced);

@@ -9,10 +9,12 @@ shardadam.Optimizer (no torch needed).
 import copy
 import os
 import socket
+import weakref
 
 import pytest
 
 torch = pytest.importorskip("torch")
+numpy = pytest.importorskip("numpy")
 import shardadam  # noqa: E402
 from shardadam.torch import FusedAdam  # noqa: E402
 
@@ -167,6 +169,61 @@ def test_params_without_a_grad_are_skipped_as_torch_adamw_skips_them():
             opt.step()
     for (name, p), q in zip(ours_model.named_parameters(), torch_model.parameters()):
         torch.testing.assert_close(p, q, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
+
+
+_FRESH_GRAD_MEMORY = []  # the memory of every grad _ShiftedGradParameter made (never freed)
+
+
+class _ShiftedGradParameter(torch.nn.Parameter):
+    """A Parameter whose `grad` is a Python property over torch's: each read makes a fresh
+    tensor, what backward accumulated plus 0.25. Its memory is a numpy view of an array
+    kept here: when the last tensor on that memory dies, torch drops the view and the array
+    is filled with NaN (it stays allocated). So a step reading the grad after torch has
+    released its memory reads NaN, every time, where freed memory might still hold the
+    values. torch's optimizers read p.grad through the property and hold the result through
+    their step: so must FusedAdam."""
+
+    @property
+    def grad(self):
+        grad = torch.nn.Parameter.grad.__get__(self)
+        if grad is None:
+            return None
+        memory = numpy.empty(grad.numel(), dtype=numpy.float32)
+        _FRESH_GRAD_MEMORY.append(memory)
+        view = memory[:]
+        weakref.finalize(view, memory.fill, numpy.nan)
+        fresh = torch.from_numpy(view).view(grad.shape)
+        fresh.copy_(grad + 0.25)
+        return fresh
+
+    @grad.setter
+    def grad(self, value):
+        torch.nn.Parameter.grad.__set__(self, value)
+
+
+@pytest.mark.parametrize("step_in_backward", [False, True])
+def test_a_param_type_that_overrides_grad_is_read_through_its_property_and_held_through_the_step(
+        step_in_backward):
+    """Plain Parameters and a subclass whose `grad` property makes a fresh tensor at each
+    read, in one optimizer: FusedAdam reads each param through its own type's attribute
+    (its intake calls the type's descriptor directly) and keeps what it read alive until
+    the step is done, as torch's AdamW does; also when it steps in the backward."""
+    models = []
+    for _ in range(2):
+        model = make_model()
+        model[2].weight = _ShiftedGradParameter(model[2].weight.detach().clone())
+        models.append(model)
+    ours_model, torch_model = models
+    ours = FusedAdam(ours_model.parameters(), **HYPER, step_in_backward=step_in_backward)
+    reference = torch.optim.AdamW(torch_model.parameters(), **HYPER, foreach=False, fused=False)
+    for step in range(4):
+        for model, opt in ((ours_model, ours), (torch_model, reference)):
+            opt.zero_grad(set_to_none=True)
+            backward(model, step)
+            opt.step()
+    for (name, p), q in zip(ours_model.named_parameters(), torch_model.parameters()):
+        torch.testing.assert_close(p, q, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
+    _FRESH_GRAD_MEMORY.clear()
 
 
 def test_a_step_where_no_param_has_a_grad_changes_nothing():
