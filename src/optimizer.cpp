@@ -234,9 +234,9 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   if (num_params() >= INT32_MAX)
     fail(SA_ERR_UNSUPPORTED, "an optimizer holds at most ", INT32_MAX, " params");
   const std::string context = param_context(request.name);
-  if (const auto it = index_of_name_.find(request.name); it != index_of_name_.end())
+  if (const int64_t same = index_of_name_.find(request.name, name_of()); same >= 0)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": a param of this name is already registered (index ",
-         it->second, ")");
+         same, ")");
   const Group& group = this->group(request.group, (context + ": group").c_str());
   CheckedParam checked = checked_param(request, group.config, comm_ != nullptr);
   std::unique_ptr<Param>& param = checked.param;
@@ -265,20 +265,16 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
     step_grads_.reserve(capacity);
   }
   stepper_.reserve_param();
+  index_of_name_.reserve_one();
 
   const int64_t index = num_params();
   CurrentScalings::Slots current_slots;
   if (current) current_slots = current_.plan_add(*param, index, *backend_);
 
-  // Commit: from here on only allocation of the bookkeeping can fail, and it is undone.
+  // Commit: from here on only this push can fail (nothing changed then); no throw past it,
+  // capacity was reserved above.
   params_.push_back(std::move(param));
-  try {
-    index_of_name_.emplace(params_.back()->name, index);
-  } catch (...) {
-    params_.pop_back();
-    throw;
-  }
-  // No throw past this point: capacity was reserved above.
+  index_of_name_.insert(params_.back()->name, index);
   if (current)
     current_.install(std::move(current_slots), is_sharded(params_.back()->layout), params_);
   stepper_.add_param(request.group, binding == GradBinding::bound);
@@ -302,9 +298,9 @@ const Param& Optimizer::param(int64_t index, const char* what) const {
 }
 
 int64_t Optimizer::find_param(const std::string& name) const {
-  auto it = index_of_name_.find(name);
-  if (it == index_of_name_.end()) fail(SA_ERR_INVALID_ARGUMENT, "no param is named '", name, "'");
-  return it->second;
+  const int64_t index = index_of_name_.find(name, name_of());
+  if (index < 0) fail(SA_ERR_INVALID_ARGUMENT, "no param is named '", name, "'");
+  return index;
 }
 
 DLDevice Optimizer::device() const { return backend_ ? backend_->device() : DLDevice{kDLCPU, 0}; }

@@ -7,12 +7,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "backend.hpp"
 #include "comm/comm.hpp"
 #include "current_scaling.hpp"
+#include "name_index.hpp"
 #include "param.hpp"
 #include "param_checks.hpp"
 #include "plan.hpp"
@@ -151,6 +151,10 @@ class Optimizer {
   // throws the error that says why.
   const void* checked_grad(int64_t index, const DLTensor& grad) const;
   void bind(int64_t index, GradBinding binding, const void* grad);
+  // Param i's name, as index_of_name_ reads it.
+  auto name_of() const {
+    return [this](int64_t i) { return std::string_view(params_[i]->name); };
+  }
 
   sa_optimizer_config config_;
   void check_comm_fits(const Comm& comm) const;
@@ -166,7 +170,7 @@ class Optimizer {
   std::vector<GradSpec> grad_specs_;
   std::vector<GradBinding> bindings_;
   std::vector<const void*> step_grads_;
-  std::unordered_map<std::string, int64_t> index_of_name_;
+  NameIndex index_of_name_;
   Plan plan_;
   bool plan_stale_ = true;   // params changed since the plan was built
   bool grads_stale_ = true;  // grad bindings changed since the plan last saw them

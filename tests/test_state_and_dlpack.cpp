@@ -465,6 +465,37 @@ TEST_CASE("find_param returns the index a name was registered under", "[params]"
   CHECK(found == -1);
 }
 
+TEST_CASE("find_param and the duplicate-name check hold as the name index grows", "[params]") {
+  // 3,000 names: the index (src/name_index.hpp) grows from 64 slots to 8,192 on the way,
+  // its probes cross runs of other names; every name is refused again at every size.
+  constexpr int kParams = 3000;
+  std::vector<HostTensor> shards;
+  shards.reserve(kParams + 1);
+  for (int k = 0; k <= kParams; ++k) shards.emplace_back(Dims{1}, kFloat32);
+  auto opt = optimizer_with_group(SA_GROUP_CONFIG_INIT);
+  auto name = [](int k) { return "layers." + std::to_string(k % 97) + ".w" + std::to_string(k); };
+  for (int k = 0; k < kParams; ++k) {
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), name(k).c_str(), 0,
+                                                    shards[k].versioned(), nullptr, nullptr,
+                                                    nullptr));
+    if (k % 500 == 499) {  // every name so far is taken, and nothing is added by the refusal
+      for (int j = 0; j <= k; j += 37)
+        CHECK(sa_optimizer_add_param(opt.get(), name(j).c_str(), 0, shards[kParams].versioned(),
+                                     nullptr, nullptr, nullptr) == SA_ERR_INVALID_ARGUMENT);
+      CHECK(sa_optimizer_num_params(opt.get()) == k + 1);
+    }
+  }
+  for (int k = kParams - 1; k >= 0; --k) {
+    int64_t found = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_find_param(opt.get(), name(k).c_str(), &found));
+    REQUIRE(found == k);
+  }
+  for (const char* missing : {"layers.0.w", "layers.1.w3000", "layers.0.w00", ""}) {
+    int64_t found = -1;
+    CHECK(sa_optimizer_find_param(opt.get(), missing, &found) == SA_ERR_INVALID_ARGUMENT);
+  }
+}
+
 // ---- groups and step counts --------------------------------------------------------------------
 
 TEST_CASE(
