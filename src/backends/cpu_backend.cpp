@@ -271,6 +271,7 @@ class CpuBackend final : public Backend {
     for (const kernels::CurrentScale& c : plan.current) *c.scale.amax_bits = 0.0;
     if (verdict->skip) return;
     for_each_work_item([&](int64_t i) {
+      prefetch_slot(plan, static_cast<std::size_t>(i) + kPrefetchItems);
       const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
@@ -286,6 +287,26 @@ class CpuBackend final : public Backend {
       }
     });
     if (writes_amax_) write_amax(plan);
+  }
+
+  // Small shards lie scattered in memory, each a few cache lines of param, grad and state
+  // that the hardware prefetcher cannot guess: the item kPrefetchItems ahead, when it
+  // starts a slot, has its first lines asked for before this item's arithmetic, so the
+  // misses overlap. (Later items of a large slot run on from lines the prefetcher already
+  // follows.) A hint only: it reads nothing and changes no result.
+  static constexpr std::size_t kPrefetchItems = 4;
+  void prefetch_slot(const Plan& plan, std::size_t i) const {
+#if defined(__GNUC__)
+    if (i >= work_.items.size() || work_.items[i].begin != 0) return;
+    const kernels::TensorSlot& slot =
+        plan.buckets[work_.items[i].bucket].slots[work_.items[i].slot];
+    __builtin_prefetch(slot.param, 1);
+    __builtin_prefetch(slot.grad, 0);
+    for (const void* state : slot.state) __builtin_prefetch(state, 1);
+#else
+    (void)plan;
+    (void)i;
+#endif
   }
 
   void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict, void*) override {

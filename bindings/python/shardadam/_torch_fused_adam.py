@@ -875,7 +875,8 @@ class FusedAdam(torch.optim.Optimizer):
 
     def _unbind_grads(self):
         """After the step: the library keeps no pointer into grads that zero_grad() may free
-        (a step of ``self.native`` before the next bind skips every param)."""
+        (a step of ``self.native`` before the next bind skips every param), and the tensors
+        the bind held are let go."""
         if self.native is not None and not self.native.closed:
             handle = self.native._handle
             check(_grad_intake.unbind_grads(handle), handle)
