@@ -18,7 +18,8 @@ attribute access, no shardadam), the least any per-step reader of `.grad` pays.
 On CUDA the host time is the call alone (no synchronization inside the timed region; the
 device is synchronized before each call). On the CPU the step's arithmetic runs inside the
 call, so the params are tiny (16 elements) to keep the host's share visible; the intake
-line is host work only on both. Medians of --repeat calls.
+line is host work only on both. Medians over --repeat rounds, each timing every measurement
+in turn (torch's step in a block of its own), so that drift of a shared host reaches all alike.
 
 With --profile, a cProfile breakdown of each step by function follows the table's inputs
 (before the table).
@@ -54,6 +55,25 @@ def median_call_ms(call, device, repeat, before=None):
         times.append(time.perf_counter() - t0)
     sync(device)
     return statistics.median(times) * 1e3
+
+
+def interleaved_ms(calls, device, repeat):
+    """{name: median wall time in ms} of each call of ``calls`` ({name: (call, before)},
+    before() untimed ahead of each call, or None), timed in turn in each of ``repeat``
+    rounds: the drift of a shared host (another tenant, a frequency change) reaches every
+    measurement alike, so their differences and ratios hold where separate blocks of calls
+    (a floor now, the step a second later) can even come out negative."""
+    times = {name: [] for name in calls}
+    for _ in range(repeat):
+        for name, (call, before) in calls.items():
+            if before is not None:
+                before()
+            sync(device)
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    sync(device)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def print_profile(label, call, device, repeat, before=None, top=14):
@@ -120,18 +140,19 @@ def dtensor_step(device, n, numel, repeat, profile=False):
             for p in ours_params:
                 p.grad._local_tensor
 
-    results = {
-        "floor": median_call_ms(read_fresh_grads, device, repeat, fresh_grads(ours_params)),
-        "ours": median_call_ms(ours.step, device, repeat, fresh_grads(ours_params)),
-        "torch": median_call_ms(reference.step, device, repeat, fresh_grads(torch_params)),
+    results = interleaved_ms({
+        "floor": (read_fresh_grads, fresh_grads(ours_params)),
+        "ours": (ours.step, fresh_grads(ours_params)),
         # FusedAdam's intake as step() runs it (bind_param_grads with subclass torch-function
-        # dispatch off for the `.grad` reads).
-        "intake": median_call_ms(ours._bind_grads, device, repeat, fresh_grads(ours_params)),
+        # dispatch off for the `.grad` reads); unbound again before the next call's grads.
+        "intake": (ours._bind_grads, lambda: (ours._unbind_grads(), fresh_grads(ours_params)())),
         # The library's step alone (grads bound): on the CPU this includes the arithmetic.
-        "native": median_call_ms(lambda: ours.native._step_addresses(None, None, torch.cuda.current_stream().cuda_stream
-                                                                     if device.type == "cuda" else None),
-                                 device, repeat, lambda: (fresh_grads(ours_params)(), ours._bind_grads())),
-    }
+        "native": (lambda: ours.native._step_addresses(None, None, torch.cuda.current_stream().cuda_stream
+                                                       if device.type == "cuda" else None),
+                   lambda: (ours._unbind_grads(), fresh_grads(ours_params)(), ours._bind_grads())),
+    }, device, repeat)
+    ours._unbind_grads()
+    results["torch"] = median_call_ms(reference.step, device, repeat, fresh_grads(torch_params))
     if profile:
         print_profile(f"step() at {n} DTensor params, fresh grads", ours.step, device, repeat,
                       fresh_grads(ours_params))
@@ -176,14 +197,14 @@ def steady_step(device, n, repeat, profile=False):
         ours.native._step_addresses(None, None, torch.cuda.current_stream().cuda_stream
                                     if device.type == "cuda" else None)
 
-    results = {
-        "ours": median_call_ms(ours.step, device, repeat),
-        "torch": median_call_ms(reference.step, device, repeat),
-        "floor": median_call_ms(read_grads, device, repeat),
-        "intake": median_call_ms(lambda: (ours._bind_grads(), ours._unbind_grads()), device, repeat),
-        "native": median_call_ms(native_step, device, repeat, ours._bind_grads),
-    }
+    results = interleaved_ms({
+        "ours": (ours.step, None),
+        "floor": (read_grads, None),
+        "intake": (lambda: (ours._bind_grads(), ours._unbind_grads()), None),
+        "native": (native_step, lambda: (ours._unbind_grads(), ours._bind_grads())),
+    }, device, repeat)
     ours._unbind_grads()
+    results["torch"] = median_call_ms(reference.step, device, repeat)
     if profile:
         print_profile(f"step() at {n} params, stable grads", ours.step, device, repeat)
     return results
