@@ -5,7 +5,8 @@ measured in the same run, with every grad checked at every step.
 Three measurements, each printed with torch's number and the ratio:
 
 1. step() host time at 1,516 DTensor params (a 1-rank mesh: gloo on the CPU, NCCL on CUDA)
-   with fresh grads every step (new DTensor grads, as backward makes them), and its parts:
+   with fresh grads every step (new DTensor grads on the param's spec, as FSDP2's backward
+   makes them), and its parts:
    the grad intake alone (bind_param_grads: read .grad, the local tensor, a DLPack
    description, the library's checks), the native step alone, and the rest (Python:
    torch's step wrappers, hyperparameters, scalars).
@@ -111,6 +112,17 @@ def init_mesh(device):
     return init_device_mesh(device.type, (1,))
 
 
+def fsdp2_grad(local, param):
+    """A fresh DTensor grad as FSDP2 makes it: torch's own _from_local_no_grad on the param's
+    spec where this torch has it, else DTensor.from_local with the param's placements."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_common import _from_local_no_grad
+    except ImportError:
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False)
+    return _from_local_no_grad(local, param._spec)
+
+
 def dtensor_step(device, n, numel, repeat, profile=False):
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     mesh = init_mesh(device)
@@ -127,9 +139,10 @@ def dtensor_step(device, n, numel, repeat, profile=False):
 
     def fresh_grads(params):
         def give():  # new DTensor grads around the same local buffers: what the timed call reads is new
-            # With the param's placements, as FSDP2's grads carry their param's spec.
+            # As FSDP2 makes them after its reduce-scatter (FSDPParam.to_sharded_dtensor): a
+            # new DTensor on the param's own spec object.
             for p, g in zip(params, locals_):
-                p.grad = DTensor.from_local(g, mesh, p.placements, run_check=False)
+                p.grad = fsdp2_grad(g, p)
         return give
 
     for opt, params in ((ours, ours_params), (reference, torch_params)):  # warm-up: plans, lazy state
