@@ -760,7 +760,8 @@ class FusedAdam(torch.optim.Optimizer):
         if not arrived:
             return
         if not self._stepped:
-            self._prepare_first_step()  # binds every grad there is; the partial step reads its own
+            self._prepare_first_step()  # binds every grad there is; the partial step binds its own:
+            self._unbind_grads()        # none of those bindings, nor their tensors, outlives this
         native = self.native
         stream = _current_stream(arrived[0].param.device)
         try:

@@ -226,6 +226,21 @@ def test_a_param_type_that_overrides_grad_is_read_through_its_property_and_held_
     _FRESH_GRAD_MEMORY.clear()
 
 
+def test_stepping_in_the_backward_keeps_no_grad_alive_after_the_first_step():
+    """With step_in_backward, each grad is freed once stepped (p.grad becomes None), the
+    first step's too: nothing FusedAdam bound at its first step may still hold a grad's
+    memory after it."""
+    model = make_model()
+    opt = FusedAdam(model.parameters(), **HYPER, step_in_backward=True)
+    grads = []
+    for p in model.parameters():  # after FusedAdam's own hook: the grad as it arrived
+        p.register_post_accumulate_grad_hook(lambda param: grads.append(weakref.ref(param.grad)))
+    backward(model, 0)
+    opt.step()
+    assert all(p.grad is None for p in model.parameters())
+    assert len(grads) == 4 and all(ref() is None for ref in grads), "a stepped grad is still alive"
+
+
 def test_a_step_where_no_param_has_a_grad_changes_nothing():
     model = make_model()
     opt = FusedAdam(model.parameters())
