@@ -44,20 +44,6 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def median_call_ms(call, device, repeat, before=None):
-    """Median wall time of call() in ms; before() runs untimed ahead of each call."""
-    times = []
-    for _ in range(repeat):
-        if before is not None:
-            before()
-        sync(device)
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    sync(device)
-    return statistics.median(times) * 1e3
-
-
 def interleaved_ms(calls, device, repeat):
     """{name: median wall time in ms} of each call of ``calls`` ({name: (call, before)},
     before() untimed ahead of each call, or None), timed in turn in each of ``repeat``
@@ -75,6 +61,11 @@ def interleaved_ms(calls, device, repeat):
             times[name].append(time.perf_counter() - t0)
     sync(device)
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def median_call_ms(call, device, repeat, before=None):
+    """Median wall time of call() in ms; before() runs untimed ahead of each call."""
+    return interleaved_ms({"call": (call, before)}, device, repeat)["call"]
 
 
 def print_profile(label, call, device, repeat, before=None, top=14):
