@@ -71,6 +71,22 @@ struct GroupCoeffs {
   bool l2;
 };
 
+// The operations on one param's slot (its TensorSlot, the grad unused, and its Variant)
+// outside a step: add_param, import, recast.
+enum class SlotOp : uint8_t {
+  // The master (state[master], float32) := the param's values, widened from its dtype
+  // (unscaled), or what its fp8 codes stand for under its scale (kernels/param_cast.h's
+  // dequantize_block): a master's initialisation.
+  init_master,
+  // *slot.scale.amax_bits := max |master| of a current-scaled param, its master as it is
+  // (a recast's first pass).
+  measure_amax,
+  // Casts a scaled param from its master as a step would after updating it: param codes,
+  // block scales, a delayed scaling's amax, and a current scaling's scale from its reduced
+  // amax (*slot.scale.amax_bits) (import, recast).
+  cast_from_master,
+};
+
 }  // namespace kernels
 }  // namespace sa
 

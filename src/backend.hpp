@@ -29,6 +29,44 @@ class Buffer {
 // counts live while an optimizer has no backend). Throws SA_ERR_OUT_OF_MEMORY.
 std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes);
 
+// The version of the Backend interface below and of what it shares with the kernels
+// (Plan, kernels::TensorSlot, the step_control.h tables): a backend module built against
+// another is refused when it loads (src/backends/cuda_module.hpp). Bump it with any change.
+constexpr uint32_t kBackendInterface = 6;
+
+// The passes of a step, in the order the core (src/stepper.cpp) launches them.
+enum class Pass : uint8_t {
+  // This rank's step stats into args.stats (kernels::kNumStats doubles, backend memory;
+  // step_control.h): the partial args.norm of the counted grads (0 when norm is none) and
+  // whether *args.found_inf is set (0 when found_inf is NULL). Deterministic: the partials
+  // are folded in a fixed order, whatever the thread count.
+  stats,
+  // The fold (step_control.h) of args.fold's tables and inputs: decide, publish the
+  // verdict, and unless skipped advance the counts and fold the coefficients that update
+  // reads.
+  fold,
+  // Unless args.verdict->skip, every slot that has a grad gets its Variant's update with
+  // the coefficients of the last fold. A scaled (fp8) param's slot is cast from its updated
+  // master (kernels/param_scaling.h) and a delayed scaling's amax written; a current
+  // scaling's (kernels::is_current) slots, grad or none, write max |master| into
+  // *slot.scale.amax_bits instead, which the core then reduces across ranks.
+  update,
+  // A current scaling's second pass, unless args.verdict->skip: every entry of plan.current
+  // gets its scale from its reduced amax (param_cast.h's write_current_scale), then each
+  // current-scaled slot's codes are cast from its master.
+  current_casts,
+};
+
+// What a pass reads; the fields another pass does not read may be left as they are.
+struct PassArgs {
+  kernels::NormType norm = kernels::NormType::none;  // stats
+  const float* found_inf = nullptr;                  // stats
+  double* stats = nullptr;                           // stats
+  const kernels::FoldTables* fold_tables = nullptr;  // fold
+  const kernels::FoldInputs* fold_inputs = nullptr;  // fold
+  const kernels::StepVerdict* verdict = nullptr;     // update, current_casts
+};
+
 // A device's primitives, as ggml's backend interface has them: memory, copies, launches,
 // synchronization. They know nothing of steps: what a step does, in which order, and
 // when it is skipped or counted is the core's (src/stepper.cpp), written once for every
@@ -87,18 +125,13 @@ class Backend {
   // Whether `stream` is recording a graph (then nothing may be uploaded or waited for).
   virtual bool capturing(void* stream) = 0;
 
-  // ---- launches --------------------------------------------------------------------------
-
-  // dst[i] = float(src[i]) for n elements of `type`, both in backend memory (master
-  // initialisation). Synchronous.
-  virtual void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) = 0;
-
-  // dst[i] = the value the fp8 code src[i] of a scaled param (`type`, `scaling`, its scale
-  // tensors `scale`) stands for (kernels/param_cast.h's dequantize_block), for n elements
-  // in backend memory: a scaled param's master initialisation. Synchronous.
-  virtual void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
-                                 kernels::ParamScaling scaling, const kernels::ParamScale& scale,
-                                 int64_t n) = 0;
+  // ---- launches ----------------------------------------------------------------------------
+  //
+  // Two entries, whatever the update rule: `launch` runs a pass of a step over a prepared
+  // plan, `run_slot` an operation on one slot outside any step. Neither names a rule or a
+  // dtype: each backend hands every bucket's work to its kernels' one dispatch (kernels/cuda's
+  // launch_bucket, kernels/cpu's per-range functions), keyed by the bucket's Variant. A new
+  // rule or variant is rows in the kernels' tables, not a method here.
 
   // Builds the launch tables of `plan` (CUDA: device copies of its slot tables) for
   // optimizers of `num_params` params. Called after a plan is (re)built and before it is
@@ -109,41 +142,14 @@ class Backend {
   // (host backends read the plan itself).
   virtual void upload_slots(const Plan& plan, std::size_t bucket, void* stream) = 0;
 
-  // Enqueues this rank's step stats into `stats` (kernels::kNumStats doubles, backend
-  // memory; step_control.h): the partial `norm` of the counted grads (0 when norm is
-  // none) and whether *found_inf is set (0 when found_inf is NULL). Deterministic: the
-  // partials are folded in a fixed order, whatever the thread count.
-  virtual void launch_stats(const Plan& plan, kernels::NormType norm, const float* found_inf,
-                            double* stats, void* stream) = 0;
+  // Enqueues `pass` (what each does: Pass) over every bucket of `plan`, as prepared, with
+  // the inputs `args` that pass reads.
+  virtual void launch(Pass pass, const Plan& plan, const PassArgs& args, void* stream) = 0;
 
-  // Enqueues the fold (step_control.h): decide, publish the verdict, and unless skipped
-  // advance the counts of `tables` and fold the coefficients that launch_adam reads.
-  virtual void launch_fold(const kernels::FoldTables& tables, const kernels::FoldInputs& inputs,
-                           void* stream) = 0;
-
-  // Enqueues the Adam update of every slot of `plan` that has a grad, with the
-  // coefficients of the last launch_fold, unless verdict->skip. A scaled (fp8) param's
-  // slot is cast from its updated master (kernels/param_scaling.h), and a delayed
-  // scaling's amax written.
-  virtual void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void* stream) = 0;
-
-  // A current scaling's (kernels::is_current) first pass writes each current-scaled slot's
-  // max |master| into *slot.scale.amax_bits (with the update, or from the master as it is
-  // for a slot without a grad); the core then reduces those across ranks, and this
-  // enqueues the second pass, unless verdict->skip: every entry of plan.current gets its
-  // scale from its reduced amax (param_cast.h's write_current_scale), then each
-  // current-scaled slot's codes are cast from its master.
-  virtual void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,
-                                    void* stream) = 0;
-
-  // *slot.scale.amax_bits := max |master| of a current-scaled param, its master as it is
-  // (a recast's first pass). Synchronous.
-  virtual void measure_amax(const kernels::Variant& variant, const kernels::TensorSlot& slot) = 0;
-
-  // Casts a scaled param (slot.scale set) from its master as a step would after updating
-  // it: param codes, block scales, a delayed scaling's amax, and a current scaling's scale
-  // from its reduced amax (*slot.scale.amax_bits). Synchronous (import, recast).
-  virtual void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) = 0;
+  // Runs `op` (kernels::SlotOp) on one param's slot `slot` of Variant `variant`, its state in
+  // backend memory; synchronous.
+  virtual void run_slot(kernels::SlotOp op, const kernels::Variant& variant,
+                        const kernels::TensorSlot& slot) = 0;
 };
 
 struct CpuBackendOptions {
@@ -157,7 +163,7 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 // "scalar" (sa_build_info).
 const char* cpu_simd_target();
 
-// The host's Adam over slots in host memory, with coefficients folded elsewhere: what a
+// The host's update over slots in host memory, with coefficients folded elsewhere: what a
 // device backend calls to step state the CPU steps (StatePlacement::host_cpu_step) on the
 // param and grad it brought down. The core makes it (make_host_step: the CPU backend's
 // kernels on a thread pool of its own) and hands a device backend the means to make one,
@@ -165,17 +171,17 @@ const char* cpu_simd_target();
 class HostStep {
  public:
   virtual ~HostStep() = default;
-  // Makes room for calls to adam over at most `slots` slots and `elems` elements in all,
+  // Makes room for calls to update over at most `slots` slots and `elems` elements in all,
   // which then allocate nothing (a stream callback cannot report a failure): the device
   // backend calls this when it prepares a plan, outside any callback.
   virtual void reserve(std::size_t slots, int64_t elems) = 0;
   // Updates every element of slots[0, n) (host memory, every grad set; `variant`'s) with
-  // coeffs[slot.param_index], as the CPU backend's launch_adam does (so bit for bit its
+  // coeffs[slot.param_index], as the CPU backend's update pass does (so bit for bit its
   // results and a device's), on all threads; returns when done. One call at a time.
   // `variant` has no scaling (an fp8 param's master is stepped as a float32 param:
   // kernels::fp8_master_variant).
-  virtual void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots,
-                    std::size_t n, const kernels::GroupCoeffs* coeffs) = 0;
+  virtual void update(const kernels::Variant& variant, const kernels::TensorSlot* slots,
+                      std::size_t n, const kernels::GroupCoeffs* coeffs) = 0;
 };
 
 std::unique_ptr<HostStep> make_host_step(const CpuBackendOptions& options);

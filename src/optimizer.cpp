@@ -133,7 +133,7 @@ Backend& Optimizer::attach(std::unique_ptr<Backend> backend) {
   return *backend_;
 }
 
-void Optimizer::allocate_state(Param& p) {
+void Optimizer::allocate_state(Param& p, int64_t index) {
   std::size_t bytes[kNumStateKinds] = {};
   std::size_t total = 0;
   for (const StateKindInfo& k : kStateKinds) {
@@ -158,17 +158,12 @@ void Optimizer::allocate_state(Param& p) {
            "): ", e.what());
     }
   }
-  init_master(p);
+  init_master(p, index);
 }
 
-void Optimizer::init_master(Param& p) {
-  if (!has_state(p, StateKind::master)) return;
-  auto* master = static_cast<float*>(p.state[StateKind::master]->data());
-  if (p.scaling == kernels::ParamScaling::none) {
-    backend_->widen_to_f32(master, p.data, p.param_type, p.numel);
-  } else {
-    backend_->dequantize_to_f32(master, p.data, p.param_type, p.scaling, p.scale, p.numel);
-  }
+void Optimizer::init_master(const Param& p, int64_t index) {
+  if (has_state(p, StateKind::master))
+    backend_->run_slot(kernels::SlotOp::init_master, variant_of(p), slot_of(p, index));
 }
 
 void Optimizer::cast_params_from_master(const std::vector<int64_t>& params) {
@@ -178,7 +173,7 @@ void Optimizer::cast_params_from_master(const std::vector<int64_t>& params) {
   for (int64_t index : params) {
     const Param& p = *params_[index];
     if (!kernels::is_current(p.scaling)) continue;
-    backend_->measure_amax(variant_of(p), slot_of(p, index));
+    backend_->run_slot(kernels::SlotOp::measure_amax, variant_of(p), slot_of(p, index));
     reduce = reduce || is_sharded(p.layout);
   }
   if (reduce) current_.reduce(params_, *comm_, stepper_, *backend_, nullptr);
@@ -186,7 +181,7 @@ void Optimizer::cast_params_from_master(const std::vector<int64_t>& params) {
     const Param& p = *params_[index];
     // An empty current-scaled shard still gets the tensor's scale.
     if (p.scaling != kernels::ParamScaling::none && (p.numel > 0 || kernels::is_current(p.scaling)))
-      backend_->cast_param(variant_of(p), slot_of(p, index));
+      backend_->run_slot(kernels::SlotOp::cast_from_master, variant_of(p), slot_of(p, index));
   }
 }
 
@@ -218,7 +213,7 @@ void Optimizer::reset_masters(int64_t first, int64_t n) {
   backend_->synchronize();
   for (int64_t i = first; i < first + n; ++i) {
     Param& p = *params_[i];
-    init_master(p);
+    init_master(p, i);
     if (has_state(p, StateKind::remainder)) {
       Buffer& remainder = *p.state[StateKind::remainder];
       const std::vector<char> zeros(remainder.bytes());
@@ -245,7 +240,7 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   check_start_scale(backend_for(param->device, context), *param, context);
 
   try {
-    allocate_state(*param);
+    allocate_state(*param, num_params());
   } catch (const Error& e) {
     fail(e.status(), context, ": ", e.what());
   } catch (const std::bad_alloc&) {

@@ -135,10 +135,11 @@ class Optimizer {
 
  private:
   Backend& backend_for(DLDevice device, const std::string& context);
-  void allocate_state(Param& param);
-  // The master of `param` from its value, as a param starts (16-bit: widened; fp8: times
-  // its scale's inverse); a no-op without one. Synchronous.
-  void init_master(Param& param);
+  // The state of `param`, to be param `index`, allocated and its master initialised.
+  void allocate_state(Param& param, int64_t index);
+  // The master of param `index` from its value, as a param starts (16-bit: widened; fp8:
+  // times its scale's inverse); a no-op without one. Synchronous.
+  void init_master(const Param& param, int64_t index);
   std::vector<const Param*> param_list() const;
   // Makes `backend` the optimizer's and moves the step counts into its memory.
   Backend& attach(std::unique_ptr<Backend> backend);

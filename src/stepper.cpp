@@ -277,7 +277,11 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   flush(plan, stream);
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
   if (with_stats) {
-    backend_->launch_stats(plan, in.clip.norm, in.found_inf, stats(), stream);
+    PassArgs args;
+    args.norm = in.clip.norm;
+    args.found_inf = in.found_inf;
+    args.stats = stats();
+    backend_->launch(Pass::stats, plan, args, stream);
     if (in.comm != nullptr)
       all_reduce(*in.comm, stats(), kernels::kNumStats, stats_op(in.clip.norm), stream);
   }
@@ -290,14 +294,18 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
                                    num_params()};
   const kernels::FoldInputs fold{in.inv_grad_scale, in.found_inf, with_stats ? stats() : nullptr,
                                  in.clip,           verdict(),    in.grad_norm_out};
-  backend_->launch_fold(tables, fold, stream);
-  backend_->launch_adam(plan, verdict(), stream);
+  PassArgs args;
+  args.fold_tables = &tables;
+  args.fold_inputs = &fold;
+  args.verdict = verdict();
+  backend_->launch(Pass::fold, plan, args, stream);
+  backend_->launch(Pass::update, plan, args, stream);
   if (!plan.current.empty()) {
     try {
       // Reduced whether or not the step is skipped: every rank calls the collective.
       if (in.amax_comm != nullptr && in.amax_count > 0)
         all_reduce(*in.amax_comm, in.amax_bits, in.amax_count, ReduceOp::max, stream);
-      backend_->launch_current_casts(plan, verdict(), stream);
+      backend_->launch(Pass::current_casts, plan, args, stream);
     } catch (const Error& e) {
       // The update is done and cannot be taken back; say what is stale and how to mend it.
       fail(e.status(), e.what(),

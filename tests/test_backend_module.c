@@ -10,6 +10,8 @@
  *   test_backend_module missing   $SHARDADAM_CUDA_MODULE names no file: CUDA shards and
  *                                 NCCL are SA_ERR_UNSUPPORTED, and the text says why
  *   test_backend_module foreign   $SHARDADAM_CUDA_MODULE names a library that is no module
+ *   test_backend_module stale     $SHARDADAM_CUDA_MODULE names a module of another Backend
+ *                                 interface (tests/stale_cuda_module.cpp)
  *   test_backend_module not_built a build without CUDA
  *   test_backend_module no_nccl   a build with NCCL, but $SHARDADAM_NCCL_LIBRARY names no
  *                                 file: the module still loads (NCCL is loaded on first
@@ -70,7 +72,7 @@ static sa_status nccl_zero_ranks(char* text, size_t text_size) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: %s found|missing|foreign|not_built|no_nccl\n", argv[0]);
+    fprintf(stderr, "usage: %s found|missing|foreign|stale|not_built|no_nccl\n", argv[0]);
     return 2;
   }
   const char* mode = argv[1];
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
   } else {
     const char* why = strcmp(mode, "missing") == 0   ? "cannot load"
                       : strcmp(mode, "foreign") == 0 ? "has no sa_cuda_module_v1"
+                      : strcmp(mode, "stale") == 0   ? "implements backend interface"
                                                      : "cuda: not built";
     CHECK(strstr(info, why) != NULL, "build info '%s' does not say '%s'", info, why);
     CHECK(strstr(info, "nccl: not available") != NULL, "build info '%s'", info);

@@ -51,7 +51,6 @@ constexpr auto kPartLaunches = part_launches(std::make_integer_sequence<int, kBl
 
 cudaError_t launch_adam_bucket_blocks(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
                                       cudaStream_t st) {
-  if (b.num_chunks == 0) return cudaSuccess;
   const int part = block_kernel_part(v);
   if (part < 0) return cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   return kPartLaunches[static_cast<size_t>(part)](v, b, s, st);

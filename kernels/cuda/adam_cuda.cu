@@ -146,19 +146,54 @@ __global__ void widen_kernel(float* dst, const typename Storage<T>::type* src, i
 
 }  // namespace
 
-cudaError_t launch_adam_bucket(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
-                               cudaStream_t st) {
-  if (b.num_chunks == 0) return cudaSuccess;
+cudaError_t launch_adam_bucket_elements(const Variant& v, const DeviceBucket& b,
+                                        const DeviceStep& s, cudaStream_t st) {
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
-  if (v.scaling != ParamScaling::none) {
-    // Block moments: the backend calls launch_adam_bucket_scaled_blocks, with its tables.
-    if (is_block_storage(v.moment)) return cudaErrorInvalidValue;
-    return launch_adam_bucket_scaled(v, b, s, st);  // adam_fp8_cuda.cu
-  }
-  if (is_block_storage(v.moment))
-    return launch_adam_bucket_blocks(v, b, s, st);  // adam_block_cuda.cu
   visit_variant(v, [&](auto signature) { err = launch_typed<decltype(signature)>(b, s, st); });
   return err;
+}
+
+bool needs_master_slots(const Variant& v) {
+  return v.scaling != ParamScaling::none && is_block_storage(v.moment);
+}
+
+// The one place a bucket launch's kernel is chosen from its Variant: each family below
+// instantiates its kernels from kernels/variants.h's table and takes the Variant as it is.
+cudaError_t launch_bucket(BucketOp op, const Variant& v, const BucketArgs& a, cudaStream_t st) {
+  if (a.bucket.num_chunks == 0) return cudaSuccess;
+  const bool scaled = v.scaling != ParamScaling::none;
+  switch (op) {
+    case BucketOp::grad_norm:
+      return launch_grad_norm_partials(v.grad, a.norm, a.bucket, a.partials, st);
+    case BucketOp::update:
+      if (needs_master_slots(v))  // the masters by the block kernel, then the cast
+        return launch_adam_bucket_scaled_blocks(v, a.bucket, a.masters, a.step, st);
+      if (scaled) return launch_adam_bucket_scaled(v, a.bucket, a.step, st);
+      if (is_block_storage(v.moment)) return launch_adam_bucket_blocks(v, a.bucket, a.step, st);
+      return launch_adam_bucket_elements(v, a.bucket, a.step, st);
+    case BucketOp::cast_from_master:
+      return scaled ? launch_cast_bucket(v, a.bucket, a.step, st) : cudaSuccess;
+    case BucketOp::current_cast:
+      return is_current(v.scaling) ? launch_current_cast(v, a.bucket, a.step.verdict, st)
+                                   : cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_slot(SlotOp op, const Variant& v, const TensorSlot& slot, cudaStream_t st) {
+  auto* master = static_cast<float*>(slot.state[static_cast<size_t>(StateKind::master)]);
+  switch (op) {
+    case SlotOp::init_master:
+      return v.scaling == ParamScaling::none
+                 ? launch_widen_to_f32(master, slot.param, v.param, slot.numel, st)
+                 : launch_dequantize_param(v.param, v.scaling, slot.param, slot.scale, slot.numel,
+                                           master, st);
+    case SlotOp::measure_amax:
+      return launch_measure_amax(slot, st);
+    case SlotOp::cast_from_master:
+      return launch_cast_param(v, slot, st);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs,

@@ -100,16 +100,72 @@ __device__ __forceinline__ bool chunk_work(const DeviceBucket& bucket, const Dev
   return chunk_work(bucket, step, slot_of_chunk(bucket, chunk), chunk, work);
 }
 
-// One launch updates every chunk of every slot of the bucket (of scaled fp8 params with
-// element moments too: adam_fp8_cuda.cuh). Enqueues on `stream` only; returns the launch
-// error (cudaSuccess when the launch was accepted).
-cudaError_t launch_adam_bucket(const Variant& variant, const DeviceBucket& bucket,
-                               const DeviceStep& step, cudaStream_t stream);
+// ---- the one dispatch of a bucket's launches -------------------------------------------
 
-// The same for a Variant with block moments (q8, f8e4m3: adam_block_cuda.cu;
-// launch_adam_bucket calls it).
+// What a launch over one bucket does. The backend asks for an op; which kernel runs it is
+// decided here, once, from the bucket's Variant (launch_bucket).
+enum class BucketOp : uint8_t {
+  // partials[c] := the partial norm (args.norm: l2 or inf) of chunk c's grads, 0 for shards
+  // the norm does not count (in_norm == 0) or without a grad.
+  grad_norm,
+  // Every chunk of every slot with a grad gets its Variant's update, unless the verdict
+  // skips the step. A scaled (fp8) param's chunk is cast from its updated master in the same
+  // launch (element moments) or the next (block moments: the masters' update runs over
+  // args.masters); a delayed scaling's amax (where the slot has one) receives max |master|
+  // of the shard; a current scaling folds max |master| of every slot, grad or none, into its
+  // amax_bits instead of the cast.
+  update,
+  // For a bucket whose masters something else updated (the host: state stepped by the CPU,
+  // which reaches the masters in mapped host memory): the second half of a scaled update,
+  // every updated chunk cast from its master (or a current scaling's amax), as above. Does
+  // nothing for an unscaled Variant.
+  cast_from_master,
+  // A current scaling's second pass, unless the verdict skips the step: every chunk cast
+  // from its master with its tensor's scale (launch_current_scales wrote it). Does nothing
+  // for a Variant of another scaling.
+  current_cast,
+};
+
+// The tables and inputs of a bucket launch; what an op does not read may be left zero.
+struct BucketArgs {
+  DeviceBucket bucket;
+  // Where needs_master_slots(variant): the bucket's slots as fp8_master_slot gives them,
+  // with the bucket's chunk offsets (the block-moment kernel updates the masters there).
+  DeviceBucket masters;
+  DeviceStep step;
+  NormType norm;     // grad_norm
+  double* partials;  // grad_norm: one per chunk of the bucket
+};
+
+// Whether launches of Variant v read BucketArgs::masters.
+bool needs_master_slots(const Variant& v);
+
+// Enqueues `op` over a bucket of Variant v on `stream`; returns the launch error
+// (cudaSuccess when the launches were accepted, or there was nothing to launch).
+cudaError_t launch_bucket(BucketOp op, const Variant& v, const BucketArgs& args,
+                          cudaStream_t stream);
+
+// Enqueues `op` (bucket_table.h) on one param's slot of Variant v, its state in device
+// memory: the one dispatch of the one-slot launches.
+cudaError_t launch_slot(SlotOp op, const Variant& v, const TensorSlot& slot, cudaStream_t stream);
+
+// ---- the kernels' families, which launch_bucket sends its ops to -----------------------
+
+// The update of a Variant with element moments and an unscaled param (adam_cuda.cu).
+cudaError_t launch_adam_bucket_elements(const Variant& variant, const DeviceBucket& bucket,
+                                        const DeviceStep& step, cudaStream_t stream);
+
+// The update of a Variant with block moments (q8, f8e4m3: adam_block_cuda.cu).
 cudaError_t launch_adam_bucket_blocks(const Variant& variant, const DeviceBucket& bucket,
                                       const DeviceStep& step, cudaStream_t stream);
+
+// BucketOp::grad_norm (grad_norm_cuda.cu). `grad` is the bucket's grad dtype.
+cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const DeviceBucket& bucket,
+                                      double* partials, cudaStream_t stream);
+
+// The fp8 families: adam_fp8_cuda.cuh.
+
+// ---- the step's other launches ----------------------------------------------------------
 
 // Decides the step (decide_step) and folds each active param's hyperparameters at its
 // next step count into out[param] on the device (capturable: reads the step counts from
@@ -117,11 +173,6 @@ cudaError_t launch_adam_bucket_blocks(const Variant& variant, const DeviceBucket
 // skipped).
 cudaError_t launch_fold_coefficients(const FoldTables& tables, const FoldInputs& inputs,
                                      GroupCoeffs* out, cudaStream_t stream);
-
-// Partial gradient norms of a bucket: partials[c] for each chunk c (0 for shards that do
-// not count, in_norm == 0). `grad` is the bucket's grad dtype.
-cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const DeviceBucket& bucket,
-                                      double* partials, cudaStream_t stream);
 
 // stats[kStatNorm] = the sum (l2) or max (inf) of partials[0..n) in a fixed order, and
 // stats[kStatFoundInf] = (found_inf != NULL && *found_inf != 0). One block; deterministic.

@@ -384,7 +384,6 @@ cudaError_t launch_reset_amax(ParamScaling scaling, const DeviceBucket& b, const
 
 cudaError_t launch_cast_bucket(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
                                cudaStream_t st) {
-  if (b.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
     constexpr ParamScaling kS = decltype(scaling)::value;
@@ -404,14 +403,12 @@ cudaError_t launch_cast_bucket(const Variant& v, const DeviceBucket& b, const De
 cudaError_t launch_adam_bucket_scaled_blocks(const Variant& v, const DeviceBucket& b,
                                              const DeviceBucket& masters, const DeviceStep& s,
                                              cudaStream_t st) {
-  if (b.num_chunks == 0) return cudaSuccess;
   const cudaError_t err = launch_adam_bucket_blocks(fp8_master_variant(v), masters, s, st);
   return err != cudaSuccess ? err : launch_cast_bucket(v, b, s, st);
 }
 
 cudaError_t launch_adam_bucket_scaled(const Variant& v, const DeviceBucket& b, const DeviceStep& s,
                                       cudaStream_t st) {
-  if (b.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
     constexpr ElemType kP = decltype(p)::value;
@@ -454,7 +451,6 @@ cudaError_t launch_current_scales(const CurrentScale* table, int32_t n, const St
 
 cudaError_t launch_current_cast(const Variant& v, const DeviceBucket& bucket,
                                 const StepVerdict* verdict, cudaStream_t st) {
-  if (bucket.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // the core never builds a Variant not in the table
   visit_param_scaling(v.param, v.scaling, [&](auto p, auto scaling) {
     constexpr ParamScaling kS = decltype(scaling)::value;

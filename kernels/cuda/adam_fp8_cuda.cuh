@@ -20,7 +20,10 @@ namespace kernels {
 // scaling's amax (where the slot has one) receives max |master| of the shard. Nothing is
 // written when the verdict skips the step, nor for a slot without a grad or elements. A
 // current scaling's pass folds max |master| into each slot's amax_bits instead of the cast
-// (every slot's, grad or none; below). launch_adam_bucket calls it.
+// (every slot's, grad or none; below).
+//
+// Like every family of adam_cuda.cuh, these bucket launches are reached through
+// launch_bucket, which chooses among them and skips an empty bucket.
 cudaError_t launch_adam_bucket_scaled(const Variant& variant, const DeviceBucket& bucket,
                                       const DeviceStep& step, cudaStream_t stream);
 
@@ -44,13 +47,14 @@ cudaError_t launch_cast_bucket(const Variant& variant, const DeviceBucket& bucke
 
 // Current scaling (is_current), in a step's order:
 //   launch_reset_current_amax: *amax_bits = 0 for every entry of the plan's current table;
-//   launch_adam_bucket (or launch_adam_bucket_scaled_blocks) of each bucket: the masters'
+//   launch_bucket(BucketOp::update) of each bucket: the masters'
 //     update, and max |master| of every slot folded into its amax_bits, unless verdict->skip
 //     (block moments: whether or not);
 //   (the core reduces the amax_bits across ranks, on the stream with NCCL)
 //   launch_current_scales: each entry's [scale, scale_inv] and amax from its reduced amax
 //     (param_cast.h's write_current_scale), unless verdict->skip;
-//   launch_current_cast: every chunk of the bucket cast from its master with that scale,
+//   launch_current_cast (BucketOp::current_cast): every chunk of the bucket cast from its master
+//   with that scale,
 //     unless verdict->skip.
 // launch_measure_amax is the first pass without an update, for one param (a recast).
 cudaError_t launch_reset_current_amax(const CurrentScale* table, int32_t n, cudaStream_t stream);

@@ -117,7 +117,6 @@ cudaError_t launch_partials(NormType norm, const DeviceBucket& bucket, double* p
 
 cudaError_t launch_grad_norm_partials(ElemType grad, NormType norm, const DeviceBucket& bucket,
                                       double* partials, cudaStream_t stream) {
-  if (bucket.num_chunks == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // a block storage is a moment's, never a grad's
   visit_elem_type(grad, [&](auto tag) {
     err = launch_partials<decltype(tag)::value>(norm, bucket, partials, stream);

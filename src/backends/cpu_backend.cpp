@@ -138,8 +138,8 @@ class CpuHostStep final : public HostStep {
 
   void reserve(std::size_t slots, int64_t elems) override { work_.reserve(slots, elems); }
 
-  void adam(const kernels::Variant& variant, const kernels::TensorSlot* slots, std::size_t n,
-            const kernels::GroupCoeffs* coeffs) override {
+  void update(const kernels::Variant& variant, const kernels::TensorSlot* slots, std::size_t n,
+              const kernels::GroupCoeffs* coeffs) override {
     work_.clear();
     for (std::size_t s = 0; s < n; ++s) work_.add(0, static_cast<int32_t>(s), slots[s].numel);
     work_.group();
@@ -197,16 +197,6 @@ class CpuBackend final : public Backend {
 
   // ---- launches ----------------------------------------------------------------------------
 
-  void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) override {
-    decode_to_f32(type, src, n, dst);
-  }
-
-  void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
-                         kernels::ParamScaling scaling, const kernels::ParamScale& scale,
-                         int64_t n) override {
-    kernels::dequantize_param(type, scaling, src, scale, n, dst);
-  }
-
   // The work list covers every element of every slot exactly once, in chunks that never
   // straddle two slots.
   void prepare(const Plan& plan, int64_t num_params) override {
@@ -228,8 +218,39 @@ class CpuBackend final : public Backend {
 
   void upload_slots(const Plan&, std::size_t, void*) override {}  // runs read the plan itself
 
-  void launch_stats(const Plan& plan, kernels::NormType norm, const float* found_inf, double* stats,
-                    void*) override {
+  // Every pass is done on return.
+  void launch(Pass pass, const Plan& plan, const PassArgs& args, void*) override {
+    switch (pass) {
+      case Pass::stats:
+        return write_stats(plan, args.norm, args.found_inf, args.stats);
+      case Pass::fold:
+        return fold(*args.fold_tables, *args.fold_inputs);
+      case Pass::update:
+        return update(plan, *args.verdict);
+      case Pass::current_casts:
+        return current_casts(plan, *args.verdict);
+    }
+    fail(SA_ERR_INTERNAL, "no such pass: ", static_cast<int>(pass));
+  }
+
+  void run_slot(kernels::SlotOp op, const kernels::Variant& variant,
+                const kernels::TensorSlot& slot) override {
+    switch (op) {
+      case kernels::SlotOp::init_master:
+        return init_master(variant, slot);
+      case kernels::SlotOp::measure_amax:
+        *slot.scale.amax_bits =
+            kernels::master_amax_bits(master_of(slot), 0, slot.numel, kernels::fp8_cast_ops(simd_));
+        return;
+      case kernels::SlotOp::cast_from_master:
+        return cast_from_master(variant, slot);
+    }
+    fail(SA_ERR_INTERNAL, "no such slot operation: ", static_cast<int>(op));
+  }
+
+ private:
+  void write_stats(const Plan& plan, kernels::NormType norm, const float* found_inf,
+                   double* stats) {
     stats[kernels::kStatNorm] = norm != kernels::NormType::none ? local_norm(plan, norm) : 0.0;
     stats[kernels::kStatFoundInf] = found_inf != nullptr && *found_inf != 0.0f ? 1.0 : 0.0;
   }
@@ -237,7 +258,7 @@ class CpuBackend final : public Backend {
   // The coefficients of a step: one entry per distinct (group, next step count) of the
   // active params, and which entry each param uses. Params nearly always share a few
   // counts, so this folds a handful of entries, not one per param.
-  void launch_fold(const kernels::FoldTables& t, const kernels::FoldInputs& in, void*) override {
+  void fold(const kernels::FoldTables& t, const kernels::FoldInputs& in) {
     const kernels::StepDecision d = kernels::fold_decide(in);
     kernels::fold_publish(in, d);
     if (d.skip) return;
@@ -265,11 +286,11 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void*) override {
+  void update(const Plan& plan, const kernels::StepVerdict& verdict) {
     // A current scaling's amax starts from 0 at every step: the reduction left the last
     // step's global amax in place, and an empty shard (no slot) writes none of its own.
     for (const kernels::CurrentScale& c : plan.current) *c.scale.amax_bits = 0.0;
-    if (verdict->skip) return;
+    if (verdict.skip) return;
     for_each_work_item([&](int64_t i) {
       prefetch_slot(plan, static_cast<std::size_t>(i) + kPrefetchItems);
       const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
@@ -309,8 +330,8 @@ class CpuBackend final : public Backend {
 #endif
   }
 
-  void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict, void*) override {
-    if (verdict->skip) return;
+  void current_casts(const Plan& plan, const kernels::StepVerdict& verdict) {
+    if (verdict.skip) return;
     for (const kernels::CurrentScale& c : plan.current)
       kernels::write_current_scale(c.param, c.scaling, c.scale);
     for_each_work_item([&](int64_t i) {
@@ -324,12 +345,16 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void measure_amax(const kernels::Variant&, const kernels::TensorSlot& slot) override {
-    *slot.scale.amax_bits =
-        kernels::master_amax_bits(master_of(slot), 0, slot.numel, kernels::fp8_cast_ops(simd_));
+  void init_master(const kernels::Variant& variant, const kernels::TensorSlot& slot) {
+    auto* master = static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::master)]);
+    if (variant.scaling == kernels::ParamScaling::none)
+      decode_to_f32(variant.param, slot.param, slot.numel, master);
+    else
+      kernels::dequantize_param(variant.param, variant.scaling, slot.param, slot.scale, slot.numel,
+                                master);
   }
 
-  void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
+  void cast_from_master(const kernels::Variant& variant, const kernels::TensorSlot& slot) {
     if (kernels::is_current(variant.scaling))
       kernels::write_current_scale(variant.param, variant.scaling, slot.scale);
     const float amax =
@@ -339,7 +364,6 @@ class CpuBackend final : public Backend {
       *slot.scale.amax = amax;
   }
 
- private:
   ThreadPool pool_;
   bool simd_;
   WorkList work_;

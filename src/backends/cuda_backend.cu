@@ -86,18 +86,12 @@ struct HostJob {
     std::unique_ptr<HostJob> job(static_cast<HostJob*>(data));
     if (job->verdict->skip != 0) return;  // the mirror's param goes back up as it came down
     try {
-      job->host->adam(job->variant, job->slots.data(), job->slots.size(), job->coeffs);
+      job->host->update(job->variant, job->slots.data(), job->slots.size(), job->coeffs);
     } catch (...) {
       job->failed->store(true);
     }
   }
 };
-
-// Whether a bucket's fp8 params step in two launches (adam_fp8_cuda.cuh): the update of
-// their masters by block moments' kernel, then the cast (or a current scaling's amax).
-bool steps_masters_apart(const kernels::Variant& v) {
-  return v.scaling != kernels::ParamScaling::none && kernels::is_block_storage(v.moment);
-}
 
 // A bucket's slots as fp8_master_slot gives them.
 std::vector<kernels::TensorSlot> master_slots_of(const Bucket& bucket) {
@@ -201,19 +195,40 @@ class CudaBackend final : public Backend {
 
   // ---- launches ----------------------------------------------------------------------------
 
-  void widen_to_f32(float* dst, const void* src, kernels::ElemType type, int64_t n) override {
+  // On the legacy default stream, then waited for: synchronous by contract.
+  void run_slot(kernels::SlotOp op, const kernels::Variant& variant,
+                const kernels::TensorSlot& slot) override {
     DeviceScope scope(device_);
-    check_cuda(kernels::launch_widen_to_f32(dst, src, type, n, nullptr), "master initialisation");
-    check_cuda(cudaStreamSynchronize(nullptr), "master initialisation");
+    const char* what = op == kernels::SlotOp::init_master    ? "master initialisation"
+                       : op == kernels::SlotOp::measure_amax ? "current scaling's amax"
+                                                             : "fp8 param cast";
+    check_cuda(kernels::launch_slot(op, variant, slot, nullptr), what);
+    check_cuda(cudaStreamSynchronize(nullptr), what);
   }
 
-  void dequantize_to_f32(float* dst, const void* src, kernels::ElemType type,
-                         kernels::ParamScaling scaling, const kernels::ParamScale& scale,
-                         int64_t n) override {
+  void launch(Pass pass, const Plan& plan, const PassArgs& args, void* stream) override {
     DeviceScope scope(device_);
-    check_cuda(kernels::launch_dequantize_param(type, scaling, src, scale, n, dst, nullptr),
-               "fp8 master initialisation");
-    check_cuda(cudaStreamSynchronize(nullptr), "fp8 master initialisation");
+    const auto s = static_cast<cudaStream_t>(stream);
+    switch (pass) {
+      case Pass::stats:
+        return launch_stats(plan, args, s);
+      case Pass::fold:
+        check_cuda(kernels::launch_fold_coefficients(
+                       *args.fold_tables, *args.fold_inputs,
+                       static_cast<kernels::GroupCoeffs*>(coeffs_->data()), s),
+                   "coefficient launch");
+        return;
+      case Pass::update:
+        return launch_update(plan, args.verdict, s);
+      case Pass::current_casts:
+        check_cuda(kernels::launch_current_scales(current_table(), num_current_, args.verdict, s),
+                   "current scaling's scales");
+        for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+          launch_bucket(kernels::BucketOp::current_cast, plan.buckets[b].variant,
+                        bucket_args(tables_[b], args.verdict), s, "current scaling's cast");
+        return;
+    }
+    fail(SA_ERR_INTERNAL, "no such pass: ", static_cast<int>(pass));
   }
 
   // The device tables of one launch over `slots`.
@@ -256,7 +271,7 @@ class CudaBackend final : public Backend {
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       const Bucket& bucket = plan.buckets[b];
       DeviceTables t = make_tables(bucket.slots, bucket.numel);
-      if (steps_masters_apart(bucket.variant)) {
+      if (kernels::needs_master_slots(bucket.variant)) {
         const std::vector<kernels::TensorSlot> masters = master_slots_of(bucket);
         t.master_slots = allocate(masters.size() * sizeof(kernels::TensorSlot));
         copy_from_host(t.master_slots->data(), masters.data(),
@@ -343,50 +358,50 @@ class CudaBackend final : public Backend {
            masters.size() * sizeof(kernels::TensorSlot), stream);
   }
 
+  // ---- the passes ----------------------------------------------------------------------
+
+  // What a bucket launch over `t` reads at a step with `verdict`.
+  kernels::BucketArgs bucket_args(const DeviceTables& t,
+                                  const kernels::StepVerdict* verdict) const {
+    return {t.view, t.master_view,
+            kernels::DeviceStep{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()), verdict},
+            kernels::NormType::none, nullptr};
+  }
+
+  static void launch_bucket(kernels::BucketOp op, const kernels::Variant& variant,
+                            const kernels::BucketArgs& args, cudaStream_t s, const char* what) {
+    check_cuda(kernels::launch_bucket(op, variant, args, s), what);
+  }
+
   // Per-chunk partials of every bucket, then one deterministic finish.
-  void launch_stats(const Plan& plan, kernels::NormType norm, const float* found_inf, double* stats,
-                    void* stream_handle) override {
-    DeviceScope scope(device_);
-    auto stream = static_cast<cudaStream_t>(stream_handle);
+  void launch_stats(const Plan& plan, const PassArgs& pass, cudaStream_t stream) {
     auto* partials = static_cast<double*>(partials_->data());
     int64_t num_partials = 0;
-    if (norm != kernels::NormType::none) {
+    if (pass.norm != kernels::NormType::none) {
       for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-        check_cuda(
-            kernels::launch_grad_norm_partials(plan.buckets[b].variant.grad, norm, tables_[b].view,
-                                               partials + num_partials, stream),
-            "gradient norm launch");
+        kernels::BucketArgs args = bucket_args(tables_[b], nullptr);
+        args.norm = pass.norm;
+        args.partials = partials + num_partials;
+        launch_bucket(kernels::BucketOp::grad_norm, plan.buckets[b].variant, args, stream,
+                      "gradient norm launch");
         num_partials += tables_[b].view.num_chunks;
       }
     }
     check_cuda(kernels::launch_grad_norm_finish(
-                   norm == kernels::NormType::inf ? norm : kernels::NormType::l2, partials,
-                   num_partials, found_inf, stats, stream),
+                   pass.norm == kernels::NormType::inf ? pass.norm : kernels::NormType::l2,
+                   partials, num_partials, pass.found_inf, pass.stats, stream),
                "gradient norm launch");
   }
 
-  void launch_fold(const kernels::FoldTables& tables, const kernels::FoldInputs& inputs,
-                   void* stream) override {
-    DeviceScope scope(device_);
-    check_cuda(kernels::launch_fold_coefficients(
-                   tables, inputs, static_cast<kernels::GroupCoeffs*>(coeffs_->data()),
-                   static_cast<cudaStream_t>(stream)),
-               "coefficient launch");
-  }
-
-  void launch_adam(const Plan& plan, const kernels::StepVerdict* verdict, void* stream) override {
-    DeviceScope scope(device_);
+  void launch_update(const Plan& plan, const kernels::StepVerdict* verdict, cudaStream_t s) {
     if (host_failed_.exchange(false))
       fail(SA_ERR_INTERNAL,
            "the host's part of an earlier step of state placed SA_STATE_ON_HOST_CPU_STEP threw "
            "(a bug: prepare reserves all it needs); those params were not updated at that step");
-    if (host_coeffs_ && capturing(stream))
+    if (host_coeffs_ && capturing(s))
       fail(SA_ERR_STATE,
            "a step of state placed SA_STATE_ON_HOST_CPU_STEP cannot be captured in a CUDA graph "
            "(its host part is a stream callback with per-step data)");
-    const kernels::DeviceStep step{static_cast<const kernels::GroupCoeffs*>(coeffs_->data()),
-                                   verdict};
-    const auto s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_reset_current_amax(current_table(), num_current_, s),
                "current scaling's amax reset");
     bool staged = false;
@@ -395,14 +410,11 @@ class CudaBackend final : public Backend {
     // Its copies and callbacks start now too, on their own streams; `s` waits for them below.
     const int last_host = host_coeffs_ ? launch_host_steps(plan, verdict, s) : -1;
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-      const kernels::Variant& v = plan.buckets[b].variant;
       if (!plan.buckets[b].segments.empty() ||
           plan.buckets[b].placement == StatePlacement::host_cpu_step)
         continue;
-      check_cuda(steps_masters_apart(v) ? kernels::launch_adam_bucket_scaled_blocks(
-                                              v, tables_[b].view, tables_[b].master_view, step, s)
-                                        : kernels::launch_adam_bucket(v, tables_[b].view, step, s),
-                 "Adam kernel launch");
+      launch_bucket(kernels::BucketOp::update, plan.buckets[b].variant,
+                    bucket_args(tables_[b], verdict), s, "update launch");
     }
     int last = -1;  // the ring slot of the last segment that moved
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -419,8 +431,8 @@ class CudaBackend final : public Backend {
         pipeline_.run(
             last, launch.up, s,
             [&] {
-              check_cuda(kernels::launch_adam_bucket(bucket.variant, launch.tables.view, step, s),
-                         "Adam kernel launch");
+              launch_bucket(kernels::BucketOp::update, bucket.variant,
+                            bucket_args(launch.tables, verdict), s, "update launch");
             },
             launch.down);
       }
@@ -431,10 +443,9 @@ class CudaBackend final : public Backend {
     // fp8 params the CPU stepped: their masters are new, in mapped host memory; the device
     // casts them (or a current scaling's amax pass reads them), as after the block kernel.
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
-      if (plan.buckets[b].placement == StatePlacement::host_cpu_step &&
-          plan.buckets[b].variant.scaling != kernels::ParamScaling::none)
-        check_cuda(kernels::launch_cast_bucket(plan.buckets[b].variant, tables_[b].view, step, s),
-                   "fp8 cast launch");
+      if (plan.buckets[b].placement == StatePlacement::host_cpu_step)
+        launch_bucket(kernels::BucketOp::cast_from_master, plan.buckets[b].variant,
+                      bucket_args(tables_[b], verdict), s, "fp8 cast launch");
   }
 
   // State the CPU steps: the step's verdict and coefficients come down, then each mirrored
@@ -496,33 +507,6 @@ class CudaBackend final : public Backend {
       }
     }
     return last;
-  }
-
-  void launch_current_casts(const Plan& plan, const kernels::StepVerdict* verdict,
-                            void* stream) override {
-    DeviceScope scope(device_);
-    const auto s = static_cast<cudaStream_t>(stream);
-    check_cuda(kernels::launch_current_scales(current_table(), num_current_, verdict, s),
-               "current scaling's scales");
-    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
-      if (kernels::is_current(plan.buckets[b].variant.scaling))
-        check_cuda(
-            kernels::launch_current_cast(plan.buckets[b].variant, tables_[b].view, verdict, s),
-            "current scaling's cast");
-  }
-
-  // On the legacy default stream, then waited for: synchronous by contract (recast).
-  void measure_amax(const kernels::Variant&, const kernels::TensorSlot& slot) override {
-    DeviceScope scope(device_);
-    check_cuda(kernels::launch_measure_amax(slot, nullptr), "current scaling's amax");
-    check_cuda(cudaStreamSynchronize(nullptr), "current scaling's amax");
-  }
-
-  // On the legacy default stream, then waited for: synchronous by contract (import).
-  void cast_param(const kernels::Variant& variant, const kernels::TensorSlot& slot) override {
-    DeviceScope scope(device_);
-    check_cuda(kernels::launch_cast_param(variant, slot, nullptr), "fp8 param cast");
-    check_cuda(cudaStreamSynchronize(nullptr), "fp8 param cast");
   }
 
  private:

@@ -18,8 +18,9 @@
 
 namespace sa {
 
-// Bumped when CudaModule changes shape (or what it shares: Backend, the kernels' tables).
-constexpr uint32_t kCudaModuleInterface = 5;
+// Bumped when CudaModule changes shape. What its backends share with the core has its own
+// version, kBackendInterface (backend.hpp).
+constexpr uint32_t kCudaModuleInterface = 6;
 
 // The module's file name, and the C symbol of its entry point.
 #define SA_CUDA_MODULE_FILE "libshardadam-cuda.so"
@@ -27,6 +28,7 @@ constexpr uint32_t kCudaModuleInterface = 5;
 
 struct CudaModule {
   uint32_t interface_version;  // kCudaModuleInterface of the module's build
+  uint32_t backend_interface;  // kBackendInterface of the module's build
   const char* build_stamp;     // the build's stamp (build_stamp.h); the core's must equal it
   const char* description;     // for sa_build_info(): "device memory, one launch per bucket"
   // Devices this process sees; 0 (and no throw) when there is no driver or no device.

@@ -21,10 +21,12 @@ int device_count() {
 }
 
 const CudaModule kModule = {
-    kCudaModuleInterface, SA_BUILD_STAMP,    "device memory, one launch per bucket",
+    kCudaModuleInterface, kBackendInterface,
+    SA_BUILD_STAMP,       "device memory, one launch per bucket",
     device_count,         make_cuda_backend,
 #ifdef SHARDADAM_WITH_NCCL
-    nccl::unique_id,      nccl::make_comm,   nccl::wrap_comm,
+    nccl::unique_id,      nccl::make_comm,
+    nccl::wrap_comm,
 #else
     nullptr,
     nullptr,

@@ -53,6 +53,13 @@ const CudaModule* open_module(const std::string& path, std::string& status) {
     return nullptr;
   }
   const CudaModule* module = entry();
+  if (module != nullptr && module->interface_version == kCudaModuleInterface &&
+      module->backend_interface != kBackendInterface) {
+    status = concat(path, " implements backend interface ", module->backend_interface,
+                    ", this library drives interface ", kBackendInterface,
+                    "; install the library and its module together");
+    return nullptr;
+  }
   if (module == nullptr || module->interface_version != kCudaModuleInterface ||
       std::strcmp(module->build_stamp, SA_BUILD_STAMP) != 0) {
     status = concat(path, " is from another build of shardadam (stamp ",
