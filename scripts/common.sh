@@ -16,6 +16,8 @@ SA_APT_PACKAGES+=(golang-go swig)
 # Debian's cargo also brings its rustc 1.63, the crates' rust-version, which the
 # rust_binding_msrv test builds them with.
 SA_APT_PACKAGES+=(cargo)
+# Muon's Newton-Schulz iteration on the CPU runs on OpenBLAS (kernels/cpu/newton_schulz.h).
+SA_APT_PACKAGES+=(libopenblas-dev)
 # Python binding tests (bindings/python/run_tests.sh): SWIG (above), a venv and Python's headers.
 SA_APT_PACKAGES+=(python3-venv python3-dev)
 # Shard files: clang's libFuzzer for the header-parser fuzz test (tests/fuzz).

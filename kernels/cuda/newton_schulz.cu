@@ -1,0 +1,152 @@
+// kernels/cuda/newton_schulz.cu — see newton_schulz.cuh.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "newton_schulz.cuh"
+
+namespace sa {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kNormBlocks = 512;  // fixed: the partial sums fold in the same order every time
+
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The scratch, carved from `work` in the order newton_schulz_cuda_work_bytes counts it.
+struct Scratch {
+  __nv_bfloat16* x;
+  __nv_bfloat16* y;
+  __nv_bfloat16* a;
+  __nv_bfloat16* b;
+  float* partials;  // [kNormBlocks]
+};
+
+Scratch carve(void* work, const NsShape& s) {
+  char* at = static_cast<char*>(work);
+  auto take = [&](size_t bytes) {
+    char* p = at;
+    at += round_up(bytes);
+    return p;
+  };
+  const size_t xn = static_cast<size_t>(s.m * s.n), mm = static_cast<size_t>(s.m * s.m);
+  Scratch out;
+  out.x = reinterpret_cast<__nv_bfloat16*>(take(xn * sizeof(__nv_bfloat16)));
+  out.y = reinterpret_cast<__nv_bfloat16*>(take(xn * sizeof(__nv_bfloat16)));
+  out.a = reinterpret_cast<__nv_bfloat16*>(take(mm * sizeof(__nv_bfloat16)));
+  out.b = reinterpret_cast<__nv_bfloat16*>(take(mm * sizeof(__nv_bfloat16)));
+  out.partials = reinterpret_cast<float*>(take(kNormBlocks * sizeof(float)));
+  return out;
+}
+
+// x rounded to bfloat16 into out, and each block's sum of the rounded values' squares.
+__global__ void round_and_square_kernel(const float* x, int64_t n, __nv_bfloat16* out,
+                                        float* partials) {
+  __shared__ float sums[kThreads];
+  float sum = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(kNormBlocks) * kThreads) {
+    const __nv_bfloat16 v = __float2bfloat16_rn(x[i]);
+    out[i] = v;
+    const float f = __bfloat162float(v);
+    sum = fmaf(f, f, sum);
+  }
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+}
+
+// x /= max(sqrt(sum of the partials), eps), in bfloat16 as torch divides; every block
+// folds the partials itself, in the same order.
+__global__ void normalize_kernel(__nv_bfloat16* x, int64_t n, const float* partials, float eps) {
+  __shared__ float inverse;
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < kNormBlocks; ++i) total += partials[i];
+    inverse = 1.0f / fmaxf(sqrtf(total), eps);
+  }
+  __syncthreads();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inverse);
+}
+
+__global__ void widen_kernel(const __nv_bfloat16* in, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    out[i] = __bfloat162float(in[i]);
+}
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)));
+}
+
+// C := alpha op(A) op(B) + beta C, column-major, bfloat16 in and out, float32 accumulation.
+cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                    int64_t n, int64_t k, float alpha, const __nv_bfloat16* a, int64_t lda,
+                    const __nv_bfloat16* b, int64_t ldb, float beta, __nv_bfloat16* c,
+                    int64_t ldc) {
+  return cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                      &alpha, a, CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF,
+                      static_cast<int>(ldb), &beta, c, CUDA_R_16BF, static_cast<int>(ldc),
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+}  // namespace
+
+size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols) {
+  const NsShape s = ns_shape(rows, cols);
+  const size_t xn = static_cast<size_t>(s.m * s.n), mm = static_cast<size_t>(s.m * s.m);
+  return 2 * round_up(xn * sizeof(__nv_bfloat16)) + 2 * round_up(mm * sizeof(__nv_bfloat16)) +
+         round_up(kNormBlocks * sizeof(float));
+}
+
+NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t cols,
+                            const NewtonSchulz& ns, void* work, cudaStream_t stream) {
+  NsStatus st;
+  const NsShape s = ns_shape(rows, cols);
+  const int64_t elems = rows * cols, m = s.m, n = s.n;
+  Scratch w = carve(work, s);
+  if ((st.blas = cublasSetStream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
+  round_and_square_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, elems, w.x, w.partials);
+  normalize_kernel<<<grid_for(elems), kThreads, 0, stream>>>(w.x, elems, w.partials, ns.eps);
+  if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
+  // cuBLAS is column-major. Not transposed: the buffer is X^T (n x m, ld n), so
+  // A = X X^T = (X^T)^T X^T, and the next X^T = a X^T + X^T B (B symmetric). Transposed:
+  // the buffer is X (m x n, ld m) itself.
+  const size_t mm_bytes = static_cast<size_t>(m * m) * sizeof(__nv_bfloat16);
+  const size_t xn_bytes = static_cast<size_t>(elems) * sizeof(__nv_bfloat16);
+  for (int32_t step = 0; step < ns.steps; ++step) {
+    st.blas =
+        s.transposed
+            ? gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, m, m, n, 1.0f, w.x, m, w.x, m, 0.0f, w.a, m)
+            : gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, w.x, n, w.x, n, 0.0f, w.a, m);
+    if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
+    if ((st.cuda = cudaMemcpyAsync(w.b, w.a, mm_bytes, cudaMemcpyDeviceToDevice, stream)) !=
+        cudaSuccess)
+      return st;
+    st.blas = gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, ns.c, w.a, m, w.a, m, ns.b, w.b, m);
+    if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
+    if ((st.cuda = cudaMemcpyAsync(w.y, w.x, xn_bytes, cudaMemcpyDeviceToDevice, stream)) !=
+        cudaSuccess)
+      return st;
+    st.blas =
+        s.transposed
+            ? gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, m, 1.0f, w.b, m, w.x, m, ns.a, w.y, m)
+            : gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, w.x, n, w.b, m, ns.a, w.y, n);
+    if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
+    std::swap(w.x, w.y);
+  }
+  widen_kernel<<<grid_for(elems), kThreads, 0, stream>>>(w.x, elems, x);
+  st.cuda = cudaGetLastError();
+  return st;
+}
+
+}  // namespace kernels
+}  // namespace sa

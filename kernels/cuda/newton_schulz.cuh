@@ -1,0 +1,41 @@
+// kernels/cuda/newton_schulz.cuh — Muon's Newton-Schulz iteration (kernels/newton_schulz.h) on
+// the GPU: bfloat16 GEMMs with float32 accumulation on cuBLAS, as torch.optim.Muon runs it
+// on CUDA (its tensors in bfloat16 throughout). The Muon rule (issue 36) will call it for
+// each whole matrix it orthogonalizes; until then the GPU tests and bench/ do.
+#ifndef SHARDADAM_KERNELS_CUDA_NEWTON_SCHULZ_CUH_
+#define SHARDADAM_KERNELS_CUDA_NEWTON_SCHULZ_CUH_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../newton_schulz.h"
+
+namespace sa {
+namespace kernels {
+
+// Device scratch bytes newton_schulz_cuda needs for a rows x cols matrix: X and the next X
+// (m x n), A and B (m x m), all bfloat16, and the norm's partial sums.
+size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols);
+
+// What failed, if anything: a launch or copy (cuda), or a cuBLAS call (blas).
+struct NsStatus {
+  cudaError_t cuda = cudaSuccess;
+  cublasStatus_t blas = CUBLAS_STATUS_SUCCESS;
+  bool ok() const { return cuda == cudaSuccess && blas == CUBLAS_STATUS_SUCCESS; }
+};
+
+// Enqueues on `stream`: x (rows x cols, row-major float32, device memory; rows, cols > 0)
+// := its orthogonalization by `ns`. x is rounded to bfloat16 first; the norm sums the
+// rounded values in float32 in a fixed order (deterministic), the iteration keeps X, A and
+// B in bfloat16 as torch does, and the result is widened back into x. `work` is device
+// memory of newton_schulz_cuda_work_bytes(rows, cols) bytes, 256-byte aligned. `blas` is
+// the caller's handle; this sets its stream to `stream`.
+NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t cols,
+                            const NewtonSchulz& ns, void* work, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_CUDA_NEWTON_SCHULZ_CUH_

@@ -1,0 +1,75 @@
+// tests/test_newton_schulz.cpp — kernels/cpu/newton_schulz.h against the float64 Newton-Schulz
+// of newton_schulz_reference.hpp.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/newton_schulz.h"
+#include "newton_schulz_reference.hpp"
+
+namespace {
+
+using sa::test::Matrix;
+using sa::test::ns_reference;
+
+// The largest |got - want| over the matrix.
+double max_error(const std::vector<float>& got, const Matrix& want) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  return worst;
+}
+
+std::vector<float> orthogonalized(std::vector<float> x, int64_t rows, int64_t cols,
+                                  const sa::kernels::NewtonSchulz& ns) {
+  std::vector<float> work(static_cast<std::size_t>(sa::kernels::ns_work_elems(rows, cols)));
+  sa::kernels::newton_schulz_cpu(x.data(), rows, cols, ns, work.data());
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("Newton-Schulz on the CPU matches a float64 reference: wide, tall, square, 1 to 8 steps",
+          "[newton_schulz]") {
+  const auto [rows, cols] = GENERATE(std::pair<int64_t, int64_t>{8, 24}, std::pair<int64_t, int64_t>{24, 8},
+                                     std::pair<int64_t, int64_t>{17, 17}, std::pair<int64_t, int64_t>{1, 9},
+                                     std::pair<int64_t, int64_t>{9, 1}, std::pair<int64_t, int64_t>{33, 70});
+  const int32_t steps = GENERATE(1, 2, 5, 8);
+  CAPTURE(rows, cols, steps);
+  std::mt19937 rng(static_cast<unsigned>(rows * 1000 + cols * 10 + steps));
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> g(static_cast<std::size_t>(rows * cols));
+  for (float& v : g) v = normal(rng);
+  sa::kernels::NewtonSchulz ns;
+  ns.steps = steps;
+  const std::vector<float> got = orthogonalized(g, rows, cols, ns);
+  const Matrix want = ns_reference(Matrix(g.begin(), g.end()), rows, cols, ns);
+  // float32 GEMMs against float64: a few ulps of values of order 1, grown over the steps.
+  CHECK(max_error(got, want) < 2e-5 * steps);
+  // Not the input scaled: the iteration moved the singular values towards 1.
+  double moved = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) moved = std::max(moved, static_cast<double>(std::abs(got[i] - g[i])));
+  CHECK(moved > 1e-2);
+}
+
+TEST_CASE("Newton-Schulz takes its constants from the caller and keeps a zero matrix zero",
+          "[newton_schulz]") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(6 * 10);
+  for (float& v : g) v = normal(rng);
+  sa::kernels::NewtonSchulz other;
+  other.a = 2.0f;
+  other.b = -1.5f;
+  other.c = 0.5f;
+  other.steps = 3;
+  const std::vector<float> got = orthogonalized(g, 6, 10, other);
+  CHECK(max_error(got, ns_reference(Matrix(g.begin(), g.end()), 6, 10, other)) < 1e-4);
+  CHECK(max_error(got, ns_reference(Matrix(g.begin(), g.end()), 6, 10, sa::kernels::NewtonSchulz{})) >
+        1e-2);
+
+  // ||0|| = 0 is clamped to eps: the zero matrix stays zero, with no NaN.
+  const std::vector<float> zero = orthogonalized(std::vector<float>(12, 0.0f), 3, 4, {});
+  for (float v : zero) CHECK(v == 0.0f);
+}
