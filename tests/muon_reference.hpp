@@ -1,16 +1,16 @@
-// tests/newton_schulz_reference.hpp — Muon's Newton-Schulz iteration in float64, written from
-// torch.optim.Muon's _zeropower_via_newtonschulz with explicit transposes and triple loops:
-// nothing shared with the implementations under test (kernels/cpu, kernels/cuda) but the
-// constants. Small matrices only.
-#ifndef SHARDADAM_TESTS_NEWTON_SCHULZ_REFERENCE_HPP_
-#define SHARDADAM_TESTS_NEWTON_SCHULZ_REFERENCE_HPP_
+// tests/muon_reference.hpp — Muon in float64, written from torch.optim.Muon (torch 2.11's
+// _zeropower_via_newtonschulz and _single_tensor_muon) with explicit transposes and triple
+// loops: nothing shared with the implementations under test (kernels/cpu, kernels/cuda)
+// but the constants' types. Small matrices only.
+#ifndef SHARDADAM_TESTS_MUON_REFERENCE_HPP_
+#define SHARDADAM_TESTS_MUON_REFERENCE_HPP_
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "kernels/newton_schulz.h"
+#include "kernels/muon_math.h"
 
 namespace sa::test {
 
@@ -51,6 +51,23 @@ inline Matrix ns_reference(Matrix g, int64_t rows, int64_t cols, const sa::kerne
   return tall ? transpose(g, m, n) : g;
 }
 
+// One Muon step of a rows x cols matrix: buf and p updated in place.
+inline void muon_reference(Matrix& p, const Matrix& g, Matrix& buf, int64_t rows, int64_t cols,
+                           const sa::kernels::MuonHyper& h) {
+  Matrix u(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    buf[i] += (1.0 - h.momentum) * (g[i] - buf[i]);
+    u[i] = h.nesterov ? g[i] + h.momentum * (buf[i] - g[i]) : buf[i];
+  }
+  const Matrix o = ns_reference(u, rows, cols, h.ns);
+  const double r = static_cast<double>(rows), c = static_cast<double>(cols);
+  const double adjusted =
+      h.lr * (h.adjust_lr == sa::kernels::MuonLrAdjust::original ? std::sqrt(std::max(1.0, r / c))
+                                                                 : 0.2 * std::sqrt(std::max(r, c)));
+  for (std::size_t i = 0; i < p.size(); ++i)
+    p[i] = p[i] * (1.0 - h.lr * h.weight_decay) - adjusted * o[i];
+}
+
 }  // namespace sa::test
 
-#endif  // SHARDADAM_TESTS_NEWTON_SCHULZ_REFERENCE_HPP_
+#endif  // SHARDADAM_TESTS_MUON_REFERENCE_HPP_

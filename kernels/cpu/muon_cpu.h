@@ -1,0 +1,26 @@
+// kernels/cpu/muon_cpu.h — Muon's step of one whole float32 matrix on the CPU
+// (kernels/muon_math.h), its orthogonalization on OpenBLAS (newton_schulz.h).
+#ifndef SHARDADAM_KERNELS_CPU_MUON_CPU_H_
+#define SHARDADAM_KERNELS_CPU_MUON_CPU_H_
+
+#include <stdint.h>
+
+#include "../muon_math.h"
+
+namespace sa {
+namespace kernels {
+
+// The scratch muon_matrix_cpu needs for a rows x cols matrix, in floats.
+int64_t muon_work_elems(int64_t rows, int64_t cols);
+
+// Steps param (rows x cols, row-major float32) with grad and its momentum buffer `buf`
+// (same layout, float32; updated) by `h`. `work` holds muon_work_elems(rows, cols) floats,
+// none of them in the other arrays. The Muon rule (issue 36) will call this for each whole
+// matrix; until then the tests do.
+void muon_matrix_cpu(float* param, const float* grad, float* buf, int64_t rows, int64_t cols,
+                     const MuonHyper& h, float* work);
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_CPU_MUON_CPU_H_

@@ -1,0 +1,33 @@
+// kernels/cuda/muon_cuda.cuh — Muon's step of one whole float32 matrix on the GPU
+// (kernels/muon_math.h): the per-element parts as kernels, the orthogonalization on cuBLAS
+// (newton_schulz.cuh).
+#ifndef SHARDADAM_KERNELS_CUDA_MUON_CUDA_CUH_
+#define SHARDADAM_KERNELS_CUDA_MUON_CUDA_CUH_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../muon_math.h"
+#include "newton_schulz.cuh"
+
+namespace sa {
+namespace kernels {
+
+// Device scratch bytes muon_matrix_cuda needs for a rows x cols matrix.
+size_t muon_cuda_work_bytes(int64_t rows, int64_t cols);
+
+// Enqueues on `stream` the step of param (rows x cols, row-major float32, device memory)
+// with grad and its momentum buffer `buf` (same layout, float32; updated) by `h`. `work`
+// is device memory of muon_cuda_work_bytes(rows, cols) bytes, 256-byte aligned; `blas`
+// the caller's handle (its stream is set to `stream`). The Muon rule (issue 36) will call
+// this for each whole matrix; until then the GPU tests do.
+NsStatus muon_matrix_cuda(cublasHandle_t blas, float* param, const float* grad, float* buf,
+                          int64_t rows, int64_t cols, const MuonHyper& h, void* work,
+                          cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace sa
+
+#endif  // SHARDADAM_KERNELS_CUDA_MUON_CUDA_CUH_
