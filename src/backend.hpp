@@ -41,15 +41,15 @@ enum class Pass : uint8_t {
   // whether *args.found_inf is set (0 when found_inf is NULL). Deterministic: the partials
   // are folded in a fixed order, whatever the thread count.
   stats,
-  // The fold (step_control.h) of args.fold's tables and inputs: decide, publish the
-  // verdict, and unless skipped advance the counts and fold the coefficients that update
-  // reads.
+  // The fold (step_control.h) of *args.fold_tables with *args.fold_inputs: decide, publish
+  // the verdict, and unless skipped advance the counts and fold the coefficients that the
+  // update reads.
   fold,
   // Unless args.verdict->skip, every slot that has a grad gets its Variant's update with
   // the coefficients of the last fold. A scaled (fp8) param's slot is cast from its updated
-  // master (kernels/param_scaling.h) and a delayed scaling's amax written; a current
-  // scaling's (kernels::is_current) slots, grad or none, write max |master| into
-  // *slot.scale.amax_bits instead, which the core then reduces across ranks.
+  // master (kernels/param_scaling.h) and a delayed scaling's amax written. A current
+  // scaling's (kernels::is_current) slots are not cast: each, grad or none, writes max
+  // |master| into *slot.scale.amax_bits, which the core then reduces across ranks.
   update,
   // A current scaling's second pass, unless args.verdict->skip: every entry of plan.current
   // gets its scale from its reduced amax (param_cast.h's write_current_scale), then each

@@ -11,7 +11,8 @@
 namespace sa {
 namespace kernels {
 
-// x (rows x cols, row-major float32, rows and cols > 0) := its orthogonalization by `ns`.
+// x (rows x cols, row-major float32; rows and cols in [1, INT32_MAX], the BLAS's int) :=
+// its orthogonalization by `ns`.
 // `work` holds ns_work_elems(rows, cols) floats, none of them in x. The GEMMs run on the
 // BLAS's threads; the norm is summed in double, in element order. Deterministic for a
 // given BLAS and thread count.

@@ -112,6 +112,10 @@ NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t
   NsStatus st;
   const NsShape s = ns_shape(rows, cols);
   const int64_t elems = rows * cols, m = s.m, n = s.n;
+  if (rows <= 0 || cols <= 0 || n > INT32_MAX) {  // cuBLAS takes int dimensions
+    st.blas = CUBLAS_STATUS_INVALID_VALUE;
+    return st;
+  }
   Scratch w = carve(work, s);
   if ((st.blas = cublasSetStream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
   round_and_square_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, elems, w.x, w.partials);

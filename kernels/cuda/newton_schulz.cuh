@@ -26,8 +26,9 @@ struct NsStatus {
   bool ok() const { return cuda == cudaSuccess && blas == CUBLAS_STATUS_SUCCESS; }
 };
 
-// Enqueues on `stream`: x (rows x cols, row-major float32, device memory; rows, cols > 0)
-// := its orthogonalization by `ns`. x is rounded to bfloat16 first; the norm sums the
+// Enqueues on `stream`: x (rows x cols, row-major float32, device memory; rows, cols > 0
+// and at most INT32_MAX, else CUBLAS_STATUS_INVALID_VALUE and nothing enqueued) := its
+// orthogonalization by `ns`. x is rounded to bfloat16 first; the norm sums the
 // rounded values in float32 in a fixed order (deterministic), the iteration keeps X, A and
 // B in bfloat16 as torch does, and the result is widened back into x. `work` is device
 // memory of newton_schulz_cuda_work_bytes(rows, cols) bytes, 256-byte aligned. `blas` is
