@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "kernels/muon_math.h"
@@ -15,6 +16,16 @@
 namespace sa::test {
 
 using Matrix = std::vector<double>;  // row-major
+
+// A rows x cols float32 matrix of normal(0, scale) values from a generator seeded with
+// `seed`: the tests' inputs, the same on every run.
+inline std::vector<float> random_matrix(int64_t rows, int64_t cols, unsigned seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> m(static_cast<std::size_t>(rows * cols));
+  for (float& v : m) v = normal(rng);
+  return m;
+}
 
 inline Matrix multiply(const Matrix& p, const Matrix& q, int64_t rows, int64_t inner, int64_t cols) {
   Matrix out(static_cast<std::size_t>(rows * cols), 0.0);

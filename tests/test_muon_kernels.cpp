@@ -38,10 +38,8 @@ TEST_CASE("Newton-Schulz on the CPU matches a float64 reference: wide, tall, squ
                                      std::pair<int64_t, int64_t>{9, 1}, std::pair<int64_t, int64_t>{33, 70});
   const int32_t steps = GENERATE(1, 2, 5, 8);
   CAPTURE(rows, cols, steps);
-  std::mt19937 rng(static_cast<unsigned>(rows * 1000 + cols * 10 + steps));
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<float> g(static_cast<std::size_t>(rows * cols));
-  for (float& v : g) v = normal(rng);
+  const std::vector<float> g = sa::test::random_matrix(
+      rows, cols, static_cast<unsigned>(rows * 1000 + cols * 10 + steps), 0.02f);
   sa::kernels::NewtonSchulz ns;
   ns.steps = steps;
   const std::vector<float> got = orthogonalized(g, rows, cols, ns);
@@ -56,10 +54,7 @@ TEST_CASE("Newton-Schulz on the CPU matches a float64 reference: wide, tall, squ
 
 TEST_CASE("Newton-Schulz takes its constants from the caller and keeps a zero matrix zero",
           "[newton_schulz]") {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> g(6 * 10);
-  for (float& v : g) v = normal(rng);
+  const std::vector<float> g = sa::test::random_matrix(6, 10, 7, 1.0f);
   sa::kernels::NewtonSchulz other;
   other.a = 2.0f;
   other.b = -1.5f;
@@ -92,15 +87,13 @@ TEST_CASE("A Muon matrix step on the CPU matches a float64 Muon over several ste
   h.nesterov = nesterov;
   h.adjust_lr = adjust;
   const std::size_t n = static_cast<std::size_t>(rows * cols);
-  std::mt19937 rng(static_cast<unsigned>(rows + 7 * cols + (nesterov ? 1 : 0)));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> p(n), buf(n, 0.0f), work(static_cast<std::size_t>(sa::kernels::muon_work_elems(rows, cols)));
-  for (float& v : p) v = normal(rng);
+  const unsigned seed = static_cast<unsigned>(rows + 7 * cols + (nesterov ? 1 : 0));
+  std::vector<float> p = sa::test::random_matrix(rows, cols, seed, 1.0f), buf(n, 0.0f);
+  std::vector<float> work(static_cast<std::size_t>(sa::kernels::muon_work_elems(rows, cols)));
   const std::vector<float> start = p;
   Matrix p64(p.begin(), p.end()), buf64(n, 0.0);
   for (int step = 0; step < 4; ++step) {
-    std::vector<float> g(n);
-    for (float& v : g) v = 0.01f * normal(rng);
+    const std::vector<float> g = sa::test::random_matrix(rows, cols, seed + 100 + step, 0.01f);
     sa::kernels::muon_matrix_cpu(p.data(), g.data(), buf.data(), rows, cols, h, work.data());
     sa::test::muon_reference(p64, Matrix(g.begin(), g.end()), buf64, rows, cols, h);
   }

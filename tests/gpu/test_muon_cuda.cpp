@@ -47,10 +47,8 @@ TEST_CASE("Newton-Schulz on cuBLAS (bfloat16) matches a float64 reference: wide,
                std::pair<int64_t, int64_t>{9, 1}, std::pair<int64_t, int64_t>{64, 160});
   const int32_t steps = GENERATE(1, 5, 8);
   CAPTURE(rows, cols, steps);
-  std::mt19937 rng(static_cast<unsigned>(rows * 1000 + cols * 10 + steps));
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<float> g(static_cast<std::size_t>(rows * cols));
-  for (float& v : g) v = normal(rng);
+  const std::vector<float> g = sa::test::random_matrix(
+      rows, cols, static_cast<unsigned>(rows * 1000 + cols * 10 + steps), 0.02f);
   sa::kernels::NewtonSchulz ns;
   ns.steps = steps;
   const std::vector<float> got = on_gpu(blas, g, rows, cols, ns);
@@ -82,10 +80,8 @@ TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several ste
   h.momentum = 0.9;
   h.nesterov = nesterov;
   const std::size_t n = static_cast<std::size_t>(rows * cols);
-  std::mt19937 rng(static_cast<unsigned>(rows + 7 * cols + (nesterov ? 1 : 0)));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> p(n);
-  for (float& v : p) v = normal(rng);
+  const unsigned seed = static_cast<unsigned>(rows + 7 * cols + (nesterov ? 1 : 0));
+  const std::vector<float> p = sa::test::random_matrix(rows, cols, seed, 1.0f);
   sa::test::Matrix p64(p.begin(), p.end()), buf64(n, 0.0);
   float *dp = nullptr, *dg = nullptr, *dbuf = nullptr;
   void* work = nullptr;
@@ -96,8 +92,7 @@ TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several ste
   CUDA_OK(cudaMemcpy(dp, p.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dbuf, 0, n * sizeof(float)));
   for (int step = 0; step < 3; ++step) {
-    std::vector<float> g(n);
-    for (float& v : g) v = 0.01f * normal(rng);
+    const std::vector<float> g = sa::test::random_matrix(rows, cols, seed + 100 + step, 0.01f);
     CUDA_OK(cudaMemcpy(dg, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     const sa::kernels::NsStatus st =
         sa::kernels::muon_matrix_cuda(blas, dp, dg, dbuf, rows, cols, h, work, nullptr);
