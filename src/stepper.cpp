@@ -276,11 +276,12 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   if (backend_ == nullptr) return step_without_backend(in, advance_groups);
   flush(plan, stream);
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
+  PassArgs args;  // what the passes read; the fold's tables and inputs are added below
+  args.norm = in.clip.norm;
+  args.found_inf = in.found_inf;
+  args.stats = stats();
+  args.verdict = verdict();
   if (with_stats) {
-    PassArgs args;
-    args.norm = in.clip.norm;
-    args.found_inf = in.found_inf;
-    args.stats = stats();
     backend_->launch(Pass::stats, plan, args, stream);
     if (in.comm != nullptr)
       all_reduce(*in.comm, stats(), kernels::kNumStats, stats_op(in.clip.norm), stream);
@@ -294,10 +295,8 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
                                    num_params()};
   const kernels::FoldInputs fold{in.inv_grad_scale, in.found_inf, with_stats ? stats() : nullptr,
                                  in.clip,           verdict(),    in.grad_norm_out};
-  PassArgs args;
   args.fold_tables = &tables;
   args.fold_inputs = &fold;
-  args.verdict = verdict();
   backend_->launch(Pass::fold, plan, args, stream);
   backend_->launch(Pass::update, plan, args, stream);
   if (!plan.current.empty()) {
