@@ -44,6 +44,7 @@
 #include "adam_cuda.cuh"
 #include "adam_fp8_cuda.cuh"
 #include "cuda_ops.cuh"
+#include "grid.cuh"
 #include "storage.cuh"
 
 namespace sa {
@@ -364,12 +365,6 @@ __global__ void __launch_bounds__(kCudaBlockThreads)
   if (verdict->skip) return;
   const ChunkRange c = chunk_range(bucket, blockIdx.x);
   cast_tiles<P, kS>(c.slot, c.begin, c.end, kTileElems);
-}
-
-// Thread blocks for a grid-stride loop over n items, per_block per thread block and round.
-unsigned grid_for(int64_t n, int64_t per_block) {
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, 4096)));
 }
 
 // A delayed scaling's amax reset (reset_amax_kernel), before the kernel that writes it.

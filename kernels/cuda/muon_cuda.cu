@@ -1,6 +1,5 @@
 // kernels/cuda/muon_cuda.cu — see muon_cuda.cuh.
-#include <algorithm>
-
+#include "grid.cuh"
 #include "muon_cuda.cuh"
 
 namespace sa {
@@ -8,11 +7,6 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)));
-}
 
 size_t direction_bytes(int64_t rows, int64_t cols) {
   return (static_cast<size_t>(rows * cols) * sizeof(float) + 255) / 256 * 256;
@@ -45,13 +39,13 @@ NsStatus muon_matrix_cuda(cublasHandle_t blas, float* param, const float* grad, 
   const MuonCoeffs c = muon_coeffs(h, rows, cols);
   const int64_t n = rows * cols;
   auto* u = static_cast<float*>(work);
-  momentum_kernel<<<grid_for(n), kThreads, 0, stream>>>(c, grad, buf, u, n);
+  momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(c, grad, buf, u, n);
   NsStatus st;
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
   st = newton_schulz_cuda(blas, u, rows, cols, h.ns,
                           static_cast<char*>(work) + direction_bytes(rows, cols), stream);
   if (!st.ok()) return st;
-  apply_kernel<<<grid_for(n), kThreads, 0, stream>>>(c, param, u, n);
+  apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(c, param, u, n);
   st.cuda = cudaGetLastError();
   return st;
 }

@@ -1,8 +1,9 @@
 // kernels/cuda/newton_schulz.cu — see newton_schulz.cuh.
 #include <cuda_bf16.h>
 
-#include <algorithm>
+#include <utility>
 
+#include "grid.cuh"
 #include "newton_schulz.cuh"
 
 namespace sa {
@@ -14,7 +15,25 @@ constexpr int kNormBlocks = 512;  // fixed: the partial sums fold in the same or
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The scratch, carved from `work` in the order newton_schulz_cuda_work_bytes counts it.
+// Where each part of the scratch starts, in bytes from `work` (256-byte aligned), and its
+// size: newton_schulz_cuda_work_bytes and carve both read this one layout.
+struct Layout {
+  size_t x, y, a, b, partials, end;
+};
+
+Layout layout_of(const NsShape& s) {
+  const size_t xn = static_cast<size_t>(s.m * s.n) * sizeof(__nv_bfloat16);
+  const size_t mm = static_cast<size_t>(s.m * s.m) * sizeof(__nv_bfloat16);
+  Layout l{};
+  l.y = l.x + round_up(xn);
+  l.a = l.y + round_up(xn);
+  l.b = l.a + round_up(mm);
+  l.partials = l.b + round_up(mm);
+  l.end = l.partials + round_up(kNormBlocks * sizeof(float));
+  return l;
+}
+
+// The scratch, carved from `work`.
 struct Scratch {
   __nv_bfloat16* x;
   __nv_bfloat16* y;
@@ -25,19 +44,10 @@ struct Scratch {
 
 Scratch carve(void* work, const NsShape& s) {
   char* at = static_cast<char*>(work);
-  auto take = [&](size_t bytes) {
-    char* p = at;
-    at += round_up(bytes);
-    return p;
-  };
-  const size_t xn = static_cast<size_t>(s.m * s.n), mm = static_cast<size_t>(s.m * s.m);
-  Scratch out;
-  out.x = reinterpret_cast<__nv_bfloat16*>(take(xn * sizeof(__nv_bfloat16)));
-  out.y = reinterpret_cast<__nv_bfloat16*>(take(xn * sizeof(__nv_bfloat16)));
-  out.a = reinterpret_cast<__nv_bfloat16*>(take(mm * sizeof(__nv_bfloat16)));
-  out.b = reinterpret_cast<__nv_bfloat16*>(take(mm * sizeof(__nv_bfloat16)));
-  out.partials = reinterpret_cast<float*>(take(kNormBlocks * sizeof(float)));
-  return out;
+  const Layout l = layout_of(s);
+  return {reinterpret_cast<__nv_bfloat16*>(at + l.x), reinterpret_cast<__nv_bfloat16*>(at + l.y),
+          reinterpret_cast<__nv_bfloat16*>(at + l.a), reinterpret_cast<__nv_bfloat16*>(at + l.b),
+          reinterpret_cast<float*>(at + l.partials)};
 }
 
 // x rounded to bfloat16 into out, and each block's sum of the rounded values' squares.
@@ -82,11 +92,6 @@ __global__ void widen_kernel(const __nv_bfloat16* in, int64_t n, float* out) {
     out[i] = __bfloat162float(in[i]);
 }
 
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)));
-}
-
 // C := alpha op(A) op(B) + beta C, column-major, bfloat16 in and out, float32 accumulation.
 cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
                     int64_t n, int64_t k, float alpha, const __nv_bfloat16* a, int64_t lda,
@@ -101,10 +106,7 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
 }  // namespace
 
 size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols) {
-  const NsShape s = ns_shape(rows, cols);
-  const size_t xn = static_cast<size_t>(s.m * s.n), mm = static_cast<size_t>(s.m * s.m);
-  return 2 * round_up(xn * sizeof(__nv_bfloat16)) + 2 * round_up(mm * sizeof(__nv_bfloat16)) +
-         round_up(kNormBlocks * sizeof(float));
+  return layout_of(ns_shape(rows, cols)).end;
 }
 
 NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t cols,
@@ -119,7 +121,8 @@ NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t
   Scratch w = carve(work, s);
   if ((st.blas = cublasSetStream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
   round_and_square_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, elems, w.x, w.partials);
-  normalize_kernel<<<grid_for(elems), kThreads, 0, stream>>>(w.x, elems, w.partials, ns.eps);
+  normalize_kernel<<<grid_for(elems, kThreads), kThreads, 0, stream>>>(w.x, elems, w.partials,
+                                                                       ns.eps);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
   // cuBLAS is column-major. Not transposed: the buffer is X^T (n x m, ld n), so
   // A = X X^T = (X^T)^T X^T, and the next X^T = a X^T + X^T B (B symmetric). Transposed:
@@ -147,7 +150,7 @@ NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
     std::swap(w.x, w.y);
   }
-  widen_kernel<<<grid_for(elems), kThreads, 0, stream>>>(w.x, elems, x);
+  widen_kernel<<<grid_for(elems, kThreads), kThreads, 0, stream>>>(w.x, elems, x);
   st.cuda = cudaGetLastError();
   return st;
 }
