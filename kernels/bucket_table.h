@@ -23,6 +23,11 @@ constexpr int64_t kQuant8Block = 256;
 // bfloat16 param and the state StateKind::remainder (int16).
 enum class MasterKind : uint8_t { none = 0, fp32 = 1, remainder = 2 };
 
+// The update a param's group asks for (sa_update_rule). Adam's is per element, and every
+// pass of a step runs it a bucket at a time; Muon's orthogonalizes each whole matrix, so
+// its bucket is stepped by the matrices pass (src/backend.hpp) and skipped by the others.
+enum class UpdateRule : uint8_t { adam = 0, muon = 1 };
+
 // The dtype signature of an update: params of one Variant share one bucket and one
 // kernel instantiation. The Variants the kernels implement are kernels/variants.h's table.
 struct Variant {
@@ -31,14 +36,15 @@ struct Variant {
   ElemType moment;
   MasterKind master;
   bool amsgrad;
-  ParamScaling scaling;  // how an fp8 param is cast from its master (none otherwise)
+  ParamScaling scaling;                // how an fp8 param is cast from its master (none otherwise)
+  UpdateRule rule = UpdateRule::adam;  // last, so that a Variant written without it is Adam's
 };
 
-inline bool operator==(const Variant& a, const Variant& b) {
+constexpr bool operator==(const Variant& a, const Variant& b) {
   return a.param == b.param && a.grad == b.grad && a.moment == b.moment && a.master == b.master &&
-         a.amsgrad == b.amsgrad && a.scaling == b.scaling;
+         a.amsgrad == b.amsgrad && a.scaling == b.scaling && a.rule == b.rule;
 }
-inline bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
+constexpr bool operator!=(const Variant& a, const Variant& b) { return !(a == b); }
 
 // One shard in a bucket. Pointers are to the first element; element types follow the
 // bucket's Variant (kernels/variants.h says which state each Variant has and how it is

@@ -1,6 +1,7 @@
 // kernels/muon_math.h — Muon's update of one whole matrix, as torch.optim.Muon's
 // _single_tensor_muon does it (torch >= 2.9):
 //
+//   g   := grad * grad_scale                              (the inverse loss scale, the clip)
 //   buf := buf + (1 - momentum) (g - buf)                 (buf.lerp_(g, 1 - momentum))
 //   u   := nesterov ? g + momentum (buf - g) : buf         (g.lerp(buf, momentum))
 //   O   := NewtonSchulz(u)                                 (kernels/newton_schulz.h)
@@ -49,6 +50,7 @@ inline double muon_adjusted_lr(const MuonHyper& h, int64_t rows, int64_t cols) {
 
 // The step's float constants, folded once per matrix.
 struct MuonCoeffs {
+  float grad_scale;          // what every grad is multiplied by (1: as it is)
   float one_minus_momentum;  // buf's lerp weight
   float momentum;            // Nesterov's lerp weight
   bool nesterov;
@@ -56,14 +58,20 @@ struct MuonCoeffs {
   float neg_lr;        // -adjusted_lr
 };
 
-inline MuonCoeffs muon_coeffs(const MuonHyper& h, int64_t rows, int64_t cols) {
-  return {static_cast<float>(1.0 - h.momentum), static_cast<float>(h.momentum), h.nesterov,
+inline MuonCoeffs muon_coeffs(const MuonHyper& h, int64_t rows, int64_t cols,
+                              float grad_scale = 1.0f) {
+  return {grad_scale,
+          static_cast<float>(1.0 - h.momentum),
+          static_cast<float>(h.momentum),
+          h.nesterov,
           static_cast<float>(1.0 - h.lr * h.weight_decay),
           static_cast<float>(-muon_adjusted_lr(h, rows, cols))};
 }
 
-// One element's momentum: buf advanced toward g, and the update direction u returned.
-SA_HD float muon_momentum(const MuonCoeffs& c, float g, float& buf) {
+// One element's momentum: buf advanced toward the scaled grad, and the update direction u
+// returned. (A grad_scale of 1 leaves every grad as it is: x * 1 is x.)
+SA_HD float muon_momentum(const MuonCoeffs& c, float grad, float& buf) {
+  const float g = grad * c.grad_scale;
   buf = fmaf(c.one_minus_momentum, g - buf, buf);
   return c.nesterov ? fmaf(c.momentum, buf - g, g) : buf;
 }

@@ -22,10 +22,12 @@
 //              params of v have this moment;
 //   is_signed  whether its values may be negative (q8 codes it with the signed map);
 //   doc        what it holds, for the C ABI's state tables.
-#define SA_MOMENTS(X)                         \
-  X(exp_avg, true, true, "first moment")      \
-  X(exp_avg_sq, true, false, "second moment") \
-  X(max_exp_avg_sq, v.amsgrad, false, "running maximum of exp_avg_sq (amsgrad groups)")
+#define SA_MOMENTS(X)                                               \
+  X(exp_avg, v.rule == UpdateRule::adam, true, "first moment")      \
+  X(exp_avg_sq, v.rule == UpdateRule::adam, false, "second moment") \
+  X(max_exp_avg_sq, v.rule == UpdateRule::adam && v.amsgrad, false, \
+    "running maximum of exp_avg_sq (amsgrad groups)")               \
+  X(momentum_buffer, v.rule == UpdateRule::muon, true, "Muon's momentum (Muon groups)")
 
 namespace sa {
 

@@ -66,11 +66,12 @@ SA_HD StepDecision decide_step(const ClipSpec& spec, const double* stats, bool f
 // backend's memory (host memory for the CPU backend).
 
 // What the fold decided, where the backend keeps it: the Adam launches read `skip`, the
-// core reads both back only when asked (sa_step_args.skipped / host_grad_norm).
+// Muon kernels `skip` and `grad_multiplier` (Adam's is folded into its coefficients), the
+// core reads `skip` and `norm` back only when asked (sa_step_args.skipped / host_grad_norm).
 struct StepVerdict {
-  int32_t skip;  // nonzero: every Adam update returns at once
-  int32_t unused;
-  double norm;  // the global norm of the unscaled grads; NaN when not computed
+  int32_t skip;           // nonzero: every update returns at once
+  float grad_multiplier;  // StepDecision's, rounded once to float
+  double norm;            // the global norm of the unscaled grads; NaN when not computed
 };
 
 // The fold's per-step inputs.
@@ -116,6 +117,7 @@ SA_HD int64_t fold_param_step(const FoldTables& t, int32_t param) {
 // Writes a decision where the core and the Adam launches read it.
 SA_HD void fold_publish(const FoldInputs& in, const StepDecision& d) {
   in.verdict->skip = d.skip ? 1 : 0;
+  in.verdict->grad_multiplier = static_cast<float>(d.grad_multiplier);
   in.verdict->norm = d.norm;
   if (in.norm_out != nullptr) *in.norm_out = static_cast<float>(d.norm);
 }

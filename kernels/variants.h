@@ -79,8 +79,13 @@ inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemTyp
 inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8,
                                             ElemType::f8e4m3};
 
-// A Variant is implemented when its (param, master, scaling) is a row of kParamForms, its
-// grad is in kGradTypes and its moment in kMomentTypes, with or without amsgrad.
+// A Variant of the Adam rule is implemented when its (param, master, scaling) is a row of
+// kParamForms, its grad is in kGradTypes and its moment in kMomentTypes, with or without
+// amsgrad. One of the Muon rule when it is kMuonVariant: its whole-matrix step
+// (kernels/muon_math.h) runs on float32 params, grads and momentum.
+inline constexpr Variant kMuonVariant{ElemType::f32,    ElemType::f32, ElemType::f32,
+                                      MasterKind::none, false,         ParamScaling::none,
+                                      UpdateRule::muon};
 
 inline constexpr bool operator==(const ParamForm& a, const ParamForm& b) {
   return a.param == b.param && a.master == b.master && a.scaling == b.scaling;
@@ -94,6 +99,7 @@ constexpr bool in_table(const T (&table)[N], T x) {
 }
 
 constexpr bool variant_supported(const Variant& v) {
+  if (v.rule == UpdateRule::muon) return v == kMuonVariant;
   return in_table(kParamForms, ParamForm{v.param, v.master, v.scaling}) &&
          in_table(kGradTypes, v.grad) && in_table(kMomentTypes, v.moment);
 }
@@ -289,9 +295,11 @@ bool visit_form(const Variant& v, Fn& fn) {
 // a block at a time, decoding into the float32 Variant's update (kernels/block_moment.h).
 // Nor is a scaled (fp8) param: a backend runs the update of its float32 master as a
 // float32 param's (fp8_master_variant) and casts the param from it (param_scaling.h).
+// A Muon Variant has no Signature either: its step is the matrices pass's, not a per-element
+// update.
 template <class Fn>
 bool visit_variant(const Variant& v, Fn&& fn) {
-  return detail::visit_form<0>(v, fn);
+  return v.rule == UpdateRule::adam && detail::visit_form<0>(v, fn);
 }
 
 }  // namespace kernels

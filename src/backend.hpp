@@ -12,6 +12,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include "../kernels/muon_math.h"
 #include "../kernels/step_control.h"
 #include "plan.hpp"
 
@@ -32,7 +33,7 @@ std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes);
 // The version of the Backend interface below and of what it shares with the kernels
 // (Plan, kernels::TensorSlot, the step_control.h tables): a backend module built against
 // another is refused when it loads (src/backends/cuda_module.hpp). Bump it with any change.
-constexpr uint32_t kBackendInterface = 6;
+constexpr uint32_t kBackendInterface = 7;
 
 // The passes of a step, in the order the core (src/stepper.cpp) launches them.
 enum class Pass : uint8_t {
@@ -51,6 +52,12 @@ enum class Pass : uint8_t {
   // scaling's (kernels::is_current) slots are not cast: each, grad or none, writes max
   // |master| into *slot.scale.amax_bits, which the core then reduces across ranks.
   update,
+  // Unless args.verdict->skip, every slot of a Muon bucket (UpdateRule::muon) that has a grad
+  // gets Muon's step of its whole matrix (Bucket::matrix_of_slot; kernels/muon_math.h) by
+  // its group's args.muon[args.param_group[slot.param_index]], its grad multiplied by
+  // args.verdict->grad_multiplier. The update pass leaves Muon buckets alone, and this pass
+  // every other.
+  matrices,
   // A current scaling's second pass, unless args.verdict->skip: every entry of plan.current
   // gets its scale from its reduced amax (param_cast.h's write_current_scale), then each
   // current-scaled slot's codes are cast from its master.
@@ -64,7 +71,9 @@ struct PassArgs {
   double* stats = nullptr;                           // stats
   const kernels::FoldTables* fold_tables = nullptr;  // fold
   const kernels::FoldInputs* fold_inputs = nullptr;  // fold
-  const kernels::StepVerdict* verdict = nullptr;     // update, current_casts
+  const kernels::StepVerdict* verdict = nullptr;     // update, matrices, current_casts
+  const kernels::MuonHyper* muon = nullptr;          // matrices: per group, host memory
+  const int32_t* param_group = nullptr;              // matrices: per param, host memory
 };
 
 // A device's primitives, as ggml's backend interface has them: memory, copies, launches,

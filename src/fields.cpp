@@ -220,7 +220,7 @@ sa_field_info describe_field(int32_t kind, int32_t index) {
     const schema::GroupField& f = schema::kGroupFields[index];
     const schema::RuleInfo rule = schema::rule_info(f.rule);
     info.name = f.name;
-    info.type = rule.integral ? SA_FIELD_FLAG : SA_FIELD_DOUBLE;
+    info.type = rule.type;
     info.offset = f.offset;
     info.default_value = f.default_value;
     info.min = rule.min;
@@ -229,6 +229,7 @@ sa_field_info describe_field(int32_t kind, int32_t index) {
     info.fixed_with_params = f.fixed_with_params;
     info.rule = rule.words;
     info.doc = f.doc;
+    info.rules = f.rules;
     return info;
   }
   const schema::StructField& f = known_table(kind).fields[index];

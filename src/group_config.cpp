@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../kernels/adam_math.h"
+#include "../kernels/muon_math.h"
 
 #include "errors.hpp"
 #include "optimizer.hpp"
@@ -41,11 +42,31 @@ SA_GROUP_FIELDS(SA_CHECK_FIELD)
 }  // namespace
 
 void check_group_config(const sa_group_config& c, const std::string& context) {
+  check_group_fields(c, context);
+  check_group_rule(c, context);
+}
+
+void check_group_fields(const sa_group_config& c, const std::string& context) {
   for (const schema::GroupField& f : schema::kGroupFields) {
     const double value = schema::get(c, f);
     if (!schema::accepts(f.rule, value))
       fail(SA_ERR_INVALID_ARGUMENT, context, ": ", f.name, " is ", value, "; it must be ",
            schema::rule_info(f.rule).words);
+  }
+}
+
+void check_group_rule(const sa_group_config& c, const std::string& context) {
+  // Muon has no L2 decay, no ascent and no amsgrad: a group asking for them would get an
+  // update other than the one it names.
+  if (c.update_rule == SA_RULE_MUON) {
+    const char* refused = c.decoupled_weight_decay == 0 ? "decoupled_weight_decay is 0"
+                          : c.maximize != 0             ? "maximize is 1"
+                          : c.amsgrad != 0              ? "amsgrad is 1"
+                                                        : nullptr;
+    if (refused != nullptr)
+      fail(SA_ERR_INVALID_ARGUMENT, context, ": ", refused,
+           ", but the group's update_rule is SA_RULE_MUON, whose weight decay is always "
+           "decoupled and which has no maximize or amsgrad");
   }
 }
 
@@ -93,8 +114,9 @@ sa_group_config with_fields(const sa_group_config& base, int32_t n, const char* 
   const std::vector<const schema::GroupField*> fields = fields_named(n, names);
   for (int32_t i = 0; i < n; ++i) {
     const schema::GroupField& f = *fields[i];
-    // A flag is stored as int32_t: refuse what the conversion would change (0.5, NaN).
-    if (schema::rule_info(f.rule).integral && !(values[i] == 0.0 || values[i] == 1.0))
+    // An integral field is stored as int32_t: refuse what the conversion would change
+    // (0.5, NaN, 1e10); the rest is checked with the whole config.
+    if (schema::integral(f.rule) && !schema::accepts(f.rule, values[i]))
       fail(SA_ERR_INVALID_ARGUMENT, f.name, " is ", values[i], "; it must be ",
            schema::rule_info(f.rule).words);
     schema::set(c, f, values[i]);
@@ -116,6 +138,21 @@ kernels::AdamHyper hyper_of(const sa_group_config& c) {
           c.decoupled_weight_decay != 0,
           c.bias_correction != 0,
           c.maximize != 0};
+}
+
+kernels::MuonHyper muon_hyper_of(const sa_group_config& c) {
+  kernels::MuonHyper h;
+  h.lr = c.lr;
+  h.weight_decay = c.weight_decay;
+  h.momentum = c.momentum;
+  h.nesterov = c.nesterov != 0;
+  h.adjust_lr = static_cast<kernels::MuonLrAdjust>(c.adjust_lr);
+  h.ns.a = static_cast<float>(c.ns_a);
+  h.ns.b = static_cast<float>(c.ns_b);
+  h.ns.c = static_cast<float>(c.ns_c);
+  h.ns.steps = c.ns_steps;
+  h.ns.eps = static_cast<float>(c.eps);
+  return h;
 }
 
 }  // namespace sa

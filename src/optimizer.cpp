@@ -32,7 +32,7 @@ int32_t Optimizer::add_group(const sa_group_config& config) {
   stepper_.reserve_group();
   // No throw past this point: both have room.
   groups_.push_back(Group{config, 0});
-  stepper_.add_group(hyper_of(config));
+  stepper_.add_group(hyper_of(config), muon_hyper_of(config));
   return static_cast<int32_t>(groups_.size() - 1);
 }
 
@@ -45,14 +45,17 @@ const Group& Optimizer::group(int32_t index, const char* what) const {
 
 void Optimizer::check_group_replacement(int32_t index, const sa_group_config& config) const {
   const Group& current = group(index, "group");
-  check_group_config(config, concat("group ", index));
+  // Each field's value, then a fixed field's change, then how the fields go together (no
+  // value of the others would make a changed update rule valid).
+  check_group_fields(config, concat("group ", index));
   check_group_change(current.config, config, current.num_params, concat("group ", index));
+  check_group_rule(config, concat("group ", index));
 }
 
 void Optimizer::set_group(int32_t index, const sa_group_config& config) {
   check_group_replacement(index, config);
   groups_[index].config = config;
-  stepper_.set_hyper(index, hyper_of(config));
+  stepper_.set_hyper(index, hyper_of(config), muon_hyper_of(config));
 }
 
 void Optimizer::set_lr(int32_t index, double lr) {

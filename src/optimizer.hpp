@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/muon_math.h"
 #include "backend.hpp"
 #include "comm/comm.hpp"
 #include "current_scaling.hpp"
@@ -186,24 +187,29 @@ class Optimizer {
   std::shared_ptr<IoScratch> io_scratch_;
 };
 
-// Validates hyperparameters against the schema (src/schema.hpp); `context` starts the
-// error message.
+// Validates hyperparameters against the schema (src/schema.hpp): each field's value
+// (check_group_fields), then the fields together (check_group_rule: a Muon group's
+// decoupled_weight_decay, maximize and amsgrad); `context` starts the error message.
 void check_group_config(const sa_group_config& config, const std::string& context);
+void check_group_fields(const sa_group_config& config, const std::string& context);
+void check_group_rule(const sa_group_config& config, const std::string& context);
 
 // Refuses (SA_ERR_STATE) a change of a field the schema fixes once a group holds params.
 void check_group_change(const sa_group_config& current, const sa_group_config& next,
                         int64_t num_params, const std::string& context);
 
-// `base` with the n fields `names` names set to `values` (unchecked but for the names
-// and the flags' 0 or 1: check_group_config validates the result).
+// `base` with the n fields `names` names set to `values` (unchecked but for the names and
+// the integral fields' values: check_group_config validates the result).
 sa_group_config with_fields(const sa_group_config& base, int32_t n, const char* const* names,
                             const double* values);
 
 // values[i] = the field names[i] of `config`.
 void get_fields(const sa_group_config& config, int32_t n, const char* const* names, double* values);
 
-// The hyperparameters of a validated config, as the kernels take them.
+// The hyperparameters of a validated config, as the kernels take them: AdamW's, and
+// Muon's (read by a group of update_rule SA_RULE_MUON).
 kernels::AdamHyper hyper_of(const sa_group_config& config);
+kernels::MuonHyper muon_hyper_of(const sa_group_config& config);
 
 }  // namespace sa
 

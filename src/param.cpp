@@ -10,7 +10,7 @@
 namespace sa {
 
 kernels::Variant variant_of(const Param& p) {
-  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad, p.scaling};
+  return {p.param_type, p.grad_type, p.moment_type, p.master, p.amsgrad, p.scaling, p.rule};
 }
 
 bool has_state(const Param& p, StateKind kind) {

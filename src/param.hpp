@@ -102,6 +102,7 @@ struct Param {
   ElemType moment_type{};
   MasterKind master{};
   bool amsgrad = false;
+  kernels::UpdateRule rule{};       // its group's (sa_group_config.update_rule)
   kernels::ParamScaling scaling{};  // an fp8 param's (sa_param_scaling); none otherwise
   kernels::ParamScale scale{};      // its scale tensors' data (param_scaling.h), else NULLs
   StatePlacement placement{};       // where `state` lives (Backend::allocate_state)

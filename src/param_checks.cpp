@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "../kernels/variants.h"
+#include "blas.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "fields.hpp"
@@ -206,6 +207,34 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
   return scale;
 }
 
+// What a Muon group's param must be: a 2-D matrix, whole on this rank, of kMuonVariant's
+// dtypes, its state on its own device; and on the CPU a CBLAS must load (src/blas.hpp).
+void check_muon_param(const Param& p, const std::string& context) {
+  const Dims& shape = p.layout.global_shape;
+  if (shape.size() != 2)
+    fail(SA_ERR_INVALID_ARGUMENT, context,
+         ": the group's update_rule is SA_RULE_MUON, which orthogonalizes 2-D matrices, and "
+         "this param has shape ",
+         format_dims(shape),
+         "; put it in an AdamW group (embeddings, norms, biases and heads "
+         "are, in Muon's recipe)");
+  const kernels::Variant v = variant_of(p), want = kernels::kMuonVariant;
+  if (v != want)
+    fail(SA_ERR_UNSUPPORTED, context, ": Muon steps ", elem_name(want.param), " params with ",
+         elem_name(want.grad), " grads and a ", elem_name(want.moment),
+         " momentum_buffer, without a master; this param is ", elem_name(v.param), " with ",
+         elem_name(v.grad), " grads and ", elem_name(v.moment), " moments",
+         v.master != MasterKind::none ? " and a master" : "");
+  if (p.placement != StatePlacement::device)
+    fail(SA_ERR_UNSUPPORTED, context,
+         ": a Muon param's state must be on its device (state_placement SA_STATE_ON_DEVICE)");
+  if (is_sharded(p.layout))
+    fail(SA_ERR_UNSUPPORTED, context, ": this layout splits the ", shape[0], " x ", shape[1],
+         " matrix across ranks, and Muon needs the whole matrix: Muon over sharded matrices is "
+         "not built yet, so give each rank all of it (unsharded or replicated)");
+  if (p.device.device_type == kDLCPU) cpu_sgemm();  // says what to install if it cannot load
+}
+
 }  // namespace
 
 std::string param_context(const std::string& name) { return concat("param '", name, "'"); }
@@ -265,6 +294,9 @@ CheckedParam checked_param(const ParamRequest& request, const sa_group_config& g
   param.amsgrad = group.amsgrad != 0;
   param.placement = resolve_placement(options.state_placement, shard.device);
   param.scale = checked_scales(options, param.scaling, param.layout, shard.device, context);
+  param.rule =
+      group.update_rule == SA_RULE_MUON ? kernels::UpdateRule::muon : kernels::UpdateRule::adam;
+  if (param.rule == kernels::UpdateRule::muon) check_muon_param(param, context);
   if (kernels::is_current(param.scaling) && is_sharded(param.layout) && !has_comm)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": ", scaling_c_name(param.scaling),
          " scales the whole tensor by its amax, and this layout splits the tensor across "

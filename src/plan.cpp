@@ -191,11 +191,13 @@ Plan build_plan(const std::vector<const Param*>& params) {
     for (auto& b : plan.buckets)
       if (b.variant == variant && b.placement == p.placement) bucket = &b;
     if (bucket == nullptr) {
-      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, 0, false, {}, {}});
+      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, {}, 0, false, {}, {}});
       bucket = &plan.buckets.back();
     }
     bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));
     bucket->param_of_slot.push_back(static_cast<int64_t>(i));
+    if (variant.rule == kernels::UpdateRule::muon)  // 2-D and whole here (check_muon_param)
+      bucket->matrix_of_slot.push_back({p.layout.local_shape[0], p.layout.local_shape[1]});
     bucket->numel += p.numel;
   }
   int staged = 0, mirrored = 0;  // segments so far, in plan order

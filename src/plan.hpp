@@ -86,11 +86,18 @@ struct MirroredSegment {
   int ring_slot = 0;  // its place among the plan's mirrored segments, modulo kStagingSlots
 };
 
+// A matrix of a Muon bucket, whole on this rank: rows x cols, row-major in its slot.
+struct MatrixShape {
+  int64_t rows;
+  int64_t cols;
+};
+
 struct Bucket {
   kernels::Variant variant;
   StatePlacement placement = StatePlacement::device;
   std::vector<kernels::TensorSlot> slots;
-  std::vector<int64_t> param_of_slot;  // slot i updates param param_of_slot[i]
+  std::vector<int64_t> param_of_slot;       // slot i updates param param_of_slot[i]
+  std::vector<MatrixShape> matrix_of_slot;  // a Muon bucket's: slot i's matrix; else empty
   int64_t numel = 0;
   bool grads_moved = false;  // a grad pointer changed since the backend saw the slots
   // State on the host, streamed through the ring, segment by segment, in slot order. Empty

@@ -8,7 +8,8 @@
 // import options), from which fields.cpp checks every struct a call passes.
 //
 // A new hyperparameter is a row here, a member (and its default) in shardadam.h, and what
-// the kernels do with it (kernels/adam_math.h, hyper_of in group_config.cpp).
+// the kernels do with it (kernels/adam_math.h or kernels/muon_math.h, and hyper_of or
+// muon_hyper_of in group_config.cpp).
 #ifndef SHARDADAM_SRC_SCHEMA_HPP_
 #define SHARDADAM_SRC_SCHEMA_HPP_
 
@@ -26,63 +27,103 @@ namespace sa::schema {
 enum class Rule : int32_t {
   nonnegative,    // double, finite and >= 0
   unit_interval,  // double, in [0, 1)
-  flag            // int32_t, 0 or 1
+  finite,         // double, finite
+  flag,           // int32_t, 0 or 1
+  update_rule,    // int32_t, an sa_update_rule
+  lr_adjust,      // int32_t, an sa_muon_lr_adjust
+  ns_steps        // int32_t, 0 to 99 (torch.optim.Muon refuses 100 and more)
 };
 
-// X(name, rule, default, fixed_with_params, since, doc). `fixed_with_params`: the field
-// cannot change once the group holds a param (the params' state was allocated by it).
+// Which update rules read a field: a bit (1 << sa_update_rule) per rule (sa_field_info.rules).
+inline constexpr int32_t kAdamW = 1 << SA_RULE_ADAMW;
+inline constexpr int32_t kMuon = 1 << SA_RULE_MUON;
+inline constexpr int32_t kAllRules = kAdamW | kMuon;
+
+// X(name, rule, default, fixed_with_params, since, rules, doc). `fixed_with_params`: the
+// field cannot change once the group holds a param (the params' state was allocated by it).
+// `rules`: the update rules that read it (kAdamW, kMuon), so that a binding's face of one
+// rule shows only its fields; a field stays in every group, whatever its rule.
 // `since`: the first shard-file format version (state_io/metadata.hpp) whose files hold
 // the field. Files of an older version lack it and load with its default, so a field added
 // later must default to the value under which the update is what it was before the field
 // existed (and it bumps kShardFormatVersion, so that older libraries refuse its files
 // instead of ignoring it).
-#define SA_GROUP_FIELDS(X)                                                                 \
-  X(lr, nonnegative, 1e-3, false, 1, "learning rate")                                      \
-  X(beta1, unit_interval, 0.9, false, 1, "decay rate of the first moment (exp_avg)")       \
-  X(beta2, unit_interval, 0.999, false, 1, "decay rate of the second moment (exp_avg_sq)") \
-  X(eps, nonnegative, 1e-8, false, 1, "added to the denominator")                          \
-  X(weight_decay, nonnegative, 1e-2, false, 1,                                             \
-    "weight decay: decoupled (AdamW) or an L2 term on the grad (Adam)")                    \
-  X(decoupled_weight_decay, flag, 1, false, 1,                                             \
-    "1: AdamW (decay the param); 0: Adam (L2 term on the grad)")                           \
-  X(bias_correction, flag, 1, false, 1, "1: divide the moments by 1 - beta^t")             \
-  X(maximize, flag, 0, false, 1, "1: ascend instead of descend")                           \
-  X(amsgrad, flag, 0, true, 1,                                                             \
-    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "        \
-    "denominator")
+#define SA_GROUP_FIELDS(X)                                                                         \
+  X(lr, nonnegative, 1e-3, false, 1, kAllRules, "learning rate")                                   \
+  X(beta1, unit_interval, 0.9, false, 1, kAdamW, "decay rate of the first moment (exp_avg)")       \
+  X(beta2, unit_interval, 0.999, false, 1, kAdamW, "decay rate of the second moment (exp_avg_sq)") \
+  X(eps, nonnegative, 1e-8, false, 1, kAllRules,                                                   \
+    "AdamW: added to the denominator; Muon: the floor of the norm Newton-Schulz divides by")       \
+  X(weight_decay, nonnegative, 1e-2, false, 1, kAllRules,                                          \
+    "weight decay: decoupled (AdamW, Muon) or an L2 term on the grad (Adam)")                      \
+  X(decoupled_weight_decay, flag, 1, false, 1, kAdamW,                                             \
+    "1: AdamW (decay the param); 0: Adam (L2 term on the grad); Muon: must be 1")                  \
+  X(bias_correction, flag, 1, false, 1, kAdamW, "1: divide the moments by 1 - beta^t")             \
+  X(maximize, flag, 0, false, 1, kAdamW, "1: ascend instead of descend; Muon: must be 0")          \
+  X(amsgrad, flag, 0, true, 1, kAdamW,                                                             \
+    "1: keep max_exp_avg_sq, the running maximum of exp_avg_sq, and use it in the "                \
+    "denominator; Muon: must be 0")                                                                \
+  X(update_rule, update_rule, SA_RULE_ADAMW, true, 4, kAllRules,                                   \
+    "the update: SA_RULE_ADAMW (Adam, AdamW) or SA_RULE_MUON (Muon, 2-D float32 params)")          \
+  X(nesterov, flag, 1, false, 4, kMuon, "1: Nesterov momentum")                                    \
+  X(momentum, unit_interval, 0.95, false, 4, kMuon,                                                \
+    "decay rate of the momentum buffer (momentum_buffer)")                                         \
+  X(ns_a, finite, 3.4445, false, 4, kMuon, "Newton-Schulz coefficient a (of X)")                   \
+  X(ns_b, finite, -4.775, false, 4, kMuon, "Newton-Schulz coefficient b (of X X^T X)")             \
+  X(ns_c, finite, 2.0315, false, 4, kMuon, "Newton-Schulz coefficient c (of (X X^T)^2 X)")         \
+  X(ns_steps, ns_steps, 5, false, 4, kMuon, "Newton-Schulz iterations")                            \
+  X(adjust_lr, lr_adjust, SA_MUON_LR_ORIGINAL, false, 4, kMuon,                                    \
+    "how lr scales with a matrix's shape: SA_MUON_LR_ORIGINAL (lr sqrt(max(1, rows/cols))) "       \
+    "or SA_MUON_LR_MATCH_RMS_ADAMW (lr 0.2 sqrt(max(rows, cols)))")
 
 struct RuleInfo {
   double min;  // valid: min <= v, and v < max (or v <= max when max_inclusive)
   double max;
   bool max_inclusive;
-  bool integral;      // stored as int32_t
+  int32_t type;       // SA_FIELD_DOUBLE, SA_FIELD_FLAG or SA_FIELD_INT32 (an int32_t)
   const char* words;  // as error messages say it
 };
 
 constexpr RuleInfo rule_info(Rule rule) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
   switch (rule) {
     case Rule::nonnegative:
-      return {0.0, std::numeric_limits<double>::infinity(), false, false, "finite and >= 0"};
+      return {0.0, kInf, false, SA_FIELD_DOUBLE, "finite and >= 0"};
     case Rule::unit_interval:
-      return {0.0, 1.0, false, false, "in [0, 1)"};
+      return {0.0, 1.0, false, SA_FIELD_DOUBLE, "in [0, 1)"};
+    case Rule::finite:
+      return {std::numeric_limits<double>::lowest(), kInf, false, SA_FIELD_DOUBLE, "finite"};
     case Rule::flag:
-      return {0.0, 1.0, true, true, "0 or 1"};
+      return {0.0, 1.0, true, SA_FIELD_FLAG, "0 or 1"};
+    case Rule::update_rule:
+      return {SA_RULE_ADAMW, SA_RULE_MUON, true, SA_FIELD_INT32,
+              "SA_RULE_ADAMW (0) or SA_RULE_MUON (1)"};
+    case Rule::lr_adjust:
+      return {SA_MUON_LR_ORIGINAL, SA_MUON_LR_MATCH_RMS_ADAMW, true, SA_FIELD_INT32,
+              "SA_MUON_LR_ORIGINAL (0) or SA_MUON_LR_MATCH_RMS_ADAMW (1)"};
+    case Rule::ns_steps:
+      return {0.0, 99.0, true, SA_FIELD_INT32, "an integer from 0 to 99"};
   }
-  return {0.0, 0.0, false, false, ""};
+  return {0.0, 0.0, false, SA_FIELD_DOUBLE, ""};
 }
 
-// NaN is never valid (every comparison with it is false).
+// Whether a rule's values are stored as int32_t (a flag or an enum).
+constexpr bool integral(Rule rule) { return rule_info(rule).type != SA_FIELD_DOUBLE; }
+
+// NaN is never valid (every comparison with it is false); an integral rule takes integers
+// only.
 inline bool accepts(Rule rule, double value) {
   const RuleInfo r = rule_info(rule);
-  return value >= r.min && (r.max_inclusive ? value <= r.max : value < r.max);
+  return value >= r.min && (r.max_inclusive ? value <= r.max : value < r.max) &&
+         (!integral(rule) || value == std::floor(value));
 }
 
-template <Rule rule>
+template <Rule rule, bool kIntegral = integral(rule)>
 struct Storage {
   using type = double;
 };
-template <>
-struct Storage<Rule::flag> {
+template <Rule rule>
+struct Storage<rule, true> {
   using type = int32_t;
 };
 
@@ -92,21 +133,23 @@ struct GroupField {
   std::size_t offset;  // in sa_group_config
   double default_value;
   bool fixed_with_params;
-  int since;  // the first shard-file format version that holds it
+  int since;      // the first shard-file format version that holds it
+  int32_t rules;  // the update rules that read it (kAdamW, kMuon)
   const char* doc;
 };
 
-#define SA_SCHEMA_GROUP_ROW(name, rule, default_value, fixed, since, doc) \
-  GroupField{#name, Rule::rule, offsetof(sa_group_config, name), default_value, fixed, since, doc},
+#define SA_SCHEMA_GROUP_ROW(name, rule, default_value, fixed, since, rules, doc)              \
+  GroupField{#name, Rule::rule, offsetof(sa_group_config, name), default_value, fixed, since, \
+             rules, doc},
 inline constexpr GroupField kGroupFields[] = {SA_GROUP_FIELDS(SA_SCHEMA_GROUP_ROW)};
 #undef SA_SCHEMA_GROUP_ROW
 inline constexpr int32_t kNumGroupFields =
     static_cast<int32_t>(sizeof(kGroupFields) / sizeof(kGroupFields[0]));
 
-// A field's value (a flag as 0.0 or 1.0, or whatever int32_t it holds).
+// A field's value (an integral one as whatever int32_t it holds).
 inline double get(const sa_group_config& c, const GroupField& f) {
   const char* at = reinterpret_cast<const char*>(&c) + f.offset;
-  if (rule_info(f.rule).integral) {
+  if (integral(f.rule)) {
     int32_t v;
     std::memcpy(&v, at, sizeof v);
     return v;
@@ -116,10 +159,11 @@ inline double get(const sa_group_config& c, const GroupField& f) {
   return v;
 }
 
-// Sets a field; a flag takes the value converted to int32_t (the caller checked the range).
+// Sets a field; an integral one takes the value converted to int32_t (the caller checked
+// the range).
 inline void set(sa_group_config& c, const GroupField& f, double value) {
   char* at = reinterpret_cast<char*>(&c) + f.offset;
-  if (rule_info(f.rule).integral) {
+  if (integral(f.rule)) {
     const auto v = static_cast<int32_t>(value);
     std::memcpy(at, &v, sizeof v);
   } else {

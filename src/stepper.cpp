@@ -52,16 +52,20 @@ void make_room(Vector& v) {
 
 void Stepper::reserve_group() {
   make_room(hyper_);
+  make_room(muon_);
   reserve_counts(group_steps_, hyper_.size(), hyper_.size() + 1);
 }
 
-void Stepper::add_group(const kernels::AdamHyper& hyper) noexcept {
+void Stepper::add_group(const kernels::AdamHyper& hyper, const kernels::MuonHyper& muon) noexcept {
   hyper_.push_back(hyper);  // its count is 0: counts are zeroed past the used ones
+  muon_.push_back(muon);
   ++hyper_version_;
 }
 
-void Stepper::set_hyper(int32_t group, const kernels::AdamHyper& hyper) {
+void Stepper::set_hyper(int32_t group, const kernels::AdamHyper& hyper,
+                        const kernels::MuonHyper& muon) {
   hyper_[group] = hyper;
+  muon_[group] = muon;
   ++hyper_version_;
 }
 
@@ -299,6 +303,9 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   args.fold_inputs = &fold;
   backend_->launch(Pass::fold, plan, args, stream);
   backend_->launch(Pass::update, plan, args, stream);
+  args.muon = muon_.data();
+  args.param_group = param_group_.data();
+  backend_->launch(Pass::matrices, plan, args, stream);
   if (!plan.current.empty()) {
     try {
       // Reduced whether or not the step is skipped: every rank calls the collective.

@@ -1,6 +1,6 @@
 // src/stepper.hpp — a step, written once for every backend: the groups' and params' tables
 // as the fold reads them, the step counts, and the order of the backend primitives that
-// make a step (stats, their reduction, the fold, the Adam launches).
+// make a step (stats, their reduction, the fold, the update and matrices passes).
 //
 // The step counts have one home. Before an optimizer has a backend (no params yet) they
 // are in host memory; attach() moves them into the backend's memory, where the fold
@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "../kernels/muon_math.h"
 #include "../kernels/step_control.h"
 #include "backend.hpp"
 #include "comm/comm.hpp"
@@ -54,12 +55,13 @@ class Stepper {
   // Room for one more group or param (may throw, changing nothing), then adding it, which
   // cannot fail: so that the optimizer adds a group or param everywhere or nowhere.
   void reserve_group();
-  void add_group(const kernels::AdamHyper& hyper) noexcept;  // with no steps yet
+  // With no steps yet; `muon`: what a group of the Muon rule reads instead of `hyper`.
+  void add_group(const kernels::AdamHyper& hyper, const kernels::MuonHyper& muon) noexcept;
   void reserve_param();
   // A param of `group`, with no steps yet; `active`: it has a grad.
   void add_param(int32_t group, bool active) noexcept;
 
-  void set_hyper(int32_t group, const kernels::AdamHyper& hyper);
+  void set_hyper(int32_t group, const kernels::AdamHyper& hyper, const kernels::MuonHyper& muon);
   void set_active(int64_t param, bool active);
   // The fold sees params i without subset[i] as inactive (a partial step's); empty: none.
   void set_subset(const std::vector<uint8_t>& subset);
@@ -127,6 +129,7 @@ class Stepper {
 
   // The tables, as the host keeps them.
   std::vector<kernels::AdamHyper> hyper_;  // per group
+  std::vector<kernels::MuonHyper> muon_;   // per group; the matrices pass reads it here
   std::vector<int32_t> param_group_;       // per param
   std::vector<uint8_t> param_active_;      // per param: 1 = has a grad
   std::vector<uint8_t> subset_;            // set_subset's (empty: every param)

@@ -1,6 +1,7 @@
 // tests/test_newton_schulz.cpp — kernels/cpu/newton_schulz.h against the float64 Newton-Schulz
 // of muon_reference.hpp.
 #include <catch2/catch.hpp>
+#include <cblas.h>
 
 #include <cmath>
 #include <random>
@@ -13,6 +14,9 @@
 namespace {
 
 using sa::test::Matrix;
+
+// The BLAS these tests link, as the kernels take it (the library loads one: src/blas.hpp).
+const sa::kernels::CblasSgemm kSgemm = reinterpret_cast<sa::kernels::CblasSgemm>(&cblas_sgemm);
 using sa::test::ns_reference;
 
 // The largest |got - want| over the matrix.
@@ -25,7 +29,7 @@ double max_error(const std::vector<float>& got, const Matrix& want) {
 std::vector<float> orthogonalized(std::vector<float> x, int64_t rows, int64_t cols,
                                   const sa::kernels::NewtonSchulz& ns) {
   std::vector<float> work(static_cast<std::size_t>(sa::kernels::ns_work_elems(rows, cols)));
-  sa::kernels::newton_schulz_cpu(x.data(), rows, cols, ns, work.data());
+  sa::kernels::newton_schulz_cpu(kSgemm, x.data(), rows, cols, ns, work.data());
   return x;
 }
 
@@ -94,7 +98,8 @@ TEST_CASE("A Muon matrix step on the CPU matches a float64 Muon over several ste
   Matrix p64(p.begin(), p.end()), buf64(n, 0.0);
   for (int step = 0; step < 4; ++step) {
     const std::vector<float> g = sa::test::random_matrix(rows, cols, seed + 100 + step, 0.01f);
-    sa::kernels::muon_matrix_cpu(p.data(), g.data(), buf.data(), rows, cols, h, work.data());
+    sa::kernels::muon_matrix_cpu(kSgemm, p.data(), g.data(), buf.data(), rows, cols, h, 1.0f,
+                                 work.data());
     sa::test::muon_reference(p64, Matrix(g.begin(), g.end()), buf64, rows, cols, h);
   }
   CHECK(max_error(buf, buf64) < 1e-6);

@@ -28,11 +28,14 @@ std::vector<sa_field_info> fields() {
   return out;
 }
 
-// A config whose field `f` holds `value` (a flag as an int32_t), the rest defaults.
+// Whether a field is stored as an int32_t (a flag or an enum).
+bool integral(const sa_field_info& f) { return f.type == SA_FIELD_FLAG || f.type == SA_FIELD_INT32; }
+
+// A config whose field `f` holds `value` (an integral one as an int32_t), the rest defaults.
 sa_group_config with_value(const sa_field_info& f, double value) {
   sa_group_config c = SA_GROUP_CONFIG_INIT;
   char* at = reinterpret_cast<char*>(&c) + f.offset;
-  if (f.type == SA_FIELD_FLAG) {
+  if (integral(f)) {
     const auto v = static_cast<int32_t>(value);
     std::memcpy(at, &v, sizeof v);
   } else {
@@ -54,17 +57,28 @@ TEST_CASE("the field table names every member of sa_group_config, in struct orde
     const char* name;
     std::size_t offset;
     int32_t type;
+    int32_t rules;  // which update rules read it
   };
+  constexpr int32_t kAdamW = 1 << SA_RULE_ADAMW, kMuon = 1 << SA_RULE_MUON, kBoth = kAdamW | kMuon;
   const Expected expected[] = {
-      {"lr", offsetof(sa_group_config, lr), SA_FIELD_DOUBLE},
-      {"beta1", offsetof(sa_group_config, beta1), SA_FIELD_DOUBLE},
-      {"beta2", offsetof(sa_group_config, beta2), SA_FIELD_DOUBLE},
-      {"eps", offsetof(sa_group_config, eps), SA_FIELD_DOUBLE},
-      {"weight_decay", offsetof(sa_group_config, weight_decay), SA_FIELD_DOUBLE},
-      {"decoupled_weight_decay", offsetof(sa_group_config, decoupled_weight_decay), SA_FIELD_FLAG},
-      {"bias_correction", offsetof(sa_group_config, bias_correction), SA_FIELD_FLAG},
-      {"maximize", offsetof(sa_group_config, maximize), SA_FIELD_FLAG},
-      {"amsgrad", offsetof(sa_group_config, amsgrad), SA_FIELD_FLAG},
+      {"lr", offsetof(sa_group_config, lr), SA_FIELD_DOUBLE, kBoth},
+      {"beta1", offsetof(sa_group_config, beta1), SA_FIELD_DOUBLE, kAdamW},
+      {"beta2", offsetof(sa_group_config, beta2), SA_FIELD_DOUBLE, kAdamW},
+      {"eps", offsetof(sa_group_config, eps), SA_FIELD_DOUBLE, kBoth},
+      {"weight_decay", offsetof(sa_group_config, weight_decay), SA_FIELD_DOUBLE, kBoth},
+      {"decoupled_weight_decay", offsetof(sa_group_config, decoupled_weight_decay), SA_FIELD_FLAG,
+       kAdamW},
+      {"bias_correction", offsetof(sa_group_config, bias_correction), SA_FIELD_FLAG, kAdamW},
+      {"maximize", offsetof(sa_group_config, maximize), SA_FIELD_FLAG, kAdamW},
+      {"amsgrad", offsetof(sa_group_config, amsgrad), SA_FIELD_FLAG, kAdamW},
+      {"update_rule", offsetof(sa_group_config, update_rule), SA_FIELD_INT32, kBoth},
+      {"nesterov", offsetof(sa_group_config, nesterov), SA_FIELD_FLAG, kMuon},
+      {"momentum", offsetof(sa_group_config, momentum), SA_FIELD_DOUBLE, kMuon},
+      {"ns_a", offsetof(sa_group_config, ns_a), SA_FIELD_DOUBLE, kMuon},
+      {"ns_b", offsetof(sa_group_config, ns_b), SA_FIELD_DOUBLE, kMuon},
+      {"ns_c", offsetof(sa_group_config, ns_c), SA_FIELD_DOUBLE, kMuon},
+      {"ns_steps", offsetof(sa_group_config, ns_steps), SA_FIELD_INT32, kMuon},
+      {"adjust_lr", offsetof(sa_group_config, adjust_lr), SA_FIELD_INT32, kMuon},
   };
   const std::vector<sa_field_info> got = fields();
   REQUIRE(got.size() == std::size(expected));
@@ -73,12 +87,15 @@ TEST_CASE("the field table names every member of sa_group_config, in struct orde
     CHECK(std::string(got[i].name) == expected[i].name);
     CHECK(got[i].offset == expected[i].offset);
     CHECK(got[i].type == expected[i].type);
+    CHECK(got[i].rules == expected[i].rules);
     CHECK(std::string(got[i].doc).size() > 5);
     CHECK(got[i].struct_size == sizeof(sa_field_info));
   }
-  // Only amsgrad decides what state a param gets.
-  for (const sa_field_info& f : got)
-    CHECK(f.fixed_with_params == (std::string(f.name) == "amsgrad" ? 1 : 0));
+  // Only amsgrad and the update rule decide what state a param gets.
+  for (const sa_field_info& f : got) {
+    const std::string name = f.name;
+    CHECK(f.fixed_with_params == (name == "amsgrad" || name == "update_rule" ? 1 : 0));
+  }
 }
 
 TEST_CASE("the defaults are torch.optim.AdamW's, by the table and by sa_group_config_default",
@@ -98,12 +115,22 @@ TEST_CASE("the defaults are torch.optim.AdamW's, by the table and by sa_group_co
   CHECK(d.bias_correction == 1);
   CHECK(d.maximize == 0);
   CHECK(d.amsgrad == 0);
+  // torch.optim.Muon(momentum=0.95, nesterov=True, ns_coefficients=(3.4445, -4.775, 2.0315),
+  // ns_steps=5, adjust_lr_fn=None): its own fields' defaults.
+  CHECK(d.update_rule == SA_RULE_ADAMW);
+  CHECK(d.momentum == 0.95);
+  CHECK(d.nesterov == 1);
+  CHECK(d.ns_a == 3.4445);
+  CHECK(d.ns_b == -4.775);
+  CHECK(d.ns_c == 2.0315);
+  CHECK(d.ns_steps == 5);
+  CHECK(d.adjust_lr == SA_MUON_LR_ORIGINAL);
   const sa_group_config init = SA_GROUP_CONFIG_INIT;
   CHECK(std::memcmp(&d, &init, sizeof d) == 0);
   for (const sa_field_info& f : fields()) {
     INFO(f.name);
     double value = 0;
-    if (f.type == SA_FIELD_FLAG) {
+    if (integral(f)) {
       int32_t v = 0;
       std::memcpy(&v, reinterpret_cast<const char*>(&d) + f.offset, sizeof v);
       value = v;
@@ -122,9 +149,8 @@ TEST_CASE("the valid values the table states are the ones add_group and set_grou
     INFO(f.name << " rule " << f.rule);
     CHECK(accepted(with_value(f, f.default_value)));
     CHECK(accepted(with_value(f, f.min)));
-    CHECK_FALSE(
-        accepted(with_value(f, f.type == SA_FIELD_FLAG ? f.min - 1 : std::nextafter(f.min, -inf))));
-    if (f.type == SA_FIELD_FLAG) {
+    CHECK_FALSE(accepted(with_value(f, integral(f) ? f.min - 1 : std::nextafter(f.min, -inf))));
+    if (integral(f)) {
       CHECK(f.max_inclusive == 1);
       CHECK(accepted(with_value(f, f.max)));
       CHECK_FALSE(accepted(with_value(f, f.max + 1)));
@@ -155,7 +181,7 @@ TEST_CASE("the table queries check their arguments and honour an older caller's 
   sa_field_info info = SA_FIELD_INFO_INIT;
   const int32_t n = sa_group_config_num_fields();
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(n, &info),
-                 "sa_group_config_field", "index 9 is not a field");
+                 "sa_group_config_field", "index 17 is not a field");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(-1, &info), "index -1");
   CHECK_SA_FAILS(nullptr, SA_ERR_INVALID_ARGUMENT, sa_group_config_field(0, nullptr),
                  "out is NULL");
@@ -323,7 +349,9 @@ TEST_CASE("group fields by name: add, set and get agree with the struct calls", 
   REQUIRE_SA_OK(opt.get(),
                 sa_optimizer_get_group_fields(opt.get(), 0, static_cast<int32_t>(all.size()),
                                               all.data(), read.data()));
-  const double expected[] = {1.0, 1.0, 1.0, 1.0, 0.0, 1e-8, 0.5, 0.9, 0.25};  // amsgrad .. lr
+  // adjust_lr .. update_rule: Muon's defaults; amsgrad .. lr: as set above.
+  const double expected[] = {SA_MUON_LR_ORIGINAL, 5, 2.0315, -4.775, 3.4445, 0.95, 1, SA_RULE_ADAMW,
+                             1.0, 1.0, 1.0, 1.0, 0.0, 1e-8, 0.5, 0.9, 0.25};
   REQUIRE(read.size() == std::size(expected));
   for (std::size_t i = 0; i < read.size(); ++i) {
     INFO(all[i]);

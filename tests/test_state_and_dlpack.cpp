@@ -504,7 +504,8 @@ TEST_CASE(
   auto opt = make_optimizer();
   CHECK(sa_optimizer_num_groups(opt.get()) == 0);
   sa_group_config a = SA_GROUP_CONFIG_INIT;
-  sa_group_config b = {sizeof(sa_group_config), 0.125, 0.5, 0.75, 1e-3, 0.25, 0, 0, 1, 1};
+  sa_group_config b = {sizeof(sa_group_config), 0.125, 0.5, 0.75, 1e-3, 0.25, 0, 0, 1, 1,
+                       SA_RULE_ADAMW, 0, 0.5, 1.0, -2.0, 3.0, 7, SA_MUON_LR_MATCH_RMS_ADAMW};
   int32_t ia = -1, ib = -1;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &a, &ia));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &b, &ib));

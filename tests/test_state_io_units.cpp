@@ -364,13 +364,13 @@ TEST_CASE("a Shard(0) reshard is one run per saved shard", "[state_io][runs]") {
 
 // schema.hpp's rule for a hyperparameter added later: a file older than the field's
 // `since` lacks it and loads with its default; a file of a version that holds it must have
-// it. The field here is made up (a row as a later version would add it), since every field
-// of today's table is in every format version.
+// it. The field here is made up (a row as a later version would add it); the real ones are
+// checked below.
 TEST_CASE("a group field added in a later format version loads older files with its default",
           "[state_io][metadata]") {
   const sa::schema::GroupField future = {"lr_scale", sa::schema::Rule::nonnegative,
                                          offsetof(sa_group_config, lr), 0.25, false, 3,
-                                         "a field of format version 3"};
+                                         sa::schema::kAllRules, "a field of format version 3"};
   const nlohmann::json without = {{"lr", 0.1}, {"step", 4}};
   const nlohmann::json with = {{"lr", 0.1}, {"lr_scale", 2.5}, {"step", 4}};
   CHECK(sa::saved_group_field(without, future, 2, "old.safetensors", "groups[0]") == 0.25);
@@ -381,13 +381,24 @@ TEST_CASE("a group field added in a later format version loads older files with 
   const nlohmann::json text = {{"lr_scale", "2.5"}};
   CHECK_FORMAT_ERROR(sa::saved_group_field(text, future, 2, "old.safetensors", "groups[1]"),
                      "groups[1].lr_scale is not a number");
-  // Today's fields are in every version: a group without one is refused at any version.
+  // AdamW's fields are in every version; the update rule and Muon's came with version 4, so
+  // a group of an older file is an AdamW group. A group of a version that holds a field but
+  // lacks it is refused.
   const nlohmann::json empty = nlohmann::json::object();
+  int muon_fields = 0;
   for (const sa::schema::GroupField& f : sa::schema::kGroupFields) {
     INFO(f.name);
-    CHECK(f.since == sa::kOldestShardFormatVersion);
-    CHECK_FORMAT_ERROR(
-        sa::saved_group_field(empty, f, sa::kOldestShardFormatVersion, "a.safetensors", "g"),
-        "has no");
+    const bool adam = (f.rules & sa::schema::kAdamW) != 0 && std::string(f.name) != "update_rule";
+    CHECK(f.since == (adam ? sa::kOldestShardFormatVersion : 4));
+    CHECK_FORMAT_ERROR(sa::saved_group_field(empty, f, f.since, "a.safetensors", "g"), "has no");
+    if (f.since > sa::kOldestShardFormatVersion) {
+      ++muon_fields;
+      CHECK(sa::saved_group_field(empty, f, f.since - 1, "a.safetensors", "g") == f.default_value);
+    }
   }
+  CHECK(muon_fields == 8);  // update_rule, nesterov, momentum, ns_a, ns_b, ns_c, ns_steps, adjust_lr
+  const sa::schema::GroupField& rule = *std::find_if(
+      std::begin(sa::schema::kGroupFields), std::end(sa::schema::kGroupFields),
+      [](const sa::schema::GroupField& f) { return std::string(f.name) == "update_rule"; });
+  CHECK(sa::saved_group_field(empty, rule, 3, "old.safetensors", "g") == SA_RULE_ADAMW);
 }

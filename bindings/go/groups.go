@@ -21,10 +21,20 @@ import (
 // values: an unknown name is a StatusInvalidArgument whose message lists the known ones.
 type GroupConfig map[string]float64
 
+// The update rules a group may have (its "update_rule" field: sa_update_rule), and their
+// bits in FieldInfo.Rules.
+const (
+	RuleAdamW = C.SA_RULE_ADAMW // Adam / AdamW, the default
+	RuleMuon  = C.SA_RULE_MUON  // Muon: 2-D float32 matrices, whole on each rank
+)
+
 // FieldInfo describes one group hyperparameter as the library defines it (sa_field_info).
 type FieldInfo struct {
-	Name string // its key in GroupConfig and in shard files
-	Flag bool   // true: 0 or 1; false: a float64
+	Name    string // its key in GroupConfig and in shard files
+	Flag    bool   // true: 0 or 1
+	Integer bool   // true: an integer (a flag, an enum such as update_rule, or a count)
+	// Rules: the update rules that read it, a bit per rule (RuleAdamW, RuleMuon).
+	Rules int32
 	// Default is its value in a new group (torch.optim.AdamW's where torch has the field).
 	Default float64
 	// Valid values v: Min <= v, and v < Max, or v <= Max when MaxInclusive (a Max of +Inf,
@@ -60,6 +70,7 @@ func readGroupFields() []FieldInfo {
 			panic("shardadam: reading the library's group field table: " + err.Error())
 		}
 		fields[i] = FieldInfo{Name: C.GoString(f.name), Flag: f._type == C.SA_FIELD_FLAG,
+			Integer: f._type == C.SA_FIELD_FLAG || f._type == C.SA_FIELD_INT32, Rules: int32(f.rules),
 			Default: float64(f.default_value), Min: float64(f.min), Max: float64(f.max),
 			MaxInclusive: f.max_inclusive != 0, FixedWithParams: f.fixed_with_params != 0,
 			Rule: C.GoString(f.rule), Doc: C.GoString(f.doc)}

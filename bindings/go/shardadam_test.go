@@ -230,6 +230,10 @@ func another(f FieldInfo) float64 {
 	switch {
 	case f.Flag:
 		return 1 - f.Default
+	case f.Integer && f.Default != f.Min:
+		return f.Min
+	case f.Integer:
+		return f.Min + 1
 	case f.Default != f.Min:
 		return f.Min
 	case math.IsInf(f.Max, 1):
@@ -285,8 +289,9 @@ func TestBadGroupFieldsAreRefusedByNameAndChangeNothing(t *testing.T) {
 		cfg  GroupConfig
 		want []string // what the message must say
 	}{
-		{GroupConfig{"momentum": 0.9}, []string{"momentum", "lr", "amsgrad"}},
-		{GroupConfig{"lr": 0.1, "nesterov": 1}, []string{"nesterov"}},
+		{GroupConfig{"dampening": 0.9}, []string{"dampening", "lr", "amsgrad"}},
+		{GroupConfig{"lr": 0.1, "ns_steps": 100}, []string{"ns_steps"}},
+		{GroupConfig{"update_rule": 0.5}, []string{"update_rule"}},
 		{GroupConfig{"amsgrad": 2}, []string{"amsgrad"}},
 		{GroupConfig{"beta1": 1.5}, []string{"beta1"}},
 		{GroupConfig{"eps": math.NaN()}, []string{"eps"}},

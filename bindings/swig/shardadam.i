@@ -36,7 +36,8 @@
  *     a table of C function pointers;
  *       sa_param_info     returned as a dict;
  *       sa_field_info     returned as a dict (name, type, offset, default, min, max,
- *                         max_inclusive, fixed_with_params, rule, doc, dtype_role);
+ *                         max_inclusive, fixed_with_params, rule, doc, dtype_role,
+ *                         rules);
  *       sa_dtype_info     returned as a dict (name, dtype, roles, safetensors_name, doc);
  *       sa_param_scaling_info  returned as a dict (value, name, block, scale_dtype,
  *                         step_writes_scale, doc);
@@ -521,12 +522,13 @@ SA_DICT_STRUCT(sa_import_options, options, SA_STRUCT_IMPORT_OPTIONS, SA_IMPORT_O
   PyObject* dict = Py_None;
   if (result == SA_OK) {
     const sa_field_info* f = &info$argnum;
-    dict = Py_BuildValue("{s:s,s:i,s:n,s:d,s:d,s:d,s:O,s:O,s:s,s:s,s:i}",
+    dict = Py_BuildValue("{s:s,s:i,s:n,s:d,s:d,s:d,s:O,s:O,s:s,s:s,s:i,s:i}",
                          "name", f->name, "type", f->type, "offset", (Py_ssize_t)f->offset,
                          "default", f->default_value, "min", f->min, "max", f->max,
                          "max_inclusive", f->max_inclusive ? Py_True : Py_False,
                          "fixed_with_params", f->fixed_with_params ? Py_True : Py_False,
-                         "rule", f->rule, "doc", f->doc, "dtype_role", f->dtype_role);
+                         "rule", f->rule, "doc", f->doc, "dtype_role", f->dtype_role,
+                         "rules", f->rules);
     if (!dict) SWIG_fail;
   } else {
     Py_INCREF(Py_None);

@@ -192,10 +192,11 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
 
 /**
  * Hyperparameters of a param group. All may be changed between steps with
- * sa_optimizer_set_group, except `amsgrad` once the group holds a param (its state,
- * max_exp_avg_sq, is allocated when the param is added).
+ * sa_optimizer_set_group, except `update_rule` and `amsgrad` once the group holds a param
+ * (they chose its state: max_exp_avg_sq, momentum_buffer, allocated when it is added).
+ * sa_struct_field says which rules read each field (sa_field_info.rules).
  *
- * The update (PyTorch semantics; t = the group's step count after this step):
+ * SA_RULE_ADAMW, the update (PyTorch semantics; t = the group's step count after this step):
  *   g = grad * inv_grad_scale;  if maximize: g = -g
  *   if weight_decay and not decoupled: g += weight_decay * p                 (Adam, L2)
  *   if weight_decay and decoupled:     p *= 1 - lr * weight_decay            (AdamW)
@@ -203,7 +204,32 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  *   if amsgrad: vmax = max(vmax, v), and vmax replaces v below
  *   bc1 = 1 - beta1^t, bc2 = 1 - beta2^t   (both 1 when bias_correction == 0)
  *   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+ *
+ * SA_RULE_MUON, torch.optim.Muon's update of each whole 2-D matrix (rows x cols, its
+ * global shape), float32 params only; weight decay is always decoupled, and maximize and
+ * amsgrad must be 0:
+ *   g = grad * inv_grad_scale (times the clip factor when clipping)
+ *   buf = buf + (1 - momentum) (g - buf)                     (state "momentum_buffer")
+ *   u = nesterov ? g + momentum (buf - g) : buf
+ *   X = u (or u^T when rows > cols);  X /= max(||X||_F, eps)
+ *   ns_steps times: A = X X^T;  X = ns_a X + (ns_b A + ns_c A A) X
+ *   p *= 1 - lr * weight_decay;  p -= adjusted_lr * X (transposed back)
+ *   adjusted_lr = lr * sqrt(max(1, rows / cols))        (SA_MUON_LR_ORIGINAL)
+ *               = lr * 0.2 * sqrt(max(rows, cols))      (SA_MUON_LR_MATCH_RMS_ADAMW)
  */
+
+/** A group's update rule (sa_group_config.update_rule). */
+typedef enum sa_update_rule {
+  SA_RULE_ADAMW = 0, /* Adam / AdamW (decoupled_weight_decay chooses) */
+  SA_RULE_MUON = 1   /* Muon: momentum, then Newton-Schulz orthogonalization of each matrix */
+} sa_update_rule;
+
+/** How a Muon group scales lr by a matrix's shape (sa_group_config.adjust_lr). */
+typedef enum sa_muon_lr_adjust {
+  SA_MUON_LR_ORIGINAL = 0,       /* lr * sqrt(max(1, rows / cols)) */
+  SA_MUON_LR_MATCH_RMS_ADAMW = 1 /* lr * 0.2 * sqrt(max(rows, cols)) */
+} sa_muon_lr_adjust;
+
 typedef struct sa_group_config {
   size_t struct_size;
   double lr;                      /* >= 0 */
@@ -215,11 +241,24 @@ typedef struct sa_group_config {
   int32_t bias_correction;        /* 1: divide by 1 - beta^t (default), 0: do not */
   int32_t maximize;               /* 1: ascend instead of descend */
   int32_t amsgrad;                /* 1: keep max_exp_avg_sq and use it in the denominator */
+  int32_t update_rule;            /* an sa_update_rule (SA_RULE_ADAMW by default) */
+  int32_t nesterov;               /* Muon: 1: Nesterov momentum */
+  double momentum;                /* Muon: in [0, 1) */
+  double ns_a;                    /* Muon: Newton-Schulz's coefficients (finite) */
+  double ns_b;
+  double ns_c;
+  int32_t ns_steps;  /* Muon: Newton-Schulz iterations, in [0, 100) */
+  int32_t adjust_lr; /* Muon: an sa_muon_lr_adjust */
 } sa_group_config;
 
-/** torch.optim.AdamW defaults (sa_group_config_default gives the same values). */
-#define SA_GROUP_CONFIG_INIT \
-  { sizeof(sa_group_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0 }
+/** torch.optim.AdamW defaults, and torch.optim.Muon's for Muon's own fields
+ *  (sa_group_config_default gives the same values). A Muon group built from these keeps
+ *  AdamW's eps (1e-8) and weight_decay (1e-2): torch.optim.Muon's are 1e-7 and 0.1. */
+#define SA_GROUP_CONFIG_INIT                                                                   \
+  {                                                                                            \
+    sizeof(sa_group_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 1, 0, 0, SA_RULE_ADAMW, 1, 0.95, \
+        3.4445, -4.775, 2.0315, 5, SA_MUON_LR_ORIGINAL                                         \
+  }
 
 /** Fills *out with the defaults of SA_GROUP_CONFIG_INIT, for bindings that do not compile
  *  C macros (out->struct_size must be set: fields past it are not written). */
@@ -259,10 +298,13 @@ typedef struct sa_field_info {
   const char* rule;          /* the valid values in the words of the error messages: "in [0, 1)" */
   const char* doc;           /* what the field does */
   int32_t dtype_role;        /* SA_FIELD_DTYPE: the sa_dtype_role its dtypes have; else 0 */
+  /* SA_STRUCT_GROUP_CONFIG: the update rules that read the field, a bit (1 << rule) per
+   * sa_update_rule; 0 for the other structs */
+  int32_t rules;
 } sa_field_info;
 
 #define SA_FIELD_INFO_INIT \
-  { sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL, 0 }
+  { sizeof(sa_field_info), NULL, 0, 0, 0.0, 0.0, 0.0, 0, 0, NULL, NULL, 0, 0 }
 
 /** The option structs the C ABI takes, whose fields the library describes
  *  (sa_struct_field). */

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../muon_math.h"
+#include "newton_schulz.h"
 
 namespace sa {
 namespace kernels {
@@ -13,12 +14,12 @@ namespace kernels {
 // The scratch muon_matrix_cpu needs for a rows x cols matrix, in floats.
 int64_t muon_work_elems(int64_t rows, int64_t cols);
 
-// Steps param (rows x cols, row-major float32) with grad and its momentum buffer `buf`
-// (same layout, float32; updated) by `h`. `work` holds muon_work_elems(rows, cols) floats,
-// none of them in the other arrays. The Muon rule (issue 36) will call this for each whole
-// matrix; until then the tests do.
-void muon_matrix_cpu(float* param, const float* grad, float* buf, int64_t rows, int64_t cols,
-                     const MuonHyper& h, float* work);
+// Steps param (rows x cols, row-major float32) with grad times grad_scale and its momentum
+// buffer `buf` (same layout, float32; updated) by `h`, the GEMMs on `sgemm`
+// (newton_schulz.h). `work` holds muon_work_elems(rows, cols) floats, none of them in the
+// other arrays. The CPU backend's matrices pass calls it for each whole matrix.
+void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* buf, int64_t rows,
+                     int64_t cols, const MuonHyper& h, float grad_scale, float* work);
 
 }  // namespace kernels
 }  // namespace sa

@@ -1,8 +1,6 @@
 // kernels/cpu/newton_schulz.cpp — see newton_schulz.h.
 #include "newton_schulz.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,11 +8,12 @@
 namespace sa {
 namespace kernels {
 
-void newton_schulz_cpu(float* x, int64_t rows, int64_t cols, const NewtonSchulz& ns, float* work) {
+void newton_schulz_cpu(CblasSgemm sgemm, float* x, int64_t rows, int64_t cols,
+                       const NewtonSchulz& ns, float* work) {
   const NsShape s = ns_shape(rows, cols);
-  const CBLAS_ORDER order = s.transposed ? CblasColMajor : CblasRowMajor;
-  const auto m = static_cast<blasint>(s.m), n = static_cast<blasint>(s.n);
-  const auto ld = static_cast<blasint>(s.ld);
+  const int order = s.transposed ? kCblasColMajor : kCblasRowMajor;
+  const auto m = static_cast<int>(s.m), n = static_cast<int>(s.n);
+  const auto ld = static_cast<int>(s.ld);
   const std::size_t elems = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
 
   double squares = 0.0;
@@ -27,11 +26,11 @@ void newton_schulz_cpu(float* x, int64_t rows, int64_t cols, const NewtonSchulz&
   float* y = b + s.m * s.m;  // the next X, laid out as X
   float* cur = x;
   for (int32_t step = 0; step < ns.steps; ++step) {
-    cblas_sgemm(order, CblasNoTrans, CblasTrans, m, m, n, 1.0f, cur, ld, cur, ld, 0.0f, a, m);
+    sgemm(order, kCblasNoTrans, kCblasTrans, m, m, n, 1.0f, cur, ld, cur, ld, 0.0f, a, m);
     std::memcpy(b, a, static_cast<std::size_t>(s.m * s.m) * sizeof(float));
-    cblas_sgemm(order, CblasNoTrans, CblasNoTrans, m, m, m, ns.c, a, m, a, m, ns.b, b, m);
+    sgemm(order, kCblasNoTrans, kCblasNoTrans, m, m, m, ns.c, a, m, a, m, ns.b, b, m);
     std::memcpy(y, cur, elems * sizeof(float));
-    cblas_sgemm(order, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, b, m, cur, ld, ns.a, y, ld);
+    sgemm(order, kCblasNoTrans, kCblasNoTrans, m, n, m, 1.0f, b, m, cur, ld, ns.a, y, ld);
     std::swap(cur, y);
   }
   if (cur != x) std::memcpy(x, cur, elems * sizeof(float));

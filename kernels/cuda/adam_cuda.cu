@@ -166,6 +166,7 @@ cudaError_t launch_bucket(BucketOp op, const Variant& v, const BucketArgs& a, cu
     case BucketOp::grad_norm:
       return launch_grad_norm_partials(v.grad, a.norm, a.bucket, a.partials, st);
     case BucketOp::update:
+      if (v.rule != UpdateRule::adam) return cudaSuccess;  // the matrices pass steps it
       if (needs_master_slots(v))  // the masters by the block kernel, then the cast
         return launch_adam_bucket_scaled_blocks(v, a.bucket, a.masters, a.step, st);
       if (scaled) return launch_adam_bucket_scaled(v, a.bucket, a.step, st);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "../muon_math.h"
+#include "../step_control.h"
 #include "newton_schulz.cuh"
 
 namespace sa {
@@ -19,12 +20,16 @@ namespace kernels {
 size_t muon_cuda_work_bytes(int64_t rows, int64_t cols);
 
 // Enqueues on `stream` the step of param (rows x cols, row-major float32, device memory)
-// with grad and its momentum buffer `buf` (same layout, float32; updated) by `h`. `work`
-// is device memory of muon_cuda_work_bytes(rows, cols) bytes, 256-byte aligned; `blas`
-// the caller's handle (its stream is set to `stream`). The Muon rule (issue 36) will call
-// this for each whole matrix; until then the GPU tests do.
-NsStatus muon_matrix_cuda(cublasHandle_t blas, float* param, const float* grad, float* buf,
-                          int64_t rows, int64_t cols, const MuonHyper& h, void* work,
+// with grad and its momentum buffer `buf` (same layout, float32; updated) by `h`. `verdict`
+// (device memory, or NULL: step, grads as they are) is the step's fold's: when its skip is
+// set nothing of param or buf changes, else every grad is multiplied by its
+// grad_multiplier. `work` is device memory of muon_cuda_work_bytes(rows, cols) bytes,
+// 256-byte aligned; `blas` the caller's handle, of the cuBLAS `calls` come from (its
+// stream is set to `stream`). The CUDA backend's matrices pass calls this for each whole
+// matrix.
+NsStatus muon_matrix_cuda(const CublasCalls& calls, cublasHandle_t blas, float* param,
+                          const float* grad, float* buf, int64_t rows, int64_t cols,
+                          const MuonHyper& h, const StepVerdict* verdict, void* work,
                           cudaStream_t stream);
 
 }  // namespace kernels

@@ -93,14 +93,14 @@ __global__ void widen_kernel(const __nv_bfloat16* in, int64_t n, float* out) {
 }
 
 // C := alpha op(A) op(B) + beta C, column-major, bfloat16 in and out, float32 accumulation.
-cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
-                    int64_t n, int64_t k, float alpha, const __nv_bfloat16* a, int64_t lda,
-                    const __nv_bfloat16* b, int64_t ldb, float beta, __nv_bfloat16* c,
-                    int64_t ldc) {
-  return cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                      &alpha, a, CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF,
-                      static_cast<int>(ldb), &beta, c, CUDA_R_16BF, static_cast<int>(ldc),
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+cublasStatus_t gemm(const CublasCalls& calls, cublasHandle_t h, cublasOperation_t ta,
+                    cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb,
+                    float beta, __nv_bfloat16* c, int64_t ldc) {
+  return calls.gemm_ex(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                       &alpha, a, CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF,
+                       static_cast<int>(ldb), &beta, c, CUDA_R_16BF, static_cast<int>(ldc),
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 }  // namespace
@@ -109,8 +109,8 @@ size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols) {
   return layout_of(ns_shape(rows, cols)).end;
 }
 
-NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t cols,
-                            const NewtonSchulz& ns, void* work, cudaStream_t stream) {
+NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float* x, int64_t rows,
+                            int64_t cols, const NewtonSchulz& ns, void* work, cudaStream_t stream) {
   NsStatus st;
   const NsShape s = ns_shape(rows, cols);
   const int64_t elems = rows * cols, m = s.m, n = s.n;
@@ -119,7 +119,7 @@ NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t
     return st;
   }
   Scratch w = carve(work, s);
-  if ((st.blas = cublasSetStream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
+  if ((st.blas = calls.set_stream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
   round_and_square_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, elems, w.x, w.partials);
   normalize_kernel<<<grid_for(elems, kThreads), kThreads, 0, stream>>>(w.x, elems, w.partials,
                                                                        ns.eps);
@@ -130,23 +130,24 @@ NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t
   const size_t mm_bytes = static_cast<size_t>(m * m) * sizeof(__nv_bfloat16);
   const size_t xn_bytes = static_cast<size_t>(elems) * sizeof(__nv_bfloat16);
   for (int32_t step = 0; step < ns.steps; ++step) {
-    st.blas =
-        s.transposed
-            ? gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, m, m, n, 1.0f, w.x, m, w.x, m, 0.0f, w.a, m)
-            : gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, w.x, n, w.x, n, 0.0f, w.a, m);
+    st.blas = s.transposed ? gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_T, m, m, n, 1.0f, w.x, m, w.x,
+                                  m, 0.0f, w.a, m)
+                           : gemm(calls, blas, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, w.x, n, w.x,
+                                  n, 0.0f, w.a, m);
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
     if ((st.cuda = cudaMemcpyAsync(w.b, w.a, mm_bytes, cudaMemcpyDeviceToDevice, stream)) !=
         cudaSuccess)
       return st;
-    st.blas = gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, ns.c, w.a, m, w.a, m, ns.b, w.b, m);
+    st.blas =
+        gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, ns.c, w.a, m, w.a, m, ns.b, w.b, m);
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
     if ((st.cuda = cudaMemcpyAsync(w.y, w.x, xn_bytes, cudaMemcpyDeviceToDevice, stream)) !=
         cudaSuccess)
       return st;
-    st.blas =
-        s.transposed
-            ? gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, m, 1.0f, w.b, m, w.x, m, ns.a, w.y, m)
-            : gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, w.x, n, w.b, m, ns.a, w.y, n);
+    st.blas = s.transposed ? gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, m, 1.0f, w.b, m, w.x,
+                                  m, ns.a, w.y, m)
+                           : gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, w.x, n, w.b,
+                                  m, ns.a, w.y, n);
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
     std::swap(w.x, w.y);
   }

@@ -1,7 +1,8 @@
 // kernels/cuda/newton_schulz.cuh — Muon's Newton-Schulz iteration (kernels/newton_schulz.h) on
 // the GPU: bfloat16 GEMMs with float32 accumulation on cuBLAS, as torch.optim.Muon runs it
-// on CUDA (its tensors in bfloat16 throughout). The Muon rule (issue 36) will call it for
-// each whole matrix it orthogonalizes; until then the GPU tests and bench/ do.
+// on CUDA (its tensors in bfloat16 throughout). The CUDA backend's matrices pass calls it
+// for each whole matrix it orthogonalizes, with the cuBLAS the module loaded on first need
+// (src/backends/cublas_api.hpp); the GPU tests and bench/ hand it cuBLAS's own functions.
 #ifndef SHARDADAM_KERNELS_CUDA_NEWTON_SCHULZ_CUH_
 #define SHARDADAM_KERNELS_CUDA_NEWTON_SCHULZ_CUH_
 
@@ -19,6 +20,18 @@ namespace kernels {
 // (m x n), A and B (m x m), all bfloat16, and the norm's partial sums.
 size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols);
 
+// The cuBLAS functions the iteration calls, as the caller resolved them.
+// cublasGemmEx is the C function of this signature (C++ also sees an inline overload that
+// takes a cudaDataType as the compute type, hence the spelled-out type).
+using CublasGemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                        int, int, const void*, const void*, cudaDataType, int,
+                                        const void*, cudaDataType, int, const void*, void*,
+                                        cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+struct CublasCalls {
+  decltype(&cublasSetStream_v2) set_stream;
+  CublasGemmEx gemm_ex;
+};
+
 // What failed, if anything: a launch or copy (cuda), or a cuBLAS call (blas).
 struct NsStatus {
   cudaError_t cuda = cudaSuccess;
@@ -32,9 +45,9 @@ struct NsStatus {
 // rounded values in float32 in a fixed order (deterministic), the iteration keeps X, A and
 // B in bfloat16 as torch does, and the result is widened back into x. `work` is device
 // memory of newton_schulz_cuda_work_bytes(rows, cols) bytes, 256-byte aligned. `blas` is
-// the caller's handle; this sets its stream to `stream`.
-NsStatus newton_schulz_cuda(cublasHandle_t blas, float* x, int64_t rows, int64_t cols,
-                            const NewtonSchulz& ns, void* work, cudaStream_t stream);
+// the caller's handle, of the cuBLAS `calls` come from; this sets its stream to `stream`.
+NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float* x, int64_t rows,
+                            int64_t cols, const NewtonSchulz& ns, void* work, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace sa

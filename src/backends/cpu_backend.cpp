@@ -10,8 +10,10 @@
 
 #include "../../kernels/cpu/adam_cpu.h"
 #include "../../kernels/cpu/grad_norm_cpu.h"
+#include "../../kernels/cpu/muon_cpu.h"
 #include "../../kernels/param_cast.h"
 #include "../backend.hpp"
+#include "../blas.hpp"
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "thread_pool.hpp"
@@ -214,6 +216,12 @@ class CpuBackend final : public Backend {
       writes_amax_ = writes_amax_ || bucket.variant.scaling == kernels::ParamScaling::delayed ||
                      kernels::is_current(bucket.variant.scaling);
     coeff_of_param_.resize(static_cast<std::size_t>(num_params));
+    int64_t muon_work = 0;  // the largest matrix's scratch, which every matrix reuses in turn
+    for (const Bucket& bucket : plan.buckets)
+      for (const MatrixShape& m : bucket.matrix_of_slot)
+        muon_work = std::max(muon_work, kernels::muon_work_elems(m.rows, m.cols));
+    muon_work_.assign(static_cast<std::size_t>(muon_work), 0.0f);
+    if (muon_work > 0) sgemm_ = cpu_sgemm();
   }
 
   void upload_slots(const Plan&, std::size_t, void*) override {}  // runs read the plan itself
@@ -227,6 +235,8 @@ class CpuBackend final : public Backend {
         return fold(*args.fold_tables, *args.fold_inputs);
       case Pass::update:
         return update(plan, *args.verdict);
+      case Pass::matrices:
+        return matrices(plan, args);
       case Pass::current_casts:
         return current_casts(plan, *args.verdict);
     }
@@ -296,6 +306,7 @@ class CpuBackend final : public Backend {
       const WorkItem& item = work_.items[static_cast<std::size_t>(i)];
       const Bucket& bucket = plan.buckets[item.bucket];
       const kernels::TensorSlot& slot = bucket.slots[item.slot];
+      if (bucket.variant.rule != kernels::UpdateRule::adam) return;  // the matrices pass's
       if (slot.grad != nullptr) {
         range_amax_[i] = kernels::adam_cpu_range(bucket.variant, slot,
                                                  coeffs_[coeff_of_param_[slot.param_index]],
@@ -308,6 +319,25 @@ class CpuBackend final : public Backend {
       }
     });
     if (writes_amax_) write_amax(plan);
+  }
+
+  // Muon's step of each whole matrix that has a grad, one after another: its elementwise
+  // parts on this thread, its GEMMs on the BLAS's threads, in the one scratch for all.
+  void matrices(const Plan& plan, const PassArgs& args) {
+    if (args.verdict->skip) return;
+    for (const Bucket& bucket : plan.buckets) {
+      if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
+      for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+        const kernels::TensorSlot& slot = bucket.slots[s];
+        if (slot.grad == nullptr) continue;
+        const MatrixShape m = bucket.matrix_of_slot[s];
+        kernels::muon_matrix_cpu(
+            sgemm_, static_cast<float*>(slot.param), static_cast<const float*>(slot.grad),
+            static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::momentum_buffer)]),
+            m.rows, m.cols, args.muon[args.param_group[slot.param_index]],
+            args.verdict->grad_multiplier, muon_work_.data());
+      }
+    }
   }
 
   // Small shards lie scattered in memory, each a few cache lines of param, grad and state
@@ -373,7 +403,9 @@ class CpuBackend final : public Backend {
   std::map<std::pair<int32_t, int64_t>, int32_t> coeff_index_;
   std::vector<double> partials_;   // one norm partial per work item
   std::vector<float> range_amax_;  // per work item: max |master| of a scaled param's range
-  bool writes_amax_ = false;  // some bucket has a delayed or current scaling (an amax to write)
+  bool writes_amax_ = false;      // some bucket has a delayed or current scaling (an amax to write)
+  std::vector<float> muon_work_;  // the matrices pass's scratch
+  kernels::CblasSgemm sgemm_ = nullptr;  // loaded when a plan has a Muon bucket
 
   static const float* master_of(const kernels::TensorSlot& slot) {
     return static_cast<const float*>(slot.state[static_cast<std::size_t>(StateKind::master)]);

@@ -21,9 +21,11 @@
 
 #include "../../kernels/cuda/adam_cuda.cuh"
 #include "../../kernels/cuda/adam_fp8_cuda.cuh"
+#include "../../kernels/cuda/muon_cuda.cuh"
 #include "../../kernels/variants.h"
 #include "../backend.hpp"
 #include "../errors.hpp"
+#include "cublas_api.hpp"
 #include "cuda_memory.hpp"
 #include "cuda_module.hpp"
 
@@ -112,6 +114,7 @@ class CudaBackend final : public Backend {
 
   // A CPU step's callbacks read the host step, the mirror and host_coeffs_: let them finish.
   ~CudaBackend() override {
+    if (blas_ != nullptr) cuda::cublas().destroy(blas_);  // loaded: blas_ was made with it
     if (!cpu_stream_) return;
     int previous = 0;
     cudaGetDevice(&previous);
@@ -220,6 +223,8 @@ class CudaBackend final : public Backend {
         return;
       case Pass::update:
         return launch_update(plan, args.verdict, s);
+      case Pass::matrices:
+        return launch_matrices(plan, args, s);
       case Pass::current_casts:
         check_cuda(kernels::launch_current_scales(current_table(), num_current_, args.verdict, s),
                    "current scaling's scales");
@@ -229,6 +234,31 @@ class CudaBackend final : public Backend {
         return;
     }
     fail(SA_ERR_INTERNAL, "no such pass: ", static_cast<int>(pass));
+  }
+
+  // Muon's step of each whole matrix that has a grad, one after another on the stream, in
+  // the one scratch (stream order keeps them apart). The kernels read the verdict: a
+  // skipped step leaves every param and momentum as it was.
+  void launch_matrices(const Plan& plan, const PassArgs& args, cudaStream_t s) {
+    for (const Bucket& bucket : plan.buckets) {
+      if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
+      for (std::size_t i = 0; i < bucket.slots.size(); ++i) {
+        const kernels::TensorSlot& slot = bucket.slots[i];
+        if (slot.grad == nullptr) continue;
+        const MatrixShape m = bucket.matrix_of_slot[i];
+        const kernels::NsStatus st = kernels::muon_matrix_cuda(
+            cuda::cublas().calls, blas_, static_cast<float*>(slot.param),
+            static_cast<const float*>(slot.grad),
+            static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::momentum_buffer)]),
+            m.rows, m.cols, args.muon[args.param_group[slot.param_index]], args.verdict,
+            muon_work_->data(), s);
+        check_cuda(st.cuda, "Muon's step");
+        if (st.blas != CUBLAS_STATUS_SUCCESS)
+          fail(st.blas == CUBLAS_STATUS_ALLOC_FAILED ? SA_ERR_OUT_OF_MEMORY : SA_ERR_DEVICE,
+               "Muon's Newton-Schulz of a ", m.rows, " x ", m.cols, " matrix: cuBLAS status ",
+               static_cast<int>(st.blas));
+      }
+    }
   }
 
   // The device tables of one launch over `slots`.
@@ -338,6 +368,26 @@ class CudaBackend final : public Backend {
     num_current_ = static_cast<int32_t>(plan.current.size());
     partials_ = std::move(partials);
     coeffs_ = std::move(coeffs);
+    prepare_matrices(plan);
+  }
+
+  // The Muon buckets' cuBLAS handle (cuBLAS loaded on first need) and their scratch: the
+  // largest matrix's, which every matrix reuses in turn.
+  void prepare_matrices(const Plan& plan) {
+    std::size_t bytes = 0;
+    for (const Bucket& bucket : plan.buckets)
+      for (const MatrixShape& m : bucket.matrix_of_slot)
+        bytes = std::max(bytes, kernels::muon_cuda_work_bytes(m.rows, m.cols));
+    if (bytes == 0) return;
+    if (blas_ == nullptr) {
+      const cublasStatus_t st = cuda::cublas().create(&blas_);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        blas_ = nullptr;
+        fail(SA_ERR_DEVICE, "cublasCreate failed for Muon's Newton-Schulz: status ",
+             static_cast<int>(st));
+      }
+    }
+    if (!muon_work_ || muon_work_->bytes() < bytes) muon_work_ = allocate(bytes);
   }
 
   void upload_slots(const Plan& plan, std::size_t bucket, void* stream) override {
@@ -536,6 +586,9 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Buffer> host_coeffs_;
   int64_t coeffs_first_ = 0, coeffs_count_ = 0;
   std::atomic<bool> host_failed_{false};  // a callback's Adam threw
+  // Muon buckets: the handle their Newton-Schulz runs on, and its scratch (prepare_matrices).
+  cublasHandle_t blas_ = nullptr;
+  std::shared_ptr<Buffer> muon_work_;
 };
 
 }  // namespace

@@ -21,7 +21,7 @@ Json group_to_json(const SavedGroup& g) {
   Json out = Json::object();
   for (const schema::GroupField& f : schema::kGroupFields) {
     const double value = schema::get(g.config, f);
-    if (schema::rule_info(f.rule).integral)
+    if (schema::integral(f.rule))
       out[f.name] = static_cast<int32_t>(value);
     else
       out[f.name] = value;

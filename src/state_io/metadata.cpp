@@ -134,7 +134,7 @@ class FieldReader {
 double field_value(const json& g, const schema::GroupField& f, int version, const FieldReader& in,
                    const std::string& where) {
   if (version < f.since && g.is_object() && !g.contains(f.name)) return f.default_value;
-  return schema::rule_info(f.rule).integral
+  return schema::integral(f.rule)
              ? static_cast<double>(in.integer(g, f.name, where, INT32_MIN, INT32_MAX))
              : in.number(g, f.name, where);
 }

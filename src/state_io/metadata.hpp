@@ -22,11 +22,13 @@
 namespace sa {
 
 inline constexpr const char* kShardFormat = "shardadam";
+// 4: the groups' update rule and Muon's hyperparameters (src/schema.hpp), and the state
+//    "momentum_buffer" of a Muon group's params. Older files load as AdamW groups.
 // 3: block moments (8-bit, float8) as their codes (U8, F8_E4M3) and their blocks' absmax
 //    (the tensor "<param>/<moment>_absmax"). Version 2 files hold them as float32 values.
 // 2: per-param step counts ("params"). Version 1 files (no "params") still load: each
 //    param then takes its group's step count.
-inline constexpr int kShardFormatVersion = 3;
+inline constexpr int kShardFormatVersion = 4;
 inline constexpr int kOldestShardFormatVersion = 1;
 // Bytes per checksummed block of a tensor's data (the last block of a tensor is shorter).
 // 1 MiB: the checksum list stays ~1e-6 of the data, and a partial read of a tensor reads

@@ -17,6 +17,9 @@
 
 namespace {
 
+// The cuBLAS these tests link, as the kernels take it (the CUDA module loads one).
+const sa::kernels::CublasCalls kCublas{&cublasSetStream_v2, &cublasGemmEx};
+
 // x orthogonalized on the GPU.
 std::vector<float> on_gpu(cublasHandle_t blas, const std::vector<float>& x, int64_t rows,
                           int64_t cols, const sa::kernels::NewtonSchulz& ns) {
@@ -25,7 +28,7 @@ std::vector<float> on_gpu(cublasHandle_t blas, const std::vector<float>& x, int6
   CUDA_OK(cudaMalloc(&dx, x.size() * sizeof(float)));
   CUDA_OK(cudaMalloc(&work, sa::kernels::newton_schulz_cuda_work_bytes(rows, cols)));
   CUDA_OK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-  const sa::kernels::NsStatus st = sa::kernels::newton_schulz_cuda(blas, dx, rows, cols, ns, work, nullptr);
+  const sa::kernels::NsStatus st = sa::kernels::newton_schulz_cuda(kCublas, blas, dx, rows, cols, ns, work, nullptr);
   INFO("cuda " << cudaGetErrorString(st.cuda) << ", cublas " << static_cast<int>(st.blas));
   REQUIRE(st.ok());
   std::vector<float> out(x.size());
@@ -95,7 +98,8 @@ TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several ste
     const std::vector<float> g = sa::test::random_matrix(rows, cols, seed + 100 + step, 0.01f);
     CUDA_OK(cudaMemcpy(dg, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     const sa::kernels::NsStatus st =
-        sa::kernels::muon_matrix_cuda(blas, dp, dg, dbuf, rows, cols, h, work, nullptr);
+        sa::kernels::muon_matrix_cuda(kCublas, blas, dp, dg, dbuf, rows, cols, h, nullptr, work,
+                                      nullptr);
     REQUIRE(st.ok());
     sa::test::muon_reference(p64, sa::test::Matrix(g.begin(), g.end()), buf64, rows, cols, h);
   }
@@ -117,4 +121,95 @@ TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several ste
   for (void* ptr : {static_cast<void*>(dp), static_cast<void*>(dg), static_cast<void*>(dbuf), work})
     CUDA_OK(cudaFree(ptr));
   cublasDestroy(blas);
+}
+
+// The Muon rule through the C ABI on CUDA: a Muon group of three matrices beside an AdamW
+// group, three steps against the float64 reference at bfloat16's tolerance; a found_inf
+// skip leaves every matrix and momentum as it was.
+TEST_CASE("a Muon group on CUDA steps its matrices as the float64 reference, and skips on found_inf",
+          "[gpu][muon]") {
+  using namespace sa_test;
+  sa_group_config adamw = SA_GROUP_CONFIG_INIT, muon = SA_GROUP_CONFIG_INIT;
+  muon.update_rule = SA_RULE_MUON;
+  muon.lr = 0.02;
+  muon.momentum = 0.9;
+  muon.weight_decay = 0.1;
+  muon.eps = 1e-7;
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{12, 40}, {40, 12}, {33, 33}};
+  std::vector<std::unique_ptr<DeviceTensor>> params, grads;
+  std::vector<sa::test::Matrix> p64, buf64;
+  OptimizerPtr opt = make_optimizer();
+  int32_t g = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw, &g));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto [rows, cols] = shapes[i];
+    params.push_back(std::make_unique<DeviceTensor>(std::vector<int64_t>{rows, cols}, kFloat32));
+    grads.push_back(std::make_unique<DeviceTensor>(std::vector<int64_t>{rows, cols}, kFloat32));
+    const std::vector<float> p = sa::test::random_matrix(rows, cols, 5 + i, 1.0f);
+    CUDA_OK(cudaMemcpy(params[i]->data(), p.data(), p.size() * sizeof(float), cudaMemcpyHostToDevice));
+    p64.emplace_back(p.begin(), p.end());
+    buf64.emplace_back(p.size(), 0.0);
+    int64_t index = -1;
+    const std::string name = "w" + std::to_string(i);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), name.c_str(), 1, params[i]->versioned(),
+                                                    nullptr, nullptr, &index));
+    const DLTensor dl = grads[i]->dl();
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), index, &dl));
+  }
+  DeviceTensor bias({40}, kFloat32), bias_grad({40}, kFloat32);
+  int64_t bias_index = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bias", 0, bias.versioned(), nullptr,
+                                                  nullptr, &bias_index));
+  const DLTensor bias_dl = bias_grad.dl();
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), bias_index, &bias_dl));
+
+  sa::kernels::MuonHyper h;
+  h.lr = muon.lr;
+  h.momentum = muon.momentum;
+  h.weight_decay = muon.weight_decay;
+  h.ns.eps = static_cast<float>(muon.eps);
+  const std::vector<sa::test::Matrix> start = p64;
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto [rows, cols] = shapes[i];
+      const std::vector<float> gv = sa::test::random_matrix(rows, cols, 100 * step + i, 0.01f);
+      CUDA_OK(cudaMemcpy(grads[i]->data(), gv.data(), gv.size() * sizeof(float), cudaMemcpyHostToDevice));
+      sa::test::muon_reference(p64[i], sa::test::Matrix(gv.begin(), gv.end()), buf64[i], rows, cols, h);
+    }
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), nullptr, nullptr));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<std::vector<unsigned char>> kept;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    INFO("matrix " << i);
+    const std::vector<unsigned char> raw = params[i]->download();
+    std::vector<float> got(raw.size() / sizeof(float));
+    std::memcpy(got.data(), raw.data(), raw.size());
+    const StateView mb = state_view(opt.get(), static_cast<int64_t>(i), "momentum_buffer");
+    const std::vector<unsigned char> mb_raw = download_view(mb);
+    std::vector<float> buf(mb_raw.size() / sizeof(float));
+    std::memcpy(buf.data(), mb_raw.data(), mb_raw.size());
+    double worst_p = 0.0, worst_buf = 0.0, moved = 0.0;
+    for (std::size_t e = 0; e < got.size(); ++e) {
+      worst_p = std::max(worst_p, std::abs(got[e] - p64[i][e]));
+      worst_buf = std::max(worst_buf, std::abs(buf[e] - buf64[i][e]));
+      moved = std::max(moved, std::abs(p64[i][e] - start[i][e]));
+    }
+    CAPTURE(worst_p, worst_buf, moved);
+    CHECK(worst_buf < 1e-6);
+    CHECK(worst_p < 3 * 0.02 * 1.9 * 0.06);  // bfloat16's direction, as the kernel test bounds it
+    CHECK(moved > 0.01);
+    kept.push_back(raw);
+  }
+  // found_inf: a skipped step moves nothing, the momentum included.
+  DeviceFloat found_inf;
+  found_inf.set(1.0f);
+  sa_step_args args = SA_STEP_ARGS_INIT;
+  args.found_inf = found_inf.get();
+  const std::vector<unsigned char> mb_before = download_view(state_view(opt.get(), 0, "momentum_buffer"));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), &args, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  for (std::size_t i = 0; i < shapes.size(); ++i) CHECK(params[i]->download() == kept[i]);
+  CHECK(download_view(state_view(opt.get(), 0, "momentum_buffer")) == mb_before);
 }

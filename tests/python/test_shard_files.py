@@ -132,7 +132,7 @@ def test_metadata_is_as_documented(shard_dir, mesh):
             tensors_by_name = {name: f.get_tensor(name) for name in f.keys()}
         assert meta == header["__metadata__"]
         assert meta["format"] == "shardadam"
-        assert meta["format_version"] == "3"
+        assert meta["format_version"] == "4"
 
         # header_crc32c: CRC-32C of the compact, key-sorted JSON of the metadata without
         # header_crc32c, plus each tensor's dtype and shape.
@@ -149,6 +149,10 @@ def test_metadata_is_as_documented(shard_dir, mesh):
         groups = json.loads(meta["groups"])
         assert groups == m["groups"]  # every rank writes the groups, steps included
         assert [g["step"] for g in groups] == [3, 3]
+        # Version 4: each group says its update rule (0: AdamW) and holds Muon's fields.
+        assert [g["update_rule"] for g in groups] == [0, 0]
+        assert all({"momentum", "nesterov", "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr"} <= set(g)
+                   for g in groups)
 
         writer = json.loads(meta["writer"])
         assert writer["library"].startswith("shardadam ")

@@ -204,7 +204,10 @@ void write_mesh(const std::string& dir, const char* label, const Dims& mesh, con
                                       {"weight_decay", c.weight_decay},
                                       {"decoupled_weight_decay", c.decoupled_weight_decay},
                                       {"bias_correction", c.bias_correction}, {"maximize", c.maximize},
-                                      {"amsgrad", c.amsgrad}, {"step", s}});
+                                      {"amsgrad", c.amsgrad}, {"update_rule", c.update_rule},
+                                      {"nesterov", c.nesterov}, {"momentum", c.momentum}, {"ns_a", c.ns_a},
+                                      {"ns_b", c.ns_b}, {"ns_c", c.ns_c}, {"ns_steps", c.ns_steps},
+                                      {"adjust_lr", c.adjust_lr}, {"step", s}});
       }
     }
     sa_optimizer_destroy(opt);

@@ -16,7 +16,8 @@ def _read_fields():
 
 
 #: Every field of sa_group_config, in struct order: dicts with name, type (``SA_FIELD_*``),
-#: default, min, max, max_inclusive, fixed_with_params, rule (words) and doc.
+#: default, min, max, max_inclusive, fixed_with_params, rule (words), doc and rules (the
+#: update rules that read it: a bit ``1 << SA_RULE_*`` each).
 FIELDS = _read_fields()
 _BY_NAME = {f["name"]: f for f in FIELDS}
 
@@ -43,8 +44,21 @@ def is_flag(name):
     return _BY_NAME[name]["type"] == _C.SA_FIELD_FLAG
 
 
+def is_integer(name):
+    """Whether a C field holds an int32 other than a flag (an enum or a count: a Python int)."""
+    return _BY_NAME[name]["type"] == _C.SA_FIELD_INT32
+
+
 def _value(field, raw):
-    return bool(raw) if field["type"] == _C.SA_FIELD_FLAG else raw
+    if field["type"] == _C.SA_FIELD_FLAG:
+        return bool(raw)
+    return int(raw) if field["type"] == _C.SA_FIELD_INT32 else raw
+
+
+def keys_of_rule(rule):
+    """The Python keys an update rule (``_C.SA_RULE_*``) reads, in struct order."""
+    return tuple(key for key in KEYS
+                 if any(_BY_NAME[n]["rules"] & (1 << rule) for n in _PAIRS.get(key, (key,))))
 
 
 def to_python(config):
@@ -61,13 +75,18 @@ def to_python(config):
 
 def coerce(key, value):
     """A Python-keyed hyperparameter in the type the library stores it as: a tuple of floats
-    for a pair (betas), a bool for a flag, else a float. Range checks are the library's."""
+    for a pair (betas), a bool for a flag, an int for an enum or a count (a whole number
+    only), else a float. Range checks are the library's."""
     names = _PAIRS.get(key)
     if names:
         values = tuple(float(v) for v in value)
         if len(values) != len(names):
             raise TypeError(f"{key} must be {len(names)} numbers ({', '.join(names)}), got {value!r}")
         return values
+    if is_integer(key):
+        if isinstance(value, bool) or float(value) != int(value):
+            raise TypeError(f"{key} must be an integer, got {value!r}")
+        return int(value)
     return bool(value) if is_flag(key) else float(value)
 
 
@@ -106,7 +125,7 @@ def doc(key):
     parts = []
     for name in names:
         f = _BY_NAME[name]
-        default = bool(f["default"]) if f["type"] == _C.SA_FIELD_FLAG else f["default"]
+        default = _value(f, f["default"])
         parts.append(f"{name}: {f['doc']} (default {default!r}; {f['rule']}"
                      + ("; fixed once the group holds a param" if f["fixed_with_params"] else "") + ")")
     return "; ".join(parts)

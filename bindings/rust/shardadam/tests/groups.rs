@@ -169,10 +169,10 @@ fn set_group_replaces_named_fields_and_keeps_the_rest() {
 fn an_unknown_name_is_refused_with_the_known_names() {
     let mut opt = Optimizer::new(None).unwrap();
     expect_error(
-        "add_group(momentum)",
-        opt.add_group(&GroupConfig::new().set("lr", 1e-2).set("momentum", 0.9)),
+        "add_group(dampening)",
+        opt.add_group(&GroupConfig::new().set("lr", 1e-2).set("dampening", 0.9)),
         Status::InvalidArgument,
-        &["momentum", "lr", "amsgrad"],
+        &["dampening", "lr", "amsgrad"],
     );
     // No group was added: the next one is group 0.
     assert_eq!(opt.add_group(&GroupConfig::new()).unwrap(), 0);

@@ -1,0 +1,336 @@
+// tests/test_muon_rule.cpp — a Muon group (sa_group_config.update_rule = SA_RULE_MUON)
+// through the C ABI on the CPU backend: its steps against the float64 Muon of
+// muon_reference.hpp, beside an AdamW group it must not disturb; its state, its shard files,
+// the step arguments it honours (found_inf, inv_grad_scale, clipping), and what it refuses.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "muon_reference.hpp"
+#include "test_state_io_support.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace sa_test;
+using sa::test::Matrix;
+
+// A Muon group of these fields, the others at their defaults.
+sa_group_config muon_config(bool nesterov, int32_t adjust, int32_t ns_steps) {
+  sa_group_config c = SA_GROUP_CONFIG_INIT;
+  c.update_rule = SA_RULE_MUON;
+  c.lr = 0.02;
+  c.weight_decay = 0.1;
+  c.eps = 1e-7;
+  c.momentum = 0.9;
+  c.nesterov = nesterov ? 1 : 0;
+  c.adjust_lr = adjust;
+  c.ns_steps = ns_steps;
+  return c;
+}
+
+// The same hyperparameters as the reference takes them.
+sa::kernels::MuonHyper hyper_of(const sa_group_config& c) {
+  sa::kernels::MuonHyper h;
+  h.lr = c.lr;
+  h.weight_decay = c.weight_decay;
+  h.momentum = c.momentum;
+  h.nesterov = c.nesterov != 0;
+  h.adjust_lr = static_cast<sa::kernels::MuonLrAdjust>(c.adjust_lr);
+  h.ns.a = static_cast<float>(c.ns_a);
+  h.ns.b = static_cast<float>(c.ns_b);
+  h.ns.c = static_cast<float>(c.ns_c);
+  h.ns.steps = c.ns_steps;
+  h.ns.eps = static_cast<float>(c.eps);
+  return h;
+}
+
+double max_error(const HostTensor& got, const Matrix& want) {
+  double worst = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    worst = std::max(worst, std::abs(got.get(i) - want[static_cast<std::size_t>(i)]));
+  return worst;
+}
+
+struct Shape {
+  int64_t rows;
+  int64_t cols;
+};
+
+// Matrices of the Muon group (wide, tall, square) and a bias in an AdamW group; grads
+// bound once (their values change in place every step).
+struct Model {
+  std::vector<Shape> shapes{{8, 24}, {24, 8}, {17, 17}};
+  std::vector<HostTensor> params, grads;
+  HostTensor bias{{24}, kFloat32}, bias_grad{{24}, kFloat32};
+  OptimizerPtr opt = make_optimizer();
+
+  explicit Model(const sa_group_config& muon) {
+    const sa_group_config adamw = SA_GROUP_CONFIG_INIT;
+    int32_t g = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw, &g));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      params.emplace_back(std::vector<int64_t>{shapes[i].rows, shapes[i].cols}, kFloat32);
+      grads.emplace_back(std::vector<int64_t>{shapes[i].rows, shapes[i].cols}, kFloat32);
+      const std::vector<float> start =
+          sa::test::random_matrix(shapes[i].rows, shapes[i].cols, 11 + i, 1.0f);
+      std::memcpy(params.back().data(), start.data(), start.size() * sizeof(float));
+    }
+    for (int64_t i = 0; i < bias.numel(); ++i) bias.set(i, 0.01f * static_cast<float>(i));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string name = "w" + std::to_string(i);
+      int64_t index = -1;
+      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), name.c_str(), 1,
+                                                      params[i].versioned(), nullptr, nullptr,
+                                                      &index));
+    }
+    int64_t index = -1;
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bias", 0, bias.versioned(),
+                                                    nullptr, nullptr, &index));
+    std::vector<DLTensor> dl;
+    for (const HostTensor& t : grads) dl.push_back(t.dl());
+    dl.push_back(bias_grad.dl());
+    std::vector<const DLTensor*> ptrs;
+    for (const DLTensor& t : dl) ptrs.push_back(&t);
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grads(opt.get(), static_cast<int64_t>(ptrs.size()),
+                                                    ptrs.data()));
+  }
+
+  // Step `step`'s grads: matrix i's from a seed of its own, the bias's from another.
+  std::vector<std::vector<float>> fill_grads(int step, float scale = 1.0f) {
+    std::vector<std::vector<float>> out;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      std::vector<float> g =
+          sa::test::random_matrix(shapes[i].rows, shapes[i].cols, 1000 * step + i, 0.01f);
+      out.push_back(g);
+      for (float& x : g) x *= scale;
+      std::memcpy(grads[i].data(), g.data(), g.size() * sizeof(float));
+    }
+    for (int64_t i = 0; i < bias_grad.numel(); ++i)
+      bias_grad.set(i, scale * 0.001f * static_cast<float>((i * 7 + step) % 5 - 2));
+    return out;
+  }
+
+  void step(const sa_step_args* args = nullptr) {
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_step(opt.get(), args, nullptr));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a Muon group steps each whole matrix as torch.optim.Muon does, beside an AdamW group",
+          "[muon]") {
+  const bool nesterov = GENERATE(true, false);
+  const int32_t adjust = GENERATE(SA_MUON_LR_ORIGINAL, SA_MUON_LR_MATCH_RMS_ADAMW);
+  const int32_t ns_steps = GENERATE(1, 5);
+  CAPTURE(nesterov, adjust, ns_steps);
+  const sa_group_config config = muon_config(nesterov, adjust, ns_steps);
+  Model m(config);
+  // The AdamW group alone, in an optimizer of its own: what the bias must end as.
+  HostTensor lone_bias({24}, kFloat32), lone_grad({24}, kFloat32);
+  OptimizerPtr lone = make_optimizer();
+  const sa_group_config adamw = SA_GROUP_CONFIG_INIT;
+  int32_t g = -1;
+  int64_t index = -1;
+  REQUIRE_SA_OK(lone.get(), sa_optimizer_add_group(lone.get(), &adamw, &g));
+  std::memcpy(lone_bias.data(), m.bias.data(), m.bias.bytes());
+  REQUIRE_SA_OK(lone.get(), sa_optimizer_add_param(lone.get(), "bias", 0, lone_bias.versioned(),
+                                                   nullptr, nullptr, &index));
+  const DLTensor lone_dl = lone_grad.dl();
+  REQUIRE_SA_OK(lone.get(), sa_optimizer_set_grad(lone.get(), 0, &lone_dl));
+
+  std::vector<Matrix> p64, buf64;
+  for (const HostTensor& p : m.params) {
+    p64.push_back(values_of(p));
+    buf64.emplace_back(static_cast<std::size_t>(p.numel()), 0.0);
+  }
+  const std::vector<Matrix> start = p64;
+  const sa::kernels::MuonHyper h = hyper_of(config);
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<std::vector<float>> grads = m.fill_grads(step);
+    std::memcpy(lone_grad.data(), m.bias_grad.data(), m.bias_grad.bytes());
+    m.step();
+    REQUIRE_SA_OK(lone.get(), sa_optimizer_step(lone.get(), nullptr, nullptr));
+    for (std::size_t i = 0; i < m.shapes.size(); ++i)
+      sa::test::muon_reference(p64[i], Matrix(grads[i].begin(), grads[i].end()), buf64[i],
+                               m.shapes[i].rows, m.shapes[i].cols, h);
+  }
+  for (std::size_t i = 0; i < m.shapes.size(); ++i) {
+    INFO("matrix " << i << ": " << m.shapes[i].rows << " x " << m.shapes[i].cols);
+    // float32 against float64 over 4 steps, as the kernel tests bound it.
+    CHECK(max_error(m.params[i], p64[i]) < 2e-5);
+    const StateView buf = state_view(m.opt.get(), static_cast<int64_t>(i), "momentum_buffer");
+    double worst = 0.0;
+    for (int64_t e = 0; e < buf.numel(); ++e)
+      worst = std::max(worst, std::abs(buf.get(e) - buf64[i][static_cast<std::size_t>(e)]));
+    CHECK(worst < 1e-6);
+    // It moved: 4 steps at lr 0.02 of an orthogonalized direction, far beyond the tolerance.
+    CHECK(max_error(m.params[i], start[i]) > 0.01);
+  }
+  // The AdamW group's param is stepped as if the Muon group were not there, bit for bit.
+  CHECK(m.bias.raw_bytes() == lone_bias.raw_bytes());
+}
+
+TEST_CASE("a Muon param's state is momentum_buffer alone, and shard files carry it",
+          "[muon][state_io]") {
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  Model a(config);
+  for (int step = 0; step < 2; ++step) {
+    a.fill_grads(step);
+    a.step();
+  }
+  const char* keys[8] = {};
+  int32_t n = 0;
+  REQUIRE_SA_OK(a.opt.get(), sa_optimizer_state_keys(a.opt.get(), 0, keys, 8, &n));
+  REQUIRE(n == 1);
+  CHECK(std::string(keys[0]) == "momentum_buffer");
+  REQUIRE_SA_OK(a.opt.get(), sa_optimizer_state_keys(a.opt.get(), 3, keys, 8, &n));  // the bias
+  CHECK(n == 2);
+  CHECK(std::string(keys[0]) == "exp_avg");
+
+  // Export from a, import into b (fresh, its params a's values): the next step is equal.
+  const Bytes blob = export_blob(a.opt.get());
+  CHECK(std::string(blob.begin(), blob.end()).find("w0/momentum_buffer") != std::string::npos);
+  Model b(config);
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    std::memcpy(b.params[i].data(), a.params[i].data(), a.params[i].bytes());
+  std::memcpy(b.bias.data(), a.bias.data(), a.bias.bytes());
+  REQUIRE_SA_OK(b.opt.get(), import_blobs(b.opt.get(), {blob}));
+  sa_group_config got = SA_GROUP_CONFIG_INIT;
+  REQUIRE_SA_OK(b.opt.get(), sa_optimizer_get_group(b.opt.get(), 1, &got));
+  CHECK(got.update_rule == SA_RULE_MUON);
+  CHECK(got.momentum == 0.9);
+  a.fill_grads(7);
+  b.fill_grads(7);
+  a.step();
+  b.step();
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    CHECK(a.params[i].raw_bytes() == b.params[i].raw_bytes());
+    CHECK(state_view(a.opt.get(), static_cast<int64_t>(i), "momentum_buffer").raw_bytes() ==
+          state_view(b.opt.get(), static_cast<int64_t>(i), "momentum_buffer").raw_bytes());
+  }
+  // A file's Muon group cannot be loaded into an AdamW group holding the same params.
+  OptimizerPtr adam = make_optimizer();
+  HostTensor w({8, 24}, kFloat32);
+  const sa_group_config adamw = SA_GROUP_CONFIG_INIT;
+  int32_t g = -1;
+  int64_t index = -1;
+  REQUIRE_SA_OK(adam.get(), sa_optimizer_add_group(adam.get(), &adamw, &g));
+  REQUIRE_SA_OK(adam.get(), sa_optimizer_add_group(adam.get(), &adamw, &g));
+  REQUIRE_SA_OK(adam.get(), sa_optimizer_add_param(adam.get(), "w0", 1, w.versioned(), nullptr,
+                                                   nullptr, &index));
+  sa_import_options options = SA_IMPORT_OPTIONS_INIT;
+  options.allow_unexpected = 1;
+  CHECK(import_blobs(adam.get(), {blob}, &options) != SA_OK);
+}
+
+TEST_CASE("a Muon step honours found_inf, inv_grad_scale and clipping", "[muon][step_args]") {
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  Model a(config), b(config);
+  // found_inf set: nothing moves, the momentum included.
+  const float inf_flag = 1.0f;
+  sa_step_args skip = SA_STEP_ARGS_INIT;
+  skip.found_inf = &inf_flag;
+  a.fill_grads(0);
+  const std::vector<unsigned char> before = a.params[0].raw_bytes();
+  a.step(&skip);
+  CHECK(a.params[0].raw_bytes() == before);
+  for (int64_t e = 0; e < 8 * 24; ++e)
+    CHECK(state_view(a.opt.get(), 0, "momentum_buffer").get(e) == 0.0);
+  // Grads twice as large with inv_grad_scale 0.5: the same step bit for bit (both exact).
+  const float half = 0.5f;
+  sa_step_args scaled = SA_STEP_ARGS_INIT;
+  scaled.inv_grad_scale = &half;
+  a.fill_grads(1, 2.0f);
+  a.step(&scaled);
+  b.fill_grads(1);
+  b.step();
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    CHECK(a.params[i].raw_bytes() == b.params[i].raw_bytes());
+
+  // Clipping: the grads (the bias's too) scaled by max_norm / (norm + 1e-6), computed here
+  // in float64 from every grad.
+  Model c(config);
+  const std::vector<std::vector<float>> grads = c.fill_grads(2);
+  double squares = 0.0;
+  for (const auto& g : grads)
+    for (float x : g) squares += static_cast<double>(x) * x;
+  for (int64_t i = 0; i < c.bias_grad.numel(); ++i)
+    squares += static_cast<double>(c.bias_grad.get(i)) * c.bias_grad.get(i);
+  const double norm = std::sqrt(squares), max_norm = norm / 4;
+  const double factor = max_norm / (norm + 1e-6);
+  sa_step_args clip = SA_STEP_ARGS_INIT;
+  clip.max_grad_norm = max_norm;
+  std::vector<Matrix> p64;
+  for (const HostTensor& p : c.params) p64.push_back(values_of(p));
+  c.step(&clip);
+  for (std::size_t i = 0; i < c.params.size(); ++i) {
+    Matrix g(grads[i].begin(), grads[i].end()), buf(g.size(), 0.0);
+    for (double& x : g) x *= factor;
+    sa::test::muon_reference(p64[i], g, buf, c.shapes[i].rows, c.shapes[i].cols,
+                             hyper_of(config));
+    CHECK(max_error(c.params[i], p64[i]) < 1e-5);
+    // The momentum holds the clipped grads (1 - momentum of them, from zero).
+    const StateView mb = state_view(c.opt.get(), static_cast<int64_t>(i), "momentum_buffer");
+    CHECK(std::abs(mb.get(3) - buf[3]) < 1e-7);
+    CHECK(std::abs(mb.get(3)) < 0.5 * std::abs((1 - config.momentum) * grads[i][3]) + 1e-9);
+  }
+}
+
+TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon][errors]") {
+  OptimizerPtr opt = make_optimizer();
+  const sa_group_config muon = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  int32_t g = -1;
+  int64_t index = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
+  HostTensor vec({16}, kFloat32), cube({2, 3, 4}, kFloat32), half({4, 4}, kBfloat16);
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "norm.weight", 0, vec.versioned(), nullptr,
+                                        nullptr, &index),
+                 "param 'norm.weight'", "SA_RULE_MUON", "2-D", "[16]", "AdamW group");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "conv", 0, cube.versioned(), nullptr, nullptr,
+                                        &index),
+                 "param 'conv'", "[2, 3, 4]");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(opt.get(), "h", 0, half.versioned(), nullptr, nullptr,
+                                        &index),
+                 "param 'h'", "Muon steps float32 params", "bfloat16");
+  // A matrix split across ranks: not yet.
+  HostTensor rows({4, 6}, kFloat32);
+  MeshLayout mesh{{8, 6}, {2}, {0}, {shard(0)}};
+  const sa_layout layout = mesh.get();
+  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout, nullptr,
+                                        &index),
+                 "param 'w'", "8 x 6", "sharded");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  // What a Muon group cannot mean.
+  for (const char* field : {"maximize", "amsgrad", "decoupled_weight_decay"}) {
+    INFO(field);
+    const double value = std::string(field) == "decoupled_weight_decay" ? 0.0 : 1.0;
+    const char* const names[] = {"update_rule", field};
+    const double values[] = {SA_RULE_MUON, value};
+    CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                   sa_optimizer_add_group_fields(opt.get(), 2, names, values, &g), field,
+                   "SA_RULE_MUON");
+  }
+  CHECK(sa_optimizer_num_groups(opt.get()) == 1);
+  // The rule is fixed once the group holds a param.
+  HostTensor w({4, 4}, kFloat32);
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
+                                                  nullptr, &index));
+  const char* const rule[] = {"update_rule"};
+  const double adamw[] = {SA_RULE_ADAMW};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_set_group_fields(opt.get(), 0, 1, rule, adamw),
+                 "update_rule", "cannot change once the group holds params");
+  const char* const steps[] = {"ns_steps"};
+  const double bad_steps[] = {100.0};
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_set_group_fields(opt.get(), 0, 1, steps, bad_steps), "ns_steps is 100",
+                 "0 to 99");
+}
