@@ -1,9 +1,14 @@
 """The group hyperparameters as the library defines them (``sa_group_config_field``):
 names, defaults, valid values and docs, read once at import, so that this package never
-retypes them. What is Python's own is one naming rule: torch spells ``beta1`` and
-``beta2`` as the pair ``betas``."""
+retypes them. What is Python's own is two naming rules: torch spells ``beta1`` and
+``beta2`` as the pair ``betas``, and an enum field's values go by name (``update_rule``
+"adamw" or "muon", ``adjust_lr`` "original" or "match_rms_adamw"; their numbers are taken
+too)."""
+import math
+import numbers
+
 from . import _shardadam as _C
-from ._errors import check
+from ._errors import InvalidArgument, check
 
 
 def _read_fields():
@@ -20,6 +25,14 @@ def _read_fields():
 #: update rules that read it: a bit ``1 << SA_RULE_*`` each).
 FIELDS = _read_fields()
 _BY_NAME = {f["name"]: f for f in FIELDS}
+
+# The names of the enum fields' values, Python's spelling of the C enums (sa_update_rule,
+# sa_muon_lr_adjust).
+_ENUMS = {
+    "update_rule": {"adamw": _C.SA_RULE_ADAMW, "muon": _C.SA_RULE_MUON},
+    "adjust_lr": {"original": _C.SA_MUON_LR_ORIGINAL, "match_rms_adamw": _C.SA_MUON_LR_MATCH_RMS_ADAMW},
+}
+_ENUM_NAMES = {key: {number: name for name, number in names.items()} for key, names in _ENUMS.items()}
 
 # torch's pairs: one Python key for several C fields.
 _PAIRS = {"betas": ("beta1", "beta2")}
@@ -52,13 +65,10 @@ def is_integer(name):
 def _value(field, raw):
     if field["type"] == _C.SA_FIELD_FLAG:
         return bool(raw)
+    if field["name"] in _ENUM_NAMES:
+        return _ENUM_NAMES[field["name"]].get(int(raw), int(raw))
     return int(raw) if field["type"] == _C.SA_FIELD_INT32 else raw
 
-
-def keys_of_rule(rule):
-    """The Python keys an update rule (``_C.SA_RULE_*``) reads, in struct order."""
-    return tuple(key for key in KEYS
-                 if any(_BY_NAME[n]["rules"] & (1 << rule) for n in _PAIRS.get(key, (key,))))
 
 
 def to_python(config):
@@ -75,8 +85,9 @@ def to_python(config):
 
 def coerce(key, value):
     """A Python-keyed hyperparameter in the type the library stores it as: a tuple of floats
-    for a pair (betas), a bool for a flag, an int for an enum or a count (a whole number
-    only), else a float. Range checks are the library's."""
+    for a pair (betas), a bool for a flag, the name of an enum's value (given its name or
+    number), an int for a count (a whole number only), else a float. Range checks are the
+    library's."""
     names = _PAIRS.get(key)
     if names:
         values = tuple(float(v) for v in value)
@@ -84,9 +95,17 @@ def coerce(key, value):
             raise TypeError(f"{key} must be {len(names)} numbers ({', '.join(names)}), got {value!r}")
         return values
     if is_integer(key):
-        if isinstance(value, bool) or float(value) != int(value):
-            raise TypeError(f"{key} must be an integer, got {value!r}")
-        return int(value)
+        # An enum or a count: a name, or a number an int32 holds exactly (the library then
+        # checks its range); anything else is refused here in the library's words.
+        names = _ENUMS.get(key, {})
+        if isinstance(value, str) and value in names:
+            return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or \
+                value != int(value) or not -2**31 <= value < 2**31:
+            also = f" (or its name: {', '.join(map(repr, names))})" if names else ""
+            raise InvalidArgument(f"{key} is {value!r}; it must be {_BY_NAME[key]['rule']}{also}")
+        value = int(value)
+        return _ENUM_NAMES[key].get(value, value) if key in _ENUMS else value
     return bool(value) if is_flag(key) else float(value)
 
 
@@ -102,6 +121,8 @@ def fill(config, hyperparameters):
         if names:
             for name, v in zip(names, value):
                 setattr(config, name, v)
+        elif isinstance(value, str):  # an enum's value by name
+            setattr(config, key, _ENUMS[key][value])
         else:
             setattr(config, key, int(value) if is_flag(key) else value)
     return config

@@ -484,6 +484,33 @@ class FusedAdam(torch.optim.Optimizer):
         for key in _OWN_KEYS:
             if defaults[key] == _DEFAULTS[key]:
                 del defaults[key]  # set_group_hyperparameters: kept out of the groups at its default
+        self._init(params, defaults, master=master, grad_dtype=grad_dtype, moment_dtype=moment_dtype,
+                   min_8bit_size=min_8bit_size, num_threads=num_threads, max_grad_norm=max_grad_norm,
+                   norm_type=norm_type, process_group=process_group, comm=comm, fp8=fp8, offload=offload,
+                   step_in_backward=step_in_backward)
+
+    # ---- the groups as this optimizer's face shows them --------------------------------------
+    # FusedAdam's groups hold the library's keys (AdamW's, and its own once set); a subclass
+    # with torch groups of other keys (shardadam.torch.Muon) overrides these four.
+    _GROUP_KEYS = _schema.KEYS  # the keys whose values a group's library hyperparameters come from
+    _STATE_HAS_STEP = True  # a loaded param state must hold "step" (torch's Adam keeps one)
+
+    def _library_hyperparameters(self, group):
+        """A torch param group's hyperparameters in the library's keys and types."""
+        return _hyperparameters(group)
+
+    def _show_hyperparameters(self, group, hyperparameters):
+        """Writes the library's hyperparameters (Python keys) into a torch param group."""
+        set_group_hyperparameters(group, hyperparameters)
+
+    def _fixed_keys(self):
+        """The group keys that cannot change once a group holds params."""
+        return _schema.fixed_keys()
+
+    def _init(self, params, defaults, *, master, grad_dtype, moment_dtype, min_8bit_size, num_threads,
+              max_grad_norm, norm_type, process_group, comm, fp8, offload, step_in_backward):
+        """Everything of __init__ after the groups' defaults: the options, then torch's
+        Optimizer.__init__ (which adds every group)."""
         # What copy.deepcopy needs to build another FusedAdam like this one.
         if offload not in _OFFLOADS:
             raise ValueError(f"FusedAdam: offload must be one of {', '.join(repr(k) for k in _OFFLOADS)}, "
@@ -539,7 +566,7 @@ class FusedAdam(torch.optim.Optimizer):
     def _add_native_group(self, group):
         """Appends the native group of a torch param group (creating the native optimizer
         with the first one) and records the hyperparameters pushed to it."""
-        hyperparameters = _hyperparameters(group)
+        hyperparameters = self._library_hyperparameters(group)
         if self.native is None:
             self.native = Optimizer(**hyperparameters, num_threads=self._num_threads)
         else:
@@ -940,14 +967,14 @@ class FusedAdam(torch.optim.Optimizer):
         LR scheduler's lr, most often). A group whose raw values are the ones last pushed,
         all plain numbers, is skipped without converting them."""
         for index, group in enumerate(self.param_groups):
-            raw = tuple(map(group.get, _schema.KEYS))
+            raw = tuple(map(group.get, self._GROUP_KEYS))
             if raw == self._pushed_raw[index]:  # None (not comparable this way) never equals
                 continue
-            hyperparameters = _hyperparameters(group)
+            hyperparameters = self._library_hyperparameters(group)
             pushed = self._pushed[index]
             if hyperparameters != pushed:
                 native_group = self.native.param_groups[index]
-                if all(hyperparameters[k] == pushed[k] for k in _schema.KEYS if k != "lr"):
+                if all(hyperparameters[k] == pushed[k] for k in hyperparameters if k != "lr"):
                     native_group.lr = hyperparameters["lr"]
                 else:
                     native_group.update(**hyperparameters)
@@ -959,7 +986,7 @@ class FusedAdam(torch.optim.Optimizer):
         numbers (floats, ints, bools, tuples of them, None): a tensor lr changes in place, and
         so could a list of betas, without the group's values changing identity."""
         if raw is None:
-            raw = tuple(map(group.get, _schema.KEYS))
+            raw = tuple(map(group.get, self._GROUP_KEYS))
         plain = all(type(v) in _PLAIN_NUMBERS or (type(v) is tuple and all(type(x) in _PLAIN_NUMBERS for x in v))
                     for v in raw)
         self._pushed[index] = hyperparameters

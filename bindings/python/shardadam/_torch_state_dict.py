@@ -12,7 +12,6 @@ from collections.abc import ItemsView, Mapping, ValuesView
 
 import torch
 
-from . import _schema
 from . import _torch_fused_adam as _fused
 from ._dlpack import BLOCK_MOMENT_DTYPES
 from ._errors import Error
@@ -478,11 +477,11 @@ class _Load:
             new = {key: value for key, value in saved.items() if key not in ignored}
             candidate = {**group, **new}
             try:
-                hyperparameters = _fused._hyperparameters(candidate)
+                hyperparameters = optimizer._library_hyperparameters(candidate)
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"FusedAdam.load_state_dict: param group {index}: {err!r}") from err
             # Fields the group's params' state was allocated by (amsgrad) cannot change.
-            fixed = _schema.fixed_keys() if group["params"] else ()
+            fixed = optimizer._fixed_keys() if group["params"] else ()
             current = optimizer.native.param_groups[index].config() if fixed else {}
             for key in fixed:
                 if hyperparameters[key] != current[key]:
@@ -518,14 +517,17 @@ class _Load:
         if unknown:
             raise KeyError(f"FusedAdam.load_state_dict: {_where(entry, None)} has no state {unknown[0]!r} (it has "
                            f"{sorted(k for k in current if k != 'step')})")
-        missing = [key for key in _required_states(current) + ["step"] if key not in saved]
+        # torch.optim.Muon keeps no step (its update uses none): a Muon face's loads take 0.
+        needs_step = optimizer._STATE_HAS_STEP
+        missing = [key for key in _required_states(current) + (["step"] if needs_step else []) if key not in saved]
         if missing:
             raise KeyError(f"FusedAdam.load_state_dict: the state of {_where(entry, None)} lacks {missing} (it has "
                            f"{sorted(saved)})")
         for key, value in saved.items():
             if key != "step":
                 _check_state_value(entry, key, _fused._local_tensor(current[key]), value)
-        return {key: value for key, value in saved.items() if key != "step"}, _step_count(entry, saved["step"])
+        step = _step_count(entry, saved["step"]) if "step" in saved else 0
+        return {key: value for key, value in saved.items() if key != "step"}, step
 
 
 # ---- load_state_dict: applying -------------------------------------------------------------------
@@ -647,8 +649,8 @@ def after_shard_files_loaded(optimizer):
     param_groups and the step tensors take the loaded values, masters are checked at the
     next step."""
     for index, group in enumerate(optimizer.param_groups):
-        _fused.set_group_hyperparameters(group, optimizer.native.param_groups[index].config())
-        optimizer._record_pushed(index, group, _fused._hyperparameters(group))
+        optimizer._show_hyperparameters(group, optimizer.native.param_groups[index].config())
+        optimizer._record_pushed(index, group, optimizer._library_hyperparameters(group))
     check_masters_at_next_step(optimizer)
 
 

@@ -105,7 +105,7 @@ def test_invalid_hyperparameters():
         with pytest.raises(shardadam.InvalidArgument, match="eps"):
             opt.param_groups[0].eps = -1.0
         with pytest.raises(TypeError, match="unknown hyperparameters"):
-            opt.add_group(momentum=0.9)
+            opt.add_group(dampening=0.9)
 
 
 def test_amsgrad_cannot_change_once_the_group_holds_params(opt):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import shardadam
+from shardadam import _schema
 from shardadam import _shardadam as _C
 
 
@@ -61,21 +62,22 @@ def test_the_valid_values_the_table_states_are_enforced(field):
         assert group[key] is True
         return  # a Python bool cannot be out of range
     group.update(**{key: value_of(f["min"])})
-    outside = [math.nan, f["min"] - 1e-3]
+    outside = [math.nan, math.nextafter(f["min"], -math.inf)]  # (below a finite rule's min: -inf)
     if not f["max_inclusive"]:
         outside.append(f["max"])
     for bad in outside:
         with pytest.raises(shardadam.InvalidArgument, match=f"{field} is .*it must be {re.escape(f['rule'])}"):
             group.update(**{key: value_of(bad)})
-    assert group.config()[key] == value_of(f["min"])  # nothing changed
+    # Nothing changed (an enum's value reads back by name: update_rule 0 is "adamw").
+    assert group.config()[key] == _schema.coerce(key, value_of(f["min"]))
 
 
 def test_unknown_hyperparameters_are_type_errors_before_anything_exists():
-    with pytest.raises(TypeError, match="unknown hyperparameters.*'momentum'"):
-        shardadam.Optimizer(momentum=0.9)
+    with pytest.raises(TypeError, match="unknown hyperparameters.*'dampening'"):
+        shardadam.Optimizer(dampening=0.9)
     group = shardadam.Optimizer().param_groups[0]
     with pytest.raises(TypeError, match="unknown hyperparameters"):
-        group.update(nesterov=True)
+        group.update(foreach=True)
     with pytest.raises(TypeError, match="betas must be 2 numbers"):
         group.update(betas=(0.9,))
 
@@ -92,10 +94,11 @@ def test_fused_adam_takes_the_library_keys_and_refuses_others():
     assert {k: opt.param_groups[0][k] for k in defaults if k in adamw_keys} == \
         {k: v for k, v in defaults.items() if k in adamw_keys}
     own = [k for k in defaults if k not in adamw_keys]
-    assert own == ["bias_correction"] and not any(k in opt.param_groups[0] for k in own)
+    assert own == ["bias_correction", "update_rule", "nesterov", "momentum", "ns_a", "ns_b", "ns_c", "ns_steps",
+                   "adjust_lr"] and not any(k in opt.param_groups[0] for k in own)
     assert FusedAdam([param], bias_correction=False).param_groups[0]["bias_correction"] is False
-    with pytest.raises(TypeError, match="unexpected keyword arguments.*'momentum'"):
-        FusedAdam([param], momentum=0.9)
+    with pytest.raises(TypeError, match="unexpected keyword arguments.*'dampening'"):
+        FusedAdam([param], dampening=0.9)
 
 
 def test_step_args_travel_by_the_names_of_the_librarys_table():

@@ -176,7 +176,11 @@ def test_hyperparameter_changes_between_steps_are_honoured(rng):
             opt.step()
         assert group.config() == {"lr": pytest.approx(HYPER["lr"]), "betas": (0.8, 0.95), "eps": 1e-6,
                                   "weight_decay": 0.2, "decoupled_weight_decay": True,
-                                  "bias_correction": True, "maximize": False, "amsgrad": False}
+                                  "bias_correction": True, "maximize": False, "amsgrad": False,
+                                  **{k: v for k, v in shardadam.group_defaults().items()
+                                     if k not in ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay",
+                                                  "bias_correction", "maximize", "amsgrad")}}
+        assert group.config()["update_rule"] == "adamw"
     np.testing.assert_allclose(param, ref.p, rtol=1e-5, atol=2e-6)
 
 

@@ -97,6 +97,10 @@ int main(void) {
   CONSTANT(SA_PLACEMENT_REPLICATE);
   CONSTANT(SA_PLACEMENT_SHARD);
   CONSTANT(SA_PLACEMENT_PARTIAL);
+  CONSTANT(SA_RULE_ADAMW);
+  CONSTANT(SA_RULE_MUON);
+  CONSTANT(SA_MUON_LR_ORIGINAL);
+  CONSTANT(SA_MUON_LR_MATCH_RMS_ADAMW);
   CONSTANT(SA_MASTER_AUTO);
   CONSTANT(SA_MASTER_NONE);
   CONSTANT(SA_MASTER_FP32);
@@ -146,6 +150,7 @@ int main(void) {
   OFFSET(sa_field_info, rule);
   OFFSET(sa_field_info, doc);
   OFFSET(sa_field_info, dtype_role);
+  OFFSET(sa_field_info, rules);
   SIZE(sa_dtype_info);
   OFFSET(sa_dtype_info, struct_size);
   OFFSET(sa_dtype_info, name);

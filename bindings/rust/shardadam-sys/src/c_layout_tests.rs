@@ -116,6 +116,10 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     constant!(SA_PLACEMENT_REPLICATE);
     constant!(SA_PLACEMENT_SHARD);
     constant!(SA_PLACEMENT_PARTIAL);
+    constant!(SA_RULE_ADAMW);
+    constant!(SA_RULE_MUON);
+    constant!(SA_MUON_LR_ORIGINAL);
+    constant!(SA_MUON_LR_MATCH_RMS_ADAMW);
     constant!(SA_MASTER_AUTO);
     constant!(SA_MASTER_NONE);
     constant!(SA_MASTER_FP32);
@@ -178,6 +182,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_field_info, rule);
     offset!(sa_field_info, doc);
     offset!(sa_field_info, dtype_role);
+    offset!(sa_field_info, rules);
     size!(sa_dtype_info);
     offset!(sa_dtype_info, struct_size);
     offset!(sa_dtype_info, name);

@@ -389,6 +389,9 @@ pub struct sa_field_info {
     pub doc: *const c_char,
     /// `SA_FIELD_DTYPE`: the `sa_dtype_role` its dtypes have; else 0.
     pub dtype_role: i32,
+    /// `sa_group_config`'s fields: the update rules that read it, a bit
+    /// (`1 << sa_update_rule`) per rule; 0 for the other structs.
+    pub rules: i32,
 }
 
 impl Default for sa_field_info {
@@ -407,9 +410,24 @@ impl Default for sa_field_info {
             rule: std::ptr::null(),
             doc: std::ptr::null(),
             dtype_role: 0,
+            rules: 0,
         }
     }
 }
+
+/// `sa_update_rule` (a C enum): a group's update rule, its field `update_rule`.
+pub type sa_update_rule = c_int;
+/// `SA_RULE_ADAMW`: Adam / AdamW.
+pub const SA_RULE_ADAMW: sa_update_rule = 0;
+/// `SA_RULE_MUON`: Muon.
+pub const SA_RULE_MUON: sa_update_rule = 1;
+
+/// `sa_muon_lr_adjust` (a C enum): a Muon group's field `adjust_lr`.
+pub type sa_muon_lr_adjust = c_int;
+/// `SA_MUON_LR_ORIGINAL`: lr * sqrt(max(1, rows / cols)).
+pub const SA_MUON_LR_ORIGINAL: sa_muon_lr_adjust = 0;
+/// `SA_MUON_LR_MATCH_RMS_ADAMW`: lr * 0.2 * sqrt(max(rows, cols)).
+pub const SA_MUON_LR_MATCH_RMS_ADAMW: sa_muon_lr_adjust = 1;
 
 /// `sa_master_kind` (a C enum).
 pub type sa_master_kind = c_int;

@@ -853,8 +853,14 @@ pub struct FieldInfo {
     /// Its name: the key of [`GroupConfig::set`] and [`GroupConfig::get`], and of the
     /// group in shard files.
     pub name: String,
-    /// A flag: its values are 0 and 1. Otherwise a real number.
+    /// A flag: its values are 0 and 1.
     pub flag: bool,
+    /// An integer (a flag, an enum such as `update_rule`, or a count such as `ns_steps`).
+    /// Otherwise a real number.
+    pub integer: bool,
+    /// The update rules that read it: a bit per rule, `1 << rule` ([`RULE_ADAMW`],
+    /// [`RULE_MUON`]).
+    pub rules: i32,
     /// Its value in a group that does not name it.
     pub default: f64,
     /// Valid values v: `min <= v`, and `v < max`, or `v <= max` when `max_inclusive`
@@ -872,6 +878,14 @@ pub struct FieldInfo {
     /// What it does.
     pub doc: String,
 }
+
+/// The update rules a group may have: the values of its field `"update_rule"`
+/// (`sa_update_rule`), as [`GroupConfig::set`] takes them. Adam / AdamW, the default.
+pub const RULE_ADAMW: i32 = sys::SA_RULE_ADAMW;
+/// Muon: each 2-D float32 param (whole on each rank) orthogonalized by Newton-Schulz
+/// (shardadam.h spells the update; its fields are `momentum`, `nesterov`, `ns_a`, `ns_b`,
+/// `ns_c`, `ns_steps`, `adjust_lr`).
+pub const RULE_MUON: i32 = sys::SA_RULE_MUON;
 
 /// Every group hyperparameter the loaded library knows, in its order
 /// (`sa_group_config_field`). The update they drive is written in shardadam.h.
@@ -891,6 +905,8 @@ pub fn group_fields() -> Vec<FieldInfo> {
                 FieldInfo {
                     name: cstr_to_string(raw.name),
                     flag: raw.r#type == sys::SA_FIELD_FLAG,
+                    integer: raw.r#type == sys::SA_FIELD_FLAG || raw.r#type == sys::SA_FIELD_INT32,
+                    rules: raw.rules,
                     default: raw.default_value,
                     min: raw.min,
                     max: raw.max,

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""bench/muon_step.py — shardadam's Muon step against torch.optim.Muon on one GPU, in one run.
+
+    python3 bench/muon_step.py --lib build/libshardadam.so [--layers N] [--steps N]
+
+Over the matrices of one transformer layer of a 1.3B and a 3B model (attention d x d four
+times, the SwiGLU MLP's two ffn x d and one d x ffn), times N layers, as plain float32
+tensors on one device:
+
+- the step of each optimizer: wall time per step (steps back to back, synchronized once),
+  host time of the call alone, and their ratio;
+- where the time goes in ours, from the torch profiler's kernel times: the Newton-Schulz
+  GEMMs (cuBLAS), and the elementwise kernels (momentum, apply, and the iteration's
+  normalize/round/widen passes) with their bytes moved against the device-to-device copy
+  bandwidth measured in the same run.
+
+bench/newton_schulz measures the iteration against the same cuBLAS GEMMs alone. shardadam is
+reached through ctypes on the C ABI (gpu_step.py's helpers), the params handed over as DLPack
+capsules, so both optimizers update tensors of the same shapes with the same grads.
+"""
+import argparse
+import ctypes as C
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_step as G  # noqa: E402
+
+SHAPES = {"1.3B": (2048, 5504), "3B": (3072, 8192)}  # (d, ffn)
+
+
+def layer_shapes(d, ffn):
+    return [(d, d)] * 4 + [(ffn, d), (ffn, d), (d, ffn)]
+
+
+class MuonShardadam(G.Shardadam):
+    """shardadam with one Muon group (torch.optim.Muon's hyperparameters) over `params`."""
+
+    def __init__(self, lib, params, lr=0.02):
+        self.lib = lib
+        self.args = G.SaStepArgs(C.sizeof(G.SaStepArgs), None, None, None, 0.0, 0, None, None)
+        self.opt = C.c_void_p()
+        cfg = G.SaOptimizerConfig(C.sizeof(G.SaOptimizerConfig), 0, 1)
+        self._ok(lib.sa_optimizer_create(C.byref(cfg), C.byref(self.opt)), None)
+        names = [b"update_rule", b"lr", b"weight_decay", b"eps", b"momentum"]
+        values = [1.0, lr, 0.1, 1e-7, 0.95]  # SA_RULE_MUON; torch.optim.Muon's defaults
+        self._ok(lib.sa_optimizer_add_group_fields(self.opt, len(names), (C.c_char_p * len(names))(*names),
+                                                   (C.c_double * len(values))(*values), None))
+        for i, p in enumerate(params):
+            self._ok(lib.sa_optimizer_add_param(self.opt, f"w{i}".encode(), 0, C.c_void_p(self._hand_over(p)),
+                                                None, None, None))
+        self.n = len(params)
+
+
+def kernel_split(step, steps):
+    """(total, GEMM, elementwise) kernel ms per step, and the elementwise kernels' names."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total = gemm = 0.0
+    names = set()
+    for evt in prof.key_averages():
+        us = getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0)
+        if us <= 0 or evt.key.startswith("cudaMemcpy") or evt.key.startswith("Memcpy"):
+            continue
+        total += us
+        if "gemm" in evt.key.lower() or "cutlass" in evt.key.lower() or "sm90" in evt.key.lower():
+            gemm += us
+        else:
+            names.add(evt.key[:60])
+    return total / 1e3 / steps, gemm / 1e3 / steps, (total - gemm) / 1e3 / steps, sorted(names)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    lib = G.load_lib(args.lib)
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
+          f"{lib.sa_build_info().decode()}")
+    copy = G.copy_gbps()
+    print(f"device-to-device copy: {copy:,.0f} GB/s")
+    print(f"{'model':6} {'matrices':>8} {'elements':>12} | {'ours ms':>8} {'torch ms':>8} {'torch/ours':>10} | "
+          f"{'ours host':>9} {'torch host':>10} | {'GEMM ms':>7} {'elementwise ms':>14} {'% of copy':>9}")
+    for model, (d, ffn) in SHAPES.items():
+        shapes = layer_shapes(d, ffn) * args.layers
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        ours = [torch.randn(s, device="cuda", generator=gen) for s in shapes]
+        theirs = [torch.nn.Parameter(p.clone()) for p in ours]
+        grads = [0.01 * torch.randn(s, device="cuda", generator=gen) for s in shapes]
+        for q, g in zip(theirs, grads):
+            q.grad = g
+        opt = MuonShardadam(lib, ours)
+        opt.bind(grads)
+        ref = torch.optim.Muon(theirs, lr=0.02)
+        for _ in range(2):  # warm up: plans, cuBLAS handles and workspaces, torch's lazy state
+            opt.step()
+            ref.step()
+        ours_ms, torch_ms = G.wall_ms(opt.step, args.steps), G.wall_ms(ref.step, args.steps)
+        ours_host, torch_host = G.host_ms(opt.step, args.steps), G.host_ms(ref.step, args.steps)
+        total, gemm, elementwise, names = kernel_split(opt.step, 3)
+        elems = sum(r * c for r, c in shapes)
+        # Bytes the elementwise passes must move at least, per element: momentum reads g and
+        # buf and writes buf and the direction (16); Newton-Schulz rounds it to bf16 (4 + 2),
+        # normalizes it (2 + 2) and widens the result (2 + 4); apply reads p and the result and
+        # writes p (12). 48 bytes.
+        floor = 48 * elems / (copy * 1e9) * 1e3
+        print(f"{model:6} {len(shapes):>8} {elems:>12,} | {ours_ms:8.3f} {torch_ms:8.3f} {torch_ms / ours_ms:10.2f} | "
+              f"{ours_host:9.3f} {torch_host:10.3f} | {gemm:7.3f} {elementwise:14.3f} {100 * floor / elementwise:8.1f}%")
+        print(f"       elementwise kernels: {', '.join(names)}")
+        opt.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""shardadam.torch.Muon against torch.optim.Muon, and Muon groups beside AdamW groups in one
+FusedAdam: whole matrices on the CPU.
+
+References: torch.optim.Muon on copies of the same params and grads (its Newton-Schulz runs
+in bfloat16, ours in float32 on the CPU: the tolerance is bfloat16's), and a float64 Muon
+written here from torch's documented update (momentum by lerp, Nesterov, the quintic
+Newton-Schulz, decoupled decay, the lr adjustments), which ours must match to float32's.
+Skipped visibly without torch or without torch.optim.Muon (torch < 2.9).
+"""
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch.optim, "Muon"):
+    pytest.skip("torch.optim.Muon needs torch >= 2.9", allow_module_level=True)
+import shardadam  # noqa: E402
+from shardadam.torch import FusedAdam, Muon  # noqa: E402
+
+SHAPES = [(8, 24), (24, 8), (17, 17)]
+
+
+def matrices(seed=0, shapes=SHAPES):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*shape, generator=gen)) for shape in shapes]
+
+
+def grads_for(params, step):
+    gen = torch.Generator().manual_seed(1000 + step)
+    return [0.01 * torch.randn(p.shape, generator=gen) for p in params]
+
+
+def ns64(g, a, b, c, steps, eps):
+    """torch's _zeropower_via_newtonschulz in float64."""
+    x = g.double()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / max(x.norm().item(), eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def muon64(params, bufs, grads, h):
+    """One float64 Muon step of every matrix (params and bufs float64, updated)."""
+    a, b, c = h["ns_coefficients"]
+    for p, buf, g in zip(params, bufs, grads):
+        g = g.double()
+        buf += (1 - h["momentum"]) * (g - buf)
+        u = g + h["momentum"] * (buf - g) if h["nesterov"] else buf
+        o = ns64(u, a, b, c, h["ns_steps"], h["eps"])
+        rows, cols = p.shape
+        ratio = 0.2 * math.sqrt(max(rows, cols)) if h["adjust_lr_fn"] == "match_rms_adamw" else \
+            math.sqrt(max(1.0, rows / cols))
+        p.mul_(1 - h["lr"] * h["weight_decay"]).sub_(h["lr"] * ratio * o)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
+@pytest.mark.parametrize("ns_steps", [1, 5, 8])
+def test_muon_matches_torch_and_a_float64_reference(nesterov, adjust_lr_fn, ns_steps):
+    h = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, ns_coefficients=(3.4445, -4.775, 2.0315),
+             eps=1e-7, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
+    ours, theirs = matrices(), matrices()
+    opt, ref = Muon(ours, **h), torch.optim.Muon(theirs, **h)
+    p64 = [p.detach().double().clone() for p in ours]
+    b64 = [torch.zeros_like(p) for p in p64]
+    for step in range(4):
+        grads = grads_for(ours, step)
+        for p, q, g in zip(ours, theirs, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        muon64(p64, b64, grads, h)
+        for i, (p, q, r) in enumerate(zip(ours, theirs, p64)):
+            # float32 against float64: a few ulps of the orthogonalized direction per step.
+            assert (p.detach().double() - r).abs().max() < 2e-5, f"matrix {i} step {step} vs float64"
+            # torch's bfloat16 Newton-Schulz: ~1e-2 of a direction of order 1, times lr x adjustment.
+            ratio = 0.2 * math.sqrt(max(p.shape)) if adjust_lr_fn else math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+            assert (p - q).abs().max() < (step + 1) * 0.02 * ratio * 0.06, f"matrix {i} step {step} vs torch"
+    for p, q, buf in zip(ours, theirs, b64):
+        assert torch.allclose(opt.state[p]["momentum_buffer"].double(), buf, atol=1e-7)
+        assert torch.allclose(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"], atol=1e-7)
+    # They moved: four steps at lr 0.02 of orthogonalized directions.
+    assert max((p.detach() - q0).abs().max() for p, q0 in zip(ours, matrices())) > 0.01
+
+
+def test_groups_and_defaults_are_torch_muons():
+    ours = Muon(matrices())
+    theirs = torch.optim.Muon(matrices())
+    assert ours.defaults == theirs.defaults
+    assert {k: v for k, v in ours.param_groups[0].items() if k != "params"} == \
+        {k: v for k, v in theirs.param_groups[0].items() if k != "params"}
+    # lr schedules work: a changed group lr is pushed to the library.
+    ours.param_groups[0]["lr"] = 0.5
+    ours.param_groups[0]["adjust_lr_fn"] = "match_rms_adamw"
+    ours._push_hyperparameters()
+    assert ours.native.param_groups[0].lr == 0.5
+    assert ours.native.param_groups[0].adjust_lr == "match_rms_adamw"
+    assert ours.native.param_groups[0].update_rule == "muon"
+
+
+def test_state_dicts_load_both_ways():
+    h = dict(lr=0.02, momentum=0.9)
+    ours, theirs = matrices(), matrices()
+    opt, ref = Muon(ours, **h), torch.optim.Muon(theirs, **h)
+    for step in range(2):
+        for p, q, g in zip(ours, theirs, grads_for(ours, step)):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    # Ours into a fresh torch.optim.Muon, torch's into a fresh Muon: each continues as the
+    # original does (the same params, so the same steps).
+    ours2, theirs2 = [p.detach().clone().requires_grad_() for p in ours], \
+        [q.detach().clone().requires_grad_() for q in theirs]
+    ref2, opt2 = torch.optim.Muon(ours2, **h), Muon(theirs2, **h)
+    ref2.load_state_dict(copy.deepcopy(opt.state_dict()))
+    opt2.load_state_dict(copy.deepcopy(ref.state_dict()))
+    for p, q in zip(ours, ours2):
+        assert torch.equal(ref2.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"])
+    for p, q in zip(theirs, theirs2):
+        assert torch.equal(opt2.state[q]["momentum_buffer"], ref.state[p]["momentum_buffer"])
+    grads = grads_for(ours, 9)
+    for params, opt_ in ((ours, opt), (ours2, ref2), (theirs, ref), (theirs2, opt2)):
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt_.step()
+    tolerance = 3 * 0.02 * 1.8 * 0.06
+    for a, b in zip(ours, ours2):
+        assert (a - b).abs().max() < tolerance
+    for a, b in zip(theirs, theirs2):
+        assert (a - b).abs().max() < tolerance
+
+
+def test_shard_files_round_trip(tmp_path):
+    ours = matrices()
+    opt = Muon(ours, lr=0.02)
+    for p, g in zip(ours, grads_for(ours, 0)):
+        p.grad = g
+    opt.step()
+    opt.save_shard_file(tmp_path / "muon.safetensors")
+    copies = [p.detach().clone().requires_grad_() for p in ours]
+    other = Muon(copies, lr=0.5)
+    other.load_shard_files([tmp_path / "muon.safetensors"])
+    assert other.param_groups[0]["lr"] == 0.02  # the groups are restored
+    for p, q in zip(ours, copies):
+        assert torch.equal(other.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"])
+
+
+def test_muon_and_adamw_groups_in_one_fused_adam_match_torchs_pair():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    twin = copy.deepcopy(model)
+    muon_h = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7)
+    adamw_h = dict(lr=3e-3, weight_decay=0.01)
+
+    def split(m):
+        return [p for p in m.parameters() if p.ndim == 2], [p for p in m.parameters() if p.ndim != 2]
+
+    mats, rest = split(model)
+    opt = FusedAdam([{"params": mats, "update_rule": "muon", **muon_h}, {"params": rest, **adamw_h}])
+    assert opt.param_groups[0]["update_rule"] == "muon"
+    assert "update_rule" not in opt.param_groups[1]  # an AdamW group keeps AdamW's keys
+    twin_mats, twin_rest = split(twin)
+    pair = [torch.optim.Muon(twin_mats, **muon_h), torch.optim.AdamW(twin_rest, **adamw_h)]
+    gen = torch.Generator().manual_seed(3)
+    data = [(torch.randn(8, 16, generator=gen), torch.randn(8, 8, generator=gen)) for _ in range(20)]
+    losses, twin_losses = [], []
+    for x, y in data:
+        for m, step, out in ((model, [opt], losses), (twin, pair, twin_losses)):
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            out.append(loss.item())
+            loss.backward()
+            for o in step:
+                o.step()
+                o.zero_grad()
+    # The losses fall, and follow torch's pair within a few percent (its Newton-Schulz is
+    # bfloat16's, ours float32's).
+    assert losses[-1] < 0.9 * losses[0]
+    for ours, theirs in zip(losses, twin_losses):
+        assert abs(ours - theirs) <= 0.03 * abs(theirs) + 1e-4
+    assert set(opt.state[mats[0]]) == {"momentum_buffer", "step"}
+    assert {"exp_avg", "exp_avg_sq", "step"} <= set(opt.state[rest[0]])
+
+
+def test_what_muon_refuses_says_why():
+    with pytest.raises(ValueError, match="adjust_lr_fn"):
+        Muon(matrices(), adjust_lr_fn="cosine")
+    with pytest.raises(ValueError, match="ns_coefficients"):
+        Muon(matrices(), ns_coefficients=(1.0, 2.0))
+    bias = torch.nn.Parameter(torch.zeros(8))
+    with pytest.raises(shardadam.InvalidArgument, match=r"2-D.*\[8\]"):
+        Muon([bias])
+    half = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(shardadam.Unsupported, match="float32"):
+        Muon([half])
+    with pytest.raises(ValueError, match="update_rule"):
+        FusedAdam([{"params": matrices(), "update_rule": "sgd"}])
