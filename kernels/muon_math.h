@@ -48,6 +48,20 @@ inline double muon_adjusted_lr(const MuonHyper& h, int64_t rows, int64_t cols) {
   return h.lr * ratio;
 }
 
+// A rank's box of a rows x cols matrix: rows [row0, row0 + box_rows) and columns
+// [col0, col0 + box_cols), which the rank holds as a row-major box_rows x box_cols shard.
+// A matrix split across ranks is stepped whole from its boxes: each rank's momentum of its
+// box, summed into the whole direction over the ranks, orthogonalized, and each box of the
+// result applied where it is held.
+struct MatrixBox {
+  int64_t rows;
+  int64_t cols;
+  int64_t row0;
+  int64_t col0;
+  int64_t box_rows;
+  int64_t box_cols;
+};
+
 // The step's float constants, folded once per matrix.
 struct MuonCoeffs {
   float grad_scale;          // what every grad is multiplied by (1: as it is)

@@ -52,11 +52,18 @@ enum class Pass : uint8_t {
   // scaling's (kernels::is_current) slots are not cast: each, grad or none, writes max
   // |master| into *slot.scale.amax_bits, which the core then reduces across ranks.
   update,
+  // Plans with split Muon matrices (Plan::gathered): args.gather (plan.gather_elems doubles,
+  // backend memory) := zeros; then unless args.verdict->skip, each such matrix whose slot
+  // here has a grad gets its box's momentum (kernels::MatrixBox), by its group's
+  // args.muon[args.param_group[slot.param_index]] and its grad multiplied by
+  // args.verdict->grad_multiplier, and a primary replica writes the box's direction into
+  // args.gather at its offset. The core then sums args.gather across the ranks.
+  gather,
   // Unless args.verdict->skip, every slot of a Muon bucket (UpdateRule::muon) that has a grad
-  // gets Muon's step of its whole matrix (Bucket::matrix_of_slot; kernels/muon_math.h) by
-  // its group's args.muon[args.param_group[slot.param_index]], its grad multiplied by
-  // args.verdict->grad_multiplier. The update pass leaves Muon buckets alone, and this pass
-  // every other.
+  // gets Muon's step (kernels/muon_math.h) by its group's hyperparameters, as the gather
+  // pass reads them: a whole matrix (Bucket::matrix_of_slot) all of it, a split one from its
+  // whole direction in args.gather (summed), orthogonalized, its box applied. The update
+  // pass leaves Muon buckets alone, and this pass every other.
   matrices,
   // A current scaling's second pass, unless args.verdict->skip: every entry of plan.current
   // gets its scale from its reduced amax (param_cast.h's write_current_scale), then each
@@ -72,8 +79,9 @@ struct PassArgs {
   const kernels::FoldTables* fold_tables = nullptr;  // fold
   const kernels::FoldInputs* fold_inputs = nullptr;  // fold
   const kernels::StepVerdict* verdict = nullptr;     // update, matrices, current_casts
-  const kernels::MuonHyper* muon = nullptr;          // matrices: per group, host memory
-  const int32_t* param_group = nullptr;              // matrices: per param, host memory
+  const kernels::MuonHyper* muon = nullptr;          // gather, matrices: per group, host memory
+  const int32_t* param_group = nullptr;              // gather, matrices: per param, host memory
+  double* gather = nullptr;                          // gather, matrices: backend memory
 };
 
 // A device's primitives, as ggml's backend interface has them: memory, copies, launches,

@@ -194,6 +194,10 @@ void Optimizer::set_comm(std::shared_ptr<Comm> comm) {
          scaling_c_name(params_[current_.first_sharded()]->scaling),
          " and sharded, so every step reduces its amax through the communicator; it cannot be "
          "removed");
+  if (!comm && split_matrices_ > 0)
+    fail(SA_ERR_STATE, "the optimizer holds ", split_matrices_,
+         " Muon matrices split across ranks, whose directions every step sums through the "
+         "communicator; it cannot be removed");
   comm_ = std::move(comm);
   current_.comm_changed();
 }
@@ -284,6 +288,8 @@ int64_t Optimizer::add_param(const ParamRequest& request) {
   if (options.scale != nullptr) params_.back()->scale_owner = ManagedTensor(options.scale);
   if (options.amax != nullptr) params_.back()->amax_owner = ManagedTensor(options.amax);
   ++groups_[request.group].num_params;
+  if (params_.back()->rule == kernels::UpdateRule::muon && is_sharded(params_.back()->layout))
+    ++split_matrices_;
   plan_stale_ = true;
   return index;
 }
@@ -478,12 +484,15 @@ std::optional<bool> Optimizer::run_step(const sa_step_args& args, void* stream, 
     backend_for(DLDevice{kDLCUDA, comm->device()}, "the communicator");  // joins on its device
   // Current-scaled sharded params reduce their amax at every step, whatever the arguments.
   Comm* amax_comm = current_.sharded() > 0 ? comm_.get() : nullptr;
+  // Split Muon matrices sum their directions at every step, whatever the arguments.
+  Comm* matrix_comm = split_matrices_ > 0 ? comm_.get() : nullptr;
   const StepInputs inputs{
-      args.inv_grad_scale,  args.found_inf,    clip, args.grad_norm, comm, amax_comm,
-      current_.amax_bits(), current_.sharded()};
+      args.inv_grad_scale,  args.found_inf,     clip,       args.grad_norm, comm, amax_comm,
+      current_.amax_bits(), current_.sharded(), matrix_comm};
   if (backend_) {
-    if (comm != nullptr || amax_comm != nullptr) check_comm_fits(*comm_);  // the one comm
-    if (amax_comm != nullptr)                                              // before any change
+    if (comm != nullptr || amax_comm != nullptr || matrix_comm != nullptr)
+      check_comm_fits(*comm_);  // the one comm, before any change
+    if (amax_comm != nullptr)   // before any change
       current_.check_agreement(params_, *comm_, stepper_, *backend_);
   }
   // The params outside a partial step's subset step as if they had no grad (their slots'

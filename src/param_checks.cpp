@@ -207,9 +207,10 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
   return scale;
 }
 
-// What a Muon group's param must be: a 2-D matrix, whole on this rank, of kMuonVariant's
-// dtypes, its state on its own device; and on the CPU a CBLAS must load (src/blas.hpp).
-void check_muon_param(const Param& p, const std::string& context) {
+// What a Muon group's param must be: a 2-D matrix of kMuonVariant's dtypes, its state on its
+// own device, a communicator set when the layout splits it; and on the CPU a CBLAS must
+// load (src/blas.hpp).
+void check_muon_param(const Param& p, bool has_comm, const std::string& context) {
   const Dims& shape = p.layout.global_shape;
   if (shape.size() != 2)
     fail(SA_ERR_INVALID_ARGUMENT, context,
@@ -228,10 +229,11 @@ void check_muon_param(const Param& p, const std::string& context) {
   if (p.placement != StatePlacement::device)
     fail(SA_ERR_UNSUPPORTED, context,
          ": a Muon param's state must be on its device (state_placement SA_STATE_ON_DEVICE)");
-  if (is_sharded(p.layout))
-    fail(SA_ERR_UNSUPPORTED, context, ": this layout splits the ", shape[0], " x ", shape[1],
-         " matrix across ranks, and Muon needs the whole matrix: Muon over sharded matrices is "
-         "not built yet, so give each rank all of it (unsharded or replicated)");
+  if (is_sharded(p.layout) && !has_comm)
+    fail(SA_ERR_INVALID_ARGUMENT, context, ": this layout splits the ", shape[0], " x ", shape[1],
+         " matrix across ranks, and Muon steps it whole: its ranks sum their boxes' directions "
+         "at every step, so set a communicator over them (sa_optimizer_set_comm) before adding "
+         "the param");
   if (p.device.device_type == kDLCPU) cpu_sgemm();  // says what to install if it cannot load
 }
 
@@ -296,7 +298,7 @@ CheckedParam checked_param(const ParamRequest& request, const sa_group_config& g
   param.scale = checked_scales(options, param.scaling, param.layout, shard.device, context);
   param.rule =
       group.update_rule == SA_RULE_MUON ? kernels::UpdateRule::muon : kernels::UpdateRule::adam;
-  if (param.rule == kernels::UpdateRule::muon) check_muon_param(param, context);
+  if (param.rule == kernels::UpdateRule::muon) check_muon_param(param, has_comm, context);
   if (kernels::is_current(param.scaling) && is_sharded(param.layout) && !has_comm)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": ", scaling_c_name(param.scaling),
          " scales the whole tensor by its amax, and this layout splits the tensor across "

@@ -185,8 +185,17 @@ Plan build_plan(const std::vector<const Param*>& params) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Param& p = *params[i];
     if (kernels::is_current(p.scaling)) plan.current.push_back({p.param_type, p.scaling, p.scale});
-    if (p.numel == 0) continue;
     const kernels::Variant variant = variant_of(p);
+    int32_t gathered = -1;  // a split Muon matrix's entry (2-D: check_muon_param)
+    if (variant.rule == kernels::UpdateRule::muon && is_sharded(p.layout)) {
+      const Layout& l = p.layout;
+      const kernels::MatrixBox box{l.global_shape[0],  l.global_shape[1], l.global_offset[0],
+                                   l.global_offset[1], l.local_shape[0],  l.local_shape[1]};
+      gathered = static_cast<int32_t>(plan.gathered.size());
+      plan.gathered.push_back({box, plan.gather_elems, primary_replica(l)});
+      plan.gather_elems += box.rows * box.cols;
+    }
+    if (p.numel == 0) continue;
     Bucket* bucket = nullptr;
     for (auto& b : plan.buckets)
       if (b.variant == variant && b.placement == p.placement) bucket = &b;
@@ -196,8 +205,15 @@ Plan build_plan(const std::vector<const Param*>& params) {
     }
     bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));
     bucket->param_of_slot.push_back(static_cast<int64_t>(i));
-    if (variant.rule == kernels::UpdateRule::muon)  // 2-D and whole here (check_muon_param)
-      bucket->matrix_of_slot.push_back({p.layout.local_shape[0], p.layout.local_shape[1]});
+    if (variant.rule == kernels::UpdateRule::muon)  // 2-D (check_muon_param)
+      bucket->matrix_of_slot.push_back(
+          {p.layout.global_shape[0], p.layout.global_shape[1], gathered});
+    if (gathered >= 0) {
+      plan.gathered[static_cast<std::size_t>(gathered)].bucket =
+          static_cast<int32_t>(bucket - plan.buckets.data());
+      plan.gathered[static_cast<std::size_t>(gathered)].slot =
+          static_cast<int32_t>(bucket->slots.size() - 1);
+    }
     bucket->numel += p.numel;
   }
   int staged = 0, mirrored = 0;  // segments so far, in plan order

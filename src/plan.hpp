@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../kernels/bucket_table.h"
+#include "../kernels/muon_math.h"
 
 namespace sa {
 
@@ -86,10 +87,26 @@ struct MirroredSegment {
   int ring_slot = 0;  // its place among the plan's mirrored segments, modulo kStagingSlots
 };
 
-// A matrix of a Muon bucket, whole on this rank: rows x cols, row-major in its slot.
+// A matrix of a Muon bucket: rows x cols (its global shape). Whole on this rank, row-major
+// in its slot, when `gathered` is -1; else split across ranks and stepped as
+// Plan::gathered[gathered] says.
 struct MatrixShape {
   int64_t rows;
   int64_t cols;
+  int32_t gathered = -1;
+};
+
+// A Muon matrix split across ranks (is_sharded). Every rank's plan lists the same ones, in
+// param order, empty shards too. At each step every rank writes its box's direction into
+// Plan::gather_elems doubles (backend memory) at `offset` (primary replicas only: zeros
+// elsewhere), one all-reduce sums them across the ranks into each whole direction, and each
+// rank orthogonalizes the whole matrix and applies its box (kernels::MatrixBox).
+struct GatheredMatrix {
+  kernels::MatrixBox box;
+  int64_t offset;       // of the whole direction in the gather buffer, in elements
+  bool contributes;     // a primary replica: its box is summed into the direction
+  int32_t bucket = -1;  // this rank's slot of the matrix; -1 for an empty shard
+  int32_t slot = -1;
 };
 
 struct Bucket {
@@ -113,6 +130,8 @@ struct Bucket {
 struct Plan {
   std::vector<Bucket> buckets;
   std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
+  std::vector<GatheredMatrix> gathered;        // every split Muon matrix, in param order
+  int64_t gather_elems = 0;                    // their whole matrices' elements
 };
 
 // The slot of param `index`, as a plan holds it, with no grad (rebind_grads binds them).

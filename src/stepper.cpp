@@ -305,6 +305,7 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   backend_->launch(Pass::update, plan, args, stream);
   args.muon = muon_.data();
   args.param_group = param_group_.data();
+  if (!plan.gathered.empty()) gather_matrices(plan, in.matrix_comm, args, stream);
   backend_->launch(Pass::matrices, plan, args, stream);
   if (!plan.current.empty()) {
     try {
@@ -322,6 +323,45 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   if (backend_->host_memory()) return verdict()->skip != 0;
   if (in.found_inf == nullptr && !with_stats) return false;  // nothing could skip it
   return std::nullopt;
+}
+
+// The split Muon matrices' whole directions: each rank's boxes, summed across the ranks in
+// one all-reduce (in pieces of at most INT32_MAX doubles). Every rank calls it at every
+// step, skipped or not: it is a collective. The first time a plan's buffer is sized, the
+// ranks check that they agree on its size (else the sum would mix matrices, or hang).
+void Stepper::gather_matrices(const Plan& plan, Comm* comm, PassArgs& args, void* stream) {
+  if (comm == nullptr)
+    fail(SA_ERR_STATE,
+         "the plan has Muon matrices split across ranks, whose directions are "
+         "summed across the ranks, and the optimizer has no communicator "
+         "(sa_optimizer_set_comm)");
+  const auto bytes = static_cast<std::size_t>(plan.gather_elems) * sizeof(double);
+  if (!gather_ || gather_->bytes() < bytes) gather_ = backend_->allocate(bytes);
+  if (agreed_gather_elems_ != plan.gather_elems) {
+    const double n = static_cast<double>(plan.gather_elems),
+                 count = static_cast<double>(plan.gathered.size());
+    const double mine[4] = {n, -n, count, -count};
+    std::shared_ptr<Buffer> values = backend_->allocate(sizeof mine);
+    backend_->copy_from_host(values->data(), mine, sizeof mine);
+    all_reduce(*comm, static_cast<double*>(values->data()), 4, ReduceOp::max, nullptr);
+    backend_->synchronize();
+    double all[4];
+    backend_->copy_to_host(all, values->data(), sizeof all);
+    if (all[0] != -all[1] || all[2] != -all[3])
+      fail(SA_ERR_MISMATCH, "the ranks of ", comm->describe(),
+           " hold different split Muon matrices (from ", -all[3], " to ", all[2], " matrices of ",
+           -all[1], " to ", all[0], " elements in all; this rank: ", plan.gathered.size(), " of ",
+           plan.gather_elems,
+           "): register the same params, in the same order and groups, on every rank");
+    agreed_gather_elems_ = plan.gather_elems;
+  }
+  args.gather = static_cast<double*>(gather_->data());
+  backend_->launch(Pass::gather, plan, args, stream);
+  for (int64_t first = 0; first < plan.gather_elems; first += INT32_MAX) {
+    const auto count =
+        static_cast<int32_t>(std::min<int64_t>(INT32_MAX, plan.gather_elems - first));
+    all_reduce(*comm, args.gather + first, count, ReduceOp::sum, stream);
+  }
 }
 
 StepReport Stepper::last_report() const {

@@ -38,6 +38,9 @@ struct StepInputs {
   Comm* amax_comm;
   double* amax_bits;
   int32_t amax_count;
+  // Split Muon matrices (Plan::gathered): the communicator their directions are summed
+  // across (every rank holding a box of one); NULL when there is none.
+  Comm* matrix_comm = nullptr;
 };
 
 // How the last step went.
@@ -148,6 +151,11 @@ class Stepper {
   // The verdict (kernels::StepVerdict), then the stats (kernels::kNumStats doubles).
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> host_staging_;  // all_reduce's copy for a host communicator
+  // Split Muon matrices: their directions (Plan::gather_elems doubles, backend memory), and
+  // how many the ranks were last found to agree on.
+  std::shared_ptr<Buffer> gather_;
+  int64_t agreed_gather_elems_ = -1;
+  void gather_matrices(const Plan& plan, Comm* comm, PassArgs& args, void* stream);
 };
 
 }  // namespace sa

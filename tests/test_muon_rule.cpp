@@ -4,14 +4,17 @@
 // the step arguments it honours (found_inf, inv_grad_scale, clipping), and what it refuses.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "muon_reference.hpp"
 #include "test_state_io_support.hpp"
 #include "test_support.hpp"
+#include "test_thread_comm.hpp"
 
 namespace {
 
@@ -214,8 +217,8 @@ TEST_CASE("a Muon param's state is momentum_buffer alone, and shard files carry 
           state_view(b.opt.get(), static_cast<int64_t>(i), "momentum_buffer").raw_bytes());
   }
   // A file's Muon group cannot be loaded into an AdamW group holding the same params.
+  HostTensor w({8, 24}, kFloat32);  // outlives the optimizer, which owns a view of it
   OptimizerPtr adam = make_optimizer();
-  HostTensor w({8, 24}, kFloat32);
   const sa_group_config adamw = SA_GROUP_CONFIG_INIT;
   int32_t g = -1;
   int64_t index = -1;
@@ -282,6 +285,7 @@ TEST_CASE("a Muon step honours found_inf, inv_grad_scale and clipping", "[muon][
 }
 
 TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon][errors]") {
+  HostTensor w({4, 4}, kFloat32);  // outlives the optimizer, which owns a view of it
   OptimizerPtr opt = make_optimizer();
   const sa_group_config muon = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
   int32_t g = -1;
@@ -300,14 +304,6 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
                  sa_optimizer_add_param(opt.get(), "h", 0, half.versioned(), nullptr, nullptr,
                                         &index),
                  "param 'h'", "Muon steps float32 params", "bfloat16");
-  // A matrix split across ranks: not yet.
-  HostTensor rows({4, 6}, kFloat32);
-  MeshLayout mesh{{8, 6}, {2}, {0}, {shard(0)}};
-  const sa_layout layout = mesh.get();
-  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout, nullptr,
-                                        &index),
-                 "param 'w'", "8 x 6", "sharded");
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
   // What a Muon group cannot mean.
   for (const char* field : {"maximize", "amsgrad", "decoupled_weight_decay"}) {
@@ -321,7 +317,6 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
   }
   CHECK(sa_optimizer_num_groups(opt.get()) == 1);
   // The rule is fixed once the group holds a param.
-  HostTensor w({4, 4}, kFloat32);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
                                                   nullptr, &index));
   const char* const rule[] = {"update_rule"};
@@ -333,4 +328,174 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_set_group_fields(opt.get(), 0, 1, steps, bad_steps), "ns_steps is 100",
                  "0 to 99");
+}
+
+// ---- matrices split across ranks -----------------------------------------------------------
+
+namespace {
+
+// One split of a rows x cols matrix over a mesh of 4 ranks (row-major coordinates).
+struct Split {
+  const char* what;
+  int64_t rows, cols;
+  std::vector<int64_t> mesh;
+  std::vector<sa_placement> placements;
+};
+
+// What a rank ends with: its box of the param and of the momentum, and where the box is.
+struct RankResult {
+  sa_status status = SA_OK;
+  std::string error;
+  std::vector<int64_t> offset, shape;
+  std::vector<float> param, momentum;
+};
+
+// A step's grads of the whole matrix: the same on every rank and in the reference.
+std::vector<float> whole_grad(const Split& s, int step) {
+  return sa::test::random_matrix(s.rows, s.cols, 500 + step, 0.01f);
+}
+
+// The rows x cols box at (r0, c0) of a row-major matrix with `cols` columns.
+std::vector<float> box_of(const std::vector<float>& m, int64_t cols, const std::vector<int64_t>& offset,
+                          const std::vector<int64_t>& shape) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < shape[0]; ++r)
+    for (int64_t c = 0; c < shape[1]; ++c) out.push_back(m[(offset[0] + r) * cols + offset[1] + c]);
+  return out;
+}
+
+// Rank `rank` of the split: its box of the matrix in a Muon group (with a whole 5 x 3
+// matrix beside it), three steps; no Catch2 macros (it runs on a thread of its own).
+RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_comm* comm) {
+  RankResult out;
+  auto fail = [&](sa_status st, sa_optimizer* opt) {
+    out.status = st;
+    out.error = opt != nullptr ? sa_optimizer_last_error(opt) : sa_last_error();
+    return out;
+  };
+  std::vector<int64_t> coord(s.mesh.size());
+  for (int64_t r = rank, d = static_cast<int64_t>(s.mesh.size()) - 1; d >= 0; --d) {
+    coord[static_cast<std::size_t>(d)] = r % s.mesh[static_cast<std::size_t>(d)];
+    r /= s.mesh[static_cast<std::size_t>(d)];
+  }
+  MeshLayout mesh{{s.rows, s.cols}, s.mesh, coord, s.placements};
+  const sa_layout layout = mesh.get();
+  out.offset.assign(2, 0);
+  out.shape.assign(2, 0);
+  if (sa_status st = sa_layout_local_box(&layout, out.shape.data(), out.offset.data()); st != SA_OK)
+    return fail(st, nullptr);
+  const std::vector<float> start = box_of(sa::test::random_matrix(s.rows, s.cols, 77, 1.0f), s.cols,
+                                          out.offset, out.shape);
+  HostTensor w(out.shape, kFloat32), g(out.shape, kFloat32), v({5, 3}, kFloat32), vg({5, 3}, kFloat32);
+  std::copy(start.begin(), start.end(), w.as<float>());  // (an empty shard's is empty)
+  sa_optimizer_config oc = SA_OPTIMIZER_CONFIG_INIT;
+  oc.num_threads = 1;
+  sa_optimizer* raw = nullptr;
+  if (sa_status st = sa_optimizer_create(&oc, &raw); st != SA_OK) return fail(st, nullptr);
+  OptimizerPtr opt(raw);
+  int32_t group = -1;
+  int64_t index = -1;
+  sa_status st = sa_optimizer_set_comm(opt.get(), comm);
+  if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &config, &group);
+  if (st == SA_OK) st = sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), &layout, nullptr, &index);
+  if (st == SA_OK) st = sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr, nullptr, &index);
+  const DLTensor gd = g.dl(), vgd = vg.dl();
+  const DLTensor* grads[] = {&gd, &vgd};
+  if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), 2, grads);
+  for (int step = 0; step < 3 && st == SA_OK; ++step) {
+    const std::vector<float> box = box_of(whole_grad(s, step), s.cols, out.offset, out.shape);
+    std::copy(box.begin(), box.end(), g.as<float>());
+    for (int64_t i = 0; i < 15; ++i) vg.set(i, 0.01f * static_cast<float>(i % 4 - 1));
+    st = sa_optimizer_step(opt.get(), nullptr, nullptr);
+  }
+  if (st != SA_OK) return fail(st, opt.get());
+  out.param.assign(w.as<float>(), w.as<float>() + w.numel());
+  if (w.numel() > 0) {
+    DLManagedTensorVersioned* view = nullptr;
+    if ((st = sa_optimizer_state_view(opt.get(), 0, "momentum_buffer", &view)) != SA_OK)
+      return fail(st, opt.get());
+    const auto* m = static_cast<const float*>(view->dl_tensor.data);
+    out.momentum.assign(m, m + w.numel());
+    view->deleter(view);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on one, bit for bit",
+          "[muon][sharded]") {
+  const sa_placement s0 = shard(0), s1 = shard(1), rep = replicate();
+  const std::vector<Split> splits = {
+      {"Shard(0), uneven rows (3, 3, 3, 1)", 10, 12, {4}, {s0}},
+      {"Shard(1), uneven columns (2, 2, 2, 1)", 9, 7, {4}, {s1}},
+      {"Shard(0) with an empty shard (1, 1, 1, 0)", 3, 8, {4}, {s0}},
+      {"HSDP 2 x 2: Replicate, Shard(0)", 11, 6, {2, 2}, {rep, s0}},
+      {"TP x FSDP 2 x 2: Shard(1), Shard(0)", 8, 10, {2, 2}, {s1, s0}},
+  };
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  for (const Split& s : splits) {
+    INFO(s.what);
+    // The whole matrix on one rank.
+    HostTensor w({s.rows, s.cols}, kFloat32), g({s.rows, s.cols}, kFloat32);
+    OptimizerPtr one = make_optimizer();  // after w: w outlives it
+    const std::vector<float> start = sa::test::random_matrix(s.rows, s.cols, 77, 1.0f);
+    std::memcpy(w.data(), start.data(), start.size() * sizeof(float));
+    int32_t group = -1;
+    int64_t index = -1;
+    REQUIRE_SA_OK(one.get(), sa_optimizer_add_group(one.get(), &config, &group));
+    REQUIRE_SA_OK(one.get(), sa_optimizer_add_param(one.get(), "w", 0, w.versioned(), nullptr,
+                                                    nullptr, &index));
+    const DLTensor gd = g.dl();
+    REQUIRE_SA_OK(one.get(), sa_optimizer_set_grad(one.get(), 0, &gd));
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> grad = whole_grad(s, step);
+      std::memcpy(g.data(), grad.data(), grad.size() * sizeof(float));
+      REQUIRE_SA_OK(one.get(), sa_optimizer_step(one.get(), nullptr, nullptr));
+    }
+    const std::vector<float> whole(w.as<float>(), w.as<float>() + w.numel());
+    const StateView mb = state_view(one.get(), 0, "momentum_buffer");
+    const std::vector<float> whole_mb(static_cast<const float*>(mb.data()),
+                                      static_cast<const float*>(mb.data()) + mb.numel());
+    // The same on 4 threaded ranks.
+    ThreadComms comms(4);
+    std::vector<RankResult> results(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] { results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r]); });
+    for (std::thread& t : threads) t.join();
+    int64_t covered = 0;
+    for (int r = 0; r < 4; ++r) {
+      const RankResult& got = results[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << got.error);
+      REQUIRE(got.status == SA_OK);
+      CHECK(got.param == box_of(whole, s.cols, got.offset, got.shape));
+      CHECK(got.momentum == box_of(whole_mb, s.cols, got.offset, got.shape));
+      covered += got.shape[0] * got.shape[1];
+    }
+    const int64_t replicas = s.placements[0].type == SA_PLACEMENT_REPLICATE ? 2 : 1;
+    CHECK(covered == replicas * s.rows * s.cols);  // every element on some rank
+    CHECK(whole != start);                          // and the steps moved it
+  }
+}
+
+TEST_CASE("a split Muon matrix needs a communicator, which then cannot be removed",
+          "[muon][sharded][errors]") {
+  HostTensor rows({4, 6}, kFloat32);  // both outlive the optimizer, which holds them
+  ThreadComms comms(1);
+  OptimizerPtr opt = make_optimizer();
+  const sa_group_config muon = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  int32_t g = -1;
+  int64_t index = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
+  MeshLayout mesh{{8, 6}, {2}, {0}, {shard(0)}};
+  const sa_layout layout = mesh.get();
+  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
+                 sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout, nullptr, &index),
+                 "param 'w'", "8 x 6", "sa_optimizer_set_comm");
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_set_comm(opt.get(), comms[0]));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout,
+                                                  nullptr, &index));
+  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_set_comm(opt.get(), nullptr), "Muon",
+                 "cannot be removed");
 }

@@ -207,7 +207,11 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  *
  * SA_RULE_MUON, torch.optim.Muon's update of each whole 2-D matrix (rows x cols, its
  * global shape), float32 params only; weight decay is always decoupled, and maximize and
- * amsgrad must be 0:
+ * amsgrad must be 0. A matrix whose layout splits it across ranks needs a communicator
+ * (sa_optimizer_set_comm) over every rank that holds a part of it: at every step (a
+ * collective, skipped step or not) the ranks sum their boxes of u (the primary replicas')
+ * into the whole u, and each rank orthogonalizes it and applies its own box, so every rank
+ * ends as one rank holding the whole matrix would (bit for bit, with the same BLAS):
  *   g = grad * inv_grad_scale (times the clip factor when clipping)
  *   buf = buf + (1 - momentum) (g - buf)                     (state "momentum_buffer")
  *   u = nesterov ? g + momentum (buf - g) : buf

@@ -20,5 +20,31 @@ void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* b
   for (int64_t i = 0; i < n; ++i) param[i] = muon_apply(c, param[i], u[i]);
 }
 
+void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_scale,
+                           const float* grad, float* buf, double* whole) {
+  const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols, grad_scale);
+  for (int64_t r = 0; r < box.box_rows; ++r)
+    for (int64_t k = 0; k < box.box_cols; ++k) {
+      const int64_t i = r * box.box_cols + k;
+      const float u = muon_momentum(c, grad[i], buf[i]);
+      if (whole != nullptr) whole[(box.row0 + r) * box.cols + box.col0 + k] = u;
+    }
+}
+
+void muon_box_apply_cpu(CblasSgemm sgemm, const MuonHyper& h, const MatrixBox& box,
+                        const double* whole, float* param, float* work) {
+  const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols);
+  const int64_t n = box.rows * box.cols;
+  float* u = work;
+  for (int64_t i = 0; i < n; ++i)
+    u[i] = static_cast<float>(whole[i]);  // exact: floats summed with 0
+  newton_schulz_cpu(sgemm, u, box.rows, box.cols, h.ns, work + n);
+  for (int64_t r = 0; r < box.box_rows; ++r)
+    for (int64_t k = 0; k < box.box_cols; ++k) {
+      const int64_t i = r * box.box_cols + k;
+      param[i] = muon_apply(c, param[i], u[(box.row0 + r) * box.cols + box.col0 + k]);
+    }
+}
+
 }  // namespace kernels
 }  // namespace sa

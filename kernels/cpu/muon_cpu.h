@@ -21,6 +21,20 @@ int64_t muon_work_elems(int64_t rows, int64_t cols);
 void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* buf, int64_t rows,
                      int64_t cols, const MuonHyper& h, float grad_scale, float* work);
 
+// A split matrix's parts of the step (MatrixBox), as the CPU backend runs them:
+// - muon_box_momentum_cpu: buf (the box, row-major) advanced by grad times grad_scale, and,
+//   when `whole` is set, the direction written into it (box.rows x box.cols doubles,
+//   row-major) at the box;
+// - muon_box_apply_cpu: the whole direction (doubles, as the ranks' sum left it)
+//   orthogonalized in `work` (muon_work_elems(box.rows, box.cols) floats) and its box
+//   applied to param (the box, row-major).
+// With the same sgemm, a whole direction made of the boxes' gives every element the bits
+// muon_matrix_cpu gives it.
+void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_scale,
+                           const float* grad, float* buf, double* whole);
+void muon_box_apply_cpu(CblasSgemm sgemm, const MuonHyper& h, const MatrixBox& box,
+                        const double* whole, float* param, float* work);
+
 }  // namespace kernels
 }  // namespace sa
 

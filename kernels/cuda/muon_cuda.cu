@@ -43,7 +43,70 @@ __global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, float* pa
     param[i] = muon_apply(c, param[i], o[i]);
 }
 
+// A box's momentum: buf advanced and, with `whole`, the direction written at the box.
+__global__ void box_momentum_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
+                                    const float* grad, float* buf, double* whole) {
+  if (skipped(verdict)) return;
+  c.grad_scale = grad_scale_of(verdict);
+  const int64_t n = box.box_rows * box.box_cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    float b = buf[i];
+    const float u = muon_momentum(c, grad[i], b);
+    buf[i] = b;
+    if (whole != nullptr)
+      whole[(box.row0 + i / box.box_cols) * box.cols + box.col0 + i % box.box_cols] = u;
+  }
+}
+
+// The whole direction, summed in doubles, back to the floats it was made of.
+__global__ void narrow_kernel(const double* whole, float* u, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    u[i] = static_cast<float>(whole[i]);
+}
+
+// A box of the orthogonalized direction o (the whole matrix) applied to the box's param.
+__global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
+                                 float* param, const float* o) {
+  if (skipped(verdict)) return;
+  const int64_t n = box.box_rows * box.box_cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    param[i] = muon_apply(
+        c, param[i], o[(box.row0 + i / box.box_cols) * box.cols + box.col0 + i % box.box_cols]);
+}
+
 }  // namespace
+
+cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
+                                   const StepVerdict* verdict, const float* grad, float* buf,
+                                   double* whole, cudaStream_t stream) {
+  const int64_t n = box.box_rows * box.box_cols;
+  if (n == 0) return cudaSuccess;
+  box_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      muon_coeffs(h, box.rows, box.cols), box, verdict, grad, buf, whole);
+  return cudaGetLastError();
+}
+
+NsStatus muon_box_apply_cuda(const CublasCalls& calls, cublasHandle_t blas, const MuonHyper& h,
+                             const MatrixBox& box, const StepVerdict* verdict, const double* whole,
+                             float* param, void* work, cudaStream_t stream) {
+  const int64_t n = box.rows * box.cols;
+  auto* u = static_cast<float*>(work);
+  NsStatus st;
+  narrow_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(whole, u, n);
+  if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
+  st = newton_schulz_cuda(calls, blas, u, box.rows, box.cols, h.ns,
+                          static_cast<char*>(work) + direction_bytes(box.rows, box.cols), stream);
+  if (!st.ok()) return st;
+  const int64_t local = box.box_rows * box.box_cols;
+  if (local == 0) return st;
+  box_apply_kernel<<<grid_for(local, kThreads), kThreads, 0, stream>>>(
+      muon_coeffs(h, box.rows, box.cols), box, verdict, param, u);
+  st.cuda = cudaGetLastError();
+  return st;
+}
 
 size_t muon_cuda_work_bytes(int64_t rows, int64_t cols) {
   return direction_bytes(rows, cols) + newton_schulz_cuda_work_bytes(rows, cols);

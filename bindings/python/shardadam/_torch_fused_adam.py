@@ -654,6 +654,10 @@ class FusedAdam(torch.optim.Optimizer):
                 # Its amax is reduced across the ranks at every step: the library takes the
                 # param only with a communicator (a collective: every rank registers it).
                 self._attach_comm(local.device)
+        if _splits_across_ranks(param) and self.native.param_groups[group_index].update_rule == "muon":
+            # A Muon matrix split across ranks: its ranks sum their boxes' directions at every
+            # step, through the communicator (made here: a collective, as above).
+            self._attach_comm(local.device)
         try:
             # to_dlpack: one C call, where Tensor.__dlpack__ (Python) costs ~10x more per param;
             # the param is written on the current stream, which the library is given.

@@ -30,9 +30,13 @@ class Muon(_fused.FusedAdam):
     torch's: its state is ``momentum_buffer``; ours adds each param's ``step``, which torch's
     Muon ignores), and :meth:`save_shard_file`/:meth:`load_shard_files`.
 
-    Today each rank must hold whole matrices: plain tensors, or DTensors replicated on every
-    mesh dim. A matrix sharded across ranks (FSDP2) is refused, naming it; the gather of its
-    shards for Newton-Schulz is not built yet. Params are float32.
+    DTensor matrices (FSDP2's ``fully_shard``, HSDP, tensor parallelism: ``Shard(0)``,
+    ``Shard(1)``, ``Replicate()`` on any mesh) are stepped whole: at every step each rank's
+    box of the update direction is summed across the ranks (one all-reduce for all
+    matrices, through the communicator the first such param makes: NCCL for CUDA params,
+    torch.distributed for CPU ones), every rank orthogonalizes each whole matrix and
+    applies its own box, so the result is the unsharded one, bit for bit. Params are
+    float32.
 
     Args:
         params, lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,

@@ -1,0 +1,76 @@
+"""shardadam.torch.Muon over FSDP2 (fully_shard) on 2 gloo ranks: the matrices are DTensors
+split by rows (unevenly: 7 rows over 2 ranks), and each step must leave them as the same
+Muon leaves the unsharded model, bit for bit (the whole directions are summed from the
+ranks' boxes, and each rank runs the same float32 Newton-Schulz), and within bfloat16's
+tolerance of torch.optim.Muon on the full tensors. Both ranks see the same batch, so FSDP2's
+averaged grads are the unsharded model's exactly. Skipped visibly without torch,
+torch.distributed or torch.optim.Muon."""
+import copy
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():
+    pytest.skip("torch was built without torch.distributed", allow_module_level=True)
+if not hasattr(torch.optim, "Muon"):
+    pytest.skip("torch.optim.Muon needs torch >= 2.9", allow_module_level=True)
+
+HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.1)
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 7, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(7, 9, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(9, 3, bias=False))
+
+
+def train_step(m, opt, step):
+    gen = torch.Generator().manual_seed(step)
+    x, y = torch.randn(16, 12, generator=gen), torch.randn(16, 3, generator=gen)
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def rank_main(rank, world, port):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from shardadam.torch import Muon
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        sharded, plain, theirs = model(), model(), model()
+        for layer in sharded:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        opt = Muon(sharded.parameters(), **HYPER)
+        assert opt._comm is not None, "a split Muon matrix gets a communicator"
+        ref = Muon(plain.parameters(), **HYPER)
+        torch_ref = torch.optim.Muon(theirs.parameters(), **HYPER)
+        for step in range(3):
+            for m, o in ((sharded, opt), (plain, ref), (theirs, torch_ref)):
+                train_step(m, o, step)
+        for (name, p), q, t in zip(sharded.named_parameters(), plain.parameters(), theirs.parameters()):
+            full = p.full_tensor().detach()
+            assert torch.equal(full, q.detach()), f"{name}: sharded Muon differs from unsharded Muon"
+            assert (full - t.detach()).abs().max() < 3 * 0.02 * 1.2 * 0.06, f"{name}: far from torch.optim.Muon"
+            assert not torch.equal(full, copy.deepcopy(model()).state_dict()[name]), f"{name} did not move"
+            local = opt.state[p]["momentum_buffer"]
+            assert torch.equal(local.full_tensor(), ref.state[q]["momentum_buffer"]), f"{name}: momentum_buffer"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_sharded_muon_equals_unsharded_muon_on_2_gloo_ranks():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    os.environ.update(env)
+    torch.multiprocessing.start_processes(rank_main, args=(2, port), nprocs=2, start_method="spawn")
