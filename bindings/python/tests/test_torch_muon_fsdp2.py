@@ -3,8 +3,9 @@ split by rows (unevenly: 7 rows over 2 ranks), and each step must leave them as 
 Muon leaves the unsharded model, bit for bit (the whole directions are summed from the
 ranks' boxes, and each rank runs the same float32 Newton-Schulz), and within bfloat16's
 tolerance of torch.optim.Muon on the full tensors. Both ranks see the same batch, so FSDP2's
-averaged grads are the unsharded model's exactly. Skipped visibly without torch,
-torch.distributed or torch.optim.Muon."""
+averaged grads are the unsharded model's exactly. Then torch.distributed.checkpoint: saved
+on the 2 ranks, loaded by 1 (a model of another init), whose next steps' losses are the
+uninterrupted run's. Skipped visibly without torch, torch.distributed or torch.optim.Muon."""
 import copy
 import os
 import socket
@@ -33,6 +34,67 @@ def train_step(m, opt, step):
     torch.nn.functional.mse_loss(m(x), y).backward()
     opt.step()
     opt.zero_grad()
+
+
+def loss_of(m, step):
+    gen = torch.Generator().manual_seed(step)
+    x, y = torch.randn(16, 12, generator=gen), torch.randn(16, 3, generator=gen)
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def shard(m, mesh):
+    from torch.distributed.fsdp import fully_shard
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    return m
+
+
+def checkpoint_rank(rank, world, port, directory, phase):
+    """phase "save" (2 ranks): 2 steps, a DCP save, 2 more steps whose losses rank 0 writes;
+    phase "load" (1 rank): another init, the DCP load, the same 2 steps, losses written."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.device_mesh import init_device_mesh
+    from shardadam.torch import Muon
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        if phase == "load":
+            torch.manual_seed(5)  # another init: everything must come from the checkpoint
+        m = shard(model() if phase == "save" else torch.nn.Sequential(*list(model())), init_device_mesh("cpu", (world,)))
+        if phase == "load":
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.mul_(0.5)
+        opt = Muon(m.parameters(), **HYPER)
+        if phase == "save":
+            for step in range(2):
+                loss_of(m, step).backward()
+                opt.step()
+                opt.zero_grad()
+            dcp.save({"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)},
+                     checkpoint_id=directory)
+        else:
+            state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
+            dcp.load(state, checkpoint_id=directory)
+            set_model_state_dict(m, state["model"])
+            set_optimizer_state_dict(m, opt, state["optim"])
+        losses = []
+        for step in range(2, 4):
+            loss = loss_of(m, step)
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        if rank == 0:
+            with open(os.path.join(directory, f"losses.{phase}"), "w") as f:
+                f.write(" ".join(repr(v) for v in losses))
+    finally:
+        dist.destroy_process_group()
 
 
 def rank_main(rank, world, port):
@@ -74,3 +136,21 @@ def test_fsdp2_sharded_muon_equals_unsharded_muon_on_2_gloo_ranks():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     os.environ.update(env)
     torch.multiprocessing.start_processes(rank_main, args=(2, port), nprocs=2, start_method="spawn")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp2_muon_checkpoint_saved_on_2_ranks_resumes_on_1(tmp_path):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    directory = str(tmp_path / "ckpt")
+    for phase, world in (("save", 2), ("load", 1)):
+        torch.multiprocessing.start_processes(checkpoint_rank, args=(world, free_port(), directory, phase),
+                                              nprocs=world, start_method="spawn")
+    saved = [float(v) for v in (tmp_path / "ckpt" / "losses.save").read_text().split()]
+    loaded = [float(v) for v in (tmp_path / "ckpt" / "losses.load").read_text().split()]
+    # The same batches on every rank: the 2-rank run's grads are the 1-rank run's.
+    assert loaded == pytest.approx(saved, rel=1e-6), (saved, loaded)
