@@ -9,10 +9,10 @@ tensors on one device:
 
 - the step of each optimizer: wall time per step (steps back to back, synchronized once),
   host time of the call alone, and their ratio;
-- where the time goes in ours, from the torch profiler's kernel times: the Newton-Schulz
-  GEMMs (cuBLAS), and the elementwise kernels (momentum, apply, and the iteration's
-  normalize/round/widen passes) with their bytes moved against the device-to-device copy
-  bandwidth measured in the same run.
+- where the time goes in ours, from the torch profiler's kernel times: cuBLAS's GEMMs, and
+  our own kernels (momentum, apply, and the iteration's round, normalize, B := b A + a I
+  and widen passes; the step's fold) with the bytes they must move against the
+  device-to-device copy bandwidth measured in the same run.
 
 bench/newton_schulz measures the iteration against the same cuBLAS GEMMs alone. shardadam is
 reached through ctypes on the C ABI (gpu_step.py's helpers), the params handed over as DLPack
@@ -21,6 +21,7 @@ capsules, so both optimizers update tensors of the same shapes with the same gra
 import argparse
 import ctypes as C
 import os
+import re
 import sys
 
 import torch
@@ -69,10 +70,11 @@ def kernel_split(step, steps):
         if us <= 0 or evt.key.startswith("cudaMemcpy") or evt.key.startswith("Memcpy"):
             continue
         total += us
-        if "gemm" in evt.key.lower() or "cutlass" in evt.key.lower() or "sm90" in evt.key.lower():
-            gemm += us
+        if "sa::kernels" in evt.key:  # ours: elementwise; everything else here is cuBLAS's
+            found = re.search(r"(\w+_kernel)", evt.key)
+            names.add(found.group(1) if found else evt.key[:40])
         else:
-            names.add(evt.key[:60])
+            gemm += us
     return total / 1e3 / steps, gemm / 1e3 / steps, (total - gemm) / 1e3 / steps, sorted(names)
 
 
@@ -107,11 +109,13 @@ def main():
         ours_host, torch_host = G.host_ms(opt.step, args.steps), G.host_ms(ref.step, args.steps)
         total, gemm, elementwise, names = kernel_split(opt.step, 3)
         elems = sum(r * c for r, c in shapes)
-        # Bytes the elementwise passes must move at least, per element: momentum reads g and
-        # buf and writes buf and the direction (16); Newton-Schulz rounds it to bf16 (4 + 2),
-        # normalizes it (2 + 2) and widens the result (2 + 4); apply reads p and the result and
-        # writes p (12). 48 bytes.
-        floor = 48 * elems / (copy * 1e9) * 1e3
+        # Bytes our kernels must move at least: per element, momentum reads g and buf and
+        # writes buf and the direction (16), Newton-Schulz rounds it to bf16 (4 + 2),
+        # normalizes it (2 + 2) and widens the result (2 + 4), apply reads p and the result
+        # and writes p (12): 44; per Newton-Schulz step, B := b A + a I reads and writes an
+        # m x m bf16 matrix (m = the smaller dim): 4 m^2.
+        moved = sum(44 * r * c + 5 * 4 * min(r, c) ** 2 for r, c in shapes)
+        floor = moved / (copy * 1e9) * 1e3
         print(f"{model:6} {len(shapes):>8} {elems:>12,} | {ours_ms:8.3f} {torch_ms:8.3f} {torch_ms / ours_ms:10.2f} | "
               f"{ours_host:9.3f} {torch_host:10.3f} | {gemm:7.3f} {elementwise:14.3f} {100 * floor / elementwise:8.1f}%")
         print(f"       elementwise kernels: {', '.join(names)}")

@@ -86,6 +86,18 @@ __global__ void normalize_kernel(__nv_bfloat16* x, int64_t n, const float* parti
     x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inverse);
 }
 
+// B := b A + a I, each element in float32 rounded once to bfloat16: the part of
+// B' = a I + b A + c A A to which the next GEMM adds c A A. With a on the diagonal, the
+// iteration's X := a X + (b A + c A A) X is one GEMM, B' X, into the other buffer: no copy of
+// X for a GEMM's C input, no read of it there.
+__global__ void poly_init_kernel(const __nv_bfloat16* a_mat, __nv_bfloat16* b_out, int64_t m,
+                                 float a, float b) {
+  const int64_t n = m * m;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    b_out[i] = __float2bfloat16_rn(fmaf(b, __bfloat162float(a_mat[i]), i / m == i % m ? a : 0.0f));
+}
+
 __global__ void widen_kernel(const __nv_bfloat16* in, int64_t n, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
@@ -125,29 +137,23 @@ NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float
                                                                        ns.eps);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
   // cuBLAS is column-major. Not transposed: the buffer is X^T (n x m, ld n), so
-  // A = X X^T = (X^T)^T X^T, and the next X^T = a X^T + X^T B (B symmetric). Transposed:
-  // the buffer is X (m x n, ld m) itself.
-  const size_t mm_bytes = static_cast<size_t>(m * m) * sizeof(__nv_bfloat16);
-  const size_t xn_bytes = static_cast<size_t>(elems) * sizeof(__nv_bfloat16);
+  // A = X X^T = (X^T)^T X^T, and the next X^T = X^T B' (B' = a I + b A + c A A, symmetric).
+  // Transposed: the buffer is X (m x n, ld m) itself, and the next X = B' X.
   for (int32_t step = 0; step < ns.steps; ++step) {
     st.blas = s.transposed ? gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_T, m, m, n, 1.0f, w.x, m, w.x,
                                   m, 0.0f, w.a, m)
                            : gemm(calls, blas, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, w.x, n, w.x,
                                   n, 0.0f, w.a, m);
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
-    if ((st.cuda = cudaMemcpyAsync(w.b, w.a, mm_bytes, cudaMemcpyDeviceToDevice, stream)) !=
-        cudaSuccess)
-      return st;
+    poly_init_kernel<<<grid_for(m * m, kThreads), kThreads, 0, stream>>>(w.a, w.b, m, ns.a, ns.b);
+    if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
     st.blas =
-        gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, ns.c, w.a, m, w.a, m, ns.b, w.b, m);
+        gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, ns.c, w.a, m, w.a, m, 1.0f, w.b, m);
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
-    if ((st.cuda = cudaMemcpyAsync(w.y, w.x, xn_bytes, cudaMemcpyDeviceToDevice, stream)) !=
-        cudaSuccess)
-      return st;
     st.blas = s.transposed ? gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, m, 1.0f, w.b, m, w.x,
-                                  m, ns.a, w.y, m)
+                                  m, 0.0f, w.y, m)
                            : gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, w.x, n, w.b,
-                                  m, ns.a, w.y, n);
+                                  m, 0.0f, w.y, n);
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
     std::swap(w.x, w.y);
   }

@@ -43,7 +43,9 @@ struct NsStatus {
 // and at most INT32_MAX, else CUBLAS_STATUS_INVALID_VALUE and nothing enqueued) := its
 // orthogonalization by `ns`. x is rounded to bfloat16 first; the norm sums the
 // rounded values in float32 in a fixed order (deterministic), the iteration keeps X, A and
-// B in bfloat16 as torch does, and the result is widened back into x. `work` is device
+// B in bfloat16 as torch does, and the result is widened back into x. Each step is three
+// GEMMs: A = X X^T; B' = c A A + (b A + a I); X = B' X (a on B's diagonal, so the last GEMM
+// writes the other buffer with no copy of X for its C input). `work` is device
 // memory of newton_schulz_cuda_work_bytes(rows, cols) bytes, 256-byte aligned. `blas` is
 // the caller's handle, of the cuBLAS `calls` come from; this sets its stream to `stream`.
 NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float* x, int64_t rows,
