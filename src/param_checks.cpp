@@ -234,7 +234,12 @@ void check_muon_param(const Param& p, bool has_comm, const std::string& context)
          " matrix across ranks, and Muon steps it whole: its ranks sum their boxes' directions "
          "at every step, so set a communicator over them (sa_optimizer_set_comm) before adding "
          "the param");
-  if (p.device.device_type == kDLCPU) cpu_sgemm();  // says what to install if it cannot load
+  if (p.device.device_type != kDLCPU) return;
+  try {
+    cpu_sgemm();  // loads it now, so that a machine without one fails here, not at a step
+  } catch (const Error& e) {
+    fail(e.status(), context, ": ", e.what());
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -87,13 +88,13 @@ struct Model {
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::string name = "w" + std::to_string(i);
       int64_t index = -1;
-      REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), name.c_str(), 1,
-                                                      params[i].versioned(), nullptr, nullptr,
-                                                      &index));
+      REQUIRE_SA_OK(opt.get(),
+                    sa_optimizer_add_param(opt.get(), name.c_str(), 1, params[i].versioned(),
+                                           nullptr, nullptr, &index));
     }
     int64_t index = -1;
-    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bias", 0, bias.versioned(),
-                                                    nullptr, nullptr, &index));
+    REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bias", 0, bias.versioned(), nullptr,
+                                                    nullptr, &index));
     std::vector<DLTensor> dl;
     for (const HostTensor& t : grads) dl.push_back(t.dl());
     dl.push_back(bias_grad.dl());
@@ -274,8 +275,7 @@ TEST_CASE("a Muon step honours found_inf, inv_grad_scale and clipping", "[muon][
   for (std::size_t i = 0; i < c.params.size(); ++i) {
     Matrix g(grads[i].begin(), grads[i].end()), buf(g.size(), 0.0);
     for (double& x : g) x *= factor;
-    sa::test::muon_reference(p64[i], g, buf, c.shapes[i].rows, c.shapes[i].cols,
-                             hyper_of(config));
+    sa::test::muon_reference(p64[i], g, buf, c.shapes[i].rows, c.shapes[i].cols, hyper_of(config));
     CHECK(max_error(c.params[i], p64[i]) < 1e-5);
     // The momentum holds the clipped grads (1 - momentum of them, from zero).
     const StateView mb = state_view(c.opt.get(), static_cast<int64_t>(i), "momentum_buffer");
@@ -296,14 +296,14 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
                  sa_optimizer_add_param(opt.get(), "norm.weight", 0, vec.versioned(), nullptr,
                                         nullptr, &index),
                  "param 'norm.weight'", "SA_RULE_MUON", "2-D", "[16]", "AdamW group");
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(opt.get(), "conv", 0, cube.versioned(), nullptr, nullptr,
-                                        &index),
-                 "param 'conv'", "[2, 3, 4]");
-  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
-                 sa_optimizer_add_param(opt.get(), "h", 0, half.versioned(), nullptr, nullptr,
-                                        &index),
-                 "param 'h'", "Muon steps float32 params", "bfloat16");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(opt.get(), "conv", 0, cube.versioned(), nullptr, nullptr, &index),
+      "param 'conv'", "[2, 3, 4]");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(opt.get(), "h", 0, half.versioned(), nullptr, nullptr, &index),
+      "param 'h'", "Muon steps float32 params", "bfloat16");
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
   // What a Muon group cannot mean.
   for (const char* field : {"maximize", "amsgrad", "decoupled_weight_decay"}) {
@@ -317,17 +317,18 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
   }
   CHECK(sa_optimizer_num_groups(opt.get()) == 1);
   // The rule is fixed once the group holds a param.
-  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr,
-                                                  nullptr, &index));
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, nullptr, &index));
   const char* const rule[] = {"update_rule"};
   const double adamw[] = {SA_RULE_ADAMW};
-  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_set_group_fields(opt.get(), 0, 1, rule, adamw),
-                 "update_rule", "cannot change once the group holds params");
+  CHECK_SA_FAILS(opt.get(), SA_ERR_STATE,
+                 sa_optimizer_set_group_fields(opt.get(), 0, 1, rule, adamw), "update_rule",
+                 "cannot change once the group holds params");
   const char* const steps[] = {"ns_steps"};
   const double bad_steps[] = {100.0};
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_set_group_fields(opt.get(), 0, 1, steps, bad_steps), "ns_steps is 100",
-                 "0 to 99");
+                 sa_optimizer_set_group_fields(opt.get(), 0, 1, steps, bad_steps),
+                 "ns_steps is 100", "0 to 99");
 }
 
 // ---- matrices split across ranks -----------------------------------------------------------
@@ -356,8 +357,8 @@ std::vector<float> whole_grad(const Split& s, int step) {
 }
 
 // The rows x cols box at (r0, c0) of a row-major matrix with `cols` columns.
-std::vector<float> box_of(const std::vector<float>& m, int64_t cols, const std::vector<int64_t>& offset,
-                          const std::vector<int64_t>& shape) {
+std::vector<float> box_of(const std::vector<float>& m, int64_t cols,
+                          const std::vector<int64_t>& offset, const std::vector<int64_t>& shape) {
   std::vector<float> out;
   for (int64_t r = 0; r < shape[0]; ++r)
     for (int64_t c = 0; c < shape[1]; ++c) out.push_back(m[(offset[0] + r) * cols + offset[1] + c]);
@@ -384,9 +385,10 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
   out.shape.assign(2, 0);
   if (sa_status st = sa_layout_local_box(&layout, out.shape.data(), out.offset.data()); st != SA_OK)
     return fail(st, nullptr);
-  const std::vector<float> start = box_of(sa::test::random_matrix(s.rows, s.cols, 77, 1.0f), s.cols,
-                                          out.offset, out.shape);
-  HostTensor w(out.shape, kFloat32), g(out.shape, kFloat32), v({5, 3}, kFloat32), vg({5, 3}, kFloat32);
+  const std::vector<float> start =
+      box_of(sa::test::random_matrix(s.rows, s.cols, 77, 1.0f), s.cols, out.offset, out.shape);
+  HostTensor w(out.shape, kFloat32), g(out.shape, kFloat32), v({5, 3}, kFloat32),
+      vg({5, 3}, kFloat32);
   std::copy(start.begin(), start.end(), w.as<float>());  // (an empty shard's is empty)
   sa_optimizer_config oc = SA_OPTIMIZER_CONFIG_INIT;
   oc.num_threads = 1;
@@ -397,8 +399,10 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
   int64_t index = -1;
   sa_status st = sa_optimizer_set_comm(opt.get(), comm);
   if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &config, &group);
-  if (st == SA_OK) st = sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), &layout, nullptr, &index);
-  if (st == SA_OK) st = sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr, nullptr, &index);
+  if (st == SA_OK)
+    st = sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), &layout, nullptr, &index);
+  if (st == SA_OK)
+    st = sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr, nullptr, &index);
   const DLTensor gd = g.dl(), vgd = vg.dl();
   const DLTensor* grads[] = {&gd, &vgd};
   if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), 2, grads);
@@ -462,7 +466,8 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
     std::vector<RankResult> results(4);
     std::vector<std::thread> threads;
     for (int r = 0; r < 4; ++r)
-      threads.emplace_back([&, r] { results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r]); });
+      threads.emplace_back(
+          [&, r] { results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r]); });
     for (std::thread& t : threads) t.join();
     int64_t covered = 0;
     for (int r = 0; r < 4; ++r) {
@@ -475,7 +480,7 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
     }
     const int64_t replicas = s.placements[0].type == SA_PLACEMENT_REPLICATE ? 2 : 1;
     CHECK(covered == replicas * s.rows * s.cols);  // every element on some rank
-    CHECK(whole != start);                          // and the steps moved it
+    CHECK(whole != start);                         // and the steps moved it
   }
 }
 
@@ -490,12 +495,36 @@ TEST_CASE("a split Muon matrix needs a communicator, which then cannot be remove
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
   MeshLayout mesh{{8, 6}, {2}, {0}, {shard(0)}};
   const sa_layout layout = mesh.get();
-  CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
-                 sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout, nullptr, &index),
-                 "param 'w'", "8 x 6", "sa_optimizer_set_comm");
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_INVALID_ARGUMENT,
+      sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout, nullptr, &index),
+      "param 'w'", "8 x 6", "sa_optimizer_set_comm");
   REQUIRE_SA_OK(opt.get(), sa_optimizer_set_comm(opt.get(), comms[0]));
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "w", 0, rows.versioned(), &layout,
                                                   nullptr, &index));
   CHECK_SA_FAILS(opt.get(), SA_ERR_STATE, sa_optimizer_set_comm(opt.get(), nullptr), "Muon",
                  "cannot be removed");
+}
+
+// Run by ctest as muon_without_a_blas, with SHARDADAM_BLAS_LIBRARY naming a file that does
+// not exist (tests/CMakeLists.txt): a Muon param on the CPU is refused at add_param, saying
+// what to install, and nothing is added; AdamW params are not affected.
+TEST_CASE("without a loadable CBLAS a Muon param on the CPU is refused, saying what to install",
+          "[.][blas_missing]") {
+  const char* chosen = std::getenv("SHARDADAM_BLAS_LIBRARY");
+  REQUIRE(chosen != nullptr);
+  HostTensor w({4, 4}, kFloat32), b({4}, kFloat32);  // outlive the optimizer
+  OptimizerPtr opt = make_optimizer();
+  const sa_group_config muon = muon_config(true, SA_MUON_LR_ORIGINAL, 5),
+                        adamw = SA_GROUP_CONFIG_INIT;
+  int32_t g = -1;
+  int64_t index = -1;
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
+  REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw, &g));
+  CHECK_SA_FAILS(opt.get(), SA_ERR_UNSUPPORTED,
+                 sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), nullptr, nullptr, &index),
+                 "param 'w'", "CBLAS", chosen, "libopenblas0", "SHARDADAM_BLAS_LIBRARY");
+  CHECK(sa_optimizer_num_params(opt.get()) == 0);
+  REQUIRE_SA_OK(opt.get(),
+                sa_optimizer_add_param(opt.get(), "b", 1, b.versioned(), nullptr, nullptr, &index));
 }
