@@ -146,14 +146,20 @@ def load_lib(path):
 # ---- measurement --------------------------------------------------------------------------
 
 
-def kernel_ms(step, steps):
-    """Sum of CUDA kernel time per step, from the torch profiler (CUPTI)."""
+def profiled(step, steps):
+    """The torch profiler (CUPTI) over `steps` calls of step(), synchronized at both ends."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_ms(step, steps):
+    """Sum of CUDA kernel time per step, from the torch profiler (CUPTI)."""
+    prof = profiled(step, steps)
     total_us = 0.0
     events = prof.events()
     for evt in events:  # kernels appear as device-side events...

@@ -57,12 +57,7 @@ class MuonShardadam(G.Shardadam):
 
 def kernel_split(step, steps):
     """(total, GEMM, elementwise) kernel ms per step, and the elementwise kernels' names."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = G.profiled(step, steps)
     total = gemm = 0.0
     names = set()
     for evt in prof.key_averages():

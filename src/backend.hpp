@@ -82,6 +82,11 @@ struct PassArgs {
   const kernels::MuonHyper* muon = nullptr;          // gather, matrices: per group, host memory
   const int32_t* param_group = nullptr;              // gather, matrices: per param, host memory
   double* gather = nullptr;                          // gather, matrices: backend memory
+
+  // The Muon hyperparameters of a slot's group.
+  const kernels::MuonHyper& muon_of(const kernels::TensorSlot& slot) const {
+    return muon[param_group[slot.param_index]];
+  }
 };
 
 // A device's primitives, as ggml's backend interface has them: memory, copies, launches,

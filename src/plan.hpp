@@ -127,12 +127,27 @@ struct Bucket {
   std::vector<MirroredSegment> mirrored;
 };
 
+// A Muon slot's momentum_buffer (float32: kernels::kMuonVariant).
+inline float* momentum_buffer_of(const kernels::TensorSlot& slot) {
+  return static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::momentum_buffer)]);
+}
+
 struct Plan {
   std::vector<Bucket> buckets;
   std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
   std::vector<GatheredMatrix> gathered;        // every split Muon matrix, in param order
   int64_t gather_elems = 0;                    // their whole matrices' elements
 };
+
+// The slot of a split matrix that this rank steps: its own box, when it holds one and has a
+// grad at this step; else NULL (an empty shard, or no grad: nothing of it to step here).
+// (Inline, as staged_slot.)
+inline const kernels::TensorSlot* stepped_slot(const Plan& plan, const GatheredMatrix& g) {
+  if (g.bucket < 0) return nullptr;
+  const kernels::TensorSlot& slot =
+      plan.buckets[static_cast<std::size_t>(g.bucket)].slots[static_cast<std::size_t>(g.slot)];
+  return slot.grad != nullptr ? &slot : nullptr;
+}
 
 // The slot of param `index`, as a plan holds it, with no grad (rebind_grads binds them).
 kernels::TensorSlot slot_of(const Param& p, int64_t index);

@@ -285,6 +285,8 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   args.found_inf = in.found_inf;
   args.stats = stats();
   args.verdict = verdict();
+  args.muon = muon_.data();
+  args.param_group = param_group_.data();
   if (with_stats) {
     backend_->launch(Pass::stats, plan, args, stream);
     if (in.comm != nullptr)
@@ -303,8 +305,6 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   args.fold_inputs = &fold;
   backend_->launch(Pass::fold, plan, args, stream);
   backend_->launch(Pass::update, plan, args, stream);
-  args.muon = muon_.data();
-  args.param_group = param_group_.data();
   if (!plan.gathered.empty()) gather_matrices(plan, in.matrix_comm, args, stream);
   backend_->launch(Pass::matrices, plan, args, stream);
   if (!plan.current.empty()) {

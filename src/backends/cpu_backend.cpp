@@ -323,23 +323,16 @@ class CpuBackend final : public Backend {
     if (writes_amax_) write_amax(plan);
   }
 
-  static float* momentum_of(const kernels::TensorSlot& slot) {
-    return static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::momentum_buffer)]);
-  }
-
   // The split matrices' boxes: momentum, and a primary replica's direction into args.gather.
   void gather(const Plan& plan, const PassArgs& args) {
     std::fill(args.gather, args.gather + plan.gather_elems, 0.0);
     if (args.verdict->skip) return;
-    for (const GatheredMatrix& g : plan.gathered) {
-      if (g.bucket < 0) continue;  // an empty shard
-      const kernels::TensorSlot& slot = plan.buckets[g.bucket].slots[g.slot];
-      if (slot.grad == nullptr) continue;
-      kernels::muon_box_momentum_cpu(args.muon[args.param_group[slot.param_index]], g.box,
-                                     args.verdict->grad_multiplier,
-                                     static_cast<const float*>(slot.grad), momentum_of(slot),
-                                     g.contributes ? args.gather + g.offset : nullptr);
-    }
+    for (const GatheredMatrix& g : plan.gathered)
+      if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
+        kernels::muon_box_momentum_cpu(args.muon_of(*slot), g.box, args.verdict->grad_multiplier,
+                                       static_cast<const float*>(slot->grad),
+                                       momentum_buffer_of(*slot),
+                                       g.contributes ? args.gather + g.offset : nullptr);
   }
 
   // Muon's step of each matrix that has a grad, one after another: its elementwise parts on
@@ -347,14 +340,10 @@ class CpuBackend final : public Backend {
   // matrix's comes from its summed direction in args.gather.
   void matrices(const Plan& plan, const PassArgs& args) {
     if (args.verdict->skip) return;
-    for (const GatheredMatrix& g : plan.gathered) {
-      if (g.bucket < 0) continue;
-      const kernels::TensorSlot& slot = plan.buckets[g.bucket].slots[g.slot];
-      if (slot.grad == nullptr) continue;
-      kernels::muon_box_apply_cpu(sgemm_, args.muon[args.param_group[slot.param_index]], g.box,
-                                  args.gather + g.offset, static_cast<float*>(slot.param),
-                                  muon_work_.data());
-    }
+    for (const GatheredMatrix& g : plan.gathered)
+      if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
+        kernels::muon_box_apply_cpu(sgemm_, args.muon_of(*slot), g.box, args.gather + g.offset,
+                                    static_cast<float*>(slot->param), muon_work_.data());
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
       for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
@@ -362,9 +351,9 @@ class CpuBackend final : public Backend {
         const MatrixShape m = bucket.matrix_of_slot[s];
         if (slot.grad == nullptr || m.gathered >= 0) continue;
         kernels::muon_matrix_cpu(sgemm_, static_cast<float*>(slot.param),
-                                 static_cast<const float*>(slot.grad), momentum_of(slot), m.rows,
-                                 m.cols, args.muon[args.param_group[slot.param_index]],
-                                 args.verdict->grad_multiplier, muon_work_.data());
+                                 static_cast<const float*>(slot.grad), momentum_buffer_of(slot),
+                                 m.rows, m.cols, args.muon_of(slot), args.verdict->grad_multiplier,
+                                 muon_work_.data());
       }
     }
   }

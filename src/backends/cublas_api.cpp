@@ -16,12 +16,11 @@
 namespace sa::cuda {
 namespace {
 
-// Resolves `name` from `lib` into *out, or says what is missing.
+// Resolves `name` from `lib` into *out, or adds it to what is missing.
 template <class F>
-bool resolve(void* lib, const char* name, F* out, std::string& missing) {
+void resolve(void* lib, const char* name, F* out, std::string& missing) {
   *out = reinterpret_cast<F>(dlsym(lib, name));
   if (*out == nullptr) missing += concat(missing.empty() ? "" : ", ", name);
-  return *out != nullptr;
 }
 
 CublasApi load_cublas() {

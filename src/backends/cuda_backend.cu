@@ -238,10 +238,6 @@ class CudaBackend final : public Backend {
     fail(SA_ERR_INTERNAL, "no such pass: ", static_cast<int>(pass));
   }
 
-  static float* momentum_of(const kernels::TensorSlot& slot) {
-    return static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::momentum_buffer)]);
-  }
-
   static void check_muon(const kernels::NsStatus& st, int64_t rows, int64_t cols) {
     check_cuda(st.cuda, "Muon's step");
     if (st.blas != CUBLAS_STATUS_SUCCESS)
@@ -256,16 +252,13 @@ class CudaBackend final : public Backend {
     check_cuda(cudaMemsetAsync(args.gather, 0,
                                static_cast<std::size_t>(plan.gather_elems) * sizeof(double), s),
                "zeroing Muon's directions");
-    for (const GatheredMatrix& g : plan.gathered) {
-      if (g.bucket < 0) continue;  // an empty shard
-      const kernels::TensorSlot& slot = plan.buckets[g.bucket].slots[g.slot];
-      if (slot.grad == nullptr) continue;
-      check_cuda(kernels::muon_box_momentum_cuda(
-                     args.muon[args.param_group[slot.param_index]], g.box, args.verdict,
-                     static_cast<const float*>(slot.grad), momentum_of(slot),
-                     g.contributes ? args.gather + g.offset : nullptr, s),
-                 "Muon's momentum");
-    }
+    for (const GatheredMatrix& g : plan.gathered)
+      if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
+        check_cuda(
+            kernels::muon_box_momentum_cuda(
+                args.muon_of(*slot), g.box, args.verdict, static_cast<const float*>(slot->grad),
+                momentum_buffer_of(*slot), g.contributes ? args.gather + g.offset : nullptr, s),
+            "Muon's momentum");
   }
 
   // Muon's step of each matrix that has a grad, one after another on the stream, in the one
@@ -274,28 +267,24 @@ class CudaBackend final : public Backend {
   // momentum as it was.
   void launch_matrices(const Plan& plan, const PassArgs& args, cudaStream_t s) {
     const kernels::CublasCalls& calls = cuda::cublas().calls;
-    for (const GatheredMatrix& g : plan.gathered) {
-      if (g.bucket < 0) continue;
-      const kernels::TensorSlot& slot = plan.buckets[g.bucket].slots[g.slot];
-      if (slot.grad == nullptr) continue;
-      check_muon(
-          kernels::muon_box_apply_cuda(calls, blas_, args.muon[args.param_group[slot.param_index]],
-                                       g.box, args.verdict, args.gather + g.offset,
-                                       static_cast<float*>(slot.param), muon_work_->data(), s),
-          g.box.rows, g.box.cols);
-    }
+    for (const GatheredMatrix& g : plan.gathered)
+      if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
+        check_muon(
+            kernels::muon_box_apply_cuda(calls, blas_, args.muon_of(*slot), g.box, args.verdict,
+                                         args.gather + g.offset, static_cast<float*>(slot->param),
+                                         muon_work_->data(), s),
+            g.box.rows, g.box.cols);
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
       for (std::size_t i = 0; i < bucket.slots.size(); ++i) {
         const kernels::TensorSlot& slot = bucket.slots[i];
         const MatrixShape m = bucket.matrix_of_slot[i];
         if (slot.grad == nullptr || m.gathered >= 0) continue;
-        check_muon(
-            kernels::muon_matrix_cuda(calls, blas_, static_cast<float*>(slot.param),
-                                      static_cast<const float*>(slot.grad), momentum_of(slot),
-                                      m.rows, m.cols, args.muon[args.param_group[slot.param_index]],
-                                      args.verdict, muon_work_->data(), s),
-            m.rows, m.cols);
+        check_muon(kernels::muon_matrix_cuda(
+                       calls, blas_, static_cast<float*>(slot.param),
+                       static_cast<const float*>(slot.grad), momentum_buffer_of(slot), m.rows,
+                       m.cols, args.muon_of(slot), args.verdict, muon_work_->data(), s),
+                   m.rows, m.cols);
       }
     }
   }
