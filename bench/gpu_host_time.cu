@@ -125,6 +125,19 @@ int main(int argc, char** argv) {
       },
       stream);
 
+  // FusedAdam's pattern: every grad unbound after a step (SA_NO_GRAD) and bound again
+  // before the next, to the same buffers (a DDP/FSDP engine's grads keep their addresses).
+  const std::vector<const void*> no_grads(static_cast<std::size_t>(shards), SA_NO_GRAD);
+  check(sa_optimizer_set_grad_ptrs(opt, shards, grads_a.data()) == SA_OK, "set_grad_ptrs", opt);
+  const Stats rebound = time_calls(
+      steps,
+      [&](int) {
+        check(sa_optimizer_set_grad_ptrs(opt, shards, grads_a.data()) == SA_OK, "set_grad_ptrs", opt);
+        check(sa_optimizer_step(opt, nullptr, stream) == SA_OK, "step", opt);
+        check(sa_optimizer_set_grad_ptrs(opt, shards, no_grads.data()) == SA_OK, "set_grad_ptrs", opt);
+      },
+      stream);
+
   std::printf("device: %s; %d fp32 shards; %d calls each; %s\n", prop.name, shards, steps, sa_build_info());
   std::printf("%-46s %10s %10s %14s\n", "call", "median us", "p99 us", "x empty launch");
   auto row = [&](const char* what, const Stats& s) {
@@ -135,6 +148,7 @@ int main(int argc, char** argv) {
   row("  the same, device idle at each call", stable_idle);
   row("  the same, clipped (max_grad_norm, no comm)", clipped);
   row("set_grad_ptrs (fresh list) + sa_optimizer_step", fresh);
+  row("bind (same list) + step + unbind (FusedAdam's)", rebound);
 
   sa_optimizer_destroy(opt);
   for (void* d : allocations) cudaFree(d);

@@ -33,7 +33,7 @@ std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes);
 // The version of the Backend interface below and of what it shares with the kernels
 // (Plan, kernels::TensorSlot, the step_control.h tables): a backend module built against
 // another is refused when it loads (src/backends/cuda_module.hpp). Bump it with any change.
-constexpr uint32_t kBackendInterface = 7;
+constexpr uint32_t kBackendInterface = 8;
 
 // The passes of a step, in the order the core (src/stepper.cpp) launches them.
 enum class Pass : uint8_t {
@@ -55,15 +55,20 @@ enum class Pass : uint8_t {
   // Plans with split Muon matrices (Plan::gathered): args.gather (plan.gather_elems doubles,
   // backend memory) := zeros; then unless args.verdict->skip, each such matrix whose slot
   // here has a grad gets its box's momentum (kernels::MatrixBox), by its group's
-  // args.muon[args.param_group[slot.param_index]] and its grad multiplied by
-  // args.verdict->grad_multiplier, and a primary replica writes the box's direction into
-  // args.gather at its offset. The core then sums args.gather across the ranks.
+  // args.muon_of(slot) and its grad multiplied by args.verdict->grad_multiplier, and a
+  // primary replica writes the box's direction into args.gather at the matrix's offset.
+  // The core then sums each matrix's direction onto its owner (GatheredMatrix::owned).
   gather,
+  // Each split matrix this rank owns (GatheredMatrix::owned): its whole direction in
+  // args.gather orthogonalized in place (Newton-Schulz by its group's hyperparameters,
+  // args.muon_of(g.param)), the step skipped or not (a skipped step's directions are
+  // zeros). The core then gathers the owners' results to every rank.
+  orthogonalize,
   // Unless args.verdict->skip, every slot of a Muon bucket (UpdateRule::muon) that has a grad
   // gets Muon's step (kernels/muon_math.h) by its group's hyperparameters, as the gather
-  // pass reads them: a whole matrix (Bucket::matrix_of_slot) all of it, a split one from its
-  // whole direction in args.gather (summed), orthogonalized, its box applied. The update
-  // pass leaves Muon buckets alone, and this pass every other.
+  // pass reads them: a whole matrix (Bucket::matrix_of_slot) all of it, a split one its box
+  // of its orthogonalized direction in args.gather. The update pass leaves Muon buckets
+  // alone, and this pass every other.
   matrices,
   // A current scaling's second pass, unless args.verdict->skip: every entry of plan.current
   // gets its scale from its reduced amax (param_cast.h's write_current_scale), then each
@@ -79,13 +84,14 @@ struct PassArgs {
   const kernels::FoldTables* fold_tables = nullptr;  // fold
   const kernels::FoldInputs* fold_inputs = nullptr;  // fold
   const kernels::StepVerdict* verdict = nullptr;     // update, matrices, current_casts
-  const kernels::MuonHyper* muon = nullptr;          // gather, matrices: per group, host memory
-  const int32_t* param_group = nullptr;              // gather, matrices: per param, host memory
-  double* gather = nullptr;                          // gather, matrices: backend memory
+  const kernels::MuonHyper* muon = nullptr;  // gather, orthogonalize, matrices: per group (host)
+  const int32_t* param_group = nullptr;      // gather, orthogonalize, matrices: per param (host)
+  double* gather = nullptr;                  // gather, orthogonalize, matrices: backend memory
 
-  // The Muon hyperparameters of a slot's group.
+  // The Muon hyperparameters of a param's group, or of a slot's.
+  const kernels::MuonHyper& muon_of(int64_t param) const { return muon[param_group[param]]; }
   const kernels::MuonHyper& muon_of(const kernels::TensorSlot& slot) const {
-    return muon[param_group[slot.param_index]];
+    return muon_of(slot.param_index);
   }
 };
 

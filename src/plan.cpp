@@ -192,8 +192,7 @@ Plan build_plan(const std::vector<const Param*>& params) {
       const kernels::MatrixBox box{l.global_shape[0],  l.global_shape[1], l.global_offset[0],
                                    l.global_offset[1], l.local_shape[0],  l.local_shape[1]};
       gathered = static_cast<int32_t>(plan.gathered.size());
-      plan.gathered.push_back({box, plan.gather_elems, primary_replica(l)});
-      plan.gather_elems += box.rows * box.cols;
+      plan.gathered.push_back({box, static_cast<int64_t>(i), primary_replica(l)});
     }
     if (p.numel == 0) continue;
     Bucket* bucket = nullptr;
@@ -216,6 +215,7 @@ Plan build_plan(const std::vector<const Param*>& params) {
     }
     bucket->numel += p.numel;
   }
+  lay_out_gathered(plan, 0, 1);  // as one rank; the step lays it out for its communicator
   int staged = 0, mirrored = 0;  // segments so far, in plan order
   for (Bucket& b : plan.buckets) {
     if (b.placement == StatePlacement::host_cpu_step) {
@@ -228,6 +228,42 @@ Plan build_plan(const std::vector<const Param*>& params) {
     for (StagedSegment& seg : b.segments) seg.ring_slot = staged++ % kStagingSlots;
   }
   return plan;
+}
+
+void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks) {
+  const std::size_t n = plan.gathered.size();
+  std::vector<int32_t> owner(n, 0);
+  if (ranks > 1) {
+    auto flops = [&](std::size_t m) {
+      const auto r = static_cast<double>(plan.gathered[m].box.rows),
+                 c = static_cast<double>(plan.gathered[m].box.cols);
+      return r < c ? r * r * c : c * c * r;
+    };
+    std::vector<std::size_t> order(n);
+    for (std::size_t m = 0; m < n; ++m) order[m] = m;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return flops(a) > flops(b); });
+    std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+    for (const std::size_t m : order) {
+      const auto least = std::min_element(load.begin(), load.end()) - load.begin();
+      owner[m] = static_cast<int32_t>(least);
+      load[static_cast<std::size_t>(least)] += flops(m);
+    }
+  }
+  std::vector<int64_t> filled(static_cast<std::size_t>(std::max(ranks, 1)), 0);
+  for (std::size_t m = 0; m < n; ++m) {
+    const kernels::MatrixBox& box = plan.gathered[m].box;
+    plan.gathered[m].offset = filled[static_cast<std::size_t>(owner[m])];  // within its chunk
+    filled[static_cast<std::size_t>(owner[m])] += box.rows * box.cols;
+  }
+  plan.gather_ranks = std::max(ranks, 1);
+  plan.gather_rank = ranks > 1 ? rank : 0;
+  plan.gather_chunk = *std::max_element(filled.begin(), filled.end());
+  plan.gather_elems = plan.gather_chunk * plan.gather_ranks;
+  for (std::size_t m = 0; m < n; ++m) {
+    plan.gathered[m].offset += owner[m] * plan.gather_chunk;
+    plan.gathered[m].owned = owner[m] == (ranks > 1 ? rank : 0);
+  }
 }
 
 void rebind_grads(Plan& plan, const std::vector<const void*>& step_grads,

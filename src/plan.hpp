@@ -97,14 +97,20 @@ struct MatrixShape {
 };
 
 // A Muon matrix split across ranks (is_sharded). Every rank's plan lists the same ones, in
-// param order, empty shards too. At each step every rank writes its box's direction into
-// Plan::gather_elems doubles (backend memory) at `offset` (primary replicas only: zeros
-// elsewhere), one all-reduce sums them across the ranks into each whole direction, and each
-// rank orthogonalizes the whole matrix and applies its box (kernels::MatrixBox).
+// param order, empty shards too. Their whole directions lie in one buffer of
+// Plan::gather_elems doubles (backend memory), in Plan::gather_ranks chunks of
+// Plan::gather_chunk (lay_out_gathered): a matrix at `offset`, in its owner's chunk. At each
+// step every rank writes its box's direction at the matrix's offset (primary replicas
+// only: zeros elsewhere); the chunks are summed across the ranks, each owner's chunk to its
+// owner (with one chunk: every rank owns every matrix, and the whole buffer is summed);
+// each owner orthogonalizes its matrices in place; the chunks are gathered to every rank;
+// and each rank applies its box of each result (kernels::MatrixBox).
 struct GatheredMatrix {
   kernels::MatrixBox box;
-  int64_t offset;       // of the whole direction in the gather buffer, in elements
+  int64_t param;        // its param's index
   bool contributes;     // a primary replica: its box is summed into the direction
+  int64_t offset = 0;   // of the whole direction in the buffer, in elements
+  bool owned = false;   // this rank orthogonalizes it
   int32_t bucket = -1;  // this rank's slot of the matrix; -1 for an empty shard
   int32_t slot = -1;
 };
@@ -136,8 +142,19 @@ struct Plan {
   std::vector<Bucket> buckets;
   std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
   std::vector<GatheredMatrix> gathered;        // every split Muon matrix, in param order
-  int64_t gather_elems = 0;                    // their whole matrices' elements
+  int32_t gather_ranks = 0;                    // their buffer's chunks (0: not laid out)
+  int32_t gather_rank = 0;                     // this rank's chunk
+  int64_t gather_chunk = 0;                    // elements a chunk
+  int64_t gather_elems = 0;                    // gather_ranks * gather_chunk
 };
+
+// Lays Plan::gathered out in `ranks` chunks, as rank `rank` of them (0 <= rank < ranks): each
+// matrix gets an owner, the rank whose chunk it lies in. Owners are balanced by Newton-
+// Schulz's flops (~ min(rows, cols)^2 max(rows, cols) a step; largest first, each to the
+// least loaded rank, the lowest on a tie), so every rank that lays out the same matrices
+// with the same `ranks` picks the same owners. A chunk holds its owner's matrices in param
+// order; gather_chunk is the largest owner's elements. With one chunk, this rank owns all.
+void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks);
 
 // The slot of a split matrix that this rank steps: its own box, when it holds one and has a
 // grad at this step; else NULL (an empty shard, or no grad: nothing of it to step here).

@@ -238,11 +238,21 @@ void Stepper::flush(Plan& plan, void* stream) {
   }
 }
 
-void Stepper::all_reduce(Comm& comm, double* values, int32_t count, ReduceOp op, void* stream) {
-  if (comm.reduces_device_memory() || backend_->host_memory()) {
-    comm.all_reduce(values, count, op, comm.reduces_device_memory() ? stream : nullptr);
-    return;
-  }
+void Stepper::all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream,
+                         const Span* keep) {
+  const bool device_comm = comm.reduces_device_memory();
+  if (device_comm && keep != nullptr)
+    fail(SA_ERR_INTERNAL, "a kept span of an all-reduce over device memory");
+  auto reduce = [&](double* at) {  // in pieces of at most INT32_MAX doubles, the ABI's count
+    if (keep != nullptr) {         // this rank's values outside the span count as zeros
+      std::fill(at, at + keep->first, 0.0);
+      std::fill(at + keep->first + keep->count, at + count, 0.0);
+    }
+    for (int64_t first = 0; first < count; first += INT32_MAX)
+      comm.all_reduce(at + first, static_cast<int32_t>(std::min<int64_t>(INT32_MAX, count - first)),
+                      op, device_comm ? stream : nullptr);
+  };
+  if (device_comm || backend_->host_memory()) return reduce(values);
   if (backend_->capturing(stream))
     fail(SA_ERR_STATE,
          "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
@@ -253,7 +263,7 @@ void Stepper::all_reduce(Comm& comm, double* values, int32_t count, ReduceOp op,
   auto* host = static_cast<double*>(host_staging_->data());
   backend_->download(host, values, bytes, stream);
   backend_->synchronize_stream(stream);
-  comm.all_reduce(host, count, op, nullptr);
+  reduce(host);
   backend_->upload(values, host, bytes, stream);  // `host` is reusable once this returns
 }
 
@@ -305,7 +315,7 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   args.fold_inputs = &fold;
   backend_->launch(Pass::fold, plan, args, stream);
   backend_->launch(Pass::update, plan, args, stream);
-  if (!plan.gathered.empty()) gather_matrices(plan, in.matrix_comm, args, stream);
+  if (!plan.gathered.empty()) gather_matrices(plan, in.matrix_comm, args, stream);  // and NS
   backend_->launch(Pass::matrices, plan, args, stream);
   if (!plan.current.empty()) {
     try {
@@ -325,43 +335,79 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   return std::nullopt;
 }
 
-// The split Muon matrices' whole directions: each rank's boxes, summed across the ranks in
-// one all-reduce (in pieces of at most INT32_MAX doubles). Every rank calls it at every
-// step, skipped or not: it is a collective. The first time a plan's buffer is sized, the
-// ranks check that they agree on its size (else the sum would mix matrices, or hang).
-void Stepper::gather_matrices(const Plan& plan, Comm* comm, PassArgs& args, void* stream) {
+// The split Muon matrices' whole directions, orthogonalized by their owners (plan.hpp's
+// GatheredMatrix): each rank's boxes summed onto the owners (a reduce-scatter of the
+// owners' chunks; with one chunk, or a host communicator, an all-reduce of them all), the
+// owners' Newton-Schulz, then the results gathered to every rank (a host communicator's
+// all-reduce with zeros outside each rank's own chunk). Every rank calls it at every step,
+// skipped or not: it is collective. When the layout changes, the ranks first check that
+// they agree on it (else the sums would mix matrices, or hang).
+void Stepper::gather_matrices(Plan& plan, Comm* comm, PassArgs& args, void* stream) {
   if (comm == nullptr)
     fail(SA_ERR_STATE,
          "the plan has Muon matrices split across ranks, whose directions are "
          "summed across the ranks, and the optimizer has no communicator "
          "(sa_optimizer_set_comm)");
+  const int32_t ranks = comm->nranks() > 1 ? comm->nranks() : 1;  // -1: a host comm unsaid
+  const int32_t rank = ranks > 1 ? comm->rank() : 0;
+  if (plan.gather_ranks != ranks || plan.gather_rank != rank) lay_out_gathered(plan, rank, ranks);
   const auto bytes = static_cast<std::size_t>(plan.gather_elems) * sizeof(double);
   if (!gather_ || gather_->bytes() < bytes) gather_ = backend_->allocate(bytes);
-  if (agreed_gather_elems_ != plan.gather_elems) {
-    const double n = static_cast<double>(plan.gather_elems),
-                 count = static_cast<double>(plan.gathered.size());
-    const double mine[4] = {n, -n, count, -count};
-    std::shared_ptr<Buffer> values = backend_->allocate(sizeof mine);
-    backend_->copy_from_host(values->data(), mine, sizeof mine);
-    all_reduce(*comm, static_cast<double*>(values->data()), 4, ReduceOp::max, nullptr);
-    backend_->synchronize();
-    double all[4];
-    backend_->copy_to_host(all, values->data(), sizeof all);
-    if (all[0] != -all[1] || all[2] != -all[3])
-      fail(SA_ERR_MISMATCH, "the ranks of ", comm->describe(),
-           " hold different split Muon matrices (from ", -all[3], " to ", all[2], " matrices of ",
-           -all[1], " to ", all[0], " elements in all; this rank: ", plan.gathered.size(), " of ",
-           plan.gather_elems,
-           "): register the same params, in the same order and groups, on every rank");
+  if (agreed_gather_elems_ != plan.gather_elems || agreed_gather_ranks_ != ranks) {
+    agree_on_gather(plan, *comm);
     agreed_gather_elems_ = plan.gather_elems;
+    agreed_gather_ranks_ = ranks;
   }
   args.gather = static_cast<double*>(gather_->data());
   backend_->launch(Pass::gather, plan, args, stream);
-  for (int64_t first = 0; first < plan.gather_elems; first += INT32_MAX) {
-    const auto count =
-        static_cast<int32_t>(std::min<int64_t>(INT32_MAX, plan.gather_elems - first));
-    all_reduce(*comm, args.gather + first, count, ReduceOp::sum, stream);
+  const bool chunked = ranks > 1 && comm->reduces_device_memory();
+  if (chunked)
+    comm->reduce_scatter(args.gather, plan.gather_chunk, stream);
+  else
+    all_reduce(*comm, args.gather, plan.gather_elems, ReduceOp::sum, stream);
+  backend_->launch(Pass::orthogonalize, plan, args, stream);
+  if (chunked) {
+    comm->all_gather(args.gather, plan.gather_chunk, stream);
+  } else if (ranks > 1) {
+    const Span own{rank * plan.gather_chunk, plan.gather_chunk};
+    all_reduce(*comm, args.gather, plan.gather_elems, ReduceOp::sum, stream, &own);
   }
+}
+
+// The ranks' agreement on the split matrices' layout: the same count, elements and chunks
+// (a max-reduction of each and its negation), and with chunks, each rank number said once
+// (a sum of one-hot rows). Synchronizes: it runs when the layout changes, not at each step.
+void Stepper::agree_on_gather(const Plan& plan, Comm& comm) {
+  const auto ranks = static_cast<std::size_t>(plan.gather_ranks);
+  const double n = static_cast<double>(plan.gather_elems),
+               count = static_cast<double>(plan.gathered.size()), k = static_cast<double>(ranks);
+  std::vector<double> mine = {n, -n, count, -count, k, -k};
+  std::shared_ptr<Buffer> values = backend_->allocate(mine.size() * sizeof(double));
+  backend_->copy_from_host(values->data(), mine.data(), mine.size() * sizeof(double));
+  all_reduce(comm, static_cast<double*>(values->data()), static_cast<int64_t>(mine.size()),
+             ReduceOp::max, nullptr);
+  backend_->synchronize();
+  std::vector<double> all(mine.size());
+  backend_->copy_to_host(all.data(), values->data(), all.size() * sizeof(double));
+  if (all[0] != -all[1] || all[2] != -all[3] || all[4] != -all[5])
+    fail(SA_ERR_MISMATCH, "the ranks of ", comm.describe(),
+         " hold different split Muon matrices (from ", -all[3], " to ", all[2], " matrices of ",
+         -all[1], " to ", all[0], " elements in all, over ", -all[5], " to ", all[4],
+         " ranks; this rank: ", plan.gathered.size(), " of ", plan.gather_elems, " over ", ranks,
+         "): register the same params, in the same order and groups, on every rank");
+  if (ranks < 2) return;
+  std::vector<double> said(ranks, 0.0);
+  said[static_cast<std::size_t>(plan.gather_rank)] = 1.0;
+  values = backend_->allocate(ranks * sizeof(double));
+  backend_->copy_from_host(values->data(), said.data(), ranks * sizeof(double));
+  all_reduce(comm, static_cast<double*>(values->data()), static_cast<int64_t>(ranks), ReduceOp::sum,
+             nullptr);
+  backend_->synchronize();
+  backend_->copy_to_host(said.data(), values->data(), ranks * sizeof(double));
+  for (std::size_t r = 0; r < ranks; ++r)
+    if (said[r] != 1.0)
+      fail(SA_ERR_MISMATCH, comm.describe(), ": ", said[r], " ranks say they are rank ", r, " of ",
+           ranks, "; each rank must say its own number, 0 to ", ranks - 1, " once");
 }
 
 StepReport Stepper::last_report() const {

@@ -105,7 +105,15 @@ class Stepper {
   // backend through one pinned staging buffer (grown as needed), which drains the stream and
   // so cannot be captured (SA_ERR_STATE). The step's reductions (its stats, a current
   // scaling's amax) and the optimizer's (the ranks' agreement, a recast's amax) all use it.
-  void all_reduce(Comm& comm, double* values, int32_t count, ReduceOp op, void* stream);
+  // values[0..count) (backend memory) reduced across the ranks of `comm`, a host one's
+  // through host staging. With `keep`, this rank's values outside it count as zeros (a host
+  // communicator only).
+  struct Span {
+    int64_t first;
+    int64_t count;
+  };
+  void all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream,
+                  const Span* keep = nullptr);
 
  private:
   // A growable array in backend memory (host memory without a backend).
@@ -152,10 +160,12 @@ class Stepper {
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> host_staging_;  // all_reduce's copy for a host communicator
   // Split Muon matrices: their directions (Plan::gather_elems doubles, backend memory), and
-  // how many the ranks were last found to agree on.
+  // the layout the ranks were last found to agree on (elements, chunks).
   std::shared_ptr<Buffer> gather_;
   int64_t agreed_gather_elems_ = -1;
-  void gather_matrices(const Plan& plan, Comm* comm, PassArgs& args, void* stream);
+  int32_t agreed_gather_ranks_ = -1;
+  void gather_matrices(Plan& plan, Comm* comm, PassArgs& args, void* stream);
+  void agree_on_gather(const Plan& plan, Comm& comm);
 };
 
 }  // namespace sa

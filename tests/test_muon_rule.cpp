@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "muon_reference.hpp"
+#include "src/plan.hpp"
 #include "test_state_io_support.hpp"
 #include "test_support.hpp"
 #include "test_thread_comm.hpp"
@@ -343,12 +344,17 @@ struct Split {
   std::vector<sa_placement> placements;
 };
 
-// What a rank ends with: its box of the param and of the momentum, and where the box is.
+// Each rank holds this many copies of the split matrix (the same values and grads), which
+// are split matrices of their own: with ranks that say their numbers, each copy gets
+// another owner (equal flops: rank 0, 1, 2), whose result every rank must receive.
+constexpr int kCopies = 3;
+
+// What a rank ends with: its box of each copy's param and momentum, and where the box is.
 struct RankResult {
   sa_status status = SA_OK;
   std::string error;
   std::vector<int64_t> offset, shape;
-  std::vector<float> param, momentum;
+  std::vector<std::vector<float>> param, momentum;  // by copy
 };
 
 // A step's grads of the whole matrix: the same on every rank and in the reference.
@@ -365,8 +371,9 @@ std::vector<float> box_of(const std::vector<float>& m, int64_t cols,
   return out;
 }
 
-// Rank `rank` of the split: its box of the matrix in a Muon group (with a whole 5 x 3
-// matrix beside it), three steps; no Catch2 macros (it runs on a thread of its own).
+// Rank `rank` of the split: its box of each copy of the matrix in a Muon group (with a
+// whole 5 x 3 matrix beside them), three steps; no Catch2 macros (it runs on a thread of
+// its own).
 RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_comm* comm) {
   RankResult out;
   auto fail = [&](sa_status st, sa_optimizer* opt) {
@@ -387,9 +394,13 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
     return fail(st, nullptr);
   const std::vector<float> start =
       box_of(sa::test::random_matrix(s.rows, s.cols, 77, 1.0f), s.cols, out.offset, out.shape);
-  HostTensor w(out.shape, kFloat32), g(out.shape, kFloat32), v({5, 3}, kFloat32),
-      vg({5, 3}, kFloat32);
-  std::copy(start.begin(), start.end(), w.as<float>());  // (an empty shard's is empty)
+  std::vector<HostTensor> w, g;
+  for (int c = 0; c < kCopies; ++c) {
+    w.emplace_back(out.shape, kFloat32);
+    g.emplace_back(out.shape, kFloat32);
+    std::copy(start.begin(), start.end(), w.back().as<float>());  // (an empty shard's is empty)
+  }
+  HostTensor v({5, 3}, kFloat32), vg({5, 3}, kFloat32);
   sa_optimizer_config oc = SA_OPTIMIZER_CONFIG_INIT;
   oc.num_threads = 1;
   sa_optimizer* raw = nullptr;
@@ -399,27 +410,35 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
   int64_t index = -1;
   sa_status st = sa_optimizer_set_comm(opt.get(), comm);
   if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &config, &group);
-  if (st == SA_OK)
-    st = sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), &layout, nullptr, &index);
+  for (int c = 0; c < kCopies && st == SA_OK; ++c)
+    st = sa_optimizer_add_param(opt.get(), ("w" + std::to_string(c)).c_str(), 0,
+                                w[static_cast<std::size_t>(c)].versioned(), &layout, nullptr,
+                                &index);
   if (st == SA_OK)
     st = sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr, nullptr, &index);
-  const DLTensor gd = g.dl(), vgd = vg.dl();
-  const DLTensor* grads[] = {&gd, &vgd};
-  if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), 2, grads);
+  std::vector<DLTensor> dl;
+  for (const HostTensor& t : g) dl.push_back(t.dl());
+  dl.push_back(vg.dl());
+  std::vector<const DLTensor*> grads;
+  for (const DLTensor& t : dl) grads.push_back(&t);
+  if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), kCopies + 1, grads.data());
   for (int step = 0; step < 3 && st == SA_OK; ++step) {
     const std::vector<float> box = box_of(whole_grad(s, step), s.cols, out.offset, out.shape);
-    std::copy(box.begin(), box.end(), g.as<float>());
+    for (HostTensor& t : g) std::copy(box.begin(), box.end(), t.as<float>());
     for (int64_t i = 0; i < 15; ++i) vg.set(i, 0.01f * static_cast<float>(i % 4 - 1));
     st = sa_optimizer_step(opt.get(), nullptr, nullptr);
   }
   if (st != SA_OK) return fail(st, opt.get());
-  out.param.assign(w.as<float>(), w.as<float>() + w.numel());
-  if (w.numel() > 0) {
+  for (int c = 0; c < kCopies; ++c) {
+    const HostTensor& t = w[static_cast<std::size_t>(c)];
+    out.param.emplace_back(t.as<float>(), t.as<float>() + t.numel());
+    out.momentum.emplace_back();
+    if (t.numel() == 0) continue;
     DLManagedTensorVersioned* view = nullptr;
-    if ((st = sa_optimizer_state_view(opt.get(), 0, "momentum_buffer", &view)) != SA_OK)
+    if ((st = sa_optimizer_state_view(opt.get(), c, "momentum_buffer", &view)) != SA_OK)
       return fail(st, opt.get());
     const auto* m = static_cast<const float*>(view->dl_tensor.data);
-    out.momentum.assign(m, m + w.numel());
+    out.momentum.back().assign(m, m + t.numel());
     view->deleter(view);
   }
   return out;
@@ -461,26 +480,122 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
     const StateView mb = state_view(one.get(), 0, "momentum_buffer");
     const std::vector<float> whole_mb(static_cast<const float*>(mb.data()),
                                       static_cast<const float*>(mb.data()) + mb.numel());
-    // The same on 4 threaded ranks.
-    ThreadComms comms(4);
-    std::vector<RankResult> results(4);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 4; ++r)
-      threads.emplace_back(
-          [&, r] { results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r]); });
-    for (std::thread& t : threads) t.join();
-    int64_t covered = 0;
-    for (int r = 0; r < 4; ++r) {
-      const RankResult& got = results[static_cast<std::size_t>(r)];
-      INFO("rank " << r << ": " << got.error);
-      REQUIRE(got.status == SA_OK);
-      CHECK(got.param == box_of(whole, s.cols, got.offset, got.shape));
-      CHECK(got.momentum == box_of(whole_mb, s.cols, got.offset, got.shape));
-      covered += got.shape[0] * got.shape[1];
+    CHECK(whole != start);  // the steps moved it
+    // The same on 4 threaded ranks: each copy orthogonalized by its owner (ranks that say
+    // their numbers), or on every rank (ranks that do not).
+    for (const bool said : {true, false}) {
+      INFO((said ? "ranks say their numbers: one owner a matrix" : "ranks unsaid: every rank"));
+      ThreadComms comms(4, said);
+      std::vector<RankResult> results(4);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < 4; ++r)
+        threads.emplace_back(
+            [&, r] { results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r]); });
+      for (std::thread& t : threads) t.join();
+      int64_t covered = 0;
+      for (int r = 0; r < 4; ++r) {
+        const RankResult& got = results[static_cast<std::size_t>(r)];
+        INFO("rank " << r << ": " << got.error);
+        REQUIRE(got.status == SA_OK);
+        for (int c = 0; c < kCopies; ++c) {
+          INFO("copy " << c);
+          CHECK(got.param[static_cast<std::size_t>(c)] ==
+                box_of(whole, s.cols, got.offset, got.shape));
+          CHECK(got.momentum[static_cast<std::size_t>(c)] ==
+                box_of(whole_mb, s.cols, got.offset, got.shape));
+        }
+        covered += got.shape[0] * got.shape[1];
+      }
+      const int64_t replicas = s.placements[0].type == SA_PLACEMENT_REPLICATE ? 2 : 1;
+      CHECK(covered == replicas * s.rows * s.cols);  // every element on some rank
     }
-    const int64_t replicas = s.placements[0].type == SA_PLACEMENT_REPLICATE ? 2 : 1;
-    CHECK(covered == replicas * s.rows * s.cols);  // every element on some rank
-    CHECK(whole != start);                         // and the steps moved it
+  }
+}
+
+TEST_CASE("split Muon matrices get owners balanced by Newton-Schulz's flops, the same on every "
+          "rank",
+          "[muon][sharded]") {
+  sa::Plan plan;
+  auto add = [&](int64_t rows, int64_t cols) {
+    plan.gathered.push_back({{rows, cols, 0, 0, rows, cols},
+                             static_cast<int64_t>(plan.gathered.size()),
+                             true});
+  };
+  add(4, 8);    // 4^2 8 = 128 flops (units)
+  add(16, 16);  // 4096: the largest, placed first
+  add(8, 4);    // 128
+  add(2, 2);    // 8
+  add(8, 8);    // 512
+  // Largest first, each to the least loaded rank (the lowest on a tie): 16x16 -> 0, 8x8 -> 1,
+  // 4x8 -> 2, then 8x4 and 2x2 -> 2 (its load, 128 then 256, stays below rank 1's 512).
+  const std::vector<int32_t> owners = {2, 0, 2, 2, 1};
+  const std::vector<int64_t> elems = {256, 64, 32 + 32 + 4};  // by rank
+  for (int32_t rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    sa::lay_out_gathered(plan, rank, 3);
+    CHECK(plan.gather_ranks == 3);
+    CHECK(plan.gather_chunk == 256);  // the largest owner's
+    CHECK(plan.gather_elems == 3 * 256);
+    int64_t filled[3] = {0, 0, 0};
+    for (std::size_t m = 0; m < plan.gathered.size(); ++m) {
+      const sa::GatheredMatrix& g = plan.gathered[m];
+      const int32_t owner = owners[m];
+      INFO("matrix " << m);
+      CHECK(g.owned == (owner == rank));
+      CHECK(g.offset == owner * 256 + filled[owner]);  // in its owner's chunk, param order
+      filled[owner] += g.box.rows * g.box.cols;
+    }
+    for (int r = 0; r < 3; ++r) CHECK(filled[r] == elems[static_cast<std::size_t>(r)]);
+  }
+  sa::lay_out_gathered(plan, 0, 1);  // one chunk: this rank owns all, in param order
+  CHECK(plan.gather_chunk == 32 + 256 + 32 + 4 + 64);
+  int64_t at = 0;
+  for (const sa::GatheredMatrix& g : plan.gathered) {
+    CHECK(g.owned);
+    CHECK(g.offset == at);
+    at += g.box.rows * g.box.cols;
+  }
+}
+
+TEST_CASE("a host communicator's rank must be in 0..nranks, and its ranks must say each number "
+          "once",
+          "[muon][sharded][errors]") {
+  sa_host_comm callbacks = SA_HOST_COMM_INIT;
+  callbacks.all_reduce = [](void*, double*, int32_t, sa_reduce_op) { return 0; };
+  sa_comm* comm = nullptr;
+  for (const auto& [rank, nranks] : std::vector<std::pair<int32_t, int32_t>>{
+           {2, 2}, {-1, 2}, {1, 0}, {0, -1}}) {
+    INFO("rank " << rank << " of " << nranks);
+    callbacks.rank = rank;
+    callbacks.nranks = nranks;
+    CHECK(sa_comm_create_host(&callbacks, &comm) == SA_ERR_INVALID_ARGUMENT);
+    CHECK(comm == nullptr);
+    CHECK_THAT(sa_last_error(), Catch::Contains("0 <= rank < nranks"));
+  }
+  // Two threaded ranks that both say they are rank 0: refused at the first step, by name.
+  ThreadGroup group(2);
+  std::vector<RankEndpoint> endpoints = {{&group, 0}, {&group, 1}};
+  std::vector<CommPtr> comms;
+  for (RankEndpoint& e : endpoints) {
+    sa_host_comm c = SA_HOST_COMM_INIT;
+    c.ctx = &e;
+    c.all_reduce = thread_all_reduce;
+    c.rank = 0;
+    c.nranks = 2;
+    comms.push_back(host_comm(c));
+  }
+  const Split split{"Shard(0)", 6, 4, {2}, {shard(0)}};
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  std::vector<RankResult> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r].get());
+    });
+  for (std::thread& t : threads) t.join();
+  for (const RankResult& got : results) {
+    CHECK(got.status == SA_ERR_MISMATCH);
+    CHECK_THAT(got.error, Catch::Contains("2 ranks say they are rank 0 of 2"));
   }
 }
 

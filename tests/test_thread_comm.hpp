@@ -90,15 +90,20 @@ inline CommPtr host_comm(sa_host_comm callbacks) {
   return CommPtr(comm);
 }
 
-// The communicators of `ranks` thread ranks of one group.
+// The communicators of `ranks` thread ranks of one group; `said`: each says its rank and
+// the rank count (sa_host_comm.rank, .nranks), else neither.
 struct ThreadComms {
-  explicit ThreadComms(int ranks) : group(ranks) {
+  explicit ThreadComms(int ranks, bool said = false) : group(ranks) {
     endpoints.reserve(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) {
       endpoints.push_back({&group, r});
       sa_host_comm callbacks = SA_HOST_COMM_INIT;
       callbacks.ctx = &endpoints.back();
       callbacks.all_reduce = thread_all_reduce;
+      if (said) {
+        callbacks.rank = r;
+        callbacks.nranks = ranks;
+      }
       comms.push_back(host_comm(callbacks));
     }
   }

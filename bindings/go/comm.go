@@ -109,8 +109,26 @@ func (h *hostComm) takeError() string {
 // Create one communicator per rank. Given to several optimizers that step at once, the
 // function is called concurrently.
 func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
+	return newHostComm(0, 0, allReduce)
+}
+
+// NewRankedHostComm is NewHostComm for a transport whose ranks are numbered: this is rank
+// rank of nranks (0 <= rank < nranks, each number on one rank). Each Muon matrix split
+// across ranks is then orthogonalized on one owner rank instead of on every rank, and
+// allReduce also carries the owners' results; the first step checks that the ranks'
+// numbers make 0..nranks-1 once each (StatusMismatch otherwise). A rank outside 0..nranks-1
+// is refused with StatusInvalidArgument; nranks 0 (with rank 0) says nothing, as NewHostComm.
+func NewRankedHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
+	return newHostComm(rank, nranks, allReduce)
+}
+
+func newHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
 	if allReduce == nil {
 		return nil, bindingError(StatusInvalidArgument, "shardadam.NewHostComm: allReduce is nil")
+	}
+	if rank != int(int32(rank)) || nranks != int(int32(nranks)) {
+		return nil, bindingError(StatusInvalidArgument, fmt.Sprintf(
+			"shardadam.NewRankedHostComm: rank %d or nranks %d does not fit an int32", rank, nranks))
 	}
 	host := &hostComm{allReduce: allReduce}
 	// C keeps the handle, an integer in a C cell, never a Go pointer; release deletes both.
@@ -121,6 +139,7 @@ func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, er
 	h := cgo.NewHandle(host)
 	*ctx = C.uintptr_t(h)
 	callbacks := hostCallbacks(unsafe.Pointer(ctx))
+	callbacks.rank, callbacks.nranks = C.int32_t(rank), C.int32_t(nranks)
 	var handle *C.sa_comm
 	if err := handleless(func() C.sa_status { return C.sa_comm_create_host(&callbacks, &handle) }); err != nil {
 		h.Delete() // a refused table is not kept, so release never runs
@@ -173,7 +192,7 @@ func WrapNCCLComm(ncclComm unsafe.Pointer) (*Comm, error) {
 }
 
 // RankAndSize returns this rank and the number of ranks (sa_comm_info); -1, -1 for a host
-// communicator, whose transport is the caller's.
+// communicator made without them (NewHostComm).
 func (c *Comm) RankAndSize() (rank, nranks int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -603,3 +603,22 @@ func TestNCCLCommunicatorsCheckTheirArgumentsOrNeedALibraryBuiltWithNCCL(t *test
 		t.Fatalf("WrapNCCLComm(nil) = %v", err)
 	}
 }
+
+func TestRankedHostCommSaysItsRankAndRefusesOneOutOfRange(t *testing.T) {
+	noop := func([]float64, ReduceOp) error { return nil }
+	comm, err := NewRankedHostComm(1, 3, noop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comm.Close()
+	if rank, nranks, err := comm.RankAndSize(); err != nil || rank != 1 || nranks != 3 {
+		t.Fatalf("RankAndSize = %d, %d, %v; want 1, 3", rank, nranks, err)
+	}
+	for _, c := range [][2]int{{3, 3}, {-1, 2}, {1, 0}} {
+		_, err := NewRankedHostComm(c[0], c[1], noop)
+		var e *Error
+		if !errors.As(err, &e) || e.Status != StatusInvalidArgument || !strings.Contains(e.Message, "0 <= rank < nranks") {
+			t.Errorf("NewRankedHostComm(%d, %d): %v; want InvalidArgument naming 0 <= rank < nranks", c[0], c[1], err)
+		}
+	}
+}

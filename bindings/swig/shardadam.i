@@ -880,8 +880,8 @@ PyObject* step_params(sa_optimizer* opt, PyObject* params, const sa_step_args* a
  * is SA_REDUCE_SUM or SA_REDUCE_MAX. A reducer that raises makes the step fail with
  * SA_ERR_COMM; its exception is stored as `reducer.exception` (it stays None otherwise)
  * for the package to surface. The communicator holds a reference to `reducer` until it is
- * freed. Returns (status, comm). */
-PyObject* host_comm_create(PyObject* reducer) {
+ * freed. `rank` and `nranks` are sa_host_comm's (0 and 0: not said). Returns (status, comm). */
+PyObject* host_comm_create(PyObject* reducer, int rank, int nranks) {
   if (!PyCallable_Check(reducer)) {
     PyErr_SetString(PyExc_TypeError, "host_comm_create: the reducer must be callable");
     return NULL;
@@ -890,6 +890,8 @@ PyObject* host_comm_create(PyObject* reducer) {
   callbacks.ctx = reducer;
   callbacks.all_reduce = sa_py_host_all_reduce;
   callbacks.release = sa_py_host_release;
+  callbacks.rank = rank;
+  callbacks.nranks = nranks;
   sa_comm* comm = NULL;
   Py_INCREF(reducer);  /* the communicator's reference, dropped by sa_py_host_release */
   sa_status status = sa_comm_create_host(&callbacks, &comm);

@@ -210,8 +210,11 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  * amsgrad must be 0. A matrix whose layout splits it across ranks needs a communicator
  * (sa_optimizer_set_comm) over every rank that holds a part of it: at every step (a
  * collective, skipped step or not) the ranks sum their boxes of u (the primary replicas')
- * into the whole u, and each rank orthogonalizes it and applies its own box, so every rank
- * ends as one rank holding the whole matrix would (bit for bit, with the same BLAS):
+ * into the whole u on the matrix's owner rank, the owner orthogonalizes it, and every rank
+ * applies its own box of the result, so every rank ends as one rank holding the whole
+ * matrix would (bit for bit, with the same BLAS). Owners are balanced by Newton-Schulz's
+ * flops over the communicator's ranks; a host communicator that does not say its rank
+ * (sa_host_comm.nranks 0) makes every rank its own owner of every matrix:
  *   g = grad * inv_grad_scale (times the clip factor when clipping)
  *   buf = buf + (1 - momentum) (g - buf)                     (state "momentum_buffer")
  *   u = nesterov ? g + momentum (buf - g) : buf
@@ -924,10 +927,18 @@ typedef struct sa_host_comm {
   int (*all_reduce)(void* ctx, double* values, int32_t count, sa_reduce_op op);
   /* Optional: called once with ctx when the communicator is freed. */
   void (*release)(void* ctx);
+  /* Optional: this rank and the number of ranks of the transport, 0 <= rank < nranks, the
+   * ranks numbered 0, 1, ... without gaps; nranks 0 (the default) says nothing. Said, each
+   * Muon matrix split across ranks is orthogonalized on one rank (its owner, chosen by the
+   * matrix's size) instead of on every rank, and all_reduce also carries the results to
+   * the other ranks; the first step checks that the ranks' numbers make 0..nranks-1 once
+   * each (SA_ERR_MISMATCH otherwise). */
+  int32_t rank;
+  int32_t nranks;
 } sa_host_comm;
 
 #define SA_HOST_COMM_INIT \
-  { sizeof(sa_host_comm), NULL, NULL, NULL }
+  { sizeof(sa_host_comm), NULL, NULL, NULL, 0, 0 }
 
 /** Creates a communicator from host callbacks. The table is copied; ctx is kept. */
 SA_API sa_status sa_comm_create_host(const sa_host_comm* callbacks, sa_comm** out);
@@ -962,7 +973,7 @@ SA_API sa_status sa_comm_create_nccl(const sa_nccl_unique_id* id, int32_t nranks
 SA_API sa_status sa_comm_wrap_nccl(void* nccl_comm, sa_comm** out);
 
 /** This rank and the rank count of a communicator (a host communicator reports -1 for
- *  both: its transport is the caller's). */
+ *  both unless its sa_host_comm said them). */
 SA_API sa_status sa_comm_info(const sa_comm* comm, int32_t* rank, int32_t* nranks);
 
 /** Releases the caller's reference. NULL is ignored. */

@@ -31,18 +31,23 @@ void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_
     }
 }
 
-void muon_box_apply_cpu(CblasSgemm sgemm, const MuonHyper& h, const MatrixBox& box,
-                        const double* whole, float* param, float* work) {
-  const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols);
-  const int64_t n = box.rows * box.cols;
+void muon_orthogonalize_cpu(CblasSgemm sgemm, const NewtonSchulz& ns, int64_t rows, int64_t cols,
+                            double* whole, float* work) {
+  const int64_t n = rows * cols;
   float* u = work;
-  for (int64_t i = 0; i < n; ++i)
-    u[i] = static_cast<float>(whole[i]);  // exact: floats summed with 0
-  newton_schulz_cpu(sgemm, u, box.rows, box.cols, h.ns, work + n);
+  for (int64_t i = 0; i < n; ++i) u[i] = static_cast<float>(whole[i]);  // exact: floats and 0s
+  newton_schulz_cpu(sgemm, u, rows, cols, ns, work + n);
+  for (int64_t i = 0; i < n; ++i) whole[i] = u[i];
+}
+
+void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const double* whole,
+                        float* param) {
+  const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols);
   for (int64_t r = 0; r < box.box_rows; ++r)
     for (int64_t k = 0; k < box.box_cols; ++k) {
       const int64_t i = r * box.box_cols + k;
-      param[i] = muon_apply(c, param[i], u[(box.row0 + r) * box.cols + box.col0 + k]);
+      const auto o = static_cast<float>(whole[(box.row0 + r) * box.cols + box.col0 + k]);
+      param[i] = muon_apply(c, param[i], o);
     }
 }
 

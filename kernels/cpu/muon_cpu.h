@@ -25,15 +25,19 @@ void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* b
 // - muon_box_momentum_cpu: buf (the box, row-major) advanced by grad times grad_scale, and,
 //   when `whole` is set, the direction written into it (box.rows x box.cols doubles,
 //   row-major) at the box;
-// - muon_box_apply_cpu: the whole direction (doubles, as the ranks' sum left it)
-//   orthogonalized in `work` (muon_work_elems(box.rows, box.cols) floats) and its box
-//   applied to param (the box, row-major).
+// - muon_orthogonalize_cpu (on the matrix's owner rank): the whole direction (rows x cols
+//   doubles, as the ranks' sum left it) replaced by its Newton-Schulz orthogonalization
+//   (floats, held in doubles), computed in `work` (muon_work_elems(rows, cols) floats);
+// - muon_box_apply_cpu: the box of the orthogonalized whole applied to param (the box,
+//   row-major).
 // With the same sgemm, a whole direction made of the boxes' gives every element the bits
 // muon_matrix_cpu gives it.
 void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_scale,
                            const float* grad, float* buf, double* whole);
-void muon_box_apply_cpu(CblasSgemm sgemm, const MuonHyper& h, const MatrixBox& box,
-                        const double* whole, float* param, float* work);
+void muon_orthogonalize_cpu(CblasSgemm sgemm, const NewtonSchulz& ns, int64_t rows, int64_t cols,
+                            double* whole, float* work);
+void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const double* whole,
+                        float* param);
 
 }  // namespace kernels
 }  // namespace sa

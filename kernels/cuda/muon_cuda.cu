@@ -66,9 +66,16 @@ __global__ void narrow_kernel(const double* whole, float* u, int64_t n) {
     u[i] = static_cast<float>(whole[i]);
 }
 
+// The orthogonalized floats back into the whole (exact).
+__global__ void widen_kernel(const float* u, double* whole, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    whole[i] = u[i];
+}
+
 // A box of the orthogonalized direction o (the whole matrix) applied to the box's param.
 __global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
-                                 float* param, const float* o) {
+                                 float* param, const double* o) {
   if (skipped(verdict)) return;
   const int64_t n = box.box_rows * box.box_cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
@@ -89,23 +96,30 @@ cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
   return cudaGetLastError();
 }
 
-NsStatus muon_box_apply_cuda(const CublasCalls& calls, cublasHandle_t blas, const MuonHyper& h,
-                             const MatrixBox& box, const StepVerdict* verdict, const double* whole,
-                             float* param, void* work, cudaStream_t stream) {
-  const int64_t n = box.rows * box.cols;
+NsStatus muon_orthogonalize_cuda(const CublasCalls& calls, cublasHandle_t blas,
+                                 const NewtonSchulz& ns, int64_t rows, int64_t cols, double* whole,
+                                 void* work, cudaStream_t stream) {
+  const int64_t n = rows * cols;
   auto* u = static_cast<float*>(work);
   NsStatus st;
   narrow_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(whole, u, n);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
-  st = newton_schulz_cuda(calls, blas, u, box.rows, box.cols, h.ns,
-                          static_cast<char*>(work) + direction_bytes(box.rows, box.cols), stream);
+  st = newton_schulz_cuda(calls, blas, u, rows, cols, ns,
+                          static_cast<char*>(work) + direction_bytes(rows, cols), stream);
   if (!st.ok()) return st;
-  const int64_t local = box.box_rows * box.box_cols;
-  if (local == 0) return st;
-  box_apply_kernel<<<grid_for(local, kThreads), kThreads, 0, stream>>>(
-      muon_coeffs(h, box.rows, box.cols), box, verdict, param, u);
+  widen_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(u, whole, n);
   st.cuda = cudaGetLastError();
   return st;
+}
+
+cudaError_t muon_box_apply_cuda(const MuonHyper& h, const MatrixBox& box,
+                                const StepVerdict* verdict, const double* whole, float* param,
+                                cudaStream_t stream) {
+  const int64_t local = box.box_rows * box.box_cols;
+  if (local == 0) return cudaSuccess;
+  box_apply_kernel<<<grid_for(local, kThreads), kThreads, 0, stream>>>(
+      muon_coeffs(h, box.rows, box.cols), box, verdict, param, whole);
+  return cudaGetLastError();
 }
 
 size_t muon_cuda_work_bytes(int64_t rows, int64_t cols) {

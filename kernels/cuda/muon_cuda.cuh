@@ -36,15 +36,20 @@ NsStatus muon_matrix_cuda(const CublasCalls& calls, cublasHandle_t blas, float* 
 // `stream`, `verdict` as muon_matrix_cuda reads it:
 // - muon_box_momentum_cuda: buf (the box, row-major) advanced by grad, and with `whole`
 //   (box.rows x box.cols doubles, device memory) the direction written into it at the box;
-// - muon_box_apply_cuda: the whole direction (as the ranks' sum left it) orthogonalized in
-//   `work` (muon_cuda_work_bytes(box.rows, box.cols) bytes) and its box applied to param.
+// - muon_orthogonalize_cuda (on the matrix's owner rank): the whole direction (rows x cols
+//   doubles, as the ranks' sum left it) replaced by its Newton-Schulz orthogonalization
+//   (floats, held in doubles), computed in `work` (muon_cuda_work_bytes(rows, cols) bytes);
+// - muon_box_apply_cuda: the box of the orthogonalized whole applied to param.
 // A whole direction made of the boxes' gives every element the bits muon_matrix_cuda gives.
 cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
                                    const StepVerdict* verdict, const float* grad, float* buf,
                                    double* whole, cudaStream_t stream);
-NsStatus muon_box_apply_cuda(const CublasCalls& calls, cublasHandle_t blas, const MuonHyper& h,
-                             const MatrixBox& box, const StepVerdict* verdict, const double* whole,
-                             float* param, void* work, cudaStream_t stream);
+NsStatus muon_orthogonalize_cuda(const CublasCalls& calls, cublasHandle_t blas,
+                                 const NewtonSchulz& ns, int64_t rows, int64_t cols, double* whole,
+                                 void* work, cudaStream_t stream);
+cudaError_t muon_box_apply_cuda(const MuonHyper& h, const MatrixBox& box,
+                                const StepVerdict* verdict, const double* whole, float* param,
+                                cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace sa

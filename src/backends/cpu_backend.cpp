@@ -220,6 +220,8 @@ class CpuBackend final : public Backend {
     for (const Bucket& bucket : plan.buckets)
       for (const MatrixShape& m : bucket.matrix_of_slot)
         muon_work = std::max(muon_work, kernels::muon_work_elems(m.rows, m.cols));
+    for (const GatheredMatrix& g : plan.gathered)  // owned, maybe without a shard here
+      muon_work = std::max(muon_work, kernels::muon_work_elems(g.box.rows, g.box.cols));
     muon_work_.assign(static_cast<std::size_t>(muon_work), 0.0f);
     if (muon_work > 0) sgemm_ = cpu_sgemm();
   }
@@ -237,6 +239,8 @@ class CpuBackend final : public Backend {
         return update(plan, *args.verdict);
       case Pass::gather:
         return gather(plan, args);
+      case Pass::orthogonalize:
+        return orthogonalize(plan, args);
       case Pass::matrices:
         return matrices(plan, args);
       case Pass::current_casts:
@@ -335,15 +339,25 @@ class CpuBackend final : public Backend {
                                        g.contributes ? args.gather + g.offset : nullptr);
   }
 
+  // The owned split matrices' directions orthogonalized in place, one after another in the
+  // one scratch. A skipped step's are zeros, and its results are not applied.
+  void orthogonalize(const Plan& plan, const PassArgs& args) {
+    if (args.verdict->skip) return;
+    for (const GatheredMatrix& g : plan.gathered)
+      if (g.owned)
+        kernels::muon_orthogonalize_cpu(sgemm_, args.muon_of(g.param).ns, g.box.rows, g.box.cols,
+                                        args.gather + g.offset, muon_work_.data());
+  }
+
   // Muon's step of each matrix that has a grad, one after another: its elementwise parts on
   // this thread, its GEMMs on the BLAS's threads, in the one scratch for all. A split
-  // matrix's comes from its summed direction in args.gather.
+  // matrix's box comes from its orthogonalized direction in args.gather.
   void matrices(const Plan& plan, const PassArgs& args) {
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        kernels::muon_box_apply_cpu(sgemm_, args.muon_of(*slot), g.box, args.gather + g.offset,
-                                    static_cast<float*>(slot->param), muon_work_.data());
+        kernels::muon_box_apply_cpu(args.muon_of(*slot), g.box, args.gather + g.offset,
+                                    static_cast<float*>(slot->param));
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
       for (std::size_t s = 0; s < bucket.slots.size(); ++s) {

@@ -225,6 +225,8 @@ class CudaBackend final : public Backend {
         return launch_update(plan, args.verdict, s);
       case Pass::gather:
         return launch_gather(plan, args, s);
+      case Pass::orthogonalize:
+        return launch_orthogonalize(plan, args, s);
       case Pass::matrices:
         return launch_matrices(plan, args, s);
       case Pass::current_casts:
@@ -261,19 +263,30 @@ class CudaBackend final : public Backend {
             "Muon's momentum");
   }
 
+  // The owned split matrices' directions orthogonalized in place, one after another on the
+  // stream in the one scratch. (A skipped step's are zeros; its results are not applied.)
+  void launch_orthogonalize(const Plan& plan, const PassArgs& args, cudaStream_t s) {
+    const kernels::CublasCalls& calls = cuda::cublas().calls;
+    for (const GatheredMatrix& g : plan.gathered)
+      if (g.owned)
+        check_muon(kernels::muon_orthogonalize_cuda(calls, blas_, args.muon_of(g.param).ns,
+                                                    g.box.rows, g.box.cols, args.gather + g.offset,
+                                                    muon_work_->data(), s),
+                   g.box.rows, g.box.cols);
+  }
+
   // Muon's step of each matrix that has a grad, one after another on the stream, in the one
-  // scratch (stream order keeps them apart); a split matrix's from its summed direction in
-  // args.gather. The kernels read the verdict: a skipped step leaves every param and
-  // momentum as it was.
+  // scratch (stream order keeps them apart); a split matrix's box from its orthogonalized
+  // direction in args.gather. The kernels read the verdict: a skipped step leaves every
+  // param and momentum as it was.
   void launch_matrices(const Plan& plan, const PassArgs& args, cudaStream_t s) {
     const kernels::CublasCalls& calls = cuda::cublas().calls;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        check_muon(
-            kernels::muon_box_apply_cuda(calls, blas_, args.muon_of(*slot), g.box, args.verdict,
-                                         args.gather + g.offset, static_cast<float*>(slot->param),
-                                         muon_work_->data(), s),
-            g.box.rows, g.box.cols);
+        check_cuda(kernels::muon_box_apply_cuda(args.muon_of(*slot), g.box, args.verdict,
+                                                args.gather + g.offset,
+                                                static_cast<float*>(slot->param), s),
+                   "Muon's step");
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
       for (std::size_t i = 0; i < bucket.slots.size(); ++i) {
@@ -406,6 +419,8 @@ class CudaBackend final : public Backend {
     for (const Bucket& bucket : plan.buckets)
       for (const MatrixShape& m : bucket.matrix_of_slot)
         bytes = std::max(bytes, kernels::muon_cuda_work_bytes(m.rows, m.cols));
+    for (const GatheredMatrix& g : plan.gathered)  // owned, maybe without a shard here
+      bytes = std::max(bytes, kernels::muon_cuda_work_bytes(g.box.rows, g.box.cols));
     if (bytes == 0) return;
     if (blas_ == nullptr) {
       const cublasStatus_t st = cuda::cublas().create(&blas_);

@@ -34,6 +34,14 @@ class Comm {
   // communicators enqueue on `stream` (a cudaStream_t) and return; host ones return when
   // done. Throws sa::Error(SA_ERR_COMM) on failure.
   virtual void all_reduce(double* values, int32_t count, ReduceOp op, void* stream) = 0;
+
+  // Device communicators only (reduces_device_memory()), in place over values[0..nranks() *
+  // chunk), enqueued on `stream`: reduce_scatter leaves in this rank's chunk (values +
+  // rank() * chunk) the sum over the ranks of that chunk; all_gather copies every rank's
+  // chunk to the same place on every rank. The core does both with all_reduce on host
+  // communicators. Throws sa::Error(SA_ERR_COMM) on failure.
+  virtual void reduce_scatter(double* values, int64_t chunk, void* stream) = 0;
+  virtual void all_gather(double* values, int64_t chunk, void* stream) = 0;
 };
 
 // A communicator made of the caller's callbacks (validated; throws on a bad table).

@@ -34,7 +34,9 @@ static_assert(sizeof(ncclUniqueId) == sizeof(sa_nccl_unique_id),
   X(ncclCommCount)           \
   X(ncclCommUserRank)        \
   X(ncclCommCuDevice)        \
-  X(ncclAllReduce)
+  X(ncclAllReduce)           \
+  X(ncclReduceScatter)       \
+  X(ncclAllGather)
 
 struct NcclApi {
 #define SA_NCCL_MEMBER(name) decltype(&::name) name;  // NOLINT(bugprone-macro-parentheses)
@@ -102,6 +104,19 @@ class NcclComm final : public Comm {
                                     op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
                                     static_cast<cudaStream_t>(stream)),
                comm_, "ncclAllReduce");
+  }
+
+  void reduce_scatter(double* values, int64_t chunk, void* stream) override {
+    check_nccl(
+        nccl().ncclReduceScatter(values, values + rank_ * chunk, static_cast<size_t>(chunk),
+                                 ncclFloat64, ncclSum, comm_, static_cast<cudaStream_t>(stream)),
+        comm_, "ncclReduceScatter");
+  }
+
+  void all_gather(double* values, int64_t chunk, void* stream) override {
+    check_nccl(nccl().ncclAllGather(values + rank_ * chunk, values, static_cast<size_t>(chunk),
+                                    ncclFloat64, comm_, static_cast<cudaStream_t>(stream)),
+               comm_, "ncclAllGather");
   }
 
  private:

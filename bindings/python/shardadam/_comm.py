@@ -1,5 +1,7 @@
 """Communicators (``sa_comm``): what a step uses for the global gradient norm and the
 found-inf consensus across ranks."""
+import operator
+
 from . import _shardadam as _C
 from ._errors import CommError, StateError, check
 from ._handle import OwnsHandle
@@ -58,6 +60,11 @@ class Comm(OwnsHandle):
     :class:`CommError` before anything changed, carrying the exception as ``__cause__``.
     The communicator keeps the callable alive as long as the library holds it.
 
+    ``rank`` and ``nranks`` (optional, together): this rank's number among the ranks of the
+    transport, 0 to ``nranks - 1``. Given, each Muon matrix split across ranks is
+    orthogonalized on one rank, its owner, instead of on every rank (``all_reduce`` then also
+    carries the owners' results); the first step checks that the ranks say each number once.
+
     :meth:`nccl` creates an NCCL communicator from a unique id (:func:`nccl_unique_id`);
     :meth:`wrap_nccl` borrows an existing ``ncclComm_t``. An NCCL communicator reduces on
     the device, on the step's stream, without waiting on the host.
@@ -66,12 +73,15 @@ class Comm(OwnsHandle):
     object's reference. Usable as a context manager.
     """
 
-    def __init__(self, all_reduce):
+    def __init__(self, all_reduce, rank=None, nranks=None):
         if not callable(all_reduce):
             raise TypeError(f"Comm: all_reduce must be callable, got {type(all_reduce).__name__}")
+        if (rank is None) != (nranks is None):
+            raise TypeError("Comm: give rank and nranks together, or neither")
         self._handle = None
         self._reducer = _Reducer(all_reduce)
-        self._init(*_C.host_comm_create(self._reducer), kind="host")
+        said = (0, 0) if rank is None else (operator.index(rank), operator.index(nranks))
+        self._init(*_C.host_comm_create(self._reducer, *said), kind="host")
 
     @classmethod
     def nccl(cls, unique_id, nranks, rank, device):
@@ -106,12 +116,12 @@ class Comm(OwnsHandle):
     # ---- properties ------------------------------------------------------------------
     @property
     def rank(self):
-        """This rank (NCCL); None for a host communicator (its transport is the caller's)."""
+        """This rank; None for a host communicator made without one."""
         return self._info()[0]
 
     @property
     def nranks(self):
-        """The number of ranks (NCCL); None for a host communicator."""
+        """The number of ranks; None for a host communicator made without them."""
         return self._info()[1]
 
     def _info(self):

@@ -321,9 +321,9 @@ def _make_comm(group, device):
     NCCL on the params' CUDA device (its unique id broadcast from the group's rank 0), a
     host communicator over torch.distributed otherwise."""
     import torch.distributed as dist
-    if device.type != "cuda":
-        return Comm(_ProcessGroupAllReduce(group))
     rank, nranks = dist.get_rank(group), dist.get_world_size(group)
+    if device.type != "cuda":
+        return Comm(_ProcessGroupAllReduce(group), rank=rank, nranks=nranks)
     uid = [nccl_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(uid, src=dist.get_global_rank(group, 0), group=group, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()

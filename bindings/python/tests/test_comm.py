@@ -322,3 +322,17 @@ def test_nccl_unique_id_is_128_bytes_or_unsupported():
     assert isinstance(uid, bytes) and len(uid) == 128
     with pytest.raises(ValueError, match="128 bytes"):
         shardadam.Comm.nccl(uid[:100], 1, 0, 0)
+
+
+def test_a_host_comm_may_say_its_rank_and_the_library_checks_it():
+    def noop(values, op):
+        return None
+
+    assert shardadam.Comm(noop).rank is None
+    ranked = shardadam.Comm(noop, rank=1, nranks=3)
+    assert (ranked.rank, ranked.nranks) == (1, 3)
+    for rank, nranks in ((3, 3), (-1, 2), (1, 0)):
+        with pytest.raises(shardadam.InvalidArgument, match="0 <= rank < nranks"):
+            shardadam.Comm(noop, rank=rank, nranks=nranks)
+    with pytest.raises(TypeError, match="together"):
+        shardadam.Comm(noop, rank=0)

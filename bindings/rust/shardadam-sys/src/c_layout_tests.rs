@@ -360,6 +360,8 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_host_comm, ctx);
     offset!(sa_host_comm, all_reduce);
     offset!(sa_host_comm, release);
+    offset!(sa_host_comm, rank);
+    offset!(sa_host_comm, nranks);
     let host_comm = sa_host_comm::default();
     fact(
         "SA_HOST_COMM_INIT.struct_size",
@@ -367,7 +369,11 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     );
     fact(
         "SA_HOST_COMM_INIT.null_pointers",
-        (host_comm.ctx.is_null() && host_comm.all_reduce.is_none() && host_comm.release.is_none())
+        (host_comm.ctx.is_null()
+            && host_comm.all_reduce.is_none()
+            && host_comm.release.is_none()
+            && host_comm.rank == 0
+            && host_comm.nranks == 0)
             as i64,
     );
     size!(sa_nccl_unique_id);

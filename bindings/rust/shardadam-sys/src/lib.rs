@@ -695,6 +695,11 @@ pub struct sa_host_comm {
     >,
     /// Called once with ctx when the communicator is freed. May be None.
     pub release: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+    /// This rank, `0 <= rank < nranks`; with `nranks` 0 (the default) neither is said.
+    /// Said, each split Muon matrix is orthogonalized on one owner rank.
+    pub rank: i32,
+    /// The number of ranks of the transport; 0: not said.
+    pub nranks: i32,
 }
 
 impl Default for sa_host_comm {
@@ -705,6 +710,8 @@ impl Default for sa_host_comm {
             ctx: ptr::null_mut(),
             all_reduce: None,
             release: None,
+            rank: 0,
+            nranks: 0,
         }
     }
 }

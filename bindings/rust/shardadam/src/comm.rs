@@ -213,6 +213,29 @@ impl Comm {
         F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
         E: fmt::Display,
     {
+        Comm::host_with(0, 0, all_reduce)
+    }
+
+    /// [`Comm::host`] for a transport whose ranks are numbered: this is rank `rank` of
+    /// `nranks` (`0 <= rank < nranks`, each number on one rank). Each Muon matrix split
+    /// across ranks is then orthogonalized on one owner rank instead of on every rank, and
+    /// `all_reduce` also carries the owners' results; the first step checks that the ranks'
+    /// numbers make `0..nranks` once each ([`Status::Mismatch`] otherwise). A `rank` outside
+    /// `0..nranks` is refused with [`Status::InvalidArgument`]; `nranks` 0 (with `rank` 0)
+    /// says nothing, as [`Comm::host`].
+    pub fn host_ranked<F, E>(rank: i32, nranks: i32, all_reduce: F) -> Result<Comm>
+    where
+        F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
+        E: fmt::Display,
+    {
+        Comm::host_with(rank, nranks, all_reduce)
+    }
+
+    fn host_with<F, E>(rank: i32, nranks: i32, all_reduce: F) -> Result<Comm>
+    where
+        F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
+        E: fmt::Display,
+    {
         let mut all_reduce = all_reduce;
         let erased: Box<HostAllReduce> = Box::new(move |values: &mut [f64], op: ReduceOp| {
             all_reduce(values, op).map_err(|e| e.to_string())
@@ -224,6 +247,8 @@ impl Comm {
             ctx: ctx as *mut c_void,
             all_reduce: Some(host_all_reduce),
             release: Some(host_release),
+            rank,
+            nranks,
             ..sys::sa_host_comm::default()
         };
         let mut raw = ptr::null_mut();
@@ -284,8 +309,8 @@ impl Comm {
             })
     }
 
-    /// This rank and the number of ranks (`sa_comm_info`); `None` for a host communicator,
-    /// whose transport is the caller's.
+    /// This rank and the number of ranks (`sa_comm_info`); `None` for a host communicator
+    /// made without them ([`Comm::host`]).
     pub fn rank_and_size(&self) -> Result<Option<(i32, i32)>> {
         let (mut rank, mut nranks) = (-1i32, -1i32);
         handleless_result(unsafe { sys::sa_comm_info(self.raw.as_ptr(), &mut rank, &mut nranks) })?;

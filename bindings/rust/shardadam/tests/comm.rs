@@ -598,3 +598,18 @@ fn nccl_communicators_check_their_arguments_or_need_a_library_built_with_nccl() 
     let e = unsafe { Comm::wrap_nccl(std::ptr::null_mut()) }.unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument, "{}", e);
 }
+
+#[test]
+fn a_ranked_host_communicator_says_its_rank_and_refuses_one_out_of_range() {
+    let comm = Comm::host_ranked(1, 3, |_: &mut [f64], _| Ok::<(), String>(())).unwrap();
+    assert_eq!(comm.rank_and_size().unwrap(), Some((1, 3)));
+    let unsaid = Comm::host(|_: &mut [f64], _| Ok::<(), String>(())).unwrap();
+    assert_eq!(unsaid.rank_and_size().unwrap(), None);
+    for (rank, nranks) in [(3, 3), (-1, 2), (1, 0)] {
+        let e = Comm::host_ranked(rank, nranks, |_: &mut [f64], _| Ok::<(), String>(()))
+            .err()
+            .expect("refused");
+        assert_eq!(e.status, Status::InvalidArgument, "{}", e);
+        assert!(e.message.contains("0 <= rank < nranks"), "{}", e.message);
+    }
+}
