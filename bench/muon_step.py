@@ -10,9 +10,9 @@ tensors on one device:
 - the step of each optimizer: wall time per step (steps back to back, synchronized once),
   host time of the call alone, and their ratio;
 - where the time goes in ours, from the torch profiler's kernel times: cuBLAS's GEMMs, and
-  our own kernels (momentum, apply, and the iteration's round, normalize, B := b A + a I
-  and widen passes; the step's fold) with the bytes they must move against the
-  device-to-device copy bandwidth measured in the same run.
+  our own kernels (momentum fused with the iteration's rounding, normalize, B := b A + a I,
+  apply; the step's fold) with the bytes they move against the device-to-device copy
+  bandwidth measured in the same run.
 
 bench/newton_schulz measures the iteration against the same cuBLAS GEMMs alone. shardadam is
 reached through ctypes on the C ABI (gpu_step.py's helpers), the params handed over as DLPack
@@ -104,12 +104,12 @@ def main():
         ours_host, torch_host = G.host_ms(opt.step, args.steps), G.host_ms(ref.step, args.steps)
         total, gemm, elementwise, names = kernel_split(opt.step, 3)
         elems = sum(r * c for r, c in shapes)
-        # Bytes our kernels must move at least: per element, momentum reads g and buf and
-        # writes buf and the direction (16), Newton-Schulz rounds it to bf16 (4 + 2),
-        # normalizes it (2 + 2) and widens the result (2 + 4), apply reads p and the result
-        # and writes p (12): 44; per Newton-Schulz step, B := b A + a I reads and writes an
-        # m x m bf16 matrix (m = the smaller dim): 4 m^2.
-        moved = sum(44 * r * c + 5 * 4 * min(r, c) ** 2 for r, c in shapes)
+        # Bytes our kernels move: per element, momentum fused with Newton-Schulz's rounding
+        # reads g and buf and writes buf and the bf16 direction (14), normalize reads and
+        # writes it (4), apply reads p and the bf16 result and writes p (10): 28; per
+        # Newton-Schulz step, B := b A + a I reads and writes an m x m bf16 matrix (m = the
+        # smaller dim): 4 m^2.
+        moved = sum(28 * r * c + 5 * 4 * min(r, c) ** 2 for r, c in shapes)
         floor = moved / (copy * 1e9) * 1e3
         print(f"{model:6} {len(shapes):>8} {elems:>12,} | {ours_ms:8.3f} {torch_ms:8.3f} {torch_ms / ours_ms:10.2f} | "
               f"{ours_host:9.3f} {torch_host:10.3f} | {gemm:7.3f} {elementwise:14.3f} {100 * floor / elementwise:8.1f}%")

@@ -1,16 +1,13 @@
 // kernels/cuda/muon_cuda.cu — see muon_cuda.cuh.
 #include "grid.cuh"
 #include "muon_cuda.cuh"
+#include "ns_round.cuh"
 
 namespace sa {
 namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-size_t direction_bytes(int64_t rows, int64_t cols) {
-  return (static_cast<size_t>(rows * cols) * sizeof(float) + 255) / 256 * 256;
-}
 
 // The verdict's, or 1 with none.
 __device__ float grad_scale_of(const StepVerdict* verdict) {
@@ -21,26 +18,43 @@ __device__ bool skipped(const StepVerdict* verdict) {
   return verdict != nullptr && verdict->skip != 0;
 }
 
-// A skipped step leaves u as it was: Newton-Schulz then reads stale scratch, whose result
-// apply_kernel does not read either.
-__global__ void momentum_kernel(MuonCoeffs c, const StepVerdict* verdict, const float* grad,
-                                float* buf, float* u, int64_t n) {
-  if (skipped(verdict)) return;
-  c.grad_scale = grad_scale_of(verdict);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    float b = buf[i];
-    u[i] = muon_momentum(c, grad[i], b);
-    buf[i] = b;
+// Muon's momentum as Newton-Schulz's first pass reads its input (ns_round.cuh): buf
+// advanced, the direction u returned. A skipped step leaves buf as it was and gives zeros,
+// whose orthogonalization apply_kernel does not read either.
+struct MomentumSource {
+  MuonCoeffs c;
+  const StepVerdict* verdict;
+  const float* grad;
+  float* buf;
+  bool skip = false;
+  __device__ void begin() {
+    skip = skipped(verdict);
+    c.grad_scale = grad_scale_of(verdict);
   }
-}
+  __device__ float operator()(int64_t i) {
+    if (skip) return 0.0f;
+    float b = buf[i];
+    const float u = muon_momentum(c, grad[i], b);
+    buf[i] = b;
+    return u;
+  }
+};
 
-__global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, float* param, const float* o,
-                             int64_t n) {
+// The whole direction, summed in doubles, as Newton-Schulz's first pass reads it: the
+// floats it was made of.
+struct DoubleSource {
+  const double* whole;
+  __device__ void begin() {}
+  __device__ float operator()(int64_t i) const { return static_cast<float>(whole[i]); }
+};
+
+// The orthogonalized direction o (bfloat16, the matrix's row-major layout) applied.
+__global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, float* param,
+                             const __nv_bfloat16* o, int64_t n) {
   if (skipped(verdict)) return;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
-    param[i] = muon_apply(c, param[i], o[i]);
+    param[i] = muon_apply(c, param[i], __bfloat162float(o[i]));
 }
 
 // A box's momentum: buf advanced and, with `whole`, the direction written at the box.
@@ -59,18 +73,11 @@ __global__ void box_momentum_kernel(MuonCoeffs c, MatrixBox box, const StepVerdi
   }
 }
 
-// The whole direction, summed in doubles, back to the floats it was made of.
-__global__ void narrow_kernel(const double* whole, float* u, int64_t n) {
+// The orthogonalized matrix back into the whole, in doubles (exact).
+__global__ void widen_kernel(const __nv_bfloat16* o, double* whole, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
-    u[i] = static_cast<float>(whole[i]);
-}
-
-// The orthogonalized floats back into the whole (exact).
-__global__ void widen_kernel(const float* u, double* whole, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads)
-    whole[i] = u[i];
+    whole[i] = __bfloat162float(o[i]);
 }
 
 // A box of the orthogonalized direction o (the whole matrix) applied to the box's param.
@@ -99,15 +106,20 @@ cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
 NsStatus muon_orthogonalize_cuda(const CublasCalls& calls, cublasHandle_t blas,
                                  const NewtonSchulz& ns, int64_t rows, int64_t cols, double* whole,
                                  void* work, cudaStream_t stream) {
-  const int64_t n = rows * cols;
-  auto* u = static_cast<float*>(work);
   NsStatus st;
-  narrow_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(whole, u, n);
+  if (!ns_dims_ok(rows, cols)) {
+    st.blas = CUBLAS_STATUS_INVALID_VALUE;
+    return st;
+  }
+  const int64_t n = rows * cols;
+  const NsInput in = ns_input(work, rows, cols);
+  ns_round_and_square_kernel<<<kNsNormBlocks, kNsThreads, 0, stream>>>(DoubleSource{whole}, n, in.x,
+                                                                       in.partials);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
-  st = newton_schulz_cuda(calls, blas, u, rows, cols, ns,
-                          static_cast<char*>(work) + direction_bytes(rows, cols), stream);
+  const __nv_bfloat16* o = nullptr;
+  st = newton_schulz_cuda_rounded(calls, blas, rows, cols, ns, work, stream, &o);
   if (!st.ok()) return st;
-  widen_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(u, whole, n);
+  widen_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(o, whole, n);
   st.cuda = cudaGetLastError();
   return st;
 }
@@ -123,23 +135,29 @@ cudaError_t muon_box_apply_cuda(const MuonHyper& h, const MatrixBox& box,
 }
 
 size_t muon_cuda_work_bytes(int64_t rows, int64_t cols) {
-  return direction_bytes(rows, cols) + newton_schulz_cuda_work_bytes(rows, cols);
+  return newton_schulz_cuda_work_bytes(rows, cols);
 }
 
 NsStatus muon_matrix_cuda(const CublasCalls& calls, cublasHandle_t blas, float* param,
                           const float* grad, float* buf, int64_t rows, int64_t cols,
                           const MuonHyper& h, const StepVerdict* verdict, void* work,
                           cudaStream_t stream) {
+  NsStatus st;
+  if (!ns_dims_ok(rows, cols)) {  // before anything changes
+    st.blas = CUBLAS_STATUS_INVALID_VALUE;
+    return st;
+  }
   const MuonCoeffs c = muon_coeffs(h, rows, cols);
   const int64_t n = rows * cols;
-  auto* u = static_cast<float*>(work);
-  momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(c, verdict, grad, buf, u, n);
-  NsStatus st;
+  const NsInput in = ns_input(work, rows, cols);
+  // Momentum fused into the first pass: u is rounded to bfloat16 where it is made.
+  ns_round_and_square_kernel<<<kNsNormBlocks, kNsThreads, 0, stream>>>(
+      MomentumSource{c, verdict, grad, buf}, n, in.x, in.partials);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
-  st = newton_schulz_cuda(calls, blas, u, rows, cols, h.ns,
-                          static_cast<char*>(work) + direction_bytes(rows, cols), stream);
+  const __nv_bfloat16* o = nullptr;
+  st = newton_schulz_cuda_rounded(calls, blas, rows, cols, h.ns, work, stream, &o);
   if (!st.ok()) return st;
-  apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(c, verdict, param, u, n);
+  apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(c, verdict, param, o, n);
   st.cuda = cudaGetLastError();
   return st;
 }

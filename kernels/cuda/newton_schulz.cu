@@ -5,13 +5,13 @@
 
 #include "grid.cuh"
 #include "newton_schulz.cuh"
+#include "ns_round.cuh"
 
 namespace sa {
 namespace kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kNormBlocks = 512;  // fixed: the partial sums fold in the same order every time
+constexpr int kThreads = kNsThreads;
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -29,7 +29,7 @@ Layout layout_of(const NsShape& s) {
   l.a = l.y + round_up(xn);
   l.b = l.a + round_up(mm);
   l.partials = l.b + round_up(mm);
-  l.end = l.partials + round_up(kNormBlocks * sizeof(float));
+  l.end = l.partials + round_up(kNsNormBlocks * sizeof(float));
   return l;
 }
 
@@ -39,7 +39,7 @@ struct Scratch {
   __nv_bfloat16* y;
   __nv_bfloat16* a;
   __nv_bfloat16* b;
-  float* partials;  // [kNormBlocks]
+  float* partials;  // [kNsNormBlocks]
 };
 
 Scratch carve(void* work, const NsShape& s) {
@@ -50,26 +50,12 @@ Scratch carve(void* work, const NsShape& s) {
           reinterpret_cast<float*>(at + l.partials)};
 }
 
-// x rounded to bfloat16 into out, and each block's sum of the rounded values' squares.
-__global__ void round_and_square_kernel(const float* x, int64_t n, __nv_bfloat16* out,
-                                        float* partials) {
-  __shared__ float sums[kThreads];
-  float sum = 0.0f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(kNormBlocks) * kThreads) {
-    const __nv_bfloat16 v = __float2bfloat16_rn(x[i]);
-    out[i] = v;
-    const float f = __bfloat162float(v);
-    sum = fmaf(f, f, sum);
-  }
-  sums[threadIdx.x] = sum;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
-}
+// A plain float32 input, as ns_round_and_square_kernel's source.
+struct FloatSource {
+  const float* x;
+  __device__ void begin() {}
+  __device__ float operator()(int64_t i) const { return x[i]; }
+};
 
 // x /= max(sqrt(sum of the partials), eps), in bfloat16 as torch divides; every block
 // folds the partials itself, in the same order.
@@ -77,7 +63,7 @@ __global__ void normalize_kernel(__nv_bfloat16* x, int64_t n, const float* parti
   __shared__ float inverse;
   if (threadIdx.x == 0) {
     float total = 0.0f;
-    for (int i = 0; i < kNormBlocks; ++i) total += partials[i];
+    for (int i = 0; i < kNsNormBlocks; ++i) total += partials[i];
     inverse = 1.0f / fmaxf(sqrtf(total), eps);
   }
   __syncthreads();
@@ -121,24 +107,54 @@ size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols) {
   return layout_of(ns_shape(rows, cols)).end;
 }
 
+bool ns_dims_ok(int64_t rows, int64_t cols) {  // cuBLAS takes int dimensions
+  return rows > 0 && cols > 0 && ns_shape(rows, cols).n <= INT32_MAX;
+}
+
+NsInput ns_input(void* work, int64_t rows, int64_t cols) {
+  const Scratch w = carve(work, ns_shape(rows, cols));
+  return {w.x, w.partials};
+}
+
 NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float* x, int64_t rows,
                             int64_t cols, const NewtonSchulz& ns, void* work, cudaStream_t stream) {
   NsStatus st;
-  const NsShape s = ns_shape(rows, cols);
-  const int64_t elems = rows * cols, m = s.m, n = s.n;
-  if (rows <= 0 || cols <= 0 || n > INT32_MAX) {  // cuBLAS takes int dimensions
+  if (!ns_dims_ok(rows, cols)) {
     st.blas = CUBLAS_STATUS_INVALID_VALUE;
     return st;
   }
+  const int64_t elems = rows * cols;
+  const NsInput in = ns_input(work, rows, cols);
+  ns_round_and_square_kernel<<<kNsNormBlocks, kThreads, 0, stream>>>(FloatSource{x}, elems, in.x,
+                                                                     in.partials);
+  if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
+  const __nv_bfloat16* result = nullptr;
+  st = newton_schulz_cuda_rounded(calls, blas, rows, cols, ns, work, stream, &result);
+  if (!st.ok()) return st;
+  widen_kernel<<<grid_for(elems, kThreads), kThreads, 0, stream>>>(result, elems, x);
+  st.cuda = cudaGetLastError();
+  return st;
+}
+
+NsStatus newton_schulz_cuda_rounded(const CublasCalls& calls, cublasHandle_t blas, int64_t rows,
+                                    int64_t cols, const NewtonSchulz& ns, void* work,
+                                    cudaStream_t stream, const __nv_bfloat16** result) {
+  NsStatus st;
+  if (!ns_dims_ok(rows, cols)) {
+    st.blas = CUBLAS_STATUS_INVALID_VALUE;
+    return st;
+  }
+  const NsShape s = ns_shape(rows, cols);
+  const int64_t elems = rows * cols, m = s.m, n = s.n;
   Scratch w = carve(work, s);
   if ((st.blas = calls.set_stream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
-  round_and_square_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, elems, w.x, w.partials);
   normalize_kernel<<<grid_for(elems, kThreads), kThreads, 0, stream>>>(w.x, elems, w.partials,
                                                                        ns.eps);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
   // cuBLAS is column-major. Not transposed: the buffer is X^T (n x m, ld n), so
   // A = X X^T = (X^T)^T X^T, and the next X^T = X^T B' (B' = a I + b A + c A A, symmetric).
-  // Transposed: the buffer is X (m x n, ld m) itself, and the next X = B' X.
+  // Transposed: the buffer is X (m x n, ld m) itself, and the next X = B' X. Either way the
+  // buffer is laid out as the row-major rows x cols input.
   for (int32_t step = 0; step < ns.steps; ++step) {
     st.blas = s.transposed ? gemm(calls, blas, CUBLAS_OP_N, CUBLAS_OP_T, m, m, n, 1.0f, w.x, m, w.x,
                                   m, 0.0f, w.a, m)
@@ -157,8 +173,7 @@ NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float
     if (st.blas != CUBLAS_STATUS_SUCCESS) return st;
     std::swap(w.x, w.y);
   }
-  widen_kernel<<<grid_for(elems, kThreads), kThreads, 0, stream>>>(w.x, elems, x);
-  st.cuda = cudaGetLastError();
+  *result = w.x;
   return st;
 }
 

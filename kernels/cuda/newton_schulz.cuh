@@ -7,6 +7,7 @@
 #define SHARDADAM_KERNELS_CUDA_NEWTON_SCHULZ_CUH_
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +51,25 @@ struct NsStatus {
 // the caller's handle, of the cuBLAS `calls` come from; this sets its stream to `stream`.
 NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float* x, int64_t rows,
                             int64_t cols, const NewtonSchulz& ns, void* work, cudaStream_t stream);
+
+// newton_schulz_cuda in parts, for a caller that fuses its elementwise passes into the
+// first and the last (kernels/cuda/muon_cuda.cu):
+// - ns_input: where the first pass writes X, rounded to bfloat16 in the input's row-major
+//   layout, and the kNsNormBlocks partial sums of its squares (ns_round.cuh's
+//   ns_round_and_square_kernel), in `work`;
+// - newton_schulz_cuda_rounded: the rest, from there (normalize, iterate); *result is then
+//   the orthogonalized matrix, bfloat16 in the input's row-major layout, inside `work`.
+// The shape limits are newton_schulz_cuda's (ns_dims_ok; the caller checks them first).
+constexpr int kNsNormBlocks = 512;
+struct NsInput {
+  __nv_bfloat16* x;
+  float* partials;  // [kNsNormBlocks]
+};
+bool ns_dims_ok(int64_t rows, int64_t cols);
+NsInput ns_input(void* work, int64_t rows, int64_t cols);
+NsStatus newton_schulz_cuda_rounded(const CublasCalls& calls, cublasHandle_t blas, int64_t rows,
+                                    int64_t cols, const NewtonSchulz& ns, void* work,
+                                    cudaStream_t stream, const __nv_bfloat16** result);
 
 }  // namespace kernels
 }  // namespace sa
