@@ -170,24 +170,26 @@ def kernel_ms(step, steps):
     return total_us / 1000.0 / steps
 
 
-def host_ms(step, steps):
-    """Median time of the call alone (no synchronization inside the timed region)."""
+def host_ms(step, steps, sync=torch.cuda.synchronize):
+    """Median time of the call alone (no synchronization inside the timed region). `sync`
+    waits for the device (a no-op for CPU work)."""
     times = []
     for _ in range(steps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
+    sync()
     return statistics.median(times) * 1e3
 
 
-def wall_ms(step, steps):
-    torch.cuda.synchronize()
+def wall_ms(step, steps, sync=torch.cuda.synchronize):
+    """Time per call of `steps` calls back to back, the device waited for at both ends."""
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t0) * 1e3 / steps
 
 

@@ -186,6 +186,74 @@ def test_muon_and_adamw_groups_in_one_fused_adam_match_torchs_pair():
     assert {"exp_avg", "exp_avg_sq", "step"} <= set(opt.state[rest[0]])
 
 
+class TinyTransformer(torch.nn.Module):
+    """A 2-layer causal transformer language model: embedding, attention and MLP blocks with
+    pre-norms, a final norm and an untied head."""
+
+    def __init__(self, vocab=48, d=32, heads=4, layers=2, length=12):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.position = torch.nn.Parameter(0.02 * torch.randn(length, d))
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True,
+                                             norm_first=True) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+        self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(length))
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x, src_mask=self.mask[: tokens.shape[1], : tokens.shape[1]], is_causal=True)
+        return self.head(self.norm(x))
+
+
+def test_muon_and_adamw_train_a_small_transformer_as_torchs_pair():
+    """The recipe Muon is used with (Moonlight, Kimi K2): Muon for the hidden 2-D matrices
+    (attention's in/out projections, the MLP's), AdamW for the embedding, the positions,
+    the norms, the biases and the head; in one FusedAdam against torch.optim.Muon +
+    torch.optim.AdamW on a copy, over the same batches of a next-token task."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    twin = copy.deepcopy(model)
+    muon_h = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7)
+    adamw_h = dict(lr=3e-3, weight_decay=0.01)
+
+    def split(m):
+        hidden = [p for name, p in m.named_parameters() if p.ndim == 2 and name.startswith("blocks.")]
+        others = [p for name, p in m.named_parameters() if not (p.ndim == 2 and name.startswith("blocks."))]
+        return hidden, others
+
+    hidden, others = split(model)
+    assert len(hidden) == 8 and len(others) > 8  # 4 matrices a block
+    opt = FusedAdam([{"params": hidden, "update_rule": "muon", **muon_h}, {"params": others, **adamw_h}])
+    twin_hidden, twin_others = split(twin)
+    pair = [torch.optim.Muon(twin_hidden, **muon_h), torch.optim.AdamW(twin_others, **adamw_h)]
+    gen = torch.Generator().manual_seed(4)
+    # A learnable task: each sequence counts up from a random start (mod the vocabulary).
+    starts = torch.randint(0, 48, (30, 16, 1), generator=gen)
+    batches = [(s + torch.arange(13)) % 48 for s in starts]
+    losses, twin_losses = [], []
+    for batch in batches:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        for m, step, out in ((model, [opt], losses), (twin, pair, twin_losses)):
+            loss = torch.nn.functional.cross_entropy(m(inputs).reshape(-1, 48), targets.reshape(-1))
+            out.append(loss.item())
+            loss.backward()
+            for o in step:
+                o.step()
+                o.zero_grad()
+    # The model learns the task, and the losses follow torch's pair within 0.5% (measured:
+    # 0.03% at most; its Newton-Schulz runs in bfloat16, ours on the CPU in float32). The
+    # bound is the issue's "a few percent" made tight enough to see a wrong Muon: Nesterov
+    # off moves the losses by 3.6%, momentum 0.9 for 0.95 by 7.4%, 3 Newton-Schulz steps for
+    # 5 by 0.7%.
+    assert losses[-1] < 0.5 * losses[0], losses
+    for step, (ours, theirs) in enumerate(zip(losses, twin_losses)):
+        assert abs(ours - theirs) <= 0.005 * abs(theirs), (step, ours, theirs)
+    assert set(opt.state[hidden[0]]) == {"momentum_buffer", "step"}
+
+
 def test_what_muon_refuses_says_why():
     with pytest.raises(ValueError, match="adjust_lr_fn"):
         Muon(matrices(), adjust_lr_fn="cosine")
