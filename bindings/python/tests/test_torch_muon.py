@@ -88,6 +88,39 @@ def test_muon_matches_torch_and_a_float64_reference(nesterov, adjust_lr_fn, ns_s
     assert max((p.detach() - q0).abs().max() for p, q0 in zip(ours, matrices())) > 0.01
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
+def test_muon_on_cuda_matches_torchs_muon_on_cuda(nesterov, adjust_lr_fn):
+    """On CUDA both run Newton-Schulz in bfloat16 (cuBLAS, float32 accumulation): ours
+    within bfloat16's tolerance of torch's and of the float64 reference, its momentum
+    (float32 elementwise, as torch's) within float32's."""
+    h = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, ns_coefficients=(3.4445, -4.775, 2.0315),
+             eps=1e-7, ns_steps=5, adjust_lr_fn=adjust_lr_fn)
+    shapes = SHAPES + [(64, 160), (160, 64)]
+    ours = [torch.nn.Parameter(p.detach().cuda()) for p in matrices(shapes=shapes)]
+    theirs = [torch.nn.Parameter(p.detach().cuda()) for p in matrices(shapes=shapes)]
+    opt, ref = Muon(ours, **h), torch.optim.Muon(theirs, **h)
+    p64 = [p.detach().double().cpu() for p in ours]
+    b64 = [torch.zeros_like(p) for p in p64]
+    for step in range(4):
+        grads = grads_for(p64, step)
+        for p, q, g in zip(ours, theirs, grads):
+            p.grad, q.grad = g.cuda(), g.cuda()
+        opt.step()
+        ref.step()
+        muon64(p64, b64, grads, h)
+        for i, (p, q, r) in enumerate(zip(ours, theirs, p64)):
+            ratio = 0.2 * math.sqrt(max(p.shape)) if adjust_lr_fn else math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+            bound = (step + 1) * 0.02 * ratio * 0.06  # bfloat16's ~1e-2 of an order-1 direction, per step
+            assert (p - q).abs().max().item() < bound, f"matrix {i} step {step} vs torch on CUDA"
+            assert (p.detach().double().cpu() - r).abs().max().item() < bound, f"matrix {i} step {step} vs float64"
+    for p, q, buf in zip(ours, theirs, b64):
+        assert torch.allclose(opt.state[p]["momentum_buffer"].double().cpu(), buf, atol=1e-7)
+        assert torch.allclose(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"], atol=1e-7)
+    assert max((p.detach().cpu() - q0).abs().max() for p, q0 in zip(ours, matrices(shapes=shapes))) > 0.01
+
+
 def test_groups_and_defaults_are_torch_muons():
     ours = Muon(matrices())
     theirs = torch.optim.Muon(matrices())
