@@ -200,6 +200,7 @@ void Optimizer::set_comm(std::shared_ptr<Comm> comm) {
          "communicator; it cannot be removed");
   comm_ = std::move(comm);
   current_.comm_changed();
+  stepper_.comm_changed();
 }
 
 void Optimizer::recast_params(int64_t first, int64_t n) {

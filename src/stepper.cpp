@@ -288,6 +288,7 @@ std::optional<bool> Stepper::step_without_backend(const StepInputs& in, bool adv
 std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream,
                                   bool advance_groups) {
   if (backend_ == nullptr) return step_without_backend(in, advance_groups);
+  if (!plan.gathered.empty()) prepare_gather(plan, in.matrix_comm);  // before anything changes
   flush(plan, stream);
   const bool with_stats = in.clip.norm != kernels::NormType::none || in.comm != nullptr;
   PassArgs args;  // what the passes read; the fold's tables and inputs are added below
@@ -315,7 +316,7 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   args.fold_inputs = &fold;
   backend_->launch(Pass::fold, plan, args, stream);
   backend_->launch(Pass::update, plan, args, stream);
-  if (!plan.gathered.empty()) gather_matrices(plan, in.matrix_comm, args, stream);  // and NS
+  if (!plan.gathered.empty()) gather_matrices(plan, *in.matrix_comm, args, stream);  // and NS
   backend_->launch(Pass::matrices, plan, args, stream);
   if (!plan.current.empty()) {
     try {
@@ -335,14 +336,10 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   return std::nullopt;
 }
 
-// The split Muon matrices' whole directions, orthogonalized by their owners (plan.hpp's
-// GatheredMatrix): each rank's boxes summed onto the owners (a reduce-scatter of the
-// owners' chunks; with one chunk, or a host communicator, an all-reduce of them all), the
-// owners' Newton-Schulz, then the results gathered to every rank (a host communicator's
-// all-reduce with zeros outside each rank's own chunk). Every rank calls it at every step,
-// skipped or not: it is collective. When the layout changes, the ranks first check that
-// they agree on it (else the sums would mix matrices, or hang).
-void Stepper::gather_matrices(Plan& plan, Comm* comm, PassArgs& args, void* stream) {
+// The split Muon matrices' buffer, laid out for the communicator (plan.hpp's
+// GatheredMatrix), and the ranks' agreement on it when the layout or the communicator
+// changed (else the sums would mix matrices, or hang): before the step changes anything.
+void Stepper::prepare_gather(Plan& plan, Comm* comm) {
   if (comm == nullptr)
     fail(SA_ERR_STATE,
          "the plan has Muon matrices split across ranks, whose directions are "
@@ -358,19 +355,28 @@ void Stepper::gather_matrices(Plan& plan, Comm* comm, PassArgs& args, void* stre
     agreed_gather_elems_ = plan.gather_elems;
     agreed_gather_ranks_ = ranks;
   }
+}
+
+// The split Muon matrices' whole directions, orthogonalized by their owners: each rank's
+// boxes summed onto the owners (a reduce-scatter of the owners' chunks; with one chunk, or
+// a host communicator, an all-reduce of them all), the owners' Newton-Schulz, then the
+// results gathered to every rank (a host communicator's all-reduce with zeros outside each
+// rank's own chunk). Every rank calls it at every step, skipped or not: it is collective.
+void Stepper::gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream) {
+  const int32_t ranks = plan.gather_ranks, rank = plan.gather_rank;  // prepare_gather's
   args.gather = static_cast<double*>(gather_->data());
   backend_->launch(Pass::gather, plan, args, stream);
-  const bool chunked = ranks > 1 && comm->reduces_device_memory();
+  const bool chunked = ranks > 1 && comm.reduces_device_memory();
   if (chunked)
-    comm->reduce_scatter(args.gather, plan.gather_chunk, stream);
+    comm.reduce_scatter(args.gather, plan.gather_chunk, stream);
   else
-    all_reduce(*comm, args.gather, plan.gather_elems, ReduceOp::sum, stream);
+    all_reduce(comm, args.gather, plan.gather_elems, ReduceOp::sum, stream);
   backend_->launch(Pass::orthogonalize, plan, args, stream);
   if (chunked) {
-    comm->all_gather(args.gather, plan.gather_chunk, stream);
+    comm.all_gather(args.gather, plan.gather_chunk, stream);
   } else if (ranks > 1) {
     const Span own{rank * plan.gather_chunk, plan.gather_chunk};
-    all_reduce(*comm, args.gather, plan.gather_elems, ReduceOp::sum, stream, &own);
+    all_reduce(comm, args.gather, plan.gather_elems, ReduceOp::sum, stream, &own);
   }
 }
 

@@ -66,6 +66,9 @@ class Stepper {
 
   void set_hyper(int32_t group, const kernels::AdamHyper& hyper, const kernels::MuonHyper& muon);
   void set_active(int64_t param, bool active);
+  // A new communicator: the next step with split Muon matrices checks the ranks' agreement
+  // on their layout again.
+  void comm_changed() { agreed_gather_elems_ = -1; }
   // The fold sees params i without subset[i] as inactive (a partial step's); empty: none.
   void set_subset(const std::vector<uint8_t>& subset);
 
@@ -160,11 +163,13 @@ class Stepper {
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> host_staging_;  // all_reduce's copy for a host communicator
   // Split Muon matrices: their directions (Plan::gather_elems doubles, backend memory), and
-  // the layout the ranks were last found to agree on (elements, chunks).
+  // the layout the ranks were last found to agree on (elements, chunks; -1: not since the
+  // communicator changed).
   std::shared_ptr<Buffer> gather_;
   int64_t agreed_gather_elems_ = -1;
   int32_t agreed_gather_ranks_ = -1;
-  void gather_matrices(Plan& plan, Comm* comm, PassArgs& args, void* stream);
+  void prepare_gather(Plan& plan, Comm* comm);
+  void gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream);
   void agree_on_gather(const Plan& plan, Comm& comm);
 };
 

@@ -599,6 +599,80 @@ TEST_CASE("a host communicator's rank must be in 0..nranks, and its ranks must s
   }
 }
 
+TEST_CASE("a new communicator is checked again: its ranks must say each number once",
+          "[muon][sharded][errors]") {
+  // Two ranks step a split matrix (and an AdamW param) through a communicator whose ranks
+  // say 0 and 1, then are given one whose ranks both say 0: the next step is refused on
+  // both before anything changed (the AdamW param and the step count too).
+  ThreadComms good(2, true);
+  ThreadGroup group(2);
+  std::vector<RankEndpoint> endpoints = {{&group, 0}, {&group, 1}};
+  std::vector<CommPtr> bad;
+  for (RankEndpoint& e : endpoints) {
+    sa_host_comm c = SA_HOST_COMM_INIT;
+    c.ctx = &e;
+    c.all_reduce = thread_all_reduce;
+    c.nranks = 2;  // rank 0, both
+    bad.push_back(host_comm(c));
+  }
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  std::vector<sa_status> first(2), second(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<float>> before(2), after(2);
+  std::vector<int64_t> steps(2, -1);
+  sa_group_config adamw = SA_GROUP_CONFIG_INIT;
+  adamw.lr = 0.1;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      const auto i = static_cast<std::size_t>(r);
+      HostTensor w({3, 4}, kFloat32), g({3, 4}, kFloat32), v({5}, kFloat32), vg({5}, kFloat32);
+      for (int64_t k = 0; k < 12; ++k) {
+        w.set(k, 0.1f * static_cast<float>(k + r));
+        g.set(k, 0.01f * static_cast<float>(k % 5 - 2));
+      }
+      for (int64_t k = 0; k < 5; ++k) {
+        v.set(k, 1.0f);
+        vg.set(k, 0.5f);
+      }
+      MeshLayout mesh{{6, 4}, {2}, {r}, {shard(0)}};
+      const sa_layout layout = mesh.get();
+      OptimizerPtr opt = make_optimizer();
+      int32_t group_index = -1;
+      int64_t index = -1;
+      sa_status st = sa_optimizer_set_comm(opt.get(), good[r]);
+      if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &config, &group_index);
+      if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &adamw, &group_index);
+      if (st == SA_OK)
+        st = sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), &layout, nullptr, &index);
+      if (st == SA_OK)
+        st = sa_optimizer_add_param(opt.get(), "v", 1, v.versioned(), nullptr, nullptr, &index);
+      const DLTensor gd = g.dl(), vgd = vg.dl();
+      const DLTensor* grads[] = {&gd, &vgd};
+      if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), 2, grads);
+      if (st == SA_OK) st = sa_optimizer_step(opt.get(), nullptr, nullptr);
+      first[i] = st;
+      if (st == SA_OK) st = sa_optimizer_set_comm(opt.get(), bad[i].get());
+      before[i].assign(w.as<float>(), w.as<float>() + 12);
+      before[i].insert(before[i].end(), v.as<float>(), v.as<float>() + 5);
+      if (st == SA_OK) st = sa_optimizer_step(opt.get(), nullptr, nullptr);
+      second[i] = st;
+      errors[i] = sa_optimizer_last_error(opt.get());
+      after[i].assign(w.as<float>(), w.as<float>() + 12);
+      after[i].insert(after[i].end(), v.as<float>(), v.as<float>() + 5);
+      sa_optimizer_get_step(opt.get(), 1, &steps[i]);
+    });
+  for (std::thread& t : threads) t.join();
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(first[r] == SA_OK);
+    CHECK(second[r] == SA_ERR_MISMATCH);
+    CHECK_THAT(errors[r], Catch::Contains("2 ranks say they are rank 0 of 2"));
+    CHECK(after[r] == before[r]);  // nothing stepped: the split matrix, the AdamW param
+    CHECK(steps[r] == 1);          // and the count
+  }
+}
+
 TEST_CASE("a split Muon matrix needs a communicator, which then cannot be removed",
           "[muon][sharded][errors]") {
   HostTensor rows({4, 6}, kFloat32);  // both outlive the optimizer, which holds them
