@@ -288,21 +288,35 @@ def _current_stream(device):
 
 class _ProcessGroupAllReduce:
     """A host communicator's all_reduce over a torch.distributed process group (gloo for
-    CPU params): the few doubles go through a float64 CPU tensor.
+    CPU params): the doubles go through a float64 CPU tensor.
 
     The default group is looked up at each call, not kept: the optimizer must not keep a
     group alive after ``destroy_process_group()`` (a gloo group freed at the interpreter's
-    exit aborts the process)."""
+    exit aborts the process).
+
+    The tensors are kept, one per length, for as long as the communicator: gloo's worker
+    thread may drop its last reference to a collective's work (a later ``barrier()`` holds
+    the work still in flight) after ``all_reduce`` returned. Had the tensor's Python object
+    died by then, torch would have handed it to the tensor, and that drop would take the
+    GIL on gloo's thread; at the interpreter's exit that thread is then ended inside a
+    destructor, and the process aborts ("terminate called without an active exception":
+    4 runs in 44 of tests/test_torch_muon_fsdp2.py's save phase left to exit normally, 3 in
+    100 with the tensors kept, the rest from tensors torch itself makes)."""
 
     def __init__(self, group):
         import torch.distributed as dist
         self.group = None if group is dist.group.WORLD else group
+        self._tensors = {}  # length -> float64 tensor (see above)
 
     def __call__(self, values, op):
         import torch.distributed as dist
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = self._tensors.get(len(values))
+        if tensor is None:
+            tensor = self._tensors[len(values)] = torch.empty(len(values), dtype=torch.float64)
+        staged = tensor.numpy()
+        staged[:] = values
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
-        values[:] = tensor.numpy()
+        values[:] = staged
 
 
 def _distributed_group(process_group):
