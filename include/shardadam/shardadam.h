@@ -214,7 +214,8 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  * applies its own box of the result, so every rank ends as one rank holding the whole
  * matrix would (bit for bit, with the same BLAS). Owners are balanced by Newton-Schulz's
  * flops over the communicator's ranks; a host communicator that does not say its rank
- * (sa_host_comm.nranks 0) makes every rank its own owner of every matrix:
+ * (sa_host_comm.nranks 0) makes every rank its own owner of every matrix. Every rank holds
+ * a buffer of 8 bytes per element of all split matrices together (backend memory):
  *   g = grad * inv_grad_scale (times the clip factor when clipping)
  *   buf = buf + (1 - momentum) (g - buf)                     (state "momentum_buffer")
  *   u = nesterov ? g + momentum (buf - g) : buf
