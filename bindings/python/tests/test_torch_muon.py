@@ -58,34 +58,48 @@ def muon64(params, bufs, grads, h):
         p.mul_(1 - h["lr"] * h["weight_decay"]).sub_(h["lr"] * ratio * o)
 
 
-@pytest.mark.parametrize("nesterov", [True, False])
-@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
-@pytest.mark.parametrize("ns_steps", [1, 5, 8])
-def test_muon_matches_torch_and_a_float64_reference(nesterov, adjust_lr_fn, ns_steps):
-    h = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, ns_coefficients=(3.4445, -4.775, 2.0315),
-             eps=1e-7, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
-    ours, theirs = matrices(), matrices()
+def against_torch_and_float64(device, h, shapes, float64_bound):
+    """Four steps of ours and torch.optim.Muon over the same matrices and grads on `device`,
+    each checked against the other and against muon64: ours within float64_bound(torch's
+    bound) of float64 and within bfloat16's tolerance of torch's (its Newton-Schulz is
+    bfloat16's: ~1e-2 of an order-1 direction, times lr x adjustment, per step); the momentum
+    within float32's of both; and the matrices moved."""
+    ours = [torch.nn.Parameter(p.detach().to(device)) for p in matrices(shapes=shapes)]
+    theirs = [torch.nn.Parameter(p.detach().to(device)) for p in matrices(shapes=shapes)]
     opt, ref = Muon(ours, **h), torch.optim.Muon(theirs, **h)
-    p64 = [p.detach().double().clone() for p in ours]
+    p64 = [p.detach().double().cpu() for p in ours]
     b64 = [torch.zeros_like(p) for p in p64]
     for step in range(4):
-        grads = grads_for(ours, step)
+        grads = grads_for(p64, step)
         for p, q, g in zip(ours, theirs, grads):
-            p.grad, q.grad = g.clone(), g.clone()
+            p.grad, q.grad = g.to(device), g.to(device)
         opt.step()
         ref.step()
         muon64(p64, b64, grads, h)
         for i, (p, q, r) in enumerate(zip(ours, theirs, p64)):
-            # float32 against float64: a few ulps of the orthogonalized direction per step.
-            assert (p.detach().double() - r).abs().max() < 2e-5, f"matrix {i} step {step} vs float64"
-            # torch's bfloat16 Newton-Schulz: ~1e-2 of a direction of order 1, times lr x adjustment.
-            ratio = 0.2 * math.sqrt(max(p.shape)) if adjust_lr_fn else math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
-            assert (p - q).abs().max() < (step + 1) * 0.02 * ratio * 0.06, f"matrix {i} step {step} vs torch"
+            ratio = 0.2 * math.sqrt(max(p.shape)) if h["adjust_lr_fn"] else math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+            bound = (step + 1) * 0.02 * ratio * 0.06
+            assert (p - q).abs().max().item() < bound, f"matrix {i} step {step} vs torch on {device}"
+            assert (p.detach().double().cpu() - r).abs().max().item() < float64_bound(bound), \
+                f"matrix {i} step {step} vs float64"
     for p, q, buf in zip(ours, theirs, b64):
-        assert torch.allclose(opt.state[p]["momentum_buffer"].double(), buf, atol=1e-7)
+        assert torch.allclose(opt.state[p]["momentum_buffer"].double().cpu(), buf, atol=1e-7)
         assert torch.allclose(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"], atol=1e-7)
     # They moved: four steps at lr 0.02 of orthogonalized directions.
-    assert max((p.detach() - q0).abs().max() for p, q0 in zip(ours, matrices())) > 0.01
+    assert max((p.detach().cpu() - q0).abs().max() for p, q0 in zip(ours, matrices(shapes=shapes))) > 0.01
+
+
+def muon_hyper(nesterov, adjust_lr_fn, ns_steps):
+    return dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, ns_coefficients=(3.4445, -4.775, 2.0315),
+                eps=1e-7, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
+@pytest.mark.parametrize("ns_steps", [1, 5, 8])
+def test_muon_matches_torch_and_a_float64_reference(nesterov, adjust_lr_fn, ns_steps):
+    # On the CPU ours runs Newton-Schulz in float32: a few ulps of float64's per step.
+    against_torch_and_float64("cpu", muon_hyper(nesterov, adjust_lr_fn, ns_steps), SHAPES, lambda bound: 2e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -93,32 +107,9 @@ def test_muon_matches_torch_and_a_float64_reference(nesterov, adjust_lr_fn, ns_s
 @pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
 def test_muon_on_cuda_matches_torchs_muon_on_cuda(nesterov, adjust_lr_fn):
     """On CUDA both run Newton-Schulz in bfloat16 (cuBLAS, float32 accumulation): ours
-    within bfloat16's tolerance of torch's and of the float64 reference, its momentum
-    (float32 elementwise, as torch's) within float32's."""
-    h = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, ns_coefficients=(3.4445, -4.775, 2.0315),
-             eps=1e-7, ns_steps=5, adjust_lr_fn=adjust_lr_fn)
-    shapes = SHAPES + [(64, 160), (160, 64)]
-    ours = [torch.nn.Parameter(p.detach().cuda()) for p in matrices(shapes=shapes)]
-    theirs = [torch.nn.Parameter(p.detach().cuda()) for p in matrices(shapes=shapes)]
-    opt, ref = Muon(ours, **h), torch.optim.Muon(theirs, **h)
-    p64 = [p.detach().double().cpu() for p in ours]
-    b64 = [torch.zeros_like(p) for p in p64]
-    for step in range(4):
-        grads = grads_for(p64, step)
-        for p, q, g in zip(ours, theirs, grads):
-            p.grad, q.grad = g.cuda(), g.cuda()
-        opt.step()
-        ref.step()
-        muon64(p64, b64, grads, h)
-        for i, (p, q, r) in enumerate(zip(ours, theirs, p64)):
-            ratio = 0.2 * math.sqrt(max(p.shape)) if adjust_lr_fn else math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
-            bound = (step + 1) * 0.02 * ratio * 0.06  # bfloat16's ~1e-2 of an order-1 direction, per step
-            assert (p - q).abs().max().item() < bound, f"matrix {i} step {step} vs torch on CUDA"
-            assert (p.detach().double().cpu() - r).abs().max().item() < bound, f"matrix {i} step {step} vs float64"
-    for p, q, buf in zip(ours, theirs, b64):
-        assert torch.allclose(opt.state[p]["momentum_buffer"].double().cpu(), buf, atol=1e-7)
-        assert torch.allclose(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"], atol=1e-7)
-    assert max((p.detach().cpu() - q0).abs().max() for p, q0 in zip(ours, matrices(shapes=shapes))) > 0.01
+    within bfloat16's tolerance of torch's and of the float64 reference."""
+    against_torch_and_float64("cuda", muon_hyper(nesterov, adjust_lr_fn, 5), SHAPES + [(64, 160), (160, 64)],
+                              lambda bound: bound)
 
 
 def test_groups_and_defaults_are_torch_muons():
