@@ -573,24 +573,14 @@ TEST_CASE("a host communicator's rank must be in 0..nranks, and its ranks must s
     CHECK_THAT(sa_last_error(), Catch::Contains("0 <= rank < nranks"));
   }
   // Two threaded ranks that both say they are rank 0: refused at the first step, by name.
-  ThreadGroup group(2);
-  std::vector<RankEndpoint> endpoints = {{&group, 0}, {&group, 1}};
-  std::vector<CommPtr> comms;
-  for (RankEndpoint& e : endpoints) {
-    sa_host_comm c = SA_HOST_COMM_INIT;
-    c.ctx = &e;
-    c.all_reduce = thread_all_reduce;
-    c.rank = 0;
-    c.nranks = 2;
-    comms.push_back(host_comm(c));
-  }
+  ThreadComms comms(2, true, 0);
   const Split split{"Shard(0)", 6, 4, {2}, {shard(0)}};
   const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
   std::vector<RankResult> results(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
-      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r].get());
+      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r]);
     });
   for (std::thread& t : threads) t.join();
   for (const RankResult& got : results) {
@@ -604,17 +594,7 @@ TEST_CASE("a new communicator is checked again: its ranks must say each number o
   // Two ranks step a split matrix (and an AdamW param) through a communicator whose ranks
   // say 0 and 1, then are given one whose ranks both say 0: the next step is refused on
   // both before anything changed (the AdamW param and the step count too).
-  ThreadComms good(2, true);
-  ThreadGroup group(2);
-  std::vector<RankEndpoint> endpoints = {{&group, 0}, {&group, 1}};
-  std::vector<CommPtr> bad;
-  for (RankEndpoint& e : endpoints) {
-    sa_host_comm c = SA_HOST_COMM_INIT;
-    c.ctx = &e;
-    c.all_reduce = thread_all_reduce;
-    c.nranks = 2;  // rank 0, both
-    bad.push_back(host_comm(c));
-  }
+  ThreadComms good(2, true), bad(2, true, 0);
   const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
   std::vector<sa_status> first(2), second(2);
   std::vector<std::string> errors(2);
@@ -652,7 +632,7 @@ TEST_CASE("a new communicator is checked again: its ranks must say each number o
       if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), 2, grads);
       if (st == SA_OK) st = sa_optimizer_step(opt.get(), nullptr, nullptr);
       first[i] = st;
-      if (st == SA_OK) st = sa_optimizer_set_comm(opt.get(), bad[i].get());
+      if (st == SA_OK) st = sa_optimizer_set_comm(opt.get(), bad[r]);
       before[i].assign(w.as<float>(), w.as<float>() + 12);
       before[i].insert(before[i].end(), v.as<float>(), v.as<float>() + 5);
       if (st == SA_OK) st = sa_optimizer_step(opt.get(), nullptr, nullptr);

@@ -91,9 +91,10 @@ inline CommPtr host_comm(sa_host_comm callbacks) {
 }
 
 // The communicators of `ranks` thread ranks of one group; `said`: each says its rank and
-// the rank count (sa_host_comm.rank, .nranks), else neither.
+// the rank count (sa_host_comm.rank, .nranks), else neither; `wrong_rank` >= 0: each says
+// that number instead of its own (the tests of a wrong numbering).
 struct ThreadComms {
-  explicit ThreadComms(int ranks, bool said = false) : group(ranks) {
+  explicit ThreadComms(int ranks, bool said = false, int wrong_rank = -1) : group(ranks) {
     endpoints.reserve(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) {
       endpoints.push_back({&group, r});
@@ -101,7 +102,7 @@ struct ThreadComms {
       callbacks.ctx = &endpoints.back();
       callbacks.all_reduce = thread_all_reduce;
       if (said) {
-        callbacks.rank = r;
+        callbacks.rank = wrong_rank >= 0 ? wrong_rank : r;
         callbacks.nranks = ranks;
       }
       comms.push_back(host_comm(callbacks));
