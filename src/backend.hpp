@@ -33,7 +33,7 @@ std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes);
 // The version of the Backend interface below and of what it shares with the kernels
 // (Plan, kernels::TensorSlot, the step_control.h tables): a backend module built against
 // another is refused when it loads (src/backends/cuda_module.hpp). Bump it with any change.
-constexpr uint32_t kBackendInterface = 8;
+constexpr uint32_t kBackendInterface = 9;
 
 // The passes of a step, in the order the core (src/stepper.cpp) launches them.
 enum class Pass : uint8_t {
@@ -52,22 +52,23 @@ enum class Pass : uint8_t {
   // scaling's (kernels::is_current) slots are not cast: each, grad or none, writes max
   // |master| into *slot.scale.amax_bits, which the core then reduces across ranks.
   update,
-  // Plans with split Muon matrices (Plan::gathered): args.gather (plan.gather_elems doubles,
+  // Plans with split Muon matrices (Plan::gathered, laid out as plan.hpp's GatheredMatrix
+  // says): the first plan.gather_zero doubles of args.gather (plan.gather_elems doubles,
   // backend memory) := zeros; then unless args.verdict->skip, each such matrix whose slot
   // here has a grad gets its box's momentum (kernels::MatrixBox), by its group's
-  // args.muon_of(slot) and its grad multiplied by args.verdict->grad_multiplier, and a
-  // primary replica writes the box's direction into args.gather at the matrix's offset.
-  // The core then sums each matrix's direction onto its owner (GatheredMatrix::owned).
+  // args.muon_of(slot) and its grad multiplied by args.verdict->grad_multiplier, and when
+  // it contributes, writes its box's direction at args.gather + g.dir (row r at + r * g.ld).
+  // The core then brings each matrix's whole direction to its owner.
   gather,
-  // Each split matrix this rank owns (GatheredMatrix::owned): its whole direction in
-  // args.gather orthogonalized in place (Newton-Schulz by its group's hyperparameters,
-  // args.muon_of(g.param)), the step skipped or not (a skipped step's directions are
-  // zeros). The core then gathers the owners' results to every rank.
+  // Each split matrix this rank owns (GatheredMatrix::whole >= 0): its whole direction at
+  // args.gather + g.whole orthogonalized in place (Newton-Schulz by its group's
+  // hyperparameters, args.muon_of(g.param)), the step skipped or not (a skipped step's
+  // directions are zeros). The core then brings each rank its boxes of the results.
   orthogonalize,
   // Unless args.verdict->skip, every slot of a Muon bucket (UpdateRule::muon) that has a grad
   // gets Muon's step (kernels/muon_math.h) by its group's hyperparameters, as the gather
   // pass reads them: a whole matrix (Bucket::matrix_of_slot) all of it, a split one its box
-  // of its orthogonalized direction in args.gather. The update pass leaves Muon buckets
+  // of its orthogonalized direction, at args.gather + g.dir. The update pass leaves Muon buckets
   // alone, and this pass every other.
   matrices,
   // A current scaling's second pass, unless args.verdict->skip: every entry of plan.current
@@ -143,6 +144,10 @@ class Backend {
   // Enqueues a copy from backend memory to staging memory (allocate_staging), complete
   // after synchronize_stream(stream).
   virtual void download(void* staging, const void* src, std::size_t bytes, void* stream) = 0;
+
+  // Enqueues `copies` (plan.hpp's BoxCopy: boxes of doubles) within the buffer at `base`
+  // (backend memory), in order; no copy's source overlaps an earlier copy's destination.
+  virtual void copy_boxes(double* base, const std::vector<BoxCopy>& copies, void* stream) = 0;
 
   // ---- synchronization -------------------------------------------------------------------
 

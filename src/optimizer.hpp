@@ -175,7 +175,7 @@ class Optimizer {
   NameIndex index_of_name_;
   Plan plan_;
   bool plan_stale_ = true;      // params changed since the plan was built
-  int64_t split_matrices_ = 0;  // Muon params split across ranks (their directions are summed)
+  int64_t split_matrices_ = 0;  // Muon params split across ranks (their directions are gathered)
   bool grads_stale_ = true;     // grad bindings changed since the plan last saw them
   // Hyperparameters, params' groups and grad presence as the fold reads them, the step
   // counts, and the step itself.

@@ -231,7 +231,7 @@ void check_muon_param(const Param& p, bool has_comm, const std::string& context)
          ": a Muon param's state must be on its device (state_placement SA_STATE_ON_DEVICE)");
   if (is_sharded(p.layout) && !has_comm)
     fail(SA_ERR_INVALID_ARGUMENT, context, ": this layout splits the ", shape[0], " x ", shape[1],
-         " matrix across ranks, and Muon steps it whole: its ranks sum their boxes' directions "
+         " matrix across ranks, and Muon steps it whole: its ranks gather their boxes' directions "
          "at every step, so set a communicator over them (sa_optimizer_set_comm) before adding "
          "the param");
   if (p.device.device_type != kDLCPU) return;

@@ -6,6 +6,7 @@
 #include "dtype.hpp"
 #include "errors.hpp"
 #include "param.hpp"
+#include "state_io/box.hpp"
 
 namespace sa {
 namespace {
@@ -215,7 +216,6 @@ Plan build_plan(const std::vector<const Param*>& params) {
     }
     bucket->numel += p.numel;
   }
-  lay_out_gathered(plan, 0, 1);  // as one rank; the step lays it out for its communicator
   int staged = 0, mirrored = 0;  // segments so far, in plan order
   for (Bucket& b : plan.buckets) {
     if (b.placement == StatePlacement::host_cpu_step) {
@@ -230,40 +230,192 @@ Plan build_plan(const std::vector<const Param*>& params) {
   return plan;
 }
 
-void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks) {
+namespace {
+
+int64_t area(const kernels::MatrixBox& b) { return b.box_rows * b.box_cols; }
+
+// Where box b's first element lies in its whole (row-major), and whether the box is one run
+// there (whole rows, or one row): then it moves to and from the whole without staging.
+int64_t at_in_whole(const kernels::MatrixBox& b) { return b.row0 * b.cols + b.col0; }
+bool contiguous(const kernels::MatrixBox& b) { return b.box_cols == b.cols || b.box_rows <= 1; }
+
+bool same_box(const kernels::MatrixBox& a, const kernels::MatrixBox& b) {
+  return a.row0 == b.row0 && a.col0 == b.col0 && a.box_rows == b.box_rows &&
+         a.box_cols == b.box_cols;
+}
+
+// A distinct box of a matrix, and the ranks that hold it (ascending).
+struct DistinctBox {
+  kernels::MatrixBox box;
+  std::vector<int32_t> holders;
+};
+
+// Matrix m's distinct non-empty boxes, in the order of their lowest holders; throws
+// SA_ERR_MISMATCH when a rank's matrix has another shape, or the boxes do not cover the
+// matrix exactly once.
+std::vector<DistinctBox> distinct_boxes(const std::vector<kernels::MatrixBox>& boxes,
+                                        const GatheredMatrix& g, std::size_t m, std::size_t n,
+                                        int32_t ranks) {
+  std::vector<DistinctBox> out;
+  for (int32_t r = 0; r < ranks; ++r) {
+    const kernels::MatrixBox& b = boxes[static_cast<std::size_t>(r) * n + m];
+    if (b.rows != g.box.rows || b.cols != g.box.cols)
+      fail(SA_ERR_MISMATCH, "rank ", r, "'s split Muon matrix ", m, " (param ", g.param,
+           " here) is ", b.rows, " x ", b.cols, ", this rank's ", g.box.rows, " x ", g.box.cols,
+           ": register the same params, in the same order, on every rank");
+    if (area(b) == 0) continue;
+    const auto same = std::find_if(out.begin(), out.end(),
+                                   [&](const DistinctBox& d) { return same_box(d.box, b); });
+    if (same != out.end())
+      same->holders.push_back(r);
+    else
+      out.push_back({b, {r}});
+  }
+  if (g.box.rows * g.box.cols == 0) return out;
+  std::vector<Box> parts;
+  parts.reserve(out.size());
+  for (const DistinctBox& d : out)
+    parts.push_back({{d.box.row0, d.box.col0}, {d.box.box_rows, d.box.box_cols}});
+  const Box target{{0, 0}, {g.box.rows, g.box.cols}};
+  const Coverage c = check_coverage(target, parts);
+  if (!c.exact)
+    fail(SA_ERR_MISMATCH, "the ranks' boxes of split Muon matrix ", m, " (param ", g.param,
+         " here, ", g.box.rows, " x ", g.box.cols, ") do not cover it exactly once: ",
+         describe_coverage_problem(
+             c, parts, target,
+             [&](std::size_t i) { return concat("rank ", out[i].holders.front(), "'s box"); },
+             "rank's box"),
+         "; check that every rank gives its own mesh coordinate");
+  return out;
+}
+
+// Owners balanced by Newton-Schulz's flops: largest first, each to the least loaded rank
+// among `candidates(m)` (ascending; the lowest on a tie). -1 for a matrix without any.
+template <class Candidates>
+std::vector<int32_t> balance_owners(const std::vector<GatheredMatrix>& gathered, int32_t ranks,
+                                    const Candidates& candidates) {
+  const std::size_t n = gathered.size();
+  auto flops = [&](std::size_t m) {
+    const auto r = static_cast<double>(gathered[m].box.rows),
+               c = static_cast<double>(gathered[m].box.cols);
+    return r < c ? r * r * c : c * c * r;
+  };
+  std::vector<std::size_t> order(n);
+  for (std::size_t m = 0; m < n; ++m) order[m] = m;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return flops(a) > flops(b); });
+  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+  std::vector<int32_t> owner(n, -1);
+  for (const std::size_t m : order) {
+    for (const int32_t r : candidates(m))
+      if (owner[m] < 0 ||
+          load[static_cast<std::size_t>(r)] < load[static_cast<std::size_t>(owner[m])])
+        owner[m] = r;
+    if (owner[m] >= 0) load[static_cast<std::size_t>(owner[m])] += flops(m);
+  }
+  return owner;
+}
+
+}  // namespace
+
+void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
+                      const std::vector<kernels::MatrixBox>& boxes) {
   const std::size_t n = plan.gathered.size();
-  std::vector<int32_t> owner(n, 0);
-  if (ranks > 1) {
-    auto flops = [&](std::size_t m) {
-      const auto r = static_cast<double>(plan.gathered[m].box.rows),
-                 c = static_cast<double>(plan.gathered[m].box.cols);
-      return r < c ? r * r * c : c * c * r;
-    };
-    std::vector<std::size_t> order(n);
-    for (std::size_t m = 0; m < n; ++m) order[m] = m;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return flops(a) > flops(b); });
-    std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
-    for (const std::size_t m : order) {
-      const auto least = std::min_element(load.begin(), load.end()) - load.begin();
-      owner[m] = static_cast<int32_t>(least);
-      load[static_cast<std::size_t>(least)] += flops(m);
+  std::vector<GatheredMatrix> gathered = plan.gathered;  // committed when nothing can fail
+  if (ranks <= 1) {  // summed: every matrix whole, in param order, this rank the owner of all
+    int64_t at = 0;
+    for (GatheredMatrix& g : gathered) {
+      g.whole = at;
+      g.dir = at + at_in_whole(g.box);
+      g.ld = g.box.cols;
+      g.contributes = g.primary && area(g.box) > 0;
+      at += g.box.rows * g.box.cols;
+    }
+    plan.gathered = std::move(gathered);
+    plan.gather_ranks = 1;
+    plan.gather_rank = 0;
+    plan.gather_elems = plan.gather_zero = at;
+    plan.to_owners = plan.from_owners = MatrixExchange{};
+    return;
+  }
+  if (boxes.size() != n * static_cast<std::size_t>(ranks))
+    fail(SA_ERR_INTERNAL, "lay_out_gathered: ", boxes.size(), " boxes for ", n, " matrices of ",
+         ranks, " ranks");
+  std::vector<std::vector<DistinctBox>> distinct(n);
+  for (std::size_t m = 0; m < n; ++m) distinct[m] = distinct_boxes(boxes, gathered[m], m, n, ranks);
+  const std::vector<int32_t> owner = balance_owners(gathered, ranks, [&](std::size_t m) {
+    std::vector<int32_t> holders;
+    for (int32_t r = 0; r < ranks; ++r)
+      if (area(boxes[static_cast<std::size_t>(r) * n + m]) > 0) holders.push_back(r);
+    return holders;
+  });
+
+  // This rank's boxes, each on its own, then the wholes it owns, then staging.
+  int64_t at = 0;
+  for (GatheredMatrix& g : gathered) {
+    g.contributes = false;  // until it is found the source of its box, below
+    g.dir = at;
+    g.ld = g.box.box_cols;
+    at += area(g.box);
+  }
+  const int64_t local = at;
+  for (std::size_t m = 0; m < n; ++m) {
+    gathered[m].whole = owner[m] == rank ? at : -1;
+    if (owner[m] == rank) at += gathered[m].box.rows * gathered[m].box.cols;
+  }
+  const int64_t staging = at;
+  int64_t staged_to = 0, staged_from = 0;  // each direction's staging, from `staging`
+
+  MatrixExchange to, from;
+  for (std::size_t m = 0; m < n; ++m) {
+    GatheredMatrix& g = gathered[m];
+    const int32_t o = owner[m];
+    for (const DistinctBox& d : distinct[m]) {
+      const kernels::MatrixBox& b = d.box;
+      const auto holds = [&](int32_t r) {
+        return std::find(d.holders.begin(), d.holders.end(), r) != d.holders.end();
+      };
+      const int32_t source = holds(o) ? o : d.holders.front();
+      if (holds(rank)) g.contributes = source == rank;
+      const int64_t in_whole = g.whole + at_in_whole(b);  // (on the owner)
+      // To the owner: from the source's box, into the whole (through staging unless a run).
+      if (source == rank && o == rank) {
+        to.before.push_back({g.dir, g.ld, in_whole, b.cols, b.box_rows, b.box_cols});
+      } else if (source == rank) {
+        to.sends.push_back({o, g.dir, area(b)});
+      } else if (o == rank && contiguous(b)) {
+        to.recvs.push_back({source, in_whole, area(b)});
+      } else if (o == rank) {
+        to.recvs.push_back({source, staging + staged_to, area(b)});
+        to.after.push_back(
+            {staging + staged_to, b.box_cols, in_whole, b.cols, b.box_rows, b.box_cols});
+        staged_to += area(b);
+      }
+      // Back to every holder: from the whole (through staging unless a run), into its box.
+      if (o == rank) {
+        int64_t sent_from = in_whole;
+        if (!contiguous(b) && (d.holders.size() > 1 || d.holders.front() != rank)) {
+          sent_from = staging + staged_from;
+          from.before.push_back({in_whole, b.cols, sent_from, b.box_cols, b.box_rows, b.box_cols});
+          staged_from += area(b);
+        }
+        for (const int32_t h : d.holders)
+          if (h == rank)
+            from.before.push_back({in_whole, b.cols, g.dir, g.ld, b.box_rows, b.box_cols});
+          else
+            from.sends.push_back({h, sent_from, area(b)});
+      } else if (holds(rank)) {
+        from.recvs.push_back({o, g.dir, area(b)});
+      }
     }
   }
-  std::vector<int64_t> filled(static_cast<std::size_t>(std::max(ranks, 1)), 0);
-  for (std::size_t m = 0; m < n; ++m) {
-    const kernels::MatrixBox& box = plan.gathered[m].box;
-    plan.gathered[m].offset = filled[static_cast<std::size_t>(owner[m])];  // within its chunk
-    filled[static_cast<std::size_t>(owner[m])] += box.rows * box.cols;
-  }
-  plan.gather_ranks = std::max(ranks, 1);
-  plan.gather_rank = ranks > 1 ? rank : 0;
-  plan.gather_chunk = *std::max_element(filled.begin(), filled.end());
-  plan.gather_elems = plan.gather_chunk * plan.gather_ranks;
-  for (std::size_t m = 0; m < n; ++m) {
-    plan.gathered[m].offset += owner[m] * plan.gather_chunk;
-    plan.gathered[m].owned = owner[m] == (ranks > 1 ? rank : 0);
-  }
+  plan.gathered = std::move(gathered);
+  plan.gather_ranks = ranks;
+  plan.gather_rank = rank;
+  plan.gather_zero = local;
+  plan.gather_elems = staging + std::max(staged_to, staged_from);
+  plan.to_owners = std::move(to);
+  plan.from_owners = std::move(from);
 }
 
 void rebind_grads(Plan& plan, const std::vector<const void*>& step_grads,

@@ -97,22 +97,55 @@ struct MatrixShape {
 };
 
 // A Muon matrix split across ranks (is_sharded). Every rank's plan lists the same ones, in
-// param order, empty shards too. Their whole directions lie in one buffer of
-// Plan::gather_elems doubles (backend memory), in Plan::gather_ranks chunks of
-// Plan::gather_chunk (lay_out_gathered): a matrix at `offset`, in its owner's chunk. At each
-// step every rank writes its box's direction at the matrix's offset (primary replicas
-// only: zeros elsewhere); the chunks are summed across the ranks, each owner's chunk to its
-// owner (with one chunk: every rank owns every matrix, and the whole buffer is summed);
-// each owner orthogonalizes its matrices in place; the chunks are gathered to every rank;
-// and each rank applies its box of each result (kernels::MatrixBox).
+// param order, empty shards too. Their directions lie in one buffer of Plan::gather_elems
+// doubles (backend memory), which lay_out_gathered lays out in one of two ways.
+// - Exchanged (the communicator says its ranks: Plan::gather_ranks > 1): the buffer holds
+//   this rank's boxes, each on its own (`dir`, ld = box_cols), in param order; then the
+//   whole directions of the matrices it owns (`whole`); then staging for pieces that are
+//   not contiguous in their whole. Each matrix has one owner, among the ranks that hold a
+//   box of it. At each step every rank writes its boxes' directions; each distinct box goes
+//   from one of its holders to the owner (Plan::to_owners); the owner orthogonalizes the
+//   whole; and each box goes back to every rank that holds it (Plan::from_owners). A rank
+//   holds its boxes and its owned matrices: about 2/nranks of all split matrices, not all.
+// - Summed (ranks unsaid: one rank of its own, gather_ranks == 1): every rank owns every
+//   matrix; the buffer is their whole directions, each rank writes its box's direction in
+//   place (`dir` inside `whole`, ld = cols; primary replicas only: zeros elsewhere), and an
+//   all-reduce sums them.
+// Each rank then applies its box of the result, read where it wrote the direction.
 struct GatheredMatrix {
-  kernels::MatrixBox box;
-  int64_t param;        // its param's index
-  bool contributes;     // a primary replica: its box is summed into the direction
-  int64_t offset = 0;   // of the whole direction in the buffer, in elements
-  bool owned = false;   // this rank orthogonalizes it
+  kernels::MatrixBox box;  // this rank's box (kernels::MatrixBox)
+  int64_t param;           // its param's index
+  bool primary;            // a primary replica of its box (primary_replica)
+  // Writes its box's direction: summed, the primary replica; exchanged, the box's source.
+  bool contributes = false;
+  int64_t dir = 0;  // the box's direction and result: at gather + dir, row r at + r * ld
+  int64_t ld = 0;
+  int64_t whole = -1;   // this rank owns it: its whole direction at gather + whole; else -1
   int32_t bucket = -1;  // this rank's slot of the matrix; -1 for an empty shard
   int32_t slot = -1;
+};
+
+// A copy of a rows x cols box of doubles within the gather buffer: row r from
+// gather + from + r * from_ld to gather + to + r * to_ld.
+struct BoxCopy {
+  int64_t from, from_ld, to, to_ld, rows, cols;
+};
+
+// `count` doubles at gather + at, sent to or received from rank `peer`.
+struct Transfer {
+  int32_t peer;
+  int64_t at;
+  int64_t count;
+};
+
+// One movement of the split matrices' directions between ranks: the copies within this
+// rank (`before`, which the transfers need or which need none), the transfers (a rank's
+// sends to a peer and the peer's receives from it are listed in the same order), then the
+// copies of what was received (`after`). Stream-ordered, in that order.
+struct MatrixExchange {
+  std::vector<BoxCopy> before;
+  std::vector<Transfer> sends, recvs;
+  std::vector<BoxCopy> after;
 };
 
 struct Bucket {
@@ -142,19 +175,26 @@ struct Plan {
   std::vector<Bucket> buckets;
   std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
   std::vector<GatheredMatrix> gathered;        // every split Muon matrix, in param order
-  int32_t gather_ranks = 0;                    // their buffer's chunks (0: not laid out)
-  int32_t gather_rank = 0;                     // this rank's chunk
-  int64_t gather_chunk = 0;                    // elements a chunk
-  int64_t gather_elems = 0;                    // gather_ranks * gather_chunk
+  // Their layout (GatheredMatrix), by lay_out_gathered: 0 ranks until it runs (the step
+  // lays it out for its communicator), 1 summed, more exchanged.
+  int32_t gather_ranks = 0;
+  int32_t gather_rank = 0;
+  int64_t gather_elems = 0;               // the buffer
+  int64_t gather_zero = 0;                // its first elements, which the gather pass zeroes
+  MatrixExchange to_owners, from_owners;  // exchanged only
 };
 
-// Lays Plan::gathered out in `ranks` chunks, as rank `rank` of them (0 <= rank < ranks): each
-// matrix gets an owner, the rank whose chunk it lies in. Owners are balanced by Newton-
-// Schulz's flops (~ min(rows, cols)^2 max(rows, cols) a step; largest first, each to the
-// least loaded rank, the lowest on a tie), so every rank that lays out the same matrices
-// with the same `ranks` picks the same owners. A chunk holds its owner's matrices in param
-// order; gather_chunk is the largest owner's elements. With one chunk, this rank owns all.
-void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks);
+// Lays Plan::gathered out for rank `rank` of `ranks` (GatheredMatrix). With one rank:
+// summed. With more: exchanged, by `boxes`, every rank's box of every split matrix
+// (boxes[r * gathered.size() + m]: rank r's of matrix m; box_rows or box_cols 0: none).
+// Owners are balanced by Newton-Schulz's flops (~ min(rows, cols)^2 max(rows, cols) a
+// step): largest first, each to the least loaded rank that holds a box of it, the lowest on
+// a tie; so every rank that lays out the same boxes picks the same owners. A distinct box
+// (replicas hold the same one) goes to the owner from the owner itself when it holds one,
+// else from its lowest holder. Throws SA_ERR_MISMATCH, changing nothing, when a matrix's
+// distinct boxes do not cover it exactly once or a rank's matrix has another shape.
+void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
+                      const std::vector<kernels::MatrixBox>& boxes = {});
 
 // The slot of a split matrix that this rank steps: its own box, when it holds one and has a
 // grad at this step; else NULL (an empty shard, or no grad: nothing of it to step here).

@@ -238,33 +238,30 @@ void Stepper::flush(Plan& plan, void* stream) {
   }
 }
 
-void Stepper::all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream,
-                         const Span* keep) {
+void Stepper::all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream) {
   const bool device_comm = comm.reduces_device_memory();
-  if (device_comm && keep != nullptr)
-    fail(SA_ERR_INTERNAL, "a kept span of an all-reduce over device memory");
   auto reduce = [&](double* at) {  // in pieces of at most INT32_MAX doubles, the ABI's count
-    if (keep != nullptr) {         // this rank's values outside the span count as zeros
-      std::fill(at, at + keep->first, 0.0);
-      std::fill(at + keep->first + keep->count, at + count, 0.0);
-    }
     for (int64_t first = 0; first < count; first += INT32_MAX)
       comm.all_reduce(at + first, static_cast<int32_t>(std::min<int64_t>(INT32_MAX, count - first)),
                       op, device_comm ? stream : nullptr);
   };
   if (device_comm || backend_->host_memory()) return reduce(values);
-  if (backend_->capturing(stream))
-    fail(SA_ERR_STATE,
-         "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
-         "host must read what it reduces); use an NCCL communicator");
   const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(double);
-  if (!host_staging_ || host_staging_->bytes() < bytes)
-    host_staging_ = backend_->allocate_staging(bytes);
-  auto* host = static_cast<double*>(host_staging_->data());
+  double* host = host_staging(bytes, stream);
   backend_->download(host, values, bytes, stream);
   backend_->synchronize_stream(stream);
   reduce(host);
   backend_->upload(values, host, bytes, stream);  // `host` is reusable once this returns
+}
+
+double* Stepper::host_staging(std::size_t bytes, void* stream) {
+  if (backend_->capturing(stream))
+    fail(SA_ERR_STATE,
+         "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
+         "host must read the values it communicates); use an NCCL communicator");
+  if (!host_staging_ || host_staging_->bytes() < bytes)
+    host_staging_ = backend_->allocate_staging(bytes);
+  return static_cast<double*>(host_staging_->data());
 }
 
 // No params, so no device: the inputs are host floats and only the groups count.
@@ -336,84 +333,134 @@ std::optional<bool> Stepper::step(Plan& plan, const StepInputs& in, void* stream
   return std::nullopt;
 }
 
-// The split Muon matrices' buffer, laid out for the communicator (plan.hpp's
-// GatheredMatrix), and the ranks' agreement on it when the layout or the communicator
-// changed (else the sums would mix matrices, or hang): before the step changes anything.
+// The split Muon matrices' layout for the communicator (plan.hpp's GatheredMatrix), after
+// the ranks' agreement on it, when the plan or the communicator changed (else the
+// collectives would mix matrices, or hang); and its buffer. Before the step changes anything.
 void Stepper::prepare_gather(Plan& plan, Comm* comm) {
   if (comm == nullptr)
     fail(SA_ERR_STATE,
          "the plan has Muon matrices split across ranks, whose directions are "
-         "summed across the ranks, and the optimizer has no communicator "
+         "gathered across the ranks, and the optimizer has no communicator "
          "(sa_optimizer_set_comm)");
-  const int32_t ranks = comm->nranks() > 1 ? comm->nranks() : 1;  // -1: a host comm unsaid
-  const int32_t rank = ranks > 1 ? comm->rank() : 0;
-  if (plan.gather_ranks != ranks || plan.gather_rank != rank) lay_out_gathered(plan, rank, ranks);
+  if (!gather_agreed_ || plan.gather_ranks == 0) {  // a new plan, or a new communicator
+    const int32_t ranks = comm->nranks() > 1 ? comm->nranks() : 1;  // -1: a host comm unsaid
+    const int32_t rank = ranks > 1 ? comm->rank() : 0;
+    lay_out_gathered(plan, rank, ranks, agree_on_gather(plan, *comm, rank, ranks));
+    gather_agreed_ = true;
+  }
   const auto bytes = static_cast<std::size_t>(plan.gather_elems) * sizeof(double);
   if (!gather_ || gather_->bytes() < bytes) gather_ = backend_->allocate(bytes);
-  if (agreed_gather_elems_ != plan.gather_elems || agreed_gather_ranks_ != ranks) {
-    agree_on_gather(plan, *comm);
-    agreed_gather_elems_ = plan.gather_elems;
-    agreed_gather_ranks_ = ranks;
-  }
 }
 
-// The split Muon matrices' whole directions, orthogonalized by their owners: each rank's
-// boxes summed onto the owners (a reduce-scatter of the owners' chunks; with one chunk, or
-// a host communicator, an all-reduce of them all), the owners' Newton-Schulz, then the
-// results gathered to every rank (a host communicator's all-reduce with zeros outside each
-// rank's own chunk). Every rank calls it at every step, skipped or not: it is collective.
+// The split Muon matrices' whole directions, orthogonalized by their owners: the boxes sent
+// to the owners (summed: every rank's boxes summed whole on every rank), the owners'
+// Newton-Schulz, then each rank's boxes of the results sent back. Every rank calls it at
+// every step, skipped or not: it is collective.
 void Stepper::gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream) {
-  const int32_t ranks = plan.gather_ranks, rank = plan.gather_rank;  // prepare_gather's
   args.gather = static_cast<double*>(gather_->data());
   backend_->launch(Pass::gather, plan, args, stream);
-  const bool chunked = ranks > 1 && comm.reduces_device_memory();
-  if (chunked)
-    comm.reduce_scatter(args.gather, plan.gather_chunk, stream);
+  if (plan.gather_ranks > 1)
+    exchange(comm, plan.to_owners, args.gather, stream);
   else
     all_reduce(comm, args.gather, plan.gather_elems, ReduceOp::sum, stream);
   backend_->launch(Pass::orthogonalize, plan, args, stream);
-  if (chunked) {
-    comm.all_gather(args.gather, plan.gather_chunk, stream);
-  } else if (ranks > 1) {
-    const Span own{rank * plan.gather_chunk, plan.gather_chunk};
-    all_reduce(comm, args.gather, plan.gather_elems, ReduceOp::sum, stream, &own);
-  }
+  if (plan.gather_ranks > 1) exchange(comm, plan.from_owners, args.gather, stream);
 }
 
-// The ranks' agreement on the split matrices' layout: the same count, elements and chunks
-// (a max-reduction of each and its negation), and with chunks, each rank number said once
-// (a sum of one-hot rows). Synchronizes: it runs when the layout changes, not at each step.
-void Stepper::agree_on_gather(const Plan& plan, Comm& comm) {
-  const auto ranks = static_cast<std::size_t>(plan.gather_ranks);
-  const double n = static_cast<double>(plan.gather_elems),
-               count = static_cast<double>(plan.gathered.size()), k = static_cast<double>(ranks);
-  std::vector<double> mine = {n, -n, count, -count, k, -k};
-  std::shared_ptr<Buffer> values = backend_->allocate(mine.size() * sizeof(double));
-  backend_->copy_from_host(values->data(), mine.data(), mine.size() * sizeof(double));
-  all_reduce(comm, static_cast<double*>(values->data()), static_cast<int64_t>(mine.size()),
-             ReduceOp::max, nullptr);
+// One MatrixExchange within the buffer at `base`: its copies here, and its transfers
+// through `comm`, a host communicator's through host staging on a device backend (which
+// drains the stream, as all_reduce's does).
+void Stepper::exchange(Comm& comm, const MatrixExchange& x, double* base, void* stream) {
+  backend_->copy_boxes(base, x.before, stream);
+  std::vector<Comm::Transfer> sends, recvs;
+  if (comm.reduces_device_memory() || backend_->host_memory()) {
+    for (const Transfer& t : x.sends) sends.push_back({t.peer, base + t.at, t.count});
+    for (const Transfer& t : x.recvs) recvs.push_back({t.peer, base + t.at, t.count});
+    comm.exchange(sends, recvs, stream);
+  } else {
+    int64_t total = 0;
+    for (const Transfer& t : x.sends) total += t.count;
+    for (const Transfer& t : x.recvs) total += t.count;
+    double* host = host_staging(static_cast<std::size_t>(total) * sizeof(double), stream);
+    for (const Transfer& t : x.sends) {
+      backend_->download(host, base + t.at, static_cast<std::size_t>(t.count) * sizeof(double),
+                         stream);
+      sends.push_back({t.peer, host, t.count});
+      host += t.count;
+    }
+    for (const Transfer& t : x.recvs) {
+      recvs.push_back({t.peer, host, t.count});
+      host += t.count;
+    }
+    backend_->synchronize_stream(stream);
+    comm.exchange(sends, recvs, nullptr);
+    for (std::size_t i = 0; i < recvs.size(); ++i)
+      backend_->upload(base + x.recvs[i].at, recvs[i].values,
+                       static_cast<std::size_t>(recvs[i].count) * sizeof(double), stream);
+  }
+  backend_->copy_boxes(base, x.after, stream);
+}
+
+// values (host memory) := their `op` over the ranks of `comm`, through backend memory as a
+// step's reductions go. Synchronizes: for agreements, when a layout changes.
+void Stepper::reduce_now(Comm& comm, std::vector<double>& values, ReduceOp op) {
+  const std::size_t bytes = values.size() * sizeof(double);
+  std::shared_ptr<Buffer> at = backend_->allocate(bytes);
+  backend_->copy_from_host(at->data(), values.data(), bytes);
+  all_reduce(comm, static_cast<double*>(at->data()), static_cast<int64_t>(values.size()), op,
+             nullptr);
   backend_->synchronize();
-  std::vector<double> all(mine.size());
-  backend_->copy_to_host(all.data(), values->data(), all.size() * sizeof(double));
+  backend_->copy_to_host(values.data(), at->data(), bytes);
+}
+
+// The ranks' agreement on the split matrices: the same count and elements over the same
+// rank count (a max-reduction of each and its negation); then with said ranks, a table of
+// one row a rank (summed: each rank writes its own), which holds a 1 (each rank number must
+// be said once) and the rank's box of each matrix. Returns every rank's boxes
+// (lay_out_gathered's `boxes`), which lay_out_gathered checks.
+std::vector<kernels::MatrixBox> Stepper::agree_on_gather(const Plan& plan, Comm& comm, int32_t rank,
+                                                         int32_t ranks) {
+  const std::size_t n = plan.gathered.size();
+  double elems = 0;
+  for (const GatheredMatrix& g : plan.gathered)
+    elems += static_cast<double>(g.box.rows) * static_cast<double>(g.box.cols);
+  const double count = static_cast<double>(n), k = static_cast<double>(ranks);
+  std::vector<double> all = {elems, -elems, count, -count, k, -k};
+  reduce_now(comm, all, ReduceOp::max);
   if (all[0] != -all[1] || all[2] != -all[3] || all[4] != -all[5])
     fail(SA_ERR_MISMATCH, "the ranks of ", comm.describe(),
          " hold different split Muon matrices (from ", -all[3], " to ", all[2], " matrices of ",
          -all[1], " to ", all[0], " elements in all, over ", -all[5], " to ", all[4],
-         " ranks; this rank: ", plan.gathered.size(), " of ", plan.gather_elems, " over ", ranks,
+         " ranks; this rank: ", n, " of ", elems, " over ", ranks,
          "): register the same params, in the same order and groups, on every rank");
-  if (ranks < 2) return;
-  std::vector<double> said(ranks, 0.0);
-  said[static_cast<std::size_t>(plan.gather_rank)] = 1.0;
-  values = backend_->allocate(ranks * sizeof(double));
-  backend_->copy_from_host(values->data(), said.data(), ranks * sizeof(double));
-  all_reduce(comm, static_cast<double*>(values->data()), static_cast<int64_t>(ranks), ReduceOp::sum,
-             nullptr);
-  backend_->synchronize();
-  backend_->copy_to_host(said.data(), values->data(), ranks * sizeof(double));
-  for (std::size_t r = 0; r < ranks; ++r)
-    if (said[r] != 1.0)
-      fail(SA_ERR_MISMATCH, comm.describe(), ": ", said[r], " ranks say they are rank ", r, " of ",
-           ranks, "; each rank must say its own number, 0 to ", ranks - 1, " once");
+  if (ranks < 2) return {};
+  constexpr std::size_t kBoxFields = 6;
+  const std::size_t width = 1 + kBoxFields * n;
+  std::vector<double> table(static_cast<std::size_t>(ranks) * width, 0.0);
+  double* mine = table.data() + static_cast<std::size_t>(rank) * width;
+  mine[0] = 1.0;
+  for (std::size_t m = 0; m < n; ++m) {
+    const kernels::MatrixBox& b = plan.gathered[m].box;
+    const double fields[kBoxFields] = {
+        static_cast<double>(b.rows),     static_cast<double>(b.cols),
+        static_cast<double>(b.row0),     static_cast<double>(b.col0),
+        static_cast<double>(b.box_rows), static_cast<double>(b.box_cols)};
+    std::copy(fields, fields + kBoxFields, mine + 1 + kBoxFields * m);
+  }
+  reduce_now(comm, table, ReduceOp::sum);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r)
+    if (table[r * width] != 1.0)
+      fail(SA_ERR_MISMATCH, comm.describe(), ": ", table[r * width], " ranks say they are rank ", r,
+           " of ", ranks, "; each rank must say its own number, 0 to ", ranks - 1, " once");
+  std::vector<kernels::MatrixBox> boxes(static_cast<std::size_t>(ranks) * n);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r)
+    for (std::size_t m = 0; m < n; ++m) {
+      const double* f = table.data() + r * width + 1 + kBoxFields * m;
+      boxes[r * n + m] = {static_cast<int64_t>(f[0]), static_cast<int64_t>(f[1]),
+                          static_cast<int64_t>(f[2]), static_cast<int64_t>(f[3]),
+                          static_cast<int64_t>(f[4]), static_cast<int64_t>(f[5])};
+    }
+  return boxes;
 }
 
 StepReport Stepper::last_report() const {

@@ -38,7 +38,7 @@ struct StepInputs {
   Comm* amax_comm;
   double* amax_bits;
   int32_t amax_count;
-  // Split Muon matrices (Plan::gathered): the communicator their directions are summed
+  // Split Muon matrices (Plan::gathered): the communicator their directions are gathered
   // across (every rank holding a box of one); NULL when there is none.
   Comm* matrix_comm = nullptr;
 };
@@ -68,7 +68,7 @@ class Stepper {
   void set_active(int64_t param, bool active);
   // A new communicator: the next step with split Muon matrices checks the ranks' agreement
   // on their layout again.
-  void comm_changed() { agreed_gather_elems_ = -1; }
+  void comm_changed() { gather_agreed_ = false; }
   // The fold sees params i without subset[i] as inactive (a partial step's); empty: none.
   void set_subset(const std::vector<uint8_t>& subset);
 
@@ -108,15 +108,7 @@ class Stepper {
   // backend through one pinned staging buffer (grown as needed), which drains the stream and
   // so cannot be captured (SA_ERR_STATE). The step's reductions (its stats, a current
   // scaling's amax) and the optimizer's (the ranks' agreement, a recast's amax) all use it.
-  // values[0..count) (backend memory) reduced across the ranks of `comm`, a host one's
-  // through host staging. With `keep`, this rank's values outside it count as zeros (a host
-  // communicator only).
-  struct Span {
-    int64_t first;
-    int64_t count;
-  };
-  void all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream,
-                  const Span* keep = nullptr);
+  void all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream);
 
  private:
   // A growable array in backend memory (host memory without a backend).
@@ -163,14 +155,18 @@ class Stepper {
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> host_staging_;  // all_reduce's copy for a host communicator
   // Split Muon matrices: their directions (Plan::gather_elems doubles, backend memory), and
-  // the layout the ranks were last found to agree on (elements, chunks; -1: not since the
-  // communicator changed).
+  // whether the ranks agreed on the plan's layout since the communicator changed.
   std::shared_ptr<Buffer> gather_;
-  int64_t agreed_gather_elems_ = -1;
-  int32_t agreed_gather_ranks_ = -1;
+  bool gather_agreed_ = false;
   void prepare_gather(Plan& plan, Comm* comm);
   void gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream);
-  void agree_on_gather(const Plan& plan, Comm& comm);
+  void exchange(Comm& comm, const MatrixExchange& x, double* base, void* stream);
+  void reduce_now(Comm& comm, std::vector<double>& values, ReduceOp op);
+  // Host staging for a host communicator on a device backend: `bytes` of it, on a stream
+  // that is not being captured.
+  double* host_staging(std::size_t bytes, void* stream);
+  std::vector<kernels::MatrixBox> agree_on_gather(const Plan& plan, Comm& comm, int32_t rank,
+                                                  int32_t ranks);
 };
 
 }  // namespace sa

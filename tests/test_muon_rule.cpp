@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "muon_reference.hpp"
+#include "src/errors.hpp"
 #include "src/plan.hpp"
 #include "test_state_io_support.hpp"
 #include "test_support.hpp"
@@ -373,8 +375,9 @@ std::vector<float> box_of(const std::vector<float>& m, int64_t cols,
 
 // Rank `rank` of the split: its box of each copy of the matrix in a Muon group (with a
 // whole 5 x 3 matrix beside them), three steps; no Catch2 macros (it runs on a thread of
-// its own).
-RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_comm* comm) {
+// its own). `coordinate_of` >= 0: it gives that rank's mesh coordinate instead of its own.
+RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_comm* comm,
+                    int coordinate_of = -1) {
   RankResult out;
   auto fail = [&](sa_status st, sa_optimizer* opt) {
     out.status = st;
@@ -382,7 +385,9 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
     return out;
   };
   std::vector<int64_t> coord(s.mesh.size());
-  for (int64_t r = rank, d = static_cast<int64_t>(s.mesh.size()) - 1; d >= 0; --d) {
+  for (int64_t r = coordinate_of >= 0 ? coordinate_of : rank,
+               d = static_cast<int64_t>(s.mesh.size()) - 1;
+       d >= 0; --d) {
     coord[static_cast<std::size_t>(d)] = r % s.mesh[static_cast<std::size_t>(d)];
     r /= s.mesh[static_cast<std::size_t>(d)];
   }
@@ -482,10 +487,18 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
                                       static_cast<const float*>(mb.data()) + mb.numel());
     CHECK(whole != start);  // the steps moved it
     // The same on 4 threaded ranks: each copy orthogonalized by its owner (ranks that say
-    // their numbers), or on every rank (ranks that do not).
-    for (const bool said : {true, false}) {
-      INFO((said ? "ranks say their numbers: one owner a matrix" : "ranks unsaid: every rank"));
-      ThreadComms comms(4, said);
+    // their numbers: boxes exchanged through all_to_all, or through all_reduce without
+    // one), or on every rank (ranks that do not: summed whole).
+    struct Mode {
+      const char* what;
+      bool said, all_to_all;
+    };
+    for (const Mode mode : {Mode{"ranks said, all_to_all: one owner a matrix", true, true},
+                            Mode{"ranks said, no all_to_all: one owner, through all_reduce", true,
+                                 false},
+                            Mode{"ranks unsaid: every rank, summed whole", false, false}}) {
+      INFO(mode.what);
+      ThreadComms comms(4, mode.said, -1, mode.all_to_all);
       std::vector<RankResult> results(4);
       std::vector<std::thread> threads;
       for (int r = 0; r < 4; ++r)
@@ -512,49 +525,143 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
   }
 }
 
-TEST_CASE("split Muon matrices get owners balanced by Newton-Schulz's flops, the same on every "
-          "rank",
-          "[muon][sharded]") {
+namespace {
+
+// Three ranks' boxes of five split matrices (rows, cols, row0, col0, box_rows, box_cols):
+// m0 16 x 16 in rows 6, 6, 4; m1 8 x 8 in columns 3, 3, 2; m2 4 x 8 whole on ranks 0 and 2
+// (replicas), none on 1; m3 8 x 4 in rows 4, 4 on ranks 0 and 1; m4 2 x 2 on rank 0 alone.
+const std::vector<sa::kernels::MatrixBox> kBoxes = {
+    {16, 16, 0, 0, 6, 16}, {8, 8, 0, 0, 8, 3}, {4, 8, 0, 0, 4, 8}, {8, 4, 0, 0, 4, 4}, {2, 2, 0, 0, 2, 2},
+    {16, 16, 6, 0, 6, 16}, {8, 8, 0, 3, 8, 3}, {4, 8, 0, 0, 0, 0}, {8, 4, 4, 0, 4, 4}, {2, 2, 0, 0, 0, 0},
+    {16, 16, 12, 0, 4, 16}, {8, 8, 0, 6, 8, 2}, {4, 8, 0, 0, 4, 8}, {8, 4, 0, 0, 0, 0}, {2, 2, 0, 0, 0, 0},
+};
+
+// Rank `rank`'s plan of those matrices, not laid out yet.
+sa::Plan plan_of_rank(int rank) {
   sa::Plan plan;
-  auto add = [&](int64_t rows, int64_t cols) {
-    plan.gathered.push_back({{rows, cols, 0, 0, rows, cols},
-                             static_cast<int64_t>(plan.gathered.size()),
-                             true});
-  };
-  add(4, 8);    // 4^2 8 = 128 flops (units)
-  add(16, 16);  // 4096: the largest, placed first
-  add(8, 4);    // 128
-  add(2, 2);    // 8
-  add(8, 8);    // 512
-  // Largest first, each to the least loaded rank (the lowest on a tie): 16x16 -> 0, 8x8 -> 1,
-  // 4x8 -> 2, then 8x4 and 2x2 -> 2 (its load, 128 then 256, stays below rank 1's 512).
-  const std::vector<int32_t> owners = {2, 0, 2, 2, 1};
-  const std::vector<int64_t> elems = {256, 64, 32 + 32 + 4};  // by rank
-  for (int32_t rank = 0; rank < 3; ++rank) {
-    INFO("rank " << rank);
-    sa::lay_out_gathered(plan, rank, 3);
-    CHECK(plan.gather_ranks == 3);
-    CHECK(plan.gather_chunk == 256);  // the largest owner's
-    CHECK(plan.gather_elems == 3 * 256);
-    int64_t filled[3] = {0, 0, 0};
-    for (std::size_t m = 0; m < plan.gathered.size(); ++m) {
-      const sa::GatheredMatrix& g = plan.gathered[m];
-      const int32_t owner = owners[m];
-      INFO("matrix " << m);
-      CHECK(g.owned == (owner == rank));
-      CHECK(g.offset == owner * 256 + filled[owner]);  // in its owner's chunk, param order
-      filled[owner] += g.box.rows * g.box.cols;
+  for (std::size_t m = 0; m < 5; ++m)
+    plan.gathered.push_back({kBoxes[static_cast<std::size_t>(rank) * 5 + m], static_cast<int64_t>(m), true});
+  return plan;
+}
+
+using Copy = std::array<int64_t, 6>;      // from, from_ld, to, to_ld, rows, cols
+using Move = std::array<int64_t, 3>;      // peer, at, count
+std::vector<Copy> copies(const std::vector<sa::BoxCopy>& v) {
+  std::vector<Copy> out;
+  for (const sa::BoxCopy& c : v) out.push_back({c.from, c.from_ld, c.to, c.to_ld, c.rows, c.cols});
+  return out;
+}
+std::vector<Move> moves(const std::vector<sa::Transfer>& v) {
+  std::vector<Move> out;
+  for (const sa::Transfer& t : v) out.push_back({t.peer, t.at, t.count});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("split Muon matrices get owners balanced by Newton-Schulz's flops among their holders, "
+          "and each rank holds its boxes and its owned matrices",
+          "[muon][sharded]") {
+  // Largest first, each to the least loaded rank that holds a box of it (the lowest on a
+  // tie): m0 (16^2 16 = 4096 flops) -> 0; m1 (512) -> 1; m2 (4^2 8 = 128; held by 0 and 2)
+  // -> 2; m3 (128; held by 0 and 1, loads 4096 and 512) -> 1; m4 (8; held by 0 alone) -> 0.
+  const std::vector<int> owners = {0, 1, 2, 1, 0};
+  std::vector<sa::Plan> plans;
+  for (int r = 0; r < 3; ++r) {
+    plans.push_back(plan_of_rank(r));
+    sa::lay_out_gathered(plans.back(), r, 3, kBoxes);
+    for (std::size_t m = 0; m < 5; ++m) {
+      INFO("rank " << r << ", matrix " << m);
+      CHECK((plans.back().gathered[m].whole >= 0) == (owners[m] == r));
     }
-    for (int r = 0; r < 3; ++r) CHECK(filled[r] == elems[static_cast<std::size_t>(r)]);
   }
-  sa::lay_out_gathered(plan, 0, 1);  // one chunk: this rank owns all, in param order
-  CHECK(plan.gather_chunk == 32 + 256 + 32 + 4 + 64);
-  int64_t at = 0;
-  for (const sa::GatheredMatrix& g : plan.gathered) {
-    CHECK(g.owned);
-    CHECK(g.offset == at);
-    at += g.box.rows * g.box.cols;
-  }
+  // Rank 0: its boxes, each on its own (96 + 24 + 32 + 16 + 4 doubles), then m0 and m4 whole.
+  const sa::Plan& p0 = plans[0];
+  CHECK(p0.gather_zero == 172);
+  CHECK(p0.gathered[0].whole == 172);
+  CHECK(p0.gathered[4].whole == 428);
+  CHECK(p0.gather_elems == 432);  // no staging: what it receives is whole rows
+  CHECK(p0.gathered[3].dir == 152);
+  CHECK(p0.gathered[3].ld == 4);
+  // m2's replicas: rank 2, the owner, holds one, so it sends its own, not rank 0's.
+  CHECK(!p0.gathered[2].contributes);
+  CHECK(p0.gathered[0].contributes);
+  CHECK(copies(p0.to_owners.before) == std::vector<Copy>{{0, 16, 172, 16, 6, 16}, {168, 2, 428, 2, 2, 2}});
+  CHECK(moves(p0.to_owners.sends) == std::vector<Move>{{1, 96, 24}, {1, 152, 16}});
+  CHECK(moves(p0.to_owners.recvs) == std::vector<Move>{{1, 172 + 6 * 16, 96}, {2, 172 + 12 * 16, 64}});
+  CHECK(p0.to_owners.after.empty());
+  CHECK(copies(p0.from_owners.before) ==
+        std::vector<Copy>{{172, 16, 0, 16, 6, 16}, {428, 2, 168, 2, 2, 2}});
+  CHECK(moves(p0.from_owners.sends) == std::vector<Move>{{1, 268, 96}, {2, 364, 64}});
+  CHECK(moves(p0.from_owners.recvs) == std::vector<Move>{{1, 96, 24}, {2, 120, 32}, {1, 152, 16}});
+  // Rank 1: boxes (96 + 24 + 0 + 16 + 0), m1 and m3 whole, then staging for m1's column
+  // boxes, which are not runs of their whole.
+  const sa::Plan& p1 = plans[1];
+  CHECK(p1.gather_zero == 136);
+  CHECK(p1.gathered[1].whole == 136);
+  CHECK(p1.gathered[3].whole == 200);
+  CHECK(p1.gather_elems == 232 + 24 + 16);
+  CHECK(copies(p1.to_owners.before) == std::vector<Copy>{{96, 3, 139, 8, 8, 3}, {120, 4, 216, 4, 4, 4}});
+  CHECK(moves(p1.to_owners.sends) == std::vector<Move>{{0, 0, 96}});
+  CHECK(moves(p1.to_owners.recvs) == std::vector<Move>{{0, 232, 24}, {2, 256, 16}, {0, 200, 16}});
+  CHECK(copies(p1.to_owners.after) == std::vector<Copy>{{232, 3, 136, 8, 8, 3}, {256, 2, 142, 8, 8, 2}});
+  CHECK(copies(p1.from_owners.before) ==
+        std::vector<Copy>{{136, 8, 232, 3, 8, 3}, {139, 8, 96, 3, 8, 3}, {142, 8, 256, 2, 8, 2},
+                          {216, 4, 120, 4, 4, 4}});
+  CHECK(moves(p1.from_owners.sends) == std::vector<Move>{{0, 232, 24}, {2, 256, 16}, {0, 200, 16}});
+  CHECK(moves(p1.from_owners.recvs) == std::vector<Move>{{0, 0, 96}});
+  // Every pair's sends and receives match, in order: what NCCL and all_to_all need.
+  for (const bool back : {false, true})
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 3; ++b) {
+        INFO((back ? "back" : "to owners") << ": " << a << " -> " << b);
+        auto counts = [&](const std::vector<sa::Transfer>& v, int peer) {
+          std::vector<int64_t> out;
+          for (const sa::Transfer& t : v)
+            if (t.peer == peer) out.push_back(t.count);
+          return out;
+        };
+        const sa::MatrixExchange& xa = back ? plans[a].from_owners : plans[a].to_owners;
+        const sa::MatrixExchange& xb = back ? plans[b].from_owners : plans[b].to_owners;
+        CHECK(counts(xa.sends, b) == counts(xb.recvs, a));
+      }
+  // One rank of its own: summed, every matrix whole in param order, each box inside it.
+  sa::Plan one = plan_of_rank(1);
+  sa::lay_out_gathered(one, 0, 1);
+  CHECK(one.gather_elems == 256 + 64 + 32 + 32 + 4);
+  CHECK(one.gather_zero == one.gather_elems);
+  CHECK(one.gathered[1].whole == 256);
+  CHECK(one.gathered[1].dir == 256 + 3);  // rank 1's columns 3..5 of m1
+  CHECK(one.gathered[1].ld == 8);
+  CHECK(one.to_owners.sends.empty());
+}
+
+TEST_CASE("split Muon matrices whose ranks' boxes do not cover them exactly once are refused, "
+          "changing nothing",
+          "[muon][sharded][errors]") {
+  auto refused = [](std::vector<sa::kernels::MatrixBox> boxes, const char* what) {
+    sa::Plan plan = plan_of_rank(0);
+    sa::lay_out_gathered(plan, 0, 3, kBoxes);
+    const std::vector<Move> before = moves(plan.to_owners.sends);
+    try {
+      sa::lay_out_gathered(plan, 0, 3, boxes);
+      FAIL("laid out");
+    } catch (const sa::Error& e) {
+      CHECK(e.status() == SA_ERR_MISMATCH);
+      CHECK_THAT(e.what(), Catch::Contains(what));
+    }
+    CHECK(moves(plan.to_owners.sends) == before);  // as it was
+    CHECK(plan.gather_ranks == 3);
+  };
+  std::vector<sa::kernels::MatrixBox> overlap = kBoxes;
+  overlap[5].row0 = 5;  // rank 1's rows of m0 from 5: one row also rank 0's
+  refused(overlap, "rank 0's box (offset [0, 0] shape [6, 16]) and rank 1's box");
+  std::vector<sa::kernels::MatrixBox> gap = kBoxes;
+  gap[5] = gap[0];  // rank 1 says rank 0's coordinate: rows 6..11 of m0 in no box
+  refused(gap, "in no rank's box");
+  std::vector<sa::kernels::MatrixBox> shape = kBoxes;
+  shape[14].rows = 3;  // rank 2's m4 is 3 x 2
+  refused(shape, "rank 2's split Muon matrix 4 (param 4 here) is 3 x 2, this rank's 2 x 2");
 }
 
 TEST_CASE("a host communicator's rank must be in 0..nranks, and its ranks must say each number "
@@ -586,6 +693,27 @@ TEST_CASE("a host communicator's rank must be in 0..nranks, and its ranks must s
   for (const RankResult& got : results) {
     CHECK(got.status == SA_ERR_MISMATCH);
     CHECK_THAT(got.error, Catch::Contains("2 ranks say they are rank 0 of 2"));
+  }
+}
+
+TEST_CASE("ranks that give the same mesh coordinate are refused at the first step, by name",
+          "[muon][sharded][errors]") {
+  // Rank 1 gives rank 0's coordinate: both hold rows 0..2 of the 6 x 4 matrix, and rows
+  // 3..5 are nobody's. Summed, the first rows would count twice; exchanged, it is found.
+  ThreadComms comms(2, true);
+  const Split split{"Shard(0)", 6, 4, {2}, {shard(0)}};
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  std::vector<RankResult> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r], 0);
+    });
+  for (std::thread& t : threads) t.join();
+  for (const RankResult& got : results) {
+    CHECK(got.status == SA_ERR_MISMATCH);
+    CHECK_THAT(got.error, Catch::Contains("do not cover it exactly once") &&
+                              Catch::Contains("element [3, 0] is in no rank's box"));
   }
 }
 

@@ -46,6 +46,46 @@ class ThreadGroup {
     return 0;
   }
 
+  // An all-to-all (sa_host_comm.all_to_all): the last rank to arrive cuts every rank's
+  // blocks out of the deposits. Returns 1 when a rank's send counts are not what their
+  // receivers expect.
+  int all_to_all(int rank, const double* send, const int64_t* send_counts, double* recv,
+                 const int64_t* recv_counts) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++calls_;
+    const auto me = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(ranks_);
+    int64_t sent = 0;
+    for (std::size_t q = 0; q < n; ++q) sent += send_counts[q];
+    deposits_[me].assign(send, send + sent);
+    send_counts_.resize(n);
+    recv_counts_.resize(n);
+    send_counts_[me].assign(send_counts, send_counts + n);
+    recv_counts_[me].assign(recv_counts, recv_counts + n);
+    if (++arrived_ < ranks_) {
+      const uint64_t generation = generation_;
+      done_.wait(lock, [&] { return generation_ != generation; });
+    } else {
+      blocks_.assign(n, {});
+      failed_ = false;
+      for (std::size_t q = 0; q < n; ++q) {  // q's blocks, in rank order, to each receiver r
+        std::size_t at = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          const auto count = static_cast<std::size_t>(send_counts_[q][r]);
+          failed_ = failed_ || send_counts_[q][r] != recv_counts_[r][q];
+          blocks_[r].insert(blocks_[r].end(), deposits_[q].begin() + static_cast<std::ptrdiff_t>(at),
+                            deposits_[q].begin() + static_cast<std::ptrdiff_t>(at + count));
+          at += count;
+        }
+      }
+      arrived_ = 0;
+      ++generation_;
+      done_.notify_all();
+    }
+    if (failed_) return 1;
+    std::copy(blocks_[me].begin(), blocks_[me].end(), recv);
+    return 0;
+  }
+
   int calls() {
     std::lock_guard<std::mutex> lock(mutex_);
     return calls_;
@@ -61,6 +101,9 @@ class ThreadGroup {
   std::condition_variable done_;
   std::vector<std::vector<double>> deposits_;
   std::vector<double> result_;
+  std::vector<std::vector<int64_t>> send_counts_, recv_counts_;  // all_to_all's, by rank
+  std::vector<std::vector<double>> blocks_;                       // ... what each receives
+  bool failed_ = false;
   int arrived_ = 0;
   uint64_t generation_ = 0;
   int calls_ = 0;
@@ -75,6 +118,12 @@ struct RankEndpoint {
 inline int thread_all_reduce(void* ctx, double* values, int32_t count, sa_reduce_op op) {
   auto* endpoint = static_cast<RankEndpoint*>(ctx);
   return endpoint->group->all_reduce(endpoint->rank, values, count, op);
+}
+
+inline int thread_all_to_all(void* ctx, const double* send, const int64_t* send_counts,
+                             double* recv, const int64_t* recv_counts) {
+  auto* endpoint = static_cast<RankEndpoint*>(ctx);
+  return endpoint->group->all_to_all(endpoint->rank, send, send_counts, recv, recv_counts);
 }
 
 struct CommDeleter {
@@ -92,9 +141,11 @@ inline CommPtr host_comm(sa_host_comm callbacks) {
 
 // The communicators of `ranks` thread ranks of one group; `said`: each says its rank and
 // the rank count (sa_host_comm.rank, .nranks), else neither; `wrong_rank` >= 0: each says
-// that number instead of its own (the tests of a wrong numbering).
+// that number instead of its own (the tests of a wrong numbering); `all_to_all`: said ranks
+// give sa_host_comm.all_to_all (else the library exchanges through all_reduce).
 struct ThreadComms {
-  explicit ThreadComms(int ranks, bool said = false, int wrong_rank = -1) : group(ranks) {
+  explicit ThreadComms(int ranks, bool said = false, int wrong_rank = -1, bool all_to_all = true)
+      : group(ranks) {
     endpoints.reserve(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) {
       endpoints.push_back({&group, r});
@@ -104,6 +155,7 @@ struct ThreadComms {
       if (said) {
         callbacks.rank = wrong_rank >= 0 ? wrong_rank : r;
         callbacks.nranks = ranks;
+        if (all_to_all) callbacks.all_to_all = thread_all_to_all;
       }
       comms.push_back(host_comm(callbacks));
     }

@@ -114,9 +114,10 @@ func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, er
 
 // NewRankedHostComm is NewHostComm for a transport whose ranks are numbered: this is rank
 // rank of nranks (0 <= rank < nranks, each number on one rank). Each Muon matrix split
-// across ranks is then orthogonalized on one owner rank instead of on every rank, and
-// allReduce also carries the owners' results; the first step checks that the ranks'
-// numbers make 0..nranks-1 once each (StatusMismatch otherwise). A rank outside 0..nranks-1
+// across ranks is then orthogonalized on one owner rank instead of on every rank, its parts
+// carried there and back by allReduce (every rank's to every rank: the C ABI's
+// sa_host_comm.all_to_all carries only each rank's own); the first step checks that the
+// ranks' numbers make 0..nranks-1 once each (StatusMismatch otherwise). A rank outside 0..nranks-1
 // is refused with StatusInvalidArgument; nranks 0 (with rank 0) says nothing, as NewHostComm.
 func NewRankedHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
 	return newHostComm(rank, nranks, allReduce)

@@ -205,6 +205,25 @@ static void sa_py_legacy_view_deleter(DLManagedTensor* self) {
   free(view);
 }
 
+/* After a failed call of the reducer (the ctx): the raised exception is stored as its
+ * `exception` attribute, for the package to raise after the step. */
+static void sa_py_keep_exception(PyObject* reducer) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* exception = PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (value && traceback) PyException_SetTraceback(value, traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  PyObject* exception = value;
+#endif
+  if (exception && PyObject_SetAttrString(reducer, "exception", exception) != 0)
+    PyErr_WriteUnraisable(reducer);  /* the reducer cannot hold it: print it at least */
+  Py_XDECREF(exception);
+}
+
 /* A host communicator's all_reduce: calls the Python reducer (the ctx) with the values in
  * a bytearray and copies them back. The step runs without the GIL (%thread), so the
  * trampoline takes it. No exception may escape into the library: one raised by the reducer
@@ -227,24 +246,64 @@ static int sa_py_host_all_reduce(void* ctx, double* values, int32_t count, sa_re
   } else if (count < 0 && !PyErr_Occurred()) {
     PyErr_Format(PyExc_RuntimeError, "all_reduce: called with count %d", (int)count);
   }
-  if (failed) {
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject* exception = PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (value && traceback) PyException_SetTraceback(value, traceback);
-    Py_XDECREF(type);
-    Py_XDECREF(traceback);
-    PyObject* exception = value;
-#endif
-    if (exception && PyObject_SetAttrString(reducer, "exception", exception) != 0)
-      PyErr_WriteUnraisable(reducer);  /* the reducer cannot hold it: print it at least */
-    Py_XDECREF(exception);
-  }
+  if (failed) sa_py_keep_exception(reducer);
   Py_XDECREF(result);
   Py_XDECREF(buffer);
+  PyGILState_Release(gil);
+  return failed;
+}
+
+/* A list of the reducer's `nranks` counts; NULL with an exception set. */
+static PyObject* sa_py_counts(const int64_t* counts, Py_ssize_t nranks, Py_ssize_t* total) {
+  PyObject* list = PyList_New(nranks);
+  *total = 0;
+  for (Py_ssize_t r = 0; list && r < nranks; ++r) {
+    PyObject* count = PyLong_FromLongLong((long long)counts[r]);
+    if (!count) {
+      Py_CLEAR(list);
+      break;
+    }
+    PyList_SET_ITEM(list, r, count);
+    *total += (Py_ssize_t)counts[r];
+  }
+  return list;
+}
+
+/* A host communicator's all_to_all: calls reducer.exchange(send, send_counts, recv,
+ * recv_counts) with the blocks in bytearrays and the counts as lists of reducer.nranks ints,
+ * then copies recv back; the GIL and a raised exception as the all_reduce trampoline's. */
+static int sa_py_host_all_to_all(void* ctx, const double* send, const int64_t* send_counts,
+                                 double* recv, const int64_t* recv_counts) {
+  PyObject* reducer = (PyObject*)ctx;
+  int failed = 1;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *nranks = PyObject_GetAttrString(reducer, "nranks"), *sends = NULL, *recvs = NULL,
+           *out = NULL, *in = NULL, *result = NULL;
+  Py_ssize_t ranks = nranks ? PyLong_AsSsize_t(nranks) : -1, sent = 0, received = 0;
+  if (ranks >= 0 && !PyErr_Occurred()) {
+    sends = sa_py_counts(send_counts, ranks, &sent);
+    recvs = sends ? sa_py_counts(recv_counts, ranks, &received) : NULL;
+  }
+  if (recvs) {
+    out = PyByteArray_FromStringAndSize((const char*)send, sent * (Py_ssize_t)sizeof(double));
+    in = out ? PyByteArray_FromStringAndSize(NULL, received * (Py_ssize_t)sizeof(double)) : NULL;
+  }
+  if (in) result = PyObject_CallMethod(reducer, "exchange", "OOOO", out, sends, in, recvs);
+  if (result) {
+    if (PyByteArray_GET_SIZE(in) == received * (Py_ssize_t)sizeof(double)) {
+      memcpy(recv, PyByteArray_AS_STRING(in), (size_t)PyByteArray_GET_SIZE(in));
+      failed = 0;
+    } else {
+      PyErr_SetString(PyExc_RuntimeError, "all_to_all: the receive buffer was resized");
+    }
+  }
+  if (failed) sa_py_keep_exception(reducer);
+  Py_XDECREF(result);
+  Py_XDECREF(in);
+  Py_XDECREF(out);
+  Py_XDECREF(recvs);
+  Py_XDECREF(sends);
+  Py_XDECREF(nranks);
   PyGILState_Release(gil);
   return failed;
 }
@@ -877,11 +936,14 @@ PyObject* step_params(sa_optimizer* opt, PyObject* params, const sa_step_args* a
 
 /** Creates a host communicator whose all_reduce calls `reducer(buffer, op)`: buffer is a
  * bytearray holding the `count` doubles (native byte order), to be reduced in place; op
- * is SA_REDUCE_SUM or SA_REDUCE_MAX. A reducer that raises makes the step fail with
- * SA_ERR_COMM; its exception is stored as `reducer.exception` (it stays None otherwise)
- * for the package to surface. The communicator holds a reference to `reducer` until it is
- * freed. `rank` and `nranks` are sa_host_comm's (0 and 0: not said). Returns (status, comm). */
-PyObject* host_comm_create(PyObject* reducer, int rank, int nranks) {
+ * is SA_REDUCE_SUM or SA_REDUCE_MAX. With `all_to_all` nonzero, its all_to_all calls
+ * `reducer.exchange(send, send_counts, recv, recv_counts)`: bytearrays of doubles and lists
+ * of `reducer.nranks` counts, recv to be filled in place. A reducer that raises makes the
+ * step fail with SA_ERR_COMM; its exception is stored as `reducer.exception` (it stays None
+ * otherwise) for the package to surface. The communicator holds a reference to `reducer`
+ * until it is freed. `rank` and `nranks` are sa_host_comm's (0 and 0: not said). Returns
+ * (status, comm). */
+PyObject* host_comm_create(PyObject* reducer, int rank, int nranks, int all_to_all) {
   if (!PyCallable_Check(reducer)) {
     PyErr_SetString(PyExc_TypeError, "host_comm_create: the reducer must be callable");
     return NULL;
@@ -892,6 +954,7 @@ PyObject* host_comm_create(PyObject* reducer, int rank, int nranks) {
   callbacks.release = sa_py_host_release;
   callbacks.rank = rank;
   callbacks.nranks = nranks;
+  if (all_to_all) callbacks.all_to_all = sa_py_host_all_to_all;
   sa_comm* comm = NULL;
   Py_INCREF(reducer);  /* the communicator's reference, dropped by sa_py_host_release */
   sa_status status = sa_comm_create_host(&callbacks, &comm);

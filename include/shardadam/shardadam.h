@@ -209,13 +209,15 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  * global shape), float32 params only; weight decay is always decoupled, and maximize and
  * amsgrad must be 0. A matrix whose layout splits it across ranks needs a communicator
  * (sa_optimizer_set_comm) over every rank that holds a part of it: at every step (a
- * collective, skipped step or not) the ranks sum their boxes of u (the primary replicas')
- * into the whole u on the matrix's owner rank, the owner orthogonalizes it, and every rank
- * applies its own box of the result, so every rank ends as one rank holding the whole
- * matrix would (bit for bit, with the same BLAS). Owners are balanced by Newton-Schulz's
- * flops over the communicator's ranks; a host communicator that does not say its rank
- * (sa_host_comm.nranks 0) makes every rank its own owner of every matrix. Every rank holds
- * a buffer of 8 bytes per element of all split matrices together (backend memory):
+ * collective, skipped step or not) the ranks send their boxes of u (one replica of each)
+ * to the matrix's owner rank, which orthogonalizes the whole u and sends each rank its box
+ * of the result, so every rank ends as one rank holding the whole matrix would (bit for
+ * bit, with the same BLAS). Owners are balanced by Newton-Schulz's flops over the ranks
+ * that hold a part of each matrix. Each rank holds, in doubles (backend memory), its boxes
+ * and the matrices it owns (with staging for boxes that are not whole rows): about
+ * 16 / nranks bytes an element of all split matrices. A host communicator that does not
+ * say its rank (sa_host_comm.nranks 0) makes every rank the owner of every matrix, summed
+ * whole through all_reduce: 8 bytes an element of all split matrices on every rank:
  *   g = grad * inv_grad_scale (times the clip factor when clipping)
  *   buf = buf + (1 - momentum) (g - buf)                     (state "momentum_buffer")
  *   u = nesterov ? g + momentum (buf - g) : buf
@@ -931,15 +933,27 @@ typedef struct sa_host_comm {
   /* Optional: this rank and the number of ranks of the transport, 0 <= rank < nranks, the
    * ranks numbered 0, 1, ... without gaps; nranks 0 (the default) says nothing. Said, each
    * Muon matrix split across ranks is orthogonalized on one rank (its owner, chosen by the
-   * matrix's size) instead of on every rank, and all_reduce also carries the results to
-   * the other ranks; the first step checks that the ranks' numbers make 0..nranks-1 once
-   * each (SA_ERR_MISMATCH otherwise). */
+   * matrix's size among the ranks that hold a part of it) instead of on every rank, its
+   * parts sent there and the result's parts sent back (all_to_all); the first step checks
+   * that the ranks' numbers make 0..nranks-1 once each and that their parts of each matrix
+   * cover it exactly once (SA_ERR_MISMATCH otherwise). Unsaid, every rank orthogonalizes
+   * every split matrix, summed whole with all_reduce. */
   int32_t rank;
   int32_t nranks;
+  /* Optional, with rank and nranks said: sends send_counts[r] doubles to each rank r and
+   * receives recv_counts[r] from each rank r, the blocks one after another in rank order in
+   * `send` and `recv` (host memory), as MPI_Alltoallv and torch.distributed's
+   * all_to_all_single do; the counts for this rank are 0. Every rank calls it at the same
+   * time, and rank q's send_counts[r] equals rank r's recv_counts[q]. Returns 0 on success,
+   * nonzero on failure (the step fails with SA_ERR_COMM). It moves the split Muon matrices'
+   * boxes to their owners and back; without it, all_reduce carries them, every rank's to
+   * every rank: the same results, with memory and traffic that grow with the rank count. */
+  int (*all_to_all)(void* ctx, const double* send, const int64_t* send_counts, double* recv,
+                    const int64_t* recv_counts);
 } sa_host_comm;
 
 #define SA_HOST_COMM_INIT \
-  { sizeof(sa_host_comm), NULL, NULL, NULL, 0, 0 }
+  { sizeof(sa_host_comm), NULL, NULL, NULL, 0, 0, NULL }
 
 /** Creates a communicator from host callbacks. The table is copied; ctx is kept. */
 SA_API sa_status sa_comm_create_host(const sa_host_comm* callbacks, sa_comm** out);

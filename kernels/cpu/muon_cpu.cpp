@@ -21,13 +21,13 @@ void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* b
 }
 
 void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_scale,
-                           const float* grad, float* buf, double* whole) {
+                           const float* grad, float* buf, double* dir, int64_t ld) {
   const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols, grad_scale);
   for (int64_t r = 0; r < box.box_rows; ++r)
     for (int64_t k = 0; k < box.box_cols; ++k) {
       const int64_t i = r * box.box_cols + k;
       const float u = muon_momentum(c, grad[i], buf[i]);
-      if (whole != nullptr) whole[(box.row0 + r) * box.cols + box.col0 + k] = u;
+      if (dir != nullptr) dir[r * ld + k] = u;
     }
 }
 
@@ -40,13 +40,13 @@ void muon_orthogonalize_cpu(CblasSgemm sgemm, const NewtonSchulz& ns, int64_t ro
   for (int64_t i = 0; i < n; ++i) whole[i] = u[i];
 }
 
-void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const double* whole,
+void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const double* dir, int64_t ld,
                         float* param) {
   const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols);
   for (int64_t r = 0; r < box.box_rows; ++r)
     for (int64_t k = 0; k < box.box_cols; ++k) {
       const int64_t i = r * box.box_cols + k;
-      const auto o = static_cast<float>(whole[(box.row0 + r) * box.cols + box.col0 + k]);
+      const auto o = static_cast<float>(dir[r * ld + k]);
       param[i] = muon_apply(c, param[i], o);
     }
 }

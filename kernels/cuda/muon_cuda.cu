@@ -57,9 +57,10 @@ __global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, float* pa
     param[i] = muon_apply(c, param[i], __bfloat162float(o[i]));
 }
 
-// A box's momentum: buf advanced and, with `whole`, the direction written at the box.
+// A box's momentum: buf advanced and, with `dir`, the direction written there (row r of
+// the box at dir + r * ld).
 __global__ void box_momentum_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
-                                    const float* grad, float* buf, double* whole) {
+                                    const float* grad, float* buf, double* dir, int64_t ld) {
   if (skipped(verdict)) return;
   c.grad_scale = grad_scale_of(verdict);
   const int64_t n = box.box_rows * box.box_cols;
@@ -68,8 +69,7 @@ __global__ void box_momentum_kernel(MuonCoeffs c, MatrixBox box, const StepVerdi
     float b = buf[i];
     const float u = muon_momentum(c, grad[i], b);
     buf[i] = b;
-    if (whole != nullptr)
-      whole[(box.row0 + i / box.box_cols) * box.cols + box.col0 + i % box.box_cols] = u;
+    if (dir != nullptr) dir[i / box.box_cols * ld + i % box.box_cols] = u;
   }
 }
 
@@ -80,26 +80,25 @@ __global__ void widen_kernel(const __nv_bfloat16* o, double* whole, int64_t n) {
     whole[i] = __bfloat162float(o[i]);
 }
 
-// A box of the orthogonalized direction o (the whole matrix) applied to the box's param.
+// A box's orthogonalized direction (row r at dir + r * ld) applied to the box's param.
 __global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
-                                 float* param, const double* o) {
+                                 float* param, const double* dir, int64_t ld) {
   if (skipped(verdict)) return;
   const int64_t n = box.box_rows * box.box_cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
-    param[i] = muon_apply(
-        c, param[i], o[(box.row0 + i / box.box_cols) * box.cols + box.col0 + i % box.box_cols]);
+    param[i] = muon_apply(c, param[i], dir[i / box.box_cols * ld + i % box.box_cols]);
 }
 
 }  // namespace
 
 cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
                                    const StepVerdict* verdict, const float* grad, float* buf,
-                                   double* whole, cudaStream_t stream) {
+                                   double* dir, int64_t ld, cudaStream_t stream) {
   const int64_t n = box.box_rows * box.box_cols;
   if (n == 0) return cudaSuccess;
   box_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      muon_coeffs(h, box.rows, box.cols), box, verdict, grad, buf, whole);
+      muon_coeffs(h, box.rows, box.cols), box, verdict, grad, buf, dir, ld);
   return cudaGetLastError();
 }
 
@@ -125,12 +124,12 @@ NsStatus muon_orthogonalize_cuda(const CublasCalls& calls, cublasHandle_t blas,
 }
 
 cudaError_t muon_box_apply_cuda(const MuonHyper& h, const MatrixBox& box,
-                                const StepVerdict* verdict, const double* whole, float* param,
-                                cudaStream_t stream) {
+                                const StepVerdict* verdict, const double* dir, int64_t ld,
+                                float* param, cudaStream_t stream) {
   const int64_t local = box.box_rows * box.box_cols;
   if (local == 0) return cudaSuccess;
   box_apply_kernel<<<grid_for(local, kThreads), kThreads, 0, stream>>>(
-      muon_coeffs(h, box.rows, box.cols), box, verdict, param, whole);
+      muon_coeffs(h, box.rows, box.cols), box, verdict, param, dir, ld);
   return cudaGetLastError();
 }
 

@@ -193,6 +193,12 @@ class CpuBackend final : public Backend {
     copy_to_host(staging, src, bytes);
   }
 
+  void copy_boxes(double* base, const std::vector<BoxCopy>& copies, void*) override {
+    for (const BoxCopy& c : copies)
+      for (int64_t r = 0; r < c.rows; ++r)
+        std::copy_n(base + c.from + r * c.from_ld, c.cols, base + c.to + r * c.to_ld);
+  }
+
   void synchronize() override {}  // every launch returns when it is done
   void synchronize_stream(void*) override {}
   bool capturing(void*) override { return false; }
@@ -327,16 +333,16 @@ class CpuBackend final : public Backend {
     if (writes_amax_) write_amax(plan);
   }
 
-  // The split matrices' boxes: momentum, and a primary replica's direction into args.gather.
+  // The split matrices' boxes: momentum, and a contributing box's direction at g.dir.
   void gather(const Plan& plan, const PassArgs& args) {
-    std::fill(args.gather, args.gather + plan.gather_elems, 0.0);
+    std::fill(args.gather, args.gather + plan.gather_zero, 0.0);
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
         kernels::muon_box_momentum_cpu(args.muon_of(*slot), g.box, args.verdict->grad_multiplier,
                                        static_cast<const float*>(slot->grad),
                                        momentum_buffer_of(*slot),
-                                       g.contributes ? args.gather + g.offset : nullptr);
+                                       g.contributes ? args.gather + g.dir : nullptr, g.ld);
   }
 
   // The owned split matrices' directions orthogonalized in place, one after another in the
@@ -344,9 +350,9 @@ class CpuBackend final : public Backend {
   void orthogonalize(const Plan& plan, const PassArgs& args) {
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
-      if (g.owned)
+      if (g.whole >= 0)
         kernels::muon_orthogonalize_cpu(sgemm_, args.muon_of(g.param).ns, g.box.rows, g.box.cols,
-                                        args.gather + g.offset, muon_work_.data());
+                                        args.gather + g.whole, muon_work_.data());
   }
 
   // Muon's step of each matrix that has a grad, one after another: its elementwise parts on
@@ -356,7 +362,7 @@ class CpuBackend final : public Backend {
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        kernels::muon_box_apply_cpu(args.muon_of(*slot), g.box, args.gather + g.offset,
+        kernels::muon_box_apply_cpu(args.muon_of(*slot), g.box, args.gather + g.dir, g.ld,
                                     static_cast<float*>(slot->param));
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;

@@ -174,6 +174,25 @@ class CudaBackend final : public Backend {
         "cudaMemcpyAsync download");
   }
 
+  // One cudaMemcpy2DAsync a box (a box of whole rows is one run, copied as one row).
+  void copy_boxes(double* base, const std::vector<BoxCopy>& copies, void* stream) override {
+    if (copies.empty()) return;
+    DeviceScope scope(device_);
+    const auto s = static_cast<cudaStream_t>(stream);
+    constexpr std::size_t kElem = sizeof(double);
+    for (const BoxCopy& c : copies) {
+      if (c.rows * c.cols == 0) continue;
+      const bool run = c.from_ld == c.cols && c.to_ld == c.cols;
+      const auto width = static_cast<std::size_t>(run ? c.rows * c.cols : c.cols) * kElem;
+      check_cuda(
+          cudaMemcpy2DAsync(
+              base + c.to, run ? width : static_cast<std::size_t>(c.to_ld) * kElem, base + c.from,
+              run ? width : static_cast<std::size_t>(c.from_ld) * kElem, width,
+              run ? 1 : static_cast<std::size_t>(c.rows), cudaMemcpyDeviceToDevice, s),
+          "Muon's box copies");
+    }
+  }
+
   // ---- synchronization ---------------------------------------------------------------------
 
   // Steps run on the caller's streams, which may be non-blocking: only a device-wide
@@ -248,18 +267,19 @@ class CudaBackend final : public Backend {
            static_cast<int>(st.blas));
   }
 
-  // The split matrices' boxes: momentum, and a primary replica's direction into args.gather
-  // (zeroed first). The kernels read the verdict, so a skipped step writes only the zeros.
+  // The split matrices' boxes: momentum, and a contributing box's direction at g.dir (the
+  // first plan.gather_zero doubles zeroed first). The kernels read the verdict, so a skipped
+  // step writes only the zeros.
   void launch_gather(const Plan& plan, const PassArgs& args, cudaStream_t s) {
     check_cuda(cudaMemsetAsync(args.gather, 0,
-                               static_cast<std::size_t>(plan.gather_elems) * sizeof(double), s),
+                               static_cast<std::size_t>(plan.gather_zero) * sizeof(double), s),
                "zeroing Muon's directions");
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
         check_cuda(
             kernels::muon_box_momentum_cuda(
                 args.muon_of(*slot), g.box, args.verdict, static_cast<const float*>(slot->grad),
-                momentum_buffer_of(*slot), g.contributes ? args.gather + g.offset : nullptr, s),
+                momentum_buffer_of(*slot), g.contributes ? args.gather + g.dir : nullptr, g.ld, s),
             "Muon's momentum");
   }
 
@@ -268,9 +288,9 @@ class CudaBackend final : public Backend {
   void launch_orthogonalize(const Plan& plan, const PassArgs& args, cudaStream_t s) {
     const kernels::CublasCalls& calls = cuda::cublas().calls;
     for (const GatheredMatrix& g : plan.gathered)
-      if (g.owned)
+      if (g.whole >= 0)
         check_muon(kernels::muon_orthogonalize_cuda(calls, blas_, args.muon_of(g.param).ns,
-                                                    g.box.rows, g.box.cols, args.gather + g.offset,
+                                                    g.box.rows, g.box.cols, args.gather + g.whole,
                                                     muon_work_->data(), s),
                    g.box.rows, g.box.cols);
   }
@@ -284,7 +304,7 @@ class CudaBackend final : public Backend {
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
         check_cuda(kernels::muon_box_apply_cuda(args.muon_of(*slot), g.box, args.verdict,
-                                                args.gather + g.offset,
+                                                args.gather + g.dir, g.ld,
                                                 static_cast<float*>(slot->param), s),
                    "Muon's step");
     for (const Bucket& bucket : plan.buckets) {

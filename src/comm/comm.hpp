@@ -1,12 +1,14 @@
 // src/comm/comm.hpp — what a step needs from a communicator: an in-place all-reduce of a
-// few doubles (the partial gradient norm and the found-inf count) across the ranks.
-// Backends call it; they never know which transport is behind it.
+// few doubles (the partial gradient norm and the found-inf count) across the ranks, and an
+// exchange of doubles between pairs of ranks (split Muon matrices to their owners and back).
+// The core calls them; backends never know which transport is behind them.
 #ifndef SHARDADAM_SRC_COMM_COMM_HPP_
 #define SHARDADAM_SRC_COMM_COMM_HPP_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardadam/shardadam.h"
 
@@ -35,13 +37,19 @@ class Comm {
   // done. Throws sa::Error(SA_ERR_COMM) on failure.
   virtual void all_reduce(double* values, int32_t count, ReduceOp op, void* stream) = 0;
 
-  // Device communicators only (reduces_device_memory()), in place over values[0..nranks() *
-  // chunk), enqueued on `stream`: reduce_scatter leaves in this rank's chunk (values +
-  // rank() * chunk) the sum over the ranks of that chunk; all_gather copies every rank's
-  // chunk to the same place on every rank. The core does both with all_reduce on host
-  // communicators. Throws sa::Error(SA_ERR_COMM) on failure.
-  virtual void reduce_scatter(double* values, int64_t chunk, void* stream) = 0;
-  virtual void all_gather(double* values, int64_t chunk, void* stream) = 0;
+  // One exchange among the ranks: each of `sends` (count doubles at values) goes to rank
+  // peer, and each of `recvs` is filled from rank peer, where the peer sends to this rank
+  // the same counts in the same order; no peer is this rank. Memory as all_reduce's; device
+  // communicators enqueue on `stream`. Every rank calls it, with or without transfers.
+  // Throws sa::Error(SA_ERR_COMM) on failure (SA_ERR_UNSUPPORTED: a host communicator
+  // without ranks).
+  struct Transfer {
+    int32_t peer;
+    double* values;
+    int64_t count;
+  };
+  virtual void exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs,
+                        void* stream) = 0;
 };
 
 // A communicator made of the caller's callbacks (validated; throws on a bad table).

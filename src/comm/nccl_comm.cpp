@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../errors.hpp"
 
@@ -35,8 +36,10 @@ static_assert(sizeof(ncclUniqueId) == sizeof(sa_nccl_unique_id),
   X(ncclCommUserRank)        \
   X(ncclCommCuDevice)        \
   X(ncclAllReduce)           \
-  X(ncclReduceScatter)       \
-  X(ncclAllGather)
+  X(ncclGroupStart)          \
+  X(ncclGroupEnd)            \
+  X(ncclSend)                \
+  X(ncclRecv)
 
 struct NcclApi {
 #define SA_NCCL_MEMBER(name) decltype(&::name) name;  // NOLINT(bugprone-macro-parentheses)
@@ -106,17 +109,26 @@ class NcclComm final : public Comm {
                comm_, "ncclAllReduce");
   }
 
-  void reduce_scatter(double* values, int64_t chunk, void* stream) override {
-    check_nccl(
-        nccl().ncclReduceScatter(values, values + rank_ * chunk, static_cast<size_t>(chunk),
-                                 ncclFloat64, ncclSum, comm_, static_cast<cudaStream_t>(stream)),
-        comm_, "ncclReduceScatter");
-  }
-
-  void all_gather(double* values, int64_t chunk, void* stream) override {
-    check_nccl(nccl().ncclAllGather(values + rank_ * chunk, values, static_cast<size_t>(chunk),
-                                    ncclFloat64, comm_, static_cast<cudaStream_t>(stream)),
-               comm_, "ncclAllGather");
+  // Point-to-point in one group: NCCL matches a pair's sends and receives in order.
+  void exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs,
+                void* stream) override {
+    if (sends.empty() && recvs.empty()) return;
+    const auto s = static_cast<cudaStream_t>(stream);
+    check_nccl(nccl().ncclGroupStart(), comm_, "ncclGroupStart");
+    ncclResult_t result = ncclSuccess;
+    const char* what = "ncclSend";
+    for (const Transfer& t : sends)
+      if (result == ncclSuccess)
+        result =
+            nccl().ncclSend(t.values, static_cast<size_t>(t.count), ncclFloat64, t.peer, comm_, s);
+    if (result == ncclSuccess) what = "ncclRecv";
+    for (const Transfer& t : recvs)
+      if (result == ncclSuccess)
+        result =
+            nccl().ncclRecv(t.values, static_cast<size_t>(t.count), ncclFloat64, t.peer, comm_, s);
+    const ncclResult_t ended = nccl().ncclGroupEnd();  // also after a failed call: the group closes
+    check_nccl(result, comm_, what);
+    check_nccl(ended, comm_, "ncclGroupEnd");
   }
 
  private:

@@ -154,7 +154,8 @@ Coverage check_coverage(const Box& target, const std::vector<Box>& parts) {
 
 std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>& parts,
                                       const Box& target,
-                                      const std::function<std::string(std::size_t)>& name) {
+                                      const std::function<std::string(std::size_t)>& name,
+                                      const char* part) {
   if (c.exact) return "covered exactly once";
   if (c.overlap) {
     Box both;
@@ -168,7 +169,7 @@ std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>&
   std::string text = concat(c.covered, " of ", finite ? std::to_string(volume) : "more than 2^63",
                             " elements are covered");
   if (!c.gap.empty() || target.offset.empty())
-    text += concat("; element ", format_dims(c.gap), " is in no saved box");
+    text += concat("; element ", format_dims(c.gap), " is in no ", part);
   return text;
 }
 

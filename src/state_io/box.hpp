@@ -45,10 +45,11 @@ struct Coverage {
 Coverage check_coverage(const Box& target, const std::vector<Box>& parts);
 
 // What is wrong with a coverage that is not exact, for a message: which parts overlap
-// (`name(i)` describes part i) or which element no part covers.
+// (`name(i)` describes part i) or which element no part covers ("is in no <part>").
 std::string describe_coverage_problem(const Coverage& c, const std::vector<Box>& parts,
                                       const Box& target,
-                                      const std::function<std::string(std::size_t)>& name);
+                                      const std::function<std::string(std::size_t)>& name,
+                                      const char* part = "saved box");
 
 // How the saved boxes of one global tensor (a param and state key, over a whole set of
 // files) tile it: each element in exactly one box, and every box of the same global shape.

@@ -217,30 +217,42 @@ TEST_CASE("a Muon group on CUDA steps its matrices as the float64 reference, and
   CHECK(download_view(state_view(opt.get(), 0, "momentum_buffer")) == mb_before);
 }
 
-// A matrix split across 2 ranks (threads on one GPU, a host communicator): each rank's box
-// after 3 steps is, bit for bit, the box of the whole matrix stepped on one rank (the same
-// cuBLAS GEMMs on the same whole direction).
+// A matrix split across 2 ranks (threads on one GPU, a host communicator), by rows and by
+// columns: each rank's box after 3 steps is, bit for bit, the box of the whole matrix
+// stepped on one rank (the same cuBLAS GEMMs on the same whole direction).
 TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix does on one",
           "[gpu][muon][sharded]") {
   using namespace sa_test;
   sa_group_config muon = SA_GROUP_CONFIG_INIT;
   muon.update_rule = SA_RULE_MUON;
   muon.lr = 0.02;
-  const int64_t rows = 21, cols = 34;  // Shard(0) over 2: rows 11 and 10
+  const int64_t rows = 21, cols = 34;  // over 2: rows 11 and 10, or columns 17 and 17
   const std::vector<float> start = sa::test::random_matrix(rows, cols, 3, 1.0f);
   auto grad_of = [&](int step) { return sa::test::random_matrix(rows, cols, 40 + step, 0.01f); };
-  // Runs one rank (or the whole matrix with ranks == 1), returns its box after 3 steps.
-  auto run = [&](int ranks, int rank, sa_comm* comm, std::string* error) {
-    const int64_t chunk = (rows + ranks - 1) / ranks, r0 = rank * chunk;
-    const int64_t n = std::min(chunk, rows - r0);
-    DeviceTensor w({n, cols}, kFloat32), g({n, cols}, kFloat32);
-    CUDA_OK(cudaMemcpy(w.data(), start.data() + r0 * cols, n * cols * sizeof(float), cudaMemcpyHostToDevice));
+  // The rows x cols box at (r0, c0) of a row-major matrix of `cols` columns.
+  auto box_of = [&](const std::vector<float>& m, const int64_t* offset, const int64_t* shape) {
+    std::vector<float> out;
+    for (int64_t r = 0; r < shape[0]; ++r)
+      for (int64_t c = 0; c < shape[1]; ++c) out.push_back(m[(offset[0] + r) * cols + offset[1] + c]);
+    return out;
+  };
+  // Runs one rank of a split along `dim` (or the whole matrix with ranks == 1); returns its
+  // box after 3 steps, as floats.
+  auto run = [&](int ranks, int rank, int dim, sa_comm* comm, std::string* error) {
+    MeshLayout mesh{{rows, cols}, {ranks}, {rank}, {shard(dim)}};
+    const sa_layout layout = mesh.get();
+    int64_t shape[2] = {rows, cols}, offset[2] = {0, 0};
+    if (ranks > 1 && sa_layout_local_box(&layout, shape, offset) != SA_OK) {
+      *error = sa_last_error();
+      return std::vector<float>();
+    }
+    const std::vector<float> first = box_of(start, offset, shape);
+    DeviceTensor w({shape[0], shape[1]}, kFloat32), g({shape[0], shape[1]}, kFloat32);
+    CUDA_OK(cudaMemcpy(w.data(), first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice));
     sa_optimizer_config oc = SA_OPTIMIZER_CONFIG_INIT;
     sa_optimizer* raw = nullptr;
     sa_status st = sa_optimizer_create(&oc, &raw);
     OptimizerPtr opt(raw);
-    MeshLayout mesh{{rows, cols}, {ranks}, {rank}, {shard(0)}};
-    const sa_layout layout = mesh.get();
     int32_t group = -1;
     int64_t index = -1;
     if (st == SA_OK && comm != nullptr) st = sa_optimizer_set_comm(opt.get(), comm);
@@ -251,40 +263,53 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
     const DLTensor gd = g.dl();
     if (st == SA_OK) st = sa_optimizer_set_grad(opt.get(), 0, &gd);
     for (int step = 0; step < 3 && st == SA_OK; ++step) {
-      const std::vector<float> full = grad_of(step);
-      CUDA_OK(cudaMemcpy(g.data(), full.data() + r0 * cols, n * cols * sizeof(float), cudaMemcpyHostToDevice));
+      const std::vector<float> grad = box_of(grad_of(step), offset, shape);
+      CUDA_OK(cudaMemcpy(g.data(), grad.data(), grad.size() * sizeof(float), cudaMemcpyHostToDevice));
       st = sa_optimizer_step(opt.get(), nullptr, nullptr);
       if (st == SA_OK) CUDA_OK(cudaDeviceSynchronize());
     }
     if (st != SA_OK) *error = sa_optimizer_last_error(opt.get());
     opt.reset();
-    return w.download();
+    const std::vector<unsigned char> bytes = w.download();
+    std::vector<float> out(bytes.size() / sizeof(float));
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
   };
   std::string error;
-  const std::vector<unsigned char> whole = run(1, 0, nullptr, &error);
+  const std::vector<float> whole = run(1, 0, 0, nullptr, &error);
   REQUIRE(error.empty());
-  // Ranks that say their numbers: rank 0 owns the matrix, and rank 1 gets its result through
-  // the host communicator (through host staging); ranks that do not: both orthogonalize it.
-  for (const bool said : {true, false}) {
-    INFO((said ? "ranks say their numbers" : "ranks unsaid"));
-    ThreadComms comms(2, said);
-    std::vector<std::vector<unsigned char>> boxes(2);
-    std::vector<std::string> errors(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r)
-      threads.emplace_back([&, r] {
-        CUDA_OK(cudaSetDevice(0));
-        boxes[static_cast<std::size_t>(r)] =
-            run(2, r, comms[r], &errors[static_cast<std::size_t>(r)]);
-      });
-    for (std::thread& t : threads) t.join();
-    INFO(errors[0] << errors[1]);
-    REQUIRE((errors[0].empty() && errors[1].empty()));
-    std::vector<unsigned char> joined = boxes[0];
-    joined.insert(joined.end(), boxes[1].begin(), boxes[1].end());
-    CHECK(joined == whole);
-  }
-  std::vector<unsigned char> before(start.size() * sizeof(float));
-  std::memcpy(before.data(), start.data(), before.size());
-  CHECK(whole != before);
+  CHECK(whole != start);
+  // Ranks that say their numbers: rank 0 owns the matrix, and the boxes go there and back
+  // through the host communicator's all_to_all (or its all_reduce), through host staging;
+  // columns through staging on the owner too. Ranks that do not: both orthogonalize it.
+  struct Mode {
+    const char* what;
+    bool said, all_to_all;
+  };
+  for (const int dim : {0, 1})
+    for (const Mode mode : {Mode{"ranks said, all_to_all", true, true},
+                            Mode{"ranks said, through all_reduce", true, false},
+                            Mode{"ranks unsaid, summed", false, false}}) {
+      INFO("Shard(" << dim << "), " << mode.what);
+      ThreadComms comms(2, mode.said, -1, mode.all_to_all);
+      std::vector<std::vector<float>> boxes(2);
+      std::vector<std::string> errors(2);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < 2; ++r)
+        threads.emplace_back([&, r] {
+          CUDA_OK(cudaSetDevice(0));
+          boxes[static_cast<std::size_t>(r)] =
+              run(2, r, dim, comms[r], &errors[static_cast<std::size_t>(r)]);
+        });
+      for (std::thread& t : threads) t.join();
+      INFO(errors[0] << errors[1]);
+      REQUIRE((errors[0].empty() && errors[1].empty()));
+      for (int r = 0; r < 2; ++r) {
+        MeshLayout mesh{{rows, cols}, {2}, {r}, {shard(dim)}};
+        const sa_layout layout = mesh.get();
+        int64_t shape[2], offset[2];
+        REQUIRE(sa_layout_local_box(&layout, shape, offset) == SA_OK);
+        CHECK(boxes[static_cast<std::size_t>(r)] == box_of(whole, offset, shape));
+      }
+    }
 }

@@ -24,26 +24,38 @@ def nccl_unique_id():
     return uid
 
 
-class _Reducer:
-    """What the library's all_reduce calls (through the module's C trampoline): hands the
-    doubles to the user's callable as a float64 array and keeps the exception it raised
-    (``exception``) for :meth:`Optimizer.step` to raise."""
+def _doubles(buffer):
+    """A bytearray of doubles as a float64 numpy array over it (a memoryview of doubles
+    where numpy is missing)."""
+    try:
+        import numpy
+    except ImportError:  # numpy is optional for the package
+        return memoryview(buffer).cast("d")
+    return numpy.frombuffer(buffer, dtype=numpy.float64)
 
-    def __init__(self, all_reduce):
+
+class _Reducer:
+    """What the library's all_reduce and all_to_all call (through the module's C
+    trampolines): hands the doubles to the user's callables as float64 arrays and keeps the
+    exception one raised (``exception``) for :meth:`Optimizer.step` to raise."""
+
+    def __init__(self, all_reduce, all_to_all=None, nranks=0):
         self.all_reduce = all_reduce
+        self.all_to_all = all_to_all
+        self.nranks = nranks
         self.exception = None
 
     def __call__(self, buffer, op):
-        try:
-            import numpy
-        except ImportError:  # numpy is optional for the package: a writable memoryview then
-            values = memoryview(buffer).cast("d")
-        else:
-            values = numpy.frombuffer(buffer, dtype=numpy.float64)
+        values = _doubles(buffer)
         # The trampoline records any exception as self.exception; None from here is success.
         result = self.all_reduce(values, _OP_NAMES[op])
         if result is not None and result is not values:
             raise TypeError(f"all_reduce must reduce the values in place and return None, it returned {result!r}")
+
+    def exchange(self, send, send_counts, recv, recv_counts):
+        result = self.all_to_all(_doubles(send), send_counts, _doubles(recv), recv_counts)
+        if result is not None:
+            raise TypeError(f"all_to_all must fill recv in place and return None, it returned {result!r}")
 
 
 class Comm(OwnsHandle):
@@ -62,8 +74,15 @@ class Comm(OwnsHandle):
 
     ``rank`` and ``nranks`` (optional, together): this rank's number among the ranks of the
     transport, 0 to ``nranks - 1``. Given, each Muon matrix split across ranks is
-    orthogonalized on one rank, its owner, instead of on every rank (``all_reduce`` then also
-    carries the owners' results); the first step checks that the ranks say each number once.
+    orthogonalized on one rank, its owner, instead of on every rank; the first step checks
+    that the ranks say each number once and that their parts of each matrix cover it once.
+
+    ``all_to_all`` (optional, with ``rank``): a callable ``all_to_all(send, send_counts,
+    recv, recv_counts)`` that sends ``send_counts[r]`` doubles to each rank ``r`` and fills
+    ``recv`` (float64, in place) with ``recv_counts[r]`` from each, the blocks in rank order,
+    as ``torch.distributed.all_to_all_single`` does. It carries the split Muon matrices'
+    parts to their owners and back; without it ``all_reduce`` carries every rank's parts to
+    every rank (the same results, with memory and traffic that grow with the rank count).
 
     :meth:`nccl` creates an NCCL communicator from a unique id (:func:`nccl_unique_id`);
     :meth:`wrap_nccl` borrows an existing ``ncclComm_t``. An NCCL communicator reduces on
@@ -73,15 +92,17 @@ class Comm(OwnsHandle):
     object's reference. Usable as a context manager.
     """
 
-    def __init__(self, all_reduce, rank=None, nranks=None):
+    def __init__(self, all_reduce, rank=None, nranks=None, all_to_all=None):
         if not callable(all_reduce):
             raise TypeError(f"Comm: all_reduce must be callable, got {type(all_reduce).__name__}")
         if (rank is None) != (nranks is None):
             raise TypeError("Comm: give rank and nranks together, or neither")
+        if all_to_all is not None and (not callable(all_to_all) or rank is None):
+            raise TypeError("Comm: all_to_all must be a callable, given with rank and nranks")
         self._handle = None
-        self._reducer = _Reducer(all_reduce)
         said = (0, 0) if rank is None else (operator.index(rank), operator.index(nranks))
-        self._init(*_C.host_comm_create(self._reducer, *said), kind="host")
+        self._reducer = _Reducer(all_reduce, all_to_all, said[1])
+        self._init(*_C.host_comm_create(self._reducer, *said, all_to_all is not None), kind="host")
 
     @classmethod
     def nccl(cls, unique_id, nranks, rank, device):
@@ -163,5 +184,5 @@ def raise_step_error(comm, error):
     exception = comm._take_exception() if comm is not None else None
     if exception is None or not isinstance(error, CommError):
         raise error
-    raise CommError(f"{error.message}; the all_reduce callable raised {type(exception).__name__}: "
+    raise CommError(f"{error.message}; the communicator's callable raised {type(exception).__name__}: "
                     f"{exception}") from exception

@@ -287,8 +287,8 @@ def _current_stream(device):
 
 
 class _ProcessGroupAllReduce:
-    """A host communicator's all_reduce over a torch.distributed process group (gloo for
-    CPU params): the doubles go through a float64 CPU tensor.
+    """A host communicator's all_reduce (and all_to_all) over a torch.distributed process
+    group (gloo for CPU params): the doubles go through float64 CPU tensors.
 
     The default group is looked up at each call, not kept: the optimizer must not keep a
     group alive after ``destroy_process_group()`` (a gloo group freed at the interpreter's
@@ -308,15 +308,29 @@ class _ProcessGroupAllReduce:
         self.group = None if group is dist.group.WORLD else group
         self._tensors = {}  # length -> float64 tensor (see above)
 
+    def _tensor(self, length, use):
+        tensor = self._tensors.get((length, use))
+        if tensor is None:
+            tensor = self._tensors[(length, use)] = torch.empty(length, dtype=torch.float64)
+        return tensor
+
     def __call__(self, values, op):
         import torch.distributed as dist
-        tensor = self._tensors.get(len(values))
-        if tensor is None:
-            tensor = self._tensors[len(values)] = torch.empty(len(values), dtype=torch.float64)
+        tensor = self._tensor(len(values), "reduce")
         staged = tensor.numpy()
         staged[:] = values
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
         values[:] = staged
+
+    def all_to_all(self, send, send_counts, recv, recv_counts):
+        """The communicator's all_to_all (the split Muon matrices' parts), through
+        ``all_to_all_single`` of float64 CPU tensors."""
+        import torch.distributed as dist
+        out, into = self._tensor(len(send), "send"), self._tensor(len(recv), "recv")
+        out.numpy()[:] = send
+        dist.all_to_all_single(into, out, output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=self.group)
+        recv[:] = into.numpy()
 
 
 def _distributed_group(process_group):
@@ -337,7 +351,8 @@ def _make_comm(group, device):
     import torch.distributed as dist
     rank, nranks = dist.get_rank(group), dist.get_world_size(group)
     if device.type != "cuda":
-        return Comm(_ProcessGroupAllReduce(group), rank=rank, nranks=nranks)
+        collectives = _ProcessGroupAllReduce(group)
+        return Comm(collectives, rank=rank, nranks=nranks, all_to_all=collectives.all_to_all)
     uid = [nccl_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(uid, src=dist.get_global_rank(group, 0), group=group, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -669,7 +684,7 @@ class FusedAdam(torch.optim.Optimizer):
                 # param only with a communicator (a collective: every rank registers it).
                 self._attach_comm(local.device)
         if _splits_across_ranks(param) and self.native.param_groups[group_index].update_rule == "muon":
-            # A Muon matrix split across ranks: its ranks sum their boxes' directions at every
+            # A Muon matrix split across ranks: its ranks gather their boxes' directions at every
             # step, through the communicator (made here: a collective, as above).
             self._attach_comm(local.device)
         try:

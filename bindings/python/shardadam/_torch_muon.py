@@ -31,12 +31,12 @@ class Muon(_fused.FusedAdam):
     Muon ignores), and :meth:`save_shard_file`/:meth:`load_shard_files`.
 
     DTensor matrices (FSDP2's ``fully_shard``, HSDP, tensor parallelism: ``Shard(0)``,
-    ``Shard(1)``, ``Replicate()`` on any mesh) are stepped whole: at every step each rank's
-    box of the update direction is summed across the ranks (one all-reduce for all
-    matrices, through the communicator the first such param makes: NCCL for CUDA params,
-    torch.distributed for CPU ones), every rank orthogonalizes each whole matrix and
-    applies its own box, so the result is the unsharded one, bit for bit. Params are
-    float32.
+    ``Shard(1)``, ``Replicate()`` on any mesh) are stepped whole: each matrix has one owner
+    rank; at every step each rank sends its boxes of the update direction to their owners
+    (one exchange for all matrices, through the communicator the first such param makes:
+    NCCL for CUDA params, torch.distributed for CPU ones), each owner orthogonalizes its
+    whole matrices and sends every rank its boxes of the result, so the result is the
+    unsharded one, bit for bit. Params are float32.
 
     Args:
         params, lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,

@@ -52,6 +52,22 @@ class ThreadGroup:
         return all_reduce
 
 
+    def all_to_all_for(self, rank):
+        def all_to_all(send, send_counts, recv, recv_counts):
+            assert send.dtype == recv.dtype == np.float64 and recv.flags.writeable
+            self.calls[rank] += 1
+            self.slots[rank] = (send.copy(), list(send_counts), list(recv_counts))
+            self.barrier.wait()
+            blocks = []
+            for sender, (data, counts, _) in enumerate(self.slots):
+                assert counts[rank] == recv_counts[sender]
+                start = sum(counts[:rank])
+                blocks.append(data[start:start + counts[rank]])
+            self.barrier.wait()
+            recv[:] = np.concatenate(blocks)
+        return all_to_all
+
+
 def run_ranks(n, body):
     """body(rank) on n threads; returns their results, or raises the first failure."""
     results, errors = [None] * n, [None] * n
@@ -336,3 +352,83 @@ def test_a_host_comm_may_say_its_rank_and_the_library_checks_it():
             shardadam.Comm(noop, rank=rank, nranks=nranks)
     with pytest.raises(TypeError, match="together"):
         shardadam.Comm(noop, rank=0)
+
+
+# Muon matrices split over the (2, 2) mesh: a TP x FSDP grid, HSDP rows (replicated along the
+# first mesh dim), and rows of which one rank holds none.
+MUON_PARAMS = {
+    "attn.w": ((9, 7), [Shard(1), Shard(0)]),
+    "mlp.w": ((6, 5), [Replicate(), Shard(0)]),
+    "embed.w": ((3, 4), [Shard(0), Shard(0)]),
+}
+MUON_HYPER = dict(update_rule="muon", lr=0.02, momentum=0.95, weight_decay=0.01)
+
+
+@pytest.mark.parametrize("all_to_all", [True, False], ids=["all_to_all", "through_all_reduce"])
+def test_split_muon_matrices_step_through_a_ranked_comm_as_one_rank_does(all_to_all, rng):
+    """Each split matrix goes to one owner rank and back, through the Comm's all_to_all
+    (or, without one, its all_reduce): every rank's boxes end as one rank stepping the whole
+    matrices does, bit for bit."""
+    full = {name: rng.standard_normal(shape).astype(np.float32) for name, (shape, _) in MUON_PARAMS.items()}
+    grads = [{name: (0.1 * rng.standard_normal(shape)).astype(np.float32)
+              for name, (shape, _) in MUON_PARAMS.items()} for _ in range(3)]
+    one = shardadam.Optimizer(**MUON_HYPER, num_threads=1)
+    whole = {name: value.copy() for name, value in full.items()}
+    whole_grads = {name: np.zeros_like(value) for name, value in full.items()}
+    for name in MUON_PARAMS:
+        one.add_param(name, whole[name])
+        one.set_grad(name, whole_grads[name])
+    for step_grads in grads:
+        for name, grad in step_grads.items():
+            np.copyto(whole_grads[name], grad)
+        one.step()
+
+    group = ThreadGroup(len(COORDS))
+
+    def body(rank):
+        coord = COORDS[rank]
+        opt = shardadam.Optimizer(**MUON_HYPER, num_threads=1)
+        shards, shard_grads, boxes = {}, {}, {}
+        for name, (shape, placements) in MUON_PARAMS.items():
+            local_shape, offset = expected_box(shape, MESH_SHAPE, coord, placements)
+            boxes[name] = tuple(slice(o, o + s) for o, s in zip(offset, local_shape))
+            shards[name] = full[name][boxes[name]].copy()
+            shard_grads[name] = np.zeros_like(shards[name])
+        opt.set_comm(shardadam.Comm(group.all_reduce_for(rank), rank=rank, nranks=len(COORDS),
+                                    all_to_all=group.all_to_all_for(rank) if all_to_all else None))
+        for name, (shape, placements) in MUON_PARAMS.items():
+            opt.add_param(name, shards[name], layout=Mesh(MESH_SHAPE, coord, placements, global_shape=shape))
+            opt.set_grad(name, shard_grads[name])
+        for step_grads in grads:
+            for name, grad in step_grads.items():
+                np.copyto(shard_grads[name], grad[boxes[name]])
+            opt.step()
+        return {name: (boxes[name], shards[name]) for name in MUON_PARAMS}
+
+    for rank, result in enumerate(run_ranks(len(COORDS), body)):
+        for name, (box, shard) in result.items():
+            np.testing.assert_array_equal(shard, whole[name][box], err_msg=f"rank {rank}, {name}")
+    assert all(calls > 0 for calls in group.calls)
+
+
+def test_a_comm_all_to_all_that_raises_fails_the_step_with_its_error():
+    def all_to_all(send, send_counts, recv, recv_counts):
+        raise ConnectionError("peer 1 went away")
+
+    def all_reduce(values, op):
+        # Rank 0 of 2, alone: the first step's table of the ranks' boxes of the 4 x 4 matrix
+        # gets rank 1's row (a 1, then rows, cols, row0, col0, box rows, box cols) as if it
+        # had come; the other reductions are this rank's own.
+        if op == "sum" and len(values) == 14:
+            values[7:] = [1, 4, 4, 2, 0, 2, 4]
+
+    with pytest.raises(TypeError, match="with rank and nranks"):
+        shardadam.Comm(all_reduce, all_to_all=all_to_all)
+    opt = shardadam.Optimizer(**MUON_HYPER, num_threads=1)
+    opt.set_comm(shardadam.Comm(all_reduce, rank=0, nranks=2, all_to_all=all_to_all))
+    shard, grad = np.ones((2, 4), np.float32), np.full((2, 4), 0.1, np.float32)
+    opt.add_param("w", shard, layout=Mesh((2,), (0,), [Shard(0)], global_shape=(4, 4)))
+    opt.set_grad("w", grad)
+    with pytest.raises(shardadam.CommError, match="all_to_all.*peer 1 went away") as caught:
+        opt.step()
+    assert isinstance(caught.value.__cause__, ConnectionError)

@@ -126,6 +126,9 @@ def rank_main(rank, world, port):
         fully_shard(sharded, mesh=mesh)
         opt = Muon(sharded.parameters(), **HYPER)
         assert opt._comm is not None, "a split Muon matrix gets a communicator"
+        # ... whose ranks are said and whose all_to_all carries the boxes to their owners.
+        assert (opt._comm.rank, opt._comm.nranks) == (dist.get_rank(), 2)
+        assert opt._comm._reducer.all_to_all is not None
         ref = Muon(plain.parameters(), **HYPER)
         torch_ref = torch.optim.Muon(theirs.parameters(), **HYPER)
         for step in range(3):
@@ -196,3 +199,26 @@ def test_the_gloo_communicator_keeps_the_tensors_it_reduces(monkeypatch):
     assert seen[0] is seen[2] and seen[0] is not seen[1]
     del seen
     assert sorted(len(t) for t in reducer._tensors.values()) == [3, 5]
+
+
+def test_the_gloo_communicators_all_to_all_hands_torch_the_blocks_and_their_sizes(monkeypatch):
+    """all_to_all_single's arguments: output then input, output_split_sizes the counts
+    received, input_split_sizes the counts sent; the tensors kept, as all_reduce's."""
+    import numpy as np
+    import torch.distributed as dist
+    from shardadam._torch_fused_adam import _ProcessGroupAllReduce
+    seen = []
+
+    def fake_all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None):
+        seen.append((output, input, output_split_sizes, input_split_sizes))
+        output.copy_(input.flip(0)[:len(output)])  # a stand-in exchange: every value moved
+
+    monkeypatch.setattr(dist, "all_to_all_single", fake_all_to_all_single)
+    collectives = _ProcessGroupAllReduce(dist.group.WORLD)
+    send, recv = np.arange(5, dtype=np.float64), np.zeros(3)
+    collectives.all_to_all(send, [0, 2, 3], recv, [0, 1, 2])
+    assert recv.tolist() == [4.0, 3.0, 2.0]
+    output, input, received, sent = seen[0]
+    assert (len(output), len(input), received, sent) == (3, 5, [0, 1, 2], [0, 2, 3])
+    collectives.all_to_all(send, [0, 2, 3], recv, [0, 1, 2])
+    assert seen[1][0] is output and seen[1][1] is input

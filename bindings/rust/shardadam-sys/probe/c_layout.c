@@ -270,10 +270,11 @@ int main(void) {
   OFFSET(sa_host_comm, release);
   OFFSET(sa_host_comm, rank);
   OFFSET(sa_host_comm, nranks);
+  OFFSET(sa_host_comm, all_to_all);
   FACT("SA_HOST_COMM_INIT.struct_size", host_comm.struct_size);
   FACT("SA_HOST_COMM_INIT.null_pointers",
        host_comm.ctx == NULL && host_comm.all_reduce == NULL && host_comm.release == NULL &&
-           host_comm.rank == 0 && host_comm.nranks == 0);
+           host_comm.rank == 0 && host_comm.nranks == 0 && host_comm.all_to_all == NULL);
   SIZE(sa_nccl_unique_id);
   FACT("SA_STEP_ARGS_INIT.struct_size", args.struct_size);
   FACT("SA_STEP_ARGS_INIT.null_pointers",

@@ -362,6 +362,7 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
     offset!(sa_host_comm, release);
     offset!(sa_host_comm, rank);
     offset!(sa_host_comm, nranks);
+    offset!(sa_host_comm, all_to_all);
     let host_comm = sa_host_comm::default();
     fact(
         "SA_HOST_COMM_INIT.struct_size",
@@ -373,7 +374,8 @@ fn rust_int_facts() -> BTreeMap<String, i64> {
             && host_comm.all_reduce.is_none()
             && host_comm.release.is_none()
             && host_comm.rank == 0
-            && host_comm.nranks == 0)
+            && host_comm.nranks == 0
+            && host_comm.all_to_all.is_none())
             as i64,
     );
     size!(sa_nccl_unique_id);

@@ -700,6 +700,19 @@ pub struct sa_host_comm {
     pub rank: i32,
     /// The number of ranks of the transport; 0: not said.
     pub nranks: i32,
+    /// With `rank` and `nranks` said, may be set: sends `send_counts[r]` doubles to each
+    /// rank `r` and receives `recv_counts[r]` from each, the blocks in rank order (as
+    /// `MPI_Alltoallv`); returns 0 on success. None: the split Muon matrices' boxes go
+    /// through `all_reduce` instead.
+    pub all_to_all: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            send: *const f64,
+            send_counts: *const i64,
+            recv: *mut f64,
+            recv_counts: *const i64,
+        ) -> c_int,
+    >,
 }
 
 impl Default for sa_host_comm {
@@ -712,6 +725,7 @@ impl Default for sa_host_comm {
             release: None,
             rank: 0,
             nranks: 0,
+            all_to_all: None,
         }
     }
 }

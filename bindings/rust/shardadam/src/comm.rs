@@ -218,9 +218,10 @@ impl Comm {
 
     /// [`Comm::host`] for a transport whose ranks are numbered: this is rank `rank` of
     /// `nranks` (`0 <= rank < nranks`, each number on one rank). Each Muon matrix split
-    /// across ranks is then orthogonalized on one owner rank instead of on every rank, and
-    /// `all_reduce` also carries the owners' results; the first step checks that the ranks'
-    /// numbers make `0..nranks` once each ([`Status::Mismatch`] otherwise). A `rank` outside
+    /// across ranks is then orthogonalized on one owner rank instead of on every rank, its
+    /// parts carried there and back by `all_reduce` (every rank's to every rank: the C
+    /// ABI's `sa_host_comm.all_to_all` carries only each rank's own); the first step checks
+    /// that the ranks' numbers make `0..nranks` once each ([`Status::Mismatch`] otherwise). A `rank` outside
     /// `0..nranks` is refused with [`Status::InvalidArgument`]; `nranks` 0 (with `rank` 0)
     /// says nothing, as [`Comm::host`].
     pub fn host_ranked<F, E>(rank: i32, nranks: i32, all_reduce: F) -> Result<Comm>
