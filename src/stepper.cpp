@@ -372,31 +372,32 @@ void Stepper::gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void
 // drains the stream, as all_reduce's does).
 void Stepper::exchange(Comm& comm, const MatrixExchange& x, double* base, void* stream) {
   backend_->copy_boxes(base, x.before, stream);
+  constexpr std::size_t kElem = sizeof(double);
+  const auto bytes_of = [](const Transfer& t) { return static_cast<int64_t>(kElem) * t.count; };
   std::vector<Comm::Transfer> sends, recvs;
   if (comm.reduces_device_memory() || backend_->host_memory()) {
-    for (const Transfer& t : x.sends) sends.push_back({t.peer, base + t.at, t.count});
-    for (const Transfer& t : x.recvs) recvs.push_back({t.peer, base + t.at, t.count});
+    for (const Transfer& t : x.sends) sends.push_back({t.peer, base + t.at, bytes_of(t)});
+    for (const Transfer& t : x.recvs) recvs.push_back({t.peer, base + t.at, bytes_of(t)});
     comm.exchange(sends, recvs, stream);
   } else {
     int64_t total = 0;
     for (const Transfer& t : x.sends) total += t.count;
     for (const Transfer& t : x.recvs) total += t.count;
-    double* host = host_staging(static_cast<std::size_t>(total) * sizeof(double), stream);
+    double* host = host_staging(static_cast<std::size_t>(total) * kElem, stream);
     for (const Transfer& t : x.sends) {
-      backend_->download(host, base + t.at, static_cast<std::size_t>(t.count) * sizeof(double),
-                         stream);
-      sends.push_back({t.peer, host, t.count});
+      backend_->download(host, base + t.at, static_cast<std::size_t>(bytes_of(t)), stream);
+      sends.push_back({t.peer, host, bytes_of(t)});
       host += t.count;
     }
     for (const Transfer& t : x.recvs) {
-      recvs.push_back({t.peer, host, t.count});
+      recvs.push_back({t.peer, host, bytes_of(t)});
       host += t.count;
     }
     backend_->synchronize_stream(stream);
     comm.exchange(sends, recvs, nullptr);
     for (std::size_t i = 0; i < recvs.size(); ++i)
-      backend_->upload(base + x.recvs[i].at, recvs[i].values,
-                       static_cast<std::size_t>(recvs[i].count) * sizeof(double), stream);
+      backend_->upload(base + x.recvs[i].at, recvs[i].data,
+                       static_cast<std::size_t>(recvs[i].bytes), stream);
   }
   backend_->copy_boxes(base, x.after, stream);
 }

@@ -20,7 +20,10 @@ namespace sa_test {
 // combines them in rank order (so every run gives the same bits) and wakes the others.
 class ThreadGroup {
  public:
-  explicit ThreadGroup(int ranks) : ranks_(ranks), deposits_(static_cast<std::size_t>(ranks)) {}
+  explicit ThreadGroup(int ranks)
+      : ranks_(ranks),
+        deposits_(static_cast<std::size_t>(ranks)),
+        bytes_(static_cast<std::size_t>(ranks)) {}
 
   int all_reduce(int rank, double* values, int32_t count, sa_reduce_op op) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -46,17 +49,18 @@ class ThreadGroup {
     return 0;
   }
 
-  // An all-to-all (sa_host_comm.all_to_all): the last rank to arrive cuts every rank's
-  // blocks out of the deposits. Returns 1 when a rank's send counts are not what their
-  // receivers expect.
-  int all_to_all(int rank, const double* send, const int64_t* send_counts, double* recv,
+  // An all-to-all of bytes (sa_host_comm.all_to_all): the last rank to arrive cuts every
+  // rank's blocks out of the deposits. Returns 1 when a rank's send sizes are not what
+  // their receivers expect.
+  int all_to_all(int rank, const void* send, const int64_t* send_counts, void* recv,
                  const int64_t* recv_counts) {
     std::unique_lock<std::mutex> lock(mutex_);
     ++calls_;
     const auto me = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(ranks_);
     int64_t sent = 0;
     for (std::size_t q = 0; q < n; ++q) sent += send_counts[q];
-    deposits_[me].assign(send, send + sent);
+    const auto* bytes = static_cast<const unsigned char*>(send);
+    bytes_[me].assign(bytes, bytes + sent);
     send_counts_.resize(n);
     recv_counts_.resize(n);
     send_counts_[me].assign(send_counts, send_counts + n);
@@ -72,8 +76,8 @@ class ThreadGroup {
         for (std::size_t r = 0; r < n; ++r) {
           const auto count = static_cast<std::size_t>(send_counts_[q][r]);
           failed_ = failed_ || send_counts_[q][r] != recv_counts_[r][q];
-          blocks_[r].insert(blocks_[r].end(), deposits_[q].begin() + static_cast<std::ptrdiff_t>(at),
-                            deposits_[q].begin() + static_cast<std::ptrdiff_t>(at + count));
+          blocks_[r].insert(blocks_[r].end(), bytes_[q].begin() + static_cast<std::ptrdiff_t>(at),
+                            bytes_[q].begin() + static_cast<std::ptrdiff_t>(at + count));
           at += count;
         }
       }
@@ -82,7 +86,7 @@ class ThreadGroup {
       done_.notify_all();
     }
     if (failed_) return 1;
-    std::copy(blocks_[me].begin(), blocks_[me].end(), recv);
+    std::copy(blocks_[me].begin(), blocks_[me].end(), static_cast<unsigned char*>(recv));
     return 0;
   }
 
@@ -102,7 +106,7 @@ class ThreadGroup {
   std::vector<std::vector<double>> deposits_;
   std::vector<double> result_;
   std::vector<std::vector<int64_t>> send_counts_, recv_counts_;  // all_to_all's, by rank
-  std::vector<std::vector<double>> blocks_;                       // ... what each receives
+  std::vector<std::vector<unsigned char>> bytes_, blocks_;        // ... sent, and received
   bool failed_ = false;
   int arrived_ = 0;
   uint64_t generation_ = 0;
@@ -120,8 +124,8 @@ inline int thread_all_reduce(void* ctx, double* values, int32_t count, sa_reduce
   return endpoint->group->all_reduce(endpoint->rank, values, count, op);
 }
 
-inline int thread_all_to_all(void* ctx, const double* send, const int64_t* send_counts,
-                             double* recv, const int64_t* recv_counts) {
+inline int thread_all_to_all(void* ctx, const void* send, const int64_t* send_counts, void* recv,
+                             const int64_t* recv_counts) {
   auto* endpoint = static_cast<RankEndpoint*>(ctx);
   return endpoint->group->all_to_all(endpoint->rank, send, send_counts, recv, recv_counts);
 }

@@ -253,7 +253,7 @@ static int sa_py_host_all_reduce(void* ctx, double* values, int32_t count, sa_re
   return failed;
 }
 
-/* A list of the reducer's `nranks` counts; NULL with an exception set. */
+/* A list of the reducer's `nranks` sizes; NULL with an exception set. */
 static PyObject* sa_py_counts(const int64_t* counts, Py_ssize_t nranks, Py_ssize_t* total) {
   PyObject* list = PyList_New(nranks);
   *total = 0;
@@ -269,11 +269,11 @@ static PyObject* sa_py_counts(const int64_t* counts, Py_ssize_t nranks, Py_ssize
   return list;
 }
 
-/* A host communicator's all_to_all: calls reducer.exchange(send, send_counts, recv,
- * recv_counts) with the blocks in bytearrays and the counts as lists of reducer.nranks ints,
+/* A host communicator's all_to_all: calls reducer.exchange(send, send_bytes, recv,
+ * recv_bytes) with the blocks in bytearrays and their sizes as lists of reducer.nranks ints,
  * then copies recv back; the GIL and a raised exception as the all_reduce trampoline's. */
-static int sa_py_host_all_to_all(void* ctx, const double* send, const int64_t* send_counts,
-                                 double* recv, const int64_t* recv_counts) {
+static int sa_py_host_all_to_all(void* ctx, const void* send, const int64_t* send_counts,
+                                 void* recv, const int64_t* recv_counts) {
   PyObject* reducer = (PyObject*)ctx;
   int failed = 1;
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -285,12 +285,12 @@ static int sa_py_host_all_to_all(void* ctx, const double* send, const int64_t* s
     recvs = sends ? sa_py_counts(recv_counts, ranks, &received) : NULL;
   }
   if (recvs) {
-    out = PyByteArray_FromStringAndSize((const char*)send, sent * (Py_ssize_t)sizeof(double));
-    in = out ? PyByteArray_FromStringAndSize(NULL, received * (Py_ssize_t)sizeof(double)) : NULL;
+    out = PyByteArray_FromStringAndSize((const char*)send, sent);
+    in = out ? PyByteArray_FromStringAndSize(NULL, received) : NULL;
   }
   if (in) result = PyObject_CallMethod(reducer, "exchange", "OOOO", out, sends, in, recvs);
   if (result) {
-    if (PyByteArray_GET_SIZE(in) == received * (Py_ssize_t)sizeof(double)) {
+    if (PyByteArray_GET_SIZE(in) == received) {
       memcpy(recv, PyByteArray_AS_STRING(in), (size_t)PyByteArray_GET_SIZE(in));
       failed = 0;
     } else {
@@ -937,8 +937,8 @@ PyObject* step_params(sa_optimizer* opt, PyObject* params, const sa_step_args* a
 /** Creates a host communicator whose all_reduce calls `reducer(buffer, op)`: buffer is a
  * bytearray holding the `count` doubles (native byte order), to be reduced in place; op
  * is SA_REDUCE_SUM or SA_REDUCE_MAX. With `all_to_all` nonzero, its all_to_all calls
- * `reducer.exchange(send, send_counts, recv, recv_counts)`: bytearrays of doubles and lists
- * of `reducer.nranks` counts, recv to be filled in place. A reducer that raises makes the
+ * `reducer.exchange(send, send_bytes, recv, recv_bytes)`: bytearrays and lists of
+ * `reducer.nranks` sizes, recv to be filled in place. A reducer that raises makes the
  * step fail with SA_ERR_COMM; its exception is stored as `reducer.exception` (it stays None
  * otherwise) for the package to surface. The communicator holds a reference to `reducer`
  * until it is freed. `rank` and `nranks` are sa_host_comm's (0 and 0: not said). Returns

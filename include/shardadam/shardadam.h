@@ -940,16 +940,17 @@ typedef struct sa_host_comm {
    * every split matrix, summed whole with all_reduce. */
   int32_t rank;
   int32_t nranks;
-  /* Optional, with rank and nranks said: sends send_counts[r] doubles to each rank r and
-   * receives recv_counts[r] from each rank r, the blocks one after another in rank order in
-   * `send` and `recv` (host memory), as MPI_Alltoallv and torch.distributed's
-   * all_to_all_single do; the counts for this rank are 0. Every rank calls it at the same
-   * time, and rank q's send_counts[r] equals rank r's recv_counts[q]. Returns 0 on success,
-   * nonzero on failure (the step fails with SA_ERR_COMM). It moves the split Muon matrices'
-   * boxes to their owners and back; without it, all_reduce carries them, every rank's to
-   * every rank: the same results, with memory and traffic that grow with the rank count. */
-  int (*all_to_all)(void* ctx, const double* send, const int64_t* send_counts, double* recv,
-                    const int64_t* recv_counts);
+  /* Optional, with rank and nranks said: sends send_bytes[r] bytes to each rank r and
+   * receives recv_bytes[r] bytes from each rank r, the blocks one after another in rank
+   * order in `send` and `recv` (host memory), as MPI_Alltoallv and torch.distributed's
+   * all_to_all_single do with bytes; the sizes for this rank are 0. Every rank calls it at
+   * the same time, and rank q's send_bytes[r] equals rank r's recv_bytes[q]. Returns 0 on
+   * success, nonzero on failure (the step fails with SA_ERR_COMM). It moves the split Muon
+   * matrices' boxes to their owners and back; without it, all_reduce carries them, every
+   * rank's to every rank: the same results, with memory and traffic that grow with the rank
+   * count. */
+  int (*all_to_all)(void* ctx, const void* send, const int64_t* send_bytes, void* recv,
+                    const int64_t* recv_bytes);
 } sa_host_comm;
 
 #define SA_HOST_COMM_INIT \

@@ -37,16 +37,16 @@ class Comm {
   // done. Throws sa::Error(SA_ERR_COMM) on failure.
   virtual void all_reduce(double* values, int32_t count, ReduceOp op, void* stream) = 0;
 
-  // One exchange among the ranks: each of `sends` (count doubles at values) goes to rank
-  // peer, and each of `recvs` is filled from rank peer, where the peer sends to this rank
-  // the same counts in the same order; no peer is this rank. Memory as all_reduce's; device
-  // communicators enqueue on `stream`. Every rank calls it, with or without transfers.
-  // Throws sa::Error(SA_ERR_COMM) on failure (SA_ERR_UNSUPPORTED: a host communicator
-  // without ranks).
+  // One exchange among the ranks: each of `sends` (`bytes` at data, a multiple of 4) goes
+  // to rank peer, and each of `recvs` is filled from rank peer, where the peer sends to
+  // this rank the same sizes in the same order; no peer is this rank. Memory as
+  // all_reduce's; device communicators enqueue on `stream`. Every rank calls it, with or
+  // without transfers. Throws sa::Error(SA_ERR_COMM) on failure (SA_ERR_UNSUPPORTED: a
+  // host communicator without ranks).
   struct Transfer {
     int32_t peer;
-    double* values;
-    int64_t count;
+    void* data;
+    int64_t bytes;
   };
   virtual void exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs,
                         void* stream) = 0;

@@ -1,6 +1,8 @@
 // src/comm/host_comm.cpp — a communicator made of the caller's host callbacks.
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../errors.hpp"
@@ -40,97 +42,108 @@ class HostComm final : public Comm {
     if (callbacks_.nranks <= 0)
       fail(SA_ERR_UNSUPPORTED, "an exchange on a host communicator that does not say its ranks");
     const auto ranks = static_cast<std::size_t>(callbacks_.nranks);
-    std::vector<int64_t> send_counts(ranks, 0), recv_counts(ranks, 0);
-    for (const Transfer& t : sends) send_counts[static_cast<std::size_t>(t.peer)] += t.count;
-    for (const Transfer& t : recvs) recv_counts[static_cast<std::size_t>(t.peer)] += t.count;
+    std::vector<int64_t> send_bytes(ranks, 0), recv_bytes(ranks, 0);
+    for (const Transfer& t : sends) send_bytes[static_cast<std::size_t>(t.peer)] += t.bytes;
+    for (const Transfer& t : recvs) recv_bytes[static_cast<std::size_t>(t.peer)] += t.bytes;
     if (callbacks_.all_to_all == nullptr)
-      return all_reduce_exchange(sends, recvs, send_counts, recv_counts);
-    std::vector<double> out = pack(sends, send_counts), in(total(recv_counts));
-    const int rc = callbacks_.all_to_all(callbacks_.ctx, out.data(), send_counts.data(), in.data(),
-                                         recv_counts.data());
+      return all_reduce_exchange(sends, recvs, send_bytes, recv_bytes);
+    std::vector<unsigned char> out = pack(sends, send_bytes), in(total(recv_bytes));
+    const int rc = callbacks_.all_to_all(callbacks_.ctx, out.data(), send_bytes.data(), in.data(),
+                                         recv_bytes.data());
     if (rc != 0)
-      fail(SA_ERR_COMM, "the host communicator's all_to_all (", out.size(), " doubles out, ",
+      fail(SA_ERR_COMM, "the host communicator's all_to_all (", out.size(), " bytes out, ",
            in.size(), " in) returned ", rc);
-    unpack(in, recvs, recv_counts);
+    unpack(in.data(), recvs, recv_bytes);
   }
 
  private:
-  static std::size_t total(const std::vector<int64_t>& counts) {
+  static std::size_t total(const std::vector<int64_t>& sizes) {
     int64_t n = 0;
-    for (const int64_t c : counts) n += c;
+    for (const int64_t c : sizes) n += c;
     return static_cast<std::size_t>(n);
   }
 
   // Where each peer's block starts in a buffer of blocks in rank order.
-  static std::vector<std::size_t> starts(const std::vector<int64_t>& counts) {
-    std::vector<std::size_t> at(counts.size(), 0);
-    for (std::size_t r = 1; r < counts.size(); ++r)
-      at[r] = at[r - 1] + static_cast<std::size_t>(counts[r - 1]);
+  static std::vector<std::size_t> starts(const std::vector<int64_t>& sizes) {
+    std::vector<std::size_t> at(sizes.size(), 0);
+    for (std::size_t r = 1; r < sizes.size(); ++r)
+      at[r] = at[r - 1] + static_cast<std::size_t>(sizes[r - 1]);
     return at;
   }
 
   // The transfers to each peer, one after another in its block, in their order.
-  static std::vector<double> pack(const std::vector<Transfer>& sends,
-                                  const std::vector<int64_t>& counts) {
-    std::vector<double> out(total(counts));
-    std::vector<std::size_t> at = starts(counts);
+  static std::vector<unsigned char> pack(const std::vector<Transfer>& sends,
+                                         const std::vector<int64_t>& sizes) {
+    std::vector<unsigned char> out(total(sizes));
+    std::vector<std::size_t> at = starts(sizes);
     for (const Transfer& t : sends) {
-      std::copy(t.values, t.values + t.count,
-                out.begin() + static_cast<std::ptrdiff_t>(at[static_cast<std::size_t>(t.peer)]));
-      at[static_cast<std::size_t>(t.peer)] += static_cast<std::size_t>(t.count);
+      std::size_t& next = at[static_cast<std::size_t>(t.peer)];
+      std::memcpy(out.data() + next, t.data, static_cast<std::size_t>(t.bytes));
+      next += static_cast<std::size_t>(t.bytes);
     }
     return out;
   }
 
-  static void unpack(const std::vector<double>& in, const std::vector<Transfer>& recvs,
-                     const std::vector<int64_t>& counts) {
-    std::vector<std::size_t> at = starts(counts);
+  static void unpack(const unsigned char* in, const std::vector<Transfer>& recvs,
+                     const std::vector<int64_t>& sizes) {
+    std::vector<std::size_t> at = starts(sizes);
     for (const Transfer& t : recvs) {
-      const auto first =
-          in.begin() + static_cast<std::ptrdiff_t>(at[static_cast<std::size_t>(t.peer)]);
-      std::copy(first, first + t.count, t.values);
-      at[static_cast<std::size_t>(t.peer)] += static_cast<std::size_t>(t.count);
+      std::size_t& next = at[static_cast<std::size_t>(t.peer)];
+      std::memcpy(t.data, in + next, static_cast<std::size_t>(t.bytes));
+      next += static_cast<std::size_t>(t.bytes);
     }
   }
 
-  // all_reduce in pieces of at most INT32_MAX doubles (the callback's count).
-  void reduce_all(double* values, std::size_t count) {
-    for (std::size_t first = 0; first < count; first += INT32_MAX)
-      all_reduce(values + first,
-                 static_cast<int32_t>(std::min<std::size_t>(INT32_MAX, count - first)),
+  // all_reduce (a sum) in pieces of at most INT32_MAX doubles (the callback's count).
+  void sum_all(std::vector<double>& values) {
+    for (std::size_t first = 0; first < values.size(); first += INT32_MAX)
+      all_reduce(values.data() + first,
+                 static_cast<int32_t>(std::min<std::size_t>(INT32_MAX, values.size() - first)),
                  ReduceOp::sum, nullptr);
   }
 
   // An exchange through all_reduce, for callbacks without all_to_all: every rank's send
-  // counts summed into a ranks x ranks table; then one buffer of every (sender, receiver)
-  // block, each rank's own blocks written and zeros elsewhere, summed (x + 0 is exact), and
-  // each rank's blocks read from it. Every rank holds every rank's blocks meanwhile.
+  // sizes summed into a ranks x ranks table; then one buffer of every (sender, receiver)
+  // block, each rank's own blocks written and zeros elsewhere, summed, and each rank's
+  // blocks read from it. The blocks ride as doubles, 4 bytes (an unsigned integer, which a
+  // double holds exactly, as it does its sum with zeros) in each. Every rank holds every
+  // rank's blocks meanwhile.
   void all_reduce_exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs,
-                           const std::vector<int64_t>& send_counts,
-                           const std::vector<int64_t>& recv_counts) {
+                           const std::vector<int64_t>& send_bytes,
+                           const std::vector<int64_t>& recv_bytes) {
     const auto ranks = static_cast<std::size_t>(callbacks_.nranks);
     const auto me = static_cast<std::size_t>(callbacks_.rank);
     std::vector<double> table(ranks * ranks, 0.0);
     for (std::size_t q = 0; q < ranks; ++q)
-      table[me * ranks + q] = static_cast<double>(send_counts[q]);
-    reduce_all(table.data(), table.size());
-    std::vector<int64_t> counts(table.size());  // (sender, receiver) blocks in row-major order
-    for (std::size_t i = 0; i < table.size(); ++i) counts[i] = static_cast<int64_t>(table[i]);
-    std::vector<double> all(total(counts), 0.0);
-    const std::vector<std::size_t> at = starts(counts);
-    std::vector<double> mine = pack(sends, send_counts);
-    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(at[me * ranks]));
-    reduce_all(all.data(), all.size());
+      table[me * ranks + q] = static_cast<double>(send_bytes[q]);
+    sum_all(table);
+    std::vector<int64_t> sizes(table.size());  // (sender, receiver) blocks in row-major order
+    for (std::size_t i = 0; i < table.size(); ++i) sizes[i] = static_cast<int64_t>(table[i]);
     for (std::size_t q = 0; q < ranks; ++q)
-      if (counts[q * ranks + me] != recv_counts[q])
-        fail(SA_ERR_MISMATCH, "rank ", q, " sends ", counts[q * ranks + me],
-             " doubles to this rank (", me, "), which expects ", recv_counts[q]);
-    std::vector<double> in;
+      if (sizes[q * ranks + me] != recv_bytes[q])
+        fail(SA_ERR_MISMATCH, "rank ", q, " sends ", sizes[q * ranks + me], " bytes to this rank (",
+             me, "), which expects ", recv_bytes[q]);
+    const std::size_t words = total(sizes) / 4;
+    if (words * 4 != total(sizes))
+      fail(SA_ERR_INTERNAL, "an exchange through all_reduce of ", total(sizes),
+           " bytes, not whole 4-byte words");
+    const std::vector<std::size_t> at = starts(sizes);  // in bytes; every block whole words
+    std::vector<double> all(words, 0.0);
+    const std::vector<unsigned char> mine = pack(sends, send_bytes);
+    for (std::size_t w = 0; w < mine.size() / 4; ++w) {
+      uint32_t word = 0;
+      std::memcpy(&word, mine.data() + 4 * w, 4);
+      all[at[me * ranks] / 4 + w] = word;
+    }
+    sum_all(all);
+    std::vector<unsigned char> in;
     for (std::size_t q = 0; q < ranks; ++q)
-      in.insert(in.end(), all.begin() + static_cast<std::ptrdiff_t>(at[q * ranks + me]),
-                all.begin() + static_cast<std::ptrdiff_t>(
-                                  at[q * ranks + me] + static_cast<std::size_t>(recv_counts[q])));
-    unpack(in, recvs, recv_counts);
+      for (std::size_t w = 0; w < static_cast<std::size_t>(recv_bytes[q]) / 4; ++w) {
+        const auto word = static_cast<uint32_t>(all[at[q * ranks + me] / 4 + w]);
+        const auto* b = reinterpret_cast<const unsigned char*>(&word);
+        in.insert(in.end(), b, b + 4);
+      }
+    unpack(in.data(), recvs, recv_bytes);
   }
 
   sa_host_comm callbacks_;

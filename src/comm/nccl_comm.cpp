@@ -119,13 +119,11 @@ class NcclComm final : public Comm {
     const char* what = "ncclSend";
     for (const Transfer& t : sends)
       if (result == ncclSuccess)
-        result =
-            nccl().ncclSend(t.values, static_cast<size_t>(t.count), ncclFloat64, t.peer, comm_, s);
+        result = nccl().ncclSend(t.data, static_cast<size_t>(t.bytes), ncclUint8, t.peer, comm_, s);
     if (result == ncclSuccess) what = "ncclRecv";
     for (const Transfer& t : recvs)
       if (result == ncclSuccess)
-        result =
-            nccl().ncclRecv(t.values, static_cast<size_t>(t.count), ncclFloat64, t.peer, comm_, s);
+        result = nccl().ncclRecv(t.data, static_cast<size_t>(t.bytes), ncclUint8, t.peer, comm_, s);
     const ncclResult_t ended = nccl().ncclGroupEnd();  // also after a failed call: the group closes
     check_nccl(result, comm_, what);
     check_nccl(ended, comm_, "ncclGroupEnd");

@@ -24,14 +24,14 @@ def nccl_unique_id():
     return uid
 
 
-def _doubles(buffer):
-    """A bytearray of doubles as a float64 numpy array over it (a memoryview of doubles
-    where numpy is missing)."""
+def _array(buffer, dtype, code):
+    """A bytearray as a numpy array of `dtype` over it (a memoryview of `code` where numpy
+    is missing: numpy is optional for the package)."""
     try:
         import numpy
-    except ImportError:  # numpy is optional for the package
-        return memoryview(buffer).cast("d")
-    return numpy.frombuffer(buffer, dtype=numpy.float64)
+    except ImportError:
+        return memoryview(buffer).cast(code)
+    return numpy.frombuffer(buffer, dtype=dtype)
 
 
 class _Reducer:
@@ -46,14 +46,14 @@ class _Reducer:
         self.exception = None
 
     def __call__(self, buffer, op):
-        values = _doubles(buffer)
+        values = _array(buffer, "float64", "d")
         # The trampoline records any exception as self.exception; None from here is success.
         result = self.all_reduce(values, _OP_NAMES[op])
         if result is not None and result is not values:
             raise TypeError(f"all_reduce must reduce the values in place and return None, it returned {result!r}")
 
-    def exchange(self, send, send_counts, recv, recv_counts):
-        result = self.all_to_all(_doubles(send), send_counts, _doubles(recv), recv_counts)
+    def exchange(self, send, send_bytes, recv, recv_bytes):
+        result = self.all_to_all(_array(send, "uint8", "B"), send_bytes, _array(recv, "uint8", "B"), recv_bytes)
         if result is not None:
             raise TypeError(f"all_to_all must fill recv in place and return None, it returned {result!r}")
 
@@ -77,10 +77,10 @@ class Comm(OwnsHandle):
     orthogonalized on one rank, its owner, instead of on every rank; the first step checks
     that the ranks say each number once and that their parts of each matrix cover it once.
 
-    ``all_to_all`` (optional, with ``rank``): a callable ``all_to_all(send, send_counts,
-    recv, recv_counts)`` that sends ``send_counts[r]`` doubles to each rank ``r`` and fills
-    ``recv`` (float64, in place) with ``recv_counts[r]`` from each, the blocks in rank order,
-    as ``torch.distributed.all_to_all_single`` does. It carries the split Muon matrices'
+    ``all_to_all`` (optional, with ``rank``): a callable ``all_to_all(send, send_bytes,
+    recv, recv_bytes)`` that sends ``send_bytes[r]`` bytes to each rank ``r`` and fills
+    ``recv`` (uint8, in place) with ``recv_bytes[r]`` bytes from each, the blocks in rank
+    order, as ``torch.distributed.all_to_all_single`` does with uint8 tensors. It carries the split Muon matrices'
     parts to their owners and back; without it ``all_reduce`` carries every rank's parts to
     every rank (the same results, with memory and traffic that grow with the rank count).
 

@@ -308,10 +308,10 @@ class _ProcessGroupAllReduce:
         self.group = None if group is dist.group.WORLD else group
         self._tensors = {}  # length -> float64 tensor (see above)
 
-    def _tensor(self, length, use):
+    def _tensor(self, length, use, dtype=torch.float64):
         tensor = self._tensors.get((length, use))
         if tensor is None:
-            tensor = self._tensors[(length, use)] = torch.empty(length, dtype=torch.float64)
+            tensor = self._tensors[(length, use)] = torch.empty(length, dtype=dtype)
         return tensor
 
     def __call__(self, values, op):
@@ -322,14 +322,15 @@ class _ProcessGroupAllReduce:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
         values[:] = staged
 
-    def all_to_all(self, send, send_counts, recv, recv_counts):
+    def all_to_all(self, send, send_bytes, recv, recv_bytes):
         """The communicator's all_to_all (the split Muon matrices' parts), through
-        ``all_to_all_single`` of float64 CPU tensors."""
+        ``all_to_all_single`` of uint8 CPU tensors."""
         import torch.distributed as dist
-        out, into = self._tensor(len(send), "send"), self._tensor(len(recv), "recv")
+        out = self._tensor(len(send), "send", torch.uint8)
+        into = self._tensor(len(recv), "recv", torch.uint8)
         out.numpy()[:] = send
-        dist.all_to_all_single(into, out, output_split_sizes=list(recv_counts),
-                               input_split_sizes=list(send_counts), group=self.group)
+        dist.all_to_all_single(into, out, output_split_sizes=list(recv_bytes),
+                               input_split_sizes=list(send_bytes), group=self.group)
         recv[:] = into.numpy()
 
 

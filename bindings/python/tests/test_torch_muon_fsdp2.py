@@ -201,9 +201,9 @@ def test_the_gloo_communicator_keeps_the_tensors_it_reduces(monkeypatch):
     assert sorted(len(t) for t in reducer._tensors.values()) == [3, 5]
 
 
-def test_the_gloo_communicators_all_to_all_hands_torch_the_blocks_and_their_sizes(monkeypatch):
-    """all_to_all_single's arguments: output then input, output_split_sizes the counts
-    received, input_split_sizes the counts sent; the tensors kept, as all_reduce's."""
+def test_the_gloo_communicators_all_to_all_hands_torch_the_bytes_and_their_sizes(monkeypatch):
+    """all_to_all_single's arguments: output then input (uint8), output_split_sizes the bytes
+    received, input_split_sizes the bytes sent; the tensors kept, as all_reduce's."""
     import numpy as np
     import torch.distributed as dist
     from shardadam._torch_fused_adam import _ProcessGroupAllReduce
@@ -215,9 +215,9 @@ def test_the_gloo_communicators_all_to_all_hands_torch_the_blocks_and_their_size
 
     monkeypatch.setattr(dist, "all_to_all_single", fake_all_to_all_single)
     collectives = _ProcessGroupAllReduce(dist.group.WORLD)
-    send, recv = np.arange(5, dtype=np.float64), np.zeros(3)
+    send, recv = np.arange(5, dtype=np.uint8), np.zeros(3, np.uint8)
     collectives.all_to_all(send, [0, 2, 3], recv, [0, 1, 2])
-    assert recv.tolist() == [4.0, 3.0, 2.0]
+    assert recv.tolist() == [4, 3, 2]
     output, input, received, sent = seen[0]
     assert (len(output), len(input), received, sent) == (3, 5, [0, 1, 2], [0, 2, 3])
     collectives.all_to_all(send, [0, 2, 3], recv, [0, 1, 2])

@@ -700,17 +700,17 @@ pub struct sa_host_comm {
     pub rank: i32,
     /// The number of ranks of the transport; 0: not said.
     pub nranks: i32,
-    /// With `rank` and `nranks` said, may be set: sends `send_counts[r]` doubles to each
-    /// rank `r` and receives `recv_counts[r]` from each, the blocks in rank order (as
+    /// With `rank` and `nranks` said, may be set: sends `send_bytes[r]` bytes to each rank
+    /// `r` and receives `recv_bytes[r]` from each, the blocks in rank order (as
     /// `MPI_Alltoallv`); returns 0 on success. None: the split Muon matrices' boxes go
     /// through `all_reduce` instead.
     pub all_to_all: Option<
         unsafe extern "C" fn(
             ctx: *mut c_void,
-            send: *const f64,
-            send_counts: *const i64,
-            recv: *mut f64,
-            recv_counts: *const i64,
+            send: *const c_void,
+            send_bytes: *const i64,
+            recv: *mut c_void,
+            recv_bytes: *const i64,
         ) -> c_int,
     >,
 }
