@@ -33,7 +33,7 @@ std::shared_ptr<Buffer> make_host_buffer(std::size_t bytes);
 // The version of the Backend interface below and of what it shares with the kernels
 // (Plan, kernels::TensorSlot, the step_control.h tables): a backend module built against
 // another is refused when it loads (src/backends/cuda_module.hpp). Bump it with any change.
-constexpr uint32_t kBackendInterface = 9;
+constexpr uint32_t kBackendInterface = 10;
 
 // The passes of a step, in the order the core (src/stepper.cpp) launches them.
 enum class Pass : uint8_t {
@@ -53,7 +53,7 @@ enum class Pass : uint8_t {
   // |master| into *slot.scale.amax_bits, which the core then reduces across ranks.
   update,
   // Plans with split Muon matrices (Plan::gathered, laid out as plan.hpp's GatheredMatrix
-  // says): the first plan.gather_zero doubles of args.gather (plan.gather_elems doubles,
+  // says): the first plan.gather_zero floats of args.gather (plan.gather_elems floats,
   // backend memory) := zeros; then unless args.verdict->skip, each such matrix whose slot
   // here has a grad gets its box's momentum (kernels::MatrixBox), by its group's
   // args.muon_of(slot) and its grad multiplied by args.verdict->grad_multiplier, and when
@@ -87,7 +87,7 @@ struct PassArgs {
   const kernels::StepVerdict* verdict = nullptr;     // update, matrices, current_casts
   const kernels::MuonHyper* muon = nullptr;  // gather, orthogonalize, matrices: per group (host)
   const int32_t* param_group = nullptr;      // gather, orthogonalize, matrices: per param (host)
-  double* gather = nullptr;                  // gather, orthogonalize, matrices: backend memory
+  float* gather = nullptr;                   // gather, orthogonalize, matrices: backend memory
 
   // The Muon hyperparameters of a param's group, or of a slot's.
   const kernels::MuonHyper& muon_of(int64_t param) const { return muon[param_group[param]]; }
@@ -145,9 +145,9 @@ class Backend {
   // after synchronize_stream(stream).
   virtual void download(void* staging, const void* src, std::size_t bytes, void* stream) = 0;
 
-  // Enqueues `copies` (plan.hpp's BoxCopy: boxes of doubles) within the buffer at `base`
+  // Enqueues `copies` (plan.hpp's BoxCopy: boxes of floats) within the buffer at `base`
   // (backend memory), in order; no copy's source overlaps an earlier copy's destination.
-  virtual void copy_boxes(double* base, const std::vector<BoxCopy>& copies, void* stream) = 0;
+  virtual void copy_boxes(float* base, const std::vector<BoxCopy>& copies, void* stream) = 0;
 
   // ---- synchronization -------------------------------------------------------------------
 

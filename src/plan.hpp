@@ -98,7 +98,8 @@ struct MatrixShape {
 
 // A Muon matrix split across ranks (is_sharded). Every rank's plan lists the same ones, in
 // param order, empty shards too. Their directions lie in one buffer of Plan::gather_elems
-// doubles (backend memory), which lay_out_gathered lays out in one of two ways.
+// floats (backend memory; the directions are floats, and so are their orthogonalizations),
+// which lay_out_gathered lays out in one of two ways.
 // - Exchanged (the communicator says its ranks: Plan::gather_ranks > 1): the buffer holds
 //   this rank's boxes, each on its own (`dir`, ld = box_cols), in param order; then the
 //   whole directions of the matrices it owns (`whole`); then staging for pieces that are
@@ -107,10 +108,10 @@ struct MatrixShape {
 //   from one of its holders to the owner (Plan::to_owners); the owner orthogonalizes the
 //   whole; and each box goes back to every rank that holds it (Plan::from_owners). A rank
 //   holds its boxes and its owned matrices: about 2/nranks of all split matrices, not all.
-// - Summed (ranks unsaid: one rank of its own, gather_ranks == 1): every rank owns every
-//   matrix; the buffer is their whole directions, each rank writes its box's direction in
-//   place (`dir` inside `whole`, ld = cols; primary replicas only: zeros elsewhere), and an
-//   all-reduce sums them.
+// - Summed (one rank, or a host communicator that does not say its ranks: gather_ranks
+//   == 1): every rank owns every matrix; the buffer is their whole directions, each rank
+//   writes its box's direction in place (`dir` inside `whole`, ld = cols; primary replicas
+//   only: zeros elsewhere), and an all-reduce sums them (in doubles: x + 0 is exact).
 // Each rank then applies its box of the result, read where it wrote the direction.
 struct GatheredMatrix {
   kernels::MatrixBox box;  // this rank's box (kernels::MatrixBox)
@@ -125,13 +126,13 @@ struct GatheredMatrix {
   int32_t slot = -1;
 };
 
-// A copy of a rows x cols box of doubles within the gather buffer: row r from
+// A copy of a rows x cols box of floats within the gather buffer: row r from
 // gather + from + r * from_ld to gather + to + r * to_ld.
 struct BoxCopy {
   int64_t from, from_ld, to, to_ld, rows, cols;
 };
 
-// `count` doubles at gather + at, sent to or received from rank `peer`.
+// `count` floats at gather + at, sent to or received from rank `peer`.
 struct Transfer {
   int32_t peer;
   int64_t at;

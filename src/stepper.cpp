@@ -238,30 +238,39 @@ void Stepper::flush(Plan& plan, void* stream) {
   }
 }
 
+namespace {
+
+// comm.all_reduce in pieces of at most INT32_MAX doubles, the ABI's count.
+void all_reduce_in_pieces(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream) {
+  for (int64_t first = 0; first < count; first += INT32_MAX)
+    comm.all_reduce(values + first,
+                    static_cast<int32_t>(std::min<int64_t>(INT32_MAX, count - first)), op, stream);
+}
+
+}  // namespace
+
 void Stepper::all_reduce(Comm& comm, double* values, int64_t count, ReduceOp op, void* stream) {
   const bool device_comm = comm.reduces_device_memory();
-  auto reduce = [&](double* at) {  // in pieces of at most INT32_MAX doubles, the ABI's count
-    for (int64_t first = 0; first < count; first += INT32_MAX)
-      comm.all_reduce(at + first, static_cast<int32_t>(std::min<int64_t>(INT32_MAX, count - first)),
-                      op, device_comm ? stream : nullptr);
+  auto reduce = [&](double* at) {
+    all_reduce_in_pieces(comm, at, count, op, device_comm ? stream : nullptr);
   };
   if (device_comm || backend_->host_memory()) return reduce(values);
   const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(double);
-  double* host = host_staging(bytes, stream);
+  auto* host = static_cast<double*>(host_staging(bytes, stream));
   backend_->download(host, values, bytes, stream);
   backend_->synchronize_stream(stream);
   reduce(host);
   backend_->upload(values, host, bytes, stream);  // `host` is reusable once this returns
 }
 
-double* Stepper::host_staging(std::size_t bytes, void* stream) {
+void* Stepper::host_staging(std::size_t bytes, void* stream) {
   if (backend_->capturing(stream))
     fail(SA_ERR_STATE,
          "a step with a host-callback communicator cannot be captured in a CUDA graph (the "
          "host must read the values it communicates); use an NCCL communicator");
   if (!host_staging_ || host_staging_->bytes() < bytes)
     host_staging_ = backend_->allocate_staging(bytes);
-  return static_cast<double*>(host_staging_->data());
+  return host_staging_->data();
 }
 
 // No params, so no device: the inputs are host floats and only the groups count.
@@ -348,7 +357,7 @@ void Stepper::prepare_gather(Plan& plan, Comm* comm) {
     lay_out_gathered(plan, rank, ranks, agree_on_gather(plan, *comm, rank, ranks));
     gather_agreed_ = true;
   }
-  const auto bytes = static_cast<std::size_t>(plan.gather_elems) * sizeof(double);
+  const auto bytes = static_cast<std::size_t>(plan.gather_elems) * sizeof(float);
   if (!gather_ || gather_->bytes() < bytes) gather_ = backend_->allocate(bytes);
 }
 
@@ -357,12 +366,12 @@ void Stepper::prepare_gather(Plan& plan, Comm* comm) {
 // Newton-Schulz, then each rank's boxes of the results sent back. Every rank calls it at
 // every step, skipped or not: it is collective.
 void Stepper::gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream) {
-  args.gather = static_cast<double*>(gather_->data());
+  args.gather = static_cast<float*>(gather_->data());
   backend_->launch(Pass::gather, plan, args, stream);
   if (plan.gather_ranks > 1)
     exchange(comm, plan.to_owners, args.gather, stream);
-  else
-    all_reduce(comm, args.gather, plan.gather_elems, ReduceOp::sum, stream);
+  else if (comm.nranks() < 0)  // a host communicator that does not say its ranks
+    sum_directions(comm, args.gather, plan.gather_elems, stream);
   backend_->launch(Pass::orthogonalize, plan, args, stream);
   if (plan.gather_ranks > 1) exchange(comm, plan.from_owners, args.gather, stream);
 }
@@ -370,9 +379,9 @@ void Stepper::gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void
 // One MatrixExchange within the buffer at `base`: its copies here, and its transfers
 // through `comm`, a host communicator's through host staging on a device backend (which
 // drains the stream, as all_reduce's does).
-void Stepper::exchange(Comm& comm, const MatrixExchange& x, double* base, void* stream) {
+void Stepper::exchange(Comm& comm, const MatrixExchange& x, float* base, void* stream) {
   backend_->copy_boxes(base, x.before, stream);
-  constexpr std::size_t kElem = sizeof(double);
+  constexpr std::size_t kElem = sizeof(float);
   const auto bytes_of = [](const Transfer& t) { return static_cast<int64_t>(kElem) * t.count; };
   std::vector<Comm::Transfer> sends, recvs;
   if (comm.reduces_device_memory() || backend_->host_memory()) {
@@ -383,7 +392,7 @@ void Stepper::exchange(Comm& comm, const MatrixExchange& x, double* base, void* 
     int64_t total = 0;
     for (const Transfer& t : x.sends) total += t.count;
     for (const Transfer& t : x.recvs) total += t.count;
-    double* host = host_staging(static_cast<std::size_t>(total) * kElem, stream);
+    auto* host = static_cast<float*>(host_staging(static_cast<std::size_t>(total) * kElem, stream));
     for (const Transfer& t : x.sends) {
       backend_->download(host, base + t.at, static_cast<std::size_t>(bytes_of(t)), stream);
       sends.push_back({t.peer, host, bytes_of(t)});
@@ -400,6 +409,24 @@ void Stepper::exchange(Comm& comm, const MatrixExchange& x, double* base, void* 
                        static_cast<std::size_t>(recvs[i].bytes), stream);
   }
   backend_->copy_boxes(base, x.after, stream);
+}
+
+// The summed layout's whole directions (`count` floats at `values`, backend memory) summed
+// across the ranks of a host communicator, whose all_reduce takes doubles: widened on the
+// host (through host staging on a device backend), reduced, and narrowed back, exactly (each
+// sum is one rank's float and zeros).
+void Stepper::sum_directions(Comm& comm, float* values, int64_t count, void* stream) {
+  const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(float);
+  float* host = values;
+  if (!backend_->host_memory()) {
+    host = static_cast<float*>(host_staging(bytes, stream));
+    backend_->download(host, values, bytes, stream);
+    backend_->synchronize_stream(stream);
+  }
+  wide_.assign(host, host + count);
+  all_reduce_in_pieces(comm, wide_.data(), count, ReduceOp::sum, nullptr);
+  std::copy(wide_.begin(), wide_.end(), host);
+  if (host != values) backend_->upload(values, host, bytes, stream);
 }
 
 // values (host memory) := their `op` over the ranks of `comm`, through backend memory as a

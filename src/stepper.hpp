@@ -154,17 +154,19 @@ class Stepper {
   // The verdict (kernels::StepVerdict), then the stats (kernels::kNumStats doubles).
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> host_staging_;  // all_reduce's copy for a host communicator
-  // Split Muon matrices: their directions (Plan::gather_elems doubles, backend memory), and
+  // Split Muon matrices: their directions (Plan::gather_elems floats, backend memory), and
   // whether the ranks agreed on the plan's layout since the communicator changed.
   std::shared_ptr<Buffer> gather_;
   bool gather_agreed_ = false;
   void prepare_gather(Plan& plan, Comm* comm);
   void gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream);
-  void exchange(Comm& comm, const MatrixExchange& x, double* base, void* stream);
+  std::vector<double> wide_;  // sum_directions's doubles
+  void exchange(Comm& comm, const MatrixExchange& x, float* base, void* stream);
+  void sum_directions(Comm& comm, float* values, int64_t count, void* stream);
   void reduce_now(Comm& comm, std::vector<double>& values, ReduceOp op);
   // Host staging for a host communicator on a device backend: `bytes` of it, on a stream
   // that is not being captured.
-  double* host_staging(std::size_t bytes, void* stream);
+  void* host_staging(std::size_t bytes, void* stream);
   std::vector<kernels::MatrixBox> agree_on_gather(const Plan& plan, Comm& comm, int32_t rank,
                                                   int32_t ranks);
 };

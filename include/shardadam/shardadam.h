@@ -213,11 +213,12 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  * to the matrix's owner rank, which orthogonalizes the whole u and sends each rank its box
  * of the result, so every rank ends as one rank holding the whole matrix would (bit for
  * bit, with the same BLAS). Owners are balanced by Newton-Schulz's flops over the ranks
- * that hold a part of each matrix. Each rank holds, in doubles (backend memory), its boxes
+ * that hold a part of each matrix. Each rank holds, in floats (backend memory), its boxes
  * and the matrices it owns (with staging for boxes that are not whole rows): about
- * 16 / nranks bytes an element of all split matrices. A host communicator that does not
- * say its rank (sa_host_comm.nranks 0) makes every rank the owner of every matrix, summed
- * whole through all_reduce: 8 bytes an element of all split matrices on every rank:
+ * 8 / nranks bytes an element of all split matrices, and sends and receives about as
+ * many. A host communicator that does not say its rank (sa_host_comm.nranks 0) makes every
+ * rank the owner of every matrix, summed whole through all_reduce: 4 bytes an element of
+ * all split matrices on every rank, and 8 more of host memory for the doubles reduced:
  *   g = grad * inv_grad_scale (times the clip factor when clipping)
  *   buf = buf + (1 - momentum) (g - buf)                     (state "momentum_buffer")
  *   u = nesterov ? g + momentum (buf - g) : buf

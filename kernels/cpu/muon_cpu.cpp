@@ -21,7 +21,7 @@ void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* b
 }
 
 void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_scale,
-                           const float* grad, float* buf, double* dir, int64_t ld) {
+                           const float* grad, float* buf, float* dir, int64_t ld) {
   const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols, grad_scale);
   for (int64_t r = 0; r < box.box_rows; ++r)
     for (int64_t k = 0; k < box.box_cols; ++k) {
@@ -31,22 +31,13 @@ void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_
     }
 }
 
-void muon_orthogonalize_cpu(CblasSgemm sgemm, const NewtonSchulz& ns, int64_t rows, int64_t cols,
-                            double* whole, float* work) {
-  const int64_t n = rows * cols;
-  float* u = work;
-  for (int64_t i = 0; i < n; ++i) u[i] = static_cast<float>(whole[i]);  // exact: floats and 0s
-  newton_schulz_cpu(sgemm, u, rows, cols, ns, work + n);
-  for (int64_t i = 0; i < n; ++i) whole[i] = u[i];
-}
-
-void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const double* dir, int64_t ld,
+void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const float* dir, int64_t ld,
                         float* param) {
   const MuonCoeffs c = muon_coeffs(h, box.rows, box.cols);
   for (int64_t r = 0; r < box.box_rows; ++r)
     for (int64_t k = 0; k < box.box_cols; ++k) {
       const int64_t i = r * box.box_cols + k;
-      const auto o = static_cast<float>(dir[r * ld + k]);
+      const float o = dir[r * ld + k];
       param[i] = muon_apply(c, param[i], o);
     }
 }

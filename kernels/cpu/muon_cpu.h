@@ -22,22 +22,19 @@ void muon_matrix_cpu(CblasSgemm sgemm, float* param, const float* grad, float* b
                      int64_t cols, const MuonHyper& h, float grad_scale, float* work);
 
 // A split matrix's parts of the step (MatrixBox), as the CPU backend runs them. A box's
-// direction lies in doubles at `dir`, element (r, k) of the box at dir[r * ld + k] (in its
+// direction lies in floats at `dir`, element (r, k) of the box at dir[r * ld + k] (in its
 // whole matrix: dir at the box's first element, ld = box.cols; on its own: ld = box_cols).
 // - muon_box_momentum_cpu: buf (the box, row-major) advanced by grad times grad_scale, and,
 //   when `dir` is set, the direction written there;
-// - muon_orthogonalize_cpu (on the matrix's owner rank): the whole direction (rows x cols
-//   doubles, as the ranks' boxes made it) replaced by its Newton-Schulz orthogonalization
-//   (floats, held in doubles), computed in `work` (muon_work_elems(rows, cols) floats);
+// - (on the matrix's owner rank, the whole direction made of the boxes': newton_schulz_cpu
+//   in place, its work muon_work_elems(rows, cols) floats;)
 // - muon_box_apply_cpu: the box's orthogonalized direction at `dir` applied to param (the
 //   box, row-major).
 // With the same sgemm, a whole direction made of the boxes' gives every element the bits
 // muon_matrix_cpu gives it.
 void muon_box_momentum_cpu(const MuonHyper& h, const MatrixBox& box, float grad_scale,
-                           const float* grad, float* buf, double* dir, int64_t ld);
-void muon_orthogonalize_cpu(CblasSgemm sgemm, const NewtonSchulz& ns, int64_t rows, int64_t cols,
-                            double* whole, float* work);
-void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const double* dir, int64_t ld,
+                           const float* grad, float* buf, float* dir, int64_t ld);
+void muon_box_apply_cpu(const MuonHyper& h, const MatrixBox& box, const float* dir, int64_t ld,
                         float* param);
 
 }  // namespace kernels

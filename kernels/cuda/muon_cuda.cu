@@ -40,14 +40,6 @@ struct MomentumSource {
   }
 };
 
-// The whole direction, summed in doubles, as Newton-Schulz's first pass reads it: the
-// floats it was made of.
-struct DoubleSource {
-  const double* whole;
-  __device__ void begin() {}
-  __device__ float operator()(int64_t i) const { return static_cast<float>(whole[i]); }
-};
-
 // The orthogonalized direction o (bfloat16, the matrix's row-major layout) applied.
 __global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, float* param,
                              const __nv_bfloat16* o, int64_t n) {
@@ -60,7 +52,7 @@ __global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, float* pa
 // A box's momentum: buf advanced and, with `dir`, the direction written there (row r of
 // the box at dir + r * ld).
 __global__ void box_momentum_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
-                                    const float* grad, float* buf, double* dir, int64_t ld) {
+                                    const float* grad, float* buf, float* dir, int64_t ld) {
   if (skipped(verdict)) return;
   c.grad_scale = grad_scale_of(verdict);
   const int64_t n = box.box_rows * box.box_cols;
@@ -73,16 +65,9 @@ __global__ void box_momentum_kernel(MuonCoeffs c, MatrixBox box, const StepVerdi
   }
 }
 
-// The orthogonalized matrix back into the whole, in doubles (exact).
-__global__ void widen_kernel(const __nv_bfloat16* o, double* whole, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads)
-    whole[i] = __bfloat162float(o[i]);
-}
-
 // A box's orthogonalized direction (row r at dir + r * ld) applied to the box's param.
 __global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict* verdict,
-                                 float* param, const double* dir, int64_t ld) {
+                                 float* param, const float* dir, int64_t ld) {
   if (skipped(verdict)) return;
   const int64_t n = box.box_rows * box.box_cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
@@ -94,7 +79,7 @@ __global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict*
 
 cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
                                    const StepVerdict* verdict, const float* grad, float* buf,
-                                   double* dir, int64_t ld, cudaStream_t stream) {
+                                   float* dir, int64_t ld, cudaStream_t stream) {
   const int64_t n = box.box_rows * box.box_cols;
   if (n == 0) return cudaSuccess;
   box_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
@@ -102,29 +87,8 @@ cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
   return cudaGetLastError();
 }
 
-NsStatus muon_orthogonalize_cuda(const CublasCalls& calls, cublasHandle_t blas,
-                                 const NewtonSchulz& ns, int64_t rows, int64_t cols, double* whole,
-                                 void* work, cudaStream_t stream) {
-  NsStatus st;
-  if (!ns_dims_ok(rows, cols)) {
-    st.blas = CUBLAS_STATUS_INVALID_VALUE;
-    return st;
-  }
-  const int64_t n = rows * cols;
-  const NsInput in = ns_input(work, rows, cols);
-  ns_round_and_square_kernel<<<kNsNormBlocks, kNsThreads, 0, stream>>>(DoubleSource{whole}, n, in.x,
-                                                                       in.partials);
-  if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;
-  const __nv_bfloat16* o = nullptr;
-  st = newton_schulz_cuda_rounded(calls, blas, rows, cols, ns, work, stream, &o);
-  if (!st.ok()) return st;
-  widen_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(o, whole, n);
-  st.cuda = cudaGetLastError();
-  return st;
-}
-
 cudaError_t muon_box_apply_cuda(const MuonHyper& h, const MatrixBox& box,
-                                const StepVerdict* verdict, const double* dir, int64_t ld,
+                                const StepVerdict* verdict, const float* dir, int64_t ld,
                                 float* param, cudaStream_t stream) {
   const int64_t local = box.box_rows * box.box_cols;
   if (local == 0) return cudaSuccess;

@@ -36,24 +36,20 @@ NsStatus muon_matrix_cuda(const CublasCalls& calls, cublasHandle_t blas, float* 
                           cudaStream_t stream);
 
 // A split matrix's parts of the step (kernels/muon_math.h's MatrixBox), enqueued on
-// `stream`, `verdict` as muon_matrix_cuda reads it. A box's direction lies in doubles
-// (device memory) at `dir`, element (r, k) of the box at dir[r * ld + k], as
-// kernels/cpu/muon_cpu.h says.
+// `stream`, `verdict` as muon_matrix_cuda reads it. A box's direction lies in floats (device
+// memory) at `dir`, element (r, k) of the box at dir[r * ld + k], as kernels/cpu/muon_cpu.h
+// says.
 // - muon_box_momentum_cuda: buf (the box, row-major) advanced by grad, and with `dir` the
 //   direction written there;
-// - muon_orthogonalize_cuda (on the matrix's owner rank): the whole direction (rows x cols
-//   doubles, as the ranks' boxes made it) replaced by its Newton-Schulz orthogonalization
-//   (floats, held in doubles), computed in `work` (muon_cuda_work_bytes(rows, cols) bytes);
+// - (on the matrix's owner rank, the whole direction made of the boxes': newton_schulz_cuda
+//   in place, in muon_cuda_work_bytes(rows, cols) bytes of work;)
 // - muon_box_apply_cuda: the box's orthogonalized direction at `dir` applied to param.
 // A whole direction made of the boxes' gives every element the bits muon_matrix_cuda gives.
 cudaError_t muon_box_momentum_cuda(const MuonHyper& h, const MatrixBox& box,
                                    const StepVerdict* verdict, const float* grad, float* buf,
-                                   double* dir, int64_t ld, cudaStream_t stream);
-NsStatus muon_orthogonalize_cuda(const CublasCalls& calls, cublasHandle_t blas,
-                                 const NewtonSchulz& ns, int64_t rows, int64_t cols, double* whole,
-                                 void* work, cudaStream_t stream);
+                                   float* dir, int64_t ld, cudaStream_t stream);
 cudaError_t muon_box_apply_cuda(const MuonHyper& h, const MatrixBox& box,
-                                const StepVerdict* verdict, const double* dir, int64_t ld,
+                                const StepVerdict* verdict, const float* dir, int64_t ld,
                                 float* param, cudaStream_t stream);
 
 }  // namespace kernels

@@ -193,7 +193,7 @@ class CpuBackend final : public Backend {
     copy_to_host(staging, src, bytes);
   }
 
-  void copy_boxes(double* base, const std::vector<BoxCopy>& copies, void*) override {
+  void copy_boxes(float* base, const std::vector<BoxCopy>& copies, void*) override {
     for (const BoxCopy& c : copies)
       for (int64_t r = 0; r < c.rows; ++r)
         std::copy_n(base + c.from + r * c.from_ld, c.cols, base + c.to + r * c.to_ld);
@@ -350,9 +350,9 @@ class CpuBackend final : public Backend {
   void orthogonalize(const Plan& plan, const PassArgs& args) {
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
-      if (g.whole >= 0)
-        kernels::muon_orthogonalize_cpu(sgemm_, args.muon_of(g.param).ns, g.box.rows, g.box.cols,
-                                        args.gather + g.whole, muon_work_.data());
+      if (g.whole >= 0 && g.box.rows * g.box.cols > 0)
+        kernels::newton_schulz_cpu(sgemm_, args.gather + g.whole, g.box.rows, g.box.cols,
+                                   args.muon_of(g.param).ns, muon_work_.data());
   }
 
   // Muon's step of each matrix that has a grad, one after another: its elementwise parts on

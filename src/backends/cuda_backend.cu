@@ -175,11 +175,11 @@ class CudaBackend final : public Backend {
   }
 
   // One cudaMemcpy2DAsync a box (a box of whole rows is one run, copied as one row).
-  void copy_boxes(double* base, const std::vector<BoxCopy>& copies, void* stream) override {
+  void copy_boxes(float* base, const std::vector<BoxCopy>& copies, void* stream) override {
     if (copies.empty()) return;
     DeviceScope scope(device_);
     const auto s = static_cast<cudaStream_t>(stream);
-    constexpr std::size_t kElem = sizeof(double);
+    constexpr std::size_t kElem = sizeof(float);
     for (const BoxCopy& c : copies) {
       if (c.rows * c.cols == 0) continue;
       const bool run = c.from_ld == c.cols && c.to_ld == c.cols;
@@ -272,7 +272,7 @@ class CudaBackend final : public Backend {
   // step writes only the zeros.
   void launch_gather(const Plan& plan, const PassArgs& args, cudaStream_t s) {
     check_cuda(cudaMemsetAsync(args.gather, 0,
-                               static_cast<std::size_t>(plan.gather_zero) * sizeof(double), s),
+                               static_cast<std::size_t>(plan.gather_zero) * sizeof(float), s),
                "zeroing Muon's directions");
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
@@ -288,10 +288,10 @@ class CudaBackend final : public Backend {
   void launch_orthogonalize(const Plan& plan, const PassArgs& args, cudaStream_t s) {
     const kernels::CublasCalls& calls = cuda::cublas().calls;
     for (const GatheredMatrix& g : plan.gathered)
-      if (g.whole >= 0)
-        check_muon(kernels::muon_orthogonalize_cuda(calls, blas_, args.muon_of(g.param).ns,
-                                                    g.box.rows, g.box.cols, args.gather + g.whole,
-                                                    muon_work_->data(), s),
+      if (g.whole >= 0 && g.box.rows * g.box.cols > 0)
+        check_muon(kernels::newton_schulz_cuda(calls, blas_, args.gather + g.whole, g.box.rows,
+                                               g.box.cols, args.muon_of(g.param).ns,
+                                               muon_work_->data(), s),
                    g.box.rows, g.box.cols);
   }
 

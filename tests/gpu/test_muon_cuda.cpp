@@ -237,8 +237,14 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
     return out;
   };
   // Runs one rank of a split along `dim` (or the whole matrix with ranks == 1); returns its
-  // box after 3 steps, as floats.
+  // box after 3 steps, as floats. Ranks run on threads of their own, and Catch2's assertions
+  // are not thread-safe (with -s they abort): a failure is written into *error instead (but
+  // DeviceTensor's own checks).
   auto run = [&](int ranks, int rank, int dim, sa_comm* comm, std::string* error) {
+    auto cuda = [&](cudaError_t e) {
+      if (e != cudaSuccess && error->empty()) *error = cudaGetErrorString(e);
+      return e == cudaSuccess;
+    };
     MeshLayout mesh{{rows, cols}, {ranks}, {rank}, {shard(dim)}};
     const sa_layout layout = mesh.get();
     int64_t shape[2] = {rows, cols}, offset[2] = {0, 0};
@@ -248,7 +254,7 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
     }
     const std::vector<float> first = box_of(start, offset, shape);
     DeviceTensor w({shape[0], shape[1]}, kFloat32), g({shape[0], shape[1]}, kFloat32);
-    CUDA_OK(cudaMemcpy(w.data(), first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cuda(cudaMemcpy(w.data(), first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice));
     sa_optimizer_config oc = SA_OPTIMIZER_CONFIG_INIT;
     sa_optimizer* raw = nullptr;
     sa_status st = sa_optimizer_create(&oc, &raw);
@@ -264,9 +270,9 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
     if (st == SA_OK) st = sa_optimizer_set_grad(opt.get(), 0, &gd);
     for (int step = 0; step < 3 && st == SA_OK; ++step) {
       const std::vector<float> grad = box_of(grad_of(step), offset, shape);
-      CUDA_OK(cudaMemcpy(g.data(), grad.data(), grad.size() * sizeof(float), cudaMemcpyHostToDevice));
+      cuda(cudaMemcpy(g.data(), grad.data(), grad.size() * sizeof(float), cudaMemcpyHostToDevice));
       st = sa_optimizer_step(opt.get(), nullptr, nullptr);
-      if (st == SA_OK) CUDA_OK(cudaDeviceSynchronize());
+      if (st == SA_OK) cuda(cudaDeviceSynchronize());
     }
     if (st != SA_OK) *error = sa_optimizer_last_error(opt.get());
     opt.reset();
@@ -297,9 +303,9 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
       std::vector<std::thread> threads;
       for (int r = 0; r < 2; ++r)
         threads.emplace_back([&, r] {
-          CUDA_OK(cudaSetDevice(0));
-          boxes[static_cast<std::size_t>(r)] =
-              run(2, r, dim, comms[r], &errors[static_cast<std::size_t>(r)]);
+          std::string& error = errors[static_cast<std::size_t>(r)];
+          if (cudaSetDevice(0) != cudaSuccess) error = "cudaSetDevice(0) failed";
+          if (error.empty()) boxes[static_cast<std::size_t>(r)] = run(2, r, dim, comms[r], &error);
         });
       for (std::thread& t : threads) t.join();
       INFO(errors[0] << errors[1]);
