@@ -316,10 +316,42 @@ std::vector<int32_t> balance_owners(const std::vector<GatheredMatrix>& gathered,
   return owner;
 }
 
+// Where the rounds of the exchanges start (MatrixExchange): at matrix 0, and at each matrix
+// that would take some rank past `per_round` transfers in its round. A rank's transfers of
+// a matrix in one exchange are at most 1 (a holder) or, on the owner, one per holder of
+// each of its distinct boxes; every rank counts every rank's, so all cut alike.
+std::vector<bool> round_starts(const std::vector<std::vector<DistinctBox>>& distinct,
+                               const std::vector<int32_t>& owner, int32_t ranks,
+                               int64_t per_round) {
+  std::vector<bool> starts(distinct.size(), false);
+  std::vector<int64_t> load(static_cast<std::size_t>(ranks), 0);
+  bool empty = true;
+  for (std::size_t m = 0; m < distinct.size(); ++m) {
+    std::vector<std::pair<int32_t, int64_t>> ops;  // (rank, its transfers of m)
+    int64_t on_owner = 0;
+    for (const DistinctBox& d : distinct[m]) {
+      on_owner += static_cast<int64_t>(d.holders.size());
+      for (const int32_t h : d.holders)
+        if (h != owner[m]) ops.emplace_back(h, 1);
+    }
+    if (owner[m] >= 0) ops.emplace_back(owner[m], on_owner);
+    bool over = false;
+    for (const auto& [r, k] : ops) over = over || load[static_cast<std::size_t>(r)] + k > per_round;
+    if (m == 0 || (over && !empty)) {
+      starts[m] = true;
+      std::fill(load.begin(), load.end(), 0);
+      empty = true;
+    }
+    for (const auto& [r, k] : ops) load[static_cast<std::size_t>(r)] += k;
+    empty = empty && ops.empty();
+  }
+  return starts;
+}
+
 }  // namespace
 
 void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
-                      const std::vector<kernels::MatrixBox>& boxes) {
+                      const std::vector<kernels::MatrixBox>& boxes, int64_t per_round) {
   const std::size_t n = plan.gathered.size();
   std::vector<GatheredMatrix> gathered = plan.gathered;  // committed when nothing can fail
   if (ranks <= 1) {  // summed: every matrix whole, in param order, this rank the owner of all
@@ -367,7 +399,13 @@ void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
   int64_t staged_to = 0, staged_from = 0;  // each direction's staging, from `staging`
 
   MatrixExchange to, from;
+  const std::vector<bool> starts = round_starts(distinct, owner, ranks, per_round);
+  auto end_round = [](MatrixExchange& x) { x.rounds.push_back({x.sends.size(), x.recvs.size()}); };
   for (std::size_t m = 0; m < n; ++m) {
+    if (starts[m] && m > 0) {
+      end_round(to);
+      end_round(from);
+    }
     GatheredMatrix& g = gathered[m];
     const int32_t o = owner[m];
     for (const DistinctBox& d : distinct[m]) {
@@ -408,6 +446,10 @@ void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
         from.recvs.push_back({o, g.dir, area(b)});
       }
     }
+  }
+  if (n > 0) {
+    end_round(to);
+    end_round(from);
   }
   plan.gathered = std::move(gathered);
   plan.gather_ranks = ranks;

@@ -142,12 +142,22 @@ struct Transfer {
 // One movement of the split matrices' directions between ranks: the copies within this
 // rank (`before`, which the transfers need or which need none), the transfers (a rank's
 // sends to a peer and the peer's receives from it are listed in the same order), then the
-// copies of what was received (`after`). Stream-ordered, in that order.
+// copies of what was received (`after`). Stream-ordered, in that order. The transfers go in
+// rounds (sends and recvs up to each round's ends), the same number on every rank, each
+// round whole matrices' transfers, so that what a round sends is received in that round:
+// NCCL takes at most 2048 operations in a group (its documented limit).
 struct MatrixExchange {
+  struct Round {
+    std::size_t sends_end, recvs_end;
+  };
   std::vector<BoxCopy> before;
   std::vector<Transfer> sends, recvs;
+  std::vector<Round> rounds;
   std::vector<BoxCopy> after;
 };
+
+// The most transfers a rank makes in one round of a MatrixExchange (sends and receives).
+constexpr int64_t kTransfersPerRound = 1024;
 
 struct Bucket {
   kernels::Variant variant;
@@ -194,8 +204,10 @@ struct Plan {
 // (replicas hold the same one) goes to the owner from the owner itself when it holds one,
 // else from its lowest holder. Throws SA_ERR_MISMATCH, changing nothing, when a matrix's
 // distinct boxes do not cover it exactly once or a rank's matrix has another shape.
+// `per_round`: kTransfersPerRound, or fewer (tests).
 void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
-                      const std::vector<kernels::MatrixBox>& boxes = {});
+                      const std::vector<kernels::MatrixBox>& boxes = {},
+                      int64_t per_round = kTransfersPerRound);
 
 // The slot of a split matrix that this rank steps: its own box, when it holds one and has a
 // grad at this step; else NULL (an empty shard, or no grad: nothing of it to step here).

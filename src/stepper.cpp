@@ -384,10 +384,23 @@ void Stepper::exchange(Comm& comm, const MatrixExchange& x, float* base, void* s
   constexpr std::size_t kElem = sizeof(float);
   const auto bytes_of = [](const Transfer& t) { return static_cast<int64_t>(kElem) * t.count; };
   std::vector<Comm::Transfer> sends, recvs;
+  // The rounds, each one exchange: the transfers of [first, round end).
+  auto by_rounds = [&](void* at_stream) {
+    std::size_t sent = 0, received = 0;
+    for (const MatrixExchange::Round& round : x.rounds) {
+      comm.exchange({sends.begin() + static_cast<std::ptrdiff_t>(sent),
+                     sends.begin() + static_cast<std::ptrdiff_t>(round.sends_end)},
+                    {recvs.begin() + static_cast<std::ptrdiff_t>(received),
+                     recvs.begin() + static_cast<std::ptrdiff_t>(round.recvs_end)},
+                    at_stream);
+      sent = round.sends_end;
+      received = round.recvs_end;
+    }
+  };
   if (comm.reduces_device_memory() || backend_->host_memory()) {
     for (const Transfer& t : x.sends) sends.push_back({t.peer, base + t.at, bytes_of(t)});
     for (const Transfer& t : x.recvs) recvs.push_back({t.peer, base + t.at, bytes_of(t)});
-    comm.exchange(sends, recvs, stream);
+    by_rounds(stream);
   } else {
     int64_t total = 0;
     for (const Transfer& t : x.sends) total += t.count;
@@ -403,7 +416,7 @@ void Stepper::exchange(Comm& comm, const MatrixExchange& x, float* base, void* s
       host += t.count;
     }
     backend_->synchronize_stream(stream);
-    comm.exchange(sends, recvs, nullptr);
+    by_rounds(nullptr);
     for (std::size_t i = 0; i < recvs.size(); ++i)
       backend_->upload(base + x.recvs[i].at, recvs[i].data,
                        static_cast<std::size_t>(recvs[i].bytes), stream);

@@ -625,6 +625,44 @@ TEST_CASE("split Muon matrices get owners balanced by Newton-Schulz's flops amon
         const sa::MatrixExchange& xb = back ? plans[b].from_owners : plans[b].to_owners;
         CHECK(counts(xa.sends, b) == counts(xb.recvs, a));
       }
+  // With default rounds, one round; with at most 3 transfers a rank a round, every rank cuts
+  // the same rounds ({m0}, {m1, m2}, {m3, m4}: m1 would take rank 0 to 4, m3 rank 1 to 5),
+  // and each round's sends are received in that round.
+  CHECK(p0.to_owners.rounds.size() == 1);
+  std::vector<sa::Plan> small;
+  for (int r = 0; r < 3; ++r) {
+    small.push_back(plan_of_rank(r));
+    sa::lay_out_gathered(small.back(), r, 3, kBoxes, 3);
+  }
+  using Ends = std::vector<std::pair<std::size_t, std::size_t>>;
+  auto ends = [](const sa::MatrixExchange& x) {
+    Ends out;
+    for (const auto& round : x.rounds) out.emplace_back(round.sends_end, round.recvs_end);
+    return out;
+  };
+  CHECK(ends(small[0].to_owners) == Ends{{0, 2}, {1, 2}, {2, 2}});
+  CHECK(ends(small[0].from_owners) == Ends{{2, 0}, {2, 2}, {2, 3}});
+  for (const bool back : {false, true})
+    for (std::size_t round = 0; round < 3; ++round)
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) {
+          INFO((back ? "back" : "to owners") << ", round " << round << ": " << a << " -> " << b);
+          auto counts = [&](const sa::MatrixExchange& x, bool sends, int peer) {
+            REQUIRE(x.rounds.size() == 3);
+            const std::vector<sa::Transfer>& v = sends ? x.sends : x.recvs;
+            const std::size_t first =
+                round == 0 ? 0 : (sends ? x.rounds[round - 1].sends_end : x.rounds[round - 1].recvs_end);
+            const std::size_t last = sends ? x.rounds[round].sends_end : x.rounds[round].recvs_end;
+            std::vector<int64_t> out;
+            for (std::size_t i = first; i < last; ++i)
+              if (v[i].peer == peer) out.push_back(v[i].count);
+            return out;
+          };
+          const sa::Plan& pa = small[static_cast<std::size_t>(a)];
+          const sa::Plan& pb = small[static_cast<std::size_t>(b)];
+          CHECK(counts(back ? pa.from_owners : pa.to_owners, true, b) ==
+                counts(back ? pb.from_owners : pb.to_owners, false, a));
+        }
   // One rank of its own: summed, every matrix whole in param order, each box inside it.
   sa::Plan one = plan_of_rank(1);
   sa::lay_out_gathered(one, 0, 1);

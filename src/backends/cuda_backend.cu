@@ -289,10 +289,10 @@ class CudaBackend final : public Backend {
     const kernels::CublasCalls& calls = cuda::cublas().calls;
     for (const GatheredMatrix& g : plan.gathered)
       if (g.whole >= 0 && g.box.rows * g.box.cols > 0)
-        check_muon(kernels::newton_schulz_cuda(calls, blas_, args.gather + g.whole, g.box.rows,
-                                               g.box.cols, args.muon_of(g.param).ns,
-                                               muon_work_->data(), s),
-                   g.box.rows, g.box.cols);
+        check_muon(
+            kernels::newton_schulz_cuda(calls, blas_, args.gather + g.whole, g.box.rows, g.box.cols,
+                                        args.muon_of(g.param).ns, muon_work_->data(), s),
+            g.box.rows, g.box.cols);
   }
 
   // Muon's step of each matrix that has a grad, one after another on the stream, in the one
