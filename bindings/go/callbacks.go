@@ -9,6 +9,7 @@ package shardadam
 #include <shardadam/shardadam.h>
 
 extern int sagoHostAllReduce(void* ctx, double* values, int32_t count, sa_reduce_op op);
+extern int sagoHostAllToAll(void* ctx, void* send, int64_t* send_bytes, void* recv, int64_t* recv_bytes);
 extern void sagoHostRelease(void* ctx);
 extern void sagoShardDeleter(DLManagedTensorVersioned* self);
 #include <stdlib.h>
@@ -21,10 +22,14 @@ import (
 )
 
 // hostCallbacks is the callback table of a host communicator whose ctx is a C cell
-// holding the cgo.Handle of its *hostComm.
-func hostCallbacks(ctx unsafe.Pointer) C.sa_host_comm {
-	return C.sa_host_comm{struct_size: C.sizeof_sa_host_comm, ctx: ctx,
+// holding the cgo.Handle of its *hostComm; allToAll: with sagoHostAllToAll.
+func hostCallbacks(ctx unsafe.Pointer, allToAll bool) C.sa_host_comm {
+	callbacks := C.sa_host_comm{struct_size: C.sizeof_sa_host_comm, ctx: ctx,
 		all_reduce: (*[0]byte)(C.sagoHostAllReduce), release: (*[0]byte)(C.sagoHostRelease)}
+	if allToAll {
+		callbacks.all_to_all = (*[0]byte)(C.sagoHostAllToAll)
+	}
+	return callbacks
 }
 
 // sagoHostAllReduce is sa_host_comm.all_reduce: it calls the Go function behind ctx on the
@@ -47,6 +52,40 @@ func sagoHostAllReduce(ctx unsafe.Pointer, values *C.double, count C.int32_t, op
 		slice = unsafe.Slice((*float64)(unsafe.Pointer(values)), int(count))
 	}
 	return C.int(host.call(slice, int(op)))
+}
+
+// sagoHostAllToAll is sa_host_comm.all_to_all: it calls the AllToAll behind ctx on the
+// library's blocks (C memory, valid for the call).
+//
+//export sagoHostAllToAll
+func sagoHostAllToAll(ctx unsafe.Pointer, send unsafe.Pointer, sendBytes *C.int64_t, recv unsafe.Pointer,
+	recvBytes *C.int64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = 2
+		}
+	}()
+	host, ok := cgo.Handle(*(*C.uintptr_t)(ctx)).Value().(*hostComm)
+	if !ok || host.allToAll == nil {
+		return 3
+	}
+	n := host.nranks
+	sent := unsafe.Slice((*int64)(unsafe.Pointer(sendBytes)), n)
+	received := unsafe.Slice((*int64)(unsafe.Pointer(recvBytes)), n)
+	total := func(sizes []int64) (t int) {
+		for _, s := range sizes {
+			t += int(s)
+		}
+		return t
+	}
+	var out, in []byte
+	if k := total(sent); k > 0 {
+		out = unsafe.Slice((*byte)(send), k)
+	}
+	if k := total(received); k > 0 {
+		in = unsafe.Slice((*byte)(recv), k)
+	}
+	return C.int(host.exchange(out, sent, in, received))
 }
 
 // sagoHostRelease is sa_host_comm.release: the library dropped its last reference, so the

@@ -60,21 +60,39 @@ type Comm struct {
 // call failed.
 type hostComm struct {
 	allReduce func(values []float64, op ReduceOp) error
+	allToAll  AllToAll // nil: the library exchanges through allReduce
+	nranks    int      // the length of allToAll's size slices
 	mu        sync.Mutex
 	lastError string
 }
 
+// AllToAll sends sendBytes[r] bytes of send to each rank r and fills recv with
+// recvBytes[r] bytes from each rank r, the blocks one after another in rank order, as
+// MPI_Alltoallv does (sa_host_comm.all_to_all); the sizes for this rank are 0. Every rank
+// calls it at the same time, and rank q's sendBytes[r] equals rank r's recvBytes[q]. The
+// slices are C memory, valid only during the call.
+type AllToAll func(send []byte, sendBytes []int64, recv []byte, recvBytes []int64) error
+
 // call runs the function for sagoHostAllReduce: 0 on success, 1 when the function
 // returned an error, 2 when it panicked (recovered: C frames lie between it and the
 // step's caller).
-func (h *hostComm) call(values []float64, op int) (rc int) {
+func (h *hostComm) call(values []float64, op int) int {
+	return h.guard("all-reduce", func() error { return h.allReduce(values, ReduceOp(op)) })
+}
+
+// exchange runs allToAll for sagoHostAllToAll, its results as call's.
+func (h *hostComm) exchange(send []byte, sendBytes []int64, recv []byte, recvBytes []int64) int {
+	return h.guard("all-to-all", func() error { return h.allToAll(send, sendBytes, recv, recvBytes) })
+}
+
+func (h *hostComm) guard(what string, f func() error) (rc int) {
 	defer func() {
 		if r := recover(); r != nil {
-			h.setError(fmt.Sprintf("the all-reduce function panicked: %v", r))
+			h.setError(fmt.Sprintf("the %s function panicked: %v", what, r))
 			rc = 2
 		}
 	}()
-	if err := h.allReduce(values, ReduceOp(op)); err != nil {
+	if err := f(); err != nil {
 		h.setError(err.Error())
 		return 1
 	}
@@ -109,7 +127,7 @@ func (h *hostComm) takeError() string {
 // Create one communicator per rank. Given to several optimizers that step at once, the
 // function is called concurrently.
 func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
-	return newHostComm(0, 0, allReduce)
+	return newHostComm(0, 0, allReduce, nil)
 }
 
 // NewRankedHostComm is NewHostComm for a transport whose ranks are numbered: this is rank
@@ -120,10 +138,22 @@ func NewHostComm(allReduce func(values []float64, op ReduceOp) error) (*Comm, er
 // ranks' numbers make 0..nranks-1 once each (StatusMismatch otherwise). A rank outside 0..nranks-1
 // is refused with StatusInvalidArgument; nranks 0 (with rank 0) says nothing, as NewHostComm.
 func NewRankedHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
-	return newHostComm(rank, nranks, allReduce)
+	return newHostComm(rank, nranks, allReduce, nil)
 }
 
-func newHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error) (*Comm, error) {
+// NewExchangingHostComm is NewRankedHostComm whose allToAll carries the split Muon matrices'
+// parts, each rank's to their owners and back, instead of allReduce carrying every rank's to
+// every rank: the same results, with memory and traffic that do not grow with the rank
+// count. An error or a panic of allToAll fails the step with StatusComm.
+func NewExchangingHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error,
+	allToAll AllToAll) (*Comm, error) {
+	if allToAll == nil {
+		return nil, bindingError(StatusInvalidArgument, "shardadam.NewExchangingHostComm: allToAll is nil")
+	}
+	return newHostComm(rank, nranks, allReduce, allToAll)
+}
+
+func newHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp) error, allToAll AllToAll) (*Comm, error) {
 	if allReduce == nil {
 		return nil, bindingError(StatusInvalidArgument, "shardadam.NewHostComm: allReduce is nil")
 	}
@@ -131,7 +161,7 @@ func newHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp)
 		return nil, bindingError(StatusInvalidArgument, fmt.Sprintf(
 			"shardadam.NewRankedHostComm: rank %d or nranks %d does not fit an int32", rank, nranks))
 	}
-	host := &hostComm{allReduce: allReduce}
+	host := &hostComm{allReduce: allReduce, allToAll: allToAll, nranks: nranks}
 	// C keeps the handle, an integer in a C cell, never a Go pointer; release deletes both.
 	ctx := (*C.uintptr_t)(C.malloc(C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
 	if ctx == nil {
@@ -139,7 +169,7 @@ func newHostComm(rank, nranks int, allReduce func(values []float64, op ReduceOp)
 	}
 	h := cgo.NewHandle(host)
 	*ctx = C.uintptr_t(h)
-	callbacks := hostCallbacks(unsafe.Pointer(ctx))
+	callbacks := hostCallbacks(unsafe.Pointer(ctx), allToAll != nil)
 	callbacks.rank, callbacks.nranks = C.int32_t(rank), C.int32_t(nranks)
 	var handle *C.sa_comm
 	if err := handleless(func() C.sa_status { return C.sa_comm_create_host(&callbacks, &handle) }); err != nil {
