@@ -80,9 +80,14 @@ struct HostComm {
     // A Mutex, not a RefCell: one communicator may be given to several optimizers, and
     // those may step on different threads. The closure then runs for one at a time.
     all_reduce: Mutex<Box<HostAllReduce>>,
+    // Comm::host_exchanging's: the all_to_all closure, and the length of its size slices.
+    all_to_all: Option<Mutex<Box<HostAllToAll>>>,
+    nranks: usize,
 }
 
 type HostAllReduce = dyn FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), String> + Send;
+type HostAllToAll =
+    dyn FnMut(&[u8], &[i64], &mut [u8], &[i64]) -> std::result::Result<(), String> + Send;
 
 thread_local! {
     // Why the last host callback on this thread failed. The library calls all_reduce on
@@ -147,13 +152,18 @@ unsafe extern "C" fn host_all_reduce(
         // SAFETY: the library passes `count` doubles of host memory, ours for the call.
         std::slice::from_raw_parts_mut(values, count as usize)
     };
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+    run_guarded("all_reduce", || {
         // A closure that panicked earlier poisoned nothing of ours: the panic was caught
         // below the lock. Take the lock even so.
         let mut all_reduce = host.all_reduce.lock().unwrap_or_else(|p| p.into_inner());
         (*all_reduce)(values, op)
-    }));
-    match outcome {
+    })
+}
+
+/// Runs a host closure: 0 on success, 1 when it returned an error, 2 when it panicked (a
+/// panic must not unwind into C); the reason kept for the step's error.
+fn run_guarded(what: &str, f: impl FnOnce() -> std::result::Result<(), String>) -> c_int {
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => 0,
         Ok(Err(message)) => {
             set_callback_error(message);
@@ -161,12 +171,49 @@ unsafe extern "C" fn host_all_reduce(
         }
         Err(payload) => {
             set_callback_error(format!(
-                "the all_reduce closure panicked: {}",
+                "the {} closure panicked: {}",
+                what,
                 panic_message(&*payload)
             ));
             2
         }
     }
+}
+
+/// `sa_host_comm.all_to_all`, its results as [`host_all_reduce`]'s.
+unsafe extern "C" fn host_all_to_all(
+    ctx: *mut c_void,
+    send: *const c_void,
+    send_bytes: *const i64,
+    recv: *mut c_void,
+    recv_bytes: *const i64,
+) -> c_int {
+    if ctx.is_null() || send_bytes.is_null() || recv_bytes.is_null() {
+        set_callback_error("all_to_all called with a NULL pointer".to_string());
+        return 3;
+    }
+    let host = &*(ctx as *const HostComm);
+    let Some(all_to_all) = host.all_to_all.as_ref() else {
+        set_callback_error("all_to_all called on a communicator without one".to_string());
+        return 3;
+    };
+    // SAFETY: the library passes nranks sizes each way and blocks of their sums (host
+    // memory, ours for the call).
+    let sent = std::slice::from_raw_parts(send_bytes, host.nranks);
+    let received = std::slice::from_raw_parts(recv_bytes, host.nranks);
+    let total = |sizes: &[i64]| sizes.iter().map(|&s| s.max(0) as usize).sum::<usize>();
+    let out: &[u8] = match total(sent) {
+        0 => &[],
+        n => std::slice::from_raw_parts(send as *const u8, n),
+    };
+    let into: &mut [u8] = match total(received) {
+        0 => &mut [],
+        n => std::slice::from_raw_parts_mut(recv as *mut u8, n),
+    };
+    run_guarded("all_to_all", || {
+        let mut f = all_to_all.lock().unwrap_or_else(|p| p.into_inner());
+        (*f)(out, sent, into, received)
+    })
 }
 
 /// `sa_host_comm.release`: frees the closure when the library drops its last reference.
@@ -213,14 +260,14 @@ impl Comm {
         F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
         E: fmt::Display,
     {
-        Comm::host_with(0, 0, all_reduce)
+        Comm::host_with(0, 0, all_reduce, None)
     }
 
     /// [`Comm::host`] for a transport whose ranks are numbered: this is rank `rank` of
     /// `nranks` (`0 <= rank < nranks`, each number on one rank). Each Muon matrix split
     /// across ranks is then orthogonalized on one owner rank instead of on every rank, its
-    /// parts carried there and back by `all_reduce` (every rank's to every rank: the C
-    /// ABI's `sa_host_comm.all_to_all` carries only each rank's own); the first step checks
+    /// parts carried there and back by `all_reduce` (every rank's to every rank:
+    /// [`Comm::host_exchanging`] carries only each rank's own); the first step checks
     /// that the ranks' numbers make `0..nranks` once each ([`Status::Mismatch`] otherwise). A `rank` outside
     /// `0..nranks` is refused with [`Status::InvalidArgument`]; `nranks` 0 (with `rank` 0)
     /// says nothing, as [`Comm::host`].
@@ -229,10 +276,44 @@ impl Comm {
         F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
         E: fmt::Display,
     {
-        Comm::host_with(rank, nranks, all_reduce)
+        Comm::host_with(rank, nranks, all_reduce, None)
     }
 
-    fn host_with<F, E>(rank: i32, nranks: i32, all_reduce: F) -> Result<Comm>
+    /// [`Comm::host_ranked`] whose `all_to_all` carries the split Muon matrices' parts,
+    /// each rank's to their owners and back (`sa_host_comm.all_to_all`), instead of
+    /// `all_reduce` carrying every rank's to every rank: the same results, with memory and
+    /// traffic that do not grow with the rank count. `all_to_all(send, send_bytes, recv,
+    /// recv_bytes)` sends `send_bytes[r]` bytes of `send` to each rank `r` and fills `recv`
+    /// with `recv_bytes[r]` from each, the blocks in rank order (as `MPI_Alltoallv`); every
+    /// rank calls it at the same time. An `Err` or a panic fails the step with
+    /// [`Status::Comm`].
+    pub fn host_exchanging<F, E, A, AE>(
+        rank: i32,
+        nranks: i32,
+        all_reduce: F,
+        all_to_all: A,
+    ) -> Result<Comm>
+    where
+        F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
+        E: fmt::Display,
+        A: FnMut(&[u8], &[i64], &mut [u8], &[i64]) -> std::result::Result<(), AE> + Send + 'static,
+        AE: fmt::Display,
+    {
+        let mut all_to_all = all_to_all;
+        let erased: Box<HostAllToAll> = Box::new(
+            move |send: &[u8], sent: &[i64], recv: &mut [u8], received: &[i64]| {
+                all_to_all(send, sent, recv, received).map_err(|e| e.to_string())
+            },
+        );
+        Comm::host_with(rank, nranks, all_reduce, Some(erased))
+    }
+
+    fn host_with<F, E>(
+        rank: i32,
+        nranks: i32,
+        all_reduce: F,
+        all_to_all: Option<Box<HostAllToAll>>,
+    ) -> Result<Comm>
     where
         F: FnMut(&mut [f64], ReduceOp) -> std::result::Result<(), E> + Send + 'static,
         E: fmt::Display,
@@ -241,8 +322,11 @@ impl Comm {
         let erased: Box<HostAllReduce> = Box::new(move |values: &mut [f64], op: ReduceOp| {
             all_reduce(values, op).map_err(|e| e.to_string())
         });
+        let exchanging = all_to_all.is_some();
         let ctx = Box::into_raw(Box::new(HostComm {
             all_reduce: Mutex::new(erased),
+            all_to_all: all_to_all.map(Mutex::new),
+            nranks: nranks.max(0) as usize,
         }));
         let callbacks = sys::sa_host_comm {
             ctx: ctx as *mut c_void,
@@ -250,6 +334,11 @@ impl Comm {
             release: Some(host_release),
             rank,
             nranks,
+            all_to_all: if exchanging {
+                Some(host_all_to_all)
+            } else {
+                None
+            },
             ..sys::sa_host_comm::default()
         };
         let mut raw = ptr::null_mut();

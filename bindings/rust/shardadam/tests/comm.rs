@@ -7,8 +7,8 @@ mod common;
 
 use common::{assert_close, Hyper, Reference, Rng};
 use shardadam::{
-    Comm, Layout, NcclUniqueId, NormType, Optimizer, Param, ParamOptions, Placement, ReduceOp,
-    Status, StepArgs, StepReport,
+    Comm, GroupConfig, Layout, NcclUniqueId, NormType, Optimizer, Param, ParamOptions, Placement,
+    ReduceOp, Status, StepArgs, StepReport, RULE_MUON,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -612,4 +612,189 @@ fn a_ranked_host_communicator_says_its_rank_and_refuses_one_out_of_range() {
         assert_eq!(e.status, Status::InvalidArgument, "{}", e);
         assert!(e.message.contains("0 <= rank < nranks"), "{}", e.message);
     }
+}
+
+// ---- split Muon matrices through an all-to-all ------------------------------------------------
+
+/// An all-to-all among the thread ranks: each deposits its blocks and their sizes, then
+/// takes its own from every rank's; the second barrier keeps a fast rank from depositing
+/// again before the others have read.
+struct Exchange {
+    deposits: Mutex<Vec<(Vec<u8>, Vec<i64>)>>,
+    barrier: Barrier,
+    calls: AtomicUsize,
+}
+
+impl Exchange {
+    fn all_to_all(
+        &self,
+        rank: usize,
+        send: &[u8],
+        sent: &[i64],
+        recv: &mut [u8],
+        received: &[i64],
+    ) -> Result<(), String> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.deposits.lock().unwrap()[rank] = (send.to_vec(), sent.to_vec());
+        self.barrier.wait();
+        let mut at = 0usize;
+        let mut outcome = Ok(());
+        {
+            let deposits = self.deposits.lock().unwrap();
+            for (sender, (data, sizes)) in deposits.iter().enumerate() {
+                if sizes[rank] != received[sender] {
+                    outcome = Err(format!(
+                        "rank {} sends {} bytes to rank {}, which expects {}",
+                        sender, sizes[rank], rank, received[sender]
+                    ));
+                    break;
+                }
+                let start = sizes[..rank].iter().sum::<i64>() as usize;
+                let n = sizes[rank] as usize;
+                recv[at..at + n].copy_from_slice(&data[start..start + n]);
+                at += n;
+            }
+        }
+        self.barrier.wait();
+        outcome
+    }
+}
+
+#[test]
+fn split_muon_matrices_step_through_an_all_to_all_as_one_rank_does() {
+    // A 7 x 5 matrix in rows (3, 3, 1) and a 4 x 6 one in columns (2, 2, 2) over the thread
+    // ranks, whose all_to_all carries each part to its matrix's owner and back: each rank's
+    // boxes equal one rank's whole matrices after 3 steps, bit for bit.
+    let shapes: [(i64, i64, Placement); 2] =
+        [(7, 5, Placement::Shard(0)), (4, 6, Placement::Shard(1))];
+    let muon = GroupConfig::new()
+        .set("update_rule", RULE_MUON as f64)
+        .set("lr", 0.02);
+    let mut rng = Rng(5);
+    let start: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(r, c, _)| rng.values((r * c) as usize))
+        .collect();
+    let grads: Vec<Vec<Vec<f32>>> = (0..3)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(r, c, _)| {
+                    rng.values((r * c) as usize)
+                        .iter()
+                        .map(|v| 0.01 * v)
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let mut whole = Optimizer::new(None).unwrap();
+    let g = whole.add_group(&muon).unwrap();
+    let params: Vec<Param> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, c, _))| {
+            whole
+                .add_param(&format!("m{}", i), g, &[r, c], start[i].clone(), None)
+                .unwrap()
+        })
+        .collect();
+    for step in &grads {
+        for (p, grad) in params.iter().zip(step) {
+            whole.set_grad(*p, grad).unwrap();
+        }
+        whole.step().unwrap();
+    }
+    let wholes: Vec<Vec<f32>> = params
+        .iter()
+        .map(|&p| whole.param_f32(p).unwrap().to_vec())
+        .collect();
+
+    let group = ThreadGroup::new();
+    let exchange = Arc::new(Exchange {
+        deposits: Mutex::new(vec![(Vec::new(), Vec::new()); RANKS]),
+        barrier: Barrier::new(RANKS),
+        calls: AtomicUsize::new(0),
+    });
+    let (start, grads) = (Arc::new(start), Arc::new(grads));
+    let handles: Vec<_> = (0..RANKS)
+        .map(|rank| {
+            let (group, exchange) = (Arc::clone(&group), Arc::clone(&exchange));
+            let (start, grads, muon) = (Arc::clone(&start), Arc::clone(&grads), muon.clone());
+            thread::spawn(move || {
+                let comm = Comm::host_exchanging(
+                    rank as i32,
+                    RANKS as i32,
+                    move |values: &mut [f64], op| {
+                        group.all_reduce(rank, values, op);
+                        Ok::<(), String>(())
+                    },
+                    move |send: &[u8], sent: &[i64], recv: &mut [u8], received: &[i64]| {
+                        exchange.all_to_all(rank, send, sent, recv, received)
+                    },
+                )
+                .unwrap();
+                let mut opt = Optimizer::new(None).unwrap();
+                opt.set_comm(&comm).unwrap();
+                let grp = opt.add_group(&muon).unwrap();
+                let mut mine = Vec::new();
+                for (i, &(rows, cols, placement)) in shapes.iter().enumerate() {
+                    let spec = Spec {
+                        name: "m",
+                        global_shape: vec![rows, cols],
+                        placement,
+                    };
+                    let (local, offset) = match placement {
+                        Placement::Shard(0) => {
+                            let r0 = 3 * rank as i64;
+                            (vec![(rows - r0).min(3), cols], vec![r0, 0])
+                        }
+                        _ => (vec![rows, 2], vec![0, 2 * rank as i64]),
+                    };
+                    let init = box_of(&start[i], &[rows, cols], &local, &offset);
+                    let options = ParamOptions {
+                        layout: Some(layout(&spec, rank)),
+                        ..ParamOptions::default()
+                    };
+                    let p = opt
+                        .add_param(&format!("m{}", i), grp, &local, init, Some(&options))
+                        .unwrap();
+                    mine.push((p, local, offset));
+                }
+                for step in grads.iter() {
+                    for (i, (p, local, offset)) in mine.iter().enumerate() {
+                        let (rows, cols, _) = shapes[i];
+                        opt.set_grad(*p, &box_of(&step[i], &[rows, cols], local, offset))
+                            .unwrap();
+                    }
+                    opt.step().unwrap();
+                }
+                mine.iter()
+                    .map(|(p, local, offset)| {
+                        (
+                            opt.param_f32(*p).unwrap().to_vec(),
+                            local.clone(),
+                            offset.clone(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for (rank, handle) in handles.into_iter().enumerate() {
+        for (i, (got, local, offset)) in handle.join().unwrap().into_iter().enumerate() {
+            let (rows, cols, _) = shapes[i];
+            assert_eq!(
+                got,
+                box_of(&wholes[i], &[rows, cols], &local, &offset),
+                "rank {}, matrix {}",
+                rank,
+                i
+            );
+        }
+    }
+    assert!(
+        exchange.calls.load(Ordering::SeqCst) > 0,
+        "all_to_all was called"
+    );
 }
