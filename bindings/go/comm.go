@@ -122,7 +122,8 @@ func (h *hostComm) takeError() string {
 // replace each value with its element-wise op over all ranks, in place; every rank is
 // called with the same length and op. values is C memory, valid only during the call. An
 // error (its text becomes part of the step's error) or a panic (recovered) fails the step
-// with StatusComm before this rank updated anything.
+// with StatusComm before this rank updated anything (but while split Muon matrices are
+// carried, which comes after the update: the other params stepped).
 //
 // Create one communicator per rank. Given to several optimizers that step at once, the
 // function is called concurrently.

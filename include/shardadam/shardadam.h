@@ -926,8 +926,12 @@ typedef struct sa_host_comm {
   void* ctx;
   /* Required. Replaces values[0..count) (host memory) with their element-wise `op` over
    * all ranks, in place; every rank calls it with the same count and op. Returns 0 on
-   * success, nonzero on failure (the step then fails with SA_ERR_COMM before anything
-   * was updated on this rank). Called on the thread that called sa_optimizer_step. */
+   * success, nonzero on failure: the step then fails with SA_ERR_COMM, before anything
+   * was updated on this rank when it was the step's first reduction (its norm and
+   * found-inf flag); a failure while split Muon matrices are carried (here or in
+   * all_to_all), which comes after this rank's update, leaves the step applied to the
+   * other params: restore them from a checkpoint. Called on the thread that called
+   * sa_optimizer_step. */
   int (*all_reduce)(void* ctx, double* values, int32_t count, sa_reduce_op op);
   /* Optional: called once with ctx when the communicator is freed. */
   void (*release)(void* ctx);

@@ -69,7 +69,8 @@ class Comm(OwnsHandle):
     op; it is called on the thread running :meth:`Optimizer.step`, holding the GIL (so a
     blocking callable must release it, as ``threading`` primitives and
     ``torch.distributed`` do). An exception it raises fails the step on this rank with
-    :class:`CommError` before anything changed, carrying the exception as ``__cause__``.
+    :class:`CommError` before anything changed, carrying the exception as ``__cause__``
+    (but while split Muon matrices are carried, after the update: the other params stepped).
     The communicator keeps the callable alive as long as the library holds it.
 
     ``rank`` and ``nranks`` (optional, together): this rank's number among the ranks of the

@@ -236,7 +236,9 @@ impl Comm {
     /// flag). It must replace each value with its element-wise `op` over all ranks, in
     /// place; every rank is called with the same length and op. An `Err` (its text
     /// becomes part of the step's error) or a panic (caught: it never unwinds into C)
-    /// fails the step with [`Status::Comm`] before this rank updated anything.
+    /// fails the step with [`Status::Comm`] before this rank updated anything (but while
+    /// split Muon matrices are carried, which comes after the update: the other params
+    /// stepped).
     ///
     /// Create one communicator per rank. If it is given to several optimizers, their
     /// steps call the closure one at a time.
