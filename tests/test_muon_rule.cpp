@@ -449,6 +449,21 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
   return out;
 }
 
+// Both ranks of a 6 x 4 matrix split by rows over 2 threads (run_rank), each giving rank
+// `coordinate_of`'s mesh coordinate when it is >= 0.
+std::vector<RankResult> run_two_ranks_by_rows(const ThreadComms& comms, int coordinate_of = -1) {
+  const Split split{"Shard(0)", 6, 4, {2}, {shard(0)}};
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  std::vector<RankResult> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r], coordinate_of);
+    });
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
 }  // namespace
 
 TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on one, bit for bit",
@@ -719,16 +734,7 @@ TEST_CASE("a host communicator's rank must be in 0..nranks, and its ranks must s
   }
   // Two threaded ranks that both say they are rank 0: refused at the first step, by name.
   ThreadComms comms(2, true, 0);
-  const Split split{"Shard(0)", 6, 4, {2}, {shard(0)}};
-  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
-  std::vector<RankResult> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r]);
-    });
-  for (std::thread& t : threads) t.join();
-  for (const RankResult& got : results) {
+  for (const RankResult& got : run_two_ranks_by_rows(comms)) {
     CHECK(got.status == SA_ERR_MISMATCH);
     CHECK_THAT(got.error, Catch::Contains("2 ranks say they are rank 0 of 2"));
   }
@@ -739,16 +745,7 @@ TEST_CASE("ranks that give the same mesh coordinate are refused at the first ste
   // Rank 1 gives rank 0's coordinate: both hold rows 0..2 of the 6 x 4 matrix, and rows
   // 3..5 are nobody's. Summed, the first rows would count twice; exchanged, it is found.
   ThreadComms comms(2, true);
-  const Split split{"Shard(0)", 6, 4, {2}, {shard(0)}};
-  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
-  std::vector<RankResult> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      results[static_cast<std::size_t>(r)] = run_rank(split, config, r, comms[r], 0);
-    });
-  for (std::thread& t : threads) t.join();
-  for (const RankResult& got : results) {
+  for (const RankResult& got : run_two_ranks_by_rows(comms, 0)) {
     CHECK(got.status == SA_ERR_MISMATCH);
     CHECK_THAT(got.error, Catch::Contains("do not cover it exactly once") &&
                               Catch::Contains("element [3, 0] is in no rank's box"));
