@@ -196,7 +196,8 @@ struct Plan {
 };
 
 // Lays Plan::gathered out for rank `rank` of `ranks` (GatheredMatrix). With one rank:
-// summed. With more: exchanged, by `boxes`, every rank's box of every split matrix
+// summed (and with its `boxes` given, each must be its whole matrix). With more:
+// exchanged, by `boxes`, every rank's box of every split matrix
 // (boxes[r * gathered.size() + m]: rank r's of matrix m; box_rows or box_cols 0: none).
 // Owners are balanced by Newton-Schulz's flops (~ min(rows, cols)^2 max(rows, cols) a
 // step): largest first, each to the least loaded rank that holds a box of it, the lowest on

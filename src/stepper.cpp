@@ -458,7 +458,7 @@ void Stepper::reduce_now(Comm& comm, std::vector<double>& values, ReduceOp op) {
 // rank count (a max-reduction of each and its negation); then with said ranks, a table of
 // one row a rank (summed: each rank writes its own), which holds a 1 (each rank number must
 // be said once) and the rank's box of each matrix. Returns every rank's boxes
-// (lay_out_gathered's `boxes`), which lay_out_gathered checks.
+// (lay_out_gathered's `boxes`, which it checks; none when the ranks are unsaid).
 std::vector<kernels::MatrixBox> Stepper::agree_on_gather(const Plan& plan, Comm& comm, int32_t rank,
                                                          int32_t ranks) {
   const std::size_t n = plan.gathered.size();
@@ -474,7 +474,7 @@ std::vector<kernels::MatrixBox> Stepper::agree_on_gather(const Plan& plan, Comm&
          -all[1], " to ", all[0], " elements in all, over ", -all[5], " to ", all[4],
          " ranks; this rank: ", n, " of ", elems, " over ", ranks,
          "): register the same params, in the same order and groups, on every rank");
-  if (ranks < 2) return {};
+  if (comm.nranks() < 1) return {};  // ranks unsaid: nothing to check the boxes against
   constexpr std::size_t kBoxFields = 6;
   const std::size_t width = 1 + kBoxFields * n;
   std::vector<double> table(static_cast<std::size_t>(ranks) * width, 0.0);

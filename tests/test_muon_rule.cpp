@@ -752,6 +752,20 @@ TEST_CASE("ranks that give the same mesh coordinate are refused at the first ste
   }
 }
 
+TEST_CASE("one rank that says it is the only one must hold whole matrices",
+          "[muon][sharded][errors]") {
+  // A communicator of one rank that says so, and a layout that gives this rank half of a
+  // 6 x 4 matrix: the other half is nobody's, refused at the first step (unsaid, the half
+  // would be orthogonalized as if it were the matrix).
+  ThreadComms comms(1, true);
+  const RankResult got =
+      run_rank({"Shard(0)", 6, 4, {2}, {shard(0)}}, muon_config(true, SA_MUON_LR_ORIGINAL, 5), 0,
+               comms[0]);
+  CHECK(got.status == SA_ERR_MISMATCH);
+  CHECK_THAT(got.error, Catch::Contains("do not cover it exactly once") &&
+                            Catch::Contains("element [3, 0] is in no rank's box"));
+}
+
 TEST_CASE("a new communicator is checked again: its ranks must say each number once",
           "[muon][sharded][errors]") {
   // Two ranks step a split matrix (and an AdamW param) through a communicator whose ranks
