@@ -193,9 +193,12 @@ unsafe extern "C" fn host_all_to_all(
         return 3;
     }
     let host = &*(ctx as *const HostComm);
-    let Some(all_to_all) = host.all_to_all.as_ref() else {
-        set_callback_error("all_to_all called on a communicator without one".to_string());
-        return 3;
+    let all_to_all = match host.all_to_all.as_ref() {
+        Some(f) => f,
+        None => {
+            set_callback_error("all_to_all called on a communicator without one".to_string());
+            return 3;
+        }
     };
     // SAFETY: the library passes nranks sizes each way and blocks of their sums (host
     // memory, ours for the call).
