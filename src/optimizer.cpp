@@ -534,6 +534,8 @@ void Optimizer::flush(void* stream) {
     grads_stale_ = true;
   }
   update_plan();
+  // So do the split Muon matrices' layout and agreement (the step would do them first).
+  if (!plan_.gathered.empty()) stepper_.prepare_gather(plan_, comm_.get());
   stepper_.flush(plan_, stream);
 }
 

@@ -69,6 +69,11 @@ class Stepper {
   // A new communicator: the next step with split Muon matrices checks the ranks' agreement
   // on their layout again.
   void comm_changed() { gather_agreed_ = false; }
+  // The split Muon matrices' layout for `comm`, after the ranks' agreement on it when the
+  // plan or the communicator changed (a collective that synchronizes), and their buffer:
+  // what a step with split matrices does first, before it changes anything; a flush does
+  // it too, so that a captured step need not.
+  void prepare_gather(Plan& plan, Comm* comm);
   // The fold sees params i without subset[i] as inactive (a partial step's); empty: none.
   void set_subset(const std::vector<uint8_t>& subset);
 
@@ -158,7 +163,6 @@ class Stepper {
   // whether the ranks agreed on the plan's layout since the communicator changed.
   std::shared_ptr<Buffer> gather_;
   bool gather_agreed_ = false;
-  void prepare_gather(Plan& plan, Comm* comm);
   void gather_matrices(const Plan& plan, Comm& comm, PassArgs& args, void* stream);
   std::vector<double> wide_;  // sum_directions's doubles
   void exchange(Comm& comm, const MatrixExchange& x, float* base, void* stream);

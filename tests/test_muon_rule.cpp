@@ -766,6 +766,42 @@ TEST_CASE("one rank that says it is the only one must hold whole matrices",
                             Catch::Contains("element [3, 0] is in no rank's box"));
 }
 
+TEST_CASE("a flush checks the ranks' agreement on split Muon matrices, as the first step would",
+          "[muon][sharded][errors]") {
+  // Ranks that both say they are rank 0: sa_optimizer_flush (what readies a step for a CUDA
+  // graph) refuses, so that a captured step never has to gather the ranks' boxes.
+  ThreadComms comms(2, true, 0);
+  std::vector<sa_status> flushed(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      const auto i = static_cast<std::size_t>(r);
+      HostTensor w({3, 4}, kFloat32), g({3, 4}, kFloat32);
+      MeshLayout mesh{{6, 4}, {2}, {r}, {shard(0)}};
+      const sa_layout layout = mesh.get();
+      const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+      OptimizerPtr opt = make_optimizer();
+      int32_t group = -1;
+      int64_t index = -1;
+      sa_status st = sa_optimizer_set_comm(opt.get(), comms[r]);
+      if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &config, &group);
+      if (st == SA_OK)
+        st = sa_optimizer_add_param(opt.get(), "w", 0, w.versioned(), &layout, nullptr, &index);
+      const DLTensor gd = g.dl();
+      if (st == SA_OK) st = sa_optimizer_set_grad(opt.get(), 0, &gd);
+      if (st == SA_OK) st = sa_optimizer_flush(opt.get(), nullptr);
+      flushed[i] = st;
+      errors[i] = sa_optimizer_last_error(opt.get());
+    });
+  for (std::thread& t : threads) t.join();
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(flushed[r] == SA_ERR_MISMATCH);
+    CHECK_THAT(errors[r], Catch::Contains("2 ranks say they are rank 0 of 2"));
+  }
+}
+
 TEST_CASE("a new communicator is checked again: its ranks must say each number once",
           "[muon][sharded][errors]") {
   // Two ranks step a split matrix (and an AdamW param) through a communicator whose ranks

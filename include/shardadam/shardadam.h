@@ -890,7 +890,8 @@ SA_API sa_status sa_optimizer_step_params(sa_optimizer* opt, int64_t n, const in
  * full step: after a partial step (sa_optimizer_step_params), every param with a grad again.
  * The CPU backend has nothing to upload. With sharded SA_SCALING_CURRENT(_POW2) params whose ranks
  * have not been compared yet (params or communicator changed), it compares them first, a
- * collective that synchronizes (as the first step would; so not inside a capture).
+ * collective that synchronizes (as the first step would; so not inside a capture); so it
+ * does for Muon matrices split across ranks, whose ranks' boxes it gathers and checks.
  */
 SA_API sa_status sa_optimizer_flush(sa_optimizer* opt, void* stream);
 
