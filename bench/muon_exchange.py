@@ -26,6 +26,7 @@ and threading.Barrier, as a real transport would copy into its buffers.
 import argparse
 import os
 import statistics
+import sys
 import threading
 import time
 
@@ -34,11 +35,8 @@ import numpy as np
 import shardadam
 from shardadam import Mesh, Shard
 
-SHAPES = {"1.3B": (2048, 5504), "3B": (3072, 8192), "tiny": (64, 176)}  # muon_step.py's (d, ffn)
-
-
-def layer_shapes(d, ffn):
-    return [(d, d)] * 4 + [(ffn, d), (ffn, d), (d, ffn)]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from muon_step import SHAPES, layer_shapes  # noqa: E402  (the same layers as muon_step's)
 
 
 class Transport:

@@ -379,9 +379,10 @@ void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
   std::vector<std::vector<DistinctBox>> distinct(n);
   for (std::size_t m = 0; m < n; ++m) distinct[m] = distinct_boxes(boxes, gathered[m], m, n, ranks);
   const std::vector<int32_t> owner = balance_owners(gathered, ranks, [&](std::size_t m) {
-    std::vector<int32_t> holders;
-    for (int32_t r = 0; r < ranks; ++r)
-      if (area(boxes[static_cast<std::size_t>(r) * n + m]) > 0) holders.push_back(r);
+    std::vector<int32_t> holders;  // of any of its distinct boxes, ascending
+    for (const DistinctBox& d : distinct[m])
+      holders.insert(holders.end(), d.holders.begin(), d.holders.end());
+    std::sort(holders.begin(), holders.end());
     return holders;
   });
 
