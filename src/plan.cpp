@@ -368,7 +368,6 @@ void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
     }
     plan.gathered = std::move(gathered);
     plan.gather_ranks = 1;
-    plan.gather_rank = 0;
     plan.gather_elems = plan.gather_zero = at;
     plan.to_owners = plan.from_owners = MatrixExchange{};
     return;
@@ -457,7 +456,6 @@ void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
   }
   plan.gathered = std::move(gathered);
   plan.gather_ranks = ranks;
-  plan.gather_rank = rank;
   plan.gather_zero = local;
   plan.gather_elems = staging + std::max(staged_to, staged_from);
   plan.to_owners = std::move(to);

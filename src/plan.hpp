@@ -189,7 +189,6 @@ struct Plan {
   // Their layout (GatheredMatrix), by lay_out_gathered: 0 ranks until it runs (the step
   // lays it out for its communicator), 1 summed, more exchanged.
   int32_t gather_ranks = 0;
-  int32_t gather_rank = 0;
   int64_t gather_elems = 0;               // the buffer
   int64_t gather_zero = 0;                // its first elements, which the gather pass zeroes
   MatrixExchange to_owners, from_owners;  // exchanged only
