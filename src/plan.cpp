@@ -200,11 +200,12 @@ Plan build_plan(const std::vector<const Param*>& params) {
     for (auto& b : plan.buckets)
       if (b.variant == variant && b.placement == p.placement) bucket = &b;
     if (bucket == nullptr) {
-      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, {}, 0, false, {}, {}});
+      plan.buckets.push_back(Bucket{variant, p.placement, {}, {}, {}, 0, false, {}, {}, {}});
       bucket = &plan.buckets.back();
     }
     bucket->slots.push_back(slot_of(p, static_cast<int64_t>(i)));
     bucket->param_of_slot.push_back(static_cast<int64_t>(i));
+    bucket->slot_grads.push_back(nullptr);
     if (variant.rule == kernels::UpdateRule::muon)  // 2-D (check_muon_param)
       bucket->matrix_of_slot.push_back(
           {p.layout.global_shape[0], p.layout.global_shape[1], gathered});
@@ -468,7 +469,8 @@ void rebind_grads(Plan& plan, const std::vector<const void*>& step_grads,
     for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
       const auto index = static_cast<std::size_t>(bucket.param_of_slot[s]);
       const void* grad = subset.empty() || subset[index] ? step_grads[index] : nullptr;
-      if (bucket.slots[s].grad == grad) continue;
+      if (bucket.slot_grads[s] == grad) continue;
+      bucket.slot_grads[s] = grad;
       bucket.slots[s].grad = grad;
       bucket.grads_moved = true;
     }
