@@ -6,7 +6,7 @@ import numbers
 import os
 import weakref
 
-from . import _schema
+from . import _grad_intake, _schema
 from . import _shardadam as _C
 from ._comm import Comm, raise_step_error
 from ._dlpack import (DTYPES, KDL_CPU, SCALING_INFO, CapsuleInfo, State, device_name, dtype_name, scaling_name,
@@ -532,6 +532,27 @@ class Optimizer(OwnsHandle):
         finally:
             if self._device is None and added:
                 self._device = self.param_info(added[0]).device
+
+    def _add_tensors(self, group, tensors, names, added):
+        """Registers ``tensors`` (a list of tensors of one type, not sharded) into group
+        ``group`` with the library's default options, named by ``names``, in one native loop
+        through their type's DLPack C exchange API (_grad_intake.add_params), appending each
+        new index to ``added`` (the caller's list: on a failure it holds the params the
+        library took). Returns False, registering nothing, where their type has none."""
+        handle = self._handle_or_raise()
+        first = len(self._names)
+        result = _grad_intake.add_params(handle, int(group), tensors, names)
+        if result is None:
+            return False
+        status, taken, error = result
+        self._names.extend(names[:taken])
+        added.extend(range(first, first + taken))
+        if self._device is None and taken:
+            self._device = self.param_info(first).device
+        if error is not None:
+            raise error
+        check(status, handle)
+        return True
 
     def param_index(self, param):
         """Index of a param given by name or index."""

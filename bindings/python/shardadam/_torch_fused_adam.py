@@ -642,26 +642,32 @@ class FusedAdam(torch.optim.Optimizer):
 
     def _register_plain(self, params, group_index):
         """Registers plain params (``(param, name)`` pairs) of one group: their options checked
-        once, one native call each (Optimizer.add_param's per-call checks cost more than the
-        registration at 100k params), the bookkeeping of _add_entry."""
+        once; with the library's default options in one native loop (Optimizer._add_tensors),
+        else one native call each (Optimizer.add_param's per-call checks cost more than the
+        registration at 100k params); the bookkeeping of _add_entry."""
         if not params:
             return
         min_block = self._min_block_numel
         options, small_options = self._plain_options(False), self._plain_options(True)
-        locals_ = [param.detach() for param, _ in params]  # no autograd record: no no_grad() (~5 us a param)
-        items = ((name, to_dlpack(local), small_options if local.numel() < min_block else options)
-                 for (_, name), local in zip(params, locals_))
+        defaults = options is None and (min_block == 0 or small_options is None or
+                                        all(param.numel() >= min_block for param, _ in params))
         added = []
         try:
+            if defaults and self.native._add_tensors(
+                    group_index, [param for param, _ in params], [name for _, name in params], added):
+                return
+            # no autograd record: no no_grad() (~5 us a param)
+            items = ((name, to_dlpack(param.detach()), small_options if param.numel() < min_block else options)
+                     for param, name in params)
             self.native._add_capsules(group_index, items, added)
         except InvalidArgument as err:
-            name, local = params[len(added)][1], locals_[len(added)]
-            if local.is_contiguous():
+            param, name = params[len(added)]
+            if param.is_contiguous():
                 raise
-            raise InvalidArgument(_non_contiguous_advice(name, local), err.status) from err
+            raise InvalidArgument(_non_contiguous_advice(name, param), err.status) from err
         finally:  # the params the library took, also when a later one failed
-            self._add_entries([(param, index, name, local) for (param, name), index, local
-                               in zip(params, added, locals_)], group_index, None, None)
+            self._add_entries([(param, index, name, param) for (param, name), index in zip(params, added)],
+                              group_index, None, None)
 
     def _register(self, param, name, group_index):
         if DTensor is not None and isinstance(param, DTensor):

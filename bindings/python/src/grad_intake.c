@@ -1,7 +1,8 @@
 /*
  * grad_intake.c — the extension module shardadam._grad_intake: binds the grads of every
  * param of an optimizer in one checked C call (sa_optimizer_set_grads), reading them from
- * torch params through the CPython API only (no torch headers, no build-time torch).
+ * torch params through the CPython API only (no torch headers, no build-time torch); and
+ * registers runs of plain params the same way (add_params).
  *
  * Why native: FusedAdam.step() hands over fresh grad tensors every step, and the Python
  * loop doing it (p.grad, the DTensor's local tensor, a DLPack export per grad) cost about
@@ -430,8 +431,88 @@ static PyObject* unbind_grads(PyObject* self, PyObject* handle) {
   return PyLong_FromLong((long)status);
 }
 
+PyDoc_STRVAR(
+    add_params_doc,
+    "add_params(handle, group, params, names) -> (status, taken, error) or None\n"
+    "\n"
+    "Registers plain tensors (not DTensors, not fp8) with the library's default options, one\n"
+    "sa_optimizer_add_param each, in order, into group `group`: each param is handed over as a\n"
+    "DLManagedTensorVersioned that its type's DLPack C exchange API makes (the library owns it\n"
+    "once taken, as it owns a capsule's tensor). names[i] (a str) names params[i].\n"
+    "\n"
+    "Returns None, registering nothing, where the first param's type has no exchange API (the\n"
+    "caller registers them otherwise). Otherwise (status, taken, error): the first `taken`\n"
+    "params were taken, as the optimizer's next params (indices num_params() before the call\n"
+    "on), which the caller records whatever else happened; the param after them was refused, by "
+    "the library (a failing status: sa_optimizer_last_error(handle) says\n"
+    "why) or before it (error: the exception to raise, status SA_OK), and nothing after it\n"
+    "was tried.\n"
+    "\n"
+    "Why native: at 100k params the Python loop (detach, to_dlpack, the SWIG call) cost about\n"
+    "twice the library's own registration.");
+
+static PyObject* add_params(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *handle, *params, *names;
+  int group;
+  if (!PyArg_ParseTuple(args, "OiO!O!:add_params", &handle, &group, &PyList_Type, &params,
+                        &PyList_Type, &names))
+    return NULL;
+  const Py_ssize_t n = PyList_GET_SIZE(params);
+  if (PyList_GET_SIZE(names) != n) {
+    PyErr_SetString(PyExc_ValueError, "add_params: one name per param");
+    return NULL;
+  }
+#ifdef SA_HAVE_EXCHANGE_API
+  if (n > 0 && !exchange_api_of(Py_TYPE(PyList_GET_ITEM(params, 0)))) Py_RETURN_NONE;
+  sa_optimizer* opt = optimizer_of(handle);
+  if (!opt) return NULL;
+  Py_ssize_t taken = 0;
+  sa_status status = SA_OK;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* param = PyList_GET_ITEM(params, i);
+    const DLPackExchangeAPI* api = exchange_api_of(Py_TYPE(param));
+    if (!api) {
+      PyErr_Format(PyExc_TypeError, "add_params: param %zd is of another type than param 0", i);
+      break;
+    }
+    const char* name = PyUnicode_AsUTF8(PyList_GET_ITEM(names, i));
+    if (!name) break;
+    DLManagedTensorVersioned* managed = NULL;
+    if (api->managed_tensor_from_py_object_no_sync(param, &managed) != 0) {
+      blame_param(names, i, "it cannot be handed over through DLPack");
+      break;
+    }
+    int64_t index = -1;
+    status = sa_optimizer_add_param(opt, name, (int32_t)group, managed, NULL, NULL, &index);
+    if (status != SA_OK) {
+      if (managed->deleter) managed->deleter(managed); /* refused: still ours */
+      break;
+    }
+    ++taken; /* index is the one before it plus one: the library appends */
+  }
+  PyObject* error = Py_None;
+  Py_INCREF(error);
+  if (PyErr_Occurred()) { /* the exception, handed back beside what was taken */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value && traceback) PyException_SetTraceback(value, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    Py_SETREF(error, value ? value : Py_NewRef(Py_None));
+  }
+  return Py_BuildValue("(inN)", (int)status, taken, error);
+#else
+  (void)handle;
+  (void)group;
+  Py_RETURN_NONE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"bind_param_grads", bind_param_grads, METH_VARARGS, bind_param_grads_doc},
+    {"add_params", add_params, METH_VARARGS, add_params_doc},
     {"unbind_grads", unbind_grads, METH_O, unbind_grads_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -439,7 +520,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "shardadam._grad_intake",
-    "Native helper of shardadam.torch.FusedAdam: all grads of a step bound in one checked C call.",
+    "Native helpers of shardadam.torch.FusedAdam: all grads of a step bound in one checked C call, "
+    "plain params registered in one.",
     -1,
     methods,
     NULL,

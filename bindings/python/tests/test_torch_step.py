@@ -388,6 +388,28 @@ def test_a_channels_last_param_is_refused_with_advice_that_keeps_it_in_the_model
     assert not torch.equal(weight.detach(), before)
 
 
+def test_plain_params_after_a_refused_one_are_not_registered_and_those_before_it_stay_named():
+    # FusedAdam registers runs of plain params at the library's defaults in one native loop
+    # (_grad_intake.add_params); a refusal inside the run names the param, and the optimizer
+    # keeps exactly the params taken before it, under their names, steppable.
+    first = torch.nn.Parameter(torch.randn(3))
+    opt = FusedAdam([first])
+    group = [torch.nn.Parameter(torch.randn(2)), torch.nn.Parameter(torch.randn(4, 2)),
+             torch.nn.Parameter(torch.randn(5, dtype=torch.float64)), torch.nn.Parameter(torch.randn(6))]
+    with pytest.raises(shardadam.Unsupported, match="'params.3': param dtype float64"):
+        opt.add_param_group({"params": group})
+    infos = opt.native.param_infos()
+    assert [info.name for info in infos] == ["params.0", "params.1", "params.2"]
+    assert [info.local_shape for info in infos] == [(3,), (2,), (4, 2)]
+    assert [entry.param for entry in opt._entries] == [first] + group[:2]
+    for p in (first, *group[:2]):
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in (first, *group[:2])]
+    opt.step()
+    assert all(not torch.equal(p.detach(), b) for p, b in zip((first, *group[:2]), before))
+    assert group[2] not in opt._entry_of and group[3] not in opt._entry_of
+
+
 # ---- DTensor params on a 1-rank gloo mesh ---------------------------------------------------------
 
 
