@@ -894,14 +894,16 @@ class FusedAdam(torch.optim.Optimizer):
             self._scalars = torch.zeros(2, dtype=torch.float32, device=device)
         return self._scalars
 
-    def _bind_grads(self):
+    def _bind_grads(self, bind=True):
         """Binds every param's current grad (None: "no grad", the step skips the param) in
         one checked native call; a grad the kernel could not read as it is (dtype, device,
         shape, strides) raises, naming the param, and nothing is bound. A DTensor grad placed
         otherwise than its param (a Partial grad of tensor parallelism, another Shard dim) is
         first redistributed to the param's placements, on every rank, as torch's optimizers'
         DTensor arithmetic does; the redistributed grad replaces ``p.grad``. Returns the
-        number of params with a grad (0: nothing was bound)."""
+        number of params with a grad (0: nothing was bound). ``bind=False`` reads and
+        describes the grads and binds nothing: bench/python_host_step.py measures the library's
+        share of the intake by it."""
         handle = self.native._handle_or_raise()
         for attempt in range(2):
             # `.grad` of a tensor-subclass param (a DTensor) goes through __torch_function__
@@ -914,7 +916,7 @@ class FusedAdam(torch.optim.Optimizer):
                 with _no_subclass_torch_function(), _cyclic_gc_paused():
                     status, count, misplaced, held = _grad_intake.bind_param_grads(
                         handle, self._params, self._names, DTensor, to_dlpack, self._placements,
-                        self._seen_placements, _TorchShard, _TorchReplicate)
+                        self._seen_placements, _TorchShard, _TorchReplicate, bind)
             except TypeError:
                 self._refuse_sparse_grads()  # DLPack's own error for them never says "sparse"
                 raise

@@ -251,7 +251,7 @@ static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
 PyDoc_STRVAR(
     bind_param_grads_doc,
     "bind_param_grads(handle, params, names, dtensor_type, to_dlpack, placements,\n"
-    "                 seen_placements, shard_type, replicate_type)\n"
+    "                 seen_placements, shard_type, replicate_type, bind=True)\n"
     "    -> (status, count, misplaced, held)\n"
     "\n"
     "Binds the grad of every param in one call of sa_optimizer_set_grads (each grad checked by\n"
@@ -279,15 +279,20 @@ PyDoc_STRVAR(
     "held is a list of the tensors bound (the grads, or their local tensors): the caller\n"
     "keeps it until it has stepped and unbound them (unbind_grads). A param's `grad` may\n"
     "make a new tensor at each read (a property of a Parameter subclass), which nothing else\n"
-    "holds; once unbound and dropped, zero_grad() frees the grads' memory as usual.");
+    "holds; once unbound and dropped, zero_grad() frees the grads' memory as usual.\n"
+    "\n"
+    "bind=False reads and describes every grad as above and stops before the library: nothing\n"
+    "is bound and (0, count, misplaced, None) is returned. It measures what the intake costs\n"
+    "before the library's checks (bench/python_host_step.py).");
 
 static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
   (void)self;
   PyObject *handle, *params, *names, *dtensor_type, *to_dlpack, *placements, *seen_placements,
       *shard_type, *replicate_type;
-  if (!PyArg_ParseTuple(args, "OO!OOOO!O!OO:bind_param_grads", &handle, &PyList_Type, &params,
+  int bind = 1;
+  if (!PyArg_ParseTuple(args, "OO!OOOO!O!OO|p:bind_param_grads", &handle, &PyList_Type, &params,
                         &names, &dtensor_type, &to_dlpack, &PyList_Type, &placements, &PyList_Type,
-                        &seen_placements, &shard_type, &replicate_type))
+                        &seen_placements, &shard_type, &replicate_type, &bind))
     return NULL;
   if (PyList_GET_SIZE(placements) != PyList_GET_SIZE(params) ||
       PyList_GET_SIZE(seen_placements) != PyList_GET_SIZE(params)) {
@@ -380,8 +385,8 @@ static PyObject* bind_param_grads(PyObject* self, PyObject* args) {
       goto done;
     }
   }
-  if (count == 0) {
-    result = Py_BuildValue("(inOO)", (int)SA_OK, (Py_ssize_t)0, Py_None, Py_None);
+  if (count == 0 || !bind) {
+    result = Py_BuildValue("(inOO)", (int)SA_OK, count, Py_None, Py_None);
   } else {
     PyObject* held = PyList_New(count);
     if (!held) goto done;
