@@ -223,14 +223,21 @@ static int placed_as(PyObject* grad, PyObject* expected, PyObject** seen, PyObje
   return same;
 }
 
-/* Replaces the pending exception by a TypeError naming the param, caused by the original. */
-static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
+/* The pending exception as an object, its traceback attached, and none pending any more
+ * (NULL when there was none). */
+static PyObject* take_exception(void) {
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
   PyErr_NormalizeException(&type, &value, &traceback);
   if (value && traceback) PyException_SetTraceback(value, traceback);
   Py_XDECREF(type);
   Py_XDECREF(traceback);
+  return value;
+}
+
+/* Replaces the pending exception by a TypeError naming the param, caused by the original. */
+static void blame_param(PyObject* names, Py_ssize_t i, const char* what) {
+  PyObject* value = take_exception();
   PyObject* name = PySequence_GetItem(names, i);
   PyObject* message =
       name ? PyUnicode_FromFormat("param %R: %s: %S", name, what, value ? value : Py_None) : NULL;
@@ -496,16 +503,11 @@ static PyObject* add_params(PyObject* self, PyObject* args) {
     }
     ++taken; /* index is the one before it plus one: the library appends */
   }
-  PyObject* error = Py_None;
-  Py_INCREF(error);
-  if (PyErr_Occurred()) { /* the exception, handed back beside what was taken */
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (value && traceback) PyException_SetTraceback(value, traceback);
-    Py_XDECREF(type);
-    Py_XDECREF(traceback);
-    Py_SETREF(error, value ? value : Py_NewRef(Py_None));
+  /* The exception, if any, handed back beside what was taken. */
+  PyObject* error = PyErr_Occurred() ? take_exception() : NULL;
+  if (!error) {
+    error = Py_None;
+    Py_INCREF(error);
   }
   return Py_BuildValue("(inN)", (int)status, taken, error);
 #else
