@@ -388,6 +388,41 @@ def test_a_channels_last_param_is_refused_with_advice_that_keeps_it_in_the_model
     assert not torch.equal(weight.detach(), before)
 
 
+class _GradModeProbe(torch.nn.Parameter):
+    """A Parameter whose ``grad`` reads note autograd's grad mode at the time."""
+    modes = []
+
+    @property
+    def grad(self):
+        _GradModeProbe.modes.append(torch.is_grad_enabled())
+        return torch.Tensor.grad.__get__(self)
+
+    @grad.setter
+    def grad(self, value):
+        torch.Tensor.grad.__set__(self, value)
+
+
+def test_the_step_runs_with_grad_mode_off_and_gives_the_callers_mode_back_also_when_it_fails():
+    param = _GradModeProbe(torch.randn(3))
+    opt = FusedAdam([param])
+    param.grad = torch.ones(3)
+    for _ in range(2):  # the first step prepares, the second binds as every later one
+        _GradModeProbe.modes.clear()
+        with torch.enable_grad():
+            opt.step()
+            assert torch.is_grad_enabled()
+        assert _GradModeProbe.modes and not any(_GradModeProbe.modes)
+    param.grad = torch.ones(6)[::2]  # refused by the library: strided
+    with torch.enable_grad():
+        with pytest.raises(shardadam.Error, match="grad"):
+            opt.step()
+        assert torch.is_grad_enabled()
+    with torch.no_grad():
+        param.grad = torch.ones(3)
+        opt.step()
+        assert not torch.is_grad_enabled()
+
+
 def test_plain_params_after_a_refused_one_are_not_registered_and_those_before_it_stay_named():
     # FusedAdam registers runs of plain params at the library's defaults in one native loop
     # (_grad_intake.add_params); a refusal inside the run names the param, and the optimizer
