@@ -9,7 +9,8 @@ Four measurements, each printed with torch's number and the ratio:
    makes them), and its parts:
    the grad intake alone (bind_param_grads: read .grad, the local tensor, a DLPack
    description, the library's checks), the native step alone, and the rest (Python:
-   torch's step wrappers, hyperparameters, scalars).
+   torch's step wrappers, hyperparameters, scalars), also timed directly: step() against the
+   intake, the native step and the unbinding called one after another.
 2. step() host time at 1,516 plain params with stable grads (the same tensors at every step,
    as DDP's bucket views give them), against the C step over them with the grads bound once
    (sa_optimizer_step alone, timed in a block of its own).
@@ -165,6 +166,10 @@ def dtensor_step(device, n, numel, repeat, profile=False):
         # The library's step alone (grads bound): on the CPU this includes the arithmetic.
         "native": (native_step_call(ours, device),
                    lambda: (ours._unbind_grads(), fresh_grads(ours_params)(), ours._bind_grads())),
+        # The intake, the native step and the unbinding called one after another: step() less
+        # this is the Python around them (timed whole, not a difference of separate parts).
+        "calls": (lambda: (ours._bind_grads(), native_step_call(ours, device)(), ours._unbind_grads()),
+                  fresh_grads(ours_params)),
     }, device, repeat)
     ours._unbind_grads()
     results["torch"] = median_call_ms(reference.step, device, repeat, fresh_grads(torch_params))
@@ -289,7 +294,7 @@ def main():
                  f"{d['described'] - d['floor']:.3f} ms over the floor"))
     rows.append(("  of which: the native step (C, grads bound)", d["native"], None, ""))
     rows.append(("  of which: the rest (Python: step wrappers, hyperparameters)", d["ours"] - d["intake"] - d["native"],
-                 None, ""))
+                 None, f"step() less its native calls made directly: {d['ours'] - d['calls']:.3f} ms"))
     rows.append(("  floor: torch reading the fresh grads (p.grad._local_tensor)", d["floor"], None, ""))
 
     sb = stable_step(device, n, 64, repeat)
