@@ -155,21 +155,25 @@ def dtensor_step(device, n, numel, repeat, profile=False):
             for p in ours_params:
                 p.grad._local_tensor
 
+    native = native_step_call(ours, device)  # its stream looked up here, not in the timed calls
+
+    def unbind_and_give():  # unbound again before the next call's grads
+        ours._unbind_grads()
+        fresh_grads(ours_params)()
+
     results = interleaved_ms({
         "floor": (read_fresh_grads, fresh_grads(ours_params)),
         "ours": (ours.step, fresh_grads(ours_params)),
         # FusedAdam's intake as step() runs it (bind_param_grads with subclass torch-function
-        # dispatch off for the `.grad` reads); unbound again before the next call's grads.
-        "intake": (ours._bind_grads, lambda: (ours._unbind_grads(), fresh_grads(ours_params)())),
+        # dispatch off for the `.grad` reads).
+        "intake": (ours._bind_grads, unbind_and_give),
         # The same reads and descriptions, stopped before the library (its checks, the binding).
-        "described": (lambda: ours._bind_grads(bind=False), lambda: (ours._unbind_grads(), fresh_grads(ours_params)())),
+        "described": (lambda: ours._bind_grads(bind=False), unbind_and_give),
         # The library's step alone (grads bound): on the CPU this includes the arithmetic.
-        "native": (native_step_call(ours, device),
-                   lambda: (ours._unbind_grads(), fresh_grads(ours_params)(), ours._bind_grads())),
+        "native": (native, lambda: (unbind_and_give(), ours._bind_grads())),
         # The intake, the native step and the unbinding called one after another: step() less
         # this is the Python around them (timed whole, not a difference of separate parts).
-        "calls": (lambda: (ours._bind_grads(), native_step_call(ours, device)(), ours._unbind_grads()),
-                  fresh_grads(ours_params)),
+        "calls": (lambda: (ours._bind_grads(), native(), ours._unbind_grads()), fresh_grads(ours_params)),
     }, device, repeat)
     ours._unbind_grads()
     results["torch"] = median_call_ms(reference.step, device, repeat, fresh_grads(torch_params))

@@ -357,8 +357,8 @@ void lay_out_gathered(Plan& plan, int32_t rank, int32_t ranks,
   std::vector<GatheredMatrix> gathered = plan.gathered;  // committed when nothing can fail
   if (ranks <= 1) {  // summed: every matrix whole, in param order, this rank the owner of all
     // One rank that says so (its boxes given): each box must be its whole matrix.
-    for (std::size_t m = 0; m < n && boxes.size() == n; ++m)
-      distinct_boxes(boxes, gathered[m], m, n, 1);
+    if (boxes.size() == n)
+      for (std::size_t m = 0; m < n; ++m) distinct_boxes(boxes, gathered[m], m, n, 1);
     int64_t at = 0;
     for (GatheredMatrix& g : gathered) {
       g.whole = at;
