@@ -63,10 +63,10 @@ class MuonShardadam(G.Shardadam):
 
 
 def kernel_split(step, steps):
-    """(total, GEMM, elementwise) kernel ms per step, and the elementwise kernels' names."""
+    """(total, GEMM, elementwise) kernel ms per step, and each of our kernels' ms per step."""
     prof = G.profiled(step, steps)
     total = gemm = 0.0
-    names = set()
+    ours = {}
     for evt in prof.key_averages():
         us = getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0)
         if us <= 0 or evt.key.startswith("cudaMemcpy") or evt.key.startswith("Memcpy"):
@@ -74,10 +74,23 @@ def kernel_split(step, steps):
         total += us
         if "sa::kernels" in evt.key:  # ours: elementwise; everything else here is cuBLAS's
             found = re.search(r"(\w+_kernel)", evt.key)
-            names.add(found.group(1) if found else evt.key[:40])
+            name = found.group(1) if found else evt.key[:40]
+            ours[name] = ours.get(name, 0.0) + us / 1e3 / steps
         else:
             gemm += us
-    return total / 1e3 / steps, gemm / 1e3 / steps, (total - gemm) / 1e3 / steps, sorted(names)
+    return total / 1e3 / steps, gemm / 1e3 / steps, (total - gemm) / 1e3 / steps, ours
+
+
+def kernel_bytes(shapes, ns_steps=5):
+    """The bytes each of our kernels must move per step over these matrices: momentum fused
+    with Newton-Schulz's rounding reads g and buf and writes buf and the bf16 direction (14 an
+    element), normalize reads and writes it (4), apply reads p and the bf16 result and writes p
+    (10); per Newton-Schulz step, B := b A + a I reads and writes an m x m bf16 matrix (m = the
+    smaller dim): 4 m^2. The step's fold moves a few bytes (none counted)."""
+    elems = sum(r * c for r, c in shapes)
+    return {"ns_round_and_square_kernel": 14 * elems, "normalize_kernel": 4 * elems,
+            "apply_kernel": 10 * elems,
+            "poly_init_kernel": sum(ns_steps * 4 * min(r, c) ** 2 for r, c in shapes)}
 
 
 def dtensor_rows(device, models, layers, steps):
@@ -159,18 +172,16 @@ def main():
             ref.step()
         ours_ms, torch_ms = G.wall_ms(opt.step, args.steps), G.wall_ms(ref.step, args.steps)
         ours_host, torch_host = G.host_ms(opt.step, args.steps), G.host_ms(ref.step, args.steps)
-        total, gemm, elementwise, names = kernel_split(opt.step, 3)
+        total, gemm, elementwise, kernels = kernel_split(opt.step, 3)
         elems = sum(r * c for r, c in shapes)
-        # Bytes our kernels move: per element, momentum fused with Newton-Schulz's rounding
-        # reads g and buf and writes buf and the bf16 direction (14), normalize reads and
-        # writes it (4), apply reads p and the bf16 result and writes p (10): 28; per
-        # Newton-Schulz step, B := b A + a I reads and writes an m x m bf16 matrix (m = the
-        # smaller dim): 4 m^2.
-        moved = sum(28 * r * c + 5 * 4 * min(r, c) ** 2 for r, c in shapes)
-        floor = moved / (copy * 1e9) * 1e3
+        need = kernel_bytes(shapes)
+        floor = sum(need.values()) / (copy * 1e9) * 1e3
         print(f"{model:6} {len(shapes):>8} {elems:>12,} | {ours_ms:8.3f} {torch_ms:8.3f} {torch_ms / ours_ms:10.2f} | "
               f"{ours_host:9.3f} {torch_host:10.3f} | {gemm:7.3f} {elementwise:14.3f} {100 * floor / elementwise:8.1f}%")
-        print(f"       elementwise kernels: {', '.join(names)}")
+        for name, ms in sorted(kernels.items(), key=lambda kv: -kv[1]):
+            moved = need.get(name)
+            share = f"{moved / 1e9:6.3f} GB {100 * moved / (copy * 1e9) * 1e3 / ms:5.1f}% of copy" if moved else "(no bytes counted)"
+            print(f"       {name:30} {ms:7.3f} ms  {share}")
         opt.close()
     if args.dtensor:
         dtensor_rows(torch.device("cuda", torch.cuda.current_device()), models, args.layers, args.steps)

@@ -16,7 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "elem_type.h"  // SA_HD
+#include "elem_type.h"  // SA_HD, Codec
 #include "newton_schulz.h"
 
 namespace sa {
@@ -82,11 +82,14 @@ inline MuonCoeffs muon_coeffs(const MuonHyper& h, int64_t rows, int64_t cols,
           static_cast<float>(-muon_adjusted_lr(h, rows, cols))};
 }
 
-// One element's momentum: buf advanced toward the scaled grad, and the update direction u
-// returned. (A grad_scale of 1 leaves every grad as it is: x * 1 is x.)
+// One element's momentum: buf advanced toward the scaled grad and kept as its storage kBuf
+// keeps it (rounded to bfloat16, or as it is in float32), and the update direction u
+// returned from the kept value, as torch's lerp reads its buffer tensor. (A grad_scale of 1
+// leaves every grad as it is: x * 1 is x.)
+template <ElemType kBuf = ElemType::f32>
 SA_HD float muon_momentum(const MuonCoeffs& c, float grad, float& buf) {
   const float g = grad * c.grad_scale;
-  buf = fmaf(c.one_minus_momentum, g - buf, buf);
+  buf = Codec<kBuf>::decode(Codec<kBuf>::encode(fmaf(c.one_minus_momentum, g - buf, buf)));
   return c.nesterov ? fmaf(c.momentum, buf - g, g) : buf;
 }
 

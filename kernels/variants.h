@@ -79,13 +79,16 @@ inline constexpr ElemType kGradTypes[] = {ElemType::f32, ElemType::bf16, ElemTyp
 inline constexpr ElemType kMomentTypes[] = {ElemType::f32, ElemType::bf16, ElemType::q8,
                                             ElemType::f8e4m3};
 
-// A Variant of the Adam rule is implemented when its (param, master, scaling) is a row of
-// kParamForms, its grad is in kGradTypes and its moment in kMomentTypes, with or without
-// amsgrad. One of the Muon rule when it is kMuonVariant: its whole-matrix step
-// (kernels/muon_math.h) runs on float32 params, grads and momentum.
-inline constexpr Variant kMuonVariant{ElemType::f32,    ElemType::f32, ElemType::f32,
-                                      MasterKind::none, false,         ParamScaling::none,
-                                      UpdateRule::muon};
+// The Muon rule's forms: a float32 param, or a bfloat16 one with a float32 master (the
+// update is applied to the master and the param rounded from it); grads and momentum_buffer
+// in float32 or bfloat16. Its whole-matrix step (kernels/muon_math.h) computes in float32
+// whatever the storage.
+inline constexpr ParamForm kMuonParamForms[] = {
+    {ElemType::f32, MasterKind::none, ParamScaling::none},
+    {ElemType::bf16, MasterKind::fp32, ParamScaling::none},
+};
+inline constexpr ElemType kMuonGradTypes[] = {ElemType::f32, ElemType::bf16};
+inline constexpr ElemType kMuonMomentTypes[] = {ElemType::f32, ElemType::bf16};
 
 inline constexpr bool operator==(const ParamForm& a, const ParamForm& b) {
   return a.param == b.param && a.master == b.master && a.scaling == b.scaling;
@@ -98,8 +101,13 @@ constexpr bool in_table(const T (&table)[N], T x) {
   return false;
 }
 
+// A Variant of the Adam rule is implemented when its (param, master, scaling) is a row of
+// kParamForms, its grad is in kGradTypes and its moment in kMomentTypes, with or without
+// amsgrad; one of the Muon rule when its rows are Muon's tables', without amsgrad.
 constexpr bool variant_supported(const Variant& v) {
-  if (v.rule == UpdateRule::muon) return v == kMuonVariant;
+  if (v.rule == UpdateRule::muon)
+    return in_table(kMuonParamForms, ParamForm{v.param, v.master, v.scaling}) &&
+           in_table(kMuonGradTypes, v.grad) && in_table(kMuonMomentTypes, v.moment) && !v.amsgrad;
   return in_table(kParamForms, ParamForm{v.param, v.master, v.scaling}) &&
          in_table(kGradTypes, v.grad) && in_table(kMomentTypes, v.moment);
 }
@@ -295,11 +303,53 @@ bool visit_form(const Variant& v, Fn& fn) {
 // a block at a time, decoding into the float32 Variant's update (kernels/block_moment.h).
 // Nor is a scaled (fp8) param: a backend runs the update of its float32 master as a
 // float32 param's (fp8_master_variant) and casts the param from it (param_scaling.h).
-// A Muon Variant has no Signature either: its step is the matrices pass's, not a per-element
-// update.
+// A Muon Variant is visit_muon_variant's.
 template <class Fn>
 bool visit_variant(const Variant& v, Fn&& fn) {
   return v.rule == UpdateRule::adam && detail::visit_form<0>(v, fn);
+}
+
+namespace detail {
+
+// fn(ElemTag<t>{}) for the entry t of `kTable` equal to `want`; false when none is.
+template <const auto& kTable, size_t I, class Fn>
+bool visit_elem(ElemType want, Fn& fn) {
+  if constexpr (I == std::size(kTable)) {
+    return false;
+  } else {
+    if (want != kTable[I]) return visit_elem<kTable, I + 1>(want, fn);
+    fn(ElemTag<kTable[I]>{});
+    return true;
+  }
+}
+
+template <size_t I, class Fn>
+bool visit_muon_form(const Variant& v, Fn& fn) {
+  if constexpr (I == std::size(kMuonParamForms)) {
+    return false;
+  } else {
+    constexpr ParamForm kForm = kMuonParamForms[I];
+    if (!(ParamForm{v.param, v.master, v.scaling} == kForm)) return visit_muon_form<I + 1>(v, fn);
+    bool found = false;
+    auto with_grad = [&](auto grad) {
+      auto with_moment = [&](auto moment) {
+        fn(Signature<kForm.param, decltype(grad)::value, decltype(moment)::value, kForm.master,
+                     false>{});
+      };
+      found = visit_elem<kMuonMomentTypes, 0>(v.moment, with_moment);
+    };
+    return visit_elem<kMuonGradTypes, 0>(v.grad, with_grad) && found;
+  }
+}
+
+}  // namespace detail
+
+// Calls fn(Signature<...>{}) for a supported Muon Variant (its Signature's kVariant is v with
+// the Adam rule: a Signature names dtypes only) and returns true; false, calling nothing, for
+// any other Variant.
+template <class Fn>
+bool visit_muon_variant(const Variant& v, Fn&& fn) {
+  return v.rule == UpdateRule::muon && !v.amsgrad && detail::visit_muon_form<0>(v, fn);
 }
 
 }  // namespace kernels

@@ -207,9 +207,9 @@ kernels::ParamScale checked_scales(const sa_param_options& options, kernels::Par
   return scale;
 }
 
-// What a Muon group's param must be: a 2-D matrix of kMuonVariant's dtypes, its state on its
-// own device, a communicator set when the layout splits it; and on the CPU a CBLAS must
-// load (src/blas.hpp).
+// What a Muon group's param must be: a 2-D matrix of a Muon Variant (kernels/variants.h's
+// Muon tables), its state on its own device, a communicator set when the layout splits it;
+// and on the CPU a CBLAS must load (src/blas.hpp).
 void check_muon_param(const Param& p, bool has_comm, const std::string& context) {
   const Dims& shape = p.layout.global_shape;
   if (shape.size() != 2)
@@ -219,13 +219,22 @@ void check_muon_param(const Param& p, bool has_comm, const std::string& context)
          format_dims(shape),
          "; put it in an AdamW group (embeddings, norms, biases and heads "
          "are, in Muon's recipe)");
-  const kernels::Variant v = variant_of(p), want = kernels::kMuonVariant;
-  if (v != want)
-    fail(SA_ERR_UNSUPPORTED, context, ": Muon steps ", elem_name(want.param), " params with ",
-         elem_name(want.grad), " grads and a ", elem_name(want.moment),
-         " momentum_buffer, without a master; this param is ", elem_name(v.param), " with ",
-         elem_name(v.grad), " grads and ", elem_name(v.moment), " moments",
-         v.master != MasterKind::none ? " and a master" : "");
+  const kernels::Variant v = variant_of(p);
+  if (!kernels::variant_supported(v)) {
+    std::vector<std::string> forms;
+    for (const kernels::ParamForm& form : kernels::kMuonParamForms)
+      forms.push_back(std::string(elem_name(form.param)) +
+                      (form.master == MasterKind::fp32 ? " with a float32 master" : ""));
+    const auto same = [](ElemType t) { return t; };
+    fail(SA_ERR_UNSUPPORTED, context, ": Muon steps ", words_list(forms), " params, with ",
+         dtype_list(kernels::kMuonGradTypes, same), " grads and a ",
+         dtype_list(kernels::kMuonMomentTypes, same),
+         " momentum_buffer (moment_dtype); this param is ", elem_name(v.param),
+         v.master == MasterKind::fp32        ? " with a float32 master"
+         : v.master == MasterKind::remainder ? " with a remainder master"
+                                             : "",
+         ", with ", elem_name(v.grad), " grads and ", elem_name(v.moment), " moments");
+  }
   if (p.placement != StatePlacement::device)
     fail(SA_ERR_UNSUPPORTED, context,
          ": a Muon param's state must be on its device (state_placement SA_STATE_ON_DEVICE)");

@@ -181,11 +181,6 @@ struct Bucket {
   std::vector<const void*> slot_grads;
 };
 
-// A Muon slot's momentum_buffer (float32: kernels::kMuonVariant).
-inline float* momentum_buffer_of(const kernels::TensorSlot& slot) {
-  return static_cast<float*>(slot.state[static_cast<std::size_t>(StateKind::momentum_buffer)]);
-}
-
 struct Plan {
   std::vector<Bucket> buckets;
   std::vector<kernels::CurrentScale> current;  // every current-scaled param, in param order
@@ -221,6 +216,12 @@ inline const kernels::TensorSlot* stepped_slot(const Plan& plan, const GatheredM
   const kernels::TensorSlot& slot =
       plan.buckets[static_cast<std::size_t>(g.bucket)].slots[static_cast<std::size_t>(g.slot)];
   return slot.grad != nullptr ? &slot : nullptr;
+}
+
+// The Variant of the bucket that holds this rank's slot of a split matrix (one stepped_slot
+// found).
+inline const kernels::Variant& gathered_variant(const Plan& plan, const GatheredMatrix& g) {
+  return plan.buckets[static_cast<std::size_t>(g.bucket)].variant;
 }
 
 // The slot of param `index`, as a plan holds it, with no grad (rebind_grads binds them).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -62,12 +63,24 @@ inline Matrix ns_reference(Matrix g, int64_t rows, int64_t cols, const sa::kerne
   return tall ? transpose(g, m, n) : g;
 }
 
-// One Muon step of a rows x cols matrix: buf and p updated in place.
+// x rounded to bfloat16 (to nearest, ties to even: the high 16 bits of a float32), from the
+// format's definition; finite x.
+inline float round_bf16(float x) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// One Muon step of a rows x cols matrix: buf and p updated in place; `keep` is what storing
+// buf does to each element (nothing, or a rounding to the buffer's dtype).
 inline void muon_reference(Matrix& p, const Matrix& g, Matrix& buf, int64_t rows, int64_t cols,
-                           const sa::kernels::MuonHyper& h) {
+                           const sa::kernels::MuonHyper& h, double (*keep)(double) = nullptr) {
   Matrix u(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) {
     buf[i] += (1.0 - h.momentum) * (g[i] - buf[i]);
+    if (keep != nullptr) buf[i] = keep(buf[i]);
     u[i] = h.nesterov ? g[i] + h.momentum * (buf[i] - g[i]) : buf[i];
   }
   const Matrix o = ns_reference(u, rows, cols, h.ns);

@@ -68,32 +68,37 @@ struct Shape {
 };
 
 // Matrices of the Muon group (wide, tall, square) and a bias in an AdamW group; grads
-// bound once (their values change in place every step).
+// bound once (their values change in place every step). The matrices and their grads are of
+// `dtype` (stored as HostTensor::set rounds), their momentum_buffer of `moment` (unset: the
+// library's default).
 struct Model {
   std::vector<Shape> shapes{{8, 24}, {24, 8}, {17, 17}};
   std::vector<HostTensor> params, grads;
   HostTensor bias{{24}, kFloat32}, bias_grad{{24}, kFloat32};
   OptimizerPtr opt = make_optimizer();
 
-  explicit Model(const sa_group_config& muon) {
+  explicit Model(const sa_group_config& muon, DLDataType dtype = kFloat32,
+                 DLDataType moment = DLDataType{0, 0, 0}) {
     const sa_group_config adamw = SA_GROUP_CONFIG_INIT;
     int32_t g = -1;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw, &g));
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
     for (std::size_t i = 0; i < shapes.size(); ++i) {
-      params.emplace_back(std::vector<int64_t>{shapes[i].rows, shapes[i].cols}, kFloat32);
-      grads.emplace_back(std::vector<int64_t>{shapes[i].rows, shapes[i].cols}, kFloat32);
+      params.emplace_back(std::vector<int64_t>{shapes[i].rows, shapes[i].cols}, dtype);
+      grads.emplace_back(std::vector<int64_t>{shapes[i].rows, shapes[i].cols}, dtype);
       const std::vector<float> start =
           sa::test::random_matrix(shapes[i].rows, shapes[i].cols, 11 + i, 1.0f);
-      std::memcpy(params.back().data(), start.data(), start.size() * sizeof(float));
+      for (std::size_t e = 0; e < start.size(); ++e) params.back().set(static_cast<int64_t>(e), start[e]);
     }
     for (int64_t i = 0; i < bias.numel(); ++i) bias.set(i, 0.01f * static_cast<float>(i));
+    sa_param_options options = SA_PARAM_OPTIONS_INIT;
+    options.moment_dtype = moment;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::string name = "w" + std::to_string(i);
       int64_t index = -1;
       REQUIRE_SA_OK(opt.get(),
                     sa_optimizer_add_param(opt.get(), name.c_str(), 1, params[i].versioned(),
-                                           nullptr, nullptr, &index));
+                                           nullptr, moment.bits != 0 ? &options : nullptr, &index));
     }
     int64_t index = -1;
     REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bias", 0, bias.versioned(), nullptr,
@@ -114,8 +119,7 @@ struct Model {
       std::vector<float> g =
           sa::test::random_matrix(shapes[i].rows, shapes[i].cols, 1000 * step + i, 0.01f);
       out.push_back(g);
-      for (float& x : g) x *= scale;
-      std::memcpy(grads[i].data(), g.data(), g.size() * sizeof(float));
+      for (std::size_t e = 0; e < g.size(); ++e) grads[i].set(static_cast<int64_t>(e), g[e] * scale);
     }
     for (int64_t i = 0; i < bias_grad.numel(); ++i)
       bias_grad.set(i, scale * 0.001f * static_cast<float>((i * 7 + step) % 5 - 2));
@@ -235,6 +239,68 @@ TEST_CASE("a Muon param's state is momentum_buffer alone, and shard files carry 
   CHECK(import_blobs(adam.get(), {blob}, &options) != SA_OK);
 }
 
+// A bfloat16 matrix in a Muon group: a float32 master beside momentum_buffer; with bfloat16
+// grads and a float32 buffer its master steps as a float32 matrix of the same values does,
+// bit for bit, and the param is its master rounded; with a bfloat16 buffer too, shard files
+// carry both states and the next step after an import is the same.
+TEST_CASE("a Muon group over bfloat16 matrices: a float32 master, bfloat16 grads and buffer",
+          "[muon][state_io]") {
+  const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  Model half(config, kBfloat16), whole(config);
+  for (std::size_t i = 0; i < half.params.size(); ++i)  // whole starts from the rounded values
+    for (int64_t e = 0; e < half.params[i].numel(); ++e)
+      whole.params[i].set(e, half.params[i].get(e));
+  const char* keys[8] = {};
+  int32_t n = 0;
+  REQUIRE_SA_OK(half.opt.get(), sa_optimizer_state_keys(half.opt.get(), 0, keys, 8, &n));
+  REQUIRE(n == 2);
+  CHECK(std::string(keys[0]) == "momentum_buffer");
+  CHECK(std::string(keys[1]) == "master");
+  for (int step = 0; step < 3; ++step) {
+    half.fill_grads(step);
+    whole.fill_grads(step);
+    for (std::size_t i = 0; i < half.grads.size(); ++i)  // whole's grads: the bfloat16 values
+      for (int64_t e = 0; e < half.grads[i].numel(); ++e)
+        whole.grads[i].set(e, half.grads[i].get(e));
+    half.step();
+    whole.step();
+  }
+  for (std::size_t i = 0; i < half.params.size(); ++i) {
+    INFO("matrix " << i);
+    const int64_t index = static_cast<int64_t>(i);
+    CHECK(state_view(half.opt.get(), index, "master").raw_bytes() == whole.params[i].raw_bytes());
+    CHECK(state_view(half.opt.get(), index, "momentum_buffer").raw_bytes() ==
+          state_view(whole.opt.get(), index, "momentum_buffer").raw_bytes());
+    HostTensor rounded({whole.shapes[i].rows, whole.shapes[i].cols}, kBfloat16);
+    for (int64_t e = 0; e < rounded.numel(); ++e) rounded.set(e, whole.params[i].get(e));
+    CHECK(half.params[i].raw_bytes() == rounded.raw_bytes());
+  }
+
+  Model a(config, kBfloat16, kBfloat16), b(config, kBfloat16, kBfloat16);
+  for (int step = 0; step < 2; ++step) {
+    a.fill_grads(step);
+    a.step();
+  }
+  CHECK(state_view(a.opt.get(), 0, "momentum_buffer").raw_bytes().size() ==
+        static_cast<std::size_t>(2 * a.params[0].numel()));  // kept in bfloat16
+  const Bytes blob = export_blob(a.opt.get());
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    std::memcpy(b.params[i].data(), a.params[i].data(), a.params[i].bytes());
+  std::memcpy(b.bias.data(), a.bias.data(), a.bias.bytes());
+  REQUIRE_SA_OK(b.opt.get(), import_blobs(b.opt.get(), {blob}));
+  a.fill_grads(7);
+  b.fill_grads(7);
+  a.step();
+  b.step();
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    const int64_t index = static_cast<int64_t>(i);
+    CHECK(a.params[i].raw_bytes() == b.params[i].raw_bytes());
+    for (const char* key : {"momentum_buffer", "master"})
+      CHECK(state_view(a.opt.get(), index, key).raw_bytes() ==
+            state_view(b.opt.get(), index, key).raw_bytes());
+  }
+}
+
 TEST_CASE("a Muon step honours found_inf, inv_grad_scale and clipping", "[muon][step_args]") {
   const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
   Model a(config), b(config);
@@ -294,7 +360,8 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
   int32_t g = -1;
   int64_t index = -1;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &muon, &g));
-  HostTensor vec({16}, kFloat32), cube({2, 3, 4}, kFloat32), half({4, 4}, kBfloat16);
+  HostTensor vec({16}, kFloat32), cube({2, 3, 4}, kFloat32), half({4, 4}, kFloat16),
+      bf16({4, 4}, kBfloat16);
   CHECK_SA_FAILS(opt.get(), SA_ERR_INVALID_ARGUMENT,
                  sa_optimizer_add_param(opt.get(), "norm.weight", 0, vec.versioned(), nullptr,
                                         nullptr, &index),
@@ -306,7 +373,14 @@ TEST_CASE("Muon refuses, by name, the params and groups it cannot step", "[muon]
   CHECK_SA_FAILS(
       opt.get(), SA_ERR_UNSUPPORTED,
       sa_optimizer_add_param(opt.get(), "h", 0, half.versioned(), nullptr, nullptr, &index),
-      "param 'h'", "Muon steps float32 params", "bfloat16");
+      "param 'h'", "Muon steps float32 or bfloat16 with a float32 master params",
+      "this param is float16");
+  sa_param_options remainder = SA_PARAM_OPTIONS_INIT;
+  remainder.master = SA_MASTER_REMAINDER;
+  CHECK_SA_FAILS(
+      opt.get(), SA_ERR_UNSUPPORTED,
+      sa_optimizer_add_param(opt.get(), "r", 0, bf16.versioned(), nullptr, &remainder, &index),
+      "param 'r'", "this param is bfloat16 with a remainder master");
   CHECK(sa_optimizer_num_params(opt.get()) == 0);
   // What a Muon group cannot mean.
   for (const char* field : {"maximize", "amsgrad", "decoupled_weight_decay"}) {

@@ -206,12 +206,15 @@ SA_API const char* sa_optimizer_last_error(const sa_optimizer* opt);
  *   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
  *
  * SA_RULE_MUON, torch.optim.Muon's update of each whole 2-D matrix (rows x cols, its
- * global shape), float32 params only; weight decay is always decoupled, and maximize and
- * amsgrad must be 0. A matrix whose layout splits it across ranks needs a communicator
- * (sa_optimizer_set_comm) over every rank that holds a part of it: at every step (a
- * collective, skipped step or not) the ranks send their boxes of u (one replica of each)
- * to the matrix's owner rank, which orthogonalizes the whole u and sends each rank its box
- * of the result, so every rank ends as one rank holding the whole matrix would (bit for
+ * global shape), computed in float32: float32 params, or bfloat16 params with a float32
+ * master (SA_MASTER_AUTO or SA_MASTER_FP32: the update goes to the master, the param is its
+ * rounding); float32 or bfloat16 grads; a float32 or bfloat16 "momentum_buffer"
+ * (moment_dtype; bfloat16 keeps buf rounded, and u is computed from the kept value). Weight
+ * decay is always decoupled, and maximize and amsgrad must be 0. A matrix whose layout splits it
+ * across ranks needs a communicator (sa_optimizer_set_comm) over every rank that holds a part of
+ * it: at every step (a collective, skipped step or not) the ranks send their boxes of u (one
+ * replica of each) to the matrix's owner rank, which orthogonalizes the whole u and sends each rank
+ * its box of the result, so every rank ends as one rank holding the whole matrix would (bit for
  * bit, with the same BLAS). Owners are balanced by Newton-Schulz's flops over the ranks
  * that hold a part of each matrix. Each rank holds, in floats (backend memory), its boxes
  * and the matrices it owns (with staging for boxes that are not whole rows): about

@@ -60,7 +60,7 @@ NsStatus newton_schulz_cuda(const CublasCalls& calls, cublasHandle_t blas, float
 // - newton_schulz_cuda_rounded: the rest, from there (normalize, iterate); *result is then
 //   the orthogonalized matrix, bfloat16 in the input's row-major layout, inside `work`.
 // The shape limits are newton_schulz_cuda's (ns_dims_ok; the caller checks them first).
-constexpr int kNsNormBlocks = 512;
+constexpr int kNsNormBlocks = 1024;
 struct NsInput {
   __nv_bfloat16* x;
   float* partials;  // [kNsNormBlocks]

@@ -333,16 +333,21 @@ class CpuBackend final : public Backend {
     if (writes_amax_) write_amax(plan);
   }
 
+  // A Muon kernel's verdict on its slot's Variant: the core builds Muon buckets of Muon
+  // Variants only, so a refusal is shardadam's bug.
+  static void muon_done(bool visited) {
+    if (!visited) fail(SA_ERR_INTERNAL, "a Muon bucket of a Variant without a Muon step");
+  }
+
   // The split matrices' boxes: momentum, and a contributing box's direction at g.dir.
   void gather(const Plan& plan, const PassArgs& args) {
     std::fill(args.gather, args.gather + plan.gather_zero, 0.0);
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        kernels::muon_box_momentum_cpu(args.muon_of(*slot), g.box, args.verdict->grad_multiplier,
-                                       static_cast<const float*>(slot->grad),
-                                       momentum_buffer_of(*slot),
-                                       g.contributes ? args.gather + g.dir : nullptr, g.ld);
+        muon_done(kernels::muon_box_momentum_cpu(
+            gathered_variant(plan, g), args.muon_of(*slot), g.box, args.verdict->grad_multiplier,
+            *slot, g.contributes ? args.gather + g.dir : nullptr, g.ld));
   }
 
   // The owned split matrices' directions orthogonalized in place, one after another in the
@@ -362,18 +367,17 @@ class CpuBackend final : public Backend {
     if (args.verdict->skip) return;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        kernels::muon_box_apply_cpu(args.muon_of(*slot), g.box, args.gather + g.dir, g.ld,
-                                    static_cast<float*>(slot->param));
+        muon_done(kernels::muon_box_apply_cpu(gathered_variant(plan, g), args.muon_of(*slot), g.box,
+                                              args.gather + g.dir, g.ld, *slot));
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
       for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
         const kernels::TensorSlot& slot = bucket.slots[s];
         const MatrixShape m = bucket.matrix_of_slot[s];
         if (slot.grad == nullptr || m.gathered >= 0) continue;
-        kernels::muon_matrix_cpu(sgemm_, static_cast<float*>(slot.param),
-                                 static_cast<const float*>(slot.grad), momentum_buffer_of(slot),
-                                 m.rows, m.cols, args.muon_of(slot), args.verdict->grad_multiplier,
-                                 muon_work_.data());
+        muon_done(kernels::muon_matrix_cpu(bucket.variant, sgemm_, slot, m.rows, m.cols,
+                                           args.muon_of(slot), args.verdict->grad_multiplier,
+                                           muon_work_.data()));
       }
     }
   }

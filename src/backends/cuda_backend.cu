@@ -276,11 +276,10 @@ class CudaBackend final : public Backend {
                "zeroing Muon's directions");
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        check_cuda(
-            kernels::muon_box_momentum_cuda(
-                args.muon_of(*slot), g.box, args.verdict, static_cast<const float*>(slot->grad),
-                momentum_buffer_of(*slot), g.contributes ? args.gather + g.dir : nullptr, g.ld, s),
-            "Muon's momentum");
+        check_cuda(kernels::muon_box_momentum_cuda(
+                       gathered_variant(plan, g), args.muon_of(*slot), g.box, args.verdict, *slot,
+                       g.contributes ? args.gather + g.dir : nullptr, g.ld, s),
+                   "Muon's momentum");
   }
 
   // The owned split matrices' directions orthogonalized in place, one after another on the
@@ -303,21 +302,20 @@ class CudaBackend final : public Backend {
     const kernels::CublasCalls& calls = cuda::cublas().calls;
     for (const GatheredMatrix& g : plan.gathered)
       if (const kernels::TensorSlot* slot = stepped_slot(plan, g))
-        check_cuda(kernels::muon_box_apply_cuda(args.muon_of(*slot), g.box, args.verdict,
-                                                args.gather + g.dir, g.ld,
-                                                static_cast<float*>(slot->param), s),
-                   "Muon's step");
+        check_cuda(
+            kernels::muon_box_apply_cuda(gathered_variant(plan, g), args.muon_of(*slot), g.box,
+                                         args.verdict, args.gather + g.dir, g.ld, *slot, s),
+            "Muon's step");
     for (const Bucket& bucket : plan.buckets) {
       if (bucket.variant.rule != kernels::UpdateRule::muon) continue;
       for (std::size_t i = 0; i < bucket.slots.size(); ++i) {
         const kernels::TensorSlot& slot = bucket.slots[i];
         const MatrixShape m = bucket.matrix_of_slot[i];
         if (slot.grad == nullptr || m.gathered >= 0) continue;
-        check_muon(kernels::muon_matrix_cuda(
-                       calls, blas_, static_cast<float*>(slot.param),
-                       static_cast<const float*>(slot.grad), momentum_buffer_of(slot), m.rows,
-                       m.cols, args.muon_of(slot), args.verdict, muon_work_->data(), s),
-                   m.rows, m.cols);
+        check_muon(
+            kernels::muon_matrix_cuda(bucket.variant, calls, blas_, slot, m.rows, m.cols,
+                                      args.muon_of(slot), args.verdict, muon_work_->data(), s),
+            m.rows, m.cols);
       }
     }
   }

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "kernels/cuda/muon_cuda.cuh"
 #include "kernels/cuda/newton_schulz.cuh"
 #include "muon_reference.hpp"
+#include "muon_slots.hpp"
 #include "test_thread_comm.hpp"
 
 namespace {
@@ -101,8 +104,9 @@ TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several ste
     const std::vector<float> g = sa::test::random_matrix(rows, cols, seed + 100 + step, 0.01f);
     CUDA_OK(cudaMemcpy(dg, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     const sa::kernels::NsStatus st =
-        sa::kernels::muon_matrix_cuda(kCublas, blas, dp, dg, dbuf, rows, cols, h, nullptr, work,
-                                      nullptr);
+        sa::kernels::muon_matrix_cuda(sa::test::muon_variant(), kCublas, blas,
+                                      sa::test::muon_slot(dp, dg, dbuf), rows, cols, h, nullptr,
+                                      work, nullptr);
     REQUIRE(st.ok());
     sa::test::muon_reference(p64, sa::test::Matrix(g.begin(), g.end()), buf64, rows, cols, h);
   }
@@ -318,4 +322,264 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
         CHECK(boxes[static_cast<std::size_t>(r)] == box_of(whole, offset, shape));
       }
     }
+}
+
+namespace {
+
+// n floats on the device, `offset` floats past a 256-byte aligned allocation (1: no float4
+// access), filled with `values`.
+std::unique_ptr<sa_test::DeviceTensor> floats_at(const std::vector<float>& values, int64_t offset) {
+  auto t = std::make_unique<sa_test::DeviceTensor>(
+      std::vector<int64_t>{static_cast<int64_t>(values.size())}, sa_test::kFloat32, offset);
+  CUDA_OK(cudaMemcpy(t->data(), values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return t;
+}
+
+std::vector<float> floats_of(const sa_test::DeviceTensor& t) {
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  CUDA_OK(cudaMemcpy(out.data(), t.data(), t.bytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace
+
+// The whole-matrix passes take 4 floats a thread (float4s where the arrays allow) over
+// matrices larger than one round of their grids, with a partial last group: float32 arrays
+// one float past 16-byte alignment give the same bits as aligned ones, the momentum is every
+// element's, and the orthogonalized rows have the norms of an orthogonalization (a pass that
+// skipped elements leaves them unnormalized, and the iteration diverges).
+TEST_CASE("Muon and Newton-Schulz on CUDA: the same bits from any float address, large matrices",
+          "[gpu][muon][newton_schulz]") {
+  cublasHandle_t blas = nullptr;
+  REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  // 1003 x 1101: 1,104,303 elements (> 1024 blocks x 256 threads x 4; 3 left over), m % 8 != 0
+  // (poly_init's element-wise rows); 1024 x 1096: m % 8 == 0 (its 16-byte rows).
+  const auto [rows, cols] =
+      GENERATE(std::pair<int64_t, int64_t>{1003, 1101}, std::pair<int64_t, int64_t>{1096, 1024});
+  CAPTURE(rows, cols);
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  const std::vector<float> p = sa::test::random_matrix(rows, cols, 5, 1.0f);
+  const std::vector<float> g = sa::test::random_matrix(rows, cols, 6, 0.01f);
+  const std::vector<float> b = sa::test::random_matrix(rows, cols, 7, 0.01f);
+  sa::kernels::MuonHyper h;
+  h.lr = 0.02;
+  h.weight_decay = 0.0;  // every change of a param is its update's
+  void* work = nullptr;
+  CUDA_OK(cudaMalloc(&work, sa::kernels::muon_cuda_work_bytes(rows, cols)));
+  std::vector<std::vector<float>> params, bufs, orthogonal;
+  for (const int64_t offset : {0, 1}) {
+    INFO("offset " << offset);
+    auto dp = floats_at(p, offset), dg = floats_at(g, offset), db = floats_at(b, offset);
+    const sa::kernels::NsStatus st = sa::kernels::muon_matrix_cuda(
+        sa::test::muon_variant(), kCublas, blas,
+        sa::test::muon_slot(dp->data(), dg->data(), db->data()), rows, cols, h, nullptr, work,
+        nullptr);
+    REQUIRE(st.ok());
+    params.push_back(floats_of(*dp));
+    bufs.push_back(floats_of(*db));
+    auto dx = floats_at(g, offset);
+    REQUIRE(sa::kernels::newton_schulz_cuda(kCublas, blas, static_cast<float*>(dx->data()), rows,
+                                            cols, h.ns, work, nullptr)
+                .ok());
+    orthogonal.push_back(floats_of(*dx));
+  }
+  CHECK(params[0] == params[1]);
+  CHECK(bufs[0] == bufs[1]);
+  CHECK(orthogonal[0] == orthogonal[1]);
+  const sa::kernels::MuonCoeffs c = sa::kernels::muon_coeffs(h, rows, cols);
+  std::size_t wrong_buf = 0, unmoved = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    float expected = b[i];
+    sa::kernels::muon_momentum(c, g[i], expected);
+    wrong_buf += bufs[0][i] != expected;
+    unmoved += params[0][i] == p[i];
+  }
+  CHECK(wrong_buf == 0);
+  CHECK(unmoved < n / 1000);  // an update rounded away here and there, no more
+  // Rows of an orthogonalization of a wide matrix (rows <= cols) are near unit vectors;
+  // columns of a tall one's.
+  const bool wide = rows <= cols;
+  const int64_t lines = wide ? rows : cols, along = wide ? cols : rows;
+  double lowest = 1e9, highest = 0.0;
+  for (int64_t l = 0; l < lines; ++l) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < along; ++k) {
+      const double v = orthogonal[0][static_cast<std::size_t>(wide ? l * cols + k : k * cols + l)];
+      sum += v * v;
+    }
+    lowest = std::min(lowest, std::sqrt(sum));
+    highest = std::max(highest, std::sqrt(sum));
+  }
+  CAPTURE(lowest, highest);
+  CHECK(lowest > 0.3);
+  CHECK(highest < 1.5);
+  CUDA_OK(cudaFree(work));
+  cublasDestroy(blas);
+}
+
+// A box's passes walk it without a division per element: over a box larger than one round
+// of the grid whose width does not divide the grid's stride, every element's momentum lands
+// at its place in a wider layout (nothing between the rows written), and the apply reads it
+// from there; bit for bit the host's muon_math.h.
+TEST_CASE("Muon's box passes on CUDA over a box larger than their grid", "[gpu][muon][sharded]") {
+  const int64_t box_rows = 1100, box_cols = 1000, ld = 1003;  // 4096 x 256 % 1000 = 576
+  const sa::kernels::MatrixBox box{2 * box_rows, box_cols, box_rows, 0, box_rows, box_cols};
+  sa::kernels::MuonHyper h;
+  h.lr = 0.02;
+  const std::vector<float> p = sa::test::random_matrix(box_rows, box_cols, 8, 1.0f);
+  const std::vector<float> g = sa::test::random_matrix(box_rows, box_cols, 9, 0.01f);
+  const std::vector<float> b = sa::test::random_matrix(box_rows, box_cols, 10, 0.01f);
+  const std::vector<float> sentinel(static_cast<std::size_t>(box_rows * ld), -7.0f);
+  auto dp = floats_at(p, 0), dg = floats_at(g, 0), db = floats_at(b, 0), dd = floats_at(sentinel, 0);
+  float* dir = static_cast<float*>(dd->data());
+  const sa::kernels::TensorSlot slot = sa::test::muon_slot(dp->data(), dg->data(), db->data());
+  CUDA_OK(sa::kernels::muon_box_momentum_cuda(sa::test::muon_variant(), h, box, nullptr, slot, dir,
+                                              ld, nullptr));
+  CUDA_OK(sa::kernels::muon_box_apply_cuda(sa::test::muon_variant(), h, box, nullptr, dir, ld, slot,
+                                           nullptr));
+  const std::vector<float> got_p = floats_of(*dp), got_b = floats_of(*db), got_d = floats_of(*dd);
+  const sa::kernels::MuonCoeffs c = sa::kernels::muon_coeffs(h, box.rows, box.cols);
+  std::size_t wrong = 0;
+  for (int64_t r = 0; r < box_rows; ++r) {
+    for (int64_t k = 0; k < ld; ++k) {
+      const std::size_t at = static_cast<std::size_t>(r * ld + k);
+      if (k >= box_cols) {
+        wrong += got_d[at] != -7.0f;
+        continue;
+      }
+      const std::size_t i = static_cast<std::size_t>(r * box_cols + k);
+      float buf = b[i];
+      const float u = sa::kernels::muon_momentum(c, g[i], buf);
+      wrong += got_b[i] != buf;
+      wrong += got_d[at] != u;
+      wrong += got_p[i] != sa::kernels::muon_apply(c, p[i], u);
+    }
+  }
+  CHECK(wrong == 0);
+}
+
+namespace {
+
+using sa::kernels::ElemType;
+
+// The bytes of `values` as dtype t (float32, or bfloat16 rounded as tests/muon_reference.hpp
+// rounds).
+std::vector<unsigned char> stored_as(ElemType t, const std::vector<float>& values) {
+  std::vector<unsigned char> out(values.size() * (t == ElemType::f32 ? 4 : 2));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (t == ElemType::f32) {
+      std::memcpy(out.data() + 4 * i, &values[i], 4);
+    } else {
+      const float r = sa::test::round_bf16(values[i]);
+      uint32_t bits = 0;
+      std::memcpy(&bits, &r, 4);
+      const uint16_t high = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(out.data() + 2 * i, &high, 2);
+    }
+  }
+  return out;
+}
+
+// Bytes on the device, `offset` elements of `elem` bytes past a 256-byte aligned allocation.
+struct DeviceBytes {
+  void* base = nullptr;
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  DeviceBytes(const std::vector<unsigned char>& host, std::size_t elem, int64_t offset)
+      : bytes(host.size()) {
+    CUDA_OK(cudaMalloc(&base, bytes + 256));
+    data = static_cast<char*>(base) + static_cast<std::size_t>(offset) * elem;
+    CUDA_OK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  ~DeviceBytes() { cudaFree(base); }
+  std::vector<unsigned char> host() const {
+    std::vector<unsigned char> out(bytes);
+    CUDA_OK(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+}  // namespace
+
+// Muon's storage forms on CUDA, each against what it must equal: a bfloat16 param's float32
+// master steps as a float32 param does, bit for bit, and the param is its master rounded;
+// bfloat16 grads step as float32 grads of the same values; a bfloat16 momentum_buffer's first
+// step is (1 - momentum) g rounded. Arrays one element past vector alignment (element-wise
+// passes) give the same bits as aligned ones, over a matrix larger than one round of the grid.
+TEST_CASE("Muon on CUDA over bfloat16 params (float32 master), grads and momentum_buffer",
+          "[gpu][muon]") {
+  cublasHandle_t blas = nullptr;
+  REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  const auto [rows, cols] =
+      GENERATE(std::pair<int64_t, int64_t>{40, 12}, std::pair<int64_t, int64_t>{1003, 1101});
+  CAPTURE(rows, cols);
+  sa::kernels::MuonHyper h;
+  h.lr = 0.02;
+  h.momentum = 0.9;
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  const std::vector<float> start = sa::test::random_matrix(rows, cols, 31, 1.0f);
+  std::vector<std::vector<float>> grads;
+  for (int step = 0; step < 3; ++step)
+    grads.push_back(sa::test::random_matrix(rows, cols, 40 + static_cast<unsigned>(step), 0.01f));
+  void* work = nullptr;
+  CUDA_OK(cudaMalloc(&work, sa::kernels::muon_cuda_work_bytes(rows, cols)));
+  struct Result {
+    std::vector<unsigned char> param, master, buf;
+  };
+  // `steps` steps of variant v from `start`, grads and buffer stored in v's dtypes (the grads
+  // rounded first when `rounded_grads`), its arrays `offset` elements past alignment.
+  auto run = [&](const sa::kernels::Variant& v, int64_t offset, int steps, bool rounded_grads) {
+    const std::size_t pe = v.param == ElemType::f32 ? 4 : 2, ge = v.grad == ElemType::f32 ? 4 : 2,
+                      be = v.moment == ElemType::f32 ? 4 : 2;
+    DeviceBytes param(stored_as(v.param, start), pe, offset),
+        master(stored_as(ElemType::f32, start), 4, offset),
+        buf(stored_as(v.moment, std::vector<float>(n, 0.0f)), be, offset);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> g = grads[static_cast<std::size_t>(step)];
+      if (rounded_grads)
+        for (float& x : g) x = sa::test::round_bf16(x);
+      DeviceBytes grad(stored_as(v.grad, g), ge, offset);
+      const sa::kernels::NsStatus st = sa::kernels::muon_matrix_cuda(
+          v, kCublas, blas,
+          sa::test::muon_slot(param.data, grad.data, buf.data,
+                              v.master == sa::kernels::MasterKind::fp32 ? master.data : nullptr),
+          rows, cols, h, nullptr, work, nullptr);
+      REQUIRE(st.ok());
+      CUDA_OK(cudaDeviceSynchronize());
+    }
+    return Result{param.host(), master.host(), buf.host()};
+  };
+  const sa::kernels::Variant f32 = sa::test::muon_variant(),
+                             bf16_param = sa::test::muon_variant(ElemType::bf16),
+                             bf16_grad = sa::test::muon_variant(ElemType::f32, ElemType::bf16),
+                             bf16_buf =
+                                 sa::test::muon_variant(ElemType::f32, ElemType::f32, ElemType::bf16);
+  const Result plain = run(f32, 0, 3, false), plain_rounded = run(f32, 0, 3, true);
+  std::vector<float> plain_p(n);
+  std::memcpy(plain_p.data(), plain.param.data(), 4 * n);
+  for (const int64_t offset : {0, 1}) {
+    INFO("offset " << offset);
+    const Result p16 = run(bf16_param, offset, 3, false);
+    CHECK(p16.master == plain.param);
+    CHECK(p16.param == stored_as(ElemType::bf16, plain_p));
+    CHECK(p16.buf == plain.buf);
+    const Result g16 = run(bf16_grad, offset, 3, false);  // stored_as rounds them
+    CHECK(g16.param == plain_rounded.param);
+    CHECK(g16.buf == plain_rounded.buf);
+    const Result b16_first = run(bf16_buf, offset, 1, false);
+    std::vector<float> first(n);
+    for (std::size_t i = 0; i < n; ++i)
+      first[i] = static_cast<float>(static_cast<double>(static_cast<float>(1.0 - h.momentum)) *
+                                    grads[0][i]);  // one rounding of the float product, as fmaf
+    CHECK(b16_first.buf == stored_as(ElemType::bf16, first));
+    if (offset == 1) {  // the element-wise passes against the vector ones, over 3 steps
+      const Result aligned = run(bf16_buf, 0, 3, false), unaligned = run(bf16_buf, 1, 3, false);
+      CHECK(aligned.param == unaligned.param);
+      CHECK(aligned.buf == unaligned.buf);
+    }
+  }
+  CUDA_OK(cudaFree(work));
+  cublasDestroy(blas);
 }

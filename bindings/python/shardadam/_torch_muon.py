@@ -36,7 +36,11 @@ class Muon(_fused.FusedAdam):
     (one exchange for all matrices, through the communicator the first such param makes:
     NCCL for CUDA params, torch.distributed for CPU ones), each owner orthogonalizes its
     whole matrices and sends every rank its boxes of the result, so the result is the
-    unsharded one, bit for bit. Params are float32.
+    unsharded one, bit for bit. Params are float32, or bfloat16 with a float32 master (the
+    update is applied to the master, the param is its rounding; ``state[p]["master"]``);
+    grads float32 or bfloat16; ``momentum_buffer`` float32 unless ``moment_dtype`` is
+    ``torch.bfloat16`` (torch's Muon keeps it in the grads' dtype, and casts a loaded one to
+    its params').
 
     Args:
         params, lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,

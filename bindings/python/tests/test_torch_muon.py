@@ -159,6 +159,81 @@ def test_state_dicts_load_both_ways():
         assert (a - b).abs().max() < tolerance
 
 
+def bfloat16_against_float32(device, moment_dtype=None):
+    """Four steps of ours over bfloat16 matrices and grads on `device`, and of torch.optim.Muon
+    over float32 copies of the same values: ours keeps a float32 master that follows torch's
+    float32 matrices within bfloat16's Newton-Schulz tolerance (as against_torch_and_float64
+    bounds it), its params are the master rounded (torch's rounding), and the momentum is
+    torch's (float32: to float32's); a bfloat16 one is the float64 lerp kept in bfloat16 at
+    every step (to one bfloat16 rounding)."""
+    h = muon_hyper(True, None, 5)
+    start = [p.detach().bfloat16() for p in matrices()]
+    ours = [torch.nn.Parameter(p.clone().to(device)) for p in start]
+    theirs = [torch.nn.Parameter(p.float().to(device)) for p in start]
+    opt, ref = Muon(ours, moment_dtype=moment_dtype, **h), torch.optim.Muon(theirs, **h)
+    kept = [torch.zeros(p.shape, dtype=torch.float64) for p in start]  # the bfloat16 buffer's reference
+    for step in range(4):
+        for p, q, g, b in zip(ours, theirs, grads_for(ours, step), kept):
+            p.grad, q.grad = g.bfloat16().to(device), g.bfloat16().float().to(device)
+            b.add_((1 - h["momentum"]) * (g.bfloat16().double() - b)).copy_(b.bfloat16().double())
+        opt.step()
+        ref.step()
+    for i, (p, q, b) in enumerate(zip(ours, theirs, kept)):
+        state = opt.state[p]
+        master, buf = state["master"], state["momentum_buffer"]
+        assert master.dtype == torch.float32 and buf.dtype == (moment_dtype or torch.float32)
+        assert torch.equal(p.detach(), master.bfloat16()), f"matrix {i}: the param is its master rounded"
+        ratio = math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+        assert (master - q).abs().max().item() < 4 * 0.02 * ratio * 0.06, f"matrix {i} vs torch's float32"
+        want = ref.state[q]["momentum_buffer"]
+        if moment_dtype is None:
+            assert torch.allclose(buf, want, atol=1e-7)
+        else:
+            assert torch.allclose(buf.double().cpu(), b, rtol=2 ** -8, atol=0)
+    assert max((p.detach().float().cpu() - q0.float()).abs().max() for p, q0 in zip(ours, start)) > 0.01
+    return ours, opt
+
+
+@pytest.mark.parametrize("moment_dtype", [None, torch.bfloat16])
+def test_bfloat16_matrices_step_a_float32_master_as_torchs_float32_muon(moment_dtype):
+    bfloat16_against_float32("cpu", moment_dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("moment_dtype", [None, torch.bfloat16])
+def test_bfloat16_matrices_on_cuda_step_a_float32_master_as_torchs_float32_muon(moment_dtype):
+    bfloat16_against_float32("cuda", moment_dtype)
+
+
+def test_bfloat16_state_dicts_load_into_torchs_bfloat16_muon_and_back():
+    """Ours (a float32 master and buffer) into torch.optim.Muon over bfloat16 params: torch
+    casts the buffer to its params' dtype and steps on (carrying our master along, stale);
+    torch's dict into ours: the buffer widened exactly, and the stale master is not taken: at
+    the next step the master is the params' values (a step at lr 0 keeps them)."""
+    ours, opt = bfloat16_against_float32("cpu")
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    ref = torch.optim.Muon(theirs, lr=0.02)
+    ref.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for p, q in zip(ours, theirs):
+        assert ref.state[q]["momentum_buffer"].dtype == torch.bfloat16
+        assert torch.equal(ref.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"].bfloat16())
+    for q, g in zip(theirs, grads_for(theirs, 5)):
+        q.grad = g.bfloat16()
+    ref.step()
+    back = [torch.nn.Parameter(q.detach().clone()) for q in theirs]
+    opt2 = Muon(back, lr=0.02)
+    opt2.load_state_dict(copy.deepcopy(ref.state_dict()))
+    for p, q in zip(back, theirs):
+        assert torch.equal(opt2.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"].float())
+    opt2.param_groups[0]["lr"] = 0.0
+    for p, g in zip(back, grads_for(back, 6)):
+        p.grad = g.bfloat16()
+    opt2.step()
+    for p, q in zip(back, theirs):
+        assert torch.equal(p.detach(), q.detach())
+        assert torch.equal(opt2.state[p]["master"], p.detach().float())
+
+
 def test_shard_files_round_trip(tmp_path):
     ours = matrices()
     opt = Muon(ours, lr=0.02)
@@ -286,8 +361,8 @@ def test_what_muon_refuses_says_why():
     bias = torch.nn.Parameter(torch.zeros(8))
     with pytest.raises(shardadam.InvalidArgument, match=r"2-D.*\[8\]"):
         Muon([bias])
-    half = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
-    with pytest.raises(shardadam.Unsupported, match="float32"):
+    half = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float16))
+    with pytest.raises(shardadam.Unsupported, match="Muon steps float32 or bfloat16.*this param is float16"):
         Muon([half])
     with pytest.raises(ValueError, match="update_rule"):
         FusedAdam([{"params": matrices(), "update_rule": "sgd"}])
