@@ -425,13 +425,30 @@ struct Split {
 // another owner (equal flops: rank 0, 1, 2), whose result every rank must receive.
 constexpr int kCopies = 3;
 
-// What a rank ends with: its box of each copy's param and momentum, and where the box is.
+// What a rank ends with: its box of each copy's param, momentum and master (bfloat16 params),
+// as floats, and where the box is.
 struct RankResult {
   sa_status status = SA_OK;
   std::string error;
   std::vector<int64_t> offset, shape;
-  std::vector<std::vector<float>> param, momentum;  // by copy
+  std::vector<std::vector<float>> param, momentum, master;  // by copy
 };
+
+// The n elements of a float32 or bfloat16 array as floats.
+std::vector<float> floats_from(const void* data, DLDataType dtype, int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (dtype.bits == 32) {
+      std::memcpy(&out[i], static_cast<const char*>(data) + 4 * i, 4);
+    } else {
+      uint16_t h = 0;
+      std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      std::memcpy(&out[i], &bits, 4);
+    }
+  }
+  return out;
+}
 
 // A step's grads of the whole matrix: the same on every rank and in the reference.
 std::vector<float> whole_grad(const Split& s, int step) {
@@ -450,8 +467,10 @@ std::vector<float> box_of(const std::vector<float>& m, int64_t cols,
 // Rank `rank` of the split: its box of each copy of the matrix in a Muon group (with a
 // whole 5 x 3 matrix beside them), three steps; no Catch2 macros (it runs on a thread of
 // its own). `coordinate_of` >= 0: it gives that rank's mesh coordinate instead of its own.
+// The copies, their grads and their momentum_buffer are of `dtype` (bfloat16: with a
+// float32 master).
 RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_comm* comm,
-                    int coordinate_of = -1) {
+                    int coordinate_of = -1, DLDataType dtype = kFloat32) {
   RankResult out;
   auto fail = [&](sa_status st, sa_optimizer* opt) {
     out.status = st;
@@ -475,10 +494,13 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
       box_of(sa::test::random_matrix(s.rows, s.cols, 77, 1.0f), s.cols, out.offset, out.shape);
   std::vector<HostTensor> w, g;
   for (int c = 0; c < kCopies; ++c) {
-    w.emplace_back(out.shape, kFloat32);
-    g.emplace_back(out.shape, kFloat32);
-    std::copy(start.begin(), start.end(), w.back().as<float>());  // (an empty shard's is empty)
+    w.emplace_back(out.shape, dtype);
+    g.emplace_back(out.shape, dtype);
+    for (std::size_t i = 0; i < start.size(); ++i)  // (an empty shard's is empty)
+      w.back().set(static_cast<int64_t>(i), start[i]);
   }
+  sa_param_options options = SA_PARAM_OPTIONS_INIT;
+  options.moment_dtype = dtype;
   HostTensor v({5, 3}, kFloat32), vg({5, 3}, kFloat32);
   sa_optimizer_config oc = SA_OPTIMIZER_CONFIG_INIT;
   oc.num_threads = 1;
@@ -491,7 +513,7 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
   if (st == SA_OK) st = sa_optimizer_add_group(opt.get(), &config, &group);
   for (int c = 0; c < kCopies && st == SA_OK; ++c)
     st = sa_optimizer_add_param(opt.get(), ("w" + std::to_string(c)).c_str(), 0,
-                                w[static_cast<std::size_t>(c)].versioned(), &layout, nullptr,
+                                w[static_cast<std::size_t>(c)].versioned(), &layout, &options,
                                 &index);
   if (st == SA_OK)
     st = sa_optimizer_add_param(opt.get(), "v", 0, v.versioned(), nullptr, nullptr, &index);
@@ -503,22 +525,27 @@ RankResult run_rank(const Split& s, const sa_group_config& config, int rank, sa_
   if (st == SA_OK) st = sa_optimizer_set_grads(opt.get(), kCopies + 1, grads.data());
   for (int step = 0; step < 3 && st == SA_OK; ++step) {
     const std::vector<float> box = box_of(whole_grad(s, step), s.cols, out.offset, out.shape);
-    for (HostTensor& t : g) std::copy(box.begin(), box.end(), t.as<float>());
+    for (HostTensor& t : g)
+      for (std::size_t i = 0; i < box.size(); ++i) t.set(static_cast<int64_t>(i), box[i]);
     for (int64_t i = 0; i < 15; ++i) vg.set(i, 0.01f * static_cast<float>(i % 4 - 1));
     st = sa_optimizer_step(opt.get(), nullptr, nullptr);
   }
   if (st != SA_OK) return fail(st, opt.get());
   for (int c = 0; c < kCopies; ++c) {
     const HostTensor& t = w[static_cast<std::size_t>(c)];
-    out.param.emplace_back(t.as<float>(), t.as<float>() + t.numel());
+    out.param.push_back(floats_from(t.data(), dtype, t.numel()));
     out.momentum.emplace_back();
+    out.master.emplace_back();
     if (t.numel() == 0) continue;
-    DLManagedTensorVersioned* view = nullptr;
-    if ((st = sa_optimizer_state_view(opt.get(), c, "momentum_buffer", &view)) != SA_OK)
-      return fail(st, opt.get());
-    const auto* m = static_cast<const float*>(view->dl_tensor.data);
-    out.momentum.back().assign(m, m + t.numel());
-    view->deleter(view);
+    for (const std::string key : {"momentum_buffer", "master"}) {
+      if (dtype.bits == 32 && key == "master") continue;
+      DLManagedTensorVersioned* view = nullptr;
+      if ((st = sa_optimizer_state_view(opt.get(), c, key.c_str(), &view)) != SA_OK)
+        return fail(st, opt.get());
+      (key == "master" ? out.master : out.momentum).back() =
+          floats_from(view->dl_tensor.data, view->dl_tensor.dtype, t.numel());
+      view->deleter(view);
+    }
   }
   return out;
 }
@@ -551,30 +578,40 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
       {"TP x FSDP 2 x 2: Shard(1), Shard(0)", 8, 10, {2, 2}, {s1, s0}},
   };
   const sa_group_config config = muon_config(true, SA_MUON_LR_ORIGINAL, 5);
+  // float32 matrices; bfloat16 ones with a float32 master and a bfloat16 momentum_buffer.
+  const DLDataType dtype = GENERATE(kFloat32, kBfloat16);
+  CAPTURE(static_cast<int>(dtype.bits));
   for (const Split& s : splits) {
     INFO(s.what);
     // The whole matrix on one rank.
-    HostTensor w({s.rows, s.cols}, kFloat32), g({s.rows, s.cols}, kFloat32);
+    HostTensor w({s.rows, s.cols}, dtype), g({s.rows, s.cols}, dtype);
     OptimizerPtr one = make_optimizer();  // after w: w outlives it
     const std::vector<float> start = sa::test::random_matrix(s.rows, s.cols, 77, 1.0f);
-    std::memcpy(w.data(), start.data(), start.size() * sizeof(float));
+    for (std::size_t i = 0; i < start.size(); ++i) w.set(static_cast<int64_t>(i), start[i]);
+    const std::vector<float> stored = floats_from(w.data(), dtype, w.numel());
     int32_t group = -1;
     int64_t index = -1;
+    sa_param_options options = SA_PARAM_OPTIONS_INIT;
+    options.moment_dtype = dtype;
     REQUIRE_SA_OK(one.get(), sa_optimizer_add_group(one.get(), &config, &group));
     REQUIRE_SA_OK(one.get(), sa_optimizer_add_param(one.get(), "w", 0, w.versioned(), nullptr,
-                                                    nullptr, &index));
+                                                    &options, &index));
     const DLTensor gd = g.dl();
     REQUIRE_SA_OK(one.get(), sa_optimizer_set_grad(one.get(), 0, &gd));
     for (int step = 0; step < 3; ++step) {
       const std::vector<float> grad = whole_grad(s, step);
-      std::memcpy(g.data(), grad.data(), grad.size() * sizeof(float));
+      for (std::size_t i = 0; i < grad.size(); ++i) g.set(static_cast<int64_t>(i), grad[i]);
       REQUIRE_SA_OK(one.get(), sa_optimizer_step(one.get(), nullptr, nullptr));
     }
-    const std::vector<float> whole(w.as<float>(), w.as<float>() + w.numel());
+    const std::vector<float> whole = floats_from(w.data(), dtype, w.numel());
     const StateView mb = state_view(one.get(), 0, "momentum_buffer");
-    const std::vector<float> whole_mb(static_cast<const float*>(mb.data()),
-                                      static_cast<const float*>(mb.data()) + mb.numel());
-    CHECK(whole != start);  // the steps moved it
+    const std::vector<float> whole_mb = floats_from(mb.data(), dtype, mb.numel());
+    std::vector<float> whole_master;
+    if (dtype.bits == 16) {
+      const StateView master = state_view(one.get(), 0, "master");
+      whole_master = floats_from(master.data(), kFloat32, master.numel());
+    }
+    CHECK(whole != stored);  // the steps moved it
     // The same on 4 threaded ranks: each copy orthogonalized by its owner (ranks that say
     // their numbers: boxes exchanged through all_to_all, or through all_reduce without
     // one), or on every rank (ranks that do not: summed whole).
@@ -591,8 +628,9 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
       std::vector<RankResult> results(4);
       std::vector<std::thread> threads;
       for (int r = 0; r < 4; ++r)
-        threads.emplace_back(
-            [&, r] { results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r]); });
+        threads.emplace_back([&, r] {
+          results[static_cast<std::size_t>(r)] = run_rank(s, config, r, comms[r], -1, dtype);
+        });
       for (std::thread& t : threads) t.join();
       int64_t covered = 0;
       for (int r = 0; r < 4; ++r) {
@@ -605,6 +643,9 @@ TEST_CASE("a Muon matrix split across 4 ranks steps as the whole matrix does on 
                 box_of(whole, s.cols, got.offset, got.shape));
           CHECK(got.momentum[static_cast<std::size_t>(c)] ==
                 box_of(whole_mb, s.cols, got.offset, got.shape));
+          if (dtype.bits == 16)
+            CHECK(got.master[static_cast<std::size_t>(c)] ==
+                  box_of(whole_master, s.cols, got.offset, got.shape));
         }
         covered += got.shape[0] * got.shape[1];
       }
