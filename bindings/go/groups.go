@@ -25,7 +25,7 @@ type GroupConfig map[string]float64
 // bits in FieldInfo.Rules.
 const (
 	RuleAdamW = C.SA_RULE_ADAMW // Adam / AdamW, the default
-	RuleMuon  = C.SA_RULE_MUON  // Muon: 2-D float32 matrices, whole on each rank
+	RuleMuon  = C.SA_RULE_MUON  // Muon: 2-D matrices, float32 or bfloat16 with a float32 master (shardadam.h)
 )
 
 // FieldInfo describes one group hyperparameter as the library defines it (sa_field_info).

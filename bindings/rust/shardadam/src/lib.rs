@@ -882,9 +882,9 @@ pub struct FieldInfo {
 /// The update rules a group may have: the values of its field `"update_rule"`
 /// (`sa_update_rule`), as [`GroupConfig::set`] takes them. Adam / AdamW, the default.
 pub const RULE_ADAMW: i32 = sys::SA_RULE_ADAMW;
-/// Muon: each 2-D float32 param (whole on each rank) orthogonalized by Newton-Schulz
-/// (shardadam.h spells the update; its fields are `momentum`, `nesterov`, `ns_a`, `ns_b`,
-/// `ns_c`, `ns_steps`, `adjust_lr`).
+/// Muon: each 2-D param (float32, or bfloat16 with a float32 master; whole or split across
+/// ranks) orthogonalized by Newton-Schulz (shardadam.h spells the update and the dtypes; its
+/// fields are `momentum`, `nesterov`, `ns_a`, `ns_b`, `ns_c`, `ns_steps`, `adjust_lr`).
 pub const RULE_MUON: i32 = sys::SA_RULE_MUON;
 
 /// Every group hyperparameter the loaded library knows, in its order
