@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     // Each call orthogonalizes the last one's result: the same work on the same shape.
     const double ours = median_ms(reps, stream, [&] {
       const sa::kernels::NsStatus st =
-          sa::kernels::newton_schulz_cuda({&cublasSetStream_v2, &cublasGemmEx}, blas, x, s.rows, s.cols, ns,
+          sa::kernels::newton_schulz_cuda({&cublasSetStream_v2, &cublasGemmEx, &cublasSetWorkspace_v2}, blas, x, s.rows, s.cols, ns,
                                          work, stream);
       if (!st.ok()) {
         std::fprintf(stderr, "newton_schulz_cuda failed\n");

@@ -19,7 +19,7 @@ size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // Where each part of the scratch starts, in bytes from `work` (256-byte aligned), and its
 // size: newton_schulz_cuda_work_bytes and carve both read this one layout.
 struct Layout {
-  size_t x, y, a, b, partials, end;
+  size_t x, y, a, b, partials, cublas, end;
 };
 
 Layout layout_of(const NsShape& s) {
@@ -30,7 +30,8 @@ Layout layout_of(const NsShape& s) {
   l.a = l.y + round_up(xn);
   l.b = l.a + round_up(mm);
   l.partials = l.b + round_up(mm);
-  l.end = l.partials + round_up(kNsNormBlocks * sizeof(float));
+  l.cublas = l.partials + round_up(kNsNormBlocks * sizeof(float));
+  l.end = l.cublas + kNsCublasWorkspaceBytes;
   return l;
 }
 
@@ -41,6 +42,7 @@ struct Scratch {
   __nv_bfloat16* a;
   __nv_bfloat16* b;
   float* partials;  // [kNsNormBlocks]
+  void* cublas;     // kNsCublasWorkspaceBytes
 };
 
 Scratch carve(void* work, const NsShape& s) {
@@ -48,7 +50,7 @@ Scratch carve(void* work, const NsShape& s) {
   const Layout l = layout_of(s);
   return {reinterpret_cast<__nv_bfloat16*>(at + l.x), reinterpret_cast<__nv_bfloat16*>(at + l.y),
           reinterpret_cast<__nv_bfloat16*>(at + l.a), reinterpret_cast<__nv_bfloat16*>(at + l.b),
-          reinterpret_cast<float*>(at + l.partials)};
+          reinterpret_cast<float*>(at + l.partials),  at + l.cublas};
 }
 
 // A plain float32 input, as ns_round_and_square_kernel's source; `vec`: x takes float4s.
@@ -205,7 +207,11 @@ NsStatus newton_schulz_cuda_rounded(const CublasCalls& calls, cublasHandle_t bla
   const NsShape s = ns_shape(rows, cols);
   const int64_t elems = rows * cols, m = s.m, n = s.n;
   Scratch w = carve(work, s);
+  // Setting the stream puts the handle back on cuBLAS's own workspace pool: ours after it.
   if ((st.blas = calls.set_stream(blas, stream)) != CUBLAS_STATUS_SUCCESS) return st;
+  if ((st.blas = calls.set_workspace(blas, w.cublas, kNsCublasWorkspaceBytes)) !=
+      CUBLAS_STATUS_SUCCESS)
+    return st;
   normalize_kernel<<<std::min(grid_for(elems, kThreads * kBf16Group), kNormalizeBlocks), kThreads,
                      0, stream>>>(w.x, elems, w.partials, ns.eps);
   if ((st.cuda = cudaGetLastError()) != cudaSuccess) return st;

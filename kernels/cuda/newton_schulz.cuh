@@ -18,7 +18,8 @@ namespace sa {
 namespace kernels {
 
 // Device scratch bytes newton_schulz_cuda needs for a rows x cols matrix: X and the next X
-// (m x n), A and B (m x m), all bfloat16, and the norm's partial sums.
+// (m x n), A and B (m x m), all bfloat16, the norm's partial sums and cuBLAS's workspace
+// (kNsCublasWorkspaceBytes).
 size_t newton_schulz_cuda_work_bytes(int64_t rows, int64_t cols);
 
 // The cuBLAS functions the iteration calls, as the caller resolved them.
@@ -31,7 +32,13 @@ using CublasGemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cubla
 struct CublasCalls {
   decltype(&cublasSetStream_v2) set_stream;
   CublasGemmEx gemm_ex;
+  decltype(&cublasSetWorkspace_v2) set_workspace;
 };
+
+// The cuBLAS workspace inside newton_schulz_cuda's work (cuBLAS's recommendation for Hopper):
+// the GEMMs use it instead of cuBLAS's own pool, so that a step captured in a CUDA graph
+// allocates nothing and replays on memory the optimizer owns.
+constexpr size_t kNsCublasWorkspaceBytes = size_t{32} << 20;
 
 // What failed, if anything: a launch or copy (cuda), or a cuBLAS call (blas).
 struct NsStatus {

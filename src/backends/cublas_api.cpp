@@ -41,6 +41,7 @@ CublasApi load_cublas() {
     std::string missing;
     resolve(lib, "cublasSetStream_v2", &api.calls.set_stream, missing);
     resolve(lib, "cublasGemmEx", &api.calls.gemm_ex, missing);
+    resolve(lib, "cublasSetWorkspace_v2", &api.calls.set_workspace, missing);
     resolve(lib, "cublasCreate_v2", &api.create, missing);
     resolve(lib, "cublasDestroy_v2", &api.destroy, missing);
     if (missing.empty()) return api;

@@ -24,7 +24,7 @@
 namespace {
 
 // The cuBLAS these tests link, as the kernels take it (the CUDA module loads one).
-const sa::kernels::CublasCalls kCublas{&cublasSetStream_v2, &cublasGemmEx};
+const sa::kernels::CublasCalls kCublas{&cublasSetStream_v2, &cublasGemmEx, &cublasSetWorkspace_v2};
 
 // x orthogonalized on the GPU.
 std::vector<float> on_gpu(cublasHandle_t blas, const std::vector<float>& x, int64_t rows,
@@ -582,4 +582,86 @@ TEST_CASE("Muon on CUDA over bfloat16 params (float32 master), grads and momentu
   }
   CUDA_OK(cudaFree(work));
   cublasDestroy(blas);
+}
+
+// A Muon step captured in a CUDA graph (Newton-Schulz's cuBLAS GEMMs on the optimizer's own
+// workspace: nothing allocated in the capture) replays as eager steps run: two optimizers
+// over the same matrices (float32, and bfloat16 with a float32 master), one stepping eagerly
+// on the stream, the other replaying its captured step with new grads in the same buffers,
+// end bit for bit equal.
+TEST_CASE("a captured Muon step replays in a CUDA graph as eager steps run, bit for bit",
+          "[gpu][muon]") {
+  using namespace sa_test;
+  sa_group_config muon = SA_GROUP_CONFIG_INIT;
+  muon.update_rule = SA_RULE_MUON;
+  muon.lr = 0.02;
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{48, 160}, {160, 48}, {64, 64}};
+  struct Side {
+    OptimizerPtr opt = make_optimizer();
+    std::vector<std::unique_ptr<DeviceTensor>> params, grads;
+  };
+  Side eager, graph;
+  for (Side* side : {&eager, &graph}) {
+    int32_t g = -1;
+    REQUIRE_SA_OK(side->opt.get(), sa_optimizer_add_group(side->opt.get(), &muon, &g));
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto [rows, cols] = shapes[i];
+      const DLDataType dtype = i == 2 ? kBfloat16 : kFloat32;
+      side->params.push_back(std::make_unique<DeviceTensor>(std::vector<int64_t>{rows, cols}, dtype));
+      side->grads.push_back(std::make_unique<DeviceTensor>(std::vector<int64_t>{rows, cols}, dtype));
+      const std::vector<unsigned char> start =
+          stored_as(i == 2 ? ElemType::bf16 : ElemType::f32,
+                    sa::test::random_matrix(rows, cols, 60 + static_cast<unsigned>(i), 1.0f));
+      CUDA_OK(cudaMemcpy(side->params[i]->data(), start.data(), start.size(), cudaMemcpyHostToDevice));
+      int64_t index = -1;
+      REQUIRE_SA_OK(side->opt.get(),
+                    sa_optimizer_add_param(side->opt.get(), ("w" + std::to_string(i)).c_str(), 0,
+                                           side->params[i]->versioned(), nullptr, nullptr, &index));
+      const DLTensor dl = side->grads[i]->dl();
+      REQUIRE_SA_OK(side->opt.get(), sa_optimizer_set_grad(side->opt.get(), index, &dl));
+    }
+  }
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Step `step`'s grads into both sides' buffers, on the stream.
+  auto fill = [&](int step) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto [rows, cols] = shapes[i];
+      const std::vector<unsigned char> g = stored_as(
+          i == 2 ? ElemType::bf16 : ElemType::f32,
+          sa::test::random_matrix(rows, cols, 300 + 10 * static_cast<unsigned>(step) + i, 0.01f));
+      for (Side* side : {&eager, &graph})
+        CUDA_OK(cudaMemcpyAsync(side->grads[i]->data(), g.data(), g.size(), cudaMemcpyHostToDevice,
+                                stream));
+      CUDA_OK(cudaStreamSynchronize(stream));  // g is freed next
+    }
+  };
+  // Step 0 outside capture on both: plans, cuBLAS's handle and the scratch are made.
+  fill(0);
+  REQUIRE_SA_OK(eager.opt.get(), sa_optimizer_step(eager.opt.get(), nullptr, stream));
+  REQUIRE_SA_OK(graph.opt.get(), sa_optimizer_step(graph.opt.get(), nullptr, stream));
+  const CapturedStep captured = capture_step(graph.opt.get(), stream);
+  INFO(captured.message);
+  REQUIRE(captured.status == SA_OK);
+  REQUIRE(captured.ended == cudaSuccess);
+  REQUIRE(captured.graph != nullptr);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, captured.graph, 0));
+  for (int step = 1; step <= 3; ++step) {
+    fill(step);
+    REQUIRE_SA_OK(eager.opt.get(), sa_optimizer_step(eager.opt.get(), nullptr, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    INFO("matrix " << i);
+    CHECK(graph.params[i]->download() == eager.params[i]->download());
+    const int64_t index = static_cast<int64_t>(i);
+    CHECK(download_view(state_view(graph.opt.get(), index, "momentum_buffer")) ==
+          download_view(state_view(eager.opt.get(), index, "momentum_buffer")));
+  }
+  CHECK(graph.params[0]->download() != stored_as(ElemType::f32, sa::test::random_matrix(48, 160, 60, 1.0f)));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(captured.graph);
+  cudaStreamDestroy(stream);
 }
