@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -63,18 +62,9 @@ inline Matrix ns_reference(Matrix g, int64_t rows, int64_t cols, const sa::kerne
   return tall ? transpose(g, m, n) : g;
 }
 
-// x rounded to bfloat16 (to nearest, ties to even: the high 16 bits of a float32), from the
-// format's definition; finite x.
-inline float round_bf16(float x) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
 // One Muon step of a rows x cols matrix: buf and p updated in place; `keep` is what storing
-// buf does to each element (nothing, or a rounding to the buffer's dtype).
+// buf does to each element (nothing, or a rounding to the buffer's dtype: test_support.hpp's
+// round_to_bf16).
 inline void muon_reference(Matrix& p, const Matrix& g, Matrix& buf, int64_t rows, int64_t cols,
                            const sa::kernels::MuonHyper& h, double (*keep)(double) = nullptr) {
   Matrix u(g.size());

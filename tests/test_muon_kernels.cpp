@@ -12,6 +12,7 @@
 #include "kernels/cpu/newton_schulz.h"
 #include "muon_reference.hpp"
 #include "muon_slots.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -120,7 +121,7 @@ using sa::kernels::ElemType;
 std::vector<uint16_t> bf16_bits_of(const std::vector<float>& x) {
   std::vector<uint16_t> out(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) {
-    const float r = sa::test::round_bf16(x[i]);
+    const float r = static_cast<float>(sa_test::round_to_bf16(x[i]));
     uint32_t bits = 0;
     std::memcpy(&bits, &r, sizeof bits);
     out[i] = static_cast<uint16_t>(bits >> 16);
@@ -134,8 +135,6 @@ float bf16_value(uint16_t h) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
-
-double keep_bf16(double x) { return sa::test::round_bf16(static_cast<float>(x)); }
 
 }  // namespace
 
@@ -200,7 +199,8 @@ TEST_CASE("Muon on the CPU over bfloat16 params (float32 master), grads and mome
       REQUIRE(sa::kernels::muon_matrix_cpu(
           sa::test::muon_variant(ElemType::f32, ElemType::f32, ElemType::bf16), kSgemm,
           sa::test::muon_slot(p.data(), g.data(), buf.data()), rows, cols, h, 1.0f, work.data()));
-      sa::test::muon_reference(p64, Matrix(g.begin(), g.end()), buf64, rows, cols, h, keep_bf16);
+      sa::test::muon_reference(p64, Matrix(g.begin(), g.end()), buf64, rows, cols, h,
+                               sa_test::round_to_bf16);
     }
     double worst_buf = 0.0;  // in units of the reference's bfloat16 spacing
     for (std::size_t i = 0; i < n; ++i)

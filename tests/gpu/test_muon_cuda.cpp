@@ -462,15 +462,15 @@ namespace {
 
 using sa::kernels::ElemType;
 
-// The bytes of `values` as dtype t (float32, or bfloat16 rounded as tests/muon_reference.hpp
-// rounds).
+// The bytes of `values` as dtype t (float32, or bfloat16 rounded by test_support.hpp's
+// round_to_bf16, from the format).
 std::vector<unsigned char> stored_as(ElemType t, const std::vector<float>& values) {
   std::vector<unsigned char> out(values.size() * (t == ElemType::f32 ? 4 : 2));
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (t == ElemType::f32) {
       std::memcpy(out.data() + 4 * i, &values[i], 4);
     } else {
-      const float r = sa::test::round_bf16(values[i]);
+      const float r = static_cast<float>(sa_test::round_to_bf16(values[i]));
       uint32_t bits = 0;
       std::memcpy(&bits, &r, 4);
       const uint16_t high = static_cast<uint16_t>(bits >> 16);
@@ -539,7 +539,7 @@ TEST_CASE("Muon on CUDA over bfloat16 params (float32 master), grads and momentu
     for (int step = 0; step < steps; ++step) {
       std::vector<float> g = grads[static_cast<std::size_t>(step)];
       if (rounded_grads)
-        for (float& x : g) x = sa::test::round_bf16(x);
+        for (float& x : g) x = static_cast<float>(sa_test::round_to_bf16(x));
       DeviceBytes grad(stored_as(v.grad, g), ge, offset);
       const sa::kernels::NsStatus st = sa::kernels::muon_matrix_cuda(
           v, kCublas, blas,
