@@ -596,9 +596,9 @@ TEST_CASE("a captured Muon step replays in a CUDA graph as eager steps run, bit 
   muon.update_rule = SA_RULE_MUON;
   muon.lr = 0.02;
   const std::vector<std::pair<int64_t, int64_t>> shapes{{48, 160}, {160, 48}, {64, 64}};
-  struct Side {
-    OptimizerPtr opt = make_optimizer();
+  struct Side {  // the tensors outlive the optimizer, which owns views of them
     std::vector<std::unique_ptr<DeviceTensor>> params, grads;
+    OptimizerPtr opt = make_optimizer();
   };
   Side eager, graph;
   for (Side* side : {&eager, &graph}) {
