@@ -234,6 +234,46 @@ def test_bfloat16_state_dicts_load_into_torchs_bfloat16_muon_and_back():
         assert torch.equal(opt2.state[p]["master"], p.detach().float())
 
 
+@pytest.mark.parametrize("moment_dtype", [None, torch.bfloat16])
+def test_bfloat16_matrices_checkpoint_through_dcp_and_resume_bit_for_bit(tmp_path, moment_dtype):
+    """DCP (one process, no_dist) saves Muon.state_dict() of bfloat16 matrices (a float32
+    master, a float32 or bfloat16 buffer) and loads it into a fresh Muon that stepped once
+    (its own states and params moved), the params restored as a model checkpoint would: master
+    and buffer bit for bit, and the next step lands where the original's does (the master
+    kept, its params being its rounding)."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    ours = [torch.nn.Parameter(p.detach().bfloat16()) for p in matrices()]
+    opt = Muon(ours, lr=0.02, moment_dtype=moment_dtype)
+    for step in range(2):
+        for p, g in zip(ours, grads_for(ours, step)):
+            p.grad = g.bfloat16()
+        opt.step()
+    dcp.save({"optim": opt.state_dict()}, checkpoint_id=str(tmp_path), no_dist=True)
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    other = Muon(copies, lr=0.5, moment_dtype=moment_dtype)
+    for q in copies:
+        q.grad = torch.zeros_like(q)
+    other.step()  # its states exist, and its master is its params' (not ours)
+    target = {"optim": other.state_dict()}
+    dcp.load(target, checkpoint_id=str(tmp_path), no_dist=True)
+    other.load_state_dict(target["optim"])
+    with torch.no_grad():  # the model's own checkpoint: other.step() moved the copies (decay)
+        for p, q in zip(ours, copies):
+            q.copy_(p)
+    assert other.param_groups[0]["lr"] == 0.02
+    for p, q in zip(ours, copies):
+        for key in ("master", "momentum_buffer"):
+            assert torch.equal(other.state[q][key], opt.state[p][key]), key
+    grads = grads_for(ours, 7)
+    for params, o in ((ours, opt), (copies, other)):
+        for p, g in zip(params, grads):
+            p.grad = g.bfloat16()
+        o.step()
+    for p, q in zip(ours, copies):
+        assert torch.equal(p.detach(), q.detach())
+        assert torch.equal(opt.state[p]["master"], other.state[q]["master"])
+
+
 def test_shard_files_round_trip(tmp_path):
     ours = matrices()
     opt = Muon(ours, lr=0.02)
