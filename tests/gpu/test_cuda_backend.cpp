@@ -430,10 +430,10 @@ TEST_CASE(
 // elements over a small allocation: the refusal comes before anything reads it.
 TEST_CASE("state on the host that the host cannot pin fails add_param and adds nothing",
           "[gpu][offload][cpu_step]") {
+  DeviceTensor small({16}, kFloat32);  // outlives the optimizer, which owns a view of it
   OptimizerPtr opt = make_optimizer();
   const sa_group_config group = group_config(1e-3, 0.0, 1);
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &group, nullptr));
-  DeviceTensor small({16}, kFloat32);
   int64_t huge_shape[1] = {int64_t{1} << 40};
   DLManagedTensorVersioned huge = *small.versioned();
   huge.deleter = nullptr;  // the caller keeps a refused shard: a deleter must not run

@@ -145,6 +145,7 @@ TEST_CASE("a Muon group on CUDA steps its matrices as the float64 reference, and
   const std::vector<std::pair<int64_t, int64_t>> shapes{{12, 40}, {40, 12}, {33, 33}};
   std::vector<std::unique_ptr<DeviceTensor>> params, grads;
   std::vector<sa::test::Matrix> p64, buf64;
+  DeviceTensor bias({40}, kFloat32), bias_grad({40}, kFloat32);  // all outlive the optimizer
   OptimizerPtr opt = make_optimizer();
   int32_t g = -1;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_group(opt.get(), &adamw, &g));
@@ -164,7 +165,6 @@ TEST_CASE("a Muon group on CUDA steps its matrices as the float64 reference, and
     const DLTensor dl = grads[i]->dl();
     REQUIRE_SA_OK(opt.get(), sa_optimizer_set_grad(opt.get(), index, &dl));
   }
-  DeviceTensor bias({40}, kFloat32), bias_grad({40}, kFloat32);
   int64_t bias_index = -1;
   REQUIRE_SA_OK(opt.get(), sa_optimizer_add_param(opt.get(), "bias", 0, bias.versioned(), nullptr,
                                                   nullptr, &bias_index));
