@@ -221,19 +221,21 @@ void check_muon_param(const Param& p, bool has_comm, const std::string& context)
          "are, in Muon's recipe)");
   const kernels::Variant v = variant_of(p);
   if (!kernels::variant_supported(v)) {
+    const auto master_words = [](MasterKind m) {
+      return m == MasterKind::fp32        ? " with a float32 master"
+             : m == MasterKind::remainder ? " with a remainder master"
+                                          : "";
+    };
     std::vector<std::string> forms;
     for (const kernels::ParamForm& form : kernels::kMuonParamForms)
-      forms.push_back(std::string(elem_name(form.param)) +
-                      (form.master == MasterKind::fp32 ? " with a float32 master" : ""));
+      forms.push_back(std::string(elem_name(form.param)) + master_words(form.master));
     const auto same = [](ElemType t) { return t; };
     fail(SA_ERR_UNSUPPORTED, context, ": Muon steps ", words_list(forms), " params, with ",
          dtype_list(kernels::kMuonGradTypes, same), " grads and a ",
          dtype_list(kernels::kMuonMomentTypes, same),
          " momentum_buffer (moment_dtype); this param is ", elem_name(v.param),
-         v.master == MasterKind::fp32        ? " with a float32 master"
-         : v.master == MasterKind::remainder ? " with a remainder master"
-                                             : "",
-         ", with ", elem_name(v.grad), " grads and ", elem_name(v.moment), " moments");
+         master_words(v.master), ", with ", elem_name(v.grad), " grads and ", elem_name(v.moment),
+         " moments");
   }
   if (p.placement != StatePlacement::device)
     fail(SA_ERR_UNSUPPORTED, context,

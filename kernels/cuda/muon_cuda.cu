@@ -60,19 +60,18 @@ __global__ void apply_kernel(MuonCoeffs c, const StepVerdict* verdict, MuonSlot<
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x) * kNsGroup; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads * kNsGroup) {
     if (n - i >= kNsGroup) {
+      constexpr bool kMaster = S::kMaster == MasterKind::fp32;  // the update goes to it
       float p[kNsGroup], d[kNsGroup];
       BF16::load_vec<kNsGroup>(bits, i, d);
-      if constexpr (S::kMaster == MasterKind::fp32) {
+      if constexpr (kMaster) {
         load_group<ElemType::f32>(slot.master, i, vec, p);
-#pragma unroll
-        for (int k = 0; k < kNsGroup; ++k) p[k] = muon_apply(c, p[k], d[k]);
-        store_group<ElemType::f32>(slot.master, i, vec, p);
       } else {
         load_group<S::kParam>(slot.param, i, vec, p);
-#pragma unroll
-        for (int k = 0; k < kNsGroup; ++k) p[k] = muon_apply(c, p[k], d[k]);
       }
-      store_group<S::kParam>(slot.param, i, vec, p);
+#pragma unroll
+      for (int k = 0; k < kNsGroup; ++k) p[k] = muon_apply(c, p[k], d[k]);
+      if constexpr (kMaster) store_group<ElemType::f32>(slot.master, i, vec, p);
+      store_group<S::kParam>(slot.param, i, vec, p);  // a 16-bit param: the master rounded
     } else {
       for (int64_t j = i; j < n; ++j) slot.apply(c, j, BF16::load(bits, j));
     }
@@ -137,10 +136,11 @@ cudaError_t muon_box_momentum_cuda(const Variant& v, const MuonHyper& h, const M
   const int64_t n = box.box_rows * box.box_cols;
   cudaError_t e = cudaErrorInvalidValue;  // not a Muon Variant
   visit_muon_variant(v, [&](auto sig) {
-    if (n > 0)
-      box_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-          muon_coeffs(h, box.rows, box.cols), box, verdict, MuonSlot<decltype(sig)>(slot), dir, ld);
-    e = n > 0 ? cudaGetLastError() : cudaSuccess;
+    e = cudaSuccess;
+    if (n == 0) return;
+    box_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        muon_coeffs(h, box.rows, box.cols), box, verdict, MuonSlot<decltype(sig)>(slot), dir, ld);
+    e = cudaGetLastError();
   });
   return e;
 }
@@ -149,12 +149,13 @@ cudaError_t muon_box_apply_cuda(const Variant& v, const MuonHyper& h, const Matr
                                 const StepVerdict* verdict, const float* dir, int64_t ld,
                                 const TensorSlot& slot, cudaStream_t stream) {
   const int64_t n = box.box_rows * box.box_cols;
-  cudaError_t e = cudaErrorInvalidValue;
+  cudaError_t e = cudaErrorInvalidValue;  // not a Muon Variant
   visit_muon_variant(v, [&](auto sig) {
-    if (n > 0)
-      box_apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-          muon_coeffs(h, box.rows, box.cols), box, verdict, MuonSlot<decltype(sig)>(slot), dir, ld);
-    e = n > 0 ? cudaGetLastError() : cudaSuccess;
+    e = cudaSuccess;
+    if (n == 0) return;
+    box_apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        muon_coeffs(h, box.rows, box.cols), box, verdict, MuonSlot<decltype(sig)>(slot), dir, ld);
+    e = cudaGetLastError();
   });
   return e;
 }

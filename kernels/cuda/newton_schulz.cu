@@ -65,19 +65,12 @@ struct FloatSource {
 };
 
 // The kNsNormBlocks partials' sum, the same in every block: each thread sums its strided
-// share in order, then a fixed tree over the threads. Every thread of the block calls it.
+// share in order, then block_sum's tree. Every thread of the block calls it.
 __device__ float fold_partials(const float* partials) {
   static_assert(kNsNormBlocks % kThreads == 0, "whole shares");
-  __shared__ float sums[kThreads];
   float share = 0.0f;
   for (int i = threadIdx.x; i < kNsNormBlocks; i += kThreads) share += partials[i];
-  sums[threadIdx.x] = share;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  return sums[0];
+  return block_sum(share);
 }
 
 // Elements per thread and round of the bfloat16 passes: 16 bytes.

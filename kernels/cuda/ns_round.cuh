@@ -23,7 +23,6 @@ constexpr int kNsThreads = 256;
 // pass gives the same bits from any pointer.
 constexpr int kNsGroup = 4;
 
-using F32 = Storage<ElemType::f32>;
 using BF16 = Storage<ElemType::bf16>;
 
 __device__ __forceinline__ uint16_t* bf16_bits(__nv_bfloat16* p) {
@@ -64,6 +63,19 @@ __device__ __forceinline__ void store_group(StorageOf<T>* p, int64_t i, bool vec
   }
 }
 
+// The sum of every thread's `value` in a block of kNsThreads, the same fixed tree every time;
+// every thread of the block calls it, and every thread gets the sum.
+__device__ __forceinline__ float block_sum(float value) {
+  __shared__ float sums[kNsThreads];
+  sums[threadIdx.x] = value;
+  __syncthreads();
+  for (int half = kNsThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  return sums[0];
+}
+
 // out[i] := source(i) rounded to bfloat16 (i < n), and each block's sum of the rounded
 // values' squares into partials[blockIdx.x]; launched as <<<kNsNormBlocks, kNsThreads>>>, so
 // the partials fold in the same order every time (deterministic). Each thread takes groups
@@ -73,7 +85,6 @@ __device__ __forceinline__ void store_group(StorageOf<T>* p, int64_t i, bool vec
 template <class Source>
 __global__ void ns_round_and_square_kernel(Source source, int64_t n, __nv_bfloat16* out,
                                            float* partials) {
-  __shared__ float sums[kNsThreads];
   source.begin();
   uint16_t* bits = bf16_bits(out);
   float sum = 0.0f;
@@ -98,13 +109,8 @@ __global__ void ns_round_and_square_kernel(Source source, int64_t n, __nv_bfloat
       }
     }
   }
-  sums[threadIdx.x] = sum;
-  __syncthreads();
-  for (int half = kNsThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+  const float total = block_sum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 }  // namespace kernels

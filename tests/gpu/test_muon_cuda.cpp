@@ -326,13 +326,36 @@ TEST_CASE("a Muon matrix split across 2 ranks on CUDA steps as the whole matrix 
 
 namespace {
 
-// n floats on the device, `offset` floats past a 256-byte aligned allocation (1: no float4
-// access), filled with `values`.
-std::unique_ptr<sa_test::DeviceTensor> floats_at(const std::vector<float>& values, int64_t offset) {
-  auto t = std::make_unique<sa_test::DeviceTensor>(
-      std::vector<int64_t>{static_cast<int64_t>(values.size())}, sa_test::kFloat32, offset);
-  CUDA_OK(cudaMemcpy(t->data(), values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return t;
+using sa::kernels::ElemType;
+
+// The bytes of `values` as dtype t (float32, or bfloat16 rounded by test_support.hpp's
+// round_to_bf16, from the format).
+std::vector<unsigned char> stored_as(ElemType t, const std::vector<float>& values) {
+  std::vector<unsigned char> out(values.size() * (t == ElemType::f32 ? 4 : 2));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (t == ElemType::f32) {
+      std::memcpy(out.data() + 4 * i, &values[i], 4);
+    } else {
+      const float r = static_cast<float>(sa_test::round_to_bf16(values[i]));
+      uint32_t bits = 0;
+      std::memcpy(&bits, &r, 4);
+      const uint16_t high = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(out.data() + 2 * i, &high, 2);
+    }
+  }
+  return out;
+}
+
+// `values` on the device as dtype t (stored_as), `offset` elements past a 256-byte aligned
+// allocation (1: no vector access).
+std::unique_ptr<sa_test::DeviceTensor> on_device(ElemType t, const std::vector<float>& values,
+                                                 int64_t offset) {
+  auto d = std::make_unique<sa_test::DeviceTensor>(
+      std::vector<int64_t>{static_cast<int64_t>(values.size())},
+      t == ElemType::f32 ? sa_test::kFloat32 : sa_test::kBfloat16, offset);
+  const std::vector<unsigned char> bytes = stored_as(t, values);
+  CUDA_OK(cudaMemcpy(d->data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  return d;
 }
 
 std::vector<float> floats_of(const sa_test::DeviceTensor& t) {
@@ -369,7 +392,7 @@ TEST_CASE("Muon and Newton-Schulz on CUDA: the same bits from any float address,
   std::vector<std::vector<float>> params, bufs, orthogonal;
   for (const int64_t offset : {0, 1}) {
     INFO("offset " << offset);
-    auto dp = floats_at(p, offset), dg = floats_at(g, offset), db = floats_at(b, offset);
+    auto dp = on_device(ElemType::f32, p, offset), dg = on_device(ElemType::f32, g, offset), db = on_device(ElemType::f32, b, offset);
     const sa::kernels::NsStatus st = sa::kernels::muon_matrix_cuda(
         sa::test::muon_variant(), kCublas, blas,
         sa::test::muon_slot(dp->data(), dg->data(), db->data()), rows, cols, h, nullptr, work,
@@ -377,7 +400,7 @@ TEST_CASE("Muon and Newton-Schulz on CUDA: the same bits from any float address,
     REQUIRE(st.ok());
     params.push_back(floats_of(*dp));
     bufs.push_back(floats_of(*db));
-    auto dx = floats_at(g, offset);
+    auto dx = on_device(ElemType::f32, g, offset);
     REQUIRE(sa::kernels::newton_schulz_cuda(kCublas, blas, static_cast<float*>(dx->data()), rows,
                                             cols, h.ns, work, nullptr)
                 .ok());
@@ -430,7 +453,7 @@ TEST_CASE("Muon's box passes on CUDA over a box larger than their grid", "[gpu][
   const std::vector<float> g = sa::test::random_matrix(box_rows, box_cols, 9, 0.01f);
   const std::vector<float> b = sa::test::random_matrix(box_rows, box_cols, 10, 0.01f);
   const std::vector<float> sentinel(static_cast<std::size_t>(box_rows * ld), -7.0f);
-  auto dp = floats_at(p, 0), dg = floats_at(g, 0), db = floats_at(b, 0), dd = floats_at(sentinel, 0);
+  auto dp = on_device(ElemType::f32, p, 0), dg = on_device(ElemType::f32, g, 0), db = on_device(ElemType::f32, b, 0), dd = on_device(ElemType::f32, sentinel, 0);
   float* dir = static_cast<float*>(dd->data());
   const sa::kernels::TensorSlot slot = sa::test::muon_slot(dp->data(), dg->data(), db->data());
   CUDA_OK(sa::kernels::muon_box_momentum_cuda(sa::test::muon_variant(), h, box, nullptr, slot, dir,
@@ -457,51 +480,6 @@ TEST_CASE("Muon's box passes on CUDA over a box larger than their grid", "[gpu][
   }
   CHECK(wrong == 0);
 }
-
-namespace {
-
-using sa::kernels::ElemType;
-
-// The bytes of `values` as dtype t (float32, or bfloat16 rounded by test_support.hpp's
-// round_to_bf16, from the format).
-std::vector<unsigned char> stored_as(ElemType t, const std::vector<float>& values) {
-  std::vector<unsigned char> out(values.size() * (t == ElemType::f32 ? 4 : 2));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (t == ElemType::f32) {
-      std::memcpy(out.data() + 4 * i, &values[i], 4);
-    } else {
-      const float r = static_cast<float>(sa_test::round_to_bf16(values[i]));
-      uint32_t bits = 0;
-      std::memcpy(&bits, &r, 4);
-      const uint16_t high = static_cast<uint16_t>(bits >> 16);
-      std::memcpy(out.data() + 2 * i, &high, 2);
-    }
-  }
-  return out;
-}
-
-// Bytes on the device, `offset` elements of `elem` bytes past a 256-byte aligned allocation.
-struct DeviceBytes {
-  void* base = nullptr;
-  void* data = nullptr;
-  std::size_t bytes = 0;
-  DeviceBytes(const std::vector<unsigned char>& host, std::size_t elem, int64_t offset)
-      : bytes(host.size()) {
-    CUDA_OK(cudaMalloc(&base, bytes + 256));
-    data = static_cast<char*>(base) + static_cast<std::size_t>(offset) * elem;
-    CUDA_OK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  ~DeviceBytes() { cudaFree(base); }
-  std::vector<unsigned char> host() const {
-    std::vector<unsigned char> out(bytes);
-    CUDA_OK(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost));
-    return out;
-  }
-};
-
-}  // namespace
 
 // Muon's storage forms on CUDA, each against what it must equal: a bfloat16 param's float32
 // master steps as a float32 param does, bit for bit, and the param is its master rounded;
@@ -531,25 +509,23 @@ TEST_CASE("Muon on CUDA over bfloat16 params (float32 master), grads and momentu
   // `steps` steps of variant v from `start`, grads and buffer stored in v's dtypes (the grads
   // rounded first when `rounded_grads`), its arrays `offset` elements past alignment.
   auto run = [&](const sa::kernels::Variant& v, int64_t offset, int steps, bool rounded_grads) {
-    const std::size_t pe = v.param == ElemType::f32 ? 4 : 2, ge = v.grad == ElemType::f32 ? 4 : 2,
-                      be = v.moment == ElemType::f32 ? 4 : 2;
-    DeviceBytes param(stored_as(v.param, start), pe, offset),
-        master(stored_as(ElemType::f32, start), 4, offset),
-        buf(stored_as(v.moment, std::vector<float>(n, 0.0f)), be, offset);
+    const auto param = on_device(v.param, start, offset),
+               master = on_device(ElemType::f32, start, offset),
+               buf = on_device(v.moment, std::vector<float>(n, 0.0f), offset);
     for (int step = 0; step < steps; ++step) {
       std::vector<float> g = grads[static_cast<std::size_t>(step)];
       if (rounded_grads)
         for (float& x : g) x = static_cast<float>(sa_test::round_to_bf16(x));
-      DeviceBytes grad(stored_as(v.grad, g), ge, offset);
+      const auto grad = on_device(v.grad, g, offset);
       const sa::kernels::NsStatus st = sa::kernels::muon_matrix_cuda(
           v, kCublas, blas,
-          sa::test::muon_slot(param.data, grad.data, buf.data,
-                              v.master == sa::kernels::MasterKind::fp32 ? master.data : nullptr),
+          sa::test::muon_slot(param->data(), grad->data(), buf->data(),
+                              v.master == sa::kernels::MasterKind::fp32 ? master->data() : nullptr),
           rows, cols, h, nullptr, work, nullptr);
       REQUIRE(st.ok());
       CUDA_OK(cudaDeviceSynchronize());
     }
-    return Result{param.host(), master.host(), buf.host()};
+    return Result{param->download(), master->download(), buf->download()};
   };
   const sa::kernels::Variant f32 = sa::test::muon_variant(),
                              bf16_param = sa::test::muon_variant(ElemType::bf16),
