@@ -19,8 +19,9 @@ Four measurements, each printed with torch's number and the ratio:
    the native step with the grads left bound (on the CPU, the arithmetic).
 
 The intakes of 1. and 4. are also timed without the library (every grad read and described
-through torch's DLPack exchange API, nothing checked or bound: FusedAdam._bind_grads(bind=False)):
-what is left over the floor there is torch's code, which any check of every grad pays. In 4.,
+through torch's DLPack exchange API, and every extent and stride of the descriptions read,
+nothing checked or bound: FusedAdam._bind_grads(bind=False)): what is left over the floor there
+is torch's code and the reads of the grads' metadata, which any check of every grad pays. In 4.,
 that plus the native step with the grads left bound is the least a checked step can cost,
 printed beside the target.
 
@@ -294,7 +295,7 @@ def main():
     rows.append((f"step, {n} DTensor params, fresh grads", d["ours"], d["torch"],
                  f"step - floor = {d['ours'] - d['floor']:.3f} ms (target <= 0.25)"))
     rows.append(("  of which: grad intake (read + check all grads)", d["intake"], None, ""))
-    rows.append(("    of which: reading + describing them (no library call)", d["described"], None,
+    rows.append(("    of which: read, described, extents read (no library)", d["described"], None,
                  f"{d['described'] - d['floor']:.3f} ms over the floor"))
     rows.append(("  of which: the native step (C, grads bound)", d["native"], None, ""))
     rows.append(("  of which: the rest (Python: step wrappers, hyperparameters)", d["ours"] - d["intake"] - d["native"],
@@ -317,20 +318,20 @@ def main():
     rows.append((f"steady step, {m} params of 16 elements", st["ours"], st["torch"],
                  f"{st['ours'] / st['floor']:.2f}x the floor (target <= 1.5x)"))
     rows.append(("  of which: grad intake (bind + unbind all grads)", st["intake"], None, ""))
-    rows.append(("    of which: reading + describing them (no library call)", st["described"], None,
+    rows.append(("    of which: read, described, extents read (no library)", st["described"], None,
                  f"{st['described'] / st['floor']:.2f}x the floor"))
     rows.append(("  of which: the native step (C, grads bound)", st["native"], None, ""))
     rows.append(("  the native step, grads left bound (CPU: the arithmetic)", st["native_bound"], None,
                  f"described + this = {(st['described'] + st['native_bound']) / st['floor']:.2f}x the floor: "
-                 "the least a step that reads and describes every grad costs"))
+                 "the least a step that reads every grad and what its checks read costs"))
     rows.append(("  floor: reading every p.grad once in Python", st["floor"], None, ""))
 
-    print(f"{'measurement':58s} {'FusedAdam ms':>13s} {'torch ms':>10s} {'ours/torch':>10s} {'per param us':>12s}  target")
+    print(f"{'measurement':62s} {'FusedAdam ms':>13s} {'torch ms':>10s} {'ours/torch':>10s} {'per param us':>12s}  target")
     for i, (label, ours_v, torch_v, target) in enumerate(rows):
         count = n if i < dtensor_rows else m
         ratio = f"{ours_v / torch_v:10.3f}" if torch_v else f"{'':10s}"
         torch_text = f"{torch_v:10.3f}" if torch_v is not None else f"{'':10s}"
-        print(f"{label:58s} {ours_v:13.3f} {torch_text} {ratio} {ours_v * 1e3 / count:12.3f}  {target}")
+        print(f"{label:62s} {ours_v:13.3f} {torch_text} {ratio} {ours_v * 1e3 / count:12.3f}  {target}")
 
 
 if __name__ == "__main__":

@@ -912,8 +912,8 @@ class FusedAdam(torch.optim.Optimizer):
         first redistributed to the param's placements, on every rank, as torch's optimizers'
         DTensor arithmetic does; the redistributed grad replaces ``p.grad``. Returns the
         number of params with a grad (0: nothing was bound). ``bind=False`` reads and
-        describes the grads and binds nothing: bench/python_host_step.py measures the library's
-        share of the intake by it."""
+        describes the grads, reads their extents and strides, and binds nothing:
+        bench/python_host_step.py measures the least a checked intake costs by it."""
         handle = self.native._handle_or_raise()
         for attempt in range(2):
             # `.grad` of a tensor-subclass param (a DTensor) goes through __torch_function__
