@@ -863,9 +863,9 @@ SA_API sa_status sa_step_args_field(int32_t index, sa_field_info* out);
  * sa_optimizer_step on a capturing stream. Before each replay, after changing lr or
  * other hyperparameters or grad bindings, call sa_optimizer_flush on the replay stream; a
  * captured step refuses to record uploads (SA_ERR_STATE). A step over a host-callback
- * communicator cannot be captured. Muon's Newton-Schulz runs its cuBLAS GEMMs on a
- * workspace in the optimizer's own scratch (32 MiB beside the largest matrix's), not on
- * cuBLAS's pool.
+ * communicator cannot be captured. Muon groups of whole matrices capture too: Newton-Schulz
+ * runs its cuBLAS GEMMs on a workspace in the optimizer's own scratch (32 MiB beside the
+ * largest matrix's), not on cuBLAS's pool, so a capture allocates nothing.
  */
 SA_API sa_status sa_optimizer_step(sa_optimizer* opt, const sa_step_args* args, void* stream);
 
