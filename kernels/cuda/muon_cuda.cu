@@ -130,34 +130,43 @@ __global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict*
 
 }  // namespace
 
-cudaError_t muon_box_momentum_cuda(const Variant& v, const MuonHyper& h, const MatrixBox& box,
-                                   const StepVerdict* verdict, const TensorSlot& slot, float* dir,
-                                   int64_t ld, cudaStream_t stream) {
+namespace {
+
+// launch(MuonSlot<S>(slot), grid) for the Signature S of v, with the grid of a box's
+// elements: cudaErrorInvalidValue, nothing enqueued, when v is not a Muon Variant; nothing
+// enqueued for an empty box.
+template <class Launch>
+cudaError_t launch_box(const Variant& v, const MatrixBox& box, const TensorSlot& slot,
+                       Launch&& launch) {
   const int64_t n = box.box_rows * box.box_cols;
   cudaError_t e = cudaErrorInvalidValue;  // not a Muon Variant
   visit_muon_variant(v, [&](auto sig) {
     e = cudaSuccess;
     if (n == 0) return;
-    box_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        muon_coeffs(h, box.rows, box.cols), box, verdict, MuonSlot<decltype(sig)>(slot), dir, ld);
+    launch(MuonSlot<decltype(sig)>(slot), grid_for(n, kThreads));
     e = cudaGetLastError();
   });
   return e;
 }
 
+}  // namespace
+
+cudaError_t muon_box_momentum_cuda(const Variant& v, const MuonHyper& h, const MatrixBox& box,
+                                   const StepVerdict* verdict, const TensorSlot& slot, float* dir,
+                                   int64_t ld, cudaStream_t stream) {
+  return launch_box(v, box, slot, [&](auto typed, auto grid) {
+    box_momentum_kernel<<<grid, kThreads, 0, stream>>>(muon_coeffs(h, box.rows, box.cols), box,
+                                                       verdict, typed, dir, ld);
+  });
+}
+
 cudaError_t muon_box_apply_cuda(const Variant& v, const MuonHyper& h, const MatrixBox& box,
                                 const StepVerdict* verdict, const float* dir, int64_t ld,
                                 const TensorSlot& slot, cudaStream_t stream) {
-  const int64_t n = box.box_rows * box.box_cols;
-  cudaError_t e = cudaErrorInvalidValue;  // not a Muon Variant
-  visit_muon_variant(v, [&](auto sig) {
-    e = cudaSuccess;
-    if (n == 0) return;
-    box_apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        muon_coeffs(h, box.rows, box.cols), box, verdict, MuonSlot<decltype(sig)>(slot), dir, ld);
-    e = cudaGetLastError();
+  return launch_box(v, box, slot, [&](auto typed, auto grid) {
+    box_apply_kernel<<<grid, kThreads, 0, stream>>>(muon_coeffs(h, box.rows, box.cols), box,
+                                                    verdict, typed, dir, ld);
   });
-  return e;
 }
 
 size_t muon_cuda_work_bytes(int64_t rows, int64_t cols) {
