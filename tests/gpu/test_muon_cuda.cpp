@@ -1,4 +1,4 @@
-// tests/gpu/test_newton_schulz_cuda.cpp — kernels/cuda/newton_schulz.cuh (bfloat16 GEMMs on
+// tests/gpu/test_muon_cuda.cpp — kernels/cuda/newton_schulz.cuh (bfloat16 GEMMs on
 // cuBLAS) against the float64 Newton-Schulz of tests/muon_reference.hpp, at
 // bfloat16's tolerance, and run twice to the same bits.
 #include <cublas_v2.h>
@@ -26,6 +26,21 @@ namespace {
 // The cuBLAS these tests link, as the kernels take it (the CUDA module loads one).
 const sa::kernels::CublasCalls kCublas{&cublasSetStream_v2, &cublasGemmEx, &cublasSetWorkspace_v2};
 
+// A test case's cuBLAS handle, destroyed when the case ends, a failed REQUIRE's too.
+class CublasHandle {
+ public:
+  CublasHandle() { REQUIRE(cublasCreate(&handle_) == CUBLAS_STATUS_SUCCESS); }
+  ~CublasHandle() {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
 // x orthogonalized on the GPU.
 std::vector<float> on_gpu(cublasHandle_t blas, const std::vector<float>& x, int64_t rows,
                           int64_t cols, const sa::kernels::NewtonSchulz& ns) {
@@ -48,8 +63,8 @@ std::vector<float> on_gpu(cublasHandle_t blas, const std::vector<float>& x, int6
 
 TEST_CASE("Newton-Schulz on cuBLAS (bfloat16) matches a float64 reference: wide, tall, square",
           "[newton_schulz]") {
-  cublasHandle_t blas = nullptr;
-  REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  const CublasHandle handle;
+  cublasHandle_t blas = handle.get();
   const auto [rows, cols] =
       GENERATE(std::pair<int64_t, int64_t>{8, 24}, std::pair<int64_t, int64_t>{24, 8},
                std::pair<int64_t, int64_t>{17, 17}, std::pair<int64_t, int64_t>{1, 9},
@@ -74,12 +89,11 @@ TEST_CASE("Newton-Schulz on cuBLAS (bfloat16) matches a float64 reference: wide,
   CHECK(worst < 0.06);
   CHECK(mean < 0.01);
   CHECK(on_gpu(blas, g, rows, cols, ns) == got);  // deterministic
-  cublasDestroy(blas);
 }
 
 TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several steps", "[muon]") {
-  cublasHandle_t blas = nullptr;
-  REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  const CublasHandle handle;
+  cublasHandle_t blas = handle.get();
   const auto [rows, cols] =
       GENERATE(std::pair<int64_t, int64_t>{12, 40}, std::pair<int64_t, int64_t>{40, 12});
   const bool nesterov = GENERATE(true, false);
@@ -127,7 +141,6 @@ TEST_CASE("A Muon matrix step on the GPU matches a float64 Muon over several ste
   CHECK(moved > 0.01);
   for (void* ptr : {static_cast<void*>(dp), static_cast<void*>(dg), static_cast<void*>(dbuf), work})
     CUDA_OK(cudaFree(ptr));
-  cublasDestroy(blas);
 }
 
 // The Muon rule through the C ABI on CUDA: a Muon group of three matrices beside an AdamW
@@ -373,8 +386,8 @@ std::vector<float> floats_of(const sa_test::DeviceTensor& t) {
 // skipped elements leaves them unnormalized, and the iteration diverges).
 TEST_CASE("Muon and Newton-Schulz on CUDA: the same bits from any float address, large matrices",
           "[gpu][muon][newton_schulz]") {
-  cublasHandle_t blas = nullptr;
-  REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  const CublasHandle handle;
+  cublasHandle_t blas = handle.get();
   // 1003 x 1101: 1,104,303 elements (> 1024 blocks x 256 threads x 4; 3 left over), m % 8 != 0
   // (poly_init's element-wise rows); 1024 x 1096: m % 8 == 0 (its 16-byte rows).
   const auto [rows, cols] =
@@ -437,7 +450,6 @@ TEST_CASE("Muon and Newton-Schulz on CUDA: the same bits from any float address,
   CHECK(lowest > 0.3);
   CHECK(highest < 1.5);
   CUDA_OK(cudaFree(work));
-  cublasDestroy(blas);
 }
 
 // A box's passes walk it without a division per element: over a box larger than one round
@@ -488,8 +500,8 @@ TEST_CASE("Muon's box passes on CUDA over a box larger than their grid", "[gpu][
 // passes) give the same bits as aligned ones, over a matrix larger than one round of the grid.
 TEST_CASE("Muon on CUDA over bfloat16 params (float32 master), grads and momentum_buffer",
           "[gpu][muon]") {
-  cublasHandle_t blas = nullptr;
-  REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+  const CublasHandle handle;
+  cublasHandle_t blas = handle.get();
   const auto [rows, cols] =
       GENERATE(std::pair<int64_t, int64_t>{40, 12}, std::pair<int64_t, int64_t>{1003, 1101});
   CAPTURE(rows, cols);
@@ -557,7 +569,6 @@ TEST_CASE("Muon on CUDA over bfloat16 params (float32 master), grads and momentu
     }
   }
   CUDA_OK(cudaFree(work));
-  cublasDestroy(blas);
 }
 
 // A Muon step captured in a CUDA graph (Newton-Schulz's cuBLAS GEMMs on the optimizer's own
