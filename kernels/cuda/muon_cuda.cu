@@ -128,10 +128,6 @@ __global__ void box_apply_kernel(MuonCoeffs c, MatrixBox box, const StepVerdict*
     slot.apply(c, w.i, dir[w.at]);
 }
 
-}  // namespace
-
-namespace {
-
 // launch(MuonSlot<S>(slot), grid) for the Signature S of v, with the grid of a box's
 // elements: cudaErrorInvalidValue, nothing enqueued, when v is not a Muon Variant; nothing
 // enqueued for an empty box.
