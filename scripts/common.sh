@@ -102,9 +102,10 @@ sa_configure() {
 # sa_need_disk <GB> <for what> [dir...]: fails, saying so, unless the disk of $SA_ROOT has
 # <GB> free, counting the dirs named (a run replaces them) as free.
 sa_need_disk() {
-  local need_gb="$1" what="$2" dir free_kb
+  local need_gb="$1" what="$2" dir free_kb mount
   shift 2
-  free_kb=$(df -Pk "$SA_ROOT" | awk 'NR == 2 { print $4 }')
+  # df -Pk: a header, then the disk's line (4th column: KB available; 6th: mounted on).
+  read -r free_kb mount < <(df -Pk "$SA_ROOT" | awk 'NR == 2 { print $4, $6 }')
   for dir in "$@"; do
     if [ -d "$SA_ROOT/$dir" ]; then
       free_kb=$((free_kb + $(du -sk "$SA_ROOT/$dir" | cut -f1)))
@@ -112,7 +113,7 @@ sa_need_disk() {
   done
   if [ "$free_kb" -lt $((need_gb * 1024 * 1024)) ]; then
     echo "error: $need_gb GB of free disk needed for $what; the disk of $SA_ROOT" \
-      "($(df -Pk "$SA_ROOT" | awk 'NR == 2 { print $6 }')) has $((free_kb / 1024 / 1024)) GB" >&2
+      "($mount) has $((free_kb / 1024 / 1024)) GB" >&2
     return 1
   fi
 }
